@@ -1,0 +1,4 @@
+from supervisor.cli import main
+import sys
+
+sys.exit(main())

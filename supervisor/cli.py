@@ -1,0 +1,49 @@
+"""`fsdp-supervisor` entry point: one argparse tree, each command group registered by its own module."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from supervisor import __version__
+from supervisor.errors import EXIT_USAGE, SupervisorError
+
+__all__ = ["main", "build_parser"]
+
+# Each module has `register(subparsers)`, which adds its sub-command(s) and sets `func(args) -> int`.
+COMMAND_MODULES = [
+    "supervisor.checkpoints.cli",
+]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse exits 2 on bad usage already; keep its one-line message, drop the full usage dump."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="fsdp-supervisor", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except SupervisorError as exc:
+        print(f"fsdp-supervisor: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
