@@ -1,0 +1,114 @@
+"""Pin and quarantine markers: small files inside a checkpoint dir that the store honours.
+
+A pinned dir is never deleted by retention. A quarantined dir is never selected for resume (the
+supervisor quarantines a checkpoint the job keeps crashing right after loading). Any entry under the
+marker name counts, even an unreadable one: when in doubt, keep and do not select.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from pathlib import Path
+
+import structlog
+
+from supervisor.checkpoints._files import open_regular
+from supervisor.checkpoints.layout import PIN_MARKER, QUARANTINE_MARKER
+from supervisor.errors import CheckpointError
+
+__all__ = ["pin", "unpin", "is_pinned", "quarantine", "unquarantine", "is_quarantined", "quarantine_reason"]
+
+log = structlog.get_logger(__name__)
+_MAX_MARKER_BYTES = 64 * 1024
+
+
+def _checkpoint_dir(path: str | os.PathLike[str]) -> Path:
+    directory = Path(os.path.abspath(path))
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        raise CheckpointError(f"{directory}: no such checkpoint dir") from None
+    except OSError as exc:
+        raise CheckpointError(f"{directory}: cannot read: {exc.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):  # a symlink is refused too: markers go into real dirs only
+        raise CheckpointError(f"{directory}: not a checkpoint directory")
+    return directory
+
+
+def _write_marker(directory: Path, name: str, payload: dict) -> None:
+    tmp = directory / f"{name}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, directory / name)  # atomic: a reader sees no marker or a whole one
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"{directory}: cannot write {name}: {exc.strerror}") from None
+
+
+def _remove_marker(directory: Path, name: str) -> bool:
+    try:
+        os.unlink(directory / name)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise CheckpointError(f"{directory}: cannot remove {name}: {exc.strerror}") from None
+    return True
+
+
+def pin(path: str | os.PathLike[str]) -> Path:
+    """Mark a checkpoint dir so that retention never deletes it; returns the dir."""
+    directory = _checkpoint_dir(path)
+    _write_marker(directory, PIN_MARKER, {"time": time.time()})
+    log.info("checkpoint_pinned", path=str(directory))
+    return directory
+
+
+def unpin(path: str | os.PathLike[str]) -> bool:
+    """Remove the pin marker; returns whether there was one."""
+    directory = _checkpoint_dir(path)
+    removed = _remove_marker(directory, PIN_MARKER)
+    log.info("checkpoint_unpinned", path=str(directory), was_pinned=removed)
+    return removed
+
+
+def is_pinned(path: str | os.PathLike[str]) -> bool:
+    return os.path.lexists(Path(path) / PIN_MARKER)
+
+
+def quarantine(path: str | os.PathLike[str], reason: str) -> Path:
+    """Mark a checkpoint dir as never to be resumed from, recording why and when."""
+    directory = _checkpoint_dir(path)
+    _write_marker(directory, QUARANTINE_MARKER, {"reason": reason, "time": time.time()})
+    log.warning("checkpoint_quarantined", path=str(directory), reason=reason)
+    return directory
+
+
+def unquarantine(path: str | os.PathLike[str]) -> bool:
+    """Remove the quarantine marker (a human decided the dir is fine); returns whether there was one."""
+    return _remove_marker(_checkpoint_dir(path), QUARANTINE_MARKER)
+
+
+def is_quarantined(path: str | os.PathLike[str]) -> bool:
+    return os.path.lexists(Path(path) / QUARANTINE_MARKER)
+
+
+def quarantine_reason(path: str | os.PathLike[str]) -> str | None:
+    """Why the dir was quarantined, or None when it is not."""
+    marker = Path(path) / QUARANTINE_MARKER
+    try:
+        f, _ = open_regular(marker, _MAX_MARKER_BYTES, CheckpointError)
+    except FileNotFoundError:
+        return None
+    except CheckpointError as exc:
+        return f"quarantined (marker unreadable: {exc})" if os.path.lexists(marker) else None
+    with f:
+        try:
+            reason = json.loads(f.read()).get("reason")
+        except (ValueError, AttributeError, UnicodeDecodeError):
+            reason = None
+    return str(reason) if reason else "quarantined (no reason recorded)"

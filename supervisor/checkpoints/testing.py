@@ -1,0 +1,203 @@
+"""Write valid DCP checkpoints without torch, for tests and benchmarks across the project.
+
+The `.metadata` written here is byte-for-byte the shape torch's FileSystemWriter pickles (protocol 4,
+NEWOBJ + BUILD for the dataclasses, REDUCE for torch.Size, dtypes by name), so real torch loads it
+too (`tests/test_checkpoints_testing.py` checks that in a subprocess). Shards hold zeros.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from supervisor.checkpoints.layout import MANIFEST_FORMAT, MANIFEST_NAME, METADATA_NAME, step_dir_name
+
+__all__ = ["dcp_metadata_bytes", "storage_metadata_bytes", "write_checkpoint", "write_manifest", "DEFAULT_TENSORS"]
+
+DEFAULT_TENSORS: dict[str, int] = {"model.w": 64, "model.b": 8, "optim.w.exp_avg": 64}  # fqn -> float32 elems
+
+
+class _Global:
+    """A (module, name) the pickle refers to, emitted as STACK_GLOBAL without importing it."""
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module, self.name = module, name
+
+    def __call__(self) -> None:  # pragma: no cover - only its identity is pickled
+        raise TypeError("placeholder")
+
+
+class _New:
+    """An instance built like pickle builds dataclasses: cls.__new__(cls) then BUILD(state)."""
+
+    def __init__(self, cls: _Global, state: Any) -> None:
+        self.cls, self.state = cls, state
+
+
+class _Call:
+    """func(*args), emitted as REDUCE."""
+
+    def __init__(self, func: _Global, *args: Any) -> None:
+        self.func, self.args = func, args
+
+
+class _Pickler(pickle._Pickler):  # type: ignore[name-defined]  # the pure pickler lets us emit opcodes
+    def _memoized(self, obj: Any) -> bool:
+        hit = self.memo.get(id(obj))
+        if hit is not None:
+            self.write(self.get(hit[0]))
+        return hit is not None
+
+    def save(self, obj: Any, save_persistent_id: bool = True) -> None:
+        if isinstance(obj, (_Global, _New, _Call)):
+            if self._memoized(obj):
+                return
+            if isinstance(obj, _Global):
+                self.save(obj.module)
+                self.save(obj.name)
+                self.write(pickle.STACK_GLOBAL)
+                self.memoize(obj)
+            elif isinstance(obj, _New):
+                self.save(obj.cls)
+                self.save(())
+                self.write(pickle.NEWOBJ)
+                self.memoize(obj)
+                self.save(obj.state)
+                self.write(pickle.BUILD)
+            else:
+                self.save(obj.func)
+                self.save(obj.args)
+                self.write(pickle.REDUCE)
+                self.memoize(obj)
+            return
+        super().save(obj, save_persistent_id)
+
+
+_DCP = "torch.distributed.checkpoint.metadata"
+_G = {n: _Global(_DCP, n) for n in ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties",
+                                     "TensorStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")}
+_STORAGE_INFO = _Global("torch.distributed.checkpoint.filesystem", "_StorageInfo")
+_SIZE = _Global("torch", "Size")
+_F32 = _Global("torch", "float32")
+_LAYOUT = _Call(_Global("torch.serialization", "_get_layout"), "torch.strided")
+_CONTIGUOUS = _Call(_G["_MEM_FORMAT_ENCODING"], 0)
+
+
+def dcp_metadata_bytes(tensors: Mapping[str, int] | None = None, *, shards: int = 1) -> tuple[bytes, dict[str, int]]:
+    """A DCP `.metadata` for 1-D float32 tensors (fqn -> elements), each split over `shards` files.
+
+    Returns the pickle and the size each `__<rank>_0.distcp` file must have.
+    """
+    tensors = dict(DEFAULT_TENSORS if tensors is None else tensors)
+    sizes = {f"__{r}_0.distcp": 0 for r in range(shards)}
+    sdm: dict[str, Any] = {}
+    storage: dict[Any, Any] = {}
+    props = _New(_G["TensorProperties"], (_F32, _LAYOUT, False, _CONTIGUOUS, False))
+    for fqn, numel in tensors.items():
+        per = -(-numel // shards)
+        chunks = []
+        for r in range(shards):
+            start, n = r * per, max(0, min(per, numel - r * per))
+            offsets = _Call(_SIZE, (start,))
+            chunks.append(_New(_G["ChunkStorageMetadata"], {"offsets": offsets, "sizes": _Call(_SIZE, (n,))}))
+            rel = f"__{r}_0.distcp"
+            index = _New(_G["MetadataIndex"], {"fqn": fqn, "offset": offsets, "index": r})
+            storage[index] = _New(_STORAGE_INFO, {"relative_path": rel, "offset": sizes[rel], "length": 4 * n})
+            sizes[rel] += 4 * n
+        sdm[fqn] = _New(_G["TensorStorageMetadata"], {"properties": props, "size": _Call(_SIZE, (numel,)), "chunks": chunks})
+    meta = _New(_G["Metadata"], {
+        "state_dict_metadata": sdm,
+        "planner_data": {fqn: tuple(fqn.split(".")) for fqn in tensors},
+        "storage_data": storage,
+        "storage_meta": _New(_G["StorageMeta"], {"checkpoint_id": None, "save_id": "synthetic", "load_id": None, "modules": []}),
+        "version": "1.0.0",
+    })
+    return _dumps(meta), sizes
+
+
+def storage_metadata_bytes(items: Sequence[tuple[Any, Any, Any]]) -> bytes:
+    """A `.metadata` whose storage_data holds one _StorageInfo(relative_path, offset, length) per item.
+
+    The values are pickled exactly as given, so tests can craft hostile ones (`..`, negative offsets).
+    """
+    storage = {
+        _New(_G["MetadataIndex"], {"fqn": f"t{i}", "offset": _Call(_SIZE, (0,)), "index": 0}):
+        _New(_STORAGE_INFO, {"relative_path": rel, "offset": off, "length": length})
+        for i, (rel, off, length) in enumerate(items)
+    }
+    meta = _New(_G["Metadata"], {"state_dict_metadata": {f"t{i}": None for i in range(len(items))},
+                                 "storage_data": storage, "version": "1.0.0"})
+    return _dumps(meta)
+
+
+def _dumps(obj: Any) -> bytes:
+    buf = _BytesSink()
+    _Pickler(buf, protocol=4).dump(obj)
+    return bytes(buf.data)
+
+
+class _BytesSink:
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, b: bytes) -> int:
+        self.data += b
+        return len(b)
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def write_manifest(
+    directory: Path,
+    step: int,
+    *,
+    metrics: Mapping[str, float] | None = None,
+    world_size: int = 1,
+    sha256: bool = False,
+    when: float | None = None,
+) -> Path:
+    """Write the trainer's manifest for `directory` as it is now (every file but the manifest)."""
+    files = {p.name: p.stat().st_size for p in sorted(directory.iterdir()) if p.is_file() and p.name != MANIFEST_NAME}
+    metrics = dict(metrics or {})
+    body: dict[str, Any] = {
+        "format": MANIFEST_FORMAT, "step": step, "world_size": world_size, "time": when or time.time(),
+        "loss": metrics.get("loss"), "torch_version": "synthetic", "metrics": metrics, "files": files,
+    }
+    if sha256:
+        body["sha256"] = {name: _sha256(directory / name) for name in files}
+    path = directory / MANIFEST_NAME
+    path.write_text(json.dumps(body))
+    return path
+
+
+def write_checkpoint(
+    root: str | os.PathLike[str],
+    step: int,
+    *,
+    name: str | None = None,
+    shards: int = 2,
+    tensors: Mapping[str, int] | None = None,
+    manifest: bool = True,
+    metrics: Mapping[str, float] | None = None,
+    sha256: bool = False,
+    prebuilt: tuple[bytes, Mapping[str, int]] | None = None,
+) -> Path:
+    """Write a complete checkpoint `root/<name or step_%08d>`: shards, `.metadata` last but the manifest."""
+    directory = Path(root) / (name or step_dir_name(step))
+    directory.mkdir(parents=True)
+    # `prebuilt` (from dcp_metadata_bytes) lets a benchmark clone one pickle into many dirs.
+    data, sizes = prebuilt or dcp_metadata_bytes(tensors, shards=shards)
+    for rel, size in sizes.items():
+        with open(directory / rel, "wb") as f:
+            f.truncate(size)
+    (directory / METADATA_NAME).write_bytes(data)
+    if manifest:
+        write_manifest(directory, step, metrics=metrics, world_size=shards, sha256=sha256)
+    return directory

@@ -1,0 +1,215 @@
+"""Tests for supervisor.checkpoints.verify: completeness classes and their human reasons."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+
+from supervisor.checkpoints import verify
+from supervisor.checkpoints.layout import MANIFEST_NAME, METADATA_NAME, tmp_dir_name
+from supervisor.checkpoints.testing import storage_metadata_bytes, write_checkpoint, write_manifest
+from supervisor.errors import CheckpointError
+
+from checkpoints_dcp_writer import run_writer
+
+SHARD = "__0_0.distcp"  # the one storage file of a single-process dcp.save
+
+
+@pytest.fixture(scope="module")
+def torch_ckpt(tmp_path_factory) -> Path:
+    """A checkpoint written by the installed torch's single-process dcp.save (read-only template)."""
+    out = tmp_path_factory.mktemp("torch-ckpt")
+    run_writer("single", out)
+    return out / "step_00000010"
+
+
+@pytest.fixture
+def real(torch_ckpt, tmp_path) -> Path:
+    """A private copy of the torch-written checkpoint that a test may damage."""
+    root = tmp_path / "root"
+    root.mkdir()
+    return Path(shutil.copytree(torch_ckpt, root / torch_ckpt.name))
+
+
+class _Evil:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return open, (str(self.path), "w")
+
+
+@pytest.mark.integration
+class TestTorchWrittenTraps:
+    def test_intact_checkpoint_is_complete(self, real):
+        """An untouched torch-written checkpoint is complete with no reason."""
+        v = verify(real)
+        assert (v.state, v.reason, v.complete) == ("complete", None, True)
+
+    def test_truncated_shard_is_torn_and_named(self, real):
+        """A shard cut short is torn, and the reason names the shard and both sizes."""
+        size = (real / SHARD).stat().st_size
+        os.truncate(real / SHARD, size - 1)
+        v = verify(real)
+        assert v.state == "torn"
+        assert SHARD in v.reason and str(size - 1) in v.reason and str(size) in v.reason
+
+    def test_missing_shard_is_torn(self, real):
+        """A deleted shard is torn with a reason saying it is missing."""
+        (real / SHARD).unlink()
+        v = verify(real)
+        assert (v.state, v.reason) == ("torn", f"shard {SHARD} is missing")
+
+    def test_missing_metadata_is_partial(self, real):
+        """Shards without .metadata are a save that did not finish: partial."""
+        (real / METADATA_NAME).unlink()
+        v = verify(real)
+        assert v.state == "partial" and METADATA_NAME in v.reason
+
+    def test_garbage_metadata_is_invalid(self, real):
+        """Overwriting .metadata with garbage makes the dir invalid, not torn or complete."""
+        (real / METADATA_NAME).write_bytes(b"\x80\x04garbage")
+        v = verify(real)
+        assert v.state == "invalid" and "bad .metadata" in v.reason
+
+    def test_file_creating_metadata_is_invalid_and_inert(self, real, tmp_path):
+        """A .metadata that would create a file when unpickled is invalid and the file never appears."""
+        target = tmp_path / "pwned"
+        (real / METADATA_NAME).write_bytes(pickle.dumps(_Evil(target)))
+        v = verify(real)
+        assert v.state == "invalid" and "unsafe" in v.reason
+        assert not target.exists()
+
+    @pytest.mark.parametrize("replacement,why", [(b"../_0.distcp", "escapes"), (b"/tmp/outside", "absolute")])
+    def test_storage_path_leaving_the_dir_is_invalid(self, real, replacement, why):
+        """Rewriting the shard path in torch's own metadata to `..` or an absolute path is invalid."""
+        data = (real / METADATA_NAME).read_bytes()
+        assert data.count(SHARD.encode()) == 1 and len(replacement) == len(SHARD)
+        (real / METADATA_NAME).write_bytes(data.replace(SHARD.encode(), replacement))
+        v = verify(real)
+        assert v.state == "invalid" and why in v.reason
+
+    def test_symlinked_shard_is_invalid(self, real, tmp_path):
+        """A shard replaced by a symlink to an identical file outside the dir is invalid."""
+        outside = tmp_path / "outside.distcp"
+        shutil.copy(real / SHARD, outside)
+        (real / SHARD).unlink()
+        (real / SHARD).symlink_to(outside)
+        v = verify(real)
+        assert v.state == "invalid" and "symlink" in v.reason
+
+    def test_symlinked_checkpoint_dir_is_invalid(self, real, tmp_path):
+        """A checkpoint dir that is a symlink to a complete checkpoint elsewhere is invalid."""
+        link = real.parent / "step_00000099"
+        link.symlink_to(real)
+        v = verify(link)
+        assert v.state == "invalid" and "symlink" in v.reason
+
+    def test_temporary_name_is_partial_even_when_whole(self, real):
+        """A complete checkpoint still under its temporary name is partial."""
+        tmp = real.parent / tmp_dir_name(10, "abc")
+        real.rename(tmp)
+        assert verify(tmp).state == "partial"
+
+
+class TestSyntheticTraps:
+    def test_empty_dir_is_partial(self, tmp_path):
+        """An empty dir is partial: nothing says a save finished."""
+        (tmp_path / "step_1").mkdir()
+        assert verify(tmp_path / "step_1").state == "partial"
+
+    def test_shard_that_is_a_directory_is_invalid(self, tmp_path):
+        """A storage name that is a directory is invalid."""
+        d = write_checkpoint(tmp_path, 1, manifest=False)
+        (d / "__1_0.distcp").unlink()
+        (d / "__1_0.distcp").mkdir()
+        assert verify(d).state == "invalid"
+
+    def test_many_problems_are_summarised(self, tmp_path):
+        """With more problems than the reason lists, it says how many more."""
+        d = tmp_path / "step_1"
+        d.mkdir()
+        (d / METADATA_NAME).write_bytes(storage_metadata_bytes([(f"s{i}", 0, 1) for i in range(5)]))
+        v = verify(d)
+        assert v.state == "torn" and "(+2 more)" in v.reason
+
+    def test_invalid_outranks_torn(self, tmp_path):
+        """A dir with a missing shard and an escaping path is invalid (the worse state)."""
+        d = tmp_path / "step_1"
+        d.mkdir()
+        (d / METADATA_NAME).write_bytes(storage_metadata_bytes([("gone", 0, 1), ("../x", 0, 1)]))
+        assert verify(d).state == "invalid"
+
+    def test_missing_path_raises_naming_it(self, tmp_path):
+        """verify() of a path that does not exist raises CheckpointError naming it."""
+        with pytest.raises(CheckpointError, match="nope"):
+            verify(tmp_path / "nope")
+
+    def test_regular_file_raises(self, tmp_path):
+        """verify() of a regular file raises CheckpointError."""
+        (tmp_path / "f").write_text("x")
+        with pytest.raises(CheckpointError, match="not a directory"):
+            verify(tmp_path / "f")
+
+
+class TestManifestChecks:
+    def test_manifest_metrics_and_step_are_returned(self, tmp_path):
+        """A complete dir with a manifest returns its step and metrics."""
+        d = write_checkpoint(tmp_path, 7, metrics={"loss": 2.5})
+        v = verify(d)
+        assert v.complete and v.manifest.step == 7 and v.manifest.metrics == {"loss": 2.5}
+
+    def test_size_mismatch_with_manifest_is_torn(self, tmp_path):
+        """A shard bigger than DCP needs but different from the manifest's size is torn."""
+        d = write_checkpoint(tmp_path, 7)
+        with open(d / "__0_0.distcp", "ab") as f:
+            f.write(b"x")
+        v = verify(d)
+        assert v.state == "torn" and "manifest says" in v.reason
+
+    def test_file_listed_in_manifest_but_missing_is_torn(self, tmp_path):
+        """A file the manifest lists, though DCP does not reference it, must exist."""
+        d = write_checkpoint(tmp_path, 7, manifest=False)
+        (d / "extra.bin").write_bytes(b"123")
+        write_manifest(d, 7)
+        (d / "extra.bin").unlink()
+        v = verify(d)
+        assert v.state == "torn" and "extra.bin" in v.reason
+
+    def test_unparseable_manifest_is_invalid(self, tmp_path):
+        """A manifest that is not JSON makes the dir invalid."""
+        d = write_checkpoint(tmp_path, 7)
+        (d / MANIFEST_NAME).write_text("{not json")
+        assert verify(d).state == "invalid"
+
+    def test_manifest_step_disagreeing_with_name_is_invalid(self, tmp_path):
+        """A manifest saying step 8 in step_00000007 is invalid, so ranking by name stays honest."""
+        d = write_checkpoint(tmp_path, 7)
+        body = json.loads((d / MANIFEST_NAME).read_text())
+        body["step"] = 8
+        (d / MANIFEST_NAME).write_text(json.dumps(body))
+        v = verify(d)
+        assert v.state == "invalid" and "step 8" in v.reason
+
+    def test_deep_detects_flipped_byte(self, tmp_path):
+        """--deep catches a same-size corruption that only the checksum reveals."""
+        d = write_checkpoint(tmp_path, 7, sha256=True)
+        with open(d / "__1_0.distcp", "r+b") as f:
+            f.write(b"\x01")
+        assert verify(d).complete
+        v = verify(d, deep=True)
+        assert v.state == "torn" and "__1_0.distcp" in v.reason and "sha256" in v.reason
+
+    def test_deep_passes_intact_and_says_it_checked(self, tmp_path):
+        """--deep on an intact checkpoint with checksums is complete and marked checksummed."""
+        v = verify(write_checkpoint(tmp_path, 7, sha256=True), deep=True)
+        assert v.complete and v.checksummed
+
+    def test_deep_without_checksums_is_not_marked_checked(self, tmp_path):
+        """--deep without sha256 in the manifest stays complete but not checksummed."""
+        v = verify(write_checkpoint(tmp_path, 7), deep=True)
+        assert v.complete and not v.checksummed
