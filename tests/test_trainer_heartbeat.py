@@ -1,0 +1,82 @@
+"""Unit tests of trainer.heartbeat: atomic JSON, phase changes at once, training beats throttled."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainer.heartbeat import HEARTBEAT_ENV, Heartbeat
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+class TestHeartbeat:
+    def test_writes_the_documented_fields(self, tmp_path, clock) -> None:
+        """The file holds exactly step, time, phase and loss."""
+        path = tmp_path / "hb.json"
+        Heartbeat(path, clock=clock).beat(3, "train", 2.5)
+        assert json.loads(path.read_text()) == {"step": 3, "time": 1000.0, "phase": "train", "loss": 2.5}
+
+    def test_training_beats_are_throttled_to_the_interval(self, tmp_path, clock) -> None:
+        """Within one interval a second train beat is skipped; after it, it is written."""
+        hb = Heartbeat(tmp_path / "hb.json", clock=clock)
+        assert hb.beat(1, "train", 1.0)
+        clock.now += 0.5
+        assert not hb.beat(2, "train", 1.0)
+        clock.now += 0.5
+        assert hb.beat(3, "train", 1.0)
+        assert json.loads((tmp_path / "hb.json").read_text())["step"] == 3
+
+    def test_phase_change_is_written_at_once(self, tmp_path, clock) -> None:
+        """A new phase is recorded even inside the throttle interval."""
+        hb = Heartbeat(tmp_path / "hb.json", clock=clock)
+        hb.beat(4, "train", 1.0)
+        assert hb.beat(4, "save", 1.0)
+        assert json.loads((tmp_path / "hb.json").read_text())["phase"] == "save"
+
+    def test_non_finite_loss_is_null(self, tmp_path, clock) -> None:
+        """NaN is not JSON: a diverged loss is written as null."""
+        Heartbeat(tmp_path / "hb.json", clock=clock).beat(1, "train", float("nan"))
+        assert json.loads((tmp_path / "hb.json").read_text())["loss"] is None
+
+    def test_no_temporary_file_is_left(self, tmp_path, clock) -> None:
+        """The rewrite goes through a temp file that is renamed over the target."""
+        Heartbeat(tmp_path / "hb.json", clock=clock).beat(1, "load")
+        assert [p.name for p in tmp_path.iterdir()] == ["hb.json"]
+
+    def test_unknown_phase_is_refused(self, tmp_path, clock) -> None:
+        """Only load, train and save are phases the supervisor understands."""
+        with pytest.raises(ValueError):
+            Heartbeat(tmp_path / "hb.json", clock=clock).beat(1, "eval")
+
+    def test_unwritable_path_does_not_raise(self, tmp_path, clock) -> None:
+        """A heartbeat that cannot be written is reported, not fatal to training."""
+        hb = Heartbeat(tmp_path / "missing-dir" / "hb.json", clock=clock)
+        assert not hb.beat(1, "train")
+        assert isinstance(hb.last_error, OSError)
+
+
+class TestFromEnv:
+    def test_rank_zero_uses_the_env_path(self, tmp_path, monkeypatch) -> None:
+        """Rank 0 writes to FSDP_SUPERVISOR_HEARTBEAT."""
+        monkeypatch.setenv(HEARTBEAT_ENV, str(tmp_path / "hb.json"))
+        assert Heartbeat.from_env(rank=0).path == tmp_path / "hb.json"
+
+    def test_other_ranks_and_no_env_are_disabled(self, tmp_path, monkeypatch) -> None:
+        """Only rank 0 writes, and nothing is written without the variable."""
+        monkeypatch.setenv(HEARTBEAT_ENV, str(tmp_path / "hb.json"))
+        assert not Heartbeat.from_env(rank=1).enabled
+        monkeypatch.delenv(HEARTBEAT_ENV)
+        hb = Heartbeat.from_env(rank=0)
+        assert not hb.enabled and not hb.beat(1, "train")

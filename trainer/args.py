@@ -1,0 +1,129 @@
+"""Command-line flags of the reference trainer and their validation (torch-free, so bad input fails fast).
+
+Validation runs before `import torch` and before any process group exists: a bad flag costs a fraction
+of a second, prints one line naming the culprit and exits 2 without creating or overwriting anything.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from supervisor.errors import EXIT_USAGE, UsageError
+
+__all__ = ["build_parser", "parse_args", "validate", "positive_int", "non_negative_int"]
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a float > 0."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """Keep argparse's exit code 2 and one-line message, without the usage dump."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="trainer", description="Reference FSDP trainer: tiny byte-level LM, DCP checkpoints.")
+    p.add_argument("--checkpoint-dir", required=True, type=Path, help="where step_<N> checkpoints go")
+    p.add_argument("--steps", type=non_negative_int, default=200, help="total optimizer steps")
+    p.add_argument("--save-every", type=positive_int, default=50, help="checkpoint every K steps")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="model init, data and RNG seed")
+    p.add_argument("--resume", default="auto", metavar="{auto,none,PATH}",
+                   help="auto: newest complete checkpoint in --checkpoint-dir; none; or one checkpoint dir")
+    p.add_argument("--fsdp", type=int, choices=(1, 2), default=2, help="FSDP2 (fully_shard) or FSDP1")
+    p.add_argument("--async-save", action="store_true", help="write checkpoints in the background")
+    p.add_argument("--log-every", type=positive_int, default=10, help="progress line every N steps")
+    p.add_argument("--data", type=Path, default=None, help="byte-level text file (default: synthetic)")
+    p.add_argument("--pg-timeout-s", type=positive_float, default=120.0,
+                   help="bound on any collective, incl. stop agreement and checkpoint coordination")
+    p.add_argument("--manifest-sha256", action="store_true", help="also record sha256 of every file")
+    model = p.add_argument_group("model and optimization")
+    model.add_argument("--d-model", type=positive_int, default=64)
+    model.add_argument("--n-layers", type=positive_int, default=2)
+    model.add_argument("--n-heads", type=positive_int, default=4)
+    model.add_argument("--seq-len", type=positive_int, default=64)
+    model.add_argument("--batch-size", type=positive_int, default=8, help="sequences per rank per step")
+    model.add_argument("--lr", type=positive_float, default=3e-3, help="peak learning rate")
+    model.add_argument("--warmup-steps", type=non_negative_int, default=10)
+    model.add_argument("--min-lr-ratio", type=float, default=0.1, help="final lr as a fraction of --lr")
+    return p
+
+
+def _check_resume(value: str) -> None:
+    if value in ("auto", "none"):
+        return
+    # Imported here: supervisor.checkpoints is torch-free, but only --resume PATH needs it.
+    from supervisor.checkpoints import verify
+
+    path = Path(value)
+    if not path.is_dir():
+        raise UsageError(f"--resume {value}: no such checkpoint directory")
+    result = verify(path)
+    if not result.complete:
+        raise UsageError(f"--resume {value}: incomplete checkpoint ({result.reason})")
+
+
+def _check_writable(root: Path) -> None:
+    """Create `root` if needed and prove we can create (and remove) a file in it."""
+    if root.exists() and not root.is_dir():
+        raise UsageError(f"--checkpoint-dir {root}: exists and is not a directory")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=root)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UsageError(f"--checkpoint-dir {root}: not writable ({exc.strerror or exc})") from None
+
+
+def validate(args: argparse.Namespace) -> None:
+    """Raise UsageError (naming the flag) for input argparse cannot judge alone; creates the checkpoint dir."""
+    if args.d_model % args.n_heads:
+        raise UsageError(f"--d-model {args.d_model}: not divisible by --n-heads {args.n_heads}")
+    if not 0.0 <= args.min_lr_ratio <= 1.0:
+        raise UsageError(f"--min-lr-ratio {args.min_lr_ratio}: must be within [0, 1]")
+    if args.data is not None:
+        if not args.data.is_file():
+            raise UsageError(f"--data {args.data}: no such file")
+        if args.data.stat().st_size < args.seq_len + 2:
+            raise UsageError(f"--data {args.data}: shorter than --seq-len + 2 bytes")
+    # Resume is checked before the checkpoint dir is created: a bad --resume leaves the disk untouched.
+    _check_resume(args.resume)
+    _check_writable(args.checkpoint_dir)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse and validate; on bad input print one line and exit 2 (argparse does the same for its errors)."""
+    args = build_parser().parse_args(argv)
+    try:
+        validate(args)
+    except UsageError as exc:
+        print(f"trainer: error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    return args

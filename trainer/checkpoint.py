@@ -1,0 +1,174 @@
+"""DCP save/load with atomic commit, async saves, and the choice of the checkpoint to resume from.
+
+Use it from your own FSDP loop (every call is collective: call it on every rank)::
+
+    from trainer.checkpoint import Checkpointer, load_checkpoint, resolve_resume
+    from trainer.state import ModelState, OptimizerState
+
+    state = {"model": ModelState(model), "optim": OptimizerState(model, optim), "epoch": progress}
+    path = resolve_resume("auto", "ckpts")          # newest complete, decided by rank 0, broadcast
+    if path is not None:
+        load_checkpoint(path, state)
+    saver = Checkpointer("ckpts", async_save=True)
+    for step in ...:
+        ...
+        saver.poll()                                  # commits a finished background save
+        if step % 100 == 0:
+            saver.save(step, state, metrics={"loss": loss})
+    saver.wait()                                      # before exit: finish and commit the last save
+
+A save writes `<root>/.tmp-step_<N>-<nonce>/` and becomes `<root>/step_<N>/` only after DCP's `.metadata`
+exists, the manifest is written and everything is fsynced (see trainer/commit.py and trainer/FORMAT.md).
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter
+
+from supervisor.checkpoints.layout import step_dir_name, tmp_dir_name
+from trainer.commit import build_manifest, commit
+
+__all__ = ["Checkpointer", "save_checkpoint", "load_checkpoint", "resolve_resume", "SaveResult"]
+
+SAVE_DELAY_ENV = "FSDP_TRAINER_TEST_COMMIT_DELAY_S"  # test hook: widen the mid-save window before commit
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _broadcast(value: Any, group: dist.ProcessGroup | None) -> Any:
+    """Rank 0's `value`, on every rank."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0, group=group)
+    return box[0]
+
+
+class SaveResult:
+    """One save: where it is written, and (on rank 0, once committed) where it ended up."""
+
+    def __init__(self, step: int, tmp: Path, final: Path, metrics: dict[str, Any], started: float) -> None:
+        self.step, self.tmp, self.final, self.metrics, self.started = step, tmp, final, metrics, started
+        self.future: Future | None = None
+        self.created: bool | None = None  # rank 0 after commit: False if an existing `final` won
+        self.seconds: float | None = None
+
+
+class Checkpointer:
+    """Saves `step_<N>` checkpoints under `root`, sync or async; at most one save in flight."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        *,
+        process_group: dist.ProcessGroup | None = None,
+        control_group: dist.ProcessGroup | None = None,
+        async_save: bool = False,
+        sha256: bool = False,
+    ) -> None:
+        self.root = Path(root)
+        self.group = process_group  # DCP coordination; async saves use it from a writer thread
+        self.control = control_group
+        self.async_save = async_save
+        self.sha256 = sha256
+        self.pending: SaveResult | None = None
+        self.last: SaveResult | None = None
+        # One nonce per run (rank 0 draws, all ranks agree): temp names never collide with a dead attempt's.
+        self.nonce = _broadcast(secrets.token_hex(4), control_group)
+
+    def save(self, step: int, state: dict[str, Any], *, metrics: dict[str, Any] | None = None,
+             blocking: bool | None = None) -> SaveResult:
+        """Collective: write `state` as step `step`; blocks until committed unless saving asynchronously."""
+        self.wait()  # never two saves in flight
+        tmp = self.root / tmp_dir_name(step, self.nonce)
+        result = SaveResult(step, tmp, self.root / step_dir_name(step), dict(metrics or {}), time.monotonic())
+        writer = FileSystemWriter(tmp)
+        if (self.async_save if blocking is None else not blocking):
+            result.future = dcp.async_save(state, storage_writer=writer, process_group=self.group)
+            self.pending = result
+            return result
+        dcp.save(state, storage_writer=writer, process_group=self.group)
+        self._commit(result)
+        return result
+
+    def poll(self) -> SaveResult | None:
+        """Commit the in-flight async save if its write finished everywhere; returns it then."""
+        if self.pending is None or self.pending.future is None or not self.pending.future.done():
+            return None
+        return self.wait()
+
+    def wait(self) -> SaveResult | None:
+        """Block until the in-flight save (if any) is written, then commit it; re-raises its error."""
+        result, self.pending = self.pending, None
+        if result is None:
+            return None
+        assert result.future is not None
+        result.future.result()
+        self._commit(result)
+        return result
+
+    def _commit(self, result: SaveResult) -> None:
+        # Rank 0's DCP call returns only after its coordinator step wrote `.metadata`, which needs every
+        # rank's write results first: no extra barrier is needed before the rename.
+        if _rank() == 0:
+            delay = float(os.environ.get(SAVE_DELAY_ENV, "0") or 0)
+            if delay > 0:
+                time.sleep(delay)
+            manifest = build_manifest(
+                result.tmp,
+                step=result.step,
+                world_size=dist.get_world_size() if dist.is_initialized() else 1,
+                torch_version=torch.__version__,
+                metrics=result.metrics,
+                sha256=self.sha256,
+            )
+            result.final, result.created = commit(result.tmp, result.final, manifest)
+        result.seconds = time.monotonic() - result.started
+        self.last = result
+
+
+def save_checkpoint(root: str | os.PathLike, step: int, state: dict[str, Any], *,
+                    metrics: dict[str, Any] | None = None,
+                    process_group: dist.ProcessGroup | None = None) -> Path:
+    """Collective, synchronous: save and commit `<root>/step_<N>`; returns its path."""
+    saver = Checkpointer(root, process_group=process_group, control_group=process_group)
+    return saver.save(step, state, metrics=metrics, blocking=True).final
+
+
+def load_checkpoint(path: str | os.PathLike, state: dict[str, Any], *,
+                    process_group: dist.ProcessGroup | None = None) -> None:
+    """Collective: load `path` into `state` in place (Stateful entries get `load_state_dict`); DCP reshards."""
+    dcp.load(state, checkpoint_id=os.fspath(path), process_group=process_group)
+
+
+def resolve_resume(spec: str, root: str | os.PathLike, *,
+                   group: dist.ProcessGroup | None = None) -> Path | None:
+    """Collective: the checkpoint to resume from: `"none"`, `"auto"` (newest complete under `root`) or a path.
+
+    For `"auto"` only rank 0 looks at the disk and broadcasts its choice, so all ranks load the same one
+    even if a save lands meanwhile. Completeness is `supervisor.checkpoints`' verdict, the same one the
+    supervisor uses.
+    """
+    if spec == "none":
+        return None
+    if spec != "auto":
+        return Path(spec)
+    choice = None
+    if _rank() == 0:
+        from supervisor.checkpoints import newest_complete
+
+        info = newest_complete(root) if Path(root).is_dir() else None
+        choice = os.fspath(info.path) if info is not None else None
+    choice = _broadcast(choice, group)
+    return Path(choice) if choice is not None else None

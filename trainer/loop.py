@@ -1,0 +1,208 @@
+"""The reference training loop: resume, train, checkpoint, stop gracefully. Entry: `python -m trainer`."""
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from trainer.checkpoint import Checkpointer, load_checkpoint, resolve_resume
+from trainer.data import FileData, MarkovData, rank_batch
+from trainer.heartbeat import Heartbeat
+from trainer.log import configure, get_logger
+from trainer.model import ModelConfig, TinyLM, lm_loss
+from trainer.parallel import Dist, init_distributed, shard_model, shutdown
+from trainer.progress import Progress as ProgressReport
+from trainer.schedule import lr_factor
+from trainer.state import ModelState, OptimizerState, Progress, RngState, seed_rank_rngs
+from trainer.stopping import GracefulStop
+
+__all__ = ["Trainer", "run"]
+
+
+class Trainer:
+    """One training job on one rank; everything that must survive a restart is in `state()`."""
+
+    # configuration
+    args: argparse.Namespace
+    dist: Dist
+    # model and optimization
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    # data and position
+    data: MarkovData | FileData
+    progress: Progress
+    # side channels
+    heartbeat: Heartbeat
+    stopper: GracefulStop
+    saver: Checkpointer
+    last_saved_step: int
+
+    def __init__(self, args: argparse.Namespace, d: Dist, stopper: GracefulStop, heartbeat: Heartbeat) -> None:
+        self.args, self.dist, self.stopper, self.heartbeat = args, d, stopper, heartbeat
+        self.log = get_logger()
+        self.progress = Progress(world_size=d.world_size, seed=args.seed)
+        self.last_saved_step = 0  # step 0 is reproducible from the seed: never worth an emergency save
+        self.data = (FileData(args.data, args.seed, args.seq_len) if args.data
+                     else MarkovData(args.seed, args.seq_len))
+
+    def build(self) -> None:
+        """Model (identical init on every rank), FSDP, AdamW and the lr schedule; then per-rank RNG."""
+        a = self.args
+        torch.manual_seed(a.seed)
+        cfg = ModelConfig(d_model=a.d_model, n_layers=a.n_layers, n_heads=a.n_heads, seq_len=a.seq_len)
+        self.model = shard_model(TinyLM(cfg).to(self.dist.device), a.fsdp, self.dist.device)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=a.lr, weight_decay=0.01)
+        schedule = functools.partial(lr_factor, warmup_steps=a.warmup_steps, total_steps=a.steps,
+                                     min_ratio=a.min_lr_ratio)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
+        seed_rank_rngs(a.seed, self.dist.rank)
+
+    def state(self, *, rng: bool = True) -> dict[str, Any]:
+        """The DCP state dict: model, optim, lr_scheduler, train (progress) and this rank's RNG."""
+        state: dict[str, Any] = {
+            "model": ModelState(self.model),
+            "optim": OptimizerState(self.model, self.optimizer),
+            "lr_scheduler": self.scheduler,
+            "train": self.progress,
+        }
+        if rng:
+            state["rng"] = RngState(self.dist.rank)
+        return state
+
+    def read_progress(self, path: Path) -> int:
+        """Load only the counters of `path` (cheap); returns the world size that saved it."""
+        load_checkpoint(path, {"train": self.progress}, process_group=self.dist.ckpt)
+        saved_world = self.progress.world_size
+        self.progress.world_size = self.dist.world_size
+        self.last_saved_step = self.progress.step
+        return saved_world
+
+    def load(self, path: Path, saved_world: int) -> None:
+        """Load everything else; RNG only at the same world size (other sizes lose only bit-exactness)."""
+        same_world = saved_world == self.dist.world_size
+        if not same_world and self.dist.rank == 0:
+            self.log.warning("rng_not_restored", reason="world size changed",
+                             saved_world_size=saved_world, world_size=self.dist.world_size)
+        state = self.state(rng=same_world)
+        del state["train"]
+        load_checkpoint(path, state, process_group=self.dist.ckpt)
+
+    def train_step(self) -> float:
+        """One optimizer step on this rank's slice of the global batch; returns the mean loss of all ranks."""
+        a, p = self.args, self.progress
+        batch = torch.from_numpy(rank_batch(self.data, p.sample_index, self.dist.rank, a.batch_size))
+        loss = lm_loss(self.model, batch.to(self.dist.device))
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        p.step += 1
+        p.sample_index += self.dist.world_size * a.batch_size
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        p.loss = mean.item() / self.dist.world_size
+        return p.loss
+
+    def save(self, *, blocking: bool) -> None:
+        """Checkpoint the current step (collective); async unless `blocking` or --async-save is off."""
+        step, loss = self.progress.step, self.progress.loss
+        self.heartbeat.beat(step, "save", loss)
+        self._report(self.saver.wait())
+        result = self.saver.save(step, self.state(), metrics={"loss": loss},
+                                 blocking=blocking or not self.args.async_save)
+        self.last_saved_step = step
+        if result.future is None:
+            self._report(result)
+
+    def _report(self, result: Any) -> None:
+        if result is not None and self.dist.rank == 0:
+            self.log.info("checkpoint_saved", step=result.step, path=str(result.final),
+                          seconds=round(result.seconds, 3), created=result.created)
+
+    def train(self) -> int:
+        """The loop; every decision that needs all ranks happens at a step boundary."""
+        a, p = self.args, self.progress
+        report = ProgressReport(rank=self.dist.rank, start=p.step, total=a.steps, log_every=a.log_every,
+                                tokens_per_step=self.dist.world_size * a.batch_size * a.seq_len, log=self.log)
+        self.heartbeat.beat(p.step, "train", p.loss)
+        try:
+            while True:
+                self._report(self.saver.poll())
+                if self.stopper.should_stop():
+                    return self._stop()
+                if p.step >= a.steps:
+                    break
+                loss = self.train_step()
+                self.heartbeat.beat(p.step, "train", loss)
+                report.update(p.step, loss)
+                if p.step % a.save_every == 0 and p.step < a.steps:
+                    self.save(blocking=False)
+        finally:
+            report.close()
+        if self.last_saved_step != p.step:
+            self.save(blocking=True)
+        self._report(self.saver.wait())
+        if self.dist.rank == 0:
+            self.log.info("finished", step=p.step, loss=p.loss)
+        return 0
+
+    def _stop(self) -> int:
+        """Every rank agreed to stop: finish any save in flight, save this step, exit 0."""
+        step = self.progress.step
+        if self.dist.rank == 0:
+            signum = self.stopper.signum
+            self.log.warning("stop_requested", step=step, signal=signum)
+        self._report(self.saver.wait())
+        if self.last_saved_step != step:
+            self.save(blocking=True)
+        if self.dist.rank == 0:
+            self.log.info("stopped", step=step)
+        return 0
+
+
+def _quiet_known_warnings() -> None:
+    # FSDP1's ShardedTensor path and DCP's single-process mode warn on every save; they are expected here.
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
+    warnings.filterwarnings("ignore", message=r".*_get_pg_default_device.*")
+    warnings.filterwarnings("ignore", message=r"Multiple backends are registered.*")
+    warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled.*")
+
+
+@record
+def run(args: argparse.Namespace) -> int:
+    """Run the job described by validated `args`; returns the process exit code."""
+    configure(int(os.environ.get("RANK", "0")))
+    _quiet_known_warnings()
+    stopper = GracefulStop(repeat_grace_s=1.0).install()  # before init: a stop during startup counts too
+    d = init_distributed(args.pg_timeout_s)
+    stopper.group = d.control
+    heartbeat = Heartbeat.from_env(d.rank)
+    heartbeat.beat(0, "load")
+    trainer = Trainer(args, d, stopper, heartbeat)
+    log = trainer.log
+    try:
+        path = resolve_resume(args.resume, args.checkpoint_dir, group=d.control)
+        saved_world = trainer.read_progress(path) if path is not None else d.world_size
+        if path is not None and d.rank == 0:
+            log.info("resuming", path=str(path), step=trainer.progress.step, saved_world_size=saved_world)
+        heartbeat.beat(trainer.progress.step, "load", trainer.progress.loss, force=True)
+        if trainer.progress.step >= args.steps:
+            if d.rank == 0:
+                log.info("already_done", step=trainer.progress.step, steps=args.steps)
+            return 0
+        trainer.build()
+        if path is not None:
+            trainer.load(path, saved_world)
+        trainer.saver = Checkpointer(args.checkpoint_dir, process_group=d.ckpt, control_group=d.control,
+                                     async_save=args.async_save, sha256=args.manifest_sha256)
+        return trainer.train()
+    finally:
+        shutdown()
