@@ -22,11 +22,13 @@ integration: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m integration tests
 
 run: $(STAMP)
-	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --standalone --nproc-per-node=2 --max-restarts=0 \
-		-m trainer --checkpoint-dir demo-ckpts --steps 200 --save-every 25
+	@echo "watch it from another shell:"
+	@echo "  $(VENV)/bin/fsdp-supervisor status -c deploy/examples/demo.toml"
+	@echo "  $(VENV)/bin/fsdp-supervisor logs -c deploy/examples/demo.toml -f"
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/fsdp-supervisor run -c deploy/examples/demo.toml
 
 bench: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m bench
 
 clean:
-	rm -rf $(VENV) demo-ckpts .pytest_cache bench-results.json
+	rm -rf $(VENV) deploy/examples/ckpts deploy/examples/.fsdp-supervisor .pytest_cache bench-results.json

@@ -13,7 +13,8 @@ __all__ = ["main", "build_parser"]
 
 # Each module has `register(subparsers)`, which adds its sub-command(s) and sets `func(args) -> int`.
 COMMAND_MODULES = [
-    "supervisor.checkpoints.cli",
+    "supervisor.commands",
+    "supervisor.systemd",
 ]
 
 

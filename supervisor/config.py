@@ -1,0 +1,182 @@
+"""job.toml: pydantic models (the single source of truth for keys, defaults and docs) and the loader.
+
+Unknown keys are errors. Relative paths resolve against the config file's directory. Every error becomes
+one `ConfigError` line that names the file and the key.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from supervisor.checkpoints import RetentionPolicy
+from supervisor.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on 3.10
+    import tomli as tomllib
+
+__all__ = [
+    "Config",
+    "JobSection",
+    "CheckpointsSection",
+    "RestartSection",
+    "HealthSection",
+    "SupervisorSection",
+    "MetricsSection",
+    "load_config",
+    "CHECKPOINT_PLACEHOLDER",
+]
+
+CHECKPOINT_PLACEHOLDER = "{checkpoint}"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class JobSection(_Section):
+    command: list[str] = Field(
+        min_length=1,
+        description="argv of the job (never run through a shell), e.g. torchrun ... -m trainer ...",
+    )
+    resume_args: list[str] = Field(
+        default_factory=lambda: ["--resume", CHECKPOINT_PLACEHOLDER],
+        description="appended when a checkpoint exists; {checkpoint} becomes its absolute path",
+    )
+    cwd: Path | None = Field(default=None, description="working directory; default: the config file's directory")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables for the job")
+
+    @field_validator("command")
+    @classmethod
+    def _no_empty_args(cls, v: list[str]) -> list[str]:
+        if not v[0]:
+            raise ValueError("the program name (first element) is empty")
+        return v
+
+
+class CheckpointsSection(RetentionPolicy):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dir: Path = Field(description="checkpoint root the job writes into (shared storage for multi-node)")
+    prune: bool = Field(default=True, description="run retention from this supervisor (false on all but one node)")
+    retention_interval_s: float = Field(default=300, gt=0, description="periodic retention pass, seconds")
+
+
+class RestartSection(_Section):
+    policy: Literal["on-failure", "always", "never"] = Field(
+        default="on-failure", description="on-failure | always | never"
+    )
+    max_restarts: int = Field(default=100, ge=0, description="total restart budget")
+    backoff_initial_s: float = Field(default=1, ge=0, description="first backoff delay")
+    backoff_max_s: float = Field(default=300, ge=0, description="backoff cap")
+    backoff_multiplier: float = Field(default=2, ge=1, description="growth per consecutive failure")
+    backoff_jitter: float = Field(default=0.1, ge=0, le=1, description="+/- fraction of random jitter")
+    reset_after_s: float = Field(default=600, ge=0, description="healthy running time that resets the backoff")
+    max_no_progress_restarts: int = Field(
+        default=3, ge=0, description="consecutive failed attempts with no new step and no new checkpoint"
+    )
+    quarantine_after: int = Field(
+        default=2, ge=0, description="consecutive failures right after loading the same checkpoint (0 = off)"
+    )
+
+    @model_validator(mode="after")
+    def _cap_not_below_initial(self) -> RestartSection:
+        if self.backoff_max_s < self.backoff_initial_s:
+            raise ValueError("backoff_max_s must be >= backoff_initial_s")
+        return self
+
+
+class HealthSection(_Section):
+    hang_timeout_s: float = Field(default=0, ge=0, description="0 = off; heartbeat not advancing this long = hang")
+    save_timeout_s: float = Field(default=1800, gt=0, description="allowance while the heartbeat says load or save")
+    startup_timeout_s: float = Field(
+        default=0, ge=0, description="0 = off; no first heartbeat this long after launch = hang"
+    )
+    stop_timeout_s: float = Field(default=120, gt=0, description="grace after SIGTERM before SIGKILL")
+    stack_dump_wait_s: float = Field(default=5, ge=0, description="wait after SIGUSR1 stack dumps before stopping")
+
+
+class SupervisorSection(_Section):
+    run_dir: Path = Field(
+        default=Path(".fsdp-supervisor"),
+        description="state.json, supervisor.log, logs/attempt-NNNN.log, heartbeat and the lock",
+    )
+    log_max_bytes: int = Field(default=10 * 2**20, gt=0, description="supervisor.log rotation size")
+    log_backups: int = Field(default=3, ge=0, description="rotated supervisor.log files kept")
+
+
+class MetricsSection(_Section):
+    listen: str | None = Field(default=None, description='Prometheus endpoint, e.g. "127.0.0.1:9400"; off if unset')
+
+
+class Config(_Section):
+    job: JobSection
+    checkpoints: CheckpointsSection
+    restart: RestartSection = Field(default_factory=RestartSection)
+    health: HealthSection = Field(default_factory=HealthSection)
+    supervisor: SupervisorSection = Field(default_factory=SupervisorSection)
+    metrics: MetricsSection = Field(default_factory=MetricsSection)
+    path: Path = Field(description="absolute path of the config file (set by the loader)")
+
+    @property
+    def run_dir(self) -> Path:
+        return self.supervisor.run_dir
+
+    @property
+    def job_cwd(self) -> Path:
+        return self.job.cwd or self.path.parent
+
+
+def _resolve(base: Path, p: Any) -> Any:
+    if isinstance(p, str) and p:
+        p = Path(os.path.expanduser(p))
+        return p if p.is_absolute() else (base / p)
+    return p
+
+
+def _error_line(path: Path, exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"] if not isinstance(x, int)) or "(top level)"
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif err["type"] == "missing":
+        msg = "required key is missing"
+    more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    return f"{path}: [{loc}] {msg}{more}"
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read, validate and resolve a job.toml; raise ConfigError naming the file and key."""
+    p = Path(path).expanduser()
+    try:
+        raw = tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: config file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: cannot read config: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: invalid TOML: {exc}") from None
+    p = p.resolve()
+    base = p.parent
+    if not isinstance(raw.get("checkpoints"), dict) or not isinstance(raw.get("job"), dict):
+        missing = "job" if not isinstance(raw.get("job"), dict) else "checkpoints"
+        raise ConfigError(f"{p}: [{missing}] section is missing")
+    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    if "dir" in raw["checkpoints"]:
+        raw["checkpoints"]["dir"] = _resolve(base, raw["checkpoints"]["dir"])
+    if "cwd" in raw["job"]:
+        raw["job"]["cwd"] = _resolve(base, raw["job"]["cwd"])
+    sup = raw.setdefault("supervisor", {})
+    if isinstance(sup, dict):
+        sup["run_dir"] = _resolve(base, sup.get("run_dir", ".fsdp-supervisor"))
+    raw["path"] = p
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_error_line(p, exc)) from None

@@ -1,0 +1,93 @@
+"""The supervisor's view of the checkpoint root: newest complete, commits seen, quarantine, retention runs.
+
+All judgement lives in `supervisor.checkpoints` (complete, ranking, retention plan); this class only
+remembers what was seen and which checkpoint the running attempt resumed from, so it is never pruned.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from supervisor import checkpoints as store
+from supervisor.checkpoints.layout import MANIFEST_NAME, METADATA_NAME
+from supervisor.config import Config
+from supervisor.errors import CheckpointError
+
+__all__ = ["Housekeeper"]
+
+
+class Housekeeper:
+    def __init__(self, cfg: Config, log: Any, now: Callable[[], float]) -> None:
+        self.root = cfg.checkpoints.dir
+        self.cfg, self.log, self.now = cfg, log, now
+        self.latest: store.CheckpointInfo | None = None
+        self.in_use: Path | None = None  # resumed from by the running attempt: protected
+        self.disk_free: int | None = None
+
+    def concerns(self, path: Path) -> bool:
+        """Is this file event a possible checkpoint commit (a top-level rename/create, or DCP's .metadata)?"""
+        try:
+            rel = path.relative_to(self.root)
+        except ValueError:
+            return False
+        return len(rel.parts) == 1 or rel.name in (METADATA_NAME, MANIFEST_NAME)
+
+    def newest(self) -> store.CheckpointInfo | None:
+        try:
+            return store.newest_complete(self.root) if self.root.is_dir() else None
+        except CheckpointError as exc:
+            self.log.warning("checkpoint_scan_failed", root=str(self.root), error=str(exc))
+            return None
+
+    def refresh(self) -> store.CheckpointInfo | None:
+        """Re-read the newest complete checkpoint; return it when it is new since the last look."""
+        cur = self.newest()
+        old = self.latest
+        self.latest = cur
+        if cur is None or (old is not None and old.path == cur.path and old.mtime == cur.mtime):
+            return None
+        return cur
+
+    def latest_step(self) -> int | None:
+        return self.latest.step if self.latest else None
+
+    def latest_json(self) -> dict[str, Any] | None:
+        if self.latest is None:
+            self.refresh()
+        c = self.latest
+        return None if c is None else {"path": str(c.path), "step": c.step, "mtime": c.mtime}
+
+    def quarantine(self, path: Path, reason: str) -> None:
+        store.quarantine(path, reason)
+        if self.latest is not None and self.latest.path == path:
+            self.latest = None
+
+    def quarantined(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        try:
+            return [str(c.path) for c in store.scan(self.root, verify_all=False) if c.quarantined]
+        except CheckpointError:
+            return []
+
+    def prune(self) -> None:
+        """One retention pass (if this node prunes), protecting the checkpoint in use; logs every deletion."""
+        if not self.root.is_dir():
+            return
+        try:
+            usage = store.disk_usage(self.root)
+            self.disk_free = usage.free_bytes
+            if not self.cfg.checkpoints.prune:
+                return
+            plan = store.plan_retention(
+                store.scan(self.root, verify_all=True), policy=self.cfg.checkpoints, disk=usage,
+                protect=[self.in_use] if self.in_use else [], now=self.now(),
+            )
+            for f in plan.findings:
+                self.log.warning(f.kind, message=f.message)
+            for d in store.execute_retention(self.root, plan):
+                self.log.info("retention_deleted", path=str(d.path), reason=d.reason, size_bytes=d.size_bytes)
+            self.disk_free = store.disk_usage(self.root).free_bytes
+        except (CheckpointError, OSError) as exc:
+            self.log.error("retention_failed", root=str(self.root), error=str(exc))

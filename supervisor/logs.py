@@ -1,0 +1,73 @@
+"""structlog set-up: JSON lines in run_dir/supervisor.log (size-rotated), readable lines on stderr.
+
+Events have names and fields (`log.info("job_exited", code=1, reason="crash")`); `fsdp-supervisor logs`
+pretty-prints the JSON file with `render_line`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import logging.handlers
+import sys
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+__all__ = ["configure", "get_logger", "render_line", "LOG_FILE"]
+
+LOG_FILE = "supervisor.log"
+_NAME = "fsdp_supervisor"
+
+
+def configure(run_dir: Path, *, max_bytes: int, backups: int, console: bool = True) -> None:
+    """Route structlog through stdlib logging: one JSON file handler plus a stderr handler."""
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
+    ]
+    structlog.configure(
+        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=False,
+    )
+    logger = logging.getLogger(_NAME)
+    logger.handlers.clear()
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    file_handler = logging.handlers.RotatingFileHandler(run_dir / LOG_FILE, maxBytes=max_bytes, backupCount=backups)
+    file_handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                        structlog.processors.dict_tracebacks, structlog.processors.JSONRenderer(sort_keys=False)],
+        )
+    )
+    logger.addHandler(file_handler)
+    if console:
+        tty = sys.stderr.isatty()
+        renderer = structlog.dev.ConsoleRenderer(colors=True) if tty else structlog.processors.KeyValueRenderer(
+            key_order=["ts", "level", "event"], drop_missing=True
+        )
+        stream = logging.StreamHandler(sys.stderr)
+        stream.setFormatter(structlog.stdlib.ProcessorFormatter(
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer]))
+        logger.addHandler(stream)
+
+
+def get_logger() -> Any:
+    return structlog.get_logger(_NAME)
+
+
+def render_line(line: str) -> str:
+    """One JSON log line as `ts level event key=value ...`; anything else is returned unchanged."""
+    try:
+        d = json.loads(line)
+    except ValueError:
+        return line.rstrip("\n")
+    if not isinstance(d, dict):
+        return line.rstrip("\n")
+    ts, level, event = d.pop("ts", ""), d.pop("level", ""), d.pop("event", "")
+    fields = " ".join(f"{k}={json.dumps(v) if not isinstance(v, str) or ' ' in v else v}" for k, v in d.items() if v is not None)
+    return f"{ts} {level:<7} {event:<22} {fields}".rstrip()

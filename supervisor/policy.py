@@ -1,0 +1,117 @@
+"""Pure restart decisions: restart now, after a backoff, or give up. No I/O, no clock, no randomness.
+
+The event loop records one `Attempt` per launch and asks `decide()` what to do next; jitter comes in as
+a number in [0, 1) so tables and property tests can pin it.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from supervisor.config import RestartSection
+
+__all__ = ["Attempt", "Restart", "GiveUp", "Finish", "Decision", "decide", "backoff_delay", "quarantine_candidate"]
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What the loop learned about one finished launch."""
+
+    number: int
+    started_at: float  # monotonic seconds
+    ended_at: float
+    succeeded: bool  # exit code 0
+    reason: str  # classification, e.g. "completed", "crash", "signal", "oom", "hang"
+    resumed_from: str | None = None  # checkpoint path passed via resume_args
+    resumed_step: int | None = None
+    max_step: int | None = None  # highest heartbeat step seen during the attempt
+    new_checkpoint: bool = False  # a newer complete checkpoint appeared during the attempt
+    progressed: bool = False  # a step beyond every earlier attempt, or a new checkpoint
+
+    @property
+    def duration(self) -> float:
+        return self.ended_at - self.started_at
+
+
+@dataclass(frozen=True)
+class Restart:
+    delay_s: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    reason: str
+
+
+Decision = Restart | GiveUp | Finish
+
+
+def _healthy(a: Attempt, cfg: RestartSection) -> bool:
+    return a.progressed or (cfg.reset_after_s > 0 and a.duration >= cfg.reset_after_s)
+
+
+def backoff_delay(history: Sequence[Attempt], cfg: RestartSection, jitter: float) -> float:
+    """Exponential in the failures since the last healthy attempt (inclusive of it), capped, with jitter."""
+    streak = 0
+    for a in reversed(history):
+        streak += 1
+        if a.succeeded or _healthy(a, cfg):
+            break
+    # The first restart after a healthy run waits backoff_initial_s; each further failure multiplies it.
+    base = min(cfg.backoff_max_s, cfg.backoff_initial_s * cfg.backoff_multiplier ** max(0, streak - 1))
+    spread = cfg.backoff_jitter * (2.0 * jitter - 1.0)
+    return max(0.0, min(cfg.backoff_max_s, base * (1.0 + spread)))
+
+
+def _no_progress_streak(history: Sequence[Attempt]) -> int:
+    n = 0
+    for a in reversed(history):
+        if a.succeeded or a.progressed:
+            break
+        n += 1
+    return n
+
+
+def decide(history: Sequence[Attempt], cfg: RestartSection, *, jitter: float = 0.5) -> Decision:
+    """What to do after the last attempt in `history` ended (history is non-empty)."""
+    last = history[-1]
+    restarts_so_far = len(history) - 1
+    if last.succeeded and cfg.policy != "always":
+        return Finish("completed")
+    if not last.succeeded and cfg.policy == "never":
+        return GiveUp(f"job failed ({last.reason}) and restart policy is 'never'")
+    if restarts_so_far >= cfg.max_restarts:
+        return GiveUp(f"restart budget spent: {restarts_so_far} of max_restarts={cfg.max_restarts}")
+    streak = _no_progress_streak(history)
+    if streak > cfg.max_no_progress_restarts:
+        return GiveUp(
+            f"crash loop: {streak} consecutive failed attempts without progress "
+            f"(max_no_progress_restarts={cfg.max_no_progress_restarts}); last: {last.reason}"
+        )
+    return Restart(backoff_delay(history, cfg, jitter), reason="completed" if last.succeeded else last.reason)
+
+
+def quarantine_candidate(history: Sequence[Attempt], quarantine_after: int) -> str | None:
+    """The checkpoint to quarantine: the last `quarantine_after` attempts all failed after loading it.
+
+    "Failed after loading" means the attempt failed, resumed from that checkpoint, and never trained
+    past its step (no heartbeat step beyond it and no newer checkpoint).
+    """
+    if quarantine_after <= 0 or len(history) < quarantine_after:
+        return None
+    tail = history[-quarantine_after:]
+    path = tail[0].resumed_from
+    if path is None:
+        return None
+    for a in tail:
+        if a.succeeded or a.resumed_from != path or a.new_checkpoint:
+            return None
+        if a.max_step is not None and a.resumed_step is not None and a.max_step > a.resumed_step:
+            return None
+    return path

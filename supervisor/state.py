@@ -1,0 +1,129 @@
+"""The supervisor's state machine and its one rendering on disk, `run_dir/state.json`.
+
+`status`, sd_notify's STATUS= line, metrics and the logs are all rendered from `Status`, never from ad-hoc
+strings. Allowed transitions (anything else is a bug and raises):
+
+    starting ──> running ──> backoff ──> starting
+       │  │         │  └───> completed | failed
+       │  │         └──────> stopping ──> stopped
+       │  └────────────────> failed  (launch error)
+       └──> stopping ─────────────────────────────> stopped
+    backoff ──> stopping | failed
+"""
+from __future__ import annotations
+
+import enum
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["State", "ExitInfo", "Status", "TRANSITIONS", "write_status", "read_status", "STATE_FILE"]
+
+STATE_FILE = "state.json"
+
+
+class State(str, enum.Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    BACKOFF = "backoff"
+    STOPPING = "stopping"
+    COMPLETED = "completed"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+    @property
+    def final(self) -> bool:
+        return self in (State.COMPLETED, State.STOPPED, State.FAILED)
+
+
+TRANSITIONS: dict[State, frozenset[State]] = {
+    State.STARTING: frozenset({State.RUNNING, State.STOPPING, State.FAILED, State.BACKOFF}),
+    State.RUNNING: frozenset({State.BACKOFF, State.STOPPING, State.COMPLETED, State.FAILED}),
+    State.BACKOFF: frozenset({State.STARTING, State.STOPPING, State.FAILED}),
+    State.STOPPING: frozenset({State.STOPPED}),
+    State.COMPLETED: frozenset(),
+    State.STOPPED: frozenset(),
+    State.FAILED: frozenset(),
+}
+
+
+@dataclass
+class ExitInfo:
+    code: int | None
+    signal: str | None
+    reason: str
+    at: float
+    detail: str | None = None  # root-cause rank and exception from torchrun's error file, if any
+
+
+@dataclass
+class Status:
+    """Everything `status` shows; serialized as state.json (field names are a public interface)."""
+
+    state: State = State.STARTING
+    pid: int = 0
+    job_pid: int | None = None
+    job_create_time: float | None = None  # with job_cmdline: identifies an orphan of a killed supervisor
+    job_cmdline: list[str] | None = None
+    attempt: int = 0
+    restarts: int = 0
+    started_at: float = 0.0
+    last_exit: ExitInfo | None = None
+    step: int | None = None
+    step_at: float | None = None
+    phase: str | None = None
+    loss: float | None = None
+    rate_steps_per_s: float | None = None
+    resumed_from: str | None = None
+    latest_checkpoint: dict[str, Any] | None = None  # {path, step, mtime}
+    disk_free_bytes: int | None = None
+    quarantined: list[str] = field(default_factory=list)
+    next_launch_at: float | None = None
+    reason: str | None = None  # why the supervisor ended (gave up, completed, stopped)
+    config: str | None = None
+    updated_at: float = 0.0
+
+    def transition(self, new: State) -> None:
+        if new is not self.state and new not in TRANSITIONS[self.state]:
+            raise RuntimeError(f"illegal state transition {self.state.value} -> {new.value}")
+        self.state = new
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["state"] = self.state.value
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Status:
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        known["state"] = State(known.get("state", "starting"))
+        if isinstance(known.get("last_exit"), dict):
+            ex = known["last_exit"]
+            known["last_exit"] = ExitInfo(**{k: ex.get(k) for k in ExitInfo.__dataclass_fields__})
+        return cls(**known)
+
+
+def write_status(run_dir: Path, status: Status) -> None:
+    """Atomically replace state.json (tmp + fsync + rename) so readers never see a torn file."""
+    data = json.dumps(status.to_json(), indent=2, sort_keys=True).encode()
+    fd, tmp = tempfile.mkstemp(prefix=".state-", suffix=".tmp", dir=run_dir)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, run_dir / STATE_FILE)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_status(run_dir: Path) -> Status | None:
+    """The last written status, or None when there is none or it cannot be parsed."""
+    try:
+        return Status.from_json(json.loads((run_dir / STATE_FILE).read_text()))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None

@@ -1,0 +1,124 @@
+"""The one seam between the supervisor's core and the operating system: clock, randomness, processes, timers.
+
+`Core` only ever calls these methods; tests replace `RealSystem` with a fake that records calls and lets
+them advance time by hand. Files (checkpoints, heartbeat, state.json) are real files in both cases.
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from supervisor import procs
+from supervisor.exits import read_oom_kills
+
+__all__ = ["System", "RealSystem", "Timers"]
+
+
+class Timers:
+    """Named one-shot deadlines on a monotonic clock; setting a name again replaces it."""
+
+    def __init__(self) -> None:
+        self._deadlines: dict[str, float] = {}
+
+    def set(self, name: str, at: float) -> None:
+        self._deadlines[name] = at
+
+    def cancel(self, name: str) -> None:
+        self._deadlines.pop(name, None)
+
+    def pending(self, name: str) -> bool:
+        return name in self._deadlines
+
+    def next_deadline(self) -> float | None:
+        return min(self._deadlines.values(), default=None)
+
+    def pop_due(self, now: float) -> list[str]:
+        due = sorted((at, n) for n, at in self._deadlines.items() if at <= now)
+        for _, n in due:
+            del self._deadlines[n]
+        return [n for _, n in due]
+
+
+class System(Protocol):
+    timers: Timers
+
+    def now(self) -> float: ...  # wall clock, for humans and files
+    def monotonic(self) -> float: ...  # durations and timers
+    def random(self) -> float: ...  # jitter in [0, 1)
+    def spawn(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_path: Path) -> tuple[int, float]:
+        """Start the job; return (pid, create_time)."""
+    def send_signal(self, pid: int, sig: int) -> None: ...
+    def signal_workers(self, pid: int, sig: int) -> list[int]: ...
+    def kill_job_tree(self, pid: int) -> list[tuple[int, str]]:
+        """SIGKILL the job's process group and every descendant."""
+    def reap_survivors(self) -> list[tuple[int, str]]:
+        """After an attempt: kill any descendant still alive; return what was killed."""
+    def oom_kills(self) -> int | None: ...
+    def stop_orphan(self, pid: int | None, create_time: float | None, cmdline: Sequence[str] | None, timeout: float) -> list[int]:
+        """Stop a job left by a killed supervisor if it is really that job; return the pids stopped."""
+
+
+class RealSystem:
+    """The real thing. Exit statuses are delivered by the event loop's SIGCHLD handling, not here."""
+
+    def __init__(self) -> None:
+        self.timers = Timers()
+        self._popen: dict[int, subprocess.Popen[bytes]] = {}
+
+    def now(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def random(self) -> float:
+        return random.random()
+
+    def spawn(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_path: Path) -> tuple[int, float]:
+        p = procs.spawn(argv, cwd=cwd, env=env, log_path=log_path)
+        self._popen[p.pid] = p
+        try:
+            import psutil
+
+            ctime = psutil.Process(p.pid).create_time()
+        except Exception:  # noqa: BLE001 - it may already have exited; identity is then moot
+            ctime = time.time()
+        return p.pid, ctime
+
+    def forget(self, pid: int, returncode: int) -> None:
+        """The loop reaped `pid` itself: tell Popen so it never waits on it again."""
+        p = self._popen.pop(pid, None)
+        if p is not None:
+            p.returncode = returncode
+
+    def send_signal(self, pid: int, sig: int) -> None:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def signal_workers(self, pid: int, sig: int) -> list[int]:
+        return procs.signal_children(pid, sig)
+
+    def kill_job_tree(self, pid: int) -> list[tuple[int, str]]:
+        try:
+            os.killpg(pid, signal.SIGKILL)  # the job leads its own session: pgid == pid
+        except (ProcessLookupError, PermissionError):
+            pass
+        return procs.kill_descendants(signal.SIGKILL)
+
+    def reap_survivors(self) -> list[tuple[int, str]]:
+        return procs.kill_descendants(signal.SIGKILL)
+
+    def oom_kills(self) -> int | None:
+        return read_oom_kills()
+
+    def stop_orphan(self, pid: int | None, create_time: float | None, cmdline: Sequence[str] | None, timeout: float) -> list[int]:
+        proc = procs.find_job(pid, create_time, cmdline)
+        return procs.stop_orphan(proc, timeout) if proc is not None else []

@@ -1,0 +1,103 @@
+"""A scripted `System` for replaying histories through `Core` without processes or real time."""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from supervisor.system import Timers
+
+
+@dataclass
+class Spawned:
+    pid: int
+    argv: list[str]
+    env: dict[str, str]
+    at: float  # fake monotonic time
+
+
+@dataclass
+class FakeSystem:
+    clock: float = 1000.0
+    jitter: float = 0.5
+    oom: int | None = None
+    timers: Timers = field(default_factory=Timers)
+    spawned: list[Spawned] = field(default_factory=list)
+    signals: list[tuple[int, int]] = field(default_factory=list)  # (pid, sig)
+    worker_signals: list[tuple[int, int]] = field(default_factory=list)
+    killed_trees: list[int] = field(default_factory=list)
+    orphans_stopped: list[int] = field(default_factory=list)
+    next_pid: int = 100
+
+    def now(self) -> float:
+        return 1_700_000_000.0 + self.clock
+
+    def monotonic(self) -> float:
+        return self.clock
+
+    def random(self) -> float:
+        return self.jitter
+
+    def spawn(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_path: Path) -> tuple[int, float]:
+        self.next_pid += 1
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.touch()
+        self.spawned.append(Spawned(self.next_pid, list(argv), dict(env), self.clock))
+        return self.next_pid, self.now()
+
+    def send_signal(self, pid: int, sig: int) -> None:
+        self.signals.append((pid, sig))
+
+    def signal_workers(self, pid: int, sig: int) -> list[int]:
+        self.worker_signals.append((pid, sig))
+        return [pid + 1000]
+
+    def kill_job_tree(self, pid: int) -> list[tuple[int, str]]:
+        self.killed_trees.append(pid)
+        return [(pid, "torchrun")]
+
+    def reap_survivors(self) -> list[tuple[int, str]]:
+        return []
+
+    def oom_kills(self) -> int | None:
+        return self.oom
+
+    def stop_orphan(self, pid: int | None, create_time: float | None, cmdline: Sequence[str] | None, timeout: float) -> list[int]:
+        if pid:
+            self.orphans_stopped.append(pid)
+            return [pid]
+        return []
+
+    def advance(self, seconds: float, core: Any) -> list[str]:
+        """Move the clock, firing due timers in order through `core.on_timer`; returns their names."""
+        fired = []
+        end = self.clock + seconds
+        while True:
+            nxt = self.timers.next_deadline()
+            if nxt is None or nxt > end:
+                break
+            self.clock = max(self.clock, nxt)
+            for name in self.timers.pop_due(self.clock):
+                fired.append(name)
+                core.on_timer(name)
+        self.clock = end
+        return fired
+
+
+class RecordingLog:
+    """Stands in for a structlog logger: records (event, fields)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def bind(self, **_: Any) -> RecordingLog:
+        return self
+
+    def _rec(self, event: str, **kw: Any) -> None:
+        self.events.append((event, kw))
+
+    info = warning = error = debug = _rec
+
+    def names(self) -> list[str]:
+        return [e for e, _ in self.events]

@@ -1,0 +1,62 @@
+"""A torch-free stand-in job for supervisor tests: beats, sleeps, exits, traps signals, leaks processes."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+
+def beat(step: int, phase: str = "train") -> None:
+    path = os.environ.get("FSDP_SUPERVISOR_HEARTBEAT")
+    if path:
+        tmp = f"{path}.tmp"
+        Path(tmp).write_text(json.dumps({"step": step, "time": time.time(), "phase": phase, "loss": 1.0 / (step + 1)}))
+        os.replace(tmp, path)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--exit", type=int, default=0)
+    p.add_argument("--steps", type=int, default=0)
+    p.add_argument("--step-s", type=float, default=0.05)
+    p.add_argument("--sleep", type=float, default=0.0)
+    p.add_argument("--trap-term", default=None, help="on SIGTERM write this file and exit 0")
+    p.add_argument("--ignore-term", action="store_true")
+    p.add_argument("--leak", default=None, help="start a detached grandchild that writes its pid here")
+    p.add_argument("--marker", default=None, help="append the attempt number and argv here at start")
+    p.add_argument("--resume", default=None)
+    a = p.parse_args()
+    if a.marker:
+        with open(a.marker, "a") as f:
+            f.write(json.dumps({"attempt": os.environ.get("FSDP_SUPERVISOR_ATTEMPT"), "argv": sys.argv[1:],
+                                "pid": os.getpid()}) + "\n")
+    if a.trap_term:
+        def on_term(signum: int, _f: object) -> None:
+            Path(a.trap_term).write_text(str(signum))
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, on_term)
+    if a.ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if a.leak:
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                Path(a.leak).write_text(str(os.getpid()))
+                time.sleep(600)
+            os._exit(0)
+        os.wait()
+    for step in range(1, a.steps + 1):
+        beat(step)
+        time.sleep(a.step_s)
+    deadline = time.monotonic() + a.sleep
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    return a.exit
+
+
+if __name__ == "__main__":
+    sys.exit(main())

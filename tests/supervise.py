@@ -1,0 +1,121 @@
+"""Run the real `fsdp-supervisor` CLI in tests, and make sure nothing it started outlives the test."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FAKEJOB = REPO / "tests" / "jobs" / "fakejob.py"
+
+
+def cli(*args: str, timeout: float = 60, **kw) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
+    """Run `python -m supervisor ARGS` to completion."""
+    return subprocess.run([sys.executable, "-m", "supervisor", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, **kw)
+
+
+def write_config(tmp_path: Path, command: list[str], extra: str = "", name: str = "job.toml") -> Path:
+    """A job.toml with fast restarts for tests; `extra` is appended TOML (sections may repeat only once)."""
+    path = tmp_path / name
+    path.write_text(
+        f"[job]\ncommand = {json.dumps(command)}\nresume_args = [\"--resume\", \"{{checkpoint}}\"]\n"
+        f"env = {{ OMP_NUM_THREADS = \"1\" }}\n\n[checkpoints]\ndir = \"ckpts\"\n" + extra
+    )
+    return path
+
+
+def wait_for(pred: Callable[[], object], timeout: float = 60, what: str = "condition") -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def kill_tree(pid: int) -> None:
+    try:
+        procs = [psutil.Process(pid)]
+        procs += procs[0].children(recursive=True)
+    except psutil.Error:
+        return
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+
+
+class Supervisors:
+    """Starts supervisors (own session) and kills them and every process they or their jobs started."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+        self.extra_pids: set[int] = set()
+
+    def start(self, config: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        p = subprocess.Popen([sys.executable, "-m", "supervisor", "run", "-c", str(config), *args], cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                             env={**os.environ, **(env or {})})
+        self.procs.append(p)
+        return p
+
+    def track(self, pid: int) -> None:
+        self.extra_pids.add(pid)
+
+    def cleanup(self) -> None:
+        for p in self.procs:
+            kill_tree(p.pid)
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            if p.stdout:
+                p.stdout.close()
+        for pid in self.extra_pids:
+            kill_tree(pid)
+
+
+def no_orphans(marker: str) -> list[psutil.Process]:
+    """Live processes whose command line or cwd mentions `marker` (a unique tmp path), excluding ourselves."""
+    me = os.getpid()
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline", "status", "cwd"]):
+        try:
+            if p.pid == me or p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if marker in " ".join(p.info["cmdline"] or []) or (p.info["cwd"] or "").startswith(marker):
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+@pytest.fixture
+def supervisors(tmp_path: Path) -> Iterator[Supervisors]:
+    s = Supervisors()
+    try:
+        yield s
+    finally:
+        s.cleanup()
+        leftovers = no_orphans(str(tmp_path))
+        for p in leftovers:
+            kill_tree(p.pid)
+        assert not leftovers, f"orphans left: {[p.info['cmdline'] for p in leftovers]}"
+
+
+def stop(p: subprocess.Popen[str], sig: int = signal.SIGTERM, timeout: float = 60) -> tuple[int, str]:
+    p.send_signal(sig)
+    out, _ = p.communicate(timeout=timeout)
+    return p.returncode, out

@@ -1,0 +1,133 @@
+"""Pure restart policy: tables of histories -> decisions, plus property tests."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from supervisor.config import RestartSection
+from supervisor.policy import Attempt, Finish, GiveUp, Restart, backoff_delay, decide, quarantine_candidate
+
+
+def fail(n: int, *, dur: float = 5.0, progressed: bool = False, resumed: str | None = None, step: int | None = None,
+         max_step: int | None = None, new_ckpt: bool = False, reason: str = "crash") -> Attempt:
+    return Attempt(number=n, started_at=n * 1000.0, ended_at=n * 1000.0 + dur, succeeded=False, reason=reason,
+                   resumed_from=resumed, resumed_step=step, max_step=max_step, new_checkpoint=new_ckpt,
+                   progressed=progressed)
+
+
+def ok(n: int) -> Attempt:
+    return Attempt(number=n, started_at=0, ended_at=1, succeeded=True, reason="completed")
+
+
+CFG = RestartSection(backoff_jitter=0)
+
+
+class TestDecide:
+    def test_success_finishes_under_on_failure(self) -> None:
+        """A clean exit ends supervision with 'completed'."""
+        assert decide([ok(1)], CFG) == Finish("completed")
+
+    def test_always_restarts_after_success(self) -> None:
+        """policy=always relaunches even after exit 0."""
+        assert isinstance(decide([ok(1)], RestartSection(policy="always", backoff_jitter=0)), Restart)
+
+    def test_never_gives_up_on_first_failure(self) -> None:
+        """policy=never turns the first failure into give-up."""
+        d = decide([fail(1)], RestartSection(policy="never"))
+        assert isinstance(d, GiveUp) and "never" in d.reason
+
+    def test_crash_loop_launches_exactly_one_plus_n(self) -> None:
+        """With max_no_progress_restarts=3 a job that always fails is launched 4 times, then given up."""
+        history: list[Attempt] = []
+        launches = 0
+        while True:
+            launches += 1
+            history.append(fail(launches))
+            d = decide(history, RestartSection(max_no_progress_restarts=3))
+            if not isinstance(d, Restart):
+                break
+        assert launches == 4
+        assert isinstance(d, GiveUp) and "crash loop" in d.reason
+
+    def test_progress_resets_the_no_progress_count(self) -> None:
+        """A failure that made progress does not count toward the crash loop."""
+        h = [fail(1), fail(2), fail(3, progressed=True), fail(4), fail(5), fail(6)]
+        assert isinstance(decide(h, RestartSection(max_no_progress_restarts=3)), Restart)
+        assert isinstance(decide([*h, fail(7)], RestartSection(max_no_progress_restarts=3)), GiveUp)
+
+    def test_budget_spent(self) -> None:
+        """max_restarts bounds the total number of relaunches, progress or not."""
+        h = [fail(i, progressed=True) for i in range(1, 4)]
+        d = decide(h, RestartSection(max_restarts=2))
+        assert isinstance(d, GiveUp) and "budget" in d.reason
+        assert isinstance(decide(h[:2], RestartSection(max_restarts=2)), Restart)
+
+
+class TestBackoff:
+    @pytest.mark.parametrize(
+        ("failures", "expected"),
+        [(1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (10, 300.0), (20, 300.0)],
+    )
+    def test_exponential_and_capped(self, failures: int, expected: float) -> None:
+        """Delay doubles per consecutive failure from 1 s and is capped at backoff_max_s."""
+        cfg = RestartSection(backoff_jitter=0, max_no_progress_restarts=100)
+        assert backoff_delay([fail(i) for i in range(1, failures + 1)], cfg, 0.5) == expected
+
+    def test_healthy_run_resets(self) -> None:
+        """An attempt that ran reset_after_s resets the backoff to its initial value."""
+        cfg = RestartSection(backoff_jitter=0, reset_after_s=600)
+        h = [fail(1), fail(2), fail(3), fail(4, dur=601)]
+        assert backoff_delay(h, cfg, 0.5) == 1.0
+        assert backoff_delay([*h, fail(5)], cfg, 0.5) == 2.0
+
+    def test_progress_resets(self) -> None:
+        """An attempt that made progress resets the backoff too."""
+        cfg = RestartSection(backoff_jitter=0)
+        assert backoff_delay([fail(1), fail(2), fail(3, progressed=True)], cfg, 0.5) == 1.0
+
+    @given(st.integers(1, 40), st.floats(0, 0.999), st.floats(0, 1))
+    def test_jitter_stays_in_band(self, n: int, u: float, jit: float) -> None:
+        """Jitter never leaves [base*(1-j), base*(1+j)] nor exceeds the cap."""
+        cfg = RestartSection(backoff_jitter=jit, max_no_progress_restarts=100)
+        base = backoff_delay([fail(i) for i in range(1, n + 1)], RestartSection(backoff_jitter=0), 0.5)
+        d = backoff_delay([fail(i) for i in range(1, n + 1)], cfg, u)
+        assert base * (1 - jit) - 1e-9 <= d <= min(cfg.backoff_max_s, base * (1 + jit)) + 1e-9
+
+
+class TestQuarantine:
+    def test_two_failures_after_same_checkpoint(self) -> None:
+        """quarantine_after consecutive failures after loading C without passing its step quarantine C."""
+        h = [fail(1, resumed="/c/step_20", step=20, max_step=20), fail(2, resumed="/c/step_20", step=20)]
+        assert quarantine_candidate(h, 2) == "/c/step_20"
+
+    @pytest.mark.parametrize(
+        "second",
+        [
+            fail(2, resumed="/c/step_20", step=20, max_step=25),  # trained past it
+            fail(2, resumed="/c/step_20", step=20, new_ckpt=True),  # committed a newer one
+            fail(2, resumed="/c/step_10", step=10),  # another checkpoint
+            ok(2),
+        ],
+    )
+    def test_not_quarantined(self, second: Attempt) -> None:
+        """Progress, a different checkpoint or a success breaks the streak."""
+        assert quarantine_candidate([fail(1, resumed="/c/step_20", step=20), second], 2) is None
+
+    def test_off_and_fresh_start(self) -> None:
+        """quarantine_after=0 is off, and attempts that resumed from nothing never quarantine."""
+        h = [fail(1, resumed="/c/x", step=1), fail(2, resumed="/c/x", step=1)]
+        assert quarantine_candidate(h, 0) is None
+        assert quarantine_candidate([fail(1), fail(2)], 2) is None
+
+    @given(st.lists(st.booleans(), min_size=1, max_size=30), st.integers(0, 10))
+    def test_property_give_up_only_after_streak(self, progress: list[bool], n: int) -> None:
+        """decide() gives up for a crash loop exactly when the trailing no-progress streak exceeds N."""
+        h = [fail(i + 1, progressed=p) for i, p in enumerate(progress)]
+        streak = 0
+        for p in reversed(progress):
+            if p:
+                break
+            streak += 1
+        d = decide(h, RestartSection(max_no_progress_restarts=n, max_restarts=1000))
+        assert isinstance(d, GiveUp) == (streak > n)

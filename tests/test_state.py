@@ -1,0 +1,46 @@
+"""State machine transitions and the atomic state.json round trip."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from supervisor.state import TRANSITIONS, ExitInfo, State, Status, read_status, write_status
+
+
+class TestTransitions:
+    def test_final_states_are_terminal(self) -> None:
+        """completed, stopped and failed allow no transition out."""
+        for s in State:
+            assert (TRANSITIONS[s] == frozenset()) == s.final
+
+    def test_illegal_transition_raises(self) -> None:
+        """A transition not in the table is a bug and raises."""
+        st = Status(state=State.STOPPED)
+        with pytest.raises(RuntimeError, match="stopped -> running"):
+            st.transition(State.RUNNING)
+
+    def test_every_state_reachable_from_starting(self) -> None:
+        """The documented graph reaches every state."""
+        seen, todo = {State.STARTING}, [State.STARTING]
+        while todo:
+            for n in TRANSITIONS[todo.pop()]:
+                if n not in seen:
+                    seen.add(n)
+                    todo.append(n)
+        assert seen == set(State)
+
+
+class TestFile:
+    def test_round_trip(self, tmp_path: Path) -> None:
+        """What write_status writes, read_status reads back equal."""
+        st = Status(state=State.BACKOFF, pid=1, attempt=2, restarts=1, last_exit=ExitInfo(1, None, "crash", 5.0, "rank 0"))
+        write_status(tmp_path, st)
+        assert read_status(tmp_path) == st
+        assert not list(tmp_path.glob(".state-*"))
+
+    def test_torn_or_missing_reads_none(self, tmp_path: Path) -> None:
+        """A missing or torn state.json reads as None, never raises."""
+        assert read_status(tmp_path) is None
+        (tmp_path / "state.json").write_text('{"state": "run')
+        assert read_status(tmp_path) is None
