@@ -15,7 +15,18 @@ from supervisor.checkpoints.markers import (
     unpin,
     unquarantine,
 )
+from supervisor.checkpoints.pruning import clear_trash, disk_usage, execute_retention
 from supervisor.checkpoints.ranking import UNVERIFIED, CheckpointInfo, newest_complete, scan
+from supervisor.checkpoints.retention import (
+    GIB,
+    Deletion,
+    DiskUsage,
+    Finding,
+    KeepBest,
+    RetentionPlan,
+    RetentionPolicy,
+    plan_retention,
+)
 
 __all__ = [
     "COMPLETE",
@@ -36,4 +47,15 @@ __all__ = [
     "unquarantine",
     "is_quarantined",
     "quarantine_reason",
+    "GIB",
+    "KeepBest",
+    "RetentionPolicy",
+    "DiskUsage",
+    "Deletion",
+    "Finding",
+    "RetentionPlan",
+    "plan_retention",
+    "execute_retention",
+    "disk_usage",
+    "clear_trash",
 ]

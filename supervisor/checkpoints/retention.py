@@ -1,0 +1,193 @@
+"""Retention: a pure function from (checkpoints, disk, policy) to deletions with reasons, plus findings.
+
+How the rules interact:
+1. Guards: never deleted, whatever else says so: the newest complete non-quarantined checkpoint, every
+   path in `protect` (the one the running job resumed from), pinned dirs, partial/torn dirs younger than
+   `partial_max_age_s` (a save may still be in flight), invalid dirs and symlinks (we may not own them:
+   a torch upgrade could make new metadata look invalid, and deleting through a symlink is never OK),
+   and unverified dirs.
+2. Keep rules: `keep_last`, `keep_every`, `keep_best` each *keep* complete checkpoints (quarantined ones
+   included: they are evidence). When at least one keep rule is on, a complete checkpoint kept by none of
+   them is deleted. When all are off, complete checkpoints are kept.
+3. Debris: partial and torn dirs idle longer than `partial_max_age_s` are deleted.
+4. Disk: then, while free space is below `min_free_gb` or the checkpoints' total is above
+   `max_total_gb`, the oldest remaining deletable checkpoint goes (rule-kept ones included, guarded ones
+   never). A floor that cannot be met this way yields a `disk_pressure` finding.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from supervisor.checkpoints.completeness import COMPLETE, PARTIAL, TORN
+from supervisor.checkpoints.ranking import CheckpointInfo
+
+__all__ = [
+    "GIB",
+    "KeepBest",
+    "RetentionPolicy",
+    "DiskUsage",
+    "Deletion",
+    "Finding",
+    "RetentionPlan",
+    "plan_retention",
+]
+
+GIB = 2**30  # *_gb settings are GiB: what `df -h` shows as G
+
+
+class KeepBest(BaseModel):
+    """Keep the k best checkpoints by a manifest metric."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    metric: str = Field(min_length=1, description="manifest metric name, e.g. \"loss\"")
+    mode: Literal["min", "max"] = Field(description="min: lower is better; max: higher is better")
+    k: int = Field(ge=0, description="how many to keep (0 = rule off)")
+
+
+class RetentionPolicy(BaseModel):
+    """Which checkpoints to keep; the `[checkpoints]` config section extends this model."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    keep_last: int = Field(default=3, ge=0, description="keep the N newest complete checkpoints (0 = rule off)")
+    keep_every: int = Field(default=0, ge=0, description="keep checkpoints whose step is divisible by K (0 = off)")
+    keep_best: KeepBest | None = Field(default=None, description="keep the k best by a manifest metric")
+    min_free_gb: float = Field(default=0, ge=0, description="delete oldest deletable until this many GiB are free (0 = off)")
+    max_total_gb: float = Field(default=0, ge=0, description="delete oldest deletable while checkpoints exceed this many GiB (0 = off)")
+    partial_max_age_s: float = Field(default=3600, ge=0, description="partial/torn dirs idle longer than this are deleted")
+
+    def keep_rules_on(self) -> bool:
+        return bool(self.keep_last or self.keep_every or (self.keep_best and self.keep_best.k))
+
+
+@dataclass(frozen=True)
+class DiskUsage:
+    total_bytes: int
+    free_bytes: int
+
+
+@dataclass(frozen=True)
+class Deletion:
+    path: Path
+    name: str
+    reason: str
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class Finding:
+    """Something retention could not do or wants a human to see (kind: e.g. "disk_pressure")."""
+
+    kind: str
+    message: str
+    needed_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class RetentionPlan:
+    deletions: list[Deletion] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    kept: dict[Path, str] = field(default_factory=dict)  # why each non-deleted dir stays
+
+
+def _age_order(c: CheckpointInfo) -> tuple[bool, int, float]:
+    return (c.step is not None, c.step or 0, c.mtime)
+
+
+def _guards(cps: Sequence[CheckpointInfo], policy: RetentionPolicy, protect: set[str], now: float) -> dict[Path, str]:
+    usable = [c for c in cps if c.complete and not c.quarantined]
+    newest = max(usable, key=_age_order) if usable else None
+    guards: dict[Path, str] = {}
+    for c in cps:
+        if newest is not None and c.path == newest.path:
+            guards[c.path] = "newest complete"
+        elif os.path.abspath(c.path) in protect:
+            guards[c.path] = "in use by the running job"
+        elif c.pinned:
+            guards[c.path] = "pinned"
+        elif c.state in (PARTIAL, TORN):
+            if now - c.mtime <= policy.partial_max_age_s:
+                guards[c.path] = f"{c.state}, idle {max(0.0, now - c.mtime):.0f} s: may be in flight"
+        elif c.state != COMPLETE:
+            guards[c.path] = f"{c.state}: left for a human"
+    return guards
+
+
+def _rule_keeps(cps: Sequence[CheckpointInfo], policy: RetentionPolicy) -> dict[Path, list[str]]:
+    complete = sorted((c for c in cps if c.complete), key=_age_order, reverse=True)
+    keeps: dict[Path, list[str]] = {}
+    for c in complete[: policy.keep_last]:
+        keeps.setdefault(c.path, []).append(f"keep_last={policy.keep_last}")
+    if policy.keep_every:
+        for c in complete:
+            if c.step is not None and c.step % policy.keep_every == 0:
+                keeps.setdefault(c.path, []).append(f"keep_every={policy.keep_every}")
+    best = policy.keep_best
+    if best and best.k:
+        scored = [c for c in complete if best.metric in c.metrics]
+        sign = 1 if best.mode == "min" else -1
+        # Stable sort of newest-first input: among equal values the newer checkpoint wins.
+        for c in sorted(scored, key=lambda c: sign * c.metrics[best.metric])[: best.k]:
+            keeps.setdefault(c.path, []).append(f"keep_best {best.metric} {best.mode} k={best.k}")
+    return keeps
+
+
+def _disk_message(free: int, total: int, policy: RetentionPolicy) -> tuple[str, int] | None:
+    """Which floor is unmet and by how many bytes, or None when both are met."""
+    if policy.min_free_gb and free < policy.min_free_gb * GIB:
+        need = int(policy.min_free_gb * GIB) - free
+        return f"free {free / GIB:.2f} GiB < min_free_gb={policy.min_free_gb:g}", need
+    if policy.max_total_gb and total > policy.max_total_gb * GIB:
+        need = total - int(policy.max_total_gb * GIB)
+        return f"checkpoints use {total / GIB:.2f} GiB > max_total_gb={policy.max_total_gb:g}", need
+    return None
+
+
+def plan_retention(
+    checkpoints: Sequence[CheckpointInfo],
+    *,
+    policy: RetentionPolicy,
+    disk: DiskUsage,
+    protect: Collection[str | os.PathLike[str]] = (),
+    now: float,
+) -> RetentionPlan:
+    """Decide what to delete and why (pure: no I/O; see the module docstring for the rules)."""
+    cps = sorted(checkpoints, key=_age_order)  # oldest first: the order deletions happen in
+    guards = _guards(cps, policy, {os.path.abspath(p) for p in protect}, now)
+    keeps = _rule_keeps(cps, policy)
+    rules_on = policy.keep_rules_on()
+    deletions: list[Deletion] = []
+    kept: dict[Path, str] = dict(guards)
+    for c in cps:
+        if c.path in guards:
+            continue
+        if c.complete:
+            if not rules_on or c.path in keeps:
+                kept[c.path] = ", ".join(keeps.get(c.path, ["no keep rule on"]))
+                continue
+            reason = "kept by no keep rule"
+        else:  # partial/torn and idle past the limit (younger ones are guarded)
+            reason = f"{c.state} and idle {now - c.mtime:.0f} s > partial_max_age_s={policy.partial_max_age_s:g}"
+        deletions.append(Deletion(c.path, c.name, reason, c.size_bytes))
+    freed = sum(d.size_bytes for d in deletions)
+    free, total = disk.free_bytes + freed, sum(c.size_bytes for c in cps) - freed
+    findings: list[Finding] = []
+    by_age = iter([c for c in cps if c.path in kept and c.path not in guards])  # oldest rule-kept first
+    while (unmet := _disk_message(free, total, policy)) is not None:
+        c = next(by_age, None)
+        if c is None:
+            msg, need = unmet
+            findings.append(Finding("disk_pressure", f"{msg}; nothing left that may be deleted "
+                                    f"({len(guards)} guarded: newest complete, in use, pinned, in flight)", need))
+            break
+        del kept[c.path]
+        deletions.append(Deletion(c.path, c.name, f"disk: {unmet[0]}", c.size_bytes))
+        free, total = free + c.size_bytes, total - c.size_bytes
+    return RetentionPlan(deletions, findings, kept)

@@ -1,0 +1,132 @@
+"""Tests for supervisor.checkpoints.pruning: executing a retention plan on a real directory."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import supervisor.checkpoints.pruning as pruning
+from supervisor.checkpoints import (
+    Deletion,
+    DiskUsage,
+    RetentionPlan,
+    RetentionPolicy,
+    disk_usage,
+    execute_retention,
+    newest_complete,
+    pin,
+    plan_retention,
+    scan,
+)
+from supervisor.checkpoints.layout import TRASH_DIR
+from supervisor.checkpoints.retention import GIB
+from supervisor.checkpoints.testing import write_checkpoint
+from supervisor.errors import CheckpointError
+
+
+def _plan(*paths: Path) -> RetentionPlan:
+    return RetentionPlan(deletions=[Deletion(p, p.name, "test", 0) for p in paths])
+
+
+def _tree(path: Path) -> set[str]:
+    return {str(p.relative_to(path)) for p in path.rglob("*")}
+
+
+class TestExecuteRetention:
+    def test_deletes_targets_and_leaves_the_rest(self, tmp_path):
+        """Planned dirs disappear entirely; others and an empty .trash remain."""
+        old, new = write_checkpoint(tmp_path, 1), write_checkpoint(tmp_path, 2)
+        done = execute_retention(tmp_path, _plan(old))
+        assert [d.name for d in done] == [old.name]
+        assert not old.exists() and new.exists()
+        assert sorted(os.listdir(tmp_path)) == [TRASH_DIR, new.name] and not os.listdir(tmp_path / TRASH_DIR)
+
+    def test_symlink_target_is_skipped_and_its_target_untouched(self, tmp_path):
+        """A planned deletion that is a symlink is refused; the linked dir outside keeps every file."""
+        outside = write_checkpoint(tmp_path / "outside", 5)
+        before = _tree(outside)
+        root = tmp_path / "root"
+        root.mkdir()
+        (root / "step_00000005").symlink_to(outside)
+        assert execute_retention(root, _plan(root / "step_00000005")) == []
+        assert (root / "step_00000005").is_symlink() and _tree(outside) == before
+
+    @pytest.mark.parametrize("rel", ["../outside/step_00000005", "step_00000001/sub", TRASH_DIR])
+    def test_targets_that_are_not_direct_children_are_skipped(self, tmp_path, rel):
+        """Paths outside the root, nested inside a checkpoint, or .trash itself are never deleted."""
+        outside = write_checkpoint(tmp_path / "outside", 5)
+        root = tmp_path / "root"
+        write_checkpoint(root, 1)
+        (root / "step_00000001" / "sub").mkdir()
+        before = _tree(tmp_path)
+        assert execute_retention(root, _plan(root / rel)) == []
+        assert _tree(tmp_path) == before | {f"root/{TRASH_DIR}"} and outside.exists()
+
+    def test_interrupted_delete_never_looks_complete_and_is_cleared_next_time(self, tmp_path, monkeypatch):
+        """A crash after the rename leaves the dir only in .trash: invisible to scans, cleared on the next run."""
+        write_checkpoint(tmp_path, 1)
+        doomed = write_checkpoint(tmp_path, 2)
+
+        def crash(path):
+            raise OSError(5, "simulated crash")
+
+        monkeypatch.setattr(pruning, "_remove", crash)
+        execute_retention(tmp_path, _plan(doomed))
+        assert len(os.listdir(tmp_path / TRASH_DIR)) == 1
+        assert [c.name for c in scan(tmp_path)] == ["step_00000001"]
+        assert newest_complete(tmp_path).name == "step_00000001"
+        monkeypatch.undo()
+        execute_retention(tmp_path, RetentionPlan())
+        assert os.listdir(tmp_path / TRASH_DIR) == []
+
+    def test_symlinked_trash_is_refused(self, tmp_path):
+        """If .trash is a symlink, nothing is moved through it."""
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        root = tmp_path / "root"
+        d = write_checkpoint(root, 1)
+        (root / TRASH_DIR).symlink_to(elsewhere)
+        with pytest.raises(CheckpointError, match="not a plain directory"):
+            execute_retention(root, _plan(d))
+        assert d.exists() and os.listdir(elsewhere) == []
+
+    def test_vanished_target_is_skipped(self, tmp_path):
+        """A target removed by someone else since planning is skipped quietly."""
+        assert execute_retention(tmp_path, _plan(tmp_path / "step_00000009")) == []
+
+
+class TestDiskUsage:
+    def test_reports_the_filesystem(self, tmp_path):
+        """disk_usage() returns positive total and free bytes for an existing root."""
+        u = disk_usage(tmp_path)
+        assert u.total_bytes > 0 and 0 <= u.free_bytes <= u.total_bytes
+
+    def test_missing_root_raises(self, tmp_path):
+        """disk_usage() of a missing root is a CheckpointError naming it."""
+        with pytest.raises(CheckpointError, match="missing"):
+            disk_usage(tmp_path / "missing")
+
+
+class TestEndToEnd:
+    @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(steps=st.sets(st.integers(1, 30), min_size=1, max_size=6), torn=st.integers(0, 5),
+           pinned=st.integers(0, 5), keep_last=st.integers(0, 3))
+    def test_real_root_keeps_its_invariants(self, tmp_path_factory, steps, torn, pinned, keep_last):
+        """Scan, plan (with a disk floor nobody can meet) and execute on real dirs: the guarded ones survive."""
+        root = tmp_path_factory.mktemp("root")
+        dirs = [write_checkpoint(root, s, shards=1) for s in sorted(steps)]
+        (dirs[torn % len(dirs)] / "__0_0.distcp").unlink()
+        pin(dirs[pinned % len(dirs)])
+        newest = newest_complete(root)
+        infos = scan(root)
+        plan = plan_retention(infos, policy=RetentionPolicy(keep_last=keep_last, min_free_gb=10**6),
+                              disk=DiskUsage(GIB, 0), now=0.0)
+        execute_retention(root, plan)
+        survivors = set(os.listdir(root)) - {TRASH_DIR}
+        assert dirs[pinned % len(dirs)].name in survivors
+        assert newest is None or newest.name in survivors
+        assert dirs[torn % len(dirs)].name in survivors  # torn but "young" (now=0): may be in flight
+        assert survivors == {c.name for c in infos} - {d.name for d in plan.deletions}
