@@ -1,0 +1,208 @@
+"""Prometheus rendering from `Status`, the listen address rules, and the /metrics endpoint of a real supervisor."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from supervisor.errors import ConfigError
+from supervisor.metrics import CONTENT_TYPE, CheckpointBytes, MetricsServer, parse_listen, render_metrics
+from supervisor.state import ExitInfo, State, Status
+from tests.supervise import FAKEJOB, Supervisors, cli, stop, supervisors, wait_for, write_config  # noqa: F401
+
+_SAMPLE = re.compile(r'^([a-z_]+)(\{[a-z_]+="(?:[^"\\]|\\.)*"(?:,[a-z_]+="(?:[^"\\]|\\.)*")*\})? (\S+)$')
+
+
+def parse(text: str) -> dict[str, list[tuple[str, float]]]:
+    """A strict reader of the text format: every family has HELP then TYPE, then well-formed samples."""
+    out: dict[str, list[tuple[str, float]]] = {}
+    declared: list[str] = []
+    assert text.endswith("\n")
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            declared.append(line.split()[2])
+        elif line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            assert name == declared[-1] and kind in ("gauge", "counter")
+        else:
+            m = _SAMPLE.match(line)
+            assert m, f"malformed sample line: {line!r}"
+            assert m.group(1) == declared[-1], f"sample outside its family: {line!r}"
+            out.setdefault(m.group(1), []).append((m.group(2) or "", float(m.group(3))))
+    assert len(declared) == len(set(declared)), "a family is declared twice"
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get(url: str) -> tuple[int, str, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.headers["Content-Type"], r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers["Content-Type"], e.read().decode()
+
+
+def running_status() -> Status:
+    return Status(
+        state=State.RUNNING, pid=1, attempt=3, restarts=2, started_at=1000.0, step=120, step_at=1990.0,
+        rate_steps_per_s=1.5, loss=2.25, latest_checkpoint={"path": "/c/step_00000100", "step": 100, "mtime": 1900.0},
+        disk_free_bytes=5 * 2**30, quarantined=["/c/step_00000050"], updated_at=1995.0,
+        last_exit=ExitInfo(code=1, signal=None, reason='crash "rank 1"', at=1500.0),
+    )
+
+
+class TestRenderMetrics:
+    def test_values_of_a_running_job(self) -> None:
+        """Every field the issue names is exported with the status's value; the age is now - mtime."""
+        m = parse(render_metrics(running_status(), now=2000.0, checkpoint_bytes=12345))
+        v = {name: samples[0][1] for name, samples in m.items() if len(samples) == 1}
+        assert v["fsdp_supervisor_restarts_total"] == 2 and v["fsdp_supervisor_job_step"] == 120
+        assert v["fsdp_supervisor_last_checkpoint_step"] == 100
+        assert v["fsdp_supervisor_last_checkpoint_age_seconds"] == 100.0
+        assert v["fsdp_supervisor_checkpoint_bytes"] == 12345 and v["fsdp_supervisor_disk_free_bytes"] == 5 * 2**30
+        assert v["fsdp_supervisor_attempt"] == 3 and v["fsdp_supervisor_quarantined_checkpoints"] == 1
+
+    def test_state_is_one_hot(self) -> None:
+        """One sample per state, exactly the current one set to 1."""
+        samples = parse(render_metrics(running_status(), now=2000.0))["fsdp_supervisor_state"]
+        assert sorted(lab for lab, _ in samples) == sorted(f'{{state="{s.value}"}}' for s in State)
+        assert [lab for lab, v in samples if v == 1] == ['{state="running"}']
+
+    def test_unknown_values_are_left_out(self) -> None:
+        """A fresh status (no step, no checkpoint, no disk figure) exports no sample for them instead of 0."""
+        m = parse(render_metrics(Status(), now=5.0))
+        for name in ("job_step", "last_checkpoint_step", "last_checkpoint_age_seconds", "checkpoint_bytes",
+                     "disk_free_bytes", "last_exit_timestamp_seconds"):
+            assert f"fsdp_supervisor_{name}" not in m
+        assert m["fsdp_supervisor_restarts_total"] == [("", 0.0)]
+
+    def test_label_values_are_escaped(self) -> None:
+        """Quotes, backslashes and newlines in a label value stay inside the label."""
+        st = running_status()
+        st.last_exit = ExitInfo(code=None, signal="SIGKILL", reason='a"b\\c\nd', at=1.0)
+        (labels, _), = parse(render_metrics(st, now=2.0))["fsdp_supervisor_last_exit_timestamp_seconds"]
+        assert r'reason="a\"b\\c\nd"' in labels and 'signal="SIGKILL"' in labels and 'code=""' in labels
+
+
+class TestParseListen:
+    @pytest.mark.parametrize(("listen", "expected"), [
+        ("127.0.0.1:9400", ("127.0.0.1", 9400)), ("9400", ("127.0.0.1", 9400)), (":9400", ("127.0.0.1", 9400)),
+        ("localhost:9400", ("127.0.0.1", 9400)), ("[::1]:9400", ("::1", 9400)), ("0.0.0.0:9400", ("0.0.0.0", 9400)),
+    ])
+    def test_accepted(self, listen: str, expected: tuple[str, int]) -> None:
+        """Loopback unless an address is written out; IPv6 in brackets."""
+        assert parse_listen(listen) == expected
+
+    @pytest.mark.parametrize("listen", ["metrics.example.com:9400", "127.0.0.1:http", "127.0.0.1:70000", "1.2.3:80"])
+    def test_rejected(self, listen: str) -> None:
+        """Host names (which could resolve to a public address) and bad ports are config errors naming the key."""
+        with pytest.raises(ConfigError, match=r"\[metrics\] listen"):
+            parse_listen(listen)
+
+
+class TestCheckpointBytes:
+    def test_sums_complete_and_caches_until_newest_changes(self, tmp_path: Path, make_checkpoint) -> None:  # type: ignore[no-untyped-def]
+        """The sum covers complete checkpoints only and is rescanned when the newest checkpoint changes."""
+        root = tmp_path / "ckpts"
+        a = make_checkpoint(root, "step_00000001")
+        (root / "step_00000002").mkdir()  # partial: no .metadata
+        size = sum(f.stat().st_size for f in a.iterdir())
+        clock = [0.0]
+        cb = CheckpointBytes(root, ttl_s=60, clock=lambda: clock[0])
+        st = Status(latest_checkpoint={"path": str(a), "step": 1, "mtime": 1.0})
+        assert cb.value(st) == size
+        b = make_checkpoint(root, "step_00000003")
+        assert cb.value(st) == size  # same newest checkpoint, within the TTL: cached
+        st.latest_checkpoint = {"path": str(b), "step": 3, "mtime": 2.0}
+        assert cb.value(st) == 2 * size
+
+    def test_ttl_picks_up_deletions(self, tmp_path: Path, make_checkpoint) -> None:  # type: ignore[no-untyped-def]
+        """After the time-to-live a rescan sees what retention deleted."""
+        root = tmp_path / "ckpts"
+        make_checkpoint(root, "step_00000001")
+        keep = make_checkpoint(root, "step_00000002")
+        clock = [0.0]
+        cb = CheckpointBytes(root, ttl_s=60, clock=lambda: clock[0])
+        st = Status(latest_checkpoint={"path": str(keep), "step": 2, "mtime": 1.0})
+        both = cb.value(st)
+        shutil.rmtree(root / "step_00000001")
+        clock[0] = 61.0
+        assert cb.value(st) == both // 2
+
+
+class TestMetricsServer:
+    def test_get_metrics_and_404(self, tmp_path: Path) -> None:
+        """GET /metrics returns the live status in the text format; other paths are 404; stop frees the port."""
+        st = running_status()
+        server = MetricsServer("127.0.0.1", 0, lambda: st, tmp_path / "none", clock=lambda: 2000.0).start()
+        try:
+            host, port = server.address
+            code, ctype, body = get(f"http://{host}:{port}/metrics")
+            assert code == 200 and ctype == CONTENT_TYPE
+            assert parse(body)["fsdp_supervisor_job_step"] == [("", 120.0)]
+            st.step = 121  # the server reads the live object, not a copy taken at start
+            assert parse(get(f"http://{host}:{port}/metrics")[2])["fsdp_supervisor_job_step"] == [("", 121.0)]
+            assert get(f"http://{host}:{port}/nope")[0] == 404
+        finally:
+            server.stop()
+        with pytest.raises(OSError):
+            socket.create_connection((host, port), timeout=2).close()
+
+
+@pytest.mark.integration
+class TestLiveSupervisor:
+    def test_http_get_against_running_supervisor(self, tmp_path: Path, supervisors: Supervisors) -> None:
+        """A real supervisor with [metrics] listen serves its state, step and disk figures until it exits."""
+        port = free_port()
+        cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--steps", "100000", "--step-s", "0.02",
+                                      "--trap-term", str(tmp_path / "t")], f'\n[metrics]\nlisten = "127.0.0.1:{port}"\n')
+        p = supervisors.start(cfg)
+        url = f"http://127.0.0.1:{port}/metrics"
+
+        def scraped() -> dict | None:
+            try:
+                m = parse(get(url)[2])
+            except OSError:
+                return None
+            return m if m.get("fsdp_supervisor_job_step", [("", 0)])[0][1] > 3 else None
+
+        m = wait_for(scraped, what="metrics with a step")
+        assert ('{state="running"}', 1.0) in m["fsdp_supervisor_state"]
+        assert m["fsdp_supervisor_disk_free_bytes"][0][1] > 0 and m["fsdp_supervisor_checkpoint_bytes"] == [("", 0.0)]
+        state = json.loads((tmp_path / ".fsdp-supervisor" / "state.json").read_text())
+        assert m["fsdp_supervisor_attempt"] == [("", float(state["attempt"]))]
+        assert stop(p)[0] == 0
+        with pytest.raises(OSError):
+            get(url)
+
+    def test_bad_listen_exit_2(self, tmp_path: Path) -> None:
+        """A host name in [metrics] listen is exit 2 with one line naming the key; nothing is created."""
+        cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB)], '\n[metrics]\nlisten = "example.com:9400"\n')
+        r = cli("run", "-c", str(cfg))
+        assert r.returncode == 2 and "[metrics] listen" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / ".fsdp-supervisor").exists()
+
+    def test_busy_port_exit_2(self, tmp_path: Path) -> None:
+        """A port already in use is exit 2 naming the key, and the job is never launched."""
+        marker = tmp_path / "launched"
+        with socket.socket() as busy:
+            busy.bind(("127.0.0.1", 0))
+            busy.listen()
+            port = busy.getsockname()[1]
+            cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--marker", str(marker)],
+                               f'\n[metrics]\nlisten = "127.0.0.1:{port}"\n')
+            r = cli("run", "-c", str(cfg))
+        assert r.returncode == 2 and "[metrics] listen" in r.stderr and "Traceback" not in r.stderr
+        assert not marker.exists()
