@@ -1,0 +1,216 @@
+"""`fsdp-supervisor checkpoints list|verify|prune|pin|unpin|unquarantine`.
+
+Exit codes: 0 ok; 1 `verify` found the dir not complete; 2 bad usage, a missing or unreadable root
+or path (one line on stderr, raised as SupervisorError and printed by supervisor.cli).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from supervisor.checkpoints.completeness import verify
+from supervisor.checkpoints.markers import pin, quarantine_reason, unpin, unquarantine
+from supervisor.checkpoints.pruning import disk_usage, execute_retention
+from supervisor.checkpoints.ranking import CheckpointInfo, scan
+from supervisor.checkpoints.retention import GIB, RetentionPlan, RetentionPolicy, plan_retention
+from supervisor.errors import EXIT_NOT_OK, EXIT_OK
+
+__all__ = ["register", "info_json"]
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is negative")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"{text!r} is negative")
+    return value
+
+
+def _root_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("-c", "--config", metavar="CONFIG", help="job.toml: use its [checkpoints] dir and policy")
+    g.add_argument("--dir", type=Path, metavar="DIR", help="checkpoint root")
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    top = sub.add_parser("checkpoints", help="list, verify, prune, pin and unpin checkpoints")
+    cmds = top.add_subparsers(dest="checkpoints_command", metavar="ACTION")
+    cmds.required = True
+
+    p = cmds.add_parser("list", help="every checkpoint under the root, newest first")
+    _root_args(p)
+    p.add_argument("--json", action="store_true", help="a JSON array instead of a table")
+    p.set_defaults(func=cmd_list)
+
+    p = cmds.add_parser("verify", help="exit 0 when PATH is a complete checkpoint, 1 when not")
+    p.add_argument("path", type=Path, metavar="PATH")
+    p.add_argument("--deep", action="store_true", help="also compare the manifest's sha256 checksums")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of a line")
+    p.set_defaults(func=cmd_verify)
+
+    p = cmds.add_parser("prune", help="apply retention now and print each deletion with its reason")
+    _root_args(p)
+    p.add_argument("--keep-last", type=_non_negative_int, metavar="N", help="keep the N newest complete")
+    p.add_argument("--keep-every", type=_non_negative_int, metavar="K", help="keep steps divisible by K")
+    p.add_argument("--min-free-gb", type=_non_negative_float, metavar="G", help="free GiB to reach")
+    p.add_argument("--dry-run", action="store_true", help="print what would be deleted, delete nothing")
+    p.set_defaults(func=cmd_prune)
+
+    for name, func, text in (("pin", cmd_pin, "never let retention delete PATH"),
+                             ("unpin", cmd_unpin, "remove the pin from PATH"),
+                             ("unquarantine", cmd_unquarantine, "allow resuming from PATH again")):
+        p = cmds.add_parser(name, help=text)
+        p.add_argument("path", type=Path, metavar="PATH")
+        p.set_defaults(func=func)
+
+
+# ---- rendering ----------------------------------------------------------------------------------
+
+
+def info_json(c: CheckpointInfo) -> dict[str, Any]:
+    """The fixed `list --json` object (plus `state` and `metrics`)."""
+    return {
+        "name": c.name, "path": str(c.path), "step": c.step, "complete": c.complete,
+        "reason": None if c.complete else (c.reason or c.state), "size_bytes": c.size_bytes, "mtime": c.mtime,
+        "pinned": c.pinned, "quarantined": c.quarantined, "state": c.state, "metrics": c.metrics,
+    }
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    for unit, scale in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= scale:
+            return f"{seconds / scale:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _table(infos: list[CheckpointInfo], now: float) -> str:
+    rows = [("NAME", "STEP", "STATE", "SIZE", "AGE", "FLAGS", "REASON")]
+    for c in infos:
+        flags = ("P" if c.pinned else "") + ("Q" if c.quarantined else "")
+        rows.append((c.name, "-" if c.step is None else str(c.step), c.state, _size(c.size_bytes),
+                     _age(now - c.mtime), flags or "-", c.reason or ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)) + "  " + r[-1] for r in rows)
+
+
+# ---- handlers -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Target:
+    root: Path
+    policy: RetentionPolicy
+    protect: tuple[Path, ...] = ()
+
+
+def _target(args: argparse.Namespace) -> _Target:
+    if args.dir is not None:
+        return _Target(Path(os.path.abspath(args.dir)), RetentionPolicy())
+    from supervisor.config import load_config  # here: only -c needs it
+    from supervisor.state import read_status
+
+    cfg = load_config(args.config)
+    status = read_status(cfg.run_dir)
+    # A running supervisor's job resumed from this one: a manual prune must not pull it from under it.
+    protect = (Path(status.resumed_from),) if status and status.resumed_from else ()
+    return _Target(cfg.checkpoints.dir, cfg.checkpoints, protect)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    infos = scan(_target(args).root)
+    if args.json:
+        print(json.dumps([info_json(c) for c in infos], indent=2))
+    elif infos:
+        print(_table(infos, time.time()))
+    else:
+        print("no checkpoints", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    v = verify(args.path, deep=args.deep)
+    path = Path(os.path.abspath(args.path))
+    reason = quarantine_reason(path) if path.is_dir() and not path.is_symlink() else None
+    if args.json:
+        print(json.dumps({
+            "name": path.name, "path": str(path), "complete": v.complete, "state": v.state, "reason": v.reason,
+            "step": v.manifest.step if v.manifest else None, "checksummed": v.checksummed,
+            "quarantined": reason is not None, "quarantine_reason": reason,
+        }, indent=2))
+    else:
+        line = f"{path}: {v.state}" + (f": {v.reason}" if v.reason else "")
+        if v.complete and args.deep:
+            line += " (checksums match)" if v.checksummed else " (no checksums in the manifest: sizes only)"
+        if reason is not None:
+            line += f" [quarantined: {reason}]"
+        print(line)
+    return EXIT_OK if v.complete else EXIT_NOT_OK
+
+
+def _policy_with_flags(policy: RetentionPolicy, args: argparse.Namespace) -> RetentionPolicy:
+    flags = {"keep_last": args.keep_last, "keep_every": args.keep_every, "min_free_gb": args.min_free_gb}
+    update = {k: v for k, v in flags.items() if v is not None}
+    return policy.model_copy(update=update) if update else policy
+
+
+def _print_plan(plan: RetentionPlan, done: set[Path] | None) -> None:
+    for d in plan.deletions:
+        verb = "would delete" if done is None else ("deleted" if d.path in done else "skipped")
+        print(f"{verb} {d.name} ({_size(d.size_bytes)}): {d.reason}")
+    if not plan.deletions:
+        print("nothing to delete")
+    for f in plan.findings:
+        print(f"warning: {f.kind}: {f.message}", file=sys.stderr)
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    target = _target(args)
+    infos = scan(target.root)
+    plan = plan_retention(infos, policy=_policy_with_flags(target.policy, args), disk=disk_usage(target.root),
+                          protect=target.protect, now=time.time())
+    if args.dry_run:
+        _print_plan(plan, None)
+    else:
+        _print_plan(plan, {d.path for d in execute_retention(target.root, plan)})
+    return EXIT_OK
+
+
+def cmd_pin(args: argparse.Namespace) -> int:
+    print(f"pinned {pin(args.path)}")
+    return EXIT_OK
+
+
+def cmd_unpin(args: argparse.Namespace) -> int:
+    print(f"unpinned {args.path}" if unpin(args.path) else f"{args.path} was not pinned")
+    return EXIT_OK
+
+
+def cmd_unquarantine(args: argparse.Namespace) -> int:
+    print(f"unquarantined {args.path}" if unquarantine(args.path) else f"{args.path} was not quarantined")
+    return EXIT_OK

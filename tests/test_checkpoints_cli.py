@@ -1,0 +1,173 @@
+"""Tests for supervisor.checkpoints.cli: the `checkpoints` commands, run as a real subprocess."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from supervisor import cli as top_cli
+from supervisor.checkpoints import is_pinned, quarantine
+from supervisor.checkpoints.layout import TRASH_DIR, tmp_dir_name
+from supervisor.checkpoints.testing import write_checkpoint
+
+LIST_FIELDS = {"name", "path", "step", "complete", "reason", "size_bytes", "mtime", "pinned", "quarantined"}
+
+
+def fsup(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `python -m supervisor ...` in its own session, killed if it outlives the timeout."""
+    proc = subprocess.Popen([sys.executable, "-m", "supervisor", *map(str, args)], cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def one_line_error(r: subprocess.CompletedProcess[str], *needles: str) -> None:
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    for n in needles:
+        assert n in lines[0]
+
+
+@pytest.fixture
+def root(tmp_path) -> Path:
+    """A root with complete steps 10 and 20 (loss metrics), a torn step 30 and an in-flight temp dir."""
+    r = tmp_path / "ckpts"
+    write_checkpoint(r, 10, metrics={"loss": 2.0})
+    write_checkpoint(r, 20, metrics={"loss": 1.0})
+    (write_checkpoint(r, 30) / "__1_0.distcp").unlink()
+    write_checkpoint(r, 40, name=tmp_dir_name(40, "abc"))
+    return r
+
+
+def test_checkpoints_module_is_registered():
+    """supervisor.cli dispatches to this module (otherwise `fsdp-supervisor checkpoints` does not exist)."""
+    assert "supervisor.checkpoints.cli" in top_cli.COMMAND_MODULES
+
+
+class TestList:
+    def test_json_has_the_fixed_fields_newest_first(self, root):
+        """`list --json` is an array, newest first, each object with the documented fields and types."""
+        r = fsup("checkpoints", "list", "--dir", root, "--json")
+        assert r.returncode == 0, r.stderr
+        rows = json.loads(r.stdout)
+        assert [(x["step"], x["complete"]) for x in rows] == [(40, False), (30, False), (20, True), (10, True)]
+        for x in rows:
+            assert LIST_FIELDS <= set(x)
+            assert (x["reason"] is None) == x["complete"] and Path(x["path"]).is_absolute()
+            assert isinstance(x["size_bytes"], int) and isinstance(x["mtime"], float)
+        assert "missing" in rows[1]["reason"]
+
+    def test_table_lists_every_dir(self, root):
+        """The human form is a table with a header and one row per checkpoint."""
+        r = fsup("checkpoints", "list", "--dir", root)
+        lines = r.stdout.strip().splitlines()
+        assert r.returncode == 0 and lines[0].split()[:3] == ["NAME", "STEP", "STATE"] and len(lines) == 5
+        assert "torn" in lines[2] and "complete" in lines[3]
+
+    def test_missing_root_is_a_one_line_error(self, tmp_path):
+        """A root that does not exist: one line naming it, exit 2."""
+        one_line_error(fsup("checkpoints", "list", "--dir", tmp_path / "nope"), str(tmp_path / "nope"))
+
+    def test_dir_and_config_are_mutually_exclusive(self, root):
+        """Giving both --dir and -c is a usage error, exit 2."""
+        one_line_error(fsup("checkpoints", "list", "--dir", root, "-c", "job.toml"))
+
+
+class TestVerify:
+    def test_complete_exits_0(self, root):
+        """verify of a complete dir prints its state and exits 0."""
+        r = fsup("checkpoints", "verify", root / "step_00000020")
+        assert r.returncode == 0 and "complete" in r.stdout
+
+    def test_torn_exits_1_with_reason(self, root):
+        """verify of a torn dir exits 1 and names the missing shard."""
+        r = fsup("checkpoints", "verify", root / "step_00000030", "--json")
+        body = json.loads(r.stdout)
+        assert r.returncode == 1 and body["state"] == "torn" and "__1_0.distcp" in body["reason"]
+        assert body["complete"] is False
+
+    def test_deep_reports_checksums(self, tmp_path):
+        """verify --deep on a checksummed checkpoint says the checksums match."""
+        d = write_checkpoint(tmp_path, 5, sha256=True)
+        r = fsup("checkpoints", "verify", d, "--deep")
+        assert r.returncode == 0 and "checksums match" in r.stdout
+
+    def test_quarantine_is_shown(self, root):
+        """A quarantined checkpoint still verifies complete and shows the quarantine reason."""
+        quarantine(root / "step_00000020", "crashed twice after load")
+        r = fsup("checkpoints", "verify", root / "step_00000020", "--json")
+        assert r.returncode == 0 and json.loads(r.stdout)["quarantine_reason"] == "crashed twice after load"
+
+    def test_missing_path_is_a_one_line_error(self, tmp_path):
+        """verify of a path that does not exist: one line, exit 2."""
+        one_line_error(fsup("checkpoints", "verify", tmp_path / "gone"), "gone")
+
+
+class TestPrune:
+    def test_dry_run_prints_and_deletes_nothing(self, root):
+        """--dry-run prints each deletion with its reason and leaves the root unchanged."""
+        before = sorted(os.listdir(root))
+        r = fsup("checkpoints", "prune", "--dir", root, "--keep-last", "1", "--dry-run")
+        assert r.returncode == 0 and "would delete step_00000010" in r.stdout and "kept by no keep rule" in r.stdout
+        assert sorted(os.listdir(root)) == before
+
+    def test_prune_deletes_and_keeps_guarded(self, root):
+        """prune --keep-last 1 deletes the older complete one; torn-in-flight and temp dirs stay (young)."""
+        r = fsup("checkpoints", "prune", "--dir", root, "--keep-last", "1")
+        assert r.returncode == 0 and "deleted step_00000010" in r.stdout
+        assert sorted(os.listdir(root)) == sorted([TRASH_DIR, "step_00000020", "step_00000030", tmp_dir_name(40, "abc")])
+
+    def test_pinned_survives_prune(self, root):
+        """A pinned checkpoint is not deleted by prune."""
+        assert fsup("checkpoints", "pin", root / "step_00000010").returncode == 0
+        r = fsup("checkpoints", "prune", "--dir", root, "--keep-last", "1")
+        assert r.returncode == 0 and (root / "step_00000010").exists()
+
+    def test_unmeetable_floor_warns(self, root):
+        """A free-space floor nobody can meet is a disk_pressure warning on stderr, exit 0."""
+        r = fsup("checkpoints", "prune", "--dir", root, "--min-free-gb", "1e12", "--dry-run")
+        assert r.returncode == 0 and "disk_pressure" in r.stderr
+
+    @pytest.mark.parametrize("flag,value", [("--keep-last", "-1"), ("--keep-last", "x"), ("--min-free-gb", "nan")])
+    def test_bad_flag_is_a_one_line_error(self, root, flag, value):
+        """A negative or non-numeric flag is a one-line usage error, exit 2, nothing deleted."""
+        one_line_error(fsup("checkpoints", "prune", "--dir", root, flag, value), flag)
+        assert (root / "step_00000010").exists()
+
+
+class TestConfig:
+    def test_config_supplies_dir_and_policy(self, root, tmp_path):
+        """-c CONFIG reads [checkpoints] dir (relative to the file) and its keep_last."""
+        cfg = tmp_path / "job.toml"
+        cfg.write_text('[job]\ncommand = ["true"]\n\n[checkpoints]\ndir = "ckpts"\nkeep_last = 1\n')
+        r = fsup("checkpoints", "prune", "-c", cfg, "--dry-run")
+        assert r.returncode == 0, r.stderr
+        assert "would delete step_00000010" in r.stdout and "step_00000020" not in r.stdout
+        r = fsup("checkpoints", "list", "-c", cfg, "--json")
+        assert [x["name"] for x in json.loads(r.stdout)][2:] == ["step_00000020", "step_00000010"]
+
+    def test_missing_config_is_a_one_line_error(self, tmp_path):
+        """A config file that does not exist: one line naming it, exit 2."""
+        one_line_error(fsup("checkpoints", "list", "-c", tmp_path / "nope.toml"), "nope.toml")
+
+
+class TestPinCommands:
+    def test_pin_unpin_round_trip(self, root):
+        """pin then unpin toggles the marker the policy honours."""
+        d = root / "step_00000010"
+        assert fsup("checkpoints", "pin", d).returncode == 0 and is_pinned(d)
+        r = fsup("checkpoints", "unpin", d)
+        assert r.returncode == 0 and "unpinned" in r.stdout and not is_pinned(d)
+
+    def test_pin_missing_is_a_one_line_error(self, tmp_path):
+        """Pinning a path that does not exist: one line, exit 2."""
+        one_line_error(fsup("checkpoints", "pin", tmp_path / "nope"), "nope")
