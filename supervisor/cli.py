@@ -14,6 +14,7 @@ __all__ = ["main", "build_parser"]
 # Each module has `register(subparsers)`, which adds its sub-command(s) and sets `func(args) -> int`.
 COMMAND_MODULES = [
     "supervisor.commands",
+    "supervisor.checkpoints.cli",
     "supervisor.systemd",
 ]
 
@@ -26,7 +27,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="fsdp-supervisor", description=__doc__)
+    parser = _Parser(
+        prog="fsdp-supervisor",
+        description="Keep a torchrun FSDP job alive: relaunch it from the newest complete DCP checkpoint, "
+        "stop it gracefully, keep disk use bounded.",
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True

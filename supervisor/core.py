@@ -70,7 +70,8 @@ class Core:
             )
             if stopped:
                 self.log.warning("orphan_job_stopped", job_pid=previous.job_pid, pids=stopped)
-        if previous is not None:
+        if previous is not None:  # attempt numbers continue so logs/attempt-NNNN.log stay unique
+            self.status.attempt = previous.attempt
             self.status.restarts = previous.restarts if not previous.state.final else 0
         self.status.quarantined = self.house.quarantined()
         self.sys.timers.set("retention", self.sys.monotonic() + self.cfg.checkpoints.retention_interval_s)

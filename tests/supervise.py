@@ -6,14 +6,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO, TAG_ENV, assert_no_orphans, wait_for  # noqa: F401  (re-exported)
+
 FAKEJOB = REPO / "tests" / "jobs" / "fakejob.py"
 
 
@@ -31,16 +32,6 @@ def write_config(tmp_path: Path, command: list[str], extra: str = "", name: str 
         f"env = {{ OMP_NUM_THREADS = \"1\" }}\n\n[checkpoints]\ndir = \"ckpts\"\n" + extra
     )
     return path
-
-
-def wait_for(pred: Callable[[], object], timeout: float = 60, what: str = "condition") -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def kill_tree(pid: int) -> None:
@@ -63,11 +54,12 @@ class Supervisors:
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen[str]] = []
         self.extra_pids: set[int] = set()
+        self.tag = uuid.uuid4().hex  # inherited by every descendant: how leftovers are found
 
     def start(self, config: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
         p = subprocess.Popen([sys.executable, "-m", "supervisor", "run", "-c", str(config), *args], cwd=REPO,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                             env={**os.environ, **(env or {})})
+                             env={**os.environ, TAG_ENV: self.tag, **(env or {})})
         self.procs.append(p)
         return p
 
@@ -87,32 +79,14 @@ class Supervisors:
             kill_tree(pid)
 
 
-def no_orphans(marker: str) -> list[psutil.Process]:
-    """Live processes whose command line or cwd mentions `marker` (a unique tmp path), excluding ourselves."""
-    me = os.getpid()
-    out = []
-    for p in psutil.process_iter(["pid", "cmdline", "status", "cwd"]):
-        try:
-            if p.pid == me or p.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            if marker in " ".join(p.info["cmdline"] or []) or (p.info["cwd"] or "").startswith(marker):
-                out.append(p)
-        except psutil.Error:
-            continue
-    return out
-
-
 @pytest.fixture
-def supervisors(tmp_path: Path) -> Iterator[Supervisors]:
+def supervisors() -> Iterator[Supervisors]:
     s = Supervisors()
     try:
         yield s
     finally:
         s.cleanup()
-        leftovers = no_orphans(str(tmp_path))
-        for p in leftovers:
-            kill_tree(p.pid)
-        assert not leftovers, f"orphans left: {[p.info['cmdline'] for p in leftovers]}"
+        assert_no_orphans(s.tag)
 
 
 def stop(p: subprocess.Popen[str], sig: int = signal.SIGTERM, timeout: float = 60) -> tuple[int, str]:

@@ -53,8 +53,8 @@ class TestLifecycle:
         cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--sleep", "60", "--trap-term", str(trap),
                                       "--marker", str(marker)], FAST)
         p = supervisors.start(cfg)
-        wait_for(lambda: state(tmp_path).get("state") == "running", what="running")
-        wait_for(marker.exists, what="job start")
+        wait_for(lambda: state(tmp_path).get("state") == "running", 60, "running")
+        wait_for(marker.exists, 60, "job start")
         rc, out = stop(p, signal.SIGTERM)
         assert rc == 0, out
         assert trap.read_text() == str(int(signal.SIGTERM))
@@ -67,7 +67,7 @@ class TestLifecycle:
         cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--sleep", "120", "--ignore-term",
                                       "--marker", str(marker)], FAST + "\n[health]\nstop_timeout_s = 1\n")
         p = supervisors.start(cfg)
-        wait_for(marker.exists, what="job start")
+        wait_for(marker.exists, 60, "job start")
         job_pid = json.loads(marker.read_text())["pid"]
         rc, out = stop(p, signal.SIGINT)
         assert rc == 0, out
@@ -104,7 +104,7 @@ class TestOneJobPerRunDir:
         cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--sleep", "60", "--trap-term", str(tmp_path / "t"),
                                       "--marker", str(marker)], FAST)
         first = supervisors.start(cfg)
-        wait_for(marker.exists, what="job start")
+        wait_for(marker.exists, 60, "job start")
         r = cli("run", "-c", str(cfg))
         assert r.returncode == 2 and f"pid {first.pid}" in r.stderr and len(r.stderr.strip().splitlines()) == 1
         assert len(marker.read_text().splitlines()) == 1
@@ -117,14 +117,14 @@ class TestOneJobPerRunDir:
         cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--sleep", "60", "--trap-term", str(trap),
                                       "--marker", str(marker)], FAST)
         first = supervisors.start(cfg)
-        wait_for(marker.exists, what="job start")
+        wait_for(marker.exists, 60, "job start")
         old_job = json.loads(marker.read_text())["pid"]
         supervisors.track(old_job)
         first.kill()
         first.wait()
         assert psutil.pid_exists(old_job)
         second = supervisors.start(cfg)
-        wait_for(lambda: len(marker.read_text().splitlines()) == 2, what="second launch")
+        wait_for(lambda: len(marker.read_text().splitlines()) == 2, 60, "second launch")
         assert trap.exists(), "old job was not asked to stop before the new launch"
         assert not psutil.pid_exists(old_job) or psutil.Process(old_job).status() == psutil.STATUS_ZOMBIE
         assert stop(second)[0] == 0
@@ -136,7 +136,7 @@ class TestCommands:
         cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--steps", "100000", "--step-s", "0.02",
                                       "--trap-term", str(tmp_path / "t")], FAST)
         p = supervisors.start(cfg)
-        wait_for(lambda: (state(tmp_path).get("step") or 0) > 3, what="steps")
+        wait_for(lambda: (state(tmp_path).get("step") or 0) > 3, 60, "steps")
         r = cli("status", "-c", str(cfg), "--json")
         doc = json.loads(r.stdout)
         assert r.returncode == 0 and doc["state"] == "running" and doc["supervisor_running"] is True
