@@ -20,7 +20,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-__all__ = ["REPO", "free_port", "Job", "Launcher", "torchrun", "assert_no_orphans", "wait_for", "logged_steps"]
+__all__ = [
+    "REPO", "free_port", "Job", "Launcher", "torchrun", "module_torchrun", "assert_no_orphans", "wait_for", "logged_steps",
+]
 
 REPO = Path(__file__).resolve().parent.parent
 TORCHRUN = Path(sys.executable).parent / "torchrun"
@@ -184,6 +186,16 @@ def torchrun(tmp_path: Path) -> Iterator[Launcher]:
     """A Launcher for one test; everything it started is killed (and checked gone) at teardown."""
     launcher = Launcher(tmp_path / "jobs")
     launcher.workdir.mkdir()
+    try:
+        yield launcher
+    finally:
+        launcher.close()
+
+
+@pytest.fixture(scope="module")
+def module_torchrun(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
+    """A Launcher shared by one test module (for expensive reference runs); cleaned up like `torchrun`."""
+    launcher = Launcher(tmp_path_factory.mktemp("jobs"))
     try:
         yield launcher
     finally:

@@ -68,3 +68,13 @@ class TestCommit:
         final, created = commit(tmp, old, self.manifest(tmp, 4))
         assert final == old and not created and not tmp.exists()
         assert (old / MANIFEST_NAME).read_bytes() == before
+
+    def test_incomplete_final_is_set_aside_and_replaced(self, tmp_path) -> None:
+        """A final dir that lost a shard is renamed to a temporary name and the new save takes its place."""
+        old = write_checkpoint(tmp_path, 4)
+        next(old.glob("*.distcp")).unlink()
+        tmp = written_tmp(tmp_path, 4)
+        final, created = commit(tmp, old, self.manifest(tmp, 4))
+        assert created and verify(final).complete and not tmp.exists()
+        aside = [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-step_00000004-incomplete-")]
+        assert len(aside) == 1 and not verify(aside[0]).complete

@@ -14,7 +14,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from supervisor.checkpoints.layout import MANIFEST_FORMAT, MANIFEST_NAME, METADATA_NAME
+from supervisor.checkpoints import verify
+from supervisor.checkpoints.layout import MANIFEST_FORMAT, MANIFEST_NAME, METADATA_NAME, TMP_PREFIX
 
 __all__ = ["build_manifest", "write_manifest", "fsync_tree", "fsync_dir", "commit"]
 
@@ -96,25 +97,27 @@ def fsync_tree(directory: Path) -> None:
         fsync_dir(Path(dirpath))
 
 
+def _set_aside(final: Path, nonce: str) -> None:
+    """Rename an incomplete `final` to a temporary name: never selected, and retention may delete it."""
+    os.rename(final, final.with_name(f"{TMP_PREFIX}{final.name}-incomplete-{nonce}"))
+
+
 def commit(tmp: Path, final: Path, manifest: Mapping[str, object]) -> tuple[Path, bool]:
     """Make `tmp` the complete checkpoint `final`; returns (final, whether this call created it).
 
-    If `final` already exists (a step saved again after resuming from an older checkpoint), the existing
-    complete one wins and `tmp` is removed: a complete checkpoint is never replaced in place.
+    If `final` already exists (a step saved again after resuming from an older checkpoint) and is complete,
+    it wins and `tmp` is removed: a complete checkpoint is never replaced. An existing but incomplete
+    `final` (a shard lost after the fact) is renamed aside first, so the fresh save takes its place.
     """
     if not (tmp / METADATA_NAME).is_file():
         raise FileNotFoundError(f"{tmp}: no {METADATA_NAME}; DCP did not finish this save")
     write_manifest(tmp, manifest)
     fsync_tree(tmp)
-    if final.exists():
-        shutil.rmtree(tmp)
-        return final, False
-    try:
-        os.rename(tmp, final)  # atomic; fails if `final` appeared meanwhile and is not empty
-    except OSError:
-        if not final.exists():
-            raise
-        shutil.rmtree(tmp)
-        return final, False
+    if final.exists() or final.is_symlink():
+        if verify(final).complete:
+            shutil.rmtree(tmp)
+            return final, False
+        _set_aside(final, tmp.name.rsplit("-", 1)[-1])
+    os.rename(tmp, final)  # atomic; only this job's rank 0 writes under this root (one job per dir)
     fsync_dir(final.parent)
     return final, True

@@ -1,0 +1,294 @@
+"""The reference trainer under real torchrun (2 CPU ranks, gloo): exact resume, async save, signals, export.
+
+One uninterrupted reference run is the yardstick: every interrupted-and-resumed run must end (and save every
+common step) with weights bit-identical to it. Interruptions happen at a randomly drawn step; the drawn
+values are in the assertion messages.
+"""
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from supervisor.checkpoints import verify
+from supervisor.checkpoints.layout import MANIFEST_NAME, METADATA_NAME, TMP_PREFIX, step_dir_name
+from tests.helpers import Job, Launcher, logged_steps, module_torchrun, torchrun, wait_for  # noqa: F401
+from trainer.heartbeat import HEARTBEAT_ENV
+
+pytestmark = pytest.mark.integration
+
+STEPS, SAVE_EVERY = 24, 4
+BASE = ["--steps", STEPS, "--save-every", SAVE_EVERY, "--log-every", 1, "--seed", 7]
+JOB_TIMEOUT = 240
+
+
+def complete_steps(root: Path) -> dict[int, Path]:
+    """Complete `step_<N>` checkpoints under `root`, by step."""
+    out = {}
+    for path in root.iterdir():
+        if path.name.startswith("step_") and verify(path).complete:
+            out[int(path.name.split("_")[1])] = path
+    return out
+
+
+def weights(path: Path) -> dict:
+    from trainer.export import load_model_weights
+
+    return load_model_weights(path)
+
+
+def assert_same_weights(a: Path, b: Path, context: str) -> None:
+    import torch
+
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys(), context
+    differ = [k for k in wa if not torch.equal(wa[k], wb[k])]
+    assert not differ, f"{context}: {a.name} vs {b.name} differ in {differ[:5]}"
+
+
+def assert_ok(job: Job) -> None:
+    """The job exited 0 and every rank recorded exit code 0."""
+    assert job.proc.returncode == 0, job.text()[-4000:]
+    codes = job.rank_exit_codes()
+    assert codes and set(codes.values()) == {0}, codes
+
+
+def current_step(job: Job) -> int:
+    return max(logged_steps(job.text()), default=-1)
+
+
+def wait_step(job: Job, step: int) -> int:
+    """Block until rank 0 logged a step >= `step`; returns the step seen."""
+    def seen() -> int | None:
+        if job.proc.poll() is not None:
+            raise AssertionError(f"job exited early (rc={job.proc.returncode}):\n{job.text()[-3000:]}")
+        now = current_step(job)
+        return now if now >= step else None
+
+    return wait_for(seen, JOB_TIMEOUT, f"step {step}")  # type: ignore[return-value]
+
+
+def kill_rank_at(job: Job, rank: int, step: int) -> None:
+    """SIGKILL one worker once training reached `step`, then wait for torchrun to give up."""
+    worker = job.worker_of_rank(rank)
+    wait_step(job, step)
+    worker.kill()
+    assert job.wait(JOB_TIMEOUT) != 0
+
+
+@dataclass
+class Reference:
+    root: Path
+    heartbeat: Path
+    job: Job
+
+
+@pytest.fixture(scope="module")
+def reference(module_torchrun: Launcher, tmp_path_factory: pytest.TempPathFactory) -> Reference:
+    """One uninterrupted FSDP2 run with synchronous saves every SAVE_EVERY steps."""
+    tmp = tmp_path_factory.mktemp("reference")
+    hb = tmp / "heartbeat.json"
+    job = module_torchrun.run([*BASE, "--checkpoint-dir", tmp / "ckpts"], env={HEARTBEAT_ENV: str(hb)},
+                              timeout=JOB_TIMEOUT)
+    assert_ok(job)
+    return Reference(tmp / "ckpts", hb, job)
+
+
+class TestBitExactResume:
+    def test_sigkill_at_random_step_and_mid_save_resume_bit_exact(self, reference, torchrun, tmp_path) -> None:
+        """Kill a worker at a random step, then rank 0 between DCP's write and the commit: the end is identical."""
+        root = tmp_path / "ckpts"
+        k = random.randrange(SAVE_EVERY + 1, STEPS - 2 * SAVE_EVERY)
+        kill_rank_at(torchrun.torchrun([*BASE, "--checkpoint-dir", root]), rank=1, step=k)
+        before, stale = complete_steps(root), set(root.glob(TMP_PREFIX + "*"))
+        # The commit delay holds rank 0 after `.metadata` exists: the kill lands mid-save, deterministically.
+        job = torchrun.torchrun([*BASE, "--checkpoint-dir", root], env={"FSDP_TRAINER_TEST_COMMIT_DELAY_S": "30"})
+        tmp_dir = wait_for(lambda: next((p for p in set(root.glob(TMP_PREFIX + "*")) - stale
+                                         if (p / METADATA_NAME).exists()), None),
+                           JOB_TIMEOUT, "a written, uncommitted save")
+        job.worker_of_rank(0).kill()
+        assert job.wait(JOB_TIMEOUT) != 0
+        assert tmp_dir.exists() and not (tmp_dir / MANIFEST_NAME).exists(), f"k={k}"
+        assert complete_steps(root) == before, f"k={k}: the interrupted save must not look complete"
+        final = torchrun.run([*BASE, "--checkpoint-dir", root], timeout=JOB_TIMEOUT)
+        assert_ok(final)
+        assert f"event=resuming rank=0 path={root / step_dir_name(max(before))} " in final.text(), f"k={k}"
+        done = complete_steps(root)
+        assert STEPS in done, f"k={k}"
+        for step, path in sorted(done.items()):
+            assert_same_weights(path, reference.root / step_dir_name(step), f"k={k} step={step}")
+
+
+@pytest.fixture(scope="module")
+def fsdp1_root(reference, module_torchrun: Launcher, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    """An FSDP1 run killed at a random step, then resumed to the end."""
+    root = tmp_path_factory.mktemp("fsdp1") / "ckpts"
+    args = [*BASE, "--fsdp", 1, "--checkpoint-dir", root]
+    k = random.randrange(SAVE_EVERY + 1, STEPS - 2)
+    kill_rank_at(module_torchrun.torchrun(args), rank=1, step=k)
+    assert_ok(module_torchrun.run(args, timeout=JOB_TIMEOUT))
+    return root, k
+
+
+class TestFsdp1:
+    def test_fsdp1_save_and_resume_is_bit_exact(self, fsdp1_root, reference) -> None:
+        """FSDP1 (SHARDED_STATE_DICT) resumes exactly; on this model it even matches FSDP2 bit for bit."""
+        root, k = fsdp1_root
+        done = complete_steps(root)
+        assert STEPS in done, f"k={k}"
+        for step, path in sorted(done.items()):
+            assert_same_weights(path, reference.root / step_dir_name(step), f"fsdp1 k={k} step={step}")
+
+
+@dataclass
+class StoppedRun:
+    root: Path
+    first: Job
+    stop_step: int
+    signalled_at: int
+    second: Job
+
+
+@pytest.fixture(scope="module")
+def stopped_async(module_torchrun: Launcher, tmp_path_factory: pytest.TempPathFactory) -> StoppedRun:
+    """An --async-save run: SIGUSR1 to rank 0, then SIGTERM to the torchrun agent at a random step; resumed."""
+    root = tmp_path_factory.mktemp("async") / "ckpts"
+    args = [*BASE, "--async-save", "--checkpoint-dir", root]
+    job = module_torchrun.torchrun(args)
+    k = random.randrange(SAVE_EVERY + 2, STEPS - 2)
+    rank0 = job.worker_of_rank(0)
+    wait_step(job, k - 2)
+    rank0.send_signal(signal.SIGUSR1)
+    wait_for(lambda: "most recent call first" in job.text(), JOB_TIMEOUT, "a faulthandler dump")
+    signalled_at = wait_step(job, k)
+    job.proc.send_signal(signal.SIGTERM)
+    job.wait(JOB_TIMEOUT)  # torchrun itself exits 1 (SignalException) even when every worker exits 0
+    stopped = [int(s) for s in re.findall(r"event=stopped rank=0 step=(\d+)", job.text())]
+    assert len(stopped) == 1, job.text()[-3000:]
+    second = module_torchrun.run(args, timeout=JOB_TIMEOUT)
+    return StoppedRun(root, job, stopped[0], signalled_at, second)
+
+
+class TestSignals:
+    def test_sigterm_saves_the_current_step_and_workers_exit_0(self, stopped_async) -> None:
+        """SIGTERM to torchrun: all ranks stop at one step, a complete checkpoint of that step exists, exit 0."""
+        run = stopped_async
+        assert set(run.first.rank_exit_codes().values()) == {0}, run.first.text()[-3000:]
+        assert run.stop_step >= run.signalled_at and run.stop_step == current_step(run.first)
+        ckpt = run.root / step_dir_name(run.stop_step)
+        assert verify(ckpt).complete
+        assert json.loads((ckpt / MANIFEST_NAME).read_text())["step"] == run.stop_step
+        assert f"event=resuming rank=0 path={ckpt} " in run.second.text()
+        assert_ok(run.second)
+
+    def test_sigusr1_dumps_stacks_and_training_goes_on(self, stopped_async) -> None:
+        """SIGUSR1 prints every thread's stack and does not stop training."""
+        text = stopped_async.first.text()
+        dump_at = text.index("most recent call first")
+        assert "event=train rank=0 step=" in text[dump_at:]
+
+
+class TestAsyncSave:
+    def test_async_checkpoints_equal_sync_ones(self, stopped_async, reference) -> None:
+        """Every step saved by the async (stopped and resumed) run has the reference's exact weights."""
+        done = complete_steps(stopped_async.root)
+        common = sorted(set(done) & set(complete_steps(reference.root)))
+        assert STEPS in common and len(common) >= 3, common
+        for step in common:
+            assert_same_weights(done[step], reference.root / step_dir_name(step), f"async step={step}")
+
+
+def logged_loss(job: Job, step: int) -> float:
+    return float(re.search(rf"event=train rank=0 step={step} loss=(\S+)", job.text()).group(1))  # type: ignore[union-attr]
+
+
+@pytest.fixture(scope="module")
+def planted(reference, module_torchrun: Launcher, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Job]:
+    """One process resuming (auto) a root holding the reference's steps 8 and 16, a torn step 20 and a
+    complete-looking temp dir of step 24."""
+    root = tmp_path_factory.mktemp("planted") / "ckpts"
+    root.mkdir()
+    for step in (8, 16):
+        shutil.copytree(reference.root / step_dir_name(step), root / step_dir_name(step))
+    torn = shutil.copytree(reference.root / step_dir_name(20), root / step_dir_name(20))
+    next(torn.glob("*.distcp")).unlink()
+    shutil.copytree(reference.root / step_dir_name(24), root / f"{TMP_PREFIX}{step_dir_name(24)}-dead")
+    return root, module_torchrun.run([*BASE, "--checkpoint-dir", root], nproc=None, timeout=JOB_TIMEOUT)
+
+
+class TestResumeChoice:
+    def test_auto_ignores_temporary_and_torn_dirs(self, planted) -> None:
+        """`--resume auto` picks step 16, not the torn step 20 nor the temp dir of step 24."""
+        root, job = planted
+        assert f"event=resuming rank=0 path={root / step_dir_name(16)} " in job.text(), job.text()[-2000:]
+
+    def test_torn_final_dir_is_replaced_by_the_new_save(self, planted) -> None:
+        """Saving step 20 again sets the torn dir aside and commits a complete one in its place."""
+        root, _ = planted
+        assert verify(root / step_dir_name(20)).complete
+        assert [p for p in root.iterdir() if p.name.startswith(f"{TMP_PREFIX}{step_dir_name(20)}-incomplete-")]
+
+    def test_resume_at_steps_exits_0_without_training(self, reference, torchrun, tmp_path) -> None:
+        """Resuming at --steps exits 0 at once: no step trained, nothing written."""
+        root = tmp_path / "ckpts"
+        job = torchrun.run([*BASE, "--checkpoint-dir", root, "--resume", reference.root / step_dir_name(STEPS)],
+                           nproc=None, timeout=JOB_TIMEOUT)
+        assert job.proc.returncode == 0 and "event=already_done" in job.text(), job.text()[-2000:]
+        assert "event=train " not in job.text() and list(root.iterdir()) == []
+
+
+class TestWorldSizeChange:
+    def test_one_rank_resumes_a_two_rank_checkpoint(self, planted, reference) -> None:
+        """DCP reshards onto one rank: training continues at the saved step, with a loss close to the reference's."""
+        root, job = planted
+        assert job.proc.returncode == 0, job.text()[-3000:]
+        assert "event=rng_not_restored" in job.text() and logged_steps(job.text()) == list(range(17, STEPS + 1))
+        manifest = json.loads((root / step_dir_name(STEPS) / MANIFEST_NAME).read_text())
+        assert manifest["world_size"] == 1 and manifest["step"] == STEPS
+        # Half the global batch per step: close to, not equal to, the two-rank loss.
+        assert abs(logged_loss(job, 17) - logged_loss(reference.job, 17)) < 0.3
+
+
+class TestHeartbeat:
+    def test_final_heartbeat_matches_the_last_checkpoint(self, reference) -> None:
+        """The heartbeat file ends at the final step, in the save phase, with the checkpoint's loss."""
+        beat = json.loads(reference.heartbeat.read_text())
+        manifest = json.loads((reference.root / step_dir_name(STEPS) / MANIFEST_NAME).read_text())
+        assert set(beat) == {"step", "time", "phase", "loss"}
+        assert beat["step"] == STEPS and beat["phase"] == "save" and beat["loss"] == manifest["loss"]
+        assert abs(beat["time"] - manifest["time"]) < 600
+
+
+class TestExport:
+    def test_export_loads_with_weights_only_into_a_plain_model(self, reference, tmp_path) -> None:
+        """The exported file is a flat name->tensor dict that a plain TinyLM loads strictly."""
+        import torch
+
+        from trainer.export import main
+        from trainer.model import ModelConfig, TinyLM
+
+        out = tmp_path / "model.pt"
+        assert main([str(reference.root / step_dir_name(STEPS)), str(out)]) == 0
+        loaded = torch.load(out, weights_only=True)
+        model = TinyLM(ModelConfig())
+        model.load_state_dict(loaded, strict=True)
+        assert all(torch.equal(loaded[k], v) for k, v in weights(reference.root / step_dir_name(STEPS)).items())
+
+    def test_fsdp1_and_fsdp2_exports_have_the_same_names(self, reference, fsdp1_root) -> None:
+        """No FSDP wrapper prefix leaks into the exported names."""
+        assert weights(fsdp1_root[0] / step_dir_name(STEPS)).keys() == weights(reference.root / step_dir_name(STEPS)).keys()
+
+    def test_export_refuses_an_incomplete_checkpoint(self, reference, tmp_path, capsys) -> None:
+        """A temp-named copy is not complete: exit 2 with one line, no output file."""
+        from trainer.export import main
+
+        tmp = shutil.copytree(reference.root / step_dir_name(4), tmp_path / f"{TMP_PREFIX}{step_dir_name(4)}-x")
+        assert main([str(tmp), str(tmp_path / "out.pt")]) == 2
+        assert not (tmp_path / "out.pt").exists()
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1
