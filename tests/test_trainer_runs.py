@@ -130,7 +130,7 @@ def fsdp1_root(reference, module_torchrun: Launcher, tmp_path_factory: pytest.Te
     """An FSDP1 run killed at a random step, then resumed to the end."""
     root = tmp_path_factory.mktemp("fsdp1") / "ckpts"
     args = [*BASE, "--fsdp", 1, "--checkpoint-dir", root]
-    k = random.randrange(SAVE_EVERY + 1, STEPS - 2)
+    k = random.randrange(SAVE_EVERY + 1, STEPS - 6)
     kill_rank_at(module_torchrun.torchrun(args), rank=1, step=k)
     assert_ok(module_torchrun.run(args, timeout=JOB_TIMEOUT))
     return root, k
@@ -161,7 +161,7 @@ def stopped_async(module_torchrun: Launcher, tmp_path_factory: pytest.TempPathFa
     root = tmp_path_factory.mktemp("async") / "ckpts"
     args = [*BASE, "--async-save", "--checkpoint-dir", root]
     job = module_torchrun.torchrun(args)
-    k = random.randrange(SAVE_EVERY + 2, STEPS - 2)
+    k = random.randrange(SAVE_EVERY + 2, STEPS - 6)
     rank0 = job.worker_of_rank(0)
     wait_step(job, k - 2)
     rank0.send_signal(signal.SIGUSR1)

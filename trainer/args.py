@@ -49,7 +49,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="trainer", description="Reference FSDP trainer: tiny byte-level LM, DCP checkpoints.")
+    p = _Parser(prog="trainer", description="Reference FSDP trainer: tiny byte-level LM, DCP checkpoints.",
+                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--checkpoint-dir", required=True, type=Path, help="where step_<N> checkpoints go")
     p.add_argument("--steps", type=non_negative_int, default=200, help="total optimizer steps")
     p.add_argument("--save-every", type=positive_int, default=50, help="checkpoint every K steps")
@@ -64,13 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bound on any collective, incl. stop agreement and checkpoint coordination")
     p.add_argument("--manifest-sha256", action="store_true", help="also record sha256 of every file")
     model = p.add_argument_group("model and optimization")
-    model.add_argument("--d-model", type=positive_int, default=64)
-    model.add_argument("--n-layers", type=positive_int, default=2)
-    model.add_argument("--n-heads", type=positive_int, default=4)
-    model.add_argument("--seq-len", type=positive_int, default=64)
+    model.add_argument("--d-model", type=positive_int, default=64, help="transformer width")
+    model.add_argument("--n-layers", type=positive_int, default=2, help="transformer blocks (one FSDP unit each)")
+    model.add_argument("--n-heads", type=positive_int, default=4, help="attention heads (divide --d-model)")
+    model.add_argument("--seq-len", type=positive_int, default=64, help="bytes of context per sample")
     model.add_argument("--batch-size", type=positive_int, default=8, help="sequences per rank per step")
     model.add_argument("--lr", type=positive_float, default=3e-3, help="peak learning rate")
-    model.add_argument("--warmup-steps", type=non_negative_int, default=10)
+    model.add_argument("--warmup-steps", type=non_negative_int, default=10, help="linear warmup, then cosine decay")
     model.add_argument("--min-lr-ratio", type=float, default=0.1, help="final lr as a fraction of --lr")
     return p
 

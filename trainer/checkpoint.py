@@ -9,7 +9,8 @@ Use it from your own FSDP loop (every call is collective: call it on every rank)
     path = resolve_resume("auto", "ckpts")          # newest complete, decided by rank 0, broadcast
     if path is not None:
         load_checkpoint(path, state)
-    saver = Checkpointer("ckpts", async_save=True)
+    saver = Checkpointer("ckpts", async_save=True,            # async: DCP runs in a writer thread, so
+                         process_group=dist.new_group(backend="gloo"))  # give it its own gloo group
     for step in ...:
         ...
         saver.poll()                                  # commits a finished background save

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -200,7 +201,11 @@ def run(args: argparse.Namespace) -> int:
             return 0
         trainer.build()
         if path is not None:
+            started = time.monotonic()
             trainer.load(path, saved_world)
+            if d.rank == 0:
+                log.info("loaded", path=str(path), step=trainer.progress.step,
+                         seconds=round(time.monotonic() - started, 3))
         trainer.saver = Checkpointer(args.checkpoint_dir, process_group=d.ckpt, control_group=d.control,
                                      async_save=args.async_save, sha256=args.manifest_sha256)
         return trainer.train()
