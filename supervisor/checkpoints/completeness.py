@@ -56,11 +56,16 @@ def _unsafe_name(rel: str) -> str | None:
 
 
 class _Problems:
-    """Collects findings; the verdict is the worst state seen, its reason the first few findings."""
+    """Collects findings; the verdict is the worst state seen, its reason the first few findings.
+
+    Also remembers each file's lstat, so a shard named by both the metadata and the manifest is
+    looked at (and reported) once.
+    """
 
     def __init__(self) -> None:
         self.invalid: list[str] = []
         self.torn: list[str] = []
+        self.stats: dict[str, os.stat_result | None] = {}
 
     def verdict(self, **found: object) -> Verdict:
         for state, items in ((INVALID, self.invalid), (TORN, self.torn)):
@@ -73,6 +78,12 @@ class _Problems:
 
 
 def _check_file(directory: Path, rel: str, problems: _Problems) -> os.stat_result | None:
+    if rel not in problems.stats:
+        problems.stats[rel] = _lstat_file(directory, rel, problems)
+    return problems.stats[rel]
+
+
+def _lstat_file(directory: Path, rel: str, problems: _Problems) -> os.stat_result | None:
     why = _unsafe_name(rel)
     if why:
         problems.invalid.append(why)

@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 MAX_METADATA_BYTES = 256 * 1024 * 1024  # a 64-rank 70B model writes a few MB; anything this big is hostile
-_CACHE_MAX = 512
+_CACHE_MAX = 4096  # parsed summaries are small; a root of 1,000+ checkpoints must not thrash
 
 
 class MetadataError(Exception):
