@@ -172,6 +172,8 @@ def verify(path: str | os.PathLike[str], *, deep: bool = False) -> Verdict:
     except UnsafeMetadataError as exc:
         return Verdict(INVALID, f"unsafe {METADATA_NAME}: {exc}")
     except MetadataError as exc:
+        if not os.access(directory, os.R_OK | os.X_OK):
+            return Verdict(INVALID, "the checkpoint dir cannot be read")
         if not os.path.lexists(directory / METADATA_NAME):
             return Verdict(PARTIAL, f"no {METADATA_NAME}: the save did not finish")
         return Verdict(INVALID, f"bad {METADATA_NAME}: {exc}")

@@ -105,7 +105,8 @@ def _list_root(root: str | os.PathLike[str]) -> tuple[Path, list[_Candidate]]:
             step = name_step(entry.name)
             if step is None and not is_link:
                 step = _step_without_name(child)
-            found.append(_Candidate(entry.name, child, is_link, step, st.st_mtime if is_link else _mtime(child, st.st_mtime)))
+            mtime = st.st_mtime if is_link else _mtime(child, st.st_mtime)
+            found.append(_Candidate(entry.name, child, is_link, step, mtime))
     found.sort(key=lambda c: c.order, reverse=True)
     return path, found
 

@@ -59,9 +59,15 @@ class RetentionPolicy(BaseModel):
     keep_last: int = Field(default=3, ge=0, description="keep the N newest complete checkpoints (0 = rule off)")
     keep_every: int = Field(default=0, ge=0, description="keep checkpoints whose step is divisible by K (0 = off)")
     keep_best: KeepBest | None = Field(default=None, description="keep the k best by a manifest metric")
-    min_free_gb: float = Field(default=0, ge=0, description="delete oldest deletable until this many GiB are free (0 = off)")
-    max_total_gb: float = Field(default=0, ge=0, description="delete oldest deletable while checkpoints exceed this many GiB (0 = off)")
-    partial_max_age_s: float = Field(default=3600, ge=0, description="partial/torn dirs idle longer than this are deleted")
+    min_free_gb: float = Field(
+        default=0, ge=0, description="delete oldest deletable until this many GiB are free (0 = off)"
+    )
+    max_total_gb: float = Field(
+        default=0, ge=0, description="delete oldest deletable while checkpoints exceed this many GiB (0 = off)"
+    )
+    partial_max_age_s: float = Field(
+        default=3600, ge=0, description="partial/torn dirs idle longer than this many seconds are deleted"
+    )
 
     def keep_rules_on(self) -> bool:
         return bool(self.keep_last or self.keep_every or (self.keep_best and self.keep_best.k))

@@ -109,12 +109,14 @@ def dcp_metadata_bytes(tensors: Mapping[str, int] | None = None, *, shards: int 
             index = _New(_G["MetadataIndex"], {"fqn": fqn, "offset": offsets, "index": r})
             storage[index] = _New(_STORAGE_INFO, {"relative_path": rel, "offset": sizes[rel], "length": 4 * n})
             sizes[rel] += 4 * n
-        sdm[fqn] = _New(_G["TensorStorageMetadata"], {"properties": props, "size": _Call(_SIZE, (numel,)), "chunks": chunks})
+        sdm[fqn] = _New(_G["TensorStorageMetadata"],
+                        {"properties": props, "size": _Call(_SIZE, (numel,)), "chunks": chunks})
     meta = _New(_G["Metadata"], {
         "state_dict_metadata": sdm,
         "planner_data": {fqn: tuple(fqn.split(".")) for fqn in tensors},
         "storage_data": storage,
-        "storage_meta": _New(_G["StorageMeta"], {"checkpoint_id": None, "save_id": "synthetic", "load_id": None, "modules": []}),
+        "storage_meta": _New(_G["StorageMeta"],
+                             {"checkpoint_id": None, "save_id": "synthetic", "load_id": None, "modules": []}),
         "version": "1.0.0",
     })
     return _dumps(meta), sizes
