@@ -43,8 +43,10 @@ def render_reference() -> str:
         out.append(f"`[{section}]`\n")
         out.append("| key | default | meaning |")
         out.append("| --- | --- | --- |")
-        for name, f in model.model_fields.items():
-            out.append(f"| `{name}` | {_default(f)} | {f.description or ''} |")
+        fields = sorted(model.model_fields.items(), key=lambda kv: not kv[1].is_required())  # required first
+        for name, f in fields:
+            desc = (f.description or "").replace("|", "\\|")
+            out.append(f"| `{name}` | {_default(f)} | {desc} |")
         out.append("")
     return "\n".join(out).rstrip() + "\n"
 

@@ -176,7 +176,7 @@ class TestQuarantine:
         assert p.returncode == 0, out[-3000:]
         st = state(tmp_path)
         assert st["quarantined"] == [str(newest.path)]
-        assert st["resumed_from"] == str(tmp_path / "ckpts" / "step_00000005") and st["attempt"] == 3
+        assert st["resumed_from"] == str(tmp_path / "ckpts" / "step_00000005") and st["attempt"] == 4  # 1 + 3 (numbering continues)
         infos = {c.name: c for c in scan(tmp_path / "ckpts")}
         assert infos[newest.path.name].quarantined and infos["step_00000015"].complete
         assert "quarantined" in cli("checkpoints", "list", "-c", str(cfg2)).stdout
