@@ -155,13 +155,13 @@ class Core:
         job = self.job
         if job is None or pid != job.pid:
             return
+        self._on_scan()  # a commit the file watcher missed (e.g. on NFS) still counts as progress
         self.job = None
         for t in ("hang", "stop_kill"):
             self.sys.timers.cancel(t)
         survivors = self.sys.reap_survivors()
         if survivors:
             self.log.warning("survivors_killed", attempt=job.number, processes=[f"{p}:{n}" for p, n in survivors])
-        self.house.refresh()
         info = classify_exit(
             returncode, at=self.sys.now(), we_stopped=job.stopping and not job.hang, hang=job.hang,
             oom_before=job.oom_before, oom_after=self.sys.oom_kills() if returncode else None,
@@ -332,6 +332,7 @@ class Core:
         self._publish()
 
     def _on_retention(self) -> None:
+        self._on_scan()  # also catches commits inotify cannot see (network filesystems, other nodes)
         self.house.prune()
         self.status.disk_free_bytes = self.house.disk_free
         self.sys.timers.set("retention", self.sys.monotonic() + self.cfg.checkpoints.retention_interval_s)

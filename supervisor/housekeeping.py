@@ -33,28 +33,28 @@ class Housekeeper:
             return False
         return len(rel.parts) == 1 or rel.name in (METADATA_NAME, MANIFEST_NAME)
 
-    def newest(self) -> store.CheckpointInfo | None:
+    def _read_newest(self) -> store.CheckpointInfo | None:
         try:
             return store.newest_complete(self.root) if self.root.is_dir() else None
         except CheckpointError as exc:
             self.log.warning("checkpoint_scan_failed", root=str(self.root), error=str(exc))
             return None
 
+    def newest(self) -> store.CheckpointInfo | None:
+        """The newest complete, non-quarantined checkpoint; also the baseline later commits are compared to."""
+        self.latest = self._read_newest()
+        return self.latest
+
     def refresh(self) -> store.CheckpointInfo | None:
-        """Re-read the newest complete checkpoint; return it when it is new since the last look."""
-        cur = self.newest()
-        old = self.latest
+        """Re-read the newest complete checkpoint; return it only when it is newer than the last one seen."""
+        cur, old = self._read_newest(), self.latest
         self.latest = cur
-        if cur is None or (old is not None and old.path == cur.path and old.mtime == cur.mtime):
-            return None
-        return cur
+        return cur if cur is not None and _newer(cur, old) else None
 
     def latest_step(self) -> int | None:
         return self.latest.step if self.latest else None
 
     def latest_json(self) -> dict[str, Any] | None:
-        if self.latest is None:
-            self.refresh()
         c = self.latest
         return None if c is None else {"path": str(c.path), "step": c.step, "mtime": c.mtime}
 
@@ -91,3 +91,14 @@ class Housekeeper:
             self.disk_free = store.disk_usage(self.root).free_bytes
         except (CheckpointError, OSError) as exc:
             self.log.error("retention_failed", root=str(self.root), error=str(exc))
+
+
+def _newer(cur: store.CheckpointInfo, old: store.CheckpointInfo | None) -> bool:
+    """Is `cur` a later save than `old` (a fallback to an older one after quarantine is not)?"""
+    if old is None:
+        return True
+    if cur.path == old.path:
+        return cur.mtime > old.mtime  # the same step saved again
+    if cur.step is not None and old.step is not None:
+        return cur.step > old.step
+    return cur.mtime > old.mtime
