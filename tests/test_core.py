@@ -144,6 +144,33 @@ class TestRestarts:
         assert core.status.quarantined == [str(ck / "step_20")]
 
 
+class TestProgress:
+    def test_commit_seen_only_at_exit_counts_as_progress(self, tmp_path: Path,
+                                                          make_checkpoint: Callable[[Path, str], Path]) -> None:
+        """A checkpoint committed without a file event (e.g. NFS) is found at exit and counts as progress."""
+        core, fake, log = make_core(tmp_path, restart="max_no_progress_restarts = 0")
+        core.begin(None)
+        make_checkpoint(core.cfg.checkpoints.dir, "step_5")  # no on_file_event: the watcher never saw it
+        exit_job(core, fake, 1)
+        assert core.status.state is State.BACKOFF and "checkpoint_committed" in log.names()
+        fake.advance(1, core)
+        assert fake.spawned[-1].argv[-1] == str(core.cfg.checkpoints.dir / "step_5")
+        exit_job(core, fake, 1)  # no new checkpoint this time: no progress allowed
+        assert core.exit_code == 3
+
+    def test_fallback_after_quarantine_is_not_progress(self, tmp_path: Path,
+                                                        make_checkpoint: Callable[[Path, str], Path]) -> None:
+        """Falling back to an older checkpoint after quarantine is not a new commit."""
+        core, fake, log = make_core(tmp_path, restart="max_no_progress_restarts = 2\nquarantine_after = 1")
+        ck = core.cfg.checkpoints.dir
+        make_checkpoint(ck, "step_10")
+        make_checkpoint(ck, "step_20")
+        core.begin(None)
+        exit_job(core, fake, 1)
+        assert "quarantined" in log.names() and "checkpoint_committed" not in log.names()
+        assert core.history[-1].progressed is False
+
+
 class TestStopAndHang:
     def test_sigterm_stops_gracefully_and_second_kills(self, tmp_path: Path) -> None:
         """SIGTERM -> SIGTERM to the agent only; a second signal kills the job tree at once."""
