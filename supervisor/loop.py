@@ -122,24 +122,26 @@ class EventLoop:
             os.close(self._wfd)
 
     def _dispatch(self) -> None:
-        for pid, code in procs.reap_any():
-            self.sys.forget(pid, code)
-            self.core.on_job_exit(pid, code)
-        while self.signals:
-            s = self.signals.popleft()
-            if s != signal.SIGCHLD:
-                self.core.on_signal(s)
+        # File events first, so the echo of a job's last lines is not lost when its exit is handled below.
         seen_log = False
         while True:
             try:
                 path = self.files.get_nowait()
             except queue.Empty:
                 break
-            if path.parent.name == "logs":
-                seen_log = True
+            seen_log = seen_log or path.parent.name == "logs"
             self.core.on_file_event(path)
-        if seen_log and self.echo is not None:
-            self.echo.pump(self.core.job.log_path if self.core.job else None)
+        if self.echo is not None and seen_log:
+            self.echo.pump(self.core.job.log_path if self.core.job else self.echo.path)
+        for pid, code in procs.reap_any():
+            if self.echo is not None and self.core.job is not None and pid == self.core.job.pid:
+                self.echo.pump(self.core.job.log_path)  # whatever it wrote last
+            self.sys.forget(pid, code)
+            self.core.on_job_exit(pid, code)
+        while self.signals:
+            s = self.signals.popleft()
+            if s != signal.SIGCHLD:
+                self.core.on_signal(s)
         for name in self.sys.timers.pop_due(self.sys.monotonic()):
             if name.startswith("tick:"):
                 i = int(name[5:])

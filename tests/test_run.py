@@ -167,3 +167,32 @@ class TestCommands:
         cfg = write_config(tmp_path, ["no-such-program-xyz"])
         r = cli("run", "-c", str(cfg))
         assert r.returncode == 2 and "job.command" in r.stderr
+
+
+class TestTerminal:
+    def test_job_output_echoed_with_prefix_on_a_tty(self, tmp_path: Path) -> None:
+        """Run in a terminal, the supervisor echoes the job's lines prefixed with [job] (and still logs them)."""
+        import pty
+        import subprocess
+
+        cfg = write_config(tmp_path, [sys.executable, "-c", "print('hello from the job', flush=True)"], FAST)
+        leader, follower = pty.openpty()
+        p = subprocess.Popen([sys.executable, "-m", "supervisor", "run", "-c", str(cfg)], stdin=follower,
+                             stdout=follower, stderr=follower, start_new_session=True)
+        os.close(follower)
+        out = b""
+        try:
+            while True:
+                try:
+                    chunk = os.read(leader, 4096)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                out += chunk
+        finally:
+            p.wait(timeout=60)
+            os.close(leader)
+        assert p.returncode == 0
+        assert b"[job] hello from the job" in out
+        assert b"hello from the job" in (tmp_path / ".fsdp-supervisor" / "logs" / "attempt-0001.log").read_bytes()
