@@ -100,6 +100,9 @@ class Core:
     # ---- launching -------------------------------------------------------------------------------------------
     def _job_env(self, number: int, error_file: Path) -> dict[str, str]:
         env = dict(os.environ)
+        # torchrun SIGKILLs workers 30 s after forwarding SIGTERM unless told otherwise; an emergency save must
+        # get the whole stop_timeout_s the user granted (an explicit setting in env or --shutdown-timeout wins).
+        env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT") or f"{self.cfg.health.stop_timeout_s:g}"
         env.update(self.cfg.job.env)
         env.update(
             FSDP_SUPERVISOR_HEARTBEAT=str(self.heartbeat_path),

@@ -59,6 +59,7 @@ class TestLaunch:
         assert sp.env["FSDP_SUPERVISOR_HEARTBEAT"] == str(core.heartbeat_path)
         assert sp.env["FSDP_SUPERVISOR_RUN_DIR"] == str(core.run_dir)
         assert sp.env["TORCHELASTIC_ERROR_FILE"].endswith("attempt-0001.json")
+        assert sp.env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "30"  # torchrun's grace = our stop_timeout_s
         assert core.status.state is State.RUNNING and "job_started" in log.names()
 
     def test_resume_args_get_newest_complete(self, tmp_path: Path, make_checkpoint: Callable[[Path, str], Path]) -> None:
