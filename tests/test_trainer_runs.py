@@ -101,21 +101,12 @@ def reference(module_torchrun: Launcher, tmp_path_factory: pytest.TempPathFactor
 
 
 class TestBitExactResume:
-    def test_sigkill_at_random_step_and_mid_save_resume_bit_exact(self, reference, torchrun, tmp_path) -> None:
-        """Kill a worker at a random step, then rank 0 between DCP's write and the commit: the end is identical."""
+    def test_sigkill_at_random_step_resumes_bit_exact(self, reference, torchrun, tmp_path) -> None:
+        """FSDP2: SIGKILL a worker at a random step, resume with --resume auto: every save equals the reference."""
         root = tmp_path / "ckpts"
-        k = random.randrange(SAVE_EVERY + 1, STEPS - 2 * SAVE_EVERY)
+        k = random.randrange(SAVE_EVERY + 1, STEPS - 6)
         kill_rank_at(torchrun.torchrun([*BASE, "--checkpoint-dir", root]), rank=1, step=k)
-        before, stale = complete_steps(root), set(root.glob(TMP_PREFIX + "*"))
-        # The commit delay holds rank 0 after `.metadata` exists: the kill lands mid-save, deterministically.
-        job = torchrun.torchrun([*BASE, "--checkpoint-dir", root], env={"FSDP_TRAINER_TEST_COMMIT_DELAY_S": "30"})
-        tmp_dir = wait_for(lambda: next((p for p in set(root.glob(TMP_PREFIX + "*")) - stale
-                                         if (p / METADATA_NAME).exists()), None),
-                           JOB_TIMEOUT, "a written, uncommitted save")
-        job.worker_of_rank(0).kill()
-        assert job.wait(JOB_TIMEOUT) != 0
-        assert tmp_dir.exists() and not (tmp_dir / MANIFEST_NAME).exists(), f"k={k}"
-        assert complete_steps(root) == before, f"k={k}: the interrupted save must not look complete"
+        before = complete_steps(root)
         final = torchrun.run([*BASE, "--checkpoint-dir", root], timeout=JOB_TIMEOUT)
         assert_ok(final)
         assert f"event=resuming rank=0 path={root / step_dir_name(max(before))} " in final.text(), f"k={k}"
@@ -125,25 +116,47 @@ class TestBitExactResume:
             assert_same_weights(path, reference.root / step_dir_name(step), f"k={k} step={step}")
 
 
+@dataclass
+class MidSave:
+    root: Path
+    save_step: int
+    tmp_dir: Path
+    before: dict[int, Path]
+    resumed: Job
+
+
 @pytest.fixture(scope="module")
-def fsdp1_root(reference, module_torchrun: Launcher, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
-    """An FSDP1 run killed at a random step, then resumed to the end."""
+def fsdp1_mid_save(reference, module_torchrun: Launcher, tmp_path_factory: pytest.TempPathFactory) -> MidSave:
+    """FSDP1: rank 0 SIGKILLed at a random save, after DCP wrote everything but before the commit; resumed."""
     root = tmp_path_factory.mktemp("fsdp1") / "ckpts"
     args = [*BASE, "--fsdp", 1, "--checkpoint-dir", root]
-    k = random.randrange(SAVE_EVERY + 1, STEPS - 6)
-    kill_rank_at(module_torchrun.torchrun(args), rank=1, step=k)
-    assert_ok(module_torchrun.run(args, timeout=JOB_TIMEOUT))
-    return root, k
+    save_step = random.choice(range(2 * SAVE_EVERY, STEPS, SAVE_EVERY))
+    job = module_torchrun.torchrun(args, env={"FSDP_TRAINER_TEST_STALL_COMMIT_STEP": str(save_step)})
+    rank0 = job.worker_of_rank(0)
+    pattern = f"{TMP_PREFIX}{step_dir_name(save_step)}-*/{METADATA_NAME}"
+    tmp_dir = wait_for(lambda: next(root.glob(pattern), None), JOB_TIMEOUT, f"the written save of step {save_step}")
+    rank0.kill()
+    assert job.wait(JOB_TIMEOUT) != 0
+    before = complete_steps(root)
+    return MidSave(root, save_step, tmp_dir.parent, before, module_torchrun.run(args, timeout=JOB_TIMEOUT))
 
 
-class TestFsdp1:
-    def test_fsdp1_save_and_resume_is_bit_exact(self, fsdp1_root, reference) -> None:
+class TestFsdp1MidSave:
+    def test_interrupted_save_stays_temporary(self, fsdp1_mid_save) -> None:
+        """The killed save keeps its temp name and no manifest; the newest complete one is the save before."""
+        run = fsdp1_mid_save
+        assert run.tmp_dir.exists() and not (run.tmp_dir / MANIFEST_NAME).exists()
+        assert max(run.before) == run.save_step - SAVE_EVERY, (run.save_step, sorted(run.before))
+        assert f"event=resuming rank=0 path={run.root / step_dir_name(run.save_step - SAVE_EVERY)} " in run.resumed.text()
+
+    def test_fsdp1_resume_is_bit_exact(self, fsdp1_mid_save, reference) -> None:
         """FSDP1 (SHARDED_STATE_DICT) resumes exactly; on this model it even matches FSDP2 bit for bit."""
-        root, k = fsdp1_root
-        done = complete_steps(root)
-        assert STEPS in done, f"k={k}"
+        run = fsdp1_mid_save
+        assert_ok(run.resumed)
+        done = complete_steps(run.root)
+        assert STEPS in done, f"save_step={run.save_step}"
         for step, path in sorted(done.items()):
-            assert_same_weights(path, reference.root / step_dir_name(step), f"fsdp1 k={k} step={step}")
+            assert_same_weights(path, reference.root / step_dir_name(step), f"fsdp1 save_step={run.save_step} step={step}")
 
 
 @dataclass
@@ -280,9 +293,10 @@ class TestExport:
         model.load_state_dict(loaded, strict=True)
         assert all(torch.equal(loaded[k], v) for k, v in weights(reference.root / step_dir_name(STEPS)).items())
 
-    def test_fsdp1_and_fsdp2_exports_have_the_same_names(self, reference, fsdp1_root) -> None:
+    def test_fsdp1_and_fsdp2_exports_have_the_same_names(self, reference, fsdp1_mid_save) -> None:
         """No FSDP wrapper prefix leaks into the exported names."""
-        assert weights(fsdp1_root[0] / step_dir_name(STEPS)).keys() == weights(reference.root / step_dir_name(STEPS)).keys()
+        fsdp1 = weights(fsdp1_mid_save.root / step_dir_name(STEPS))
+        assert fsdp1.keys() == weights(reference.root / step_dir_name(STEPS)).keys()
 
     def test_export_refuses_an_incomplete_checkpoint(self, reference, tmp_path, capsys) -> None:
         """A temp-named copy is not complete: exit 2 with one line, no output file."""

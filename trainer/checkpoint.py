@@ -40,7 +40,8 @@ from trainer.commit import build_manifest, commit
 
 __all__ = ["Checkpointer", "save_checkpoint", "load_checkpoint", "resolve_resume", "SaveResult"]
 
-SAVE_DELAY_ENV = "FSDP_TRAINER_TEST_COMMIT_DELAY_S"  # test hook: widen the mid-save window before commit
+# Test hook: rank 0 stalls before committing this step, so a test can kill it mid-save deterministically.
+STALL_COMMIT_ENV = "FSDP_TRAINER_TEST_STALL_COMMIT_STEP"
 
 
 def _rank() -> int:
@@ -123,9 +124,8 @@ class Checkpointer:
         # Rank 0's DCP call returns only after its coordinator step wrote `.metadata`, which needs every
         # rank's write results first: no extra barrier is needed before the rename.
         if _rank() == 0:
-            delay = float(os.environ.get(SAVE_DELAY_ENV, "0") or 0)
-            if delay > 0:
-                time.sleep(delay)
+            if os.environ.get(STALL_COMMIT_ENV) == str(result.step):
+                time.sleep(3600)
             manifest = build_manifest(
                 result.tmp,
                 step=result.step,
