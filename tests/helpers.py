@@ -21,7 +21,8 @@ import psutil
 import pytest
 
 __all__ = [
-    "REPO", "free_port", "Job", "Launcher", "torchrun", "module_torchrun", "assert_no_orphans", "wait_for", "logged_steps",
+    "REPO", "TORCHRUN", "TAG_ENV", "free_port", "Job", "Launcher", "torchrun", "module_torchrun", "assert_no_orphans",
+    "wait_for", "logged_steps",
 ]
 
 REPO = Path(__file__).resolve().parent.parent

@@ -97,7 +97,9 @@ class Checkpointer:
         result = SaveResult(step, tmp, self.root / step_dir_name(step), dict(metrics or {}), time.monotonic())
         writer = FileSystemWriter(tmp)
         if (self.async_save if blocking is None else not blocking):
-            result.future = dcp.async_save(state, storage_writer=writer, process_group=self.group)
+            response = dcp.async_save(state, storage_writer=writer, process_group=self.group)
+            # A Future with the default stager; newer stagers return an AsyncSaveResponse instead.
+            result.future = getattr(response, "upload_completion", response)
             self.pending = result
             return result
         dcp.save(state, storage_writer=writer, process_group=self.group)
