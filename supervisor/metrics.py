@@ -138,7 +138,8 @@ class CheckpointBytes:
         self._lock = threading.Lock()
 
     def value(self, st: Status) -> int | None:
-        key = ((st.latest_checkpoint or {}).get("path"), (st.latest_checkpoint or {}).get("mtime"), tuple(st.quarantined))
+        newest = st.latest_checkpoint or {}
+        key = (newest.get("path"), newest.get("mtime"), tuple(st.quarantined))
         with self._lock:  # concurrent scrapes: one scan
             if key != self._key or self.clock() - self._at >= self.ttl_s:
                 fresh = self._scan()

@@ -19,7 +19,9 @@ from pathlib import Path
 from supervisor.config import Config, load_config
 from supervisor.errors import EXIT_OK, UsageError
 
-__all__ = ["UnitOptions", "render_unit", "supervisor_command", "unit_paths", "unit_notes", "register", "cmd_systemd_unit"]
+__all__ = [
+    "UnitOptions", "render_unit", "supervisor_command", "unit_paths", "unit_notes", "register", "cmd_systemd_unit",
+]
 
 # systemd SIGKILLs the whole cgroup after TimeoutStopSec; the supervisor needs stop_timeout_s for the
 # job's emergency save, then a little for its own SIGKILL of the job tree, the survivor sweep and state.json.
@@ -45,7 +47,7 @@ class UnitOptions:
 
     def __post_init__(self) -> None:
         if not _NAME_RE.fullmatch(self.name):
-            raise UsageError(f"--name {self.name!r}: use letters, digits and _.@- (at most 64, starting with a letter or digit)")
+            raise UsageError(f"--name {self.name!r}: letters, digits and _.@- only, at most 64, not starting with _.@-")
         if self.user is not None and not _USER_RE.fullmatch(self.user):
             raise UsageError(f"--user {self.user!r}: not a valid user name or uid")
         if self.watchdog_s < 0:
@@ -197,5 +199,6 @@ def unit_notes(cfg: Config) -> list[str]:
         notes.append(f"create these before starting the unit: mkdir -p {' '.join(missing)}")
     private = [str(p) for p in (cfg.path, *unit_paths(cfg)) if any(t in p.parents for t in _PRIVATE_TMP)]
     if private:
-        notes.append(f"PrivateTmp=yes gives the service its own /tmp and /var/tmp, so it cannot see {', '.join(private)}")
+        hidden = ", ".join(private)
+        notes.append(f"PrivateTmp=yes gives the service its own /tmp and /var/tmp, so it cannot see {hidden}")
     return notes

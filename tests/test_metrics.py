@@ -113,7 +113,8 @@ class TestParseListen:
 
 
 class TestCheckpointBytes:
-    def test_sums_complete_and_caches_until_newest_changes(self, tmp_path: Path, make_checkpoint) -> None:  # type: ignore[no-untyped-def]
+    def test_sums_complete_and_caches_until_newest_changes(  # type: ignore[no-untyped-def]
+            self, tmp_path: Path, make_checkpoint) -> None:
         """The sum covers complete checkpoints only and is rescanned when the newest checkpoint changes."""
         root = tmp_path / "ckpts"
         a = make_checkpoint(root, "step_00000001")
@@ -166,8 +167,9 @@ class TestLiveSupervisor:
     def test_http_get_against_running_supervisor(self, tmp_path: Path, supervisors: Supervisors) -> None:
         """A real supervisor with [metrics] listen serves its state, step and disk figures until it exits."""
         port = free_port()
-        cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--steps", "100000", "--step-s", "0.02",
-                                      "--trap-term", str(tmp_path / "t")], f'\n[metrics]\nlisten = "127.0.0.1:{port}"\n')
+        job = [sys.executable, str(FAKEJOB), "--steps", "100000", "--step-s", "0.02",
+               "--trap-term", str(tmp_path / "t")]
+        cfg = write_config(tmp_path, job, f'\n[metrics]\nlisten = "127.0.0.1:{port}"\n')
         p = supervisors.start(cfg)
         url = f"http://127.0.0.1:{port}/metrics"
 
@@ -178,7 +180,7 @@ class TestLiveSupervisor:
                 return None
             return m if m.get("fsdp_supervisor_job_step", [("", 0)])[0][1] > 3 else None
 
-        m = wait_for(scraped, what="metrics with a step")
+        m = wait_for(scraped, 60, "metrics with a step")
         assert ('{state="running"}', 1.0) in m["fsdp_supervisor_state"]
         assert m["fsdp_supervisor_disk_free_bytes"][0][1] > 0 and m["fsdp_supervisor_checkpoint_bytes"] == [("", 0.0)]
         state = json.loads((tmp_path / ".fsdp-supervisor" / "state.json").read_text())

@@ -7,23 +7,25 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
+from tests.helpers import TAG_ENV, Launcher, assert_no_orphans, free_port, torchrun  # noqa: F401  (fixture)
+from tests.helpers import TORCHRUN as HELPER_TORCHRUN
 from tests.supervise import REPO, Supervisors, supervisors, wait_for  # noqa: F401
 
-TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+TORCHRUN = str(HELPER_TORCHRUN)
 STEPS = 24
 KILL_AFTER = 8  # SIGKILL once this step's checkpoint exists: a resume point, and most of the run still ahead
 # Tiny and short, but long enough that the kill lands mid-run; --seed makes both runs the same run.
 TRAINER_ARGS = ["--steps", str(STEPS), "--save-every", "4", "--seed", "7", "--d-model", "32", "--n-layers", "1",
                 "--n-heads", "2", "--seq-len", "32", "--batch-size", "4", "--log-every", "10"]
-JOB_ENV = {"OMP_NUM_THREADS": "1"}
 
 _COMPARE = """
 import sys, torch
@@ -37,20 +39,16 @@ sys.exit(0 if a.keys() == b.keys() and not diff else 1)
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def node_config(tmp_path: Path, node: int, endpoint: str, rdzv_id: str, ckpts: Path) -> Path:
     """Node `node`'s job.toml: torchrun on c10d, --resume auto (rank 0 decides), only node 0 prunes."""
     command = [TORCHRUN, "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
                f"--rdzv-id={rdzv_id}", "--max-restarts=3", "-m", "trainer", "--checkpoint-dir", str(ckpts),
                "--resume", "auto", *TRAINER_ARGS]
+    # torchrun's default shared rendezvous store leaves restarted workers hanging in init_process_group.
+    env = '{ OMP_NUM_THREADS = "1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE = "1" }'
     path = tmp_path / f"node{node}.toml"
     path.write_text(
-        f"[job]\ncommand = {json.dumps(command)}\nresume_args = []\nenv = {{ OMP_NUM_THREADS = \"1\", TORCH_DISABLE_SHARE_RDZV_TCP_STORE = \"1\" }}\n\n"
+        f"[job]\ncommand = {json.dumps(command)}\nresume_args = []\nenv = {env}\n\n"
         f"[checkpoints]\ndir = {json.dumps(str(ckpts))}\nprune = {'true' if node == 0 else 'false'}\nkeep_last = 3\n\n"
         f"[restart]\nbackoff_initial_s = 0.5\nbackoff_max_s = 2\n\n[health]\nstop_timeout_s = 30\n\n"
         f"[supervisor]\nrun_dir = \"run{node}\"\n"
@@ -77,14 +75,11 @@ def worker_of(run_dir: Path) -> psutil.Process | None:
 
 @pytest.mark.integration
 class TestTwoNodes:
-    def test_worker_killed_on_node_1_both_recover_bit_identical(self, tmp_path: Path, supervisors: Supervisors) -> None:
+    def test_worker_killed_on_node_1_both_recover_bit_identical(self, tmp_path: Path, supervisors: Supervisors,
+                                                                 torchrun: Launcher) -> None:
         """SIGKILL node 1's worker mid-run: both sides recover and exit 0; weights equal a 2-rank single-node run."""
         ref_ckpts = tmp_path / "ref-ckpts"
-        ref = subprocess.Popen([TORCHRUN, "--standalone", "--nproc-per-node=2", "--max-restarts=0", "-m", "trainer",
-                                "--checkpoint-dir", str(ref_ckpts), *TRAINER_ARGS], cwd=tmp_path,
-                               env={**os.environ, **JOB_ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True)
-        supervisors.track(ref.pid)
+        ref = torchrun.torchrun(["--checkpoint-dir", ref_ckpts, *TRAINER_ARGS])  # concurrently: the same 2-rank run
         ckpts = tmp_path / "ckpts"
         endpoint, rdzv_id = f"127.0.0.1:{free_port()}", f"test-{os.getpid()}-{tmp_path.name}"
         nodes = [supervisors.start(node_config(tmp_path, n, endpoint, rdzv_id, ckpts)) for n in (0, 1)]
@@ -96,8 +91,7 @@ class TestTwoNodes:
 
         outs = [p.communicate(timeout=180)[0] for p in nodes]
         assert [p.returncode for p in nodes] == [0, 0], outs
-        _, ref_err = ref.communicate(timeout=120)
-        assert ref.returncode == 0, ref_err
+        assert ref.wait(120) == 0, ref.text()[-3000:]
         job_logs = "".join(f.read_text() for n in (0, 1) for f in (tmp_path / f"run{n}" / "logs").glob("attempt-*.log"))
         assert "event=resuming" in job_logs, "no rank resumed from a checkpoint after the kill"
         assert all(job_state(tmp_path / f"run{n}")["state"] == "completed" for n in (0, 1))
@@ -146,7 +140,8 @@ assert sys.argv[1:3] == ["run", "-c"], sys.argv
 cfg = load_config(sys.argv[3])
 node = os.environ["SLURM_NODEID"]
 record = {{"node": node, "prune": cfg.checkpoints.prune, "command": cfg.job.command,
-          "resume_args": cfg.job.resume_args, "run_dir": str(cfg.run_dir), "ckpts": str(cfg.checkpoints.dir)}}
+          "resume_args": cfg.job.resume_args, "env": cfg.job.env, "run_dir": str(cfg.run_dir),
+          "ckpts": str(cfg.checkpoints.dir)}}
 fake = Path(os.environ["FAKE_DIR"])
 mode = os.environ["FAKE_EXIT_" + node]
 if mode == "wait":
@@ -158,7 +153,15 @@ sys.exit(int(mode))
 """
 
 
-def fake_slurm(tmp_path: Path, exits: tuple[str, str]) -> tuple[list[str], dict[str, str]]:
+@pytest.fixture
+def slurm_tag() -> Iterator[str]:
+    """A tag for the fake Slurm processes; none may outlive the test."""
+    tag = uuid.uuid4().hex
+    yield tag
+    assert_no_orphans(tag)
+
+
+def fake_slurm(tmp_path: Path, exits: tuple[str, str], tag: str) -> tuple[list[str], dict[str, str]]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, text in (("srun", _FAKE_SRUN), ("scontrol", _FAKE_SCONTROL),
@@ -170,7 +173,7 @@ def fake_slurm(tmp_path: Path, exits: tuple[str, str]) -> tuple[list[str], dict[
            "SUPERVISOR": str(bin_dir / "fsdp-supervisor"), "CKPT_DIR": str(tmp_path / "ckpts"),
            "RUN_ROOT": str(tmp_path / "run"), "SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2",
            "SLURM_JOB_NODELIST": "node-[a-b]", "SLURM_RESTART_COUNT": "0", "RDZV_PORT": "29577",
-           "FAKE_EXIT_0": exits[0], "FAKE_EXIT_1": exits[1]}
+           "FAKE_EXIT_0": exits[0], "FAKE_EXIT_1": exits[1], TAG_ENV: tag}
     return ["bash", str(SBATCH)], env
 
 
@@ -186,14 +189,15 @@ class TestSlurmScript:
         assert "--ntasks-per-node=1" in directives and "--requeue" in directives
         assert any(d.startswith("--signal=B:TERM@") for d in directives)
 
-    def test_node_configs(self, tmp_path: Path) -> None:
+    def test_node_configs(self, tmp_path: Path, slurm_tag: str) -> None:
         """Each node gets a valid config: same c10d endpoint on the first host, own run dir, only node 0 prunes."""
-        argv, env = fake_slurm(tmp_path, ("0", "0"))
+        argv, env = fake_slurm(tmp_path, ("0", "0"), slurm_tag)
         r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         nodes = [json.loads((tmp_path / f"node-{n}.json").read_text()) for n in (0, 1)]
         assert [n["prune"] for n in nodes] == [True, False]
         assert all(n["resume_args"] == [] and n["ckpts"] == str(tmp_path / "ckpts") for n in nodes)
+        assert all(n["env"].get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1" for n in nodes)
         assert nodes[0]["run_dir"] != nodes[1]["run_dir"]
         for n in nodes:
             assert "--rdzv-endpoint=node-a:29577" in n["command"] and "--rdzv-backend=c10d" in n["command"]
@@ -201,21 +205,21 @@ class TestSlurmScript:
         assert nodes[0]["command"] == nodes[1]["command"]
         assert not (tmp_path / "requeued").exists()
 
-    def test_gave_up_is_not_requeued(self, tmp_path: Path) -> None:
+    def test_gave_up_is_not_requeued(self, tmp_path: Path, slurm_tag: str) -> None:
         """A supervisor exiting 3 makes the batch script exit 3 without requeueing."""
-        argv, env = fake_slurm(tmp_path, ("0", "3"))
+        argv, env = fake_slurm(tmp_path, ("0", "3"), slurm_tag)
         r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
         assert r.returncode == 3 and not (tmp_path / "requeued").exists(), r.stderr
 
-    def test_other_failure_is_requeued(self, tmp_path: Path) -> None:
+    def test_other_failure_is_requeued(self, tmp_path: Path, slurm_tag: str) -> None:
         """A supervisor dying any other way (here exit 1) requeues the job."""
-        argv, env = fake_slurm(tmp_path, ("1", "0"))
+        argv, env = fake_slurm(tmp_path, ("1", "0"), slurm_tag)
         r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
         assert (tmp_path / "requeued").read_text().split() == ["requeue", "4242"], r.stderr
 
-    def test_time_limit_signal_stops_supervisors_and_requeues(self, tmp_path: Path) -> None:
+    def test_time_limit_signal_stops_supervisors_and_requeues(self, tmp_path: Path, slurm_tag: str) -> None:
         """SIGTERM to the batch shell reaches every supervisor; after their graceful exit 0 the job is requeued."""
-        argv, env = fake_slurm(tmp_path, ("wait", "wait"))
+        argv, env = fake_slurm(tmp_path, ("wait", "wait"), slurm_tag)
         p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              start_new_session=True)
         try:
@@ -247,3 +251,4 @@ class TestKubernetesExample:
         assert claim == docs["PersistentVolumeClaim"]["metadata"]["name"]
         r = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True, timeout=30)
         assert r.returncode == 0, r.stderr
+        assert 'TORCH_DISABLE_SHARE_RDZV_TCP_STORE = "1"' in script and 'resume_args = []' in script

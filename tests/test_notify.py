@@ -161,10 +161,10 @@ class TestLiveSupervisor:
             cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--steps", "20", "--step-s", "0.05",
                                           "--sleep", "60", "--trap-term", str(tmp_path / "t")], FAST)
             p = supervisors.start(cfg, env={"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "400000"})
-            wait_for(lambda: r.seen("READY=1"), what="READY=1")
+            wait_for(lambda: r.seen("READY=1"), 60, "READY=1")
             state = json.loads((tmp_path / ".fsdp-supervisor" / "state.json").read_text())
             assert state["state"] == "running" and state["job_pid"], "READY=1 before the first launch"
-            wait_for(lambda: any("step 20" in m for _, m in r.seen("STATUS=")), what="STATUS with step 20")
+            wait_for(lambda: any("step 20" in m for _, m in r.seen("STATUS=")), 60, "STATUS with step 20")
             t0 = time.monotonic()
             time.sleep(2.0)
             pings = [t for t, _ in r.seen("WATCHDOG=1") if t0 <= t <= t0 + 2.0]
@@ -178,20 +178,22 @@ class TestLiveSupervisor:
         finally:
             r.close()
 
-    def test_stopping_sent_when_the_stop_begins(self, tmp_path: Path, supervisors: Supervisors, receiver: Receiver) -> None:
+    def test_stopping_sent_when_the_stop_begins(self, tmp_path: Path, supervisors: Supervisors,
+                                                receiver: Receiver) -> None:
         """STOPPING=1 arrives while the job is still being stopped, not only when the supervisor exits."""
         marker = tmp_path / "launched"
         cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--sleep", "120", "--ignore-term",
                                       "--marker", str(marker)], FAST + "\n[health]\nstop_timeout_s = 60\n")
         p = supervisors.start(cfg, env={"NOTIFY_SOCKET": receiver.address})
-        wait_for(marker.exists, what="job start")
+        wait_for(marker.exists, 60, "job start")
         p.send_signal(signal.SIGTERM)
         wait_for(lambda: receiver.seen("STOPPING=1"), 20, "STOPPING=1")
         assert p.poll() is None, "the supervisor had already exited"
         rc, out = stop(p, signal.SIGTERM)  # a second signal kills the job at once
         assert rc == 0, out
 
-    def test_job_does_not_inherit_notify_socket(self, tmp_path: Path, supervisors: Supervisors, receiver: Receiver) -> None:
+    def test_job_does_not_inherit_notify_socket(self, tmp_path: Path, supervisors: Supervisors,
+                                                receiver: Receiver) -> None:
         """The job's environment has no NOTIFY_SOCKET or WATCHDOG_USEC (only the supervisor talks to systemd)."""
         out = tmp_path / "env.json"
         script = "import json, os, sys; json.dump({k: os.environ.get(k) for k in sys.argv[2:]}, open(sys.argv[1], 'w'))"

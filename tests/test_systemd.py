@@ -81,7 +81,7 @@ class TestRenderUnit:
         assert int(k["WatchdogSec"][0]) > 0 and int(k["RestartSec"][0]) > 0
         assert k["StartLimitIntervalSec"] and k["StartLimitBurst"]
         assert k["NoNewPrivileges"] == ["yes"] and k["PrivateTmp"] == ["yes"] and k["ProtectSystem"] == ["strict"]
-        assert k["ReadWritePaths"][0].split() == [str(tmp) for tmp in (config.parent / "ckpts", config.parent / ".fsdp-supervisor")]
+        assert k["ReadWritePaths"][0].split() == [str(config.parent / "ckpts"), str(config.parent / ".fsdp-supervisor")]
         assert k["OOMPolicy"] == ["continue"]
 
     def test_paths_with_blanks_and_specifiers_are_escaped(self, tmp_path: Path) -> None:
