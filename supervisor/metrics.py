@@ -167,7 +167,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
-            body, ctype, code = self.server.render().encode(), CONTENT_TYPE, 200
+            try:
+                body, ctype, code = self.server.render().encode(), CONTENT_TYPE, 200
+            except Exception as exc:  # a rendering bug must cost one scrape, not a traceback per request
+                body, ctype, code = f"cannot render metrics: {exc!r}\n".encode(), "text/plain; charset=utf-8", 500
         elif path == "/":
             body, ctype, code = b"fsdp-supervisor: see /metrics\n", "text/plain; charset=utf-8", 200
         else:

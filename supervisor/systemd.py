@@ -10,6 +10,7 @@ import argparse
 import math
 import os
 import re
+import shlex
 import shutil
 import sys
 from collections.abc import Sequence
@@ -116,6 +117,8 @@ def render_unit(cfg: Config, exec_prefix: Sequence[str], opts: UnitOptions) -> s
         f"Description=fsdp-supervisor {name} ({_plain(str(cfg.path), 'config')})",
         "After=network-online.target remote-fs.target",
         "Wants=network-online.target",
+        "# Checkpoints on shared storage: start only once it is mounted.",
+        f"RequiresMountsFor={rw}",
         "# A supervisor that dies at once five times in ten minutes is broken, not unlucky.",
         "StartLimitIntervalSec=600",
         "StartLimitBurst=5",
@@ -196,7 +199,7 @@ def unit_notes(cfg: Config) -> list[str]:
     # systemd cannot set up ReadWritePaths= for a path that does not exist: the unit would fail to start.
     missing = [str(p) for p in unit_paths(cfg) if not p.exists()]
     if missing:
-        notes.append(f"create these before starting the unit: mkdir -p {' '.join(missing)}")
+        notes.append(f"create these before starting the unit: mkdir -p {' '.join(map(shlex.quote, missing))}")
     private = [str(p) for p in (cfg.path, *unit_paths(cfg)) if any(t in p.parents for t in _PRIVATE_TMP)]
     if private:
         hidden = ", ".join(private)

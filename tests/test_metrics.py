@@ -162,6 +162,21 @@ class TestMetricsServer:
             socket.create_connection((host, port), timeout=2).close()
 
 
+    def test_render_error_is_a_500(self, tmp_path: Path) -> None:
+        """A failure while rendering answers 500 with the error, and the server keeps serving."""
+        def broken() -> Status:
+            raise RuntimeError("boom")
+
+        server = MetricsServer("127.0.0.1", 0, broken, tmp_path / "none").start()
+        try:
+            host, port = server.address
+            for _ in range(2):
+                code, _, body = get(f"http://{host}:{port}/metrics")
+                assert code == 500 and "boom" in body
+        finally:
+            server.stop()
+
+
 @pytest.mark.integration
 class TestLiveSupervisor:
     def test_http_get_against_running_supervisor(self, tmp_path: Path, supervisors: Supervisors) -> None:

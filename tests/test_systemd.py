@@ -92,7 +92,7 @@ class TestRenderUnit:
         k = keys(render_unit(cfg, ["/x/fsdp-supervisor"], UnitOptions(name="job")))
         escaped = str(d).replace("%", "%%")
         assert k["ExecStart"] == [f'/x/fsdp-supervisor run -c "{escaped.replace("$", "$$")}/job.toml"']
-        assert k["ReadWritePaths"] == [f'"{escaped}/ckpts" "{escaped}/.fsdp-supervisor"']
+        assert k["ReadWritePaths"] == k["RequiresMountsFor"] == [f'"{escaped}/ckpts" "{escaped}/.fsdp-supervisor"']
         assert k["WorkingDirectory"] == [escaped]
 
     def test_backslash_in_path_refused(self, tmp_path: Path) -> None:
@@ -159,7 +159,7 @@ class TestCommand:
         generated = keys(render_unit(load_config(config), ["/x"], UnitOptions(name="job")))
         template = keys(TEMPLATE.read_text())
         per_config = {"Description", "ExecStart", "WorkingDirectory", "SyslogIdentifier", "CacheDirectory",
-                      "Environment", "ReadWritePaths", "TimeoutStartSec", "TimeoutStopSec"}
+                      "Environment", "ReadWritePaths", "RequiresMountsFor", "TimeoutStartSec", "TimeoutStopSec"}
         for key, values in generated.items():
             if key not in per_config:
                 assert template.get(key) == values, key
