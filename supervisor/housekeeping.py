@@ -5,6 +5,7 @@ remembers what was seen and which checkpoint the running attempt resumed from, s
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ class Housekeeper:
         self.latest: store.CheckpointInfo | None = None
         self.in_use: Path | None = None  # resumed from by the running attempt: protected
         self.disk_free: int | None = None
+        self._emptier: threading.Thread | None = None
 
     def concerns(self, path: Path) -> bool:
         """Is this file event a possible checkpoint commit (a top-level rename/create, or DCP's .metadata)?"""
@@ -86,11 +88,31 @@ class Housekeeper:
             )
             for f in plan.findings:
                 self.log.warning(f.kind, message=f.message)
-            for d in store.execute_retention(self.root, plan):
+            for d in store.execute_retention(self.root, plan, empty_trash=False):
                 self.log.info("retention_deleted", path=str(d.path), reason=d.reason, size_bytes=d.size_bytes)
-            self.disk_free = store.disk_usage(self.root).free_bytes
+            self._empty_trash()
         except (CheckpointError, OSError) as exc:
             self.log.error("retention_failed", root=str(self.root), error=str(exc))
+
+    def _empty_trash(self) -> None:
+        """Remove `.trash` contents on a worker thread: a slow rmtree must not stall the loop (or its watchdog)."""
+        if self._emptier is not None and self._emptier.is_alive():
+            return  # it will find what was parked since it started, or the next pass will
+
+        def work() -> None:
+            try:
+                store.clear_trash(self.root)
+                self.disk_free = store.disk_usage(self.root).free_bytes  # picked up by the next publish
+            except (CheckpointError, OSError) as exc:
+                self.log.warning("trash_clear_failed", root=str(self.root), error=str(exc))
+
+        self._emptier = threading.Thread(target=work, name="trash-emptier", daemon=True)
+        self._emptier.start()
+
+    def wait_idle(self, timeout: float | None = None) -> None:
+        """Let a running trash removal finish (at shutdown and in tests)."""
+        if self._emptier is not None:
+            self._emptier.join(timeout)
 
 
 def _newer(cur: store.CheckpointInfo, old: store.CheckpointInfo | None) -> bool:

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 import supervisor.checkpoints.pruning as pruning
 from supervisor.checkpoints import (
     Deletion,
+    clear_trash,
     DiskUsage,
     RetentionPlan,
     RetentionPolicy,
@@ -43,6 +44,15 @@ class TestExecuteRetention:
         assert [d.name for d in done] == [old.name]
         assert not old.exists() and new.exists()
         assert sorted(os.listdir(tmp_path)) == [TRASH_DIR, new.name] and not os.listdir(tmp_path / TRASH_DIR)
+
+    def test_rename_only_parks_in_trash_until_cleared(self, tmp_path):
+        """empty_trash=False only renames: the target vanishes from scans at once, clear_trash removes it."""
+        old, new = write_checkpoint(tmp_path, 1), write_checkpoint(tmp_path, 2)
+        done = execute_retention(tmp_path, _plan(old), empty_trash=False)
+        assert [d.name for d in done] == [old.name] and not old.exists()
+        assert [c.name for c in scan(tmp_path)] == [new.name]
+        assert len(os.listdir(tmp_path / TRASH_DIR)) == 1
+        assert clear_trash(tmp_path) == 1 and not os.listdir(tmp_path / TRASH_DIR)
 
     def test_symlink_target_is_skipped_and_its_target_untouched(self, tmp_path):
         """A planned deletion that is a symlink is refused; the linked dir outside keeps every file."""

@@ -18,7 +18,7 @@ BASE = """
 command = ["torchrun", "-m", "trainer"]
 [checkpoints]
 dir = "ckpts"
-keep_last = 0
+{checkpoints}
 [restart]
 backoff_jitter = 0
 {restart}
@@ -29,9 +29,10 @@ stack_dump_wait_s = 2
 """
 
 
-def make_core(tmp_path: Path, restart: str = "", health: str = "") -> tuple[Core, FakeSystem, RecordingLog]:
+def make_core(tmp_path: Path, restart: str = "", health: str = "", checkpoints: str = "keep_last = 0",
+              ) -> tuple[Core, FakeSystem, RecordingLog]:
     cfg_path = tmp_path / "job.toml"
-    cfg_path.write_text(BASE.format(restart=restart, health=health))
+    cfg_path.write_text(BASE.format(restart=restart, health=health, checkpoints=checkpoints))
     cfg = load_config(cfg_path)
     for d in (cfg.run_dir, cfg.checkpoints.dir):
         d.mkdir(parents=True, exist_ok=True)
@@ -60,6 +61,7 @@ class TestLaunch:
         assert sp.env["FSDP_SUPERVISOR_RUN_DIR"] == str(core.run_dir)
         assert sp.env["TORCHELASTIC_ERROR_FILE"].endswith("attempt-0001.json")
         assert sp.env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "30"  # torchrun's grace = our stop_timeout_s
+        assert sp.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
         assert core.status.state is State.RUNNING and "job_started" in log.names()
 
     def test_resume_args_get_newest_complete(self, tmp_path: Path, make_checkpoint: Callable[[Path, str], Path]) -> None:
@@ -143,6 +145,25 @@ class TestRestarts:
         assert "quarantined" in log.names() and (ck / "step_20" / ".quarantined").exists()
         assert fake.spawned[-1].argv[-1] == str(ck / "step_10")
         assert core.status.quarantined == [str(ck / "step_20")]
+
+
+class TestRetention:
+    def test_commit_prunes_on_the_loop_and_empties_trash_off_it(self, tmp_path: Path,
+                                                                 make_checkpoint: Callable[[Path, str], Path]) -> None:
+        """A new commit triggers retention; deletions are logged, parked in .trash, then removed by a thread."""
+        core, fake, log = make_core(tmp_path, checkpoints="keep_last = 1")
+        ck = core.cfg.checkpoints.dir
+        core.begin(None)
+        for step in (10, 20, 30):
+            make_checkpoint(ck, f"step_{step}")
+            core.on_file_event(ck / f"step_{step}")
+            fake.advance(1, core)
+        core.house.wait_idle(30)
+        assert sorted(p.name for p in ck.iterdir()) == [".trash", "step_30"]
+        assert not list((ck / ".trash").iterdir())
+        deleted = [f["path"] for e, f in log.events if e == "retention_deleted"]
+        assert deleted == [str(ck / "step_10"), str(ck / "step_20")]
+        assert core.status.latest_checkpoint["step"] == 30
 
 
 class TestProgress:

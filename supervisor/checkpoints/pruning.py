@@ -80,11 +80,16 @@ def _direct_child_dir(root: Path, target: Path) -> str | None:
     return None
 
 
-def execute_retention(root: str | os.PathLike[str], plan: RetentionPlan) -> list[Deletion]:
-    """Delete the plan's targets (rename into .trash, then remove); returns those actually deleted."""
+def execute_retention(root: str | os.PathLike[str], plan: RetentionPlan, *, empty_trash: bool = True) -> list[Deletion]:
+    """Delete the plan's targets (rename into .trash, then remove); returns those actually deleted.
+
+    With `empty_trash=False` only the (fast, atomic) renames happen: the caller empties `.trash` with
+    `clear_trash`, e.g. off its event loop, since removing a large checkpoint on shared storage can be slow.
+    """
     base = Path(os.path.abspath(root))
     trash = _trash_dir(base)
-    clear_trash(base)
+    if empty_trash:
+        clear_trash(base)
     done: list[Deletion] = []
     for d in plan.deletions:
         target = Path(os.path.abspath(d.path))
@@ -100,6 +105,8 @@ def execute_retention(root: str | os.PathLike[str], plan: RetentionPlan) -> list
             continue
         done.append(d)
         log.debug("checkpoint_deleted", path=str(target), reason=d.reason, size_bytes=d.size_bytes)
+        if not empty_trash:
+            continue
         try:
             _remove(parked)
         except OSError as exc:  # parked in .trash: invisible to scans, cleared next time
