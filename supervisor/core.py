@@ -91,6 +91,10 @@ class Core:
             self.sys.timers.cancel(t)
         self._publish()
 
+    def _sync_disk(self) -> None:
+        self.status.disk_free_bytes = self.house.disk_free
+        self.status.checkpoint_bytes = self.house.checkpoint_bytes
+
     def _publish(self) -> None:
         self.status.updated_at = self.sys.now()
         write_status(self.run_dir, self.status)
@@ -147,7 +151,7 @@ class Core:
         st.resumed_from, st.next_launch_at = self.job.resumed_from, None
         st.step, st.step_at, st.phase, st.loss, st.rate_steps_per_s = None, None, None, None, None
         st.latest_checkpoint = self.house.latest_json()
-        st.disk_free_bytes = self.house.disk_free
+        self._sync_disk()
         st.transition(State.RUNNING)
         self.log.info(
             "job_started", attempt=number, pid=pid, resumed_from=self.job.resumed_from,
@@ -334,12 +338,12 @@ class Core:
             self.job.new_checkpoint = True
         self.status.latest_checkpoint = self.house.latest_json()
         self.house.prune()
-        self.status.disk_free_bytes = self.house.disk_free
+        self._sync_disk()
         self._publish()
 
     def _on_retention(self) -> None:
         self._on_scan()  # also catches commits inotify cannot see (network filesystems, other nodes)
         self.house.prune()
-        self.status.disk_free_bytes = self.house.disk_free
+        self._sync_disk()
         self.sys.timers.set("retention", self.sys.monotonic() + self.cfg.checkpoints.retention_interval_s)
         self._publish()

@@ -25,6 +25,7 @@ class Housekeeper:
         self.latest: store.CheckpointInfo | None = None
         self.in_use: Path | None = None  # resumed from by the running attempt: protected
         self.disk_free: int | None = None
+        self.checkpoint_bytes: int | None = None  # bytes in complete checkpoints, as of the last pass
         self._emptier: threading.Thread | None = None
 
     def concerns(self, path: Path) -> bool:
@@ -80,16 +81,21 @@ class Housekeeper:
         try:
             usage = store.disk_usage(self.root)
             self.disk_free = usage.free_bytes
+            found = store.scan(self.root, verify_all=True)
+            self.checkpoint_bytes = sum(c.size_bytes for c in found if c.complete)
             if not self.cfg.checkpoints.prune:
                 return
             plan = store.plan_retention(
-                store.scan(self.root, verify_all=True), policy=self.cfg.checkpoints, disk=usage,
+                found, policy=self.cfg.checkpoints, disk=usage,
                 protect=[self.in_use] if self.in_use else [], now=self.now(),
             )
             for f in plan.findings:
                 self.log.warning(f.kind, message=f.message)
+            complete = {c.path for c in found if c.complete}
             for d in store.execute_retention(self.root, plan, empty_trash=False):
                 self.log.info("retention_deleted", path=str(d.path), reason=d.reason, size_bytes=d.size_bytes)
+                if d.path in complete:
+                    self.checkpoint_bytes -= d.size_bytes
             self._empty_trash()
         except (CheckpointError, OSError) as exc:
             self.log.error("retention_failed", root=str(self.root), error=str(exc))

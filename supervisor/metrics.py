@@ -14,7 +14,6 @@ import socketserver
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from supervisor import __version__
@@ -28,7 +27,6 @@ __all__ = [
     "parse_listen",
     "listen_address",
     "is_loopback",
-    "CheckpointBytes",
     "MetricsServer",
     "start_metrics",
 ]
@@ -68,7 +66,7 @@ class _Doc:
         self.family(name, "gauge", help_, [(labels, value)])
 
 
-def render_metrics(st: Status, *, now: float, checkpoint_bytes: int | None = None) -> str:
+def render_metrics(st: Status, *, now: float) -> str:
     """The Prometheus text exposition (format 0.0.4) of one status snapshot."""
     d = _Doc()
     d.gauge("build_info", "Version of the supervisor.", 1, version=__version__)
@@ -88,7 +86,7 @@ def render_metrics(st: Status, *, now: float, checkpoint_bytes: int | None = Non
     d.gauge("last_checkpoint_timestamp_seconds", "Unix time the newest complete checkpoint was written.", mtime)
     d.gauge("last_checkpoint_age_seconds", "Seconds since the newest complete checkpoint was written.",
             None if mtime is None else max(0.0, now - float(mtime)))
-    d.gauge("checkpoint_bytes", "Bytes in complete checkpoints under the checkpoint root.", checkpoint_bytes)
+    d.gauge("checkpoint_bytes", "Bytes in complete checkpoints under the checkpoint root.", st.checkpoint_bytes)
     d.gauge("quarantined_checkpoints", "Checkpoints quarantined after repeated failures.", len(st.quarantined))
     d.gauge("disk_free_bytes", "Free bytes on the checkpoint file system.", st.disk_free_bytes)
     ex = st.last_exit
@@ -121,43 +119,6 @@ def parse_listen(listen: str) -> tuple[str, int]:
 
 def is_loopback(host: str) -> bool:
     return ipaddress.ip_address(host).is_loopback
-
-
-class CheckpointBytes:
-    """Sum of complete checkpoints' sizes, rescanned only when the newest checkpoint changes or after `ttl_s`.
-
-    A scan verifies every checkpoint, too slow to repeat on every scrape; retention deletions are
-    picked up by the time-to-live.
-    """
-
-    def __init__(self, root: Path, ttl_s: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self.root, self.ttl_s, self.clock = root, ttl_s, clock
-        self._key: object = None
-        self._at = float("-inf")
-        self._value: int | None = None
-        self._lock = threading.Lock()
-
-    def value(self, st: Status) -> int | None:
-        newest = st.latest_checkpoint or {}
-        key = (newest.get("path"), newest.get("mtime"), tuple(st.quarantined))
-        with self._lock:  # concurrent scrapes: one scan
-            if key != self._key or self.clock() - self._at >= self.ttl_s:
-                fresh = self._scan()
-                if fresh is not None or key != self._key:
-                    self._value = fresh
-                self._key, self._at = key, self.clock()
-            return self._value
-
-    def _scan(self) -> int | None:
-        from supervisor import checkpoints as store
-        from supervisor.errors import CheckpointError
-
-        try:
-            if not self.root.is_dir():
-                return 0
-            return sum(c.size_bytes for c in store.scan(self.root, verify_all=True) if c.complete)
-        except (CheckpointError, OSError):
-            return None  # e.g. retention deleted a dir mid-scan: keep the last value
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -202,10 +163,9 @@ class _Server(http.server.ThreadingHTTPServer):
 class MetricsServer:
     """GET /metrics on (host, port) from a daemon thread; `port` 0 picks a free one (see `address`)."""
 
-    def __init__(self, host: str, port: int, snapshot: Callable[[], Status], checkpoint_root: Path,
+    def __init__(self, host: str, port: int, snapshot: Callable[[], Status],
                  clock: Callable[[], float] = time.time) -> None:
         self.snapshot, self.clock = snapshot, clock
-        self.bytes = CheckpointBytes(checkpoint_root)
         self.httpd = _Server((host, port), socket.AF_INET6 if ":" in host else socket.AF_INET)
         self.httpd.render = self.render
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="metrics", daemon=True)
@@ -217,7 +177,7 @@ class MetricsServer:
 
     def render(self) -> str:
         st = copy.copy(self.snapshot())  # the main thread replaces fields; work on one consistent-enough view
-        return render_metrics(st, now=self.clock(), checkpoint_bytes=self.bytes.value(st))
+        return render_metrics(st, now=self.clock())
 
     def start(self) -> MetricsServer:
         self.thread.start()
@@ -247,7 +207,7 @@ def start_metrics(cfg: Config, snapshot: Callable[[], Status], log: Any) -> Metr
     host, port = address
     listen = cfg.metrics.listen
     try:
-        server = MetricsServer(host, port, snapshot, cfg.checkpoints.dir).start()
+        server = MetricsServer(host, port, snapshot).start()
     except OSError as exc:
         raise ConfigError(f"{cfg.path}: [metrics] listen {listen!r}: cannot listen: {exc.strerror or exc}") from None
     host, port = server.address

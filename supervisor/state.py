@@ -80,6 +80,7 @@ class Status:
     resumed_from: str | None = None
     latest_checkpoint: dict[str, Any] | None = None  # {path, step, mtime}
     disk_free_bytes: int | None = None
+    checkpoint_bytes: int | None = None  # bytes in complete checkpoints under the root
     quarantined: list[str] = field(default_factory=list)
     next_launch_at: float | None = None
     reason: str | None = None  # why the supervisor ended (gave up, completed, stopped)

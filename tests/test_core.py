@@ -101,7 +101,7 @@ class TestRestarts:
         assert "gave_up" in log.names() and "crash loop" in (core.status.reason or "")
 
     def test_history_with_healthy_run_resets_backoff(self, tmp_path: Path) -> None:
-        """start, crash, crash, healthy 10 min, crash, SIGTERM: delays 1, 2, 1 and a clean exit 0."""
+        """start, crash, crash, healthy 10 min, crash, SIGTERM: delays 1, 2, 0 and a clean exit 0."""
         core, fake, _ = make_core(tmp_path)
         core.begin(None)
         exit_job(core, fake, 1)
@@ -110,8 +110,8 @@ class TestRestarts:
         assert fake.advance(1.5, core) == [] and fake.advance(0.5, core) == ["launch"]
         fake.advance(601, core)
         exit_job(core, fake, -9)
-        assert core.sys.timers.next_deadline() - fake.clock == 1
-        fake.advance(1, core)
+        assert core.sys.timers.next_deadline() - fake.clock == 0  # a healthy attempt's failure: at once
+        fake.advance(0, core)
         core.on_signal(signal.SIGTERM)
         assert fake.signals[-1] == (fake.spawned[-1].pid, signal.SIGTERM)
         exit_job(core, fake, 0)
@@ -164,6 +164,7 @@ class TestRetention:
         deleted = [f["path"] for e, f in log.events if e == "retention_deleted"]
         assert deleted == [str(ck / "step_10"), str(ck / "step_20")]
         assert core.status.latest_checkpoint["step"] == 30
+        assert core.status.checkpoint_bytes == sum(f.stat().st_size for f in (ck / "step_30").iterdir())
 
 
 class TestProgress:

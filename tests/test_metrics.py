@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.errors import ConfigError
-from supervisor.metrics import CONTENT_TYPE, CheckpointBytes, MetricsServer, parse_listen, render_metrics
+from supervisor.metrics import CONTENT_TYPE, MetricsServer, parse_listen, render_metrics
 from supervisor.state import ExitInfo, State, Status
 from tests.supervise import FAKEJOB, Supervisors, cli, stop, supervisors, wait_for, write_config  # noqa: F401
 
@@ -66,7 +66,9 @@ def running_status() -> Status:
 class TestRenderMetrics:
     def test_values_of_a_running_job(self) -> None:
         """Every field the issue names is exported with the status's value; the age is now - mtime."""
-        m = parse(render_metrics(running_status(), now=2000.0, checkpoint_bytes=12345))
+        st = running_status()
+        st.checkpoint_bytes = 12345
+        m = parse(render_metrics(st, now=2000.0))
         v = {name: samples[0][1] for name, samples in m.items() if len(samples) == 1}
         assert v["fsdp_supervisor_restarts_total"] == 2 and v["fsdp_supervisor_job_step"] == 120
         assert v["fsdp_supervisor_last_checkpoint_step"] == 100
@@ -112,42 +114,11 @@ class TestParseListen:
             parse_listen(listen)
 
 
-class TestCheckpointBytes:
-    def test_sums_complete_and_caches_until_newest_changes(  # type: ignore[no-untyped-def]
-            self, tmp_path: Path, make_checkpoint) -> None:
-        """The sum covers complete checkpoints only and is rescanned when the newest checkpoint changes."""
-        root = tmp_path / "ckpts"
-        a = make_checkpoint(root, "step_00000001")
-        (root / "step_00000002").mkdir()  # partial: no .metadata
-        size = sum(f.stat().st_size for f in a.iterdir())
-        clock = [0.0]
-        cb = CheckpointBytes(root, ttl_s=60, clock=lambda: clock[0])
-        st = Status(latest_checkpoint={"path": str(a), "step": 1, "mtime": 1.0})
-        assert cb.value(st) == size
-        b = make_checkpoint(root, "step_00000003")
-        assert cb.value(st) == size  # same newest checkpoint, within the TTL: cached
-        st.latest_checkpoint = {"path": str(b), "step": 3, "mtime": 2.0}
-        assert cb.value(st) == 2 * size
-
-    def test_ttl_picks_up_deletions(self, tmp_path: Path, make_checkpoint) -> None:  # type: ignore[no-untyped-def]
-        """After the time-to-live a rescan sees what retention deleted."""
-        root = tmp_path / "ckpts"
-        make_checkpoint(root, "step_00000001")
-        keep = make_checkpoint(root, "step_00000002")
-        clock = [0.0]
-        cb = CheckpointBytes(root, ttl_s=60, clock=lambda: clock[0])
-        st = Status(latest_checkpoint={"path": str(keep), "step": 2, "mtime": 1.0})
-        both = cb.value(st)
-        shutil.rmtree(root / "step_00000001")
-        clock[0] = 61.0
-        assert cb.value(st) == both // 2
-
-
 class TestMetricsServer:
     def test_get_metrics_and_404(self, tmp_path: Path) -> None:
         """GET /metrics returns the live status in the text format; other paths are 404; stop frees the port."""
         st = running_status()
-        server = MetricsServer("127.0.0.1", 0, lambda: st, tmp_path / "none", clock=lambda: 2000.0).start()
+        server = MetricsServer("127.0.0.1", 0, lambda: st, clock=lambda: 2000.0).start()
         try:
             host, port = server.address
             code, ctype, body = get(f"http://{host}:{port}/metrics")
@@ -167,7 +138,7 @@ class TestMetricsServer:
         def broken() -> Status:
             raise RuntimeError("boom")
 
-        server = MetricsServer("127.0.0.1", 0, broken, tmp_path / "none").start()
+        server = MetricsServer("127.0.0.1", 0, broken).start()
         try:
             host, port = server.address
             for _ in range(2):
