@@ -75,16 +75,24 @@ class TestBackoff:
         assert backoff_delay([fail(i) for i in range(1, failures + 1)], cfg, 0.5) == expected
 
     def test_healthy_run_resets(self) -> None:
-        """An attempt that ran reset_after_s resets the backoff to its initial value."""
+        """A failure after running reset_after_s restarts at once; the next unhealthy one waits 1 s again."""
         cfg = RestartSection(backoff_jitter=0, reset_after_s=600)
         h = [fail(1), fail(2), fail(3), fail(4, dur=601)]
-        assert backoff_delay(h, cfg, 0.5) == 1.0
-        assert backoff_delay([*h, fail(5)], cfg, 0.5) == 2.0
+        assert backoff_delay(h, cfg, 0.5) == 0.0
+        assert backoff_delay([*h, fail(5)], cfg, 0.5) == 1.0
+        assert backoff_delay([*h, fail(5), fail(6)], cfg, 0.5) == 2.0
 
     def test_progress_resets(self) -> None:
-        """An attempt that made progress resets the backoff too."""
+        """A failure after progress restarts at once (like torchrun's own restart), whatever came before."""
         cfg = RestartSection(backoff_jitter=0)
-        assert backoff_delay([fail(1), fail(2), fail(3, progressed=True)], cfg, 0.5) == 1.0
+        assert backoff_delay([fail(1), fail(2), fail(3, progressed=True)], cfg, 0.5) == 0.0
+        assert backoff_delay([fail(1), fail(2, progressed=True), fail(3)], cfg, 0.5) == 1.0
+
+    def test_restart_after_success_waits_initial(self) -> None:
+        """policy=always after a clean exit waits backoff_initial_s: a job that exits 0 at once never spins."""
+        cfg = RestartSection(policy="always", backoff_jitter=0)
+        assert backoff_delay([ok(1)], cfg, 0.5) == 1.0
+        assert decide([ok(1), ok(2)], cfg) == Restart(1.0, reason="completed")
 
     @given(st.integers(1, 40), st.floats(0, 0.999), st.floats(0, 1))
     def test_jitter_stays_in_band(self, n: int, u: float, jit: float) -> None:
