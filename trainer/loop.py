@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from trainer.checkpoint import Checkpointer, load_checkpoint, resolve_resume
@@ -24,7 +25,11 @@ from trainer.schedule import lr_factor
 from trainer.state import ModelState, OptimizerState, Progress, RngState, seed_rank_rngs
 from trainer.stopping import GracefulStop
 
-__all__ = ["Trainer", "run"]
+__all__ = ["Trainer", "run", "CheckpointIOError"]
+
+
+class CheckpointIOError(RuntimeError):
+    """A DCP save or load failed on some rank; the message carries every rank's error (last line: the cause)."""
 
 
 class Trainer:
@@ -189,6 +194,9 @@ def run(args: argparse.Namespace) -> int:
     heartbeat.beat(0, "load")
     trainer = Trainer(args, d, stopper, heartbeat)
     log = trainer.log
+    if d.rank == 0:
+        log.info("started", world_size=d.world_size, device=str(d.device), fsdp=args.fsdp,
+                 checkpoint_dir=str(args.checkpoint_dir))
     try:
         path = resolve_resume(args.resume, args.checkpoint_dir, group=d.control)
         saved_world = trainer.read_progress(path) if path is not None else d.world_size
@@ -209,5 +217,9 @@ def run(args: argparse.Namespace) -> int:
         trainer.saver = Checkpointer(args.checkpoint_dir, process_group=d.ckpt, control_group=d.control,
                                      async_save=args.async_save, sha256=args.manifest_sha256)
         return trainer.train()
+    except CheckpointException as exc:
+        # DCP raises a BaseException, which @record lets pass without writing torchrun's error file: the
+        # supervisor would then report a failed save or load (e.g. a full disk) as a bare "exitcode 1".
+        raise CheckpointIOError(str(exc)) from exc
     finally:
         shutdown()
