@@ -95,6 +95,8 @@ class TestTwoNodes:
         job_logs = "".join(f.read_text() for n in (0, 1) for f in (tmp_path / f"run{n}" / "logs").glob("attempt-*.log"))
         assert "event=resuming" in job_logs, "no rank resumed from a checkpoint after the kill"
         assert all(job_state(tmp_path / f"run{n}")["state"] == "completed" for n in (0, 1))
+        # Each node's local rank 0 beats into its own supervisor: both know the final step (hang detection on both).
+        assert [job_state(tmp_path / f"run{n}")["step"] for n in (0, 1)] == [STEPS, STEPS]
         sup_logs = [(tmp_path / f"run{n}" / "supervisor.log").read_text() for n in (0, 1)]
         assert "retention_deleted" in sup_logs[0] and "retention_deleted" not in sup_logs[1]
 

@@ -1,11 +1,11 @@
 """Heartbeat file for the supervisor: `{"step", "time", "phase", "loss"}`, rewritten atomically.
 
-The supervisor judges liveness by this file (DESIGN.md, hang detection). Only rank 0 writes it. Use it from
-your own loop::
+The supervisor judges liveness by this file (DESIGN.md, hang detection). One rank per node writes it (local
+rank 0: every node runs its own supervisor). Use it from your own loop::
 
     from trainer.heartbeat import Heartbeat
 
-    hb = Heartbeat.from_env(rank=dist.get_rank())   # no-op unless FSDP_SUPERVISOR_HEARTBEAT is set
+    hb = Heartbeat.from_env(rank=int(os.environ["LOCAL_RANK"]))   # no-op unless FSDP_SUPERVISOR_HEARTBEAT is set
     hb.beat(step, "load")
     for step in ...:
         ...
@@ -46,7 +46,7 @@ class Heartbeat:
 
     @classmethod
     def from_env(cls, rank: int = 0, **kwargs: object) -> Heartbeat:
-        """The heartbeat named by FSDP_SUPERVISOR_HEARTBEAT on rank 0; a disabled one elsewhere."""
+        """The heartbeat named by FSDP_SUPERVISOR_HEARTBEAT when `rank` (pass the local rank) is 0; else disabled."""
         path = os.environ.get(HEARTBEAT_ENV) if rank == 0 else None
         return cls(path, **kwargs)  # type: ignore[arg-type]
 

@@ -190,7 +190,9 @@ def run(args: argparse.Namespace) -> int:
     stopper = GracefulStop(repeat_grace_s=1.0).install()  # before init: a stop during startup counts too
     d = init_distributed(args.pg_timeout_s)
     stopper.group = d.control
-    heartbeat = Heartbeat.from_env(d.rank)
+    # Local rank 0 of every node beats (the step and the all-reduced loss are the same on every rank), so each
+    # node's supervisor gets hang detection, not only the one running global rank 0.
+    heartbeat = Heartbeat.from_env(int(os.environ.get("LOCAL_RANK", d.rank)))
     heartbeat.beat(0, "load")
     trainer = Trainer(args, d, stopper, heartbeat)
     log = trainer.log
