@@ -49,7 +49,7 @@ def build_manifest(
     sha256: bool = False,
     now: float | None = None,
 ) -> dict[str, object]:
-    """The manifest of `directory` as a JSON-ready dict (see trainer/FORMAT.md)."""
+    """The manifest of `directory` as a JSON-ready dict (see README.md, "Checkpoint format of the reference trainer")."""
     names = _files(directory)
     manifest: dict[str, object] = {
         "format": MANIFEST_FORMAT,
