@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import os
 import tempfile
+import types
+import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,12 +102,49 @@ class Status:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Status:
-        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        """Rebuild a Status; ValueError when a field has the wrong type (a hand edit, another version)."""
+        if not isinstance(d, dict):
+            raise ValueError("state.json is not a JSON object")
+        known = _typed(cls, d)
         known["state"] = State(known.get("state", "starting"))
         if isinstance(known.get("last_exit"), dict):
-            ex = known["last_exit"]
-            known["last_exit"] = ExitInfo(**{k: ex.get(k) for k in ExitInfo.__dataclass_fields__})
+            known["last_exit"] = ExitInfo(**_typed(ExitInfo, known["last_exit"], every=True))
+        ck = known.get("latest_checkpoint")  # a dict by now; `status` does arithmetic on its fields
+        if ck is not None and not all(_conforms(ck.get(k), t) for k, t in _CHECKPOINT_FIELDS.items()):
+            raise ValueError("state.json: latest_checkpoint is not {path, step, mtime}")
         return cls(**known)
+
+
+_CHECKPOINT_FIELDS: dict[str, Any] = {"path": str | None, "step": int | None, "mtime": float | None}
+
+
+def _conforms(value: Any, hint: Any) -> bool:
+    """Does a JSON value fit a field's type hint? Numbers must be finite and fit in 64 bits."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, a) for a in args)
+    if origin is list:
+        return isinstance(value, list) and all(_conforms(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(isinstance(k, str) and _conforms(v, args[1]) for k, v in value.items())
+    if hint in (int, float):
+        ok_type = type(value) is int or (hint is float and type(value) is float)
+        return ok_type and math.isfinite(value) and abs(value) < 2**63
+    if hint is type(None):
+        return value is None
+    return isinstance(value, hint)
+
+
+def _typed(cls: type, d: dict[str, Any], every: bool = False) -> dict[str, Any]:
+    """The fields of dataclass `cls` found in `d` (all of them if `every`), each checked against its hint."""
+    hints = typing.get_type_hints(cls)
+    out = {k: d.get(k) for k in hints} if every else {k: v for k, v in d.items() if k in hints}
+    for k, v in out.items():
+        if k != "state" and not (k == "last_exit" and isinstance(v, dict)) and not _conforms(v, hints[k]):
+            raise ValueError(f"state.json: {k} has the wrong type")
+    return out
 
 
 def write_status(run_dir: Path, status: Status) -> None:
