@@ -17,7 +17,7 @@ from supervisor import policy
 from supervisor.config import CHECKPOINT_PLACEHOLDER, Config
 from supervisor.exits import classify_exit, root_cause, signal_name
 from supervisor.housekeeping import Housekeeper
-from supervisor.redact import redact_env
+from supervisor.redact import redact_argv, redact_env
 from supervisor.state import State, Status, write_status
 from supervisor.system import System
 
@@ -137,7 +137,7 @@ class Core:
         try:
             pid, ctime = self.sys.spawn(argv, cwd=self.cfg.job_cwd, env=self._job_env(number, error_file), log_path=log_path)
         except OSError as exc:
-            self.log.error("launch_failed", attempt=number, argv=argv, error=str(exc))
+            self.log.error("launch_failed", attempt=number, argv=redact_argv(argv), error=str(exc))
             self._finish(State.FAILED, f"cannot launch {argv[0]!r}: {exc}")
             return
         now_m = self.sys.monotonic()
@@ -155,7 +155,8 @@ class Core:
         st.transition(State.RUNNING)
         self.log.info(
             "job_started", attempt=number, pid=pid, resumed_from=self.job.resumed_from,
-            resumed_step=self.job.resumed_step, argv=argv, env=redact_env(self.cfg.job.env), log=str(log_path),
+            resumed_step=self.job.resumed_step, argv=redact_argv(argv), env=redact_env(self.cfg.job.env),
+            log=str(log_path),
         )
         self._arm_hang_timer(startup=True)
         self._publish()
