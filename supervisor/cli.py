@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -41,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Nothing we create (run dir, logs, .trash, markers), nor anything the job creates, is world-writable,
+    # whatever umask we inherited: a world-writable run or checkpoint dir lets any local user poison it.
+    os.umask(os.umask(0) | 0o002)
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
