@@ -73,6 +73,13 @@ class TestList:
         assert r.returncode == 0 and lines[0].split()[:3] == ["NAME", "STEP", "STATE"] and len(lines) == 5
         assert "torn" in lines[2] and "complete" in lines[3]
 
+    def test_table_shows_why_a_checkpoint_is_quarantined(self, tmp_path):
+        """A quarantined checkpoint's row carries the Q flag and the recorded reason."""
+        quarantine(write_checkpoint(tmp_path, 10), "crashed twice after loading it")
+        r = fsup("checkpoints", "list", "--dir", tmp_path)
+        row = r.stdout.strip().splitlines()[1]
+        assert " Q " in row and row.endswith("quarantined: crashed twice after loading it")
+
     def test_missing_root_is_a_one_line_error(self, tmp_path):
         """A root that does not exist: one line naming it, exit 2."""
         one_line_error(fsup("checkpoints", "list", "--dir", tmp_path / "nope"), str(tmp_path / "nope"))

@@ -113,8 +113,11 @@ def _table(infos: list[CheckpointInfo], now: float) -> str:
     rows = [("NAME", "STEP", "STATE", "SIZE", "AGE", "FLAGS", "REASON")]
     for c in infos:
         flags = ("P" if c.pinned else "") + ("Q" if c.quarantined else "")
+        reason = c.reason or ""
+        if c.quarantined:  # why it is skipped for resume is what an operator needs to see
+            reason = "; ".join(filter(None, [reason, f"quarantined: {quarantine_reason(c.path) or 'no reason recorded'}"]))
         rows.append((c.name, "-" if c.step is None else str(c.step), c.state, _size(c.size_bytes),
-                     _age(now - c.mtime), flags or "-", c.reason or ""))
+                     _age(now - c.mtime), flags or "-", reason))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)) + "  " + r[-1] for r in rows)
 
