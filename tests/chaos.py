@@ -171,8 +171,8 @@ class RunDir:
 
 # ---- invariants checked the whole time ----------------------------------------------------------------------
 class Monitor(threading.Thread):
-    """Samples every 0.1 s: at most one torchrun agent of this test alive (never two jobs on one checkpoint
-    dir), state.json always parses, and the newest complete checkpoint never goes backwards (except for the
+    """Samples every 0.1 s: at most one job of this test alive (never two jobs on one checkpoint dir),
+    state.json always parses, and the newest complete checkpoint never goes backwards (except for the
     one a fault tears on purpose, through `tear`)."""
 
     def __init__(self, dirs: RunDir, tag: str) -> None:
@@ -182,7 +182,8 @@ class Monitor(threading.Thread):
         self.stopped = threading.Event()
         self.violations: list[str] = []
         self.high: int | None = None  # newest complete step seen
-        self.max_agents = 0
+        self.max_jobs = 0
+        self._envs: dict[tuple[int, float], dict[str, str] | None] = {}
 
     def tear(self, damage: Callable[[], None]) -> int | None:
         """Run `damage` (which tears the newest checkpoint on purpose) and lower the high-water mark to what is
@@ -193,22 +194,32 @@ class Monitor(threading.Thread):
             self.high = newest.step if newest else None
             return self.high
 
-    def _agents(self) -> list[int]:
-        found = []
-        for p in psutil.process_iter(["cmdline"]):
+    def _jobs(self) -> set[str]:
+        """Identities of the live jobs of this test: a worker's torchrun run id (one per agent start), or the
+        agent itself while it has no workers. A prewarmed spare that has not taken a job yet is no job."""
+        jobs: set[str] = set()
+        for p in psutil.process_iter():
             try:
-                if "torch.distributed.run" in (p.info["cmdline"] or []) and p.status() != psutil.STATUS_ZOMBIE \
-                        and p.environ().get(TAG_ENV) == self.tag:
-                    found.append(p.pid)
+                key = (p.pid, p.create_time())
+                if key not in self._envs:  # an environment never changes: read it once per process
+                    env = p.environ()
+                    self._envs[key] = env if env.get(TAG_ENV) == self.tag else None
+                env = self._envs[key]
+                if env is None or p.status() == psutil.STATUS_ZOMBIE:
+                    continue
+                if "TORCHELASTIC_RUN_ID" in env and "RANK" in env:
+                    jobs.add(env["TORCHELASTIC_RUN_ID"])
+                elif "torch.distributed.run" in p.cmdline() and not p.children():
+                    jobs.add(f"agent {p.pid}")
             except psutil.Error:
                 continue
-        return found
+        return jobs
 
     def sample(self) -> None:
-        agents = self._agents()
-        self.max_agents = max(self.max_agents, len(agents))
-        if len(agents) > 1:
-            self.violations.append(f"two jobs on one checkpoint dir: torchrun agents {agents}")
+        jobs = self._jobs()
+        self.max_jobs = max(self.max_jobs, len(jobs))
+        if len(jobs) > 1:
+            self.violations.append(f"two jobs on one checkpoint dir: {sorted(jobs)}")
         try:
             self.dirs.state()
         except ValueError as exc:
@@ -298,6 +309,23 @@ class ChaosRun:
 
     def wait_relaunch(self, after: int, timeout: float = TIMEOUT) -> dict[str, Any]:
         return self.wait_running(after + 1, timeout)
+
+    def strays(self) -> list[str]:
+        """Live processes of this test that are neither the supervisor nor its descendants (should be none)."""
+        assert self.proc is not None
+        try:
+            mine = {self.proc.pid, *(p.pid for p in psutil.Process(self.proc.pid).children(recursive=True))}
+        except psutil.Error:
+            mine = set()
+        found = []
+        for p in psutil.process_iter(["pid", "name"]):
+            try:
+                if p.pid not in mine and p.status() != psutil.STATUS_ZOMBIE \
+                        and p.environ().get(TAG_ENV) == self.supervisors.tag:
+                    found.append(f"{p.pid}:{p.info['name']}")
+            except psutil.Error:
+                continue
+        return found
 
     def finish(self, timeout: float = TIMEOUT) -> tuple[int, str]:
         assert self.proc is not None
