@@ -79,7 +79,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         configure(run_dir, max_bytes=cfg.supervisor.log_max_bytes, backups=cfg.supervisor.log_backups)
         log = get_logger().bind(run_dir=str(run_dir))
         previous = read_status(run_dir)
-        system = RealSystem()
+        system = RealSystem(prewarm=cfg.job.prewarm)
         if not procs.set_child_subreaper():
             log.warning("subreaper_unavailable")
         notifier = Notifier.from_env()
@@ -97,6 +97,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             rc = loop.run(begin)
         finally:
+            system.close()
             if metrics:
                 metrics.stop()
         if notifier:

@@ -50,6 +50,11 @@ class JobSection(_Section):
     )
     cwd: Path | None = Field(default=None, description="working directory; default: the config file's directory")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables for the job")
+    prewarm: bool = Field(
+        default=True,
+        description="keep one spare torchrun agent with torch already imported, so that a relaunch skips the "
+        "interpreter start and `import torch` (only for `torchrun ...` / `python -m torch.distributed.run ...`)",
+    )
 
     @field_validator("command")
     @classmethod
@@ -72,7 +77,12 @@ class RestartSection(_Section):
         default="on-failure", description="on-failure | always | never"
     )
     max_restarts: int = Field(default=100, ge=0, description="total restart budget")
-    backoff_initial_s: float = Field(default=1, ge=0, description="first backoff delay")
+    backoff_initial_s: float = Field(default=1, ge=0, description="delay after the first failure without progress")
+    healthy_restart_delay_s: float = Field(
+        default=0, ge=0,
+        description="delay after a failure of an attempt that made progress (or ran reset_after_s); 0 = at once, "
+        "like torchrun's own restart; multi-node jobs with torchrun --max-restarts=0 want a few seconds",
+    )
     backoff_max_s: float = Field(default=300, ge=0, description="backoff cap")
     backoff_multiplier: float = Field(default=2, ge=1, description="growth per consecutive failure")
     backoff_jitter: float = Field(default=0.1, ge=0, le=1, description="+/- fraction of random jitter")

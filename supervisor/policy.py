@@ -59,21 +59,22 @@ def _healthy(a: Attempt, cfg: RestartSection) -> bool:
 def backoff_delay(history: Sequence[Attempt], cfg: RestartSection, jitter: float) -> float:
     """Exponential in the unhealthy failures since the last healthy attempt, capped, with jitter.
 
-    A failure of a healthy attempt (one that progressed or ran reset_after_s) restarts at once, as
-    torchrun's own restart does: a crash after hours of training is not a crash loop, and every second
-    of delay is idle accelerators. From the next unhealthy failure on: backoff_initial_s, then times
-    backoff_multiplier per failure. After a success (policy "always") the wait is backoff_initial_s.
+    A failure of a healthy attempt (one that progressed or ran reset_after_s) waits only
+    healthy_restart_delay_s (default 0: at once, as torchrun's own restart does): a crash after hours of
+    training is not a crash loop, and every second of delay is idle accelerators. From the next unhealthy
+    failure on: backoff_initial_s, then times backoff_multiplier per failure. After a success (policy
+    "always") the wait is backoff_initial_s.
     """
     last = history[-1]
+    spread = cfg.backoff_jitter * (2.0 * jitter - 1.0)
     if not last.succeeded and _healthy(last, cfg):
-        return 0.0
+        return max(0.0, cfg.healthy_restart_delay_s * (1.0 + spread))
     failures = 0
     for a in reversed(history):
         if a.succeeded or _healthy(a, cfg):
             break
         failures += 1
     base = min(cfg.backoff_max_s, cfg.backoff_initial_s * cfg.backoff_multiplier ** max(0, failures - 1))
-    spread = cfg.backoff_jitter * (2.0 * jitter - 1.0)
     return max(0.0, min(cfg.backoff_max_s, base * (1.0 + spread)))
 
 

@@ -8,10 +8,12 @@ import ctypes
 import os
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 import psutil
+
+from supervisor.prewarmer import is_spare_cmdline
 
 __all__ = [
     "set_child_subreaper",
@@ -69,18 +71,19 @@ def reap_any() -> list[tuple[int, int]]:
         out.append((pid, os.waitstatus_to_exitcode(status)))
 
 
-def descendants() -> list[psutil.Process]:
+def descendants(exclude: Collection[int] = ()) -> list[psutil.Process]:
     """Every live descendant of this process (as a subreaper that includes re-parented orphans)."""
     try:
-        return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+        return [p for p in psutil.Process().children(recursive=True)
+                if p.pid not in exclude and p.status() != psutil.STATUS_ZOMBIE]
     except psutil.Error:
         return []
 
 
-def kill_descendants(sig: int = signal.SIGKILL) -> list[tuple[int, str]]:
-    """Signal every live descendant; returns (pid, name) of those signalled."""
+def kill_descendants(sig: int = signal.SIGKILL, exclude: Collection[int] = ()) -> list[tuple[int, str]]:
+    """Signal every live descendant but `exclude` (the idle prewarm spare); returns (pid, name) signalled."""
     hit = []
-    for p in descendants():
+    for p in descendants(exclude):
         try:
             name = p.name()
             p.send_signal(sig)
@@ -114,7 +117,8 @@ def find_job(pid: int | None, create_time: float | None, cmdline: Sequence[str] 
         p = psutil.Process(pid)
         if abs(p.create_time() - create_time) > 0.05:
             return None
-        if cmdline is not None and p.cmdline() != list(cmdline):
+        # A prewarmed job keeps its spare's argv (supervisor/prewarm.py); the start time already pins it.
+        if cmdline is not None and p.cmdline() != list(cmdline) and not is_spare_cmdline(p.cmdline()):
             return None
         return p
     except psutil.Error:

@@ -16,6 +16,7 @@ from typing import Protocol
 
 from supervisor import procs
 from supervisor.exits import read_oom_kills
+from supervisor.prewarmer import Prewarmer
 
 __all__ = ["System", "RealSystem", "Timers"]
 
@@ -67,9 +68,10 @@ class System(Protocol):
 class RealSystem:
     """The real thing. Exit statuses are delivered by the event loop's SIGCHLD handling, not here."""
 
-    def __init__(self) -> None:
+    def __init__(self, prewarm: bool = False) -> None:
         self.timers = Timers()
         self._popen: dict[int, subprocess.Popen[bytes]] = {}
+        self.prewarmer = Prewarmer() if prewarm else None
 
     def now(self) -> float:
         return time.time()
@@ -81,8 +83,11 @@ class RealSystem:
         return random.random()
 
     def spawn(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_path: Path) -> tuple[int, float]:
-        p = procs.spawn(argv, cwd=cwd, env=env, log_path=log_path)
+        warm = self.prewarmer.launch(argv, cwd=cwd, env=env, log_path=log_path) if self.prewarmer else None
+        p = warm or procs.spawn(argv, cwd=cwd, env=env, log_path=log_path)
         self._popen[p.pid] = p
+        if self.prewarmer is not None:  # after the job, so that it gets the head start
+            self.prewarmer.refill(argv, cwd=cwd, env=env, log_dir=log_path.parent)
         try:
             import psutil
 
@@ -96,6 +101,16 @@ class RealSystem:
         p = self._popen.pop(pid, None)
         if p is not None:
             p.returncode = returncode
+        if self.prewarmer is not None:
+            self.prewarmer.forget(pid, returncode)
+
+    def close(self) -> None:
+        """The supervisor is exiting: the idle prewarm spare goes with it."""
+        if self.prewarmer is not None:
+            self.prewarmer.close()
+
+    def _keep(self) -> set[int]:
+        return self.prewarmer.spare_pids() if self.prewarmer is not None else set()
 
     def send_signal(self, pid: int, sig: int) -> None:
         try:
@@ -111,10 +126,10 @@ class RealSystem:
             os.killpg(pid, signal.SIGKILL)  # the job leads its own session: pgid == pid
         except (ProcessLookupError, PermissionError):
             pass
-        return procs.kill_descendants(signal.SIGKILL)
+        return procs.kill_descendants(signal.SIGKILL, exclude=self._keep())
 
     def reap_survivors(self) -> list[tuple[int, str]]:
-        return procs.kill_descendants(signal.SIGKILL)
+        return procs.kill_descendants(signal.SIGKILL, exclude=self._keep())
 
     def oom_kills(self) -> int | None:
         return read_oom_kills()

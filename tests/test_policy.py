@@ -88,6 +88,12 @@ class TestBackoff:
         assert backoff_delay([fail(1), fail(2), fail(3, progressed=True)], cfg, 0.5) == 0.0
         assert backoff_delay([fail(1), fail(2, progressed=True), fail(3)], cfg, 0.5) == 1.0
 
+    def test_healthy_restart_delay_is_configurable(self) -> None:
+        """healthy_restart_delay_s replaces the immediate restart after progress (multi-node agents need it)."""
+        cfg = RestartSection(backoff_jitter=0, healthy_restart_delay_s=5)
+        assert backoff_delay([fail(1, progressed=True)], cfg, 0.5) == 5.0
+        assert backoff_delay([fail(1, progressed=True), fail(2)], cfg, 0.5) == 1.0
+
     def test_restart_after_success_waits_initial(self) -> None:
         """policy=always after a clean exit waits backoff_initial_s: a job that exits 0 at once never spins."""
         cfg = RestartSection(policy="always", backoff_jitter=0)

@@ -1,0 +1,44 @@
+"""A torch-free torchrun worker whose behaviour depends on FSDP_SUPERVISOR_ATTEMPT (prewarm tests).
+
+Appends `{"attempt", "pid", "ppid"}` to --marker, then exits --exit-code on attempts listed in
+--fail-attempts; any other attempt writes the signal number to --trap on SIGTERM and exits 0, or exits 0
+after --sleep seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--marker", required=True)
+    p.add_argument("--trap", required=True)
+    p.add_argument("--fail-attempts", default="1,2")
+    p.add_argument("--exit-code", type=int, default=5)
+    p.add_argument("--sleep", type=float, default=120.0)
+    a = p.parse_args()
+    attempt = int(os.environ.get("FSDP_SUPERVISOR_ATTEMPT", "0"))
+    with open(a.marker, "a") as f:
+        f.write(json.dumps({"attempt": attempt, "pid": os.getpid(), "ppid": os.getppid()}) + "\n")
+    if str(attempt) in a.fail_attempts.split(","):
+        return a.exit_code
+
+    def on_term(signum: int, _frame: object) -> None:
+        Path(a.trap).write_text(str(signum))
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    deadline = time.monotonic() + a.sleep
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
