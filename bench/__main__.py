@@ -1,0 +1,176 @@
+"""`make bench`: run every benchmark, print a table, write bench-results.json at the repo root.
+
+    python -m bench                       # everything (about 6-8 minutes on 2 cores)
+    python -m bench --only recovery,imports --repeats 5
+    python -m bench --quick               # tiny sizes, one repeat: checks that everything runs
+
+Benchmarks report; they never fail on a missed goal (the table and the JSON say which were missed).
+The exit code is 1 only if a benchmark could not run at all.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from bench.common import REPO, machine, scratch
+
+__all__ = ["main", "GOALS", "evaluate", "render"]
+
+SECTIONS = ("imports", "discovery", "recovery", "save_stall", "throughput")
+# (dotted key in bench-results.json, comparison, goal) from issue 7.
+GOALS: list[tuple[str, str, float]] = [
+    ("recovery_s.ratio", "<=", 1.10),
+    ("save_stall_s.async_over_sync", "<=", 0.25),
+    ("save_stall_s.async_over_memcpy", "<=", 3.0),
+    ("write_gbps.ratio", ">=", 0.8),
+    ("supervisor.rss_mb", "<=", 60.0),
+    ("supervisor.idle_cpu_pct", "<=", 1.0),
+    ("supervisor.import_s", "<=", 0.5),
+    ("discovery_ms.n1000", "<=", 200.0),
+    ("throughput_ratio", ">=", 0.98),
+]
+# Context rows printed under the goals (not gated).
+INFO = [
+    "recovery_s.supervisor", "recovery_s.torchrun_restart", "recovery_s.naive_loop",
+    "save_stall_s.sync", "save_stall_s.async", "save_stall_s.memcpy_floor", "save_stall_s.memcpy_clone",
+    "write_gbps.checkpoint", "write_gbps.dd_fsync", "dcp_vs_torch_save.dcp_sharded_save_s",
+    "dcp_vs_torch_save.full_state_dict_torch_save_s", "supervisor.spare_rss_mb", "tokens_per_s.supervisor",
+    "tokens_per_s.bare",
+]
+
+
+def lookup(results: dict[str, Any], dotted: str) -> Any:
+    node: Any = results
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def evaluate(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """{key: {value, goal, met}} for every goal; `met` is None when the value is missing."""
+    out = {}
+    for key, op, goal in GOALS:
+        value = lookup(results, key)
+        met = None if value is None else (value <= goal if op == "<=" else value >= goal)
+        out[key] = {"value": value, "goal": f"{op} {goal:g}", "met": met}
+    return out
+
+
+def render(results: dict[str, Any]) -> str:
+    """The table `make bench` prints: goals first, then context figures."""
+    rows = [("metric", "value", "goal", "")]
+    for key, g in evaluate(results).items():
+        mark = {True: "ok", False: "MISSED", None: "n/a"}[g["met"]]
+        rows.append((key, _fmt(g["value"]), g["goal"], mark))
+    for key in INFO:
+        if lookup(results, key) is not None:
+            rows.append((key, _fmt(lookup(results, key)), "", ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "-" if v is None else str(v)
+
+
+def _sections(quick: bool, repeats: int, say: Callable[[str], None]) -> dict[str, Callable[[], dict[str, Any]]]:
+    """Each section returns the top-level keys it contributes."""
+
+    def imports() -> dict[str, Any]:
+        from bench.supervisor_cost import import_seconds
+
+        return {"supervisor": import_seconds(repeats=2 if quick else 7)}
+
+    def discovery() -> dict[str, Any]:
+        from bench import discovery as d
+
+        n = 50 if quick else 1000
+        r = d.run(n=n, shards=16, repeats=2 if quick else 7)
+        return {"discovery_ms": {"n1000" if n == 1000 else f"n{n}": r.pop(f"n{n}"), **r}}
+
+    def recovery() -> dict[str, Any]:
+        from bench import recovery as rec
+
+        return {"recovery_s": rec.run(repeats=1 if quick else repeats, kill_step=5 if quick else 30, progress=say)}
+
+    def save_stall() -> dict[str, Any]:
+        from bench import save_stall as ss
+
+        model = {"d_model": 64, "n_layers": 2, "n_heads": 4} if quick else None
+        return ss.run(repeats=1 if quick else repeats, model=model)
+
+    def throughput() -> dict[str, Any]:
+        from bench import throughput as tp
+
+        r = tp.run(repeats=1 if quick else repeats, window_s=3 if quick else 12, warmup_s=1 if quick else 5,
+                   progress=say)
+        return {"throughput_ratio": r.pop("throughput_ratio"), "supervisor": r.pop("supervisor"),
+                "tokens_per_s": r.pop("tokens_per_s"), "throughput": r}
+
+    return {"imports": imports, "discovery": discovery, "recovery": recovery, "save_stall": save_stall,
+            "throughput": throughput}
+
+
+def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            into[key].update(value)
+        else:
+            into[key] = value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench", description="Run the benchmarks of issue 7.")
+    p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
+    p.add_argument("--repeats", type=int, default=3, help="repetitions of each compared run (medians reported)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes and one repeat (a smoke run, not figures)")
+    p.add_argument("--out", type=Path, default=REPO / "bench-results.json", help="where the JSON goes")
+    a = p.parse_args(argv)
+    chosen = [s.strip() for s in a.only.split(",") if s.strip()]
+    unknown = sorted(set(chosen) - set(SECTIONS))
+    if unknown:
+        p.error(f"--only: unknown benchmark(s) {', '.join(unknown)}")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+    def say(msg: str) -> None:
+        print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+    probe = scratch("machine")
+    results: dict[str, Any] = {"machine": machine(probe), "started_at": datetime.now(timezone.utc).isoformat(),
+                               "quick": a.quick, "repeats": a.repeats, "seconds": {}, "errors": {}}
+    probe.rmdir()
+    sections = _sections(a.quick, a.repeats, say)
+    for name in chosen:
+        say(f"{name} ...")
+        start = time.monotonic()
+        try:
+            _merge(results, sections[name]())
+        except Exception:  # noqa: BLE001 - one broken benchmark must not hide the others' figures
+            results["errors"][name] = traceback.format_exc(limit=5)
+            say(f"{name} FAILED:\n{results['errors'][name]}")
+        results["seconds"][name] = round(time.monotonic() - start, 1)
+    results["machine"]["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    results["goals"] = evaluate(results)
+    a.out.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    print(render(results))
+    print(f"\nwritten: {a.out}  ({sum(results['seconds'].values()):.0f} s; load average at start "
+          f"{results['machine']['load_avg_at_start']}, at end {results['machine']['load_avg_at_end']})")
+    return 1 if results["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

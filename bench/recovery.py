@@ -1,0 +1,204 @@
+"""Recovery time: SIGKILL one worker of the reference trainer -> its first completed step after resuming.
+
+Three ways to bring the job back, interleaved and repeated:
+- `supervisor`: `fsdp-supervisor run` with its defaults (torchrun `--max-restarts=0`; the supervisor
+  relaunches with `--resume <newest complete>`, through its prewarmed spare agent);
+- `torchrun_restart`: torchrun's own in-agent restart (`--max-restarts=1`, trainer `--resume auto`);
+- `naive_loop`: `until torchrun ...; do sleep 1; done` with `--resume auto`.
+
+The fault is injected once the job is in steady state: a checkpoint exists, training is past
+`kill_step`, and (supervisor) its spare agent reported ready. The benchmark polls every 20 ms and
+splits the time into phases: `teardown` (kill -> the surviving worker is gone), `relaunch` (-> new
+worker processes exist: agent exit, supervisor decision, agent start or hand-off, agent rendezvous),
+`worker_init` (-> rank 0's heartbeat after init_process_group: interpreter, `import torch`, process
+group), `load` (-> the trainer's `loaded` line: resume choice, model build, DCP load) and `first_step`.
+
+    python -m bench.recovery        # prints the result of run() as JSON
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench.common import PY, REPO, Tagged, job_env, median, scratch, torchrun_argv, trainer_argv, wait_until
+
+__all__ = ["run", "measure_once", "VARIANTS"]
+
+VARIANTS = ("supervisor", "torchrun_restart", "naive_loop")
+PHASES = ("teardown", "relaunch", "worker_init", "load", "first_step")
+SAVE_EVERY = 20
+TIMEOUT = 180.0
+
+
+class _Run:
+    """One launched variant: where its job output and heartbeat are, and how to find its processes."""
+
+    def __init__(self, variant: str, root: Path, tagged: Tagged, kill_step: int, model: dict[str, Any]) -> None:
+        self.variant, self.root, self.tagged, self.kill_step = variant, root, tagged, kill_step
+        self.ckpts = root / "ckpts"
+        self.run_dir = root / ".fsdp-supervisor"
+        self.heartbeat = self.run_dir / "heartbeat.json" if variant == "supervisor" else root / "heartbeat.json"
+        self.log = root / "job.log"
+        flags = dict(steps=10**6, save_every=SAVE_EVERY, log_every=1, **model)
+        env = job_env({"FSDP_SUPERVISOR_HEARTBEAT": str(self.heartbeat)})
+        if variant == "supervisor":
+            self.proc = tagged.start([PY, "-m", "supervisor", "run", "-c", str(self._config(flags))],
+                                     log=root / "supervisor.out", env=env, cwd=root)
+        elif variant == "torchrun_restart":
+            argv = torchrun_argv(max_restarts=1) + trainer_argv(self.ckpts, resume="auto", **flags)
+            self.proc = tagged.start(argv, log=self.log, env=env)
+        else:
+            cmd = shlex.join(torchrun_argv() + trainer_argv(self.ckpts, resume="auto", **flags))
+            self.proc = tagged.start(["bash", "-c", f"until {cmd}; do sleep 1; done"], log=self.log, env=env)
+
+    def _config(self, flags: dict[str, Any]) -> Path:
+        command = torchrun_argv() + trainer_argv(self.ckpts, **flags)
+        path = self.root / "job.toml"
+        path.write_text(f"[job]\ncommand = {json.dumps(command)}\ncwd = {json.dumps(str(REPO))}\n\n"
+                        f"[checkpoints]\ndir = {json.dumps(str(self.ckpts))}\n")
+        return path
+
+    def job_log(self, attempt: int) -> Path:
+        return self.run_dir / "logs" / f"attempt-{attempt:04d}.log" if self.variant == "supervisor" else self.log
+
+    def text(self, attempt: int = 1) -> str:
+        try:
+            return self.job_log(attempt).read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def workers(self) -> list[psutil.Process]:
+        """Live trainer worker processes of this run (`python -u -m trainer ...` under torchrun)."""
+        out = []
+        try:
+            procs = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            return out
+        for p in procs:
+            try:
+                cmd = p.cmdline()
+                if "-u" in cmd and "trainer" in cmd and "torch.distributed.run" not in cmd and p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(p)
+            except psutil.Error:
+                continue
+        return out
+
+    def steady(self) -> bool:
+        steps = [int(s) for s in _steps(self.text())]
+        if not steps or steps[-1] < self.kill_step or not any(self.ckpts.glob("step_*")):
+            return False
+        if self.variant != "supervisor":
+            return True
+        spare_log = self.run_dir / "logs" / "prewarm.log"
+        return spare_log.exists() and "event=prewarm_ready" in spare_log.read_text()
+
+
+def _steps(text: str) -> list[str]:
+    return re.findall(r"event=train rank=0 step=(\d+)", text)
+
+
+def _alive(procs: list[psutil.Process]) -> bool:
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.Error:
+            continue
+    return False
+
+
+def _supervisor_events(run: _Run, since_wall: float) -> dict[str, float]:
+    """Seconds after the kill of the supervisor's own events (job_exited, backoff, job_started) for attempt 2."""
+    out: dict[str, float] = {}
+    try:
+        lines = (run.run_dir / "supervisor.log").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        e = json.loads(line)
+        if e.get("event") in ("job_exited", "backoff", "prewarm_handoff", "job_started") and e["event"] not in out:
+            at = datetime.fromisoformat(e["ts"].replace("Z", "+00:00")).timestamp()
+            if at >= since_wall:
+                out[e["event"]] = round(at - since_wall, 3)
+    return out
+
+
+def measure_once(variant: str, *, kill_step: int = 30, model: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Launch `variant`, kill rank 1 in steady state, time the recovery; returns total and phase seconds."""
+    root = scratch(f"recovery-{variant}")
+    tagged = Tagged()
+    try:
+        run = _Run(variant, root, tagged, kill_step, model or {})
+        wait_until(run.steady, TIMEOUT, f"{variant}: steady state", interval=0.1)
+        old = run.workers()
+        victim = next(p for p in old if p.environ().get("RANK") == "1")
+        run.heartbeat.unlink(missing_ok=True)
+        attempt = 2 if variant == "supervisor" else 1
+        offset = len(run.text(attempt)) if attempt == 1 else 0
+        t0, t0_wall = time.monotonic(), time.time()
+        victim.kill()
+        marks: dict[str, float] = {}
+
+        def poll() -> bool:
+            t = time.monotonic() - t0
+            if "teardown" not in marks and not _alive(old):
+                marks["teardown"] = t
+            if "relaunch" not in marks and any(p.pid not in {o.pid for o in old} for p in run.workers()):
+                marks["relaunch"] = t
+            if "worker_init" not in marks and run.heartbeat.exists():
+                marks["worker_init"] = t
+            after = run.text(attempt)[offset:]
+            if "load" not in marks and "event=loaded" in after:
+                marks["load"] = t
+            if "load" in marks and _steps(after.split("event=loaded", 1)[1]):
+                marks["first_step"] = t
+                return True
+            return False
+
+        wait_until(poll, TIMEOUT, f"{variant}: first step after resume")
+        phases, prev = {}, 0.0
+        for name in PHASES:  # a phase seen late by the poller never counts negative
+            at = marks.get(name, prev)
+            phases[name] = round(max(0.0, at - prev), 3)
+            prev = max(prev, at)
+        result = {"total": round(marks["first_step"], 3), "phases": phases}
+        if variant == "supervisor":
+            result["supervisor_events"] = _supervisor_events(run, t0_wall)
+        return result
+    finally:
+        tagged.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run(repeats: int = 3, kill_step: int = 30, model: dict[str, Any] | None = None,
+        variants: tuple[str, ...] = VARIANTS, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Median recovery seconds per variant (runs interleaved, the order rotating every repeat)."""
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    for r in range(repeats):
+        order = variants[r % len(variants):] + variants[:r % len(variants)]
+        for v in order:
+            runs[v].append(measure_once(v, kill_step=kill_step, model=model))
+            if progress:
+                progress(f"recovery {v} #{r + 1}: {runs[v][-1]['total']} s")
+    result: dict[str, Any] = {v: median(x["total"] for x in runs[v]) for v in variants}
+    if "supervisor" in runs and "torchrun_restart" in runs and result["torchrun_restart"]:
+        result["ratio"] = round(result["supervisor"] / result["torchrun_restart"], 3)
+    result["breakdown"] = {v: {ph: median(x["phases"][ph] for x in runs[v]) for ph in PHASES} for v in variants}
+    result["runs"] = runs
+    result["repeats"] = repeats
+    return result
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    print(json.dumps(run(progress=lambda s: print(s, flush=True)), indent=2))

@@ -1,0 +1,113 @@
+"""Smoke tests of the benchmarks (issue 7): each one runs at a tiny size and returns the documented keys.
+
+Benchmarks report timings; these tests never judge a timing, only shapes, signs and the goal arithmetic.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.__main__ import GOALS, evaluate, main, render
+from bench.common import train_lines, trainer_argv
+from bench.save_stall import reduce
+
+TINY = {"d_model": 32, "n_layers": 1, "n_heads": 2, "seq_len": 16, "batch_size": 2}
+
+
+def _positive(x: object) -> bool:
+    return isinstance(x, (int, float)) and x > 0
+
+
+class TestGoals:
+    def test_every_issue_key_is_gated(self) -> None:
+        """The table gates exactly the nine goals of issue 7."""
+        assert {k for k, _, _ in GOALS} == {
+            "recovery_s.ratio", "save_stall_s.async_over_sync", "save_stall_s.async_over_memcpy", "write_gbps.ratio",
+            "supervisor.rss_mb", "supervisor.idle_cpu_pct", "supervisor.import_s", "discovery_ms.n1000",
+            "throughput_ratio"}
+
+    def test_met_missed_and_missing(self) -> None:
+        """<= and >= goals are judged on the value; an absent value is neither met nor missed."""
+        got = evaluate({"recovery_s": {"ratio": 1.2}, "write_gbps": {"ratio": 0.9}, "throughput_ratio": 0.97})
+        assert got["recovery_s.ratio"]["met"] is False and got["write_gbps.ratio"]["met"] is True
+        assert got["throughput_ratio"]["met"] is False and got["supervisor.rss_mb"]["met"] is None
+        table = render({"recovery_s": {"ratio": 1.2, "supervisor": 3.5}})
+        assert "MISSED" in table and "n/a" in table and "recovery_s.supervisor" in table
+
+    def test_unknown_section_is_a_usage_error(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """--only with a name that is no benchmark exits 2 naming it, before running anything."""
+        with pytest.raises(SystemExit) as exc:
+            main(["--only", "recovery,warp", "--out", "/nonexistent/x.json"])
+        assert exc.value.code == 2 and "warp" in capsys.readouterr().err
+
+
+class TestHelpers:
+    def test_trainer_argv_and_progress_lines(self) -> None:
+        """Flags become trainer options (True: a bare switch); rank-0 progress lines parse to (step, tokens/s)."""
+        argv = trainer_argv(Path("/c"), steps=5, async_save=True, resume=None)
+        assert argv == ["-m", "trainer", "--checkpoint-dir", "/c", "--steps", "5", "--async-save"]
+        text = ("ts level=info event=train rank=0 step=10 loss=5.1 tokens_per_s=900 s_per_step=0.1\n"
+                "ts level=info event=train rank=1 step=10 loss=5.1 tokens_per_s=1 s_per_step=0.1\n")
+        assert train_lines(text) == [(10, 900)]
+
+    def test_save_stall_reduce(self) -> None:
+        """Medians and ratios come out of the job's samples as documented."""
+        samples = {"sync": [2.0, 1.0, 3.0], "async": [0.2] * 3, "memcpy": [0.1] * 3, "clone": [0.3] * 3,
+                   "async_write": [2.5] * 3, "async_extra": [0.4] * 3, "full": [4.0] * 3,
+                   "checkpoint_gbps": [0.5] * 3, "dd_gbps": [1.0] * 3}
+        r = reduce({"samples": samples, "checkpoint_bytes": 10, "state_bytes": 2**20, "params": 7, "step_s": 0.1,
+                    "repeats": 3})
+        assert r["save_stall_s"]["async_over_sync"] == 0.1 and r["save_stall_s"]["async_over_memcpy"] == 2.0
+        assert r["write_gbps"]["ratio"] == 0.5 and r["dcp_vs_torch_save"]["torch_save_over_dcp"] == 2.0
+
+
+@pytest.mark.integration
+class TestBenchmarksRun:
+    def test_recovery_all_variants(self) -> None:
+        """Each recovery variant recovers and reports a total and five non-negative phases."""
+        from bench.recovery import PHASES, VARIANTS, run
+
+        r = run(repeats=1, kill_step=3, model=TINY)
+        for v in VARIANTS:
+            assert _positive(r[v]) and set(r["breakdown"][v]) == set(PHASES)
+            assert all(x >= 0 for x in r["breakdown"][v].values())
+        assert _positive(r["ratio"])
+        assert "prewarm_handoff" in r["runs"]["supervisor"][0]["supervisor_events"]
+
+    def test_save_stall_and_write_speed(self, tmp_path: Path) -> None:
+        """The checkpoint job measures every kind and reduces to the issue's keys."""
+        from bench.save_stall import run
+
+        r = run(repeats=1, model=TINY, data_dir=tmp_path)
+        for key in ("sync", "async", "memcpy_floor", "async_over_sync", "async_over_memcpy"):
+            assert _positive(r["save_stall_s"][key]), key
+        for key in ("checkpoint", "dd_fsync", "ratio"):
+            assert _positive(r["write_gbps"][key]), key
+        assert _positive(r["dcp_vs_torch_save"]["full_state_dict_torch_save_s"])
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["job.log", "result.json"]  # saves cleaned up
+
+    def test_throughput_and_supervisor_cost(self) -> None:
+        """Both variants train; the supervisor's RSS and CPU are sampled in the same window."""
+        from bench.throughput import run
+
+        r = run(repeats=1, window_s=2, warmup_s=1, model=TINY)
+        assert _positive(r["throughput_ratio"])
+        assert _positive(r["supervisor"]["rss_mb"]) and r["supervisor"]["idle_cpu_pct"] >= 0
+
+    def test_import_times(self) -> None:
+        """Fresh-interpreter import timings are measured for the CLI and the run path."""
+        from bench.supervisor_cost import import_seconds
+
+        r = import_seconds(repeats=1)
+        assert all(_positive(r[k]) for k in ("python_startup_s", "import_s", "run_imports_s", "version_s"))
+
+    def test_cli_writes_json_and_table(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """`python -m bench --only imports` writes the JSON (machine facts, goals) and prints the table."""
+        out = tmp_path / "r.json"
+        assert main(["--only", "imports", "--quick", "--out", str(out)]) == 0
+        doc = json.loads(out.read_text())
+        assert doc["machine"]["cores"] >= 1 and doc["machine"]["disk"]["filesystem"]
+        assert doc["goals"]["supervisor.import_s"]["met"] in (True, False)
+        assert "supervisor.import_s" in capsys.readouterr().out
