@@ -8,7 +8,16 @@ job's own interpreter, in a session of its own and with the job's environment; i
 environment, directory and output and calls torchrun's `main` in-process, so from here on it *is* the
 torchrun agent: same pid semantics (it leads its own session), same exit codes, same signal handling.
 
-Until then it dies with the supervisor (PR_SET_PDEATHSIG, and EOF on stdin means "not needed").
+Two things differ on purpose:
+- The spare imports at idle priority (nice 19, on a helper thread): started next to a running job, it
+  must not slow that job's start or the restart it is meant to speed up (on a small machine the
+  concurrent import cost the resumed job a second).
+- When torchrun returns, the spare runs the interpreter's exit steps that have effects (non-daemon
+  threads, atexit handlers, flushing stdio) and then `os._exit`s with the status Python would have used:
+  an interpreter that imported torch otherwise spends about a second tearing itself down before its
+  parent learns that the job failed.
+
+Until the hand-off it dies with the supervisor (PR_SET_PDEATHSIG; EOF on stdin means "not needed").
 
 Run as a plain file (`python .../supervisor/prewarm.py PARENT_PID`), standard library only until the
 import it exists for: the job's interpreter need not have this package installed. The supervisor itself
@@ -16,16 +25,21 @@ never imports this module.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import json
 import os
+import signal
 import sys
+import threading
 import time
+import traceback
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 __all__ = ["main"]
 
 _PR_SET_PDEATHSIG = 1
-_SIGKILL = 9
 
 
 def _pdeathsig(sig: int) -> None:
@@ -33,6 +47,35 @@ def _pdeathsig(sig: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
     except (OSError, AttributeError):
         pass  # not Linux: the EOF on stdin still ends an unneeded spare
+
+
+def _import_torchrun_at_idle_priority() -> Any:
+    """`import torch.distributed.run` on a helper thread at nice 19, so it only takes CPU the job leaves idle.
+
+    Niceness is per thread on Linux: the main thread, which later runs torchrun and forks the workers,
+    keeps its own. If the job fails before the import is done, its workers are gone and the CPU is free,
+    so the import finishes at full speed then.
+    """
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (OSError, AttributeError):
+            pass
+        try:
+            import torch.distributed.run
+
+            box["module"] = torch.distributed.run
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the main thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=work, name="prewarm-import")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["module"]
 
 
 def _take_over(spec: dict, module_file: str) -> None:
@@ -54,23 +97,58 @@ def _take_over(spec: dict, module_file: str) -> None:
     sys.path.insert(0, os.path.dirname(script) if script else os.getcwd())
 
 
+def _exit_status(exc: SystemExit) -> int:
+    """The process status CPython gives an uncaught SystemExit."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def run_then_exit(fn: Callable[[], object]) -> NoReturn:
+    """Run `fn` as a script's body; exit with CPython's status, minus the slow interpreter teardown."""
+    interrupted = False
+    try:
+        fn()
+        status = 0  # the console script does `sys.exit(main())` and torchrun's main returns None
+    except SystemExit as exc:
+        status = _exit_status(exc)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        status, interrupted = 1, True
+    except BaseException:  # noqa: BLE001 - an uncaught exception: traceback on stderr, status 1
+        sys.excepthook(*sys.exc_info())
+        status = 1
+    threading._shutdown()  # type: ignore[attr-defined]  # what Py_Finalize does first: join non-daemon threads
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if interrupted:  # CPython re-raises an uncaught SIGINT so the parent sees "killed by SIGINT"
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(status)
+
+
 def main() -> int:
     parent = int(sys.argv[1])
-    _pdeathsig(_SIGKILL)
+    _pdeathsig(signal.SIGKILL)
     if os.getppid() != parent:  # the supervisor died before the line above took effect
         return 0
     del sys.path[0]  # this file's directory holds supervisor modules; never shadow anything with them
     started = time.monotonic()
-    import torch.distributed.run as torchrun
-
+    torchrun = _import_torchrun_at_idle_priority()
     print(f"event=prewarm_ready pid={os.getpid()} import_s={time.monotonic() - started:.3f}",
           file=sys.stderr, flush=True)
     data = sys.stdin.buffer.read()
     if not data:
         return 0
     _take_over(json.loads(data), torchrun.__file__)
-    # The console script does `sys.exit(main())`: a failure propagates as an exception (exit 1, traceback).
-    return torchrun.main()
+    run_then_exit(torchrun.main)
 
 
 if __name__ == "__main__":

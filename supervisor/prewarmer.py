@@ -1,12 +1,12 @@
 """Keep one spare torchrun agent warm and hand the next launch to it (the supervisor side; torch-free).
 
 A relaunch by the supervisor costs a fresh interpreter plus `import torch` before torchrun even starts its
-workers; torchrun's own in-agent restart does not pay that. So when `[job] prewarm` is on and the command
-is `torchrun ...` or `python -m torch.distributed.run ...`, `RealSystem` keeps one spare process
-(supervisor/prewarm.py, run by the job's own interpreter) that has imported torch and waits on a pipe.
-The next launch is written to that pipe instead of exec'ing a new process; a new spare is started right
-after. Anything we cannot reproduce exactly (another interpreter, a changed environment, a dead spare, a
-wrapper script) takes the ordinary cold path.
+workers, and the failed agent's exit costs another second of interpreter teardown; torchrun's own
+in-agent restart pays neither. So when `[job] prewarm` is on and the command is `torchrun ...` or
+`python -m torch.distributed.run ...`, every launch is handed to a spare process (supervisor/prewarm.py,
+run by the job's own interpreter) that imports torch and waits on a pipe: the idle one kept since the
+previous launch, or a fresh one. A new idle spare is started right after. Anything we cannot reproduce
+exactly (another interpreter, a changed environment, a wrapper script) takes the ordinary cold path.
 """
 from __future__ import annotations
 
@@ -106,13 +106,22 @@ class Prewarmer:
 
     def launch(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str],
                log_path: Path) -> subprocess.Popen[bytes] | None:
-        """Hand this launch to the spare; returns its Popen (now the job), or None to launch cold."""
+        """Hand this launch to a spare (the idle one, else a fresh one); its Popen, or None to launch cold.
+
+        A fresh spare starts as fast as a cold torchrun (same interpreter, same import) and, like every
+        spare, exits without the interpreter's slow teardown, so the next failure is seen sooner.
+        """
         spare, self._spare = self._spare, None
-        if spare is None:
-            return None
         p = plan(argv, cwd=cwd, env=env)
-        if p is None or _identity(p, cwd, env) != spare.identity:
-            self._discard(spare, "command, directory or environment changed")
+        if p is None:
+            if spare is not None:
+                self._discard(spare, "the command no longer runs torchrun")
+            return None
+        if spare is not None and (spare.identity != _identity(p, cwd, env) or spare.proc.poll() is not None):
+            self._discard(spare, "command, directory or environment changed, or the spare exited")
+            spare = None
+        spare = spare or self._start(p, cwd=cwd, env=env, log_dir=log_path.parent)
+        if spare is None:
             return None
         spec = json.dumps({"script": p.script, "args": list(p.args), "env": dict(env), "cwd": str(cwd),
                            "log_path": str(log_path)}).encode()
@@ -121,8 +130,6 @@ class Prewarmer:
             return None
         log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            if spare.proc.poll() is not None:
-                raise BrokenPipeError("spare exited")
             assert spare.proc.stdin is not None
             fd = spare.proc.stdin.fileno()
             os.set_blocking(fd, False)
@@ -140,8 +147,10 @@ class Prewarmer:
         if self._spare is not None:
             return
         p = plan(argv, cwd=cwd, env=env)
-        if p is None:
-            return
+        if p is not None:
+            self._spare = self._start(p, cwd=cwd, env=env, log_dir=log_dir)
+
+    def _start(self, p: Plan, *, cwd: Path, env: Mapping[str, str], log_dir: Path) -> _Spare | None:
         log_dir.mkdir(parents=True, exist_ok=True)
         try:
             with open(log_dir / PREWARM_LOG, "ab", buffering=0) as out:
@@ -152,8 +161,8 @@ class Prewarmer:
                 )
         except OSError as exc:
             self.log.warning("prewarm_unavailable", error=str(exc))
-            return
-        self._spare = _Spare(proc, _identity(p, cwd, env), time.monotonic())
+            return None
+        return _Spare(proc, _identity(p, cwd, env), time.monotonic())
 
     def spare_pids(self) -> set[int]:
         """The idle spare's pid (if any): never a survivor to sweep after an attempt."""

@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import psutil
 import pytest
 
 from supervisor.prewarmer import SPARE_SCRIPT, Plan, is_spare_cmdline, plan
-from tests.supervise import REPO, TAG_ENV, Supervisors, stop, supervisors, wait_for, write_config  # noqa: F401
+from tests.supervise import REPO, TAG_ENV, Supervisors, stop, supervisors, wait_for  # noqa: F401
 
 JOB = REPO / "tests" / "jobs" / "attempt_job.py"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", "--max-restarts=0"]
@@ -61,6 +62,27 @@ class TestPlan:
         assert not is_spare_cmdline([sys.executable, "-m", "torch.distributed.run", "x.py"])
 
 
+class TestSpareExit:
+    @pytest.mark.parametrize("body", [
+        "pass",
+        "raise SystemExit(3)",
+        "raise SystemExit('bye')",
+        "raise ValueError('boom')",
+        "raise KeyboardInterrupt",
+    ])
+    def test_exit_status_and_output_match_cpython(self, body: str) -> None:
+        """run_then_exit ends a process with CPython's status, stderr and atexit output, minus the teardown."""
+        head = ("import atexit, sys\natexit.register(lambda: print('atexit ran', flush=True))\n"
+                f"def job():\n    {body}\n")
+        plain = subprocess.run([sys.executable, "-c", head + "job()\n"], capture_output=True, text=True,
+                               cwd=REPO, timeout=60)
+        fast = subprocess.run([sys.executable, "-c", head + "from supervisor.prewarm import run_then_exit\n"
+                               "run_then_exit(job)\n"], capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert fast.returncode == plain.returncode
+        assert fast.stdout == plain.stdout == "atexit ran\n"
+        assert fast.stderr.splitlines()[-1:] == plain.stderr.splitlines()[-1:]
+
+
 # ---- real processes ------------------------------------------------------------------------------------------
 
 
@@ -71,11 +93,6 @@ def _events(tmp_path: Path, name: str) -> list[dict]:
 
 def _marks(marker: Path) -> list[dict]:
     return [json.loads(line) for line in marker.read_text().splitlines()] if marker.exists() else []
-
-
-def _ready_spares(tmp_path: Path) -> int:
-    log = tmp_path / ".fsdp-supervisor" / "logs" / "prewarm.log"
-    return log.read_text().count("event=prewarm_ready") if log.exists() else 0
 
 
 def _live_spares(tag: str) -> list[int]:
@@ -89,29 +106,34 @@ def _live_spares(tag: str) -> list[int]:
     return found
 
 
-def _config(tmp_path: Path, fail_attempts: str) -> tuple[Path, Path, Path]:
+def _config(tmp_path: Path, fail_attempts: str, prewarm: bool = True) -> tuple[Path, Path, Path]:
     marker, trap = tmp_path / "marks", tmp_path / "trap"
     argv = [*TORCHRUN, str(JOB), "--marker", str(marker), "--trap", str(trap), "--fail-attempts", fail_attempts]
-    return write_config(tmp_path, argv, FAST), marker, trap
+    cfg = tmp_path / "job.toml"
+    cfg.write_text(f"[job]\ncommand = {json.dumps(argv)}\nprewarm = {str(prewarm).lower()}\n"
+                   f"env = {{ OMP_NUM_THREADS = \"1\" }}\n\n[checkpoints]\ndir = \"ckpts\"\n{FAST}")
+    return cfg, marker, trap
 
 
 @pytest.mark.integration
 class TestPrewarmedLaunch:
-    def test_prewarmed_attempts_match_cold_ones_and_forward_sigterm(self, tmp_path: Path,
-                                                                      supervisors: Supervisors) -> None:
-        """Attempt 1 (cold) and 2 (prewarmed) fail alike; attempt 3 (prewarmed) gets SIGTERM; no spare is left."""
-        cfg, marker, trap = _config(tmp_path, "1,2")
+    @pytest.mark.parametrize("prewarm", [False, True])
+    def test_same_exit_reports_and_sigterm_forwarding_as_cold(self, tmp_path: Path, supervisors: Supervisors,
+                                                              prewarm: bool) -> None:
+        """Cold or prewarmed: a failed attempt reads the same, the next gets SIGTERM, and no spare is left."""
+        cfg, marker, trap = _config(tmp_path, "1", prewarm)
         p = supervisors.start(cfg)
-        wait_for(lambda: len(_marks(marker)) == 3, 180, "attempt 3's worker")
-        handoffs = [e["pid"] for e in _events(tmp_path, "prewarm_handoff")]
+        wait_for(lambda: len(_marks(marker)) == 2, 180, "attempt 2's worker")
         started = {e["attempt"]: e["pid"] for e in _events(tmp_path, "job_started")}
-        assert handoffs == [started[2], started[3]] and started[1] not in handoffs
-        exits = {e["attempt"]: (e["code"], e["signal"], e["reason"], e["detail"]) for e in _events(tmp_path, "job_exited")}
-        assert exits[1] == exits[2] == (1, None, "crash", "rank 0: exitcode 5")
+        handoffs = [e["pid"] for e in _events(tmp_path, "prewarm_handoff")]
+        assert handoffs == ([started[1], started[2]] if prewarm else [])
+        exited = _events(tmp_path, "job_exited")[0]
+        assert (exited["code"], exited["signal"], exited["reason"], exited["detail"]) == (
+            1, None, "crash", "rank 0: exitcode 5")
         # The per-attempt environment reached the workers through the spare; the agent leads its own session.
-        assert [m["attempt"] for m in _marks(marker)] == [1, 2, 3]
-        agent = started[3]
-        assert _marks(marker)[2]["ppid"] == agent and os.getsid(agent) == agent and os.getpgid(agent) == agent
+        assert [m["attempt"] for m in _marks(marker)] == [1, 2]
+        agent = started[2]
+        assert _marks(marker)[1]["ppid"] == agent and os.getsid(agent) == agent and os.getpgid(agent) == agent
         rc, out = stop(p, signal.SIGTERM)
         assert rc == 0, out[-3000:]
         assert trap.read_text() == str(int(signal.SIGTERM))
@@ -123,11 +145,11 @@ class TestPrewarmedLaunch:
         """SIGKILLed supervisor: its idle spare dies too; the next `run` stops the prewarmed orphan job first."""
         cfg, marker, trap = _config(tmp_path, "1")
         first = supervisors.start(cfg)
-        wait_for(lambda: len(_marks(marker)) == 2 and _ready_spares(tmp_path) == 2, 180, "a prewarmed attempt 2")
+        wait_for(lambda: len(_marks(marker)) == 2 and len(_live_spares(supervisors.tag)) == 2, 180,
+                 "attempt 2 and an idle spare")
         orphan = _marks(marker)[1]["ppid"]
         supervisors.track(orphan)
-        spares = _live_spares(supervisors.tag)
-        assert orphan in spares and len(spares) == 2  # the job (a former spare) and the idle one
+        assert orphan in _live_spares(supervisors.tag)  # the job (a former spare) and the idle one
         first.kill()
         first.wait()
         wait_for(lambda: _live_spares(supervisors.tag) == [orphan], 30, "the idle spare to die with its supervisor")
