@@ -178,6 +178,9 @@ class Core:
             oom_before=job.oom_before, oom_after=self.sys.oom_kills() if returncode else None,
             cause=root_cause(job.error_file, job.log_path) if returncode else None,
         )
+        note = self.house.full_disk_note() if returncode else None
+        if note:  # the likeliest cause, whatever the job's own error says
+            info.detail = f"{info.detail}; {note}" if info.detail else note
         self.status.last_exit = info
         self.status.job_pid = self.status.job_create_time = self.status.job_cmdline = None
         latest = self.house.latest_step()

@@ -57,6 +57,20 @@ class Housekeeper:
     def latest_step(self) -> int | None:
         return self.latest.step if self.latest else None
 
+    def full_disk_note(self) -> str | None:
+        """A note for a failed attempt when the checkpoint file system cannot hold one more checkpoint.
+
+        A save that hits ENOSPC does not always say so: torch's zip writer reports it as "unexpected pos".
+        """
+        if self.latest is None:
+            return None
+        try:
+            free = store.disk_usage(self.root).free_bytes
+        except CheckpointError:
+            return None
+        need = self.latest.size_bytes
+        return f"checkpoint disk full: {free} bytes free, a checkpoint takes {need}" if free < need else None
+
     def latest_json(self) -> dict[str, Any] | None:
         c = self.latest
         return None if c is None else {"path": str(c.path), "step": c.step, "mtime": c.mtime}
