@@ -25,20 +25,20 @@ from typing import Any
 import psutil
 
 from supervisor.checkpoints import newest_complete
-from supervisor.errors import CheckpointError
 from supervisor.checkpoints.naming import name_step
+from supervisor.errors import CheckpointError
 from tests.helpers import TAG_ENV, Launcher, wait_for
 from tests.supervise import Supervisors
 
 __all__ = [
     "SEED_ENV", "SOAK_ENV", "STEPS", "SAVE_EVERY", "TRAIN_SEED", "TORCHRUN", "TIMEOUT", "train_args", "job_config",
-    "chaos_seeds",
-    "Reference", "reference", "export_weights", "assert_same_weights", "RunDir", "Monitor", "ChaosRun",
+    "chaos_seeds", "Reference", "reference", "export_weights", "assert_same_weights", "RunDir", "Monitor", "ChaosRun",
 ]
 
 SEED_ENV = "FSDP_CHAOS_SEED"
 SOAK_ENV = "FSDP_CHAOS_SOAK"
-STEPS, SAVE_EVERY, TRAIN_SEED = 40, 5, 3  # trainer seed fixed: one reference serves every chaos seed
+# 50 steps: the faults' worst-case progress (an orphaned job trains on until the next supervisor stops it) is ~40.
+STEPS, SAVE_EVERY, TRAIN_SEED = 50, 5, 3  # trainer seed fixed: one reference serves every chaos seed
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=0"]
 TIMEOUT = 300
 
@@ -137,7 +137,16 @@ class RunDir:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def events(self, name: str) -> list[dict[str, Any]]:
-        return [e for e in map(json.loads, self.log().splitlines()) if e.get("event") == name]
+        """The supervisor's log events called `name` (a line still being written is skipped)."""
+        found = []
+        for line in self.log().splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("event") == name:
+                found.append(event)
+        return found
 
     def newest_step(self) -> int:
         """Highest step among committed (non-temporary) dir names: what the trainer has committed so far."""
@@ -290,7 +299,7 @@ class ChaosRun:
         floor = (self.dirs.resumed_step() if past is None else past) + min_steps
 
         def ready() -> int | None:
-            assert self.attempt() == attempt, f"attempt {attempt} ended before the fault was injected"
+            self._still_attempt(attempt, "before the fault was injected")
             beat = self.dirs.beat()
             return beat["step"] if beat.get("phase") == "train" and beat.get("step", -1) >= floor else None
 
@@ -301,11 +310,16 @@ class ChaosRun:
         attempt = self.attempt()
 
         def ready() -> int | None:
-            assert self.attempt() == attempt, f"attempt {attempt} ended while waiting for a commit"
+            self._still_attempt(attempt, "while waiting for a commit")
             step = self.dirs.newest_step()
             return step if step > above else None
 
         return int(wait_for(ready, timeout, f"a commit above step {above}", interval=0.01))  # type: ignore[arg-type]
+
+    def _still_attempt(self, attempt: int, when: str) -> None:
+        st = self.dirs.state()
+        assert st.get("attempt") == attempt and st.get("state") == "running", \
+            f"attempt {attempt} ended {when} (state {st.get('state')}, step {st.get('step')}): out of steps?"
 
     def wait_relaunch(self, after: int, timeout: float = TIMEOUT) -> dict[str, Any]:
         return self.wait_running(after + 1, timeout)
