@@ -98,6 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             rc = loop.run(begin)
         finally:
             system.close()
+            core.house.wait_idle(timeout=60)  # finish emptying .trash rather than leave it for the next run
             if metrics:
                 metrics.stop()
         if notifier:
