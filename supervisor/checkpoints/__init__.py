@@ -5,28 +5,34 @@ retention plans (pure) and executes deletions; see each module for the rules.
 """
 from __future__ import annotations
 
-from supervisor.checkpoints.completeness import COMPLETE, INVALID, PARTIAL, STATES, TORN, Verdict, verify
-from supervisor.checkpoints.markers import (
-    is_pinned,
-    is_quarantined,
-    pin,
-    quarantine,
-    quarantine_reason,
-    unpin,
-    unquarantine,
-)
-from supervisor.checkpoints.pruning import clear_trash, disk_usage, execute_retention
-from supervisor.checkpoints.ranking import UNVERIFIED, CheckpointInfo, newest_complete, scan
-from supervisor.checkpoints.retention import (
-    GIB,
-    Deletion,
-    DiskUsage,
-    Finding,
-    KeepBest,
-    RetentionPlan,
-    RetentionPolicy,
-    plan_retention,
-)
+import importlib
+from typing import Any
+
+# Names are loaded on first use (PEP 562): a trainer worker that only validates `--resume PATH` imports
+# `completeness` (standard library only), not pydantic and structlog, before its own `import torch`.
+_HOME = {
+    **dict.fromkeys(("COMPLETE", "INVALID", "PARTIAL", "STATES", "TORN", "Verdict", "verify"), "completeness"),
+    **dict.fromkeys(("is_pinned", "is_quarantined", "pin", "quarantine", "quarantine_reason", "unpin",
+                     "unquarantine"), "markers"),
+    **dict.fromkeys(("clear_trash", "disk_usage", "execute_retention"), "pruning"),
+    **dict.fromkeys(("UNVERIFIED", "CheckpointInfo", "newest_complete", "scan"), "ranking"),
+    **dict.fromkeys(("GIB", "Deletion", "DiskUsage", "Finding", "KeepBest", "RetentionPlan", "RetentionPolicy",
+                     "plan_retention"), "retention"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))
+
 
 __all__ = [
     "COMPLETE",
