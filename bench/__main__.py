@@ -87,7 +87,7 @@ def _fmt(v: Any) -> str:
     return "-" if v is None else str(v)
 
 
-def _sections(quick: bool, repeats: int, say: Callable[[str], None]) -> dict[str, Callable[[], dict[str, Any]]]:
+def _sections(quick: bool, repeats: int | None, say: Callable[[str], None]) -> dict[str, Callable[[], dict[str, Any]]]:
     """Each section returns the top-level keys it contributes."""
 
     def imports() -> dict[str, Any]:
@@ -117,18 +117,19 @@ def _sections(quick: bool, repeats: int, say: Callable[[str], None]) -> dict[str
     def recovery() -> dict[str, Any]:
         from bench import recovery as rec
 
-        return {"recovery_s": rec.run(repeats=1 if quick else repeats, kill_step=5 if quick else 30, progress=say)}
+        return {"recovery_s": rec.run(repeats=1 if quick else (repeats or 4), kill_step=5 if quick else 12,
+                                      progress=say)}
 
     def save_stall() -> dict[str, Any]:
         from bench import save_stall as ss
 
         model = {"d_model": 64, "n_layers": 2, "n_heads": 4} if quick else None
-        return ss.run(repeats=1 if quick else repeats, model=model)
+        return ss.run(repeats=1 if quick else (repeats or 3), model=model)
 
     def throughput() -> dict[str, Any]:
         from bench import throughput as tp
 
-        r = tp.run(repeats=1 if quick else repeats, window_s=3 if quick else 12, warmup_s=1 if quick else 5,
+        r = tp.run(repeats=1 if quick else (repeats or 3), window_s=3 if quick else 12, warmup_s=1 if quick else 4,
                    progress=say)
         return {"throughput_ratio": r.pop("throughput_ratio"), "supervisor": r.pop("supervisor"),
                 "tokens_per_s": r.pop("tokens_per_s"), "throughput": r}
@@ -148,7 +149,8 @@ def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench", description="Run the benchmarks of issue 7.")
     p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
-    p.add_argument("--repeats", type=int, default=3, help="repetitions of each compared run (medians reported)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="repetitions of each compared run (default: 4 for recovery, 3 for the others)")
     p.add_argument("--quick", action="store_true", help="tiny sizes and one repeat (a smoke run, not figures)")
     p.add_argument("--out", type=Path, default=REPO / "bench-results.json", help="where the JSON goes")
     a = p.parse_args(argv)

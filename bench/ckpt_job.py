@@ -18,6 +18,7 @@ Each time is the slowest rank's. Rank 0 writes the results as JSON to --out.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -198,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer.build()
         for _ in range(2):
             trainer.train_step()
+        gc.freeze()  # as trainer.loop.run does before training
         bench = Bench(trainer, a.dir)
         step = 1000
         for r in range(a.repeats):

@@ -3,7 +3,9 @@
 Each run starts the reference trainer (2 ranks, a model with ~0.1 s steps) and reads its rank-0 progress
 lines, which carry tokens/s measured by the trainer itself over each `--log-every` interval. A run's
 throughput is all tokens of the intervals logged inside its window divided by their summed durations (so
-slow intervals weigh what they cost); the first `warmup_s` of training are left out. During supervised
+slow intervals weigh what they cost). The window opens `warmup_s` after steady state: the first progress
+line, and under the supervisor also its idle spare agent ready (it imports torch once, at nice 19, when
+the job starts training; that one-off cost per launch is not steady-state throughput). During supervised
 runs `supervisor_cost.Sampler` records the supervisor's CPU time and peak RSS over the same window.
 
     python -m bench.throughput        # prints the result of run() as JSON
@@ -24,7 +26,7 @@ from bench.supervisor_cost import Sampler, spare_rss_mb
 __all__ = ["run", "measure_once", "MODEL"]
 
 MODEL = {"d_model": 128, "n_layers": 4, "n_heads": 4, "seq_len": 64, "batch_size": 4}
-LOG_EVERY = 5
+LOG_EVERY = 2  # many short intervals per window
 SAVE_EVERY = 100  # checkpoints inside the window in both variants: the supervisor reacts to each commit
 TIMEOUT = 180.0
 
@@ -47,7 +49,7 @@ def _config(root: Path, command: list[str]) -> Path:
     return path
 
 
-def measure_once(variant: str, *, window_s: float = 12.0, warmup_s: float = 5.0,
+def measure_once(variant: str, *, window_s: float = 12.0, warmup_s: float = 4.0,
                  model: dict[str, Any] | None = None) -> dict[str, Any]:
     """One run of `variant` ("supervisor" or "bare"): tokens/s in the window (+ supervisor cost)."""
     model = {**MODEL, **(model or {})}
@@ -68,6 +70,10 @@ def measure_once(variant: str, *, window_s: float = 12.0, warmup_s: float = 5.0,
             return log.read_text(errors="replace") if log.exists() else ""
 
         wait_until(lambda: train_lines(text()), TIMEOUT, f"{variant}: first progress line", interval=0.1)
+        if sup is not None:  # steady state includes the next launch's spare, which imports once training runs
+            spare_log = root / ".fsdp-supervisor" / "logs" / "prewarm.log"
+            wait_until(lambda: spare_log.exists() and spare_log.read_text().count("prewarm_ready") >= 2, TIMEOUT,
+                       "the idle spare to be ready", interval=0.2)
         time.sleep(warmup_s)
         first = len(train_lines(text()))
         sampler = Sampler(sup.pid).start() if sup else None
@@ -77,17 +83,14 @@ def measure_once(variant: str, *, window_s: float = 12.0, warmup_s: float = 5.0,
         tokens_per_step = 2 * model["batch_size"] * model["seq_len"]
         result: dict[str, Any] = {"tokens_per_s": _tokens_per_s(lines, tokens_per_step), "intervals": len(lines) - 1}
         if cost is not None:
-            run_dir = root / ".fsdp-supervisor"
-            prewarm_log = run_dir / "logs" / "prewarm.log"
-            result.update(cost, spare_rss_mb=spare_rss_mb(sup.pid, run_dir),
-                          spare_ready=prewarm_log.exists() and "prewarm_ready" in prewarm_log.read_text())
+            result.update(cost, spare_rss_mb=spare_rss_mb(sup.pid, root / ".fsdp-supervisor"))
         return result
     finally:
         tagged.close()
         shutil.rmtree(root, ignore_errors=True)
 
 
-def run(repeats: int = 3, window_s: float = 12.0, warmup_s: float = 5.0, model: dict[str, Any] | None = None,
+def run(repeats: int = 3, window_s: float = 12.0, warmup_s: float = 4.0, model: dict[str, Any] | None = None,
         progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """`throughput_ratio` (medians, runs interleaved) and the `supervisor` cost sampled in the same runs."""
     runs: dict[str, list[dict[str, Any]]] = {"supervisor": [], "bare": []}
@@ -103,6 +106,9 @@ def run(repeats: int = 3, window_s: float = 12.0, warmup_s: float = 5.0, model: 
     return {
         "throughput_ratio": round(sup / bare, 4) if sup and bare else None,
         "tokens_per_s": {"supervisor": sup, "bare": bare},
+        # Context for the noise: each round's supervised/bare ratio (its two runs were back to back).
+        "round_ratios": [round(s["tokens_per_s"] / b["tokens_per_s"], 3)
+                         for s, b in zip(runs["supervisor"], runs["bare"]) if s["tokens_per_s"] and b["tokens_per_s"]],
         "supervisor": {"rss_mb": round(max(x["peak_rss_mb"] for x in sampled), 1),
                        "idle_cpu_pct": round(100 * cpu / wall, 3) if wall else None,
                        "sampled_s": round(wall, 1),
