@@ -9,9 +9,9 @@ environment, directory and output and calls torchrun's `main` in-process, so fro
 torchrun agent: same pid semantics (it leads its own session), same exit codes, same signal handling.
 
 Two things differ on purpose:
-- The spare imports at idle priority (nice 19, on a helper thread): started next to a running job, it
-  must not slow that job's start or the restart it is meant to speed up (on a small machine the
-  concurrent import cost the resumed job a second).
+- A spare started next to a running job waits with its import until that job trains (its heartbeat
+  says `train`), or 60 s, or a hand-off arrives, and then imports at idle priority (nice 19, on a helper
+  thread): it must not slow the start or the restart it is meant to speed up.
 - When torchrun returns, the spare runs the interpreter's exit steps that have effects (non-daemon
   threads, atexit handlers, flushing stdio) and then `os._exit`s with the status Python would have used:
   an interpreter that imported torch otherwise spends about a second tearing itself down before its
@@ -29,6 +29,7 @@ import atexit
 import ctypes
 import json
 import os
+import select
 import signal
 import sys
 import threading
@@ -40,6 +41,8 @@ from typing import Any, NoReturn
 __all__ = ["main"]
 
 _PR_SET_PDEATHSIG = 1
+_HEARTBEAT_ENV = "FSDP_SUPERVISOR_HEARTBEAT"  # the job's heartbeat file (supervisor/core.py sets it)
+_IMPORT_AFTER_S = 60.0
 
 
 def _pdeathsig(sig: int) -> None:
@@ -47,6 +50,26 @@ def _pdeathsig(sig: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
     except (OSError, AttributeError):
         pass  # not Linux: the EOF on stdin still ends an unneeded spare
+
+
+def _wait_for_training(timeout: float) -> None:
+    """Hold the import back until the job started with us trains, a hand-off arrives, or `timeout` passes.
+
+    "Trains" is the job's heartbeat saying phase `train` (its workers are past their own imports and the
+    checkpoint load, which a concurrent import would slow down, even at nice 19: measured +1.5 s on a
+    restart here). A job without a heartbeat just waits out `timeout`.
+    """
+    beat = os.environ.get(_HEARTBEAT_ENV)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if select.select([sys.stdin], [], [], 0.25)[0]:
+            return
+        try:
+            with open(beat or "", encoding="utf-8") as fh:
+                if json.load(fh).get("phase") == "train":
+                    return
+        except (OSError, ValueError, AttributeError):
+            continue
 
 
 def _import_torchrun_at_idle_priority() -> Any:
@@ -140,6 +163,7 @@ def main() -> int:
     if os.getppid() != parent:  # the supervisor died before the line above took effect
         return 0
     del sys.path[0]  # this file's directory holds supervisor modules; never shadow anything with them
+    _wait_for_training(_IMPORT_AFTER_S)
     started = time.monotonic()
     torchrun = _import_torchrun_at_idle_priority()
     print(f"event=prewarm_ready pid={os.getpid()} import_s={time.monotonic() - started:.3f}",
