@@ -58,6 +58,22 @@ def _broadcast(value: Any, group: dist.ProcessGroup | None) -> Any:
     return box[0]
 
 
+class _Writer(FileSystemWriter):
+    """DCP's file writer, minus the zip CRC32 that `torch.save` computes for every tensor record.
+
+    Nothing checks it (neither `torch.load` nor DCP's reader), and it cost ~20% of a save's write time on
+    2 CPU cores. The switch is process-wide, so it is off only while this writer writes.
+    """
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        previous = torch.serialization.get_crc32_options()
+        torch.serialization.set_crc32_options(False)
+        try:
+            return super().write_data(plan, planner)
+        finally:
+            torch.serialization.set_crc32_options(previous)
+
+
 class SaveResult:
     """One save: where it is written, and (on rank 0, once committed) where it ended up."""
 
@@ -97,7 +113,7 @@ class Checkpointer:
         self.wait()  # never two saves in flight
         tmp = self.root / tmp_dir_name(step, self.nonce)
         result = SaveResult(step, tmp, self.root / step_dir_name(step), dict(metrics or {}), time.monotonic())
-        writer = FileSystemWriter(tmp)
+        writer = _Writer(tmp)
         if (self.async_save if blocking is None else not blocking):
             if self._stager is None:
                 self._stager = CachedStager()
