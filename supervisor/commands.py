@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-from supervisor import procs
 from supervisor.config import Config, load_config
 from supervisor.errors import EXIT_NOT_OK, EXIT_OK, ConfigError
 from supervisor.logs import LOG_FILE, configure, get_logger, render_line
@@ -61,6 +60,7 @@ def _check_program(cfg: Config) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     # Imported here so `status`/`logs` stay light.
+    from supervisor import procs
     from supervisor.core import Core
     from supervisor.loop import Echo, EventLoop
     from supervisor.metrics import listen_address, start_metrics
@@ -84,9 +84,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             log.warning("subreaper_unavailable")
         notifier = Notifier.from_env()
         core = Core(cfg, system, log, notify=notifier.status if notifier else None)
-        watch = [(run_dir, False), (run_dir / "logs", False), (cfg.checkpoints.dir, True)]
+        echo = Echo(sys.stderr) if sys.stderr.isatty() else None
+        # The job's output dir is watched only to echo it: each line the job logs would wake us otherwise.
+        watch = [(run_dir, False), *([(run_dir / "logs", False)] if echo else []), (cfg.checkpoints.dir, True)]
         ticks = notifier.ticks(lambda: not core.done) if notifier else []
-        loop = EventLoop(core, system, watch, echo=Echo(sys.stderr) if sys.stderr.isatty() else None, ticks=ticks)
+        loop = EventLoop(core, system, watch, echo=echo, ticks=ticks)
 
         def begin() -> None:
             core.begin(previous)
