@@ -42,7 +42,7 @@ INFO = [
     "recovery_s.supervisor", "recovery_s.torchrun_restart", "recovery_s.naive_loop",
     "save_stall_s.sync", "save_stall_s.async", "save_stall_s.memcpy_floor", "save_stall_s.memcpy_clone",
     "write_gbps.checkpoint", "write_gbps.dd_fsync", "dcp_vs_torch_save.dcp_sharded_save_s",
-    "dcp_vs_torch_save.full_state_dict_torch_save_s", "supervisor.spare_rss_mb", "tokens_per_s.supervisor",
+    "dcp_vs_torch_save.full_state_dict_torch_save_s", "supervisor_verify_s", "supervisor.spare_rss_mb", "tokens_per_s.supervisor",
     "tokens_per_s.bare",
 ]
 

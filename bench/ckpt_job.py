@@ -11,7 +11,8 @@ so that AdamW's state exists, then repeats, in an order that rotates every round
 - `full`: the tutorial's "normal" save: a full state dict gathered on rank 0 (cpu offload), `torch.save`d
   there and fsynced;
 - `dd`: rank 0 runs `dd if=/dev/zero bs=4M conv=fsync` of the checkpoint's size into the same directory.
-Each time is the slowest rank's. Rank 0 writes the results as JSON to --out.
+Each time is the slowest rank's. Rank 0 writes the results as JSON to --out. One last sync checkpoint
+is left in `--dir/sync` for the runner, which times the supervisor's verification of it.
 
     torchrun --standalone --nproc-per-node=2 -m bench.ckpt_job --dir D --out R.json [trainer model flags]
 """
@@ -111,7 +112,7 @@ class Bench:
         dist.barrier(group=self.group)
 
     # ---- the measurements --------------------------------------------------------------------------------------
-    def sync(self, step: int) -> None:
+    def sync(self, step: int, keep: bool = False) -> None:
         result: list[Any] = []
         seconds = self._timed(lambda: result.append(
             self.sync_saver.save(step, self.t.state(), metrics={"loss": 0.0}, blocking=True)))
@@ -122,7 +123,8 @@ class Bench:
         self.bytes = box[0]
         self.out["sync"].append(seconds)
         self.out["checkpoint_gbps"].append(self.bytes / seconds / 1e9)
-        self._clear(self.root / "sync")
+        if not keep:
+            self._clear(self.root / "sync")
 
     def async_(self, step: int) -> None:
         dist.barrier(group=self.group)
@@ -207,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
                 step += 1
                 {"sync": lambda: bench.sync(step), "async": lambda: bench.async_(step), "memcpy": bench.memcpy,
                  "full": bench.full, "dd": bench.dd}[kind]()
+        bench.sync(step + 1, keep=True)  # not a sample: left for the runner to time the supervisor's verify()
+        bench.out["sync"].pop()
+        bench.out["checkpoint_gbps"].pop()
         state_bytes = sum(t.numel() * t.element_size() for t in bench._local_tensors())
         total = torch.tensor([state_bytes], dtype=torch.int64)
         dist.all_reduce(total, group=d.control)

@@ -8,7 +8,9 @@ moments) is a few hundred MB, and reduces its samples to medians:
   much longer the training steps during the background write took than undisturbed ones);
 - `write_gbps`: `{checkpoint, dd_fsync, ratio}`: bytes of a sync checkpoint / its save time, against
   `dd if=/dev/zero bs=4M conv=fsync` of the same size in the same directory, interleaved with the saves;
-- `dcp_vs_torch_save`: DCP's sharded sync save vs gathering a full state dict on rank 0 and `torch.save`.
+- `dcp_vs_torch_save`: DCP's sharded sync save vs gathering a full state dict on rank 0 and `torch.save`;
+- `supervisor_verify_s`: the supervisor's CPU per new checkpoint of this size (`verify()`: mostly parsing
+  `.metadata` with its allowlisting pure-Python unpickler), cold metadata cache.
 
     python -m bench.save_stall        # prints the result of run() as JSON
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +61,19 @@ def reduce(raw: dict[str, Any]) -> dict[str, Any]:
             "repeats": raw["repeats"]}
 
 
+def verify_seconds(path: Path, repeats: int = 3) -> float | None:
+    """What the supervisor spends on each new checkpoint: `verify()` with its metadata cache cleared."""
+    from supervisor.checkpoints import metadata, verify
+
+    times = []
+    for _ in range(repeats):
+        metadata._cache.clear()
+        start = time.perf_counter()
+        assert verify(path).state == "complete", path
+        times.append(time.perf_counter() - start)
+    return median(times, 4)
+
+
 def run(repeats: int = 3, model: dict[str, Any] | None = None, data_dir: Path | None = None) -> dict[str, Any]:
     """Run the checkpoint job once (all kinds interleaved inside it) and reduce its samples."""
     root = Path(data_dir) if data_dir else scratch("ckpt")
@@ -74,6 +90,7 @@ def run(repeats: int = 3, model: dict[str, Any] | None = None, data_dir: Path | 
                 raise RuntimeError(f"checkpoint benchmark job failed (exit {rc}):\n{tail}")
             result = reduce(json.loads(out.read_text()))
         result["model"]["flags"] = " ".join(flags)
+        result["supervisor_verify_s"] = verify_seconds(next((root / "sync").glob("step_*")))
         return result
     finally:
         if data_dir is None:

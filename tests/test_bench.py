@@ -85,8 +85,10 @@ class TestBenchmarksRun:
             assert _positive(r["save_stall_s"][key]), key
         for key in ("checkpoint", "dd_fsync", "ratio"):
             assert _positive(r["write_gbps"][key]), key
-        assert _positive(r["dcp_vs_torch_save"]["full_state_dict_torch_save_s"])
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["job.log", "result.json"]  # saves cleaned up
+        assert _positive(r["dcp_vs_torch_save"]["full_state_dict_torch_save_s"]) and _positive(r["supervisor_verify_s"])
+        # The measured saves are cleaned up; one checkpoint is left for timing the supervisor's verify().
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["job.log", "result.json", "sync"]
+        assert len(list((tmp_path / "sync").iterdir())) == 1
 
     def test_throughput_and_supervisor_cost(self) -> None:
         """Both variants train; the supervisor's RSS and CPU are sampled in the same window."""
