@@ -152,7 +152,7 @@ class Bench:
         src = self._local_tensors()
         dst = [torch.empty_like(t) for t in src]
         self.out["memcpy"].append(self._timed(lambda: [d.copy_(s) for d, s in zip(dst, src)]))
-        del dst
+        dst.clear()  # free the buffers before the clone pass allocates its own
         self.out["clone"].append(self._timed(lambda: [s.clone() for s in src]))
 
     def full(self) -> None:
