@@ -2,12 +2,13 @@
 
 `Sampler` watches the supervisor process (not its job) during the supervised throughput runs
 (bench/throughput.py), so the figures come from the same minute of training that the throughput
-comparison uses. `import_seconds` times fresh interpreters importing the CLI.
+comparison uses. `import_seconds` times fresh interpreters importing what `run` needs.
 
     python -m bench.supervisor_cost      # prints import_seconds() as JSON
 """
 from __future__ import annotations
 
+import compileall
 import json
 import subprocess
 import threading
@@ -20,7 +21,7 @@ import psutil
 from bench.common import PY, REPO, median
 from supervisor.prewarmer import is_spare_cmdline
 
-__all__ = ["Sampler", "import_seconds", "spare_rss_mb"]
+__all__ = ["Sampler", "import_seconds", "spare_rss_mb", "RUN_IMPORTS"]
 
 
 class Sampler:
@@ -71,6 +72,35 @@ def spare_rss_mb(supervisor_pid: int, run_dir: Path) -> float | None:
     return None
 
 
+# What `fsdp-supervisor run` imports before it loads the config: the CLI with every command group
+# registered, then `cmd_run`'s own imports. tests/test_bench.py checks a real `run` imports nothing else.
+RUN_IMPORTS = (
+    "from supervisor import cli\n"
+    "cli.build_parser()\n"
+    "import supervisor.procs, supervisor.core, supervisor.loop, supervisor.metrics, supervisor.notify, "
+    "supervisor.system\n"
+)
+# The third-party floor under it: the same libraries, one pydantic model, none of our code.
+LIBRARY_FLOOR = (
+    "import argparse, json, logging.handlers, tomllib, psutil, structlog, watchdog.observers\n"
+    "from pydantic import BaseModel\n"
+    "class M(BaseModel):\n    x: int = 1\n"
+)
+_READY = "\nimport os, sys\nsys.stdout.write('ready\\n'); sys.stdout.flush(); os._exit(0)\n"
+
+
+def _until_ready(code: str) -> float:
+    """Seconds from spawning a fresh interpreter until `code` has run (its exit and teardown not counted)."""
+    start = time.perf_counter()
+    with subprocess.Popen([PY, "-c", code + _READY], stdout=subprocess.PIPE, cwd=REPO) as proc:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        took = time.perf_counter() - start
+        if proc.wait() != 0 or line.strip() != b"ready":
+            raise RuntimeError(f"import timing child failed: {code!r}")
+    return took
+
+
 def _wall(argv: list[str]) -> float:
     start = time.perf_counter()
     subprocess.run(argv, check=True, capture_output=True, cwd=REPO)
@@ -78,19 +108,28 @@ def _wall(argv: list[str]) -> float:
 
 
 def import_seconds(repeats: int = 5) -> dict[str, Any]:
-    """Median wall time of fresh interpreters: bare, importing the CLI, importing what `run` needs, --version."""
-    cases = {
-        "python_startup_s": [PY, "-c", "pass"],
-        "import_s": [PY, "-c", "import supervisor.commands"],
-        "run_imports_s": [PY, "-c", "import supervisor.commands, supervisor.core, supervisor.loop, "
-                          "supervisor.system, supervisor.metrics, supervisor.notify"],
-        "version_s": [PY, "-m", "supervisor", "--version"],
+    """Medians over fresh interpreters, interleaved.
+
+    `import_s` is the supervisor's start-up import: spawn -> everything `run` imports is imported. The
+    rest give it context: `python_startup_s` (bare interpreter), `library_floor_s` (the third-party
+    imports alone), `status_imports_s` (what `status`/`logs`/`stop` load), and `version_s`, the whole
+    `python -m supervisor --version` process including interpreter teardown.
+    """
+    ready = {
+        "python_startup_s": "pass",
+        "library_floor_s": LIBRARY_FLOOR,
+        "status_imports_s": "import supervisor.commands",
+        "import_s": RUN_IMPORTS,
     }
-    samples: dict[str, list[float]] = {k: [] for k in cases}
-    _wall(cases["import_s"])  # warm the page cache and __pycache__ once
+    samples: dict[str, list[float]] = {k: [] for k in (*ready, "version_s")}
+    # An installed package has its bytecode compiled (pip does it); a source tree under
+    # PYTHONDONTWRITEBYTECODE would recompile every edited module in every sample.
+    compileall.compile_dir(REPO / "supervisor", quiet=1)
+    _until_ready(RUN_IMPORTS)  # warm the page cache once
     for _ in range(repeats):
-        for key, argv in cases.items():  # interleaved
-            samples[key].append(_wall(argv))
+        for key, code in ready.items():  # interleaved
+            samples[key].append(_until_ready(code))
+        samples["version_s"].append(_wall([PY, "-m", "supervisor", "--version"]))
     return {k: median(v) for k, v in samples.items()}
 
 

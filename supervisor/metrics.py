@@ -7,10 +7,9 @@ loopback unless `[metrics] listen` names another address literally (e.g. "0.0.0.
 from __future__ import annotations
 
 import copy
-import http.server
+import functools
 import ipaddress
 import socket
-import socketserver
 import threading
 import time
 from collections.abc import Callable
@@ -121,43 +120,49 @@ def is_loopback(host: str) -> bool:
     return ipaddress.ip_address(host).is_loopback
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: _Server
-    timeout = 10  # a client that never finishes its request must not hold a thread forever
+@functools.cache
+def _server_class() -> type:
+    """The HTTP server class, built on first use: `http.server` costs start-up time and most jobs scrape nothing."""
+    import http.server
+    import socketserver
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-        path = self.path.split("?", 1)[0]
-        if path == "/metrics":
-            try:
-                body, ctype, code = self.server.render().encode(), CONTENT_TYPE, 200
-            except Exception as exc:  # a rendering bug must cost one scrape, not a traceback per request
-                body, ctype, code = f"cannot render metrics: {exc!r}\n".encode(), "text/plain; charset=utf-8", 500
-        elif path == "/":
-            body, ctype, code = b"fsdp-supervisor: see /metrics\n", "text/plain; charset=utf-8", 200
-        else:
-            body, ctype, code = b"not found\n", "text/plain; charset=utf-8", 404
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+    class Handler(http.server.BaseHTTPRequestHandler):
+        timeout = 10  # a client that never finishes its request must not hold a thread forever
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - scrapes are not events worth logging
-        pass
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                try:
+                    body, ctype, code = self.server.render().encode(), CONTENT_TYPE, 200  # type: ignore[attr-defined]
+                except Exception as exc:  # a rendering bug must cost one scrape, not a traceback per request
+                    body, ctype, code = f"cannot render metrics: {exc!r}\n".encode(), "text/plain; charset=utf-8", 500
+            elif path == "/":
+                body, ctype, code = b"fsdp-supervisor: see /metrics\n", "text/plain; charset=utf-8", 200
+            else:
+                body, ctype, code = b"not found\n", "text/plain; charset=utf-8", 404
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
 
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - scrapes are not events worth logging
+            pass
 
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    render: Callable[[], str]
+    class Server(http.server.ThreadingHTTPServer):
+        daemon_threads = True
+        render: Callable[[], str]
 
-    def __init__(self, address: tuple[str, int], family: socket.AddressFamily) -> None:
-        self.address_family = family
-        super().__init__(address, _Handler)
+        def __init__(self, address: tuple[str, int], family: socket.AddressFamily) -> None:
+            self.address_family = family
+            super().__init__(address, Handler)
 
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind does a reverse DNS lookup (getfqdn) that can stall start-up; we need no name.
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
+        def server_bind(self) -> None:
+            # HTTPServer.server_bind does a reverse DNS lookup (getfqdn) that can stall start-up; we need no name.
+            socketserver.TCPServer.server_bind(self)
+            self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
+
+    return Server
 
 
 class MetricsServer:
@@ -166,7 +171,7 @@ class MetricsServer:
     def __init__(self, host: str, port: int, snapshot: Callable[[], Status],
                  clock: Callable[[], float] = time.time) -> None:
         self.snapshot, self.clock = snapshot, clock
-        self.httpd = _Server((host, port), socket.AF_INET6 if ":" in host else socket.AF_INET)
+        self.httpd = _server_class()((host, port), socket.AF_INET6 if ":" in host else socket.AF_INET)
         self.httpd.render = self.render
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="metrics", daemon=True)
 

@@ -103,7 +103,30 @@ class TestBenchmarksRun:
         from bench.supervisor_cost import import_seconds
 
         r = import_seconds(repeats=1)
-        assert all(_positive(r[k]) for k in ("python_startup_s", "import_s", "run_imports_s", "version_s"))
+        assert all(_positive(r[k]) for k in ("python_startup_s", "library_floor_s", "status_imports_s", "import_s",
+                                              "version_s"))
+
+    def test_import_s_covers_everything_run_imports(self, tmp_path: Path) -> None:
+        """A real `run` (of a job that exits at once) imports no module beyond what `import_s` times.
+
+        Nor torch, nor `http.server` (only a configured `[metrics] listen` needs it)."""
+        import subprocess
+        import sys
+
+        from bench.supervisor_cost import RUN_IMPORTS
+        from tests.supervise import write_config
+
+        cfg = write_config(tmp_path, [sys.executable, "-c", "pass"])
+        show = "\nimport sys\nprint(' '.join(sorted(sys.modules)))\n"
+        real = subprocess.run([sys.executable, "-c", "from supervisor import cli\n"
+                               f"assert cli.main(['run', '-c', {str(cfg)!r}]) == 0" + show],
+                              capture_output=True, text=True, timeout=60, check=True)
+        timed = subprocess.run([sys.executable, "-c", RUN_IMPORTS + show],
+                               capture_output=True, text=True, timeout=60, check=True)
+        ours = {m for m in real.stdout.split() if m.startswith("supervisor")}
+        assert {"supervisor.core", "supervisor.loop"} <= ours, real.stderr
+        assert ours - set(timed.stdout.split()) == set()
+        assert {"torch", "http.server"} & set(real.stdout.split()) == set()
 
     def test_cli_writes_json_and_table(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """`python -m bench --only imports` writes the JSON (machine facts, goals) and prints the table."""
