@@ -31,6 +31,7 @@ from typing import Any
 import psutil
 
 from bench.common import PY, REPO, Tagged, job_env, median, scratch, torchrun_argv, trainer_argv, wait_until
+from bench.supervisor_cost import idle_spare
 
 __all__ = ["run", "measure_once", "VARIANTS"]
 
@@ -100,8 +101,14 @@ class _Run:
             return False
         if self.variant != "supervisor":
             return True
-        spare_log = self.run_dir / "logs" / "prewarm.log"
-        return spare_log.exists() and "event=prewarm_ready" in spare_log.read_text()
+        # The idle spare (not the one that became this job, whose ready line is in the same log) has imported
+        # torch: in a real run it is ready seconds after training starts, long before any fault.
+        spare = idle_spare(self.proc.pid, self.run_dir)
+        try:
+            ready = (self.run_dir / "logs" / "prewarm.log").read_text()
+        except OSError:
+            return False
+        return spare is not None and f"event=prewarm_ready pid={spare.pid} " in ready
 
 
 def _steps(text: str) -> list[str]:

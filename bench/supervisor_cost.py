@@ -21,7 +21,7 @@ import psutil
 from bench.common import PY, REPO, median
 from supervisor.prewarmer import is_spare_cmdline
 
-__all__ = ["Sampler", "import_seconds", "spare_rss_mb", "RUN_IMPORTS"]
+__all__ = ["Sampler", "import_seconds", "idle_spare", "spare_rss_mb", "RUN_IMPORTS"]
 
 
 class Sampler:
@@ -57,8 +57,8 @@ class Sampler:
                 "peak_rss_mb": self.peak_rss / 2**20}
 
 
-def spare_rss_mb(supervisor_pid: int, run_dir: Path) -> float | None:
-    """RSS of the supervisor's idle prewarm spare, if it has one (reported apart: it is not the supervisor)."""
+def idle_spare(supervisor_pid: int, run_dir: Path) -> psutil.Process | None:
+    """The supervisor's idle prewarm spare (a spare-script child that is not the running job), if any."""
     try:
         job_pid = json.loads((run_dir / "state.json").read_text()).get("job_pid")
     except (OSError, ValueError):
@@ -66,10 +66,19 @@ def spare_rss_mb(supervisor_pid: int, run_dir: Path) -> float | None:
     try:
         for child in psutil.Process(supervisor_pid).children():
             if child.pid != job_pid and is_spare_cmdline(child.cmdline()):
-                return round(child.memory_info().rss / 2**20, 1)
+                return child
     except psutil.Error:
         pass
     return None
+
+
+def spare_rss_mb(supervisor_pid: int, run_dir: Path) -> float | None:
+    """RSS of the supervisor's idle prewarm spare, if it has one (reported apart: it is not the supervisor)."""
+    spare = idle_spare(supervisor_pid, run_dir)
+    try:
+        return round(spare.memory_info().rss / 2**20, 1) if spare is not None else None
+    except psutil.Error:
+        return None
 
 
 # What `fsdp-supervisor run` imports before it loads the config: the CLI with every command group
