@@ -31,7 +31,7 @@ from typing import Any
 import psutil
 
 from bench.common import PY, REPO, Tagged, job_env, median, scratch, torchrun_argv, trainer_argv, wait_until
-from bench.supervisor_cost import idle_spare
+from bench.supervisor_cost import idle_spare_ready
 
 __all__ = ["run", "measure_once", "VARIANTS"]
 
@@ -101,14 +101,8 @@ class _Run:
             return False
         if self.variant != "supervisor":
             return True
-        # The idle spare (not the one that became this job, whose ready line is in the same log) has imported
-        # torch: in a real run it is ready seconds after training starts, long before any fault.
-        spare = idle_spare(self.proc.pid, self.run_dir)
-        try:
-            ready = (self.run_dir / "logs" / "prewarm.log").read_text()
-        except OSError:
-            return False
-        return spare is not None and f"event=prewarm_ready pid={spare.pid} " in ready
+        # In a real run the idle spare is ready seconds after training starts, long before any fault.
+        return idle_spare_ready(self.proc.pid, self.run_dir)
 
 
 def _steps(text: str) -> list[str]:

@@ -58,7 +58,7 @@ def reduce(raw: dict[str, Any]) -> dict[str, Any]:
     model = {"params": raw["params"], "state_mb": round(raw["state_bytes"] / 2**20, 1),
              "checkpoint_mb": round((raw["checkpoint_bytes"] or 0) / 2**20, 1), "step_s": round(raw["step_s"], 4)}
     return {"save_stall_s": stall, "write_gbps": write, "dcp_vs_torch_save": dcp, "model": model,
-            "repeats": raw["repeats"]}
+            "repeats": raw["repeats"], "save_samples": s}
 
 
 def verify_seconds(path: Path, repeats: int = 3) -> float | None:

@@ -21,7 +21,7 @@ import psutil
 from bench.common import PY, REPO, median
 from supervisor.prewarmer import is_spare_cmdline
 
-__all__ = ["Sampler", "import_seconds", "idle_spare", "spare_rss_mb", "RUN_IMPORTS"]
+__all__ = ["Sampler", "import_seconds", "idle_spare", "idle_spare_ready", "spare_rss_mb", "RUN_IMPORTS"]
 
 
 class Sampler:
@@ -70,6 +70,16 @@ def idle_spare(supervisor_pid: int, run_dir: Path) -> psutil.Process | None:
     except psutil.Error:
         pass
     return None
+
+
+def idle_spare_ready(supervisor_pid: int, run_dir: Path) -> bool:
+    """Whether the idle spare has imported torch: its own ready line (the job's former spare wrote one too)."""
+    spare = idle_spare(supervisor_pid, run_dir)
+    try:
+        ready = (run_dir / "logs" / "prewarm.log").read_text()
+    except OSError:
+        return False
+    return spare is not None and f"event=prewarm_ready pid={spare.pid} " in ready
 
 
 def spare_rss_mb(supervisor_pid: int, run_dir: Path) -> float | None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import PY, REPO, Tagged, job_env, median, scratch, torchrun_argv, train_lines, trainer_argv, wait_until
-from bench.supervisor_cost import Sampler, spare_rss_mb
+from bench.supervisor_cost import Sampler, idle_spare_ready, spare_rss_mb
 
 __all__ = ["run", "measure_once", "MODEL"]
 
@@ -73,8 +73,7 @@ def measure_once(variant: str, *, window_s: float = 12.0, warmup_s: float = 4.0,
 
         wait_until(lambda: train_lines(text()), TIMEOUT, f"{variant}: first progress line", interval=0.1)
         if sup is not None:  # steady state includes the next launch's spare, which imports once training runs
-            spare_log = root / ".fsdp-supervisor" / "logs" / "prewarm.log"
-            wait_until(lambda: spare_log.exists() and spare_log.read_text().count("prewarm_ready") >= 2, TIMEOUT,
+            wait_until(lambda: idle_spare_ready(sup.pid, root / ".fsdp-supervisor"), TIMEOUT,
                        "the idle spare to be ready", interval=0.2)
         time.sleep(warmup_s)
         first = len(train_lines(text()))

@@ -61,6 +61,7 @@ class TestHelpers:
                     "repeats": 3})
         assert r["save_stall_s"]["async_over_sync"] == 0.1 and r["save_stall_s"]["async_over_memcpy"] == 2.0
         assert r["write_gbps"]["ratio"] == 0.5 and r["dcp_vs_torch_save"]["torch_save_over_dcp"] == 2.0
+        assert r["save_samples"] == samples  # every sample reaches the JSON, not only the medians
 
 
 @pytest.mark.integration
