@@ -7,7 +7,6 @@ loopback unless `[metrics] listen` names another address literally (e.g. "0.0.0.
 from __future__ import annotations
 
 import copy
-import functools
 import ipaddress
 import socket
 import threading
@@ -120,58 +119,15 @@ def is_loopback(host: str) -> bool:
     return ipaddress.ip_address(host).is_loopback
 
 
-@functools.cache
-def _server_class() -> type:
-    """The HTTP server class, built on first use: `http.server` costs start-up time and most jobs scrape nothing."""
-    import http.server
-    import socketserver
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        timeout = 10  # a client that never finishes its request must not hold a thread forever
-
-        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                try:
-                    body, ctype, code = self.server.render().encode(), CONTENT_TYPE, 200  # type: ignore[attr-defined]
-                except Exception as exc:  # a rendering bug must cost one scrape, not a traceback per request
-                    body, ctype, code = f"cannot render metrics: {exc!r}\n".encode(), "text/plain; charset=utf-8", 500
-            elif path == "/":
-                body, ctype, code = b"fsdp-supervisor: see /metrics\n", "text/plain; charset=utf-8", 200
-            else:
-                body, ctype, code = b"not found\n", "text/plain; charset=utf-8", 404
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - scrapes are not events worth logging
-            pass
-
-    class Server(http.server.ThreadingHTTPServer):
-        daemon_threads = True
-        render: Callable[[], str]
-
-        def __init__(self, address: tuple[str, int], family: socket.AddressFamily) -> None:
-            self.address_family = family
-            super().__init__(address, Handler)
-
-        def server_bind(self) -> None:
-            # HTTPServer.server_bind does a reverse DNS lookup (getfqdn) that can stall start-up; we need no name.
-            socketserver.TCPServer.server_bind(self)
-            self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
-
-    return Server
-
-
 class MetricsServer:
     """GET /metrics on (host, port) from a daemon thread; `port` 0 picks a free one (see `address`)."""
 
     def __init__(self, host: str, port: int, snapshot: Callable[[], Status],
                  clock: Callable[[], float] = time.time) -> None:
         self.snapshot, self.clock = snapshot, clock
-        self.httpd = _server_class()((host, port), socket.AF_INET6 if ":" in host else socket.AF_INET)
+        from supervisor.metrics_http import Server  # only here: most jobs scrape nothing
+
+        self.httpd = Server((host, port), socket.AF_INET6 if ":" in host else socket.AF_INET)
         self.httpd.render = self.render
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="metrics", daemon=True)
 
