@@ -34,6 +34,15 @@ def write_config(tmp_path: Path, command: list[str], extra: str = "", name: str 
     return path
 
 
+def launches(marker: Path) -> list[dict]:
+    """The lines fakejob's --marker holds so far, one per launch (only whole lines: a job may be writing)."""
+    try:
+        text = marker.read_text()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")]
+
+
 def kill_tree(pid: int) -> None:
     try:
         procs = [psutil.Process(pid)]

@@ -16,7 +16,7 @@ import pytest
 
 from supervisor.notify import Notifier
 from supervisor.state import State, Status
-from tests.supervise import FAKEJOB, Supervisors, stop, supervisors, wait_for, write_config  # noqa: F401
+from tests.supervise import FAKEJOB, Supervisors, launches, stop, supervisors, wait_for, write_config  # noqa: F401
 
 FAST = "\n[restart]\nbackoff_initial_s = 0.05\nbackoff_max_s = 0.2\n"
 _NOTIFY_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
@@ -185,7 +185,7 @@ class TestLiveSupervisor:
         cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--sleep", "120", "--ignore-term",
                                       "--marker", str(marker)], FAST + "\n[health]\nstop_timeout_s = 60\n")
         p = supervisors.start(cfg, env={"NOTIFY_SOCKET": receiver.address})
-        wait_for(marker.exists, 60, "job start")
+        wait_for(lambda: launches(marker), 60, "job start")
         p.send_signal(signal.SIGTERM)
         wait_for(lambda: receiver.seen("STOPPING=1"), 20, "STOPPING=1")
         assert p.poll() is None, "the supervisor had already exited"

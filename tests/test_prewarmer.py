@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from supervisor.prewarmer import SPARE_SCRIPT, Plan, is_spare_cmdline, plan
-from tests.supervise import REPO, TAG_ENV, Supervisors, stop, supervisors, wait_for  # noqa: F401
+from tests.supervise import REPO, TAG_ENV, Supervisors, launches, stop, supervisors, wait_for  # noqa: F401
 
 JOB = REPO / "tests" / "jobs" / "attempt_job.py"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", "--max-restarts=0"]
@@ -91,8 +91,6 @@ def _events(tmp_path: Path, name: str) -> list[dict]:
     return [e for e in map(json.loads, lines) if e.get("event") == name]
 
 
-def _marks(marker: Path) -> list[dict]:
-    return [json.loads(line) for line in marker.read_text().splitlines()] if marker.exists() else []
 
 
 def _live_spares(tag: str) -> list[int]:
@@ -123,7 +121,7 @@ class TestPrewarmedLaunch:
         """Cold or prewarmed: a failed attempt reads the same, the next gets SIGTERM, and no spare is left."""
         cfg, marker, trap = _config(tmp_path, "1", prewarm)
         p = supervisors.start(cfg)
-        wait_for(lambda: len(_marks(marker)) == 2, 180, "attempt 2's worker")
+        wait_for(lambda: len(launches(marker)) == 2, 180, "attempt 2's worker")
         started = {e["attempt"]: e["pid"] for e in _events(tmp_path, "job_started")}
         handoffs = [e["pid"] for e in _events(tmp_path, "prewarm_handoff")]
         assert handoffs == ([started[1], started[2]] if prewarm else [])
@@ -131,9 +129,9 @@ class TestPrewarmedLaunch:
         assert (exited["code"], exited["signal"], exited["reason"], exited["detail"]) == (
             1, None, "crash", "rank 0: exitcode 5")
         # The per-attempt environment reached the workers through the spare; the agent leads its own session.
-        assert [m["attempt"] for m in _marks(marker)] == [1, 2]
+        assert [m["attempt"] for m in launches(marker)] == [1, 2]
         agent = started[2]
-        assert _marks(marker)[1]["ppid"] == agent and os.getsid(agent) == agent and os.getpgid(agent) == agent
+        assert launches(marker)[1]["ppid"] == agent and os.getsid(agent) == agent and os.getpgid(agent) == agent
         rc, out = stop(p, signal.SIGTERM)
         assert rc == 0, out[-3000:]
         assert trap.read_text() == str(int(signal.SIGTERM))
@@ -145,16 +143,16 @@ class TestPrewarmedLaunch:
         """SIGKILLed supervisor: its idle spare dies too; the next `run` stops the prewarmed orphan job first."""
         cfg, marker, trap = _config(tmp_path, "1")
         first = supervisors.start(cfg)
-        wait_for(lambda: len(_marks(marker)) == 2 and len(_live_spares(supervisors.tag)) == 2, 180,
+        wait_for(lambda: len(launches(marker)) == 2 and len(_live_spares(supervisors.tag)) == 2, 180,
                  "attempt 2 and an idle spare")
-        orphan = _marks(marker)[1]["ppid"]
+        orphan = launches(marker)[1]["ppid"]
         supervisors.track(orphan)
         assert orphan in _live_spares(supervisors.tag)  # the job (a former spare) and the idle one
         first.kill()
         first.wait()
         wait_for(lambda: _live_spares(supervisors.tag) == [orphan], 30, "the idle spare to die with its supervisor")
         second = supervisors.start(cfg)
-        wait_for(lambda: len(_marks(marker)) == 3, 180, "attempt 3")
+        wait_for(lambda: len(launches(marker)) == 3, 180, "attempt 3")
         assert trap.read_text() == str(int(signal.SIGTERM)), "the orphaned job was not stopped before relaunch"
         assert not psutil.pid_exists(orphan) or psutil.Process(orphan).status() == psutil.STATUS_ZOMBIE
         assert stop(second)[0] == 0

@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.supervise import FAKEJOB, Supervisors, cli, stop, supervisors, wait_for, write_config  # noqa: F401
+from tests.supervise import FAKEJOB, Supervisors, cli, launches, stop, supervisors, wait_for, write_config  # noqa: F401
 
 pytestmark = pytest.mark.integration
 FAST = "\n[restart]\nbackoff_initial_s = 0.05\nbackoff_max_s = 0.2\n"
@@ -32,7 +32,7 @@ class TestLifecycle:
         p = supervisors.start(cfg)
         out, _ = p.communicate(timeout=120)
         assert p.returncode == 3, out
-        assert len(marker.read_text().splitlines()) == 4
+        assert len(launches(marker)) == 4
         st = state(tmp_path)
         assert st["state"] == "failed" and st["last_exit"]["code"] == 7 and "crash loop" in st["reason"]
         assert "gave_up" in (tmp_path / ".fsdp-supervisor" / "supervisor.log").read_text()
@@ -54,12 +54,12 @@ class TestLifecycle:
                                       "--marker", str(marker)], FAST)
         p = supervisors.start(cfg)
         wait_for(lambda: state(tmp_path).get("state") == "running", 60, "running")
-        wait_for(marker.exists, 60, "job start")
+        wait_for(lambda: launches(marker), 60, "job start")
         rc, out = stop(p, signal.SIGTERM)
         assert rc == 0, out
         assert trap.read_text() == str(int(signal.SIGTERM))
         st = state(tmp_path)
-        assert st["state"] == "stopped" and len(marker.read_text().splitlines()) == 1
+        assert st["state"] == "stopped" and len(launches(marker)) == 1
 
     def test_stop_timeout_then_kill(self, tmp_path: Path, supervisors: Supervisors) -> None:
         """A job ignoring SIGTERM is SIGKILLed after stop_timeout_s; the supervisor still exits 0."""
@@ -67,8 +67,8 @@ class TestLifecycle:
         cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--sleep", "120", "--ignore-term",
                                       "--marker", str(marker)], FAST + "\n[health]\nstop_timeout_s = 1\n")
         p = supervisors.start(cfg)
-        wait_for(marker.exists, 60, "job start")
-        job_pid = json.loads(marker.read_text())["pid"]
+        wait_for(lambda: launches(marker), 60, "job start")
+        job_pid = launches(marker)[0]["pid"]
         rc, out = stop(p, signal.SIGINT)
         assert rc == 0, out
         assert not psutil.pid_exists(job_pid) or psutil.Process(job_pid).status() == psutil.STATUS_ZOMBIE
@@ -93,7 +93,7 @@ class TestLifecycle:
         cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--marker", str(marker)], FAST)
         p = supervisors.start(cfg)
         p.communicate(timeout=60)
-        argv = json.loads(marker.read_text().splitlines()[0])["argv"]
+        argv = launches(marker)[0]["argv"]
         assert argv[-2:] == ["--resume", str(tmp_path / "ckpts" / "epoch_12")]
 
 
@@ -104,10 +104,10 @@ class TestOneJobPerRunDir:
         cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--sleep", "60", "--trap-term", str(tmp_path / "t"),
                                       "--marker", str(marker)], FAST)
         first = supervisors.start(cfg)
-        wait_for(marker.exists, 60, "job start")
+        wait_for(lambda: launches(marker), 60, "job start")
         r = cli("run", "-c", str(cfg))
         assert r.returncode == 2 and f"pid {first.pid}" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-        assert len(marker.read_text().splitlines()) == 1
+        assert len(launches(marker)) == 1
         assert stop(first)[0] == 0
 
     def test_orphan_of_killed_supervisor_is_stopped_first(self, tmp_path: Path, supervisors: Supervisors) -> None:
@@ -117,14 +117,14 @@ class TestOneJobPerRunDir:
         cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--sleep", "60", "--trap-term", str(trap),
                                       "--marker", str(marker)], FAST)
         first = supervisors.start(cfg)
-        wait_for(marker.exists, 60, "job start")
-        old_job = json.loads(marker.read_text())["pid"]
+        wait_for(lambda: launches(marker), 60, "job start")
+        old_job = launches(marker)[0]["pid"]
         supervisors.track(old_job)
         first.kill()
         first.wait()
         assert psutil.pid_exists(old_job)
         second = supervisors.start(cfg)
-        wait_for(lambda: len(marker.read_text().splitlines()) == 2, 60, "second launch")
+        wait_for(lambda: len(launches(marker)) == 2, 60, "second launch")
         assert trap.exists(), "old job was not asked to stop before the new launch"
         assert not psutil.pid_exists(old_job) or psutil.Process(old_job).status() == psutil.STATUS_ZOMBIE
         assert stop(second)[0] == 0

@@ -24,16 +24,20 @@ def main() -> int:
     p.add_argument("--sleep", type=float, default=120.0)
     a = p.parse_args()
     attempt = int(os.environ.get("FSDP_SUPERVISOR_ATTEMPT", "0"))
-    with open(a.marker, "a") as f:
-        f.write(json.dumps({"attempt": attempt, "pid": os.getpid(), "ppid": os.getppid()}) + "\n")
-    if str(attempt) in a.fail_attempts.split(","):
-        return a.exit_code
 
     def on_term(signum: int, _frame: object) -> None:
         Path(a.trap).write_text(str(signum))
         sys.exit(0)
 
-    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGTERM, on_term)  # before the marker: a test may signal us once it reads it
+    line = json.dumps({"attempt": attempt, "pid": os.getpid(), "ppid": os.getppid()}) + "\n"
+    fd = os.open(a.marker, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line.encode())  # one write: a reader sees the whole line or none of it
+    finally:
+        os.close(fd)
+    if str(attempt) in a.fail_attempts.split(","):
+        return a.exit_code
     deadline = time.monotonic() + a.sleep
     while time.monotonic() < deadline:
         time.sleep(0.05)

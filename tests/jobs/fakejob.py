@@ -30,10 +30,6 @@ def main() -> int:
     p.add_argument("--marker", default=None, help="append the attempt number and argv here at start")
     p.add_argument("--resume", default=None)
     a = p.parse_args()
-    if a.marker:
-        with open(a.marker, "a") as f:
-            f.write(json.dumps({"attempt": os.environ.get("FSDP_SUPERVISOR_ATTEMPT"), "argv": sys.argv[1:],
-                                "pid": os.getpid()}) + "\n")
     if a.trap_term:
         def on_term(signum: int, _f: object) -> None:
             Path(a.trap_term).write_text(str(signum))
@@ -41,6 +37,14 @@ def main() -> int:
         signal.signal(signal.SIGTERM, on_term)
     if a.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if a.marker:  # after the handlers: a test may signal us as soon as it reads this line
+        line = json.dumps({"attempt": os.environ.get("FSDP_SUPERVISOR_ATTEMPT"), "argv": sys.argv[1:],
+                           "pid": os.getpid()}) + "\n"
+        fd = os.open(a.marker, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, line.encode())  # one write: a reader sees the whole line or none of it
+        finally:
+            os.close(fd)
     if a.leak:
         if os.fork() == 0:
             os.setsid()
