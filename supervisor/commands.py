@@ -14,7 +14,7 @@ from supervisor.config import Config, load_config
 from supervisor.errors import EXIT_NOT_OK, EXIT_OK, ConfigError
 from supervisor.logs import LOG_FILE, configure, get_logger, render_line
 from supervisor.runlock import RunLock
-from supervisor.state import read_status
+from supervisor.state import read_status, remove_torn_writes
 from supervisor.statusview import render_status
 
 __all__ = ["register"]
@@ -75,6 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         d.mkdir(parents=True, exist_ok=True, mode=0o750)
     lock = RunLock(run_dir)
     lock.acquire()
+    remove_torn_writes(run_dir)
     try:
         configure(run_dir, max_bytes=cfg.supervisor.log_max_bytes, backups=cfg.supervisor.log_backups)
         log = get_logger().bind(run_dir=str(run_dir))

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["State", "ExitInfo", "Status", "TRANSITIONS", "write_status", "read_status", "STATE_FILE"]
+__all__ = ["State", "ExitInfo", "Status", "TRANSITIONS", "write_status", "read_status", "remove_torn_writes", "STATE_FILE"]
 
 STATE_FILE = "state.json"
 
@@ -160,6 +160,12 @@ def write_status(run_dir: Path, status: Status) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def remove_torn_writes(run_dir: Path) -> None:
+    """Delete the temp files of `write_status` calls cut short by a SIGKILL (only with the run lock held)."""
+    for tmp in run_dir.glob(".state-*.tmp"):
+        tmp.unlink(missing_ok=True)
 
 
 def read_status(run_dir: Path) -> Status | None:

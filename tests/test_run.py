@@ -38,13 +38,19 @@ class TestLifecycle:
         assert "gave_up" in (tmp_path / ".fsdp-supervisor" / "supervisor.log").read_text()
 
     def test_completed_job_exits_0(self, tmp_path: Path, supervisors: Supervisors) -> None:
-        """Exit 0 from the job: the supervisor exits 0 with state completed and the step from the heartbeat."""
+        """Exit 0 from the job: the supervisor exits 0 with state completed and the step from the heartbeat.
+
+        A state.json temp file left by a killed supervisor is removed."""
         cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--steps", "5"], FAST)
+        torn = tmp_path / ".fsdp-supervisor" / ".state-k1ll3d.tmp"
+        torn.parent.mkdir()
+        torn.write_text('{"state": "runn')
         p = supervisors.start(cfg)
         out, _ = p.communicate(timeout=60)
         assert p.returncode == 0, out
         st = state(tmp_path)
         assert st["state"] == "completed" and st["attempt"] == 1
+        assert list(torn.parent.glob(".state-*")) == []
 
     def test_sigterm_stops_job_gracefully(self, tmp_path: Path, supervisors: Supervisors) -> None:
         """SIGTERM to the supervisor reaches the job once; both exit cleanly, state stopped, no relaunch."""
