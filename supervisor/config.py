@@ -36,7 +36,7 @@ CHECKPOINT_PLACEHOLDER = "{checkpoint}"
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class JobSection(_Section):
@@ -65,7 +65,7 @@ class JobSection(_Section):
 
 
 class CheckpointsSection(RetentionPolicy):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     dir: Path = Field(description="checkpoint root the job writes into (shared storage for multi-node)")
     prune: bool = Field(default=True, description="run retention from this supervisor (false on all but one node)")

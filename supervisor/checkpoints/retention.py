@@ -44,7 +44,7 @@ GIB = 2**30  # *_gb settings are GiB: what `df -h` shows as G
 class KeepBest(BaseModel):
     """Keep the k best checkpoints by a manifest metric."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     metric: str = Field(min_length=1, description="manifest metric name, e.g. \"loss\"")
     mode: Literal["min", "max"] = Field(description="min: lower is better; max: higher is better")
@@ -54,7 +54,7 @@ class KeepBest(BaseModel):
 class RetentionPolicy(BaseModel):
     """Which checkpoints to keep; the `[checkpoints]` config section extends this model."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     keep_last: int = Field(default=3, ge=0, description="keep the N newest complete checkpoints (0 = rule off)")
     keep_every: int = Field(default=0, ge=0, description="keep checkpoints whose step is divisible by K (0 = off)")
