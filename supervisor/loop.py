@@ -25,6 +25,7 @@ from supervisor.system import RealSystem
 __all__ = ["EventLoop", "Echo"]
 
 _HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD)
+_MAX_WAIT_S = 3600.0
 
 
 class _Forward(FileSystemEventHandler):
@@ -102,7 +103,8 @@ class EventLoop:
             self._dispatch()
             while not self.core.done:
                 deadline = self.sys.timers.next_deadline()
-                timeout = None if deadline is None else max(0.0, deadline - self.sys.monotonic())
+                # Capped: epoll cannot wait ~25 days; a farther timer is simply looked at again later.
+                timeout = None if deadline is None else min(_MAX_WAIT_S, max(0.0, deadline - self.sys.monotonic()))
                 sel.select(timeout)
                 try:
                     while os.read(rfd, 4096):

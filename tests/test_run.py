@@ -52,6 +52,15 @@ class TestLifecycle:
         assert st["state"] == "completed" and st["attempt"] == 1
         assert list(torn.parent.glob(".state-*")) == []
 
+    def test_timers_beyond_epolls_range(self, tmp_path: Path, supervisors: Supervisors) -> None:
+        """Timers weeks or years away (epoll waits at most ~24 days) do not break the loop."""
+        cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--sleep", "1.5"],
+                           "retention_interval_s = 1e9\n[health]\nstartup_timeout_s = 3e6\n" + FAST)
+        p = supervisors.start(cfg)
+        out, _ = p.communicate(timeout=60)
+        assert p.returncode == 0, out
+        assert state(tmp_path)["state"] == "completed"
+
     def test_sigterm_stops_job_gracefully(self, tmp_path: Path, supervisors: Supervisors) -> None:
         """SIGTERM to the supervisor reaches the job once; both exit cleanly, state stopped, no relaunch."""
         trap = tmp_path / "got-term"
