@@ -3,7 +3,7 @@
 A relaunch by the supervisor costs a fresh interpreter plus `import torch` before torchrun even starts its
 workers, and the failed agent's exit costs another second of interpreter teardown; torchrun's own
 in-agent restart pays neither. So when `[job] prewarm` is on and the command is `torchrun ...` or
-`python -m torch.distributed.run ...`, every launch is handed to a spare process (supervisor/prewarm.py,
+`python -m torch.distributed.run ...`, every launch is handed to a spare process (trainer/prewarm.py,
 run by the job's own interpreter) that imports torch and waits on a pipe: the idle one kept since the
 previous launch, or a fresh one. A new idle spare is started right after. Anything we cannot reproduce
 exactly (another interpreter, a changed environment, a wrapper script) takes the ordinary cold path.
@@ -21,7 +21,9 @@ from pathlib import Path
 
 __all__ = ["Plan", "Prewarmer", "plan", "is_spare_cmdline", "SPARE_SCRIPT", "PREWARM_LOG", "VOLATILE_ENV"]
 
-SPARE_SCRIPT = Path(__file__).resolve().with_name("prewarm.py")
+# Job-side code (it becomes the torchrun agent, torch and all), so it lives with the trainer; the supervisor
+# only runs it by path and never imports it.
+SPARE_SCRIPT = Path(__file__).resolve().parent.parent / "trainer" / "prewarm.py"
 PREWARM_LOG = "prewarm.log"  # the spares' own output before they become a job (import errors, readiness)
 # Set per attempt by the core and read by torchrun only at run time, so a spare started with the previous
 # attempt's values is still exactly the next job once the hand-off replaces its environment.

@@ -76,7 +76,7 @@ class TestSpareExit:
                 f"def job():\n    {body}\n")
         plain = subprocess.run([sys.executable, "-c", head + "job()\n"], capture_output=True, text=True,
                                cwd=REPO, timeout=60)
-        fast = subprocess.run([sys.executable, "-c", head + "from supervisor.prewarm import run_then_exit\n"
+        fast = subprocess.run([sys.executable, "-c", head + "from trainer.prewarm import run_then_exit\n"
                                "run_then_exit(job)\n"], capture_output=True, text=True, cwd=REPO, timeout=60)
         assert fast.returncode == plain.returncode
         assert fast.stdout == plain.stdout == "atexit ran\n"

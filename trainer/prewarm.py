@@ -19,7 +19,7 @@ Two things differ on purpose:
 
 Until the hand-off it dies with the supervisor (PR_SET_PDEATHSIG; EOF on stdin means "not needed").
 
-Run as a plain file (`python .../supervisor/prewarm.py PARENT_PID`), standard library only until the
+Run as a plain file (`python .../trainer/prewarm.py PARENT_PID`), standard library only until the
 import it exists for: the job's interpreter need not have this package installed. The supervisor itself
 never imports this module.
 """
@@ -162,7 +162,7 @@ def main() -> int:
     _pdeathsig(signal.SIGKILL)
     if os.getppid() != parent:  # the supervisor died before the line above took effect
         return 0
-    del sys.path[0]  # this file's directory holds supervisor modules; never shadow anything with them
+    del sys.path[0]  # this file's directory holds trainer modules (log.py, loop.py, ...): never shadow anything with them
     _wait_for_training(_IMPORT_AFTER_S)
     started = time.monotonic()
     torchrun = _import_torchrun_at_idle_priority()
