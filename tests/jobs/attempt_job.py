@@ -7,12 +7,13 @@ after --sleep seconds.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
 import time
 from pathlib import Path
+
+from marks import append_mark  # tests/jobs/marks.py: this script's directory is on sys.path
 
 
 def main() -> int:
@@ -30,12 +31,7 @@ def main() -> int:
         sys.exit(0)
 
     signal.signal(signal.SIGTERM, on_term)  # before the marker: a test may signal us once it reads it
-    line = json.dumps({"attempt": attempt, "pid": os.getpid(), "ppid": os.getppid()}) + "\n"
-    fd = os.open(a.marker, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.write(fd, line.encode())  # one write: a reader sees the whole line or none of it
-    finally:
-        os.close(fd)
+    append_mark(a.marker, {"attempt": attempt, "pid": os.getpid(), "ppid": os.getppid()})
     if str(attempt) in a.fail_attempts.split(","):
         return a.exit_code
     deadline = time.monotonic() + a.sleep

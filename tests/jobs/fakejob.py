@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from marks import append_mark  # tests/jobs/marks.py: this script's directory is on sys.path
+
 
 def beat(step: int, phase: str = "train") -> None:
     path = os.environ.get("FSDP_SUPERVISOR_HEARTBEAT")
@@ -38,13 +40,8 @@ def main() -> int:
     if a.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if a.marker:  # after the handlers: a test may signal us as soon as it reads this line
-        line = json.dumps({"attempt": os.environ.get("FSDP_SUPERVISOR_ATTEMPT"), "argv": sys.argv[1:],
-                           "pid": os.getpid()}) + "\n"
-        fd = os.open(a.marker, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            os.write(fd, line.encode())  # one write: a reader sees the whole line or none of it
-        finally:
-            os.close(fd)
+        append_mark(a.marker, {"attempt": os.environ.get("FSDP_SUPERVISOR_ATTEMPT"), "argv": sys.argv[1:],
+                               "pid": os.getpid()})
     if a.leak:
         if os.fork() == 0:
             os.setsid()
