@@ -32,6 +32,7 @@ import psutil
 
 from bench.common import PY, REPO, Tagged, job_env, median, scratch, torchrun_argv, trainer_argv, wait_until
 from bench.supervisor_cost import idle_spare_ready
+from supervisor.contract import ENV_HEARTBEAT, HEARTBEAT_FILE
 
 __all__ = ["run", "measure_once", "VARIANTS"]
 
@@ -49,10 +50,10 @@ class _Run:
         self.variant, self.root, self.tagged, self.kill_step = variant, root, tagged, kill_step
         self.ckpts = root / "ckpts"
         self.run_dir = root / ".fsdp-supervisor"
-        self.heartbeat = self.run_dir / "heartbeat.json" if variant == "supervisor" else root / "heartbeat.json"
+        self.heartbeat = (self.run_dir if variant == "supervisor" else root) / HEARTBEAT_FILE
         self.log = root / "job.log"
         flags = dict(steps=10**6, save_every=SAVE_EVERY, log_every=1, **model)
-        env = job_env({"FSDP_SUPERVISOR_HEARTBEAT": str(self.heartbeat)})
+        env = job_env({ENV_HEARTBEAT: str(self.heartbeat)})
         if variant == "supervisor":
             self.proc = tagged.start([PY, "-m", "supervisor", "run", "-c", str(self._config(flags))],
                                      log=root / "supervisor.out", env=env, cwd=root)

@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 
 from bench.common import PY, REPO, median
-from supervisor.prewarmer import is_spare_cmdline
+from supervisor.spares import is_spare_cmdline
 
 __all__ = ["Sampler", "import_seconds", "idle_spare", "idle_spare_ready", "spare_rss_mb", "RUN_IMPORTS"]
 

@@ -15,7 +15,7 @@ __all__ = ["main", "build_parser"]
 # Each module has `register(subparsers)`, which adds its sub-command(s) and sets `func(args) -> int`.
 COMMAND_MODULES = [
     "supervisor.commands",
-    "supervisor.checkpoints.cli",
+    "supervisor.checkpoint_commands",
     "supervisor.systemd",
 ]
 

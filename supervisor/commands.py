@@ -12,7 +12,7 @@ from pathlib import Path
 
 from supervisor.config import Config, load_config
 from supervisor.errors import EXIT_NOT_OK, EXIT_OK, ConfigError
-from supervisor.logs import LOG_FILE, configure, get_logger, render_line
+from supervisor.eventlog import LOG_FILE, configure, get_logger, render_line
 from supervisor.runlock import RunLock
 from supervisor.state import read_status, remove_torn_writes
 from supervisor.statusview import render_status
@@ -92,9 +92,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         loop = EventLoop(core, system, watch, echo=echo, ticks=ticks)
 
         def begin() -> None:
-            core.begin(previous)
-            if notifier:
-                notifier.ready()
+            core.begin(previous)  # READY=1 follows from the first publish after the launch (Notifier.status)
 
         metrics = start_metrics(cfg, lambda: core.status, log)  # reads the live Status from its own thread
         try:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from supervisor.checkpoints import RetentionPolicy
+from supervisor.checkpoints import RetentionRules
 from supervisor.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -64,7 +64,7 @@ class JobSection(_Section):
         return v
 
 
-class CheckpointsSection(RetentionPolicy):
+class CheckpointsSection(RetentionRules):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     dir: Path = Field(description="checkpoint root the job writes into (shared storage for multi-node)")

@@ -1,31 +1,57 @@
 """The supervisor's brain: reacts to events (job exit, signal, file change, timer) through the `System` seam.
 
 The event loop (supervisor/loop.py) turns the OS into calls on `Core`; tests call the same methods with a
-fake `System` and replay histories. Restart decisions are delegated to the pure `policy` module and
-checkpoint housekeeping to `housekeeping.Housekeeper`.
+fake `System` and replay histories. Restart decisions are delegated to the pure `restarts` module.
+Checkpoint housekeeping is one pass (housekeeping.run_pass: scan, verify, prune) that runs off the loop
+through `System.run_off_loop`; its result comes back as an event (`_on_pass`). Whatever needs the
+checkpoint root's state waits for a pass: a launch (which checkpoint to resume), a job exit (did the
+attempt commit anything), a file event, the periodic retention timer. Requests made while a pass runs are
+coalesced into one more pass.
 """
 from __future__ import annotations
 
-import json
+import enum
 import os
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from supervisor import policy
+from supervisor import restarts
 from supervisor.config import CHECKPOINT_PLACEHOLDER, Config
+from supervisor.contract import (
+    ENV_ATTEMPT,
+    ENV_ERROR_FILE,
+    ENV_HEARTBEAT,
+    ENV_RUN_DIR,
+    HEARTBEAT_FILE,
+    MAX_HEARTBEAT_BYTES,
+    SLOW_PHASES,
+    Beat,
+    parse_heartbeat,
+)
 from supervisor.exits import classify_exit, root_cause, signal_name
-from supervisor.housekeeping import Housekeeper
+from supervisor.housekeeping import Housekeeper, PassResult
 from supervisor.redact import redact_argv, redact_env
-from supervisor.state import State, Status, write_status
+from supervisor.state import ExitInfo, State, Status, write_status
 from supervisor.system import System
 
-__all__ = ["Core", "HEARTBEAT_FILE", "EXIT_CODES"]
+__all__ = ["Core", "Timer", "EXIT_CODES"]
 
-HEARTBEAT_FILE = "heartbeat.json"
 EXIT_CODES = {State.COMPLETED: 0, State.STOPPED: 0, State.FAILED: 3}
 _SCAN_DEBOUNCE_S = 0.5
+_FRESH_PASS_S = 2.0  # a pass this recent, with no file event since it began, still tells the truth
+
+
+class Timer(str, enum.Enum):
+    """The core's one-shot timers (System.timers keys)."""
+
+    LAUNCH = "launch"  # backoff over: launch the next attempt
+    HANG = "hang"  # no heartbeat progress within the allowance
+    HANG_TERM = "hang_term"  # stack dumps requested; now stop the hung job
+    STOP_KILL = "stop_kill"  # stop_timeout_s after SIGTERM: SIGKILL
+    SCAN = "scan"  # debounced file events under the checkpoint root
+    RETENTION = "retention"  # periodic housekeeping pass
 
 
 @dataclass
@@ -45,7 +71,19 @@ class _Job:
     hang: bool = False
     stopping: bool = False
     beat_mono: float | None = None
-    beat: dict[str, Any] = field(default_factory=dict)
+    beat: Beat | None = None
+    beat_warned: bool = False
+    low_free: int | None = None  # least free bytes on the checkpoint file system seen during the attempt
+
+
+@dataclass
+class _Ended:
+    """An attempt whose exit is known but not yet judged: a pass must first say what it committed."""
+
+    job: _Job
+    returncode: int
+    info: ExitInfo
+    ended_mono: float
 
 
 class Core:
@@ -55,11 +93,19 @@ class Core:
         self.run_dir = cfg.run_dir
         self.heartbeat_path = self.run_dir / HEARTBEAT_FILE
         self.status = Status(pid=os.getpid(), started_at=system.now(), config=str(cfg.path))
-        self.history: list[policy.Attempt] = []
+        self.attempts: list[restarts.Attempt] = []
         self.job: _Job | None = None
+        self.ended: _Ended | None = None
         self.exit_code: int | None = None
         self.high_water_step: int | None = None
         self.house = Housekeeper(cfg, log, now=system.now)
+        self.in_use: Path | None = None  # the checkpoint the running attempt resumed from: never pruned
+        self._generation = 0  # file events under the checkpoint root so far
+        self._pass_running = False
+        self._pass_wanted = False
+        self._pass_prune = False  # whether the coalesced follow-up pass must prune
+        self._pass_done_mono: float | None = None
+        self._launch_pending = False
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     def begin(self, previous: Status | None) -> None:
@@ -73,9 +119,8 @@ class Core:
         if previous is not None:  # attempt numbers continue so logs/attempt-NNNN.log stay unique
             self.status.attempt = previous.attempt
             self.status.restarts = previous.restarts if not previous.state.final else 0
-        self.status.quarantined = self.house.quarantined()
-        self.sys.timers.set("retention", self.sys.monotonic() + self.cfg.checkpoints.retention_interval_s)
-        self._launch()
+        self.sys.timers.set(Timer.RETENTION, self.sys.monotonic() + self.cfg.checkpoints.retention_interval_s)
+        self._request_launch()
 
     @property
     def done(self) -> bool:
@@ -87,19 +132,78 @@ class Core:
         self.status.job_pid = None
         self.status.next_launch_at = None
         self.exit_code = EXIT_CODES[state]
-        for t in ("launch", "hang", "stop_kill", "scan", "retention"):
+        self._launch_pending = False
+        for t in Timer:
             self.sys.timers.cancel(t)
         self._publish()
 
     def _sync_disk(self) -> None:
+        last = self.house.last
         self.status.disk_free_bytes = self.house.disk_free
-        self.status.checkpoint_bytes = self.house.checkpoint_bytes
+        if last is not None and last.error is None:
+            self.status.checkpoint_bytes = last.checkpoint_bytes
+            self.status.quarantined = last.quarantined
+        self.status.latest_checkpoint = self.house.latest_json()
 
     def _publish(self) -> None:
         self.status.updated_at = self.sys.now()
         write_status(self.run_dir, self.status)
         if self.notify is not None:
             self.notify(self.status)
+
+    # ---- housekeeping passes ---------------------------------------------------------------------------------
+    def _request_pass(self, *, prune: bool = True) -> None:
+        """Run a housekeeping pass off the loop, or one more after the running one.
+
+        `prune=False` (file events): retention runs only if the pass finds a new commit.
+        """
+        if self._pass_running:
+            self._pass_wanted = True
+            self._pass_prune = self._pass_prune or prune
+            return
+        self._pass_running, self._pass_wanted, self._pass_prune = True, False, False
+        generation, protect = self._generation, [self.in_use] if self.in_use else []
+        known = self.house.latest.path if self.house.latest else None
+
+        def work() -> PassResult:
+            return self.house.run_pass(generation=generation, protect=protect, prune=prune, unless_newest=known)
+
+        self.sys.run_off_loop(work, self._on_pass)
+
+    def _fresh_pass(self) -> PassResult | None:
+        last, done = self.house.last, self._pass_done_mono
+        if last is None or done is None or self._pass_running or last.generation != self._generation:
+            return None
+        return last if self.sys.monotonic() - done <= _FRESH_PASS_S else None
+
+    def _on_pass(self, outcome: PassResult | BaseException) -> None:
+        """A pass finished (on the loop thread): note commits, then do what was waiting for it."""
+        self._pass_running = False
+        self._pass_done_mono = self.sys.monotonic()
+        if isinstance(outcome, BaseException):  # a bug in the store must cost a pass, not the supervisor
+            outcome = PassResult(self._generation, error=f"{type(outcome).__name__}: {outcome}")
+        if self.done:
+            return
+        if self.job is not None and outcome.disk_free is not None:
+            low = self.job.low_free
+            self.job.low_free = outcome.disk_free if low is None else min(low, outcome.disk_free)
+        new = self.house.absorb(outcome)
+        if new is not None:
+            self.log.info("checkpoint_committed", path=str(new.path), step=new.step, size_bytes=new.size_bytes)
+            job = self.job or (self.ended.job if self.ended else None)
+            if job is not None:
+                job.new_checkpoint = True
+            if self.job is not None and self.in_use is not None and new.path != self.in_use:
+                self.in_use = None  # the attempt saved past its resume point: that one may go now
+        self._sync_disk()
+        if self.ended is not None:
+            self._judge_exit()
+        elif self._launch_pending and self.status.state in (State.STARTING, State.BACKOFF):
+            self._launch(outcome)
+        if self._pass_wanted and not self.done:
+            self._request_pass(prune=self._pass_prune)
+        if not self.done:
+            self._publish()
 
     # ---- launching -------------------------------------------------------------------------------------------
     def _job_env(self, number: int, error_file: Path) -> dict[str, str]:
@@ -111,20 +215,29 @@ class Core:
         # of a multi-node job then hang in init_process_group (pytorch/pytorch#135712; measured: README, More than one node).
         env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         env.update(self.cfg.job.env)
-        env.update(
-            FSDP_SUPERVISOR_HEARTBEAT=str(self.heartbeat_path),
-            FSDP_SUPERVISOR_ATTEMPT=str(number),
-            FSDP_SUPERVISOR_RUN_DIR=str(self.run_dir),
-            TORCHELASTIC_ERROR_FILE=str(error_file),
-        )
+        env.update({
+            ENV_HEARTBEAT: str(self.heartbeat_path),
+            ENV_ATTEMPT: str(number),
+            ENV_RUN_DIR: str(self.run_dir),
+            ENV_ERROR_FILE: str(error_file),
+        })
         return env
 
-    def _launch(self) -> None:
+    def _request_launch(self) -> None:
+        """Launch as soon as a pass has said which checkpoint to resume from."""
+        self._launch_pending = True
+        fresh = self._fresh_pass()
+        if fresh is not None:
+            self._launch(fresh)
+        else:
+            self._request_pass()
+
+    def _launch(self, scan: PassResult) -> None:
+        self._launch_pending = False
         number = self.status.attempt + 1
         if self.status.state is State.BACKOFF:
             self.status.transition(State.STARTING)
-        self.house.prune()  # before each launch
-        ckpt = self.house.newest()
+        ckpt = scan.newest
         argv = list(self.cfg.job.command)
         if ckpt is not None:
             argv += [a.replace(CHECKPOINT_PLACEHOLDER, str(ckpt.path)) for a in self.cfg.job.resume_args]
@@ -145,12 +258,11 @@ class Core:
             number=number, pid=pid, started_mono=now_m, resumed_from=str(ckpt.path) if ckpt else None,
             resumed_step=ckpt.step if ckpt else None, error_file=error_file, log_path=log_path, oom_before=oom_before,
         )
-        self.house.in_use = ckpt.path if ckpt else None
+        self.in_use = ckpt.path if ckpt else None
         st = self.status
         st.attempt, st.job_pid, st.job_create_time, st.job_cmdline = number, pid, ctime, argv
         st.resumed_from, st.next_launch_at = self.job.resumed_from, None
-        st.step, st.step_at, st.phase, st.loss, st.rate_steps_per_s = None, None, None, None, None
-        st.latest_checkpoint = self.house.latest_json()
+        st.step, st.step_at, st.phase, st.loss, st.val_loss, st.rate_steps_per_s = None, None, None, None, None, None
         self._sync_disk()
         st.transition(State.RUNNING)
         self.log.info(
@@ -163,12 +275,12 @@ class Core:
 
     # ---- job exit --------------------------------------------------------------------------------------------
     def on_job_exit(self, pid: int, returncode: int) -> None:
+        """The job's process ended: classify it now, judge it once a pass has looked at the checkpoints."""
         job = self.job
         if job is None or pid != job.pid:
             return
-        self._on_scan()  # a commit the file watcher missed (e.g. on NFS) still counts as progress
-        self.job = None
-        for t in ("hang", "stop_kill"):
+        self.job, self.in_use = None, None  # the attempt is over: its resume point is no longer in use
+        for t in (Timer.HANG, Timer.HANG_TERM, Timer.STOP_KILL):
             self.sys.timers.cancel(t)
         survivors = self.sys.reap_survivors()
         if survivors:
@@ -178,23 +290,33 @@ class Core:
             oom_before=job.oom_before, oom_after=self.sys.oom_kills() if returncode else None,
             cause=root_cause(job.error_file, job.log_path) if returncode else None,
         )
-        note = self.house.full_disk_note() if returncode else None
+        note = self.house.full_disk_note(job.low_free) if returncode else None
         if note:  # the likeliest cause, whatever the job's own error says
             info.detail = f"{info.detail}; {note}" if info.detail else note
         self.status.last_exit = info
         self.status.job_pid = self.status.job_create_time = self.status.job_cmdline = None
+        self.ended = _Ended(job, returncode, info, self.sys.monotonic())
+        # A commit the file watcher missed (e.g. on NFS) still counts as progress; this pass is also the
+        # attempt's final retention pass, with its resume point no longer protected.
+        self._request_pass()
+        self._publish()
+
+    def _judge_exit(self) -> None:
+        assert self.ended is not None
+        ended, self.ended = self.ended, None
+        job, info = ended.job, ended.info
         latest = self.house.latest_step()
         progressed = job.new_checkpoint or (
             job.max_step is not None and (self.high_water_step is None or job.max_step > self.high_water_step)
         )
         if job.max_step is not None:
             self.high_water_step = max(job.max_step, self.high_water_step or job.max_step)
-        attempt = policy.Attempt(
-            number=job.number, started_at=job.started_mono, ended_at=self.sys.monotonic(), succeeded=returncode == 0,
+        attempt = restarts.Attempt(
+            number=job.number, started_at=job.started_mono, ended_at=ended.ended_mono, succeeded=ended.returncode == 0,
             reason=info.reason, resumed_from=job.resumed_from, resumed_step=job.resumed_step,
             max_step=job.max_step, new_checkpoint=job.new_checkpoint, progressed=progressed,
         )
-        self.history.append(attempt)
+        self.attempts.append(attempt)
         self.log.info(
             "job_exited", attempt=job.number, code=info.code, signal=info.signal, reason=info.reason,
             detail=info.detail, duration_s=round(attempt.duration, 3), max_step=job.max_step,
@@ -205,28 +327,28 @@ class Core:
             self.log.info("stopped", attempt=job.number, reason=info.reason)
             return
         self._maybe_quarantine()
-        decision = policy.decide(self.history, self.cfg.restart, jitter=self.sys.random())
-        if isinstance(decision, policy.Finish):
+        decision = restarts.decide(self.attempts, self.cfg.restart, jitter=self.sys.random())
+        if isinstance(decision, restarts.Finish):
             self._finish(State.COMPLETED, decision.reason)
-            self.log.info("completed", attempts=len(self.history))
-        elif isinstance(decision, policy.GiveUp):
+            self.log.info("completed", attempts=len(self.attempts))
+        elif isinstance(decision, restarts.GiveUp):
             self._finish(State.FAILED, decision.reason)
-            self.log.error("gave_up", reason=decision.reason, attempts=len(self.history))
+            self.log.error("gave_up", reason=decision.reason, attempts=len(self.attempts))
         else:
             self.status.transition(State.BACKOFF)
             self.status.restarts += 1
             self.status.next_launch_at = self.sys.now() + decision.delay_s
-            self.sys.timers.set("launch", self.sys.monotonic() + decision.delay_s)
+            self.sys.timers.set(Timer.LAUNCH, self.sys.monotonic() + decision.delay_s)
             self.log.info("backoff", delay_s=round(decision.delay_s, 3), reason=decision.reason, restarts=self.status.restarts)
-            self._publish()
 
     def _maybe_quarantine(self) -> None:
-        path = policy.quarantine_candidate(self.history, self.cfg.restart.quarantine_after)
+        path = restarts.quarantine_candidate(self.attempts, self.cfg.restart.quarantine_after)
         if path is None or path in self.status.quarantined:
             return
         reason = f"{self.cfg.restart.quarantine_after} consecutive attempts failed right after loading it"
         self.house.quarantine(Path(path), reason)
-        self.status.quarantined = self.house.quarantined()
+        self._generation += 1  # the root changed: the last pass no longer names the resume point
+        self.status.quarantined = [*self.status.quarantined, path]
         self.log.error("quarantined", path=path, reason=reason)
 
     # ---- signals ---------------------------------------------------------------------------------------------
@@ -242,33 +364,38 @@ class Core:
             return
         self.status.transition(State.STOPPING)
         self.log.info("stopping", signal=signal_name(signum), job_pid=self.job.pid if self.job else None)
-        if self.job is None:  # in backoff: nothing to stop
+        if self.job is not None:
+            self._terminate_job()
+        elif self.ended is None:  # in backoff or waiting to launch: nothing to stop
             self._finish(State.STOPPED, "stopped by signal")
             self.log.info("stopped", attempt=self.status.attempt, reason="no job running")
             return
-        self._terminate_job()
+        # else: the job just exited and is being judged; the judgement sees STOPPING and stops.
         self._publish()
 
     def _terminate_job(self) -> None:
         """SIGTERM the torchrun agent only (it forwards to workers once); SIGKILL after stop_timeout_s."""
         assert self.job is not None
         self.job.stopping = True
-        self.sys.timers.cancel("hang")
+        self.sys.timers.cancel(Timer.HANG)
         self.sys.send_signal(self.job.pid, signal.SIGTERM)
-        self.sys.timers.set("stop_kill", self.sys.monotonic() + self.cfg.health.stop_timeout_s)
+        self.sys.timers.set(Timer.STOP_KILL, self.sys.monotonic() + self.cfg.health.stop_timeout_s)
 
     # ---- timers ----------------------------------------------------------------------------------------------
-    def on_timer(self, name: str) -> None:
-        handler = {
-            "launch": self._launch,
-            "hang": self._on_hang,
-            "hang_term": self._on_hang_term,
-            "stop_kill": self._on_stop_kill,
-            "scan": self._on_scan,
-            "retention": self._on_retention,
-        }.get(name)
-        if handler is not None:
-            handler()
+    def on_timer(self, name: Timer | str) -> None:
+        handlers = {
+            Timer.LAUNCH: self._request_launch,
+            Timer.HANG: self._on_hang,
+            Timer.HANG_TERM: self._on_hang_term,
+            Timer.STOP_KILL: self._on_stop_kill,
+            Timer.SCAN: self._on_scan,
+            Timer.RETENTION: self._on_retention,
+        }
+        try:
+            handler = handlers[Timer(name)]
+        except ValueError:
+            return
+        handler()
 
     def _on_stop_kill(self) -> None:
         if self.job is not None:
@@ -281,14 +408,14 @@ class Core:
             return
         if startup:
             timeout = h.startup_timeout_s
-        elif self.job.beat.get("phase") in ("load", "save"):
+        elif self.job.beat is not None and self.job.beat.phase in SLOW_PHASES:
             timeout = h.save_timeout_s
         else:
             timeout = h.hang_timeout_s
         if timeout > 0 and (startup or h.hang_timeout_s > 0):
-            self.sys.timers.set("hang", self.sys.monotonic() + timeout)
+            self.sys.timers.set(Timer.HANG, self.sys.monotonic() + timeout)
         else:
-            self.sys.timers.cancel("hang")
+            self.sys.timers.cancel(Timer.HANG)
 
     def _on_hang(self) -> None:
         job = self.job
@@ -296,58 +423,64 @@ class Core:
             return
         job.hang = True
         idle = None if job.beat_mono is None else round(self.sys.monotonic() - job.beat_mono, 1)
-        self.log.error("hang_detected", attempt=job.number, step=job.beat.get("step"), phase=job.beat.get("phase"), idle_s=idle)
+        beat = job.beat
+        self.log.error("hang_detected", attempt=job.number, step=beat.step if beat else None,
+                       phase=beat.phase if beat else None, idle_s=idle)
         dumped = self.sys.signal_workers(job.pid, signal.SIGUSR1)
         self.log.info("stack_dump_requested", workers=dumped, log=str(job.log_path))
-        self.sys.timers.set("hang_term", self.sys.monotonic() + self.cfg.health.stack_dump_wait_s)
+        self.sys.timers.set(Timer.HANG_TERM, self.sys.monotonic() + self.cfg.health.stack_dump_wait_s)
 
     def _on_hang_term(self) -> None:
         if self.job is not None and self.job.hang:
             self._terminate_job()
 
+    def _on_scan(self) -> None:
+        self._request_pass(prune=False)
+
+    def _on_retention(self) -> None:
+        """Periodic pass: also catches commits inotify cannot see (network filesystems, other nodes)."""
+        self._request_pass()
+        self.sys.timers.set(Timer.RETENTION, self.sys.monotonic() + self.cfg.checkpoints.retention_interval_s)
+
     # ---- files -----------------------------------------------------------------------------------------------
     def on_file_event(self, path: Path) -> None:
         if path == self.heartbeat_path:
             self._on_heartbeat()
-        elif self.house.concerns(path) and not self.sys.timers.pending("scan"):
-            self.sys.timers.set("scan", self.sys.monotonic() + _SCAN_DEBOUNCE_S)
+        elif self.house.concerns(path):
+            self._generation += 1
+            if not self.sys.timers.pending(Timer.SCAN):
+                self.sys.timers.set(Timer.SCAN, self.sys.monotonic() + _SCAN_DEBOUNCE_S)
+
+    def _read_beat(self) -> Beat | None:
+        try:
+            with open(self.heartbeat_path, "rb") as f:
+                data = f.read(MAX_HEARTBEAT_BYTES + 1)
+        except OSError:
+            return None  # gone between the event and the read: the next beat will do
+        beat, problems = parse_heartbeat(data)
+        job = self.job
+        if problems and job is not None and not job.beat_warned:
+            job.beat_warned = True  # one warning per attempt: a bad writer beats every second
+            self.log.warning("heartbeat_invalid", attempt=job.number, problems=problems[:3])
+        return beat
 
     def _on_heartbeat(self) -> None:
         job = self.job
-        try:
-            beat = json.loads(self.heartbeat_path.read_text())
-            step = int(beat["step"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return  # torn or foreign: the next beat will do
-        if job is None or beat == job.beat:
+        if job is None:
             return
-        st, now = self.status, self.sys.now()
+        beat = self._read_beat()
+        if beat is None or beat == job.beat:
+            return
+        st, now, step = self.status, self.sys.now(), beat.step
         if st.step is not None and st.step_at is not None and step > st.step and now > st.step_at:
             rate = (step - st.step) / (now - st.step_at)
             st.rate_steps_per_s = rate if st.rate_steps_per_s is None else 0.7 * st.rate_steps_per_s + 0.3 * rate
         if st.step != step:
             st.step, st.step_at = step, now
-        st.phase, st.loss = beat.get("phase"), beat.get("loss")
+        st.phase, st.loss = beat.phase, beat.loss
+        if beat.val_loss is not None:
+            st.val_loss = beat.val_loss
         job.beat, job.beat_mono = beat, self.sys.monotonic()
         job.max_step = step if job.max_step is None else max(job.max_step, step)
         self._arm_hang_timer()
-        self._publish()
-
-    def _on_scan(self) -> None:
-        new = self.house.refresh()
-        if new is None:
-            return
-        self.log.info("checkpoint_committed", path=str(new.path), step=new.step, size_bytes=new.size_bytes)
-        if self.job is not None:
-            self.job.new_checkpoint = True
-        self.status.latest_checkpoint = self.house.latest_json()
-        self.house.prune()
-        self._sync_disk()
-        self._publish()
-
-    def _on_retention(self) -> None:
-        self._on_scan()  # also catches commits inotify cannot see (network filesystems, other nodes)
-        self.house.prune()
-        self._sync_disk()
-        self.sys.timers.set("retention", self.sys.monotonic() + self.cfg.checkpoints.retention_interval_s)
         self._publish()

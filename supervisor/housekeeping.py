@@ -1,31 +1,54 @@
-"""The supervisor's view of the checkpoint root: newest complete, commits seen, quarantine, retention runs.
+"""One housekeeping pass over the checkpoint root: scan once, prune, and report what was found.
 
-All judgement lives in `supervisor.checkpoints` (complete, ranking, retention plan); this class only
-remembers what was seen and which checkpoint the running attempt resumed from, so it is never pruned.
+`run_pass` does the store work (listing, verifying, planning and executing retention) and touches no
+supervisor state, so the event loop runs it on a worker thread: a large `.metadata` being verified never
+delays a signal or a job exit (DESIGN.md invariant 8). The loop hands the `PassResult` back to
+`Housekeeper.absorb`, which remembers the newest complete checkpoint and says whether a new one was
+committed since the last pass. All judgement lives in `supervisor.checkpoints` (complete, ranking,
+retention plan).
 """
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from supervisor import checkpoints as store
-from supervisor.checkpoints.layout import MANIFEST_NAME, METADATA_NAME
 from supervisor.config import Config
 from supervisor.errors import CheckpointError
+from supervisor.layout import MANIFEST_NAME, METADATA_NAME
 
-__all__ = ["Housekeeper"]
+__all__ = ["Housekeeper", "PassResult"]
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """What one pass saw and did. `generation` is the file-event count when it started (freshness)."""
+
+    generation: int
+    checkpoints: list[store.CheckpointInfo] = field(default_factory=list)
+    newest: store.CheckpointInfo | None = None  # newest complete, non-quarantined
+    deleted: list[store.Deletion] = field(default_factory=list)
+    findings: list[store.Finding] = field(default_factory=list)
+    disk_free: int | None = None
+    checkpoint_bytes: int | None = None  # in complete checkpoints, after the deletions
+    error: str | None = None  # the root could not be read; nothing else in the result is meaningful
+
+    @property
+    def quarantined(self) -> list[str]:
+        return [str(c.path) for c in self.checkpoints if c.quarantined]
 
 
 class Housekeeper:
     def __init__(self, cfg: Config, log: Any, now: Callable[[], float]) -> None:
         self.root = cfg.checkpoints.dir
         self.cfg, self.log, self.now = cfg, log, now
-        self.latest: store.CheckpointInfo | None = None
-        self.in_use: Path | None = None  # resumed from by the running attempt: protected
-        self.disk_free: int | None = None
-        self.checkpoint_bytes: int | None = None  # bytes in complete checkpoints, as of the last pass
+        self.latest: store.CheckpointInfo | None = None  # newest complete, non-quarantined: the resume point
+        self._high: store.CheckpointInfo | None = None  # newest ever seen: a fallback after quarantine is no commit
+        self.last: PassResult | None = None
+        self.disk_free: int | None = None  # as of the last pass, or of the trash emptied since
         self._emptier: threading.Thread | None = None
 
     def concerns(self, path: Path) -> bool:
@@ -36,86 +59,39 @@ class Housekeeper:
             return False
         return len(rel.parts) == 1 or rel.name in (METADATA_NAME, MANIFEST_NAME)
 
-    def _read_newest(self) -> store.CheckpointInfo | None:
-        try:
-            return store.newest_complete(self.root) if self.root.is_dir() else None
-        except CheckpointError as exc:
-            self.log.warning("checkpoint_scan_failed", root=str(self.root), error=str(exc))
-            return None
+    # ---- off the loop ------------------------------------------------------------------------------------
+    def run_pass(self, *, generation: int, protect: Collection[Path], prune: bool = True,
+                 unless_newest: Path | None = None) -> PassResult:
+        """Scan the root once and prune it (if this node prunes), protecting `protect`; thread-safe, no state.
 
-    def newest(self) -> store.CheckpointInfo | None:
-        """The newest complete, non-quarantined checkpoint; also the baseline later commits are compared to."""
-        self.latest = self._read_newest()
-        return self.latest
-
-    def refresh(self) -> store.CheckpointInfo | None:
-        """Re-read the newest complete checkpoint; return it only when it is newer than the last one seen."""
-        cur, old = self._read_newest(), self.latest
-        self.latest = cur
-        return cur if cur is not None and _newer(cur, old) else None
-
-    def latest_step(self) -> int | None:
-        return self.latest.step if self.latest else None
-
-    def full_disk_note(self) -> str | None:
-        """A note for a failed attempt when the checkpoint file system cannot hold one more checkpoint.
-
-        A save that hits ENOSPC does not always say so: torch's zip writer reports it as "unexpected pos".
+        With `prune=False` retention runs only when the newest complete checkpoint is no longer
+        `unless_newest`, i.e. on a new commit (a file event in the root that committed nothing is no
+        reason to delete anything).
         """
-        if self.latest is None:
-            return None
-        try:
-            free = store.disk_usage(self.root).free_bytes
-        except CheckpointError:
-            return None
-        need = self.latest.size_bytes
-        return f"checkpoint disk full: {free} bytes free, a checkpoint takes {need}" if free < need else None
-
-    def latest_json(self) -> dict[str, Any] | None:
-        c = self.latest
-        return None if c is None else {"path": str(c.path), "step": c.step, "mtime": c.mtime}
-
-    def quarantine(self, path: Path, reason: str) -> None:
-        store.quarantine(path, reason)
-        if self.latest is not None and self.latest.path == path:
-            self.latest = None
-
-    def quarantined(self) -> list[str]:
         if not self.root.is_dir():
-            return []
-        try:
-            return [str(c.path) for c in store.scan(self.root, verify_all=False) if c.quarantined]
-        except CheckpointError:
-            return []
-
-    def prune(self) -> None:
-        """One retention pass (if this node prunes), protecting the checkpoint in use; logs every deletion."""
-        if not self.root.is_dir():
-            return
+            return PassResult(generation)
         try:
             usage = store.disk_usage(self.root)
-            self.disk_free = usage.free_bytes
             found = store.scan(self.root, verify_all=True)
-            self.checkpoint_bytes = sum(c.size_bytes for c in found if c.complete)
-            if not self.cfg.checkpoints.prune:
-                return
-            plan = store.plan_retention(
-                found, policy=self.cfg.checkpoints, disk=usage,
-                protect=[self.in_use] if self.in_use else [], now=self.now(),
-            )
-            for f in plan.findings:
-                self.log.warning(f.kind, message=f.message)
-            complete = {c.path for c in found if c.complete}
-            for d in store.execute_retention(self.root, plan, empty_trash=False):
-                self.log.info("retention_deleted", path=str(d.path), reason=d.reason, size_bytes=d.size_bytes)
-                if d.path in complete:
-                    self.checkpoint_bytes -= d.size_bytes
-            self._empty_trash()
+            usable = [c for c in found if c.complete and not c.quarantined]
+            newest = usable[0] if usable else None  # scan() sorts newest first
+            plan = store.RetentionPlan()
+            committed = newest is not None and newest.path != unless_newest
+            if self.cfg.checkpoints.prune and (prune or committed):
+                plan = store.plan_retention(found, rules=self.cfg.checkpoints, disk=usage, protect=protect,
+                                            now=self.now())
+            deleted = store.execute_retention(self.root, plan, empty_trash=False) if plan.deletions else []
         except (CheckpointError, OSError) as exc:
-            self.log.error("retention_failed", root=str(self.root), error=str(exc))
+            return PassResult(generation, error=str(exc))
+        gone = {d.path for d in deleted}
+        return PassResult(
+            generation, checkpoints=[c for c in found if c.path not in gone], newest=newest, deleted=deleted,
+            findings=plan.findings, disk_free=usage.free_bytes,
+            checkpoint_bytes=sum(c.size_bytes for c in found if c.complete and c.path not in gone),
+        )
 
-    def _empty_trash(self) -> None:
-        """Remove `.trash` contents on a worker thread: a slow rmtree must not stall the loop (or its watchdog)."""
+    def empty_trash(self) -> None:
+        """Remove trash contents on a worker thread: a slow rmtree must not stall the loop (or its watchdog)."""
         if self._emptier is not None and self._emptier.is_alive():
             return  # it will find what was parked since it started, or the next pass will
 
@@ -133,6 +109,55 @@ class Housekeeper:
         """Let a running trash removal finish (at shutdown and in tests)."""
         if self._emptier is not None:
             self._emptier.join(timeout)
+
+    # ---- on the loop -------------------------------------------------------------------------------------
+    def absorb(self, result: PassResult) -> store.CheckpointInfo | None:
+        """Take a finished pass in; returns the newest checkpoint when it is a new commit since the last pass."""
+        if result.error is not None:
+            self.log.error("checkpoint_scan_failed", root=str(self.root), error=result.error)
+            return None
+        first = self.last is None
+        self.latest, self.last, self.disk_free = result.newest, result, result.disk_free
+        for f in result.findings:
+            self.log.warning(f.kind, message=f.message)
+        for d in result.deleted:
+            self.log.info("retention_deleted", path=str(d.path), reason=d.reason, size_bytes=d.size_bytes)
+        if result.deleted:
+            self.empty_trash()
+        new = result.newest
+        if new is None or not _newer(new, self._high):
+            return None
+        self._high = new
+        return None if first else new  # what the first pass finds was there before us: the baseline
+
+    def latest_step(self) -> int | None:
+        return self.latest.step if self.latest else None
+
+    def latest_json(self) -> dict[str, Any] | None:
+        c = self.latest
+        return None if c is None else {"path": str(c.path), "step": c.step, "mtime": c.mtime}
+
+    def full_disk_note(self, low_free: int | None = None) -> str | None:
+        """A note for a failed attempt when the checkpoint file system cannot hold one more checkpoint.
+
+        A save that hits ENOSPC does not always say so: torch's zip writer reports it as "unexpected pos".
+        `low_free` is the least free space a pass saw during the attempt: retention may have freed space
+        between the failed save and the exit.
+        """
+        if self.latest is None:
+            return None
+        try:
+            free = store.disk_usage(self.root).free_bytes
+        except CheckpointError:
+            return None
+        free = min(free, low_free) if low_free is not None else free
+        need = self.latest.size_bytes
+        return f"checkpoint disk full: {free} bytes free, a checkpoint takes {need}" if free < need else None
+
+    def quarantine(self, path: Path, reason: str) -> None:
+        store.quarantine(path, reason)
+        if self.latest is not None and self.latest.path == path:
+            self.latest = None  # until the next pass names the fallback
 
 
 def _newer(cur: store.CheckpointInfo, old: store.CheckpointInfo | None) -> bool:

@@ -77,7 +77,7 @@ class EventLoop:
         self.signals: deque[int] = deque()
         self.files: queue.SimpleQueue[Path] = queue.SimpleQueue()
 
-    def _wake(self) -> None:
+    def _wake(self) -> None:  # from any thread
         try:
             os.write(self._wfd, b"\0")
         except (BlockingIOError, OSError):
@@ -88,6 +88,7 @@ class EventLoop:
         for fd in (rfd, self._wfd):
             os.set_blocking(fd, False)
         old_wakeup = signal.set_wakeup_fd(self._wfd, warn_on_full_buffer=False)
+        self.sys.waker = self._wake
         old_handlers = {s: signal.signal(s, lambda n, _f: self.signals.append(n)) for s in _HANDLED}
         observer = Observer()
         handler = _Forward(self.files, self._wake)
@@ -135,6 +136,8 @@ class EventLoop:
             self.core.on_file_event(path)
         if self.echo is not None and seen_log:
             self.echo.pump(self.core.job.log_path if self.core.job else self.echo.path)
+        for done, result in self.sys.finished_work():  # store passes that ran off this thread
+            done(result)
         for pid, code in procs.reap_any():
             if self.echo is not None and self.core.job is not None and pid == self.core.job.pid:
                 self.echo.pump(self.core.job.log_path)  # whatever it wrote last

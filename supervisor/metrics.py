@@ -128,7 +128,7 @@ class MetricsServer:
         from supervisor.metrics_http import Server  # only here: most jobs scrape nothing
 
         self.httpd = Server((host, port), socket.AF_INET6 if ":" in host else socket.AF_INET)
-        self.httpd.render = self.render
+        self.httpd.render, self.httpd.content_type = self.render, CONTENT_TYPE
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="metrics", daemon=True)
 
     @property

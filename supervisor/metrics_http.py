@@ -1,5 +1,8 @@
 """The HTTP side of the metrics endpoint: imported only when `[metrics] listen` is set (`http.server`
-costs start-up time, and most jobs are scraped by nothing)."""
+costs start-up time, and most jobs are scraped by nothing).
+
+It knows nothing of metrics: the owner sets `render` (the body) and `content_type` on the server.
+"""
 from __future__ import annotations
 
 import http.server
@@ -7,8 +10,6 @@ import socket
 import socketserver
 from collections.abc import Callable
 from typing import Any
-
-from supervisor.metrics import CONTENT_TYPE
 
 __all__ = ["Server"]
 
@@ -21,7 +22,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
             try:
-                body, ctype, code = self.server.render().encode(), CONTENT_TYPE, 200
+                body, ctype, code = self.server.render().encode(), self.server.content_type, 200
             except Exception as exc:  # a rendering bug must cost one scrape, not a traceback per request
                 body, ctype, code = f"cannot render metrics: {exc!r}\n".encode(), "text/plain; charset=utf-8", 500
         elif path == "/":
@@ -43,6 +44,7 @@ class Server(http.server.ThreadingHTTPServer):
 
     daemon_threads = True
     render: Callable[[], str]
+    content_type: str
 
     def __init__(self, address: tuple[str, int], family: socket.AddressFamily) -> None:
         self.address_family = family

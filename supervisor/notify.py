@@ -19,6 +19,7 @@ class Notifier:
         self.address = "\0" + address[1:] if address.startswith("@") else address
         self.watchdog_usec = watchdog_usec
         self._last_status: str | None = None
+        self._ready_sent = False
         self._stopping_sent = False
         # Non-blocking: a unix datagram send blocks while the reader's queue is full (10 by default); a stalled
         # reader must never freeze the event loop, so a message is dropped instead.
@@ -43,9 +44,14 @@ class Notifier:
             pass  # systemd gone or socket full: never let notification break supervision
 
     def ready(self) -> None:
-        self.send("READY=1")
+        if not self._ready_sent:
+            self._ready_sent = True
+            self.send("READY=1")
 
     def status(self, st: Status) -> None:
+        """Called on every publish: READY=1 once the first launch is done (or failed), then STATUS= on change."""
+        if st.state is not State.STARTING:
+            self.ready()
         line = one_line(st)
         if line != self._last_status:
             self._last_status = line

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 
-from supervisor.prewarmer import is_spare_cmdline
+from supervisor.spares import is_spare_cmdline
 
 __all__ = [
     "set_child_subreaper",
@@ -117,7 +117,7 @@ def find_job(pid: int | None, create_time: float | None, cmdline: Sequence[str] 
         p = psutil.Process(pid)
         if abs(p.create_time() - create_time) > 0.05:
             return None
-        # A prewarmed job keeps its spare's argv (trainer/prewarm.py); the start time already pins it.
+        # A prewarmed job keeps its spare's argv (trainer/spare.py); the start time already pins it.
         if cmdline is not None and p.cmdline() != list(cmdline) and not is_spare_cmdline(p.cmdline()):
             return None
         return p

@@ -15,13 +15,13 @@ from __future__ import annotations
 import enum
 import json
 import math
-import os
-import tempfile
 import types
 import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from supervisor.atomic import TMP_SUFFIX, write_atomic
 
 __all__ = ["State", "ExitInfo", "Status", "TRANSITIONS", "write_status", "read_status", "remove_torn_writes", "STATE_FILE"]
 
@@ -79,6 +79,7 @@ class Status:
     step_at: float | None = None
     phase: str | None = None
     loss: float | None = None
+    val_loss: float | None = None  # the latest evaluation the heartbeat reported
     rate_steps_per_s: float | None = None
     resumed_from: str | None = None
     latest_checkpoint: dict[str, Any] | None = None  # {path, step, mtime}
@@ -96,7 +97,8 @@ class Status:
         self.state = new
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
+        """A strict-JSON dict: a non-finite float (which no validated input should produce) becomes null."""
+        d = _finite_only(asdict(self))
         d["state"] = self.state.value
         return d
 
@@ -113,6 +115,16 @@ class Status:
         if ck is not None and not all(_conforms(ck.get(k), t) for k, t in _CHECKPOINT_FIELDS.items()):
             raise ValueError("state.json: latest_checkpoint is not {path, step, mtime}")
         return cls(**known)
+
+
+def _finite_only(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite_only(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_only(v) for v in value]
+    return value
 
 
 _CHECKPOINT_FIELDS: dict[str, Any] = {"path": str | None, "step": int | None, "mtime": float | None}
@@ -148,24 +160,16 @@ def _typed(cls: type, d: dict[str, Any], every: bool = False) -> dict[str, Any]:
 
 
 def write_status(run_dir: Path, status: Status) -> None:
-    """Atomically replace state.json (tmp + fsync + rename) so readers never see a torn file."""
-    data = json.dumps(status.to_json(), indent=2, sort_keys=True).encode()
-    fd, tmp = tempfile.mkstemp(prefix=".state-", suffix=".tmp", dir=run_dir)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, run_dir / STATE_FILE)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Atomically replace state.json (owner-only: it holds the job's argv) so readers never see a torn file."""
+    data = json.dumps(status.to_json(), indent=2, sort_keys=True, allow_nan=False).encode()
+    write_atomic(run_dir / STATE_FILE, data, mode=0o600)
 
 
 def remove_torn_writes(run_dir: Path) -> None:
     """Delete the temp files of `write_status` calls cut short by a SIGKILL (only with the run lock held)."""
-    for tmp in run_dir.glob(".state-*.tmp"):
-        tmp.unlink(missing_ok=True)
+    for pattern in (f".{STATE_FILE}.*{TMP_SUFFIX}", ".state-*.tmp"):  # the second: versions before 0.2
+        for tmp in run_dir.glob(pattern):
+            tmp.unlink(missing_ok=True)
 
 
 def read_status(run_dir: Path) -> Status | None:

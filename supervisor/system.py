@@ -10,31 +10,39 @@ import random
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+import queue
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from supervisor import procs
 from supervisor.exits import read_oom_kills
-from supervisor.prewarmer import Prewarmer
+from supervisor.spares import Prewarmer
 
 __all__ = ["System", "RealSystem", "Timers"]
 
+T = TypeVar("T")
+
 
 class Timers:
-    """Named one-shot deadlines on a monotonic clock; setting a name again replaces it."""
+    """Named one-shot deadlines on a monotonic clock; setting a name again replaces it.
+
+    Names are strings; a str-valued enum member (the core's `Timer`) is stored by its value, so
+    `pop_due` always returns plain strings.
+    """
 
     def __init__(self) -> None:
         self._deadlines: dict[str, float] = {}
 
     def set(self, name: str, at: float) -> None:
-        self._deadlines[name] = at
+        self._deadlines[_key(name)] = at
 
     def cancel(self, name: str) -> None:
-        self._deadlines.pop(name, None)
+        self._deadlines.pop(_key(name), None)
 
     def pending(self, name: str) -> bool:
-        return name in self._deadlines
+        return _key(name) in self._deadlines
 
     def next_deadline(self) -> float | None:
         return min(self._deadlines.values(), default=None)
@@ -46,8 +54,15 @@ class Timers:
         return [n for _, n in due]
 
 
+def _key(name: str) -> str:
+    return str(getattr(name, "value", name))
+
+
 class System(Protocol):
     timers: Timers
+
+    def run_off_loop(self, work: Callable[[], T], done: Callable[[T | BaseException], None]) -> None:
+        """Run `work` away from the event loop; later call `done(result or exception)` on the loop thread."""
 
     def now(self) -> float: ...  # wall clock, for humans and files
     def monotonic(self) -> float: ...  # durations and timers
@@ -72,6 +87,29 @@ class RealSystem:
         self.timers = Timers()
         self._popen: dict[int, subprocess.Popen[bytes]] = {}
         self.prewarmer = Prewarmer() if prewarm else None
+        self.waker: Callable[[], None] = lambda: None  # set by the event loop: wakes its select()
+        self._finished: queue.SimpleQueue[tuple[Callable[[Any], None], Any]] = queue.SimpleQueue()
+
+    def run_off_loop(self, work: Callable[[], T], done: Callable[[T | BaseException], None]) -> None:
+        def run() -> None:
+            try:
+                result: Any = work()
+            except BaseException as exc:  # noqa: BLE001 - handed to `done`, on the loop thread
+                result = exc
+            self._finished.put((done, result))
+            self.waker()
+
+        # A daemon thread: store work is renames and reads, safe to abandon when the supervisor exits.
+        threading.Thread(target=run, name="store-pass", daemon=True).start()
+
+    def finished_work(self) -> list[tuple[Callable[[Any], None], Any]]:
+        """Completions of `run_off_loop` work, for the event loop to deliver on its own thread."""
+        out = []
+        while True:
+            try:
+                out.append(self._finished.get_nowait())
+            except queue.Empty:
+                return out
 
     def now(self) -> float:
         return time.time()

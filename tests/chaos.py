@@ -26,6 +26,7 @@ import psutil
 
 from supervisor.checkpoints import newest_complete
 from supervisor.checkpoints.naming import name_step
+from supervisor.contract import HEARTBEAT_FILE, Beat, parse_heartbeat
 from supervisor.errors import CheckpointError
 from tests.helpers import TAG_ENV, Launcher, wait_for
 from tests.supervise import Supervisors
@@ -126,11 +127,11 @@ class RunDir:
             return {}
         return json.loads(text)
 
-    def beat(self) -> dict[str, Any]:
+    def beat(self) -> Beat | None:
         try:
-            return json.loads((self.run_dir / "heartbeat.json").read_text())
-        except (OSError, ValueError):
-            return {}
+            return parse_heartbeat((self.run_dir / HEARTBEAT_FILE).read_bytes())[0]
+        except OSError:
+            return None
 
     def log(self) -> str:
         path = self.run_dir / "supervisor.log"
@@ -301,7 +302,7 @@ class ChaosRun:
         def ready() -> int | None:
             self._still_attempt(attempt, "before the fault was injected")
             beat = self.dirs.beat()
-            return beat["step"] if beat.get("phase") == "train" and beat.get("step", -1) >= floor else None
+            return beat.step if beat is not None and beat.phase == "train" and beat.step >= floor else None
 
         return int(wait_for(ready, timeout, f"training at step >= {floor}"))  # type: ignore[arg-type]
 

@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 
 from supervisor.checkpoints import TORN, scan, verify
-from supervisor.checkpoints.layout import MANIFEST_NAME, TRASH_DIR
+from supervisor.layout import MANIFEST_NAME, TRASH_DIR
 from supervisor.checkpoints.naming import is_temporary, name_step
 from tests.chaos import SAVE_EVERY, ChaosRun
 from tests.helpers import wait_for

@@ -1,7 +1,7 @@
 """A scripted `System` for replaying histories through `Core` without processes or real time."""
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,30 @@ class FakeSystem:
     killed_trees: list[int] = field(default_factory=list)
     orphans_stopped: list[int] = field(default_factory=list)
     next_pid: int = 100
+    defer_work: bool = False  # True: off-loop work waits for `finish_work()` (a pass "still running")
+    pending_work: list[tuple[Callable[[], Any], Callable[[Any], None]]] = field(default_factory=list)
+
+    def run_off_loop(self, work: Callable[[], Any], done: Callable[[Any], None]) -> None:
+        if self.defer_work:
+            self.pending_work.append((work, done))
+            return
+        self._run(work, done)
+
+    @staticmethod
+    def _run(work: Callable[[], Any], done: Callable[[Any], None]) -> None:
+        try:
+            result = work()
+        except Exception as exc:  # noqa: BLE001 - like RealSystem: the exception goes to `done`
+            result = exc
+        done(result)
+
+    def finish_work(self) -> int:
+        """Run the deferred off-loop work (and any it queues) to completion; returns how many ran."""
+        n = 0
+        while self.pending_work:
+            self._run(*self.pending_work.pop(0))
+            n += 1
+        return n
 
     def now(self) -> float:
         return 1_700_000_000.0 + self.clock

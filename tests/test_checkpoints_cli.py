@@ -1,4 +1,4 @@
-"""Tests for supervisor.checkpoints.cli: the `checkpoints` commands, run as a real subprocess."""
+"""Tests for supervisor.checkpoint_commands: the `checkpoints` commands, run as a real subprocess."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ import pytest
 
 from supervisor import cli as top_cli
 from supervisor.checkpoints import is_pinned, quarantine
-from supervisor.checkpoints.layout import TRASH_DIR, tmp_dir_name
+from supervisor.layout import TRASH_DIR, tmp_dir_name
 from supervisor.checkpoints.testing import write_checkpoint
 
 LIST_FIELDS = {"name", "path", "step", "complete", "reason", "size_bytes", "mtime", "pinned", "quarantined"}
@@ -50,7 +50,7 @@ def root(tmp_path) -> Path:
 
 def test_checkpoints_module_is_registered():
     """supervisor.cli dispatches to this module (otherwise `fsdp-supervisor checkpoints` does not exist)."""
-    assert "supervisor.checkpoints.cli" in top_cli.COMMAND_MODULES
+    assert "supervisor.checkpoint_commands" in top_cli.COMMAND_MODULES
 
 
 class TestList:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.checkpoints import verify
-from supervisor.checkpoints.layout import MANIFEST_NAME, METADATA_NAME, tmp_dir_name
+from supervisor.layout import MANIFEST_NAME, METADATA_NAME, tmp_dir_name
 from supervisor.checkpoints.testing import storage_metadata_bytes, write_checkpoint, write_manifest
 from supervisor.errors import CheckpointError
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from supervisor.checkpoints.layout import MANIFEST_FORMAT, MANIFEST_NAME
+from supervisor.layout import MANIFEST_FORMAT, MANIFEST_NAME
 from supervisor.checkpoints.manifest import ManifestError, parse_manifest, read_manifest
 
 

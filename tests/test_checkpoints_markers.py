@@ -14,7 +14,7 @@ from supervisor.checkpoints import (
     unpin,
     unquarantine,
 )
-from supervisor.checkpoints.layout import PIN_MARKER, QUARANTINE_MARKER
+from supervisor.layout import PIN_MARKER, QUARANTINE_MARKER
 from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.errors import CheckpointError
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.checkpoints.layout import step_dir_name, tmp_dir_name
+from supervisor.layout import step_dir_name, tmp_dir_name
 from supervisor.checkpoints.naming import is_temporary, name_step
 
 

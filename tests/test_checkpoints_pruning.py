@@ -14,7 +14,7 @@ from supervisor.checkpoints import (
     clear_trash,
     DiskUsage,
     RetentionPlan,
-    RetentionPolicy,
+    RetentionRules,
     disk_usage,
     execute_retention,
     newest_complete,
@@ -22,7 +22,7 @@ from supervisor.checkpoints import (
     plan_retention,
     scan,
 )
-from supervisor.checkpoints.layout import TRASH_DIR
+from supervisor.layout import TRASH_DIR
 from supervisor.checkpoints.retention import GIB
 from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.errors import CheckpointError
@@ -132,7 +132,7 @@ class TestEndToEnd:
         pin(dirs[pinned % len(dirs)])
         newest = newest_complete(root)
         infos = scan(root)
-        plan = plan_retention(infos, policy=RetentionPolicy(keep_last=keep_last, min_free_gb=10**6),
+        plan = plan_retention(infos, rules=RetentionRules(keep_last=keep_last, min_free_gb=10**6),
                               disk=DiskUsage(GIB, 0), now=0.0)
         execute_retention(root, plan)
         survivors = set(os.listdir(root)) - {TRASH_DIR}

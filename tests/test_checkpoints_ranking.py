@@ -9,7 +9,7 @@ import pytest
 
 from supervisor.checkpoints import newest_complete, quarantine, scan
 import supervisor.checkpoints.ranking as scan_module
-from supervisor.checkpoints.layout import METADATA_NAME, TRASH_DIR, tmp_dir_name
+from supervisor.layout import METADATA_NAME, TRASH_DIR, tmp_dir_name
 from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.errors import CheckpointError
 

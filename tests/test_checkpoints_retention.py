@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from supervisor.checkpoints import CheckpointInfo, DiskUsage, KeepBest, RetentionPolicy, plan_retention
+from supervisor.checkpoints import CheckpointInfo, DiskUsage, KeepBest, RetentionRules, plan_retention
 from supervisor.checkpoints.retention import GIB
 
 ROOT = Path("/ckpt")
@@ -29,7 +29,7 @@ def deleted(plan) -> set[str]:
 
 
 def plan(cps, *, disk=BIG_DISK, protect=(), now=NOW, **policy):
-    return plan_retention(cps, policy=RetentionPolicy(**policy), disk=disk, protect=protect, now=now)
+    return plan_retention(cps, rules=RetentionRules(**policy), disk=disk, protect=protect, now=now)
 
 
 # ---- strategies ---------------------------------------------------------------------------------
@@ -55,7 +55,7 @@ def _infos(rows) -> list[CheckpointInfo]:
 
 checkpoint_sets = st.lists(_row, max_size=12).map(_infos)
 policies = st.builds(
-    RetentionPolicy,
+    RetentionRules,
     keep_last=st.integers(0, 4),
     keep_every=st.integers(0, 5),
     keep_best=st.one_of(st.none(), st.builds(KeepBest, metric=st.sampled_from(["loss", "acc", "nope"]),
@@ -77,7 +77,7 @@ def scenarios(draw):
 
 def run(scenario):
     cps, policy, disk, protect, now = scenario
-    return plan_retention(cps, policy=policy, disk=disk, protect=protect, now=now)
+    return plan_retention(cps, rules=policy, disk=disk, protect=protect, now=now)
 
 
 def _order(c):
@@ -193,7 +193,7 @@ class TestInvariants:
         cps, policy, disk, protect, now = sc
         off = policy.model_copy(update={"keep_last": 0, "keep_every": 0, "keep_best": None,
                                         "min_free_gb": 0, "max_total_gb": 0})
-        p = plan_retention(cps, policy=off, disk=disk, protect=protect, now=now)
+        p = plan_retention(cps, rules=off, disk=disk, protect=protect, now=now)
         assert not [d for d in p.deletions if d.path in {c.path for c in cps if c.complete}]
 
     @PROPS
@@ -269,7 +269,7 @@ class TestDebrisAndDisk:
 class TestPolicyModel:
     def test_defaults(self):
         """The defaults are keep_last=3, no other rule, no floors, 1 h partial age."""
-        p = RetentionPolicy()
+        p = RetentionRules()
         assert (p.keep_last, p.keep_every, p.keep_best, p.min_free_gb, p.max_total_gb, p.partial_max_age_s) == (
             3, 0, None, 0, 0, 3600)
 
@@ -278,8 +278,8 @@ class TestPolicyModel:
     def test_bad_values_and_unknown_keys_are_rejected(self, kwargs):
         """Negative values, unknown keys and a bad keep_best mode fail validation."""
         with pytest.raises(ValidationError):
-            RetentionPolicy(**kwargs)
+            RetentionRules(**kwargs)
 
     def test_every_field_is_described(self):
         """Each field has a description (it feeds --help and the config reference)."""
-        assert all(f.description for f in RetentionPolicy.model_fields.values())
+        assert all(f.description for f in RetentionRules.model_fields.values())

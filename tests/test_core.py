@@ -191,7 +191,7 @@ class TestProgress:
         core.begin(None)
         exit_job(core, fake, 1)
         assert "quarantined" in log.names() and "checkpoint_committed" not in log.names()
-        assert core.history[-1].progressed is False
+        assert core.attempts[-1].progressed is False
 
 
 class TestStopAndHang:

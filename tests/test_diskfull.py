@@ -131,7 +131,7 @@ class TestFullDiskNote:
         write_checkpoint(tmp_path / "ckpts", 5)
         cfg = job_config(tmp_path, "")
         house = Housekeeper(load_config(cfg), log=None, now=lambda: 0.0)
-        house.refresh()
+        house.absorb(house.run_pass(generation=0, protect=()))
         monkeypatch.setattr(store, "disk_usage", lambda root: DiskUsage(total_bytes=10**12, free_bytes=free))
         note = house.full_disk_note()
         assert (note is not None and "checkpoint disk full" in note) == noted, note

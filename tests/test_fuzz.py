@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from supervisor import cli
 from supervisor.checkpoints import STATES, verify
-from supervisor.checkpoints.layout import MANIFEST_NAME, METADATA_NAME
+from supervisor.layout import MANIFEST_NAME, METADATA_NAME
 from supervisor.checkpoints.metadata import MetadataError, parse_metadata
 from supervisor.checkpoints.testing import dcp_metadata_bytes
 from supervisor.config import Config, load_config

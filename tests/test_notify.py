@@ -110,8 +110,9 @@ class TestNotifier:
         assert len(receiver.seen("WATCHDOG=1")) == 1
 
     def test_status_deduplicated_and_stopping_once(self, receiver: Receiver) -> None:
-        """STATUS= only on a change; entering `stopping` sends STOPPING=1 once, even if stopping() follows."""
+        """READY=1 with the first non-starting status; STATUS= only on a change; STOPPING=1 once."""
         n = Notifier(receiver.address, None)
+        n.status(Status(state=State.STARTING))  # before the first launch: not ready yet
         st = Status(state=State.RUNNING, attempt=1)
         n.status(st)
         n.status(st)
@@ -121,7 +122,8 @@ class TestNotifier:
         wait_for(lambda: receiver.seen("STOPPING=1"), 5, "STOPPING=1")
         time.sleep(0.2)
         msgs = [m for _, m in receiver.messages]
-        assert msgs == ["STATUS=running, attempt 1, no checkpoint, restarts 0",
+        assert msgs == ["STATUS=starting, no checkpoint, restarts 0", "READY=1",
+                        "STATUS=running, attempt 1, no checkpoint, restarts 0",
                         "STATUS=stopping, attempt 1, no checkpoint, restarts 0", "STOPPING=1"]
 
     def test_abstract_socket(self) -> None:

@@ -22,8 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from supervisor.checkpoints import DiskUsage, RetentionPolicy, clear_trash, execute_retention, plan_retention, scan
-from supervisor.checkpoints.layout import TRASH_DIR
+from supervisor.checkpoints import DiskUsage, RetentionRules, clear_trash, execute_retention, plan_retention, scan
+from supervisor.layout import TRASH_DIR
 from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.errors import CheckpointError, ConfigError
 from supervisor.metrics import is_loopback, parse_listen
@@ -268,9 +268,9 @@ class TestDeletionStaysInsideRoot:
         base.mkdir()
         root, outside = _plant(base, traps)
         before = _snapshot(outside)
-        policy = RetentionPolicy(keep_last=keep_last, min_free_gb=1e9, partial_max_age_s=age)
+        policy = RetentionRules(keep_last=keep_last, min_free_gb=1e9, partial_max_age_s=age)
         try:
-            plan = plan_retention(scan(root), policy=policy, disk=DiskUsage(total_bytes=1, free_bytes=0), now=time.time())
+            plan = plan_retention(scan(root), rules=policy, disk=DiskUsage(total_bytes=1, free_bytes=0), now=time.time())
             execute_retention(root, plan)
             clear_trash(root)
         except CheckpointError:

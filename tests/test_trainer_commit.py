@@ -6,7 +6,7 @@ import json
 import pytest
 
 from supervisor.checkpoints import verify
-from supervisor.checkpoints.layout import MANIFEST_FORMAT, MANIFEST_NAME, METADATA_NAME, tmp_dir_name
+from supervisor.layout import MANIFEST_FORMAT, MANIFEST_NAME, METADATA_NAME, tmp_dir_name
 from supervisor.checkpoints.testing import write_checkpoint
 from trainer.commit import build_manifest, commit
 

@@ -56,9 +56,18 @@ class TestHeartbeat:
         assert [p.name for p in tmp_path.iterdir()] == ["hb.json"]
 
     def test_unknown_phase_is_refused(self, tmp_path, clock) -> None:
-        """Only load, train and save are phases the supervisor understands."""
+        """Only the contract's phases (load, train, eval, save) are written."""
         with pytest.raises(ValueError):
-            Heartbeat(tmp_path / "hb.json", clock=clock).beat(1, "eval")
+            Heartbeat(tmp_path / "hb.json", clock=clock).beat(1, "warmup")
+
+    def test_val_loss_is_written_at_once_and_repeated(self, tmp_path, clock) -> None:
+        """A new evaluation result is written inside the throttle interval and carried by later beats."""
+        hb = Heartbeat(tmp_path / "hb.json", clock=clock)
+        hb.beat(10, "train", 1.0)
+        assert hb.beat(10, "train", 1.0, val_loss=0.75)
+        clock.now += 1.0
+        hb.beat(11, "train", 0.9)
+        assert json.loads((tmp_path / "hb.json").read_text())["val_loss"] == 0.75
 
     def test_unwritable_path_does_not_raise(self, tmp_path, clock) -> None:
         """A heartbeat that cannot be written is reported, not fatal to training."""

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.checkpoints import verify
-from supervisor.checkpoints.layout import MANIFEST_NAME, METADATA_NAME, TMP_PREFIX, step_dir_name
+from supervisor.layout import MANIFEST_NAME, METADATA_NAME, TMP_PREFIX, step_dir_name
 from tests.helpers import Job, Launcher, logged_steps, module_torchrun, torchrun, wait_for  # noqa: F401
 from trainer.heartbeat import HEARTBEAT_ENV
 

@@ -16,7 +16,7 @@ _HOME = {
                      "unquarantine"), "markers"),
     **dict.fromkeys(("clear_trash", "disk_usage", "execute_retention"), "pruning"),
     **dict.fromkeys(("UNVERIFIED", "CheckpointInfo", "newest_complete", "scan"), "ranking"),
-    **dict.fromkeys(("GIB", "Deletion", "DiskUsage", "Finding", "KeepBest", "RetentionPlan", "RetentionPolicy",
+    **dict.fromkeys(("GIB", "Deletion", "DiskUsage", "Finding", "KeepBest", "RetentionPlan", "RetentionRules",
                      "plan_retention"), "retention"),
 }
 
@@ -55,7 +55,7 @@ __all__ = [
     "quarantine_reason",
     "GIB",
     "KeepBest",
-    "RetentionPolicy",
+    "RetentionRules",
     "DiskUsage",
     "Deletion",
     "Finding",

@@ -1,13 +1,14 @@
-"""Open a file inside a checkpoint dir the careful way: no symlinks, no FIFOs, bounded size."""
+"""Open a file inside a checkpoint dir the careful way: no symlinks, no FIFOs, bounded size; its checksum."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import stat
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["open_regular"]
+__all__ = ["open_regular", "sha256_file"]
 
 
 def open_regular(path: Path, cap: int, error: type[Exception]) -> tuple[BinaryIO, os.stat_result]:
@@ -35,3 +36,13 @@ def open_regular(path: Path, cap: int, error: type[Exception]) -> tuple[BinaryIO
         f.close()
         raise error(f"{path.name} is {st.st_size} bytes, over the {cap} byte cap")
     return f, st
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a regular file (refusing symlinks and FIFOs like `open_regular`)."""
+    f, _ = open_regular(path, 1 << 62, OSError)
+    digest = hashlib.sha256()
+    with f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

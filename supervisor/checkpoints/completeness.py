@@ -9,14 +9,13 @@ invalid:  unparseable or unsafe metadata or manifest, a storage path escaping th
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from supervisor.checkpoints._files import open_regular
-from supervisor.checkpoints.layout import METADATA_NAME
+from supervisor.checkpoints._files import sha256_file
+from supervisor.layout import METADATA_NAME
 from supervisor.checkpoints.manifest import Manifest, ManifestError, read_manifest
 from supervisor.checkpoints.metadata import DcpMetadata, MetadataError, UnsafeMetadataError, read_metadata
 from supervisor.checkpoints.naming import is_temporary, name_step
@@ -122,22 +121,13 @@ def _check_manifest(directory: Path, manifest: Manifest, problems: _Problems) ->
         problems.invalid.append(f"manifest step {manifest.step} does not match the dir name (step {from_name})")
 
 
-def _sha256(path: Path) -> str:
-    f, _ = open_regular(path, 1 << 62, CheckpointError)
-    digest = hashlib.sha256()
-    with f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _check_checksums(directory: Path, manifest: Manifest, problems: _Problems) -> None:
     for rel, expected in sorted(manifest.sha256.items()):
         if _unsafe_name(rel) is not None:
             problems.invalid.append(_unsafe_name(rel) or "")
             continue
         try:
-            actual = _sha256(directory / rel)
+            actual = sha256_file(directory / rel)
         except FileNotFoundError:
             problems.torn.append(f"{rel} has a checksum but is missing")
             continue

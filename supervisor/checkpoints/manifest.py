@@ -1,89 +1,54 @@
-"""Read the reference trainer's `manifest.json` (step, world size, metrics, file sizes, checksums).
+"""The reference trainer's `manifest.json`: the one writer and the one reader (schema: supervisor.contract).
 
 The manifest is optional: plain DCP dirs from user scripts have none. When it is there it is checked
-strictly, because it is what the trainer promises about the dir.
+strictly, because it is what the trainer promises about the dir. The trainer (trainer/commit.py) and the
+torch-free test writer (checkpoints/testing.py) both write it through `build_manifest` + `write_manifest`.
 """
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass, field
+import os
+import stat
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from supervisor.checkpoints._files import open_regular
-from supervisor.checkpoints.layout import MANIFEST_FORMAT, MANIFEST_NAME
+from supervisor.atomic import write_atomic
+from supervisor.checkpoints._files import open_regular, sha256_file
+from supervisor.contract import MAX_MANIFEST_BYTES, Manifest, ManifestError, manifest_record, parse_manifest
+from supervisor.layout import MANIFEST_NAME
 
-__all__ = ["MAX_MANIFEST_BYTES", "ManifestError", "Manifest", "parse_manifest", "read_manifest"]
-
-MAX_MANIFEST_BYTES = 16 * 1024 * 1024
-
-
-class ManifestError(Exception):
-    """`manifest.json` exists but is unreadable or malformed; the message says which field."""
+__all__ = ["MAX_MANIFEST_BYTES", "ManifestError", "Manifest", "parse_manifest", "read_manifest", "build_manifest",
+           "write_manifest"]
 
 
-@dataclass(frozen=True)
-class Manifest:
-    """What the trainer recorded about one checkpoint."""
-
-    step: int
-    world_size: int | None = None
-    time: float | None = None
-    loss: float | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
-    files: dict[str, int] = field(default_factory=dict)  # relative name -> size in bytes
-    sha256: dict[str, str] = field(default_factory=dict)
+def _listed_files(directory: Path) -> list[str]:
+    """Names of the regular files directly inside `directory`, except the manifest, sorted."""
+    names = []
+    with os.scandir(directory) as it:
+        for entry in it:
+            if entry.name != MANIFEST_NAME and stat.S_ISREG(entry.stat(follow_symlinks=False).st_mode):
+                names.append(entry.name)
+    return sorted(names)
 
 
-def _is_int(v: Any) -> bool:
-    return type(v) is int
-
-
-def _number(v: Any) -> float | None:
-    if type(v) in (int, float) and math.isfinite(v):
-        return float(v)
-    return None
-
-
-def _str_map(raw: Any, key: str, check: Any, what: str) -> dict:
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict) or not all(isinstance(k, str) and check(v) for k, v in raw.items()):
-        raise ManifestError(f"manifest {key!r} must map file names to {what}")
-    return dict(raw)
-
-
-def parse_manifest(data: bytes) -> Manifest:
-    """Validate manifest bytes; raise ManifestError naming the bad field."""
-    try:
-        raw = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ManifestError(f"manifest is not JSON: {str(exc)[:80]}") from None
-    if not isinstance(raw, dict):
-        raise ManifestError("manifest is not a JSON object")
-    if raw.get("format") != MANIFEST_FORMAT:
-        raise ManifestError(f"manifest format is {str(raw.get('format'))[:40]!r}, expected {MANIFEST_FORMAT!r}")
-    step = raw.get("step")
-    if not _is_int(step) or step < 0:
-        raise ManifestError(f"manifest step {str(step)[:40]!r} is not a non-negative integer")
-    world = raw.get("world_size")
-    if world is not None and (not _is_int(world) or world < 1):
-        raise ManifestError(f"manifest world_size {str(world)[:40]!r} is not a positive integer")
-    metrics_raw = raw.get("metrics") or {}
-    if not isinstance(metrics_raw, dict):
-        raise ManifestError("manifest 'metrics' is not an object")
-    # A metric that is null or NaN (a diverged step) is simply not a usable value: drop it.
-    metrics = {k: v for k, v in ((str(k), _number(v)) for k, v in metrics_raw.items()) if v is not None}
-    return Manifest(
-        step=step,
-        world_size=world,
-        time=_number(raw.get("time")),
-        loss=_number(raw.get("loss")),
-        metrics=metrics,
-        files=_str_map(raw.get("files"), "files", lambda v: _is_int(v) and v >= 0, "sizes"),
-        sha256=_str_map(raw.get("sha256"), "sha256", lambda v: isinstance(v, str), "hex digests"),
+def build_manifest(directory: Path, *, step: int, world_size: int, torch_version: str,
+                   metrics: Mapping[str, float | None], sha256: bool = False, now: float | None = None) -> dict[str, Any]:
+    """The manifest of `directory` as it is now, as a JSON-ready dict (every file but the manifest)."""
+    names = _listed_files(directory)
+    return manifest_record(
+        step=step, world_size=world_size, time=time.time() if now is None else now, torch_version=torch_version,
+        metrics=metrics, files={n: (directory / n).stat().st_size for n in names},
+        sha256={n: sha256_file(directory / n) for n in names} if sha256 else None,
     )
+
+
+def write_manifest(directory: Path, manifest: Mapping[str, Any]) -> Path:
+    """Write `manifest.json` into `directory` atomically and durably (fsynced)."""
+    path = directory / MANIFEST_NAME
+    write_atomic(path, json.dumps(manifest, indent=1, sort_keys=True, allow_nan=False).encode())
+    return path
 
 
 def read_manifest(directory: Path) -> Manifest | None:

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import structlog
 
+from supervisor.atomic import write_atomic
 from supervisor.checkpoints._files import open_regular
-from supervisor.checkpoints.layout import PIN_MARKER, QUARANTINE_MARKER
+from supervisor.layout import PIN_MARKER, QUARANTINE_MARKER
 from supervisor.errors import CheckpointError
 
 __all__ = ["pin", "unpin", "is_pinned", "quarantine", "unquarantine", "is_quarantined", "quarantine_reason"]
@@ -38,16 +39,10 @@ def _checkpoint_dir(path: str | os.PathLike[str]) -> Path:
 
 
 def _write_marker(directory: Path, name: str, payload: dict) -> None:
-    tmp = directory / f"{name}.{os.getpid()}.tmp"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, directory / name)  # atomic: a reader sees no marker or a whole one
+        write_atomic(directory / name, json.dumps(payload).encode())  # a reader sees no marker or a whole one
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise CheckpointError(f"{directory}: cannot write {name}: {exc.strerror}") from None
+        raise CheckpointError(f"{directory}: cannot write {name}: {exc.strerror or exc}") from None
 
 
 def _remove_marker(directory: Path, name: str) -> bool:

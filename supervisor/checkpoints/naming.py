@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from supervisor.checkpoints.layout import TMP_PREFIX
+from supervisor.layout import TMP_PREFIX
 
 __all__ = ["name_step", "is_temporary"]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import structlog
 
-from supervisor.checkpoints.layout import TRASH_DIR
+from supervisor.layout import TRASH_DIR
 from supervisor.checkpoints.retention import Deletion, DiskUsage, RetentionPlan
 from supervisor.errors import CheckpointError
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from supervisor.checkpoints.completeness import COMPLETE, INVALID, Verdict, verify
-from supervisor.checkpoints.layout import METADATA_NAME, TRASH_DIR
+from supervisor.layout import METADATA_NAME, TRASH_DIR
 from supervisor.checkpoints.manifest import ManifestError, read_manifest
 from supervisor.checkpoints.markers import is_pinned, is_quarantined
 from supervisor.checkpoints.naming import is_temporary, name_step

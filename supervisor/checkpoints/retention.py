@@ -1,4 +1,4 @@
-"""Retention: a pure function from (checkpoints, disk, policy) to deletions with reasons, plus findings.
+"""Retention: a pure function from (checkpoints, disk, rules) to deletions with reasons, plus findings.
 
 How the rules interact:
 1. Guards: never deleted, whatever else says so: the newest complete non-quarantined checkpoint, every
@@ -30,7 +30,7 @@ from supervisor.checkpoints.ranking import CheckpointInfo
 __all__ = [
     "GIB",
     "KeepBest",
-    "RetentionPolicy",
+    "RetentionRules",
     "DiskUsage",
     "Deletion",
     "Finding",
@@ -51,7 +51,7 @@ class KeepBest(BaseModel):
     k: int = Field(ge=0, description="how many to keep (0 = rule off)")
 
 
-class RetentionPolicy(BaseModel):
+class RetentionRules(BaseModel):
     """Which checkpoints to keep; the `[checkpoints]` config section extends this model."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -107,7 +107,7 @@ def _age_order(c: CheckpointInfo) -> tuple[bool, int, float]:
     return (c.step is not None, c.step or 0, c.mtime)
 
 
-def _guards(cps: Sequence[CheckpointInfo], policy: RetentionPolicy, protect: set[str], now: float) -> dict[Path, str]:
+def _guards(cps: Sequence[CheckpointInfo], rules: RetentionRules, protect: set[str], now: float) -> dict[Path, str]:
     usable = [c for c in cps if c.complete and not c.quarantined]
     newest = max(usable, key=_age_order) if usable else None
     guards: dict[Path, str] = {}
@@ -119,23 +119,23 @@ def _guards(cps: Sequence[CheckpointInfo], policy: RetentionPolicy, protect: set
         elif c.pinned:
             guards[c.path] = "pinned"
         elif c.state in (PARTIAL, TORN):
-            if now - c.mtime <= policy.partial_max_age_s:
+            if now - c.mtime <= rules.partial_max_age_s:
                 guards[c.path] = f"{c.state}, idle {max(0.0, now - c.mtime):.0f} s: may be in flight"
         elif c.state != COMPLETE:
             guards[c.path] = f"{c.state}: left for a human"
     return guards
 
 
-def _rule_keeps(cps: Sequence[CheckpointInfo], policy: RetentionPolicy) -> dict[Path, list[str]]:
+def _rule_keeps(cps: Sequence[CheckpointInfo], rules: RetentionRules) -> dict[Path, list[str]]:
     complete = sorted((c for c in cps if c.complete), key=_age_order, reverse=True)
     keeps: dict[Path, list[str]] = {}
-    for c in complete[: policy.keep_last]:
-        keeps.setdefault(c.path, []).append(f"keep_last={policy.keep_last}")
-    if policy.keep_every:
+    for c in complete[: rules.keep_last]:
+        keeps.setdefault(c.path, []).append(f"keep_last={rules.keep_last}")
+    if rules.keep_every:
         for c in complete:
-            if c.step is not None and c.step % policy.keep_every == 0:
-                keeps.setdefault(c.path, []).append(f"keep_every={policy.keep_every}")
-    best = policy.keep_best
+            if c.step is not None and c.step % rules.keep_every == 0:
+                keeps.setdefault(c.path, []).append(f"keep_every={rules.keep_every}")
+    best = rules.keep_best
     if best and best.k:
         scored = [c for c in complete if best.metric in c.metrics]
         sign = 1 if best.mode == "min" else -1
@@ -145,48 +145,48 @@ def _rule_keeps(cps: Sequence[CheckpointInfo], policy: RetentionPolicy) -> dict[
     return keeps
 
 
-def _disk_message(free: int, total: int, policy: RetentionPolicy) -> tuple[str, int] | None:
+def _disk_message(free: int, total: int, rules: RetentionRules) -> tuple[str, int] | None:
     """Which floor is unmet and by how many bytes, or None when both are met."""
-    if policy.min_free_gb and free < policy.min_free_gb * GIB:
-        need = int(policy.min_free_gb * GIB) - free
-        return f"free {free / GIB:.2f} GiB < min_free_gb={policy.min_free_gb:g}", need
-    if policy.max_total_gb and total > policy.max_total_gb * GIB:
-        need = total - int(policy.max_total_gb * GIB)
-        return f"checkpoints use {total / GIB:.2f} GiB > max_total_gb={policy.max_total_gb:g}", need
+    if rules.min_free_gb and free < rules.min_free_gb * GIB:
+        need = int(rules.min_free_gb * GIB) - free
+        return f"free {free / GIB:.2f} GiB < min_free_gb={rules.min_free_gb:g}", need
+    if rules.max_total_gb and total > rules.max_total_gb * GIB:
+        need = total - int(rules.max_total_gb * GIB)
+        return f"checkpoints use {total / GIB:.2f} GiB > max_total_gb={rules.max_total_gb:g}", need
     return None
 
 
 def plan_retention(
     checkpoints: Sequence[CheckpointInfo],
     *,
-    policy: RetentionPolicy,
+    rules: RetentionRules,
     disk: DiskUsage,
     protect: Collection[str | os.PathLike[str]] = (),
     now: float,
 ) -> RetentionPlan:
     """Decide what to delete and why (pure: no I/O; see the module docstring for the rules)."""
     cps = sorted(checkpoints, key=_age_order)  # oldest first: the order deletions happen in
-    guards = _guards(cps, policy, {os.path.abspath(p) for p in protect}, now)
-    keeps = _rule_keeps(cps, policy)
-    rules_on = policy.keep_rules_on()
+    guards = _guards(cps, rules, {os.path.abspath(p) for p in protect}, now)
+    keeps = _rule_keeps(cps, rules)
+    any_rule_on = rules.keep_rules_on()
     deletions: list[Deletion] = []
     kept: dict[Path, str] = dict(guards)
     for c in cps:
         if c.path in guards:
             continue
         if c.complete:
-            if not rules_on or c.path in keeps:
+            if not any_rule_on or c.path in keeps:
                 kept[c.path] = ", ".join(keeps.get(c.path, ["no keep rule on"]))
                 continue
             reason = "kept by no keep rule"
         else:  # partial/torn and idle past the limit (younger ones are guarded)
-            reason = f"{c.state} and idle {now - c.mtime:.0f} s > partial_max_age_s={policy.partial_max_age_s:g}"
+            reason = f"{c.state} and idle {now - c.mtime:.0f} s > partial_max_age_s={rules.partial_max_age_s:g}"
         deletions.append(Deletion(c.path, c.name, reason, c.size_bytes))
     freed = sum(d.size_bytes for d in deletions)
     free, total = disk.free_bytes + freed, sum(c.size_bytes for c in cps) - freed
     findings: list[Finding] = []
     by_age = iter([c for c in cps if c.path in kept and c.path not in guards])  # oldest rule-kept first
-    while (unmet := _disk_message(free, total, policy)) is not None:
+    while (unmet := _disk_message(free, total, rules)) is not None:
         c = next(by_age, None)
         if c is None:
             msg, need = unmet

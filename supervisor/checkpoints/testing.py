@@ -6,16 +6,15 @@ too (`tests/test_checkpoints_testing.py` checks that in a subprocess). Shards ho
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import pickle
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from supervisor.checkpoints.layout import MANIFEST_FORMAT, MANIFEST_NAME, METADATA_NAME, step_dir_name
+from supervisor.checkpoints.manifest import build_manifest
+from supervisor.checkpoints.manifest import write_manifest as _write_manifest
+from supervisor.layout import METADATA_NAME, step_dir_name
 
 __all__ = ["dcp_metadata_bytes", "storage_metadata_bytes", "write_checkpoint", "write_manifest", "DEFAULT_TENSORS"]
 
@@ -152,10 +151,6 @@ class _BytesSink:
         return len(b)
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def write_manifest(
     directory: Path,
     step: int,
@@ -165,18 +160,10 @@ def write_manifest(
     sha256: bool = False,
     when: float | None = None,
 ) -> Path:
-    """Write the trainer's manifest for `directory` as it is now (every file but the manifest)."""
-    files = {p.name: p.stat().st_size for p in sorted(directory.iterdir()) if p.is_file() and p.name != MANIFEST_NAME}
-    metrics = dict(metrics or {})
-    body: dict[str, Any] = {
-        "format": MANIFEST_FORMAT, "step": step, "world_size": world_size, "time": when or time.time(),
-        "loss": metrics.get("loss"), "torch_version": "synthetic", "metrics": metrics, "files": files,
-    }
-    if sha256:
-        body["sha256"] = {name: _sha256(directory / name) for name in files}
-    path = directory / MANIFEST_NAME
-    path.write_text(json.dumps(body))
-    return path
+    """Write the trainer's manifest for `directory` as it is now, through the trainer's own writer."""
+    manifest = build_manifest(directory, step=step, world_size=world_size, torch_version="synthetic",
+                              metrics=dict(metrics or {}), sha256=sha256, now=when)
+    return _write_manifest(directory, manifest)
 
 
 def write_checkpoint(

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from marks import append_mark  # tests/jobs/marks.py: this script's directory is on sys.path
 
+from supervisor.contract import ENV_ATTEMPT
+
 
 def main() -> int:
     p = argparse.ArgumentParser()
@@ -24,7 +26,7 @@ def main() -> int:
     p.add_argument("--exit-code", type=int, default=5)
     p.add_argument("--sleep", type=float, default=120.0)
     a = p.parse_args()
-    attempt = int(os.environ.get("FSDP_SUPERVISOR_ATTEMPT", "0"))
+    attempt = int(os.environ.get(ENV_ATTEMPT, "0"))
 
     def on_term(signum: int, _frame: object) -> None:
         Path(a.trap).write_text(str(signum))

@@ -11,13 +11,15 @@ from pathlib import Path
 
 from marks import append_mark  # tests/jobs/marks.py: this script's directory is on sys.path
 
+from supervisor.atomic import write_atomic
+from supervisor.contract import ENV_ATTEMPT, ENV_HEARTBEAT, heartbeat_record
+
 
 def beat(step: int, phase: str = "train") -> None:
-    path = os.environ.get("FSDP_SUPERVISOR_HEARTBEAT")
+    path = os.environ.get(ENV_HEARTBEAT)
     if path:
-        tmp = f"{path}.tmp"
-        Path(tmp).write_text(json.dumps({"step": step, "time": time.time(), "phase": phase, "loss": 1.0 / (step + 1)}))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(heartbeat_record(step, phase, time=time.time(), loss=1.0 / (step + 1))).encode(),
+                     durable=False)
 
 
 def main() -> int:
@@ -40,7 +42,7 @@ def main() -> int:
     if a.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if a.marker:  # after the handlers: a test may signal us as soon as it reads this line
-        append_mark(a.marker, {"attempt": os.environ.get("FSDP_SUPERVISOR_ATTEMPT"), "argv": sys.argv[1:],
+        append_mark(a.marker, {"attempt": os.environ.get(ENV_ATTEMPT), "argv": sys.argv[1:],
                                "pid": os.getpid()})
     if a.leak:
         if os.fork() == 0:

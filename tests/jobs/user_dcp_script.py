@@ -18,6 +18,8 @@ from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import StateDictType
 
+from supervisor.contract import ENV_ATTEMPT
+
 
 def main() -> int:
     p = argparse.ArgumentParser()
@@ -56,7 +58,7 @@ def main() -> int:
                 dcp.save(state, checkpoint_id=str(a.ckpt_dir / f"epoch_{epoch}"))
     if dist.get_rank() == 0:
         with open(a.record, "a") as f:
-            f.write(f"start={start} resume={a.resume_from} attempt={os.environ.get('FSDP_SUPERVISOR_ATTEMPT')}\n")
+            f.write(f"start={start} resume={a.resume_from} attempt={os.environ.get(ENV_ATTEMPT)}\n")
     dist.destroy_process_group()
     return 0
 

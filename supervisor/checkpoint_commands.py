@@ -18,7 +18,7 @@ from supervisor.checkpoints.completeness import verify
 from supervisor.checkpoints.markers import pin, quarantine_reason, unpin, unquarantine
 from supervisor.checkpoints.pruning import disk_usage, execute_retention
 from supervisor.checkpoints.ranking import CheckpointInfo, scan
-from supervisor.checkpoints.retention import GIB, RetentionPlan, RetentionPolicy, plan_retention
+from supervisor.checkpoints.retention import GIB, RetentionPlan, RetentionRules, plan_retention
 from supervisor.errors import EXIT_NOT_OK, EXIT_OK
 
 __all__ = ["register", "info_json"]
@@ -46,7 +46,7 @@ def _non_negative_float(text: str) -> float:
 
 def _root_args(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("-c", "--config", metavar="CONFIG", help="job.toml: use its [checkpoints] dir and policy")
+    g.add_argument("-c", "--config", metavar="CONFIG", help="job.toml: use its [checkpoints] dir and retention rules")
     g.add_argument("--dir", type=Path, metavar="DIR", help="checkpoint root")
 
 
@@ -128,13 +128,13 @@ def _table(infos: list[CheckpointInfo], now: float) -> str:
 @dataclass(frozen=True)
 class _Target:
     root: Path
-    policy: RetentionPolicy
+    rules: RetentionRules
     protect: tuple[Path, ...] = ()
 
 
 def _target(args: argparse.Namespace) -> _Target:
     if args.dir is not None:
-        return _Target(Path(os.path.abspath(args.dir)), RetentionPolicy())
+        return _Target(Path(os.path.abspath(args.dir)), RetentionRules())
     from supervisor.config import load_config  # here: only -c needs it
     from supervisor.state import read_status
 
@@ -176,10 +176,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_OK if v.complete else EXIT_NOT_OK
 
 
-def _policy_with_flags(policy: RetentionPolicy, args: argparse.Namespace) -> RetentionPolicy:
+def _rules_with_flags(rules: RetentionRules, args: argparse.Namespace) -> RetentionRules:
     flags = {"keep_last": args.keep_last, "keep_every": args.keep_every, "min_free_gb": args.min_free_gb}
     update = {k: v for k, v in flags.items() if v is not None}
-    return policy.model_copy(update=update) if update else policy
+    return rules.model_copy(update=update) if update else rules
 
 
 def _print_plan(plan: RetentionPlan, done: set[Path] | None) -> None:
@@ -195,7 +195,7 @@ def _print_plan(plan: RetentionPlan, done: set[Path] | None) -> None:
 def cmd_prune(args: argparse.Namespace) -> int:
     target = _target(args)
     infos = scan(target.root)
-    plan = plan_retention(infos, policy=_policy_with_flags(target.policy, args), disk=disk_usage(target.root),
+    plan = plan_retention(infos, rules=_rules_with_flags(target.rules, args), disk=disk_usage(target.root),
                           protect=target.protect, now=time.time())
     if args.dry_run:
         _print_plan(plan, None)

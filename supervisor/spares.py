@@ -3,13 +3,14 @@
 A relaunch by the supervisor costs a fresh interpreter plus `import torch` before torchrun even starts its
 workers, and the failed agent's exit costs another second of interpreter teardown; torchrun's own
 in-agent restart pays neither. So when `[job] prewarm` is on and the command is `torchrun ...` or
-`python -m torch.distributed.run ...`, every launch is handed to a spare process (trainer/prewarm.py,
+`python -m torch.distributed.run ...`, every launch is handed to a spare process (trainer/spare.py,
 run by the job's own interpreter) that imports torch and waits on a pipe: the idle one kept since the
 previous launch, or a fresh one. A new idle spare is started right after. Anything we cannot reproduce
 exactly (another interpreter, a changed environment, a wrapper script) takes the ordinary cold path.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -19,15 +20,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from supervisor.contract import ENV_ATTEMPT, ENV_ERROR_FILE
+
 __all__ = ["Plan", "Prewarmer", "plan", "is_spare_cmdline", "SPARE_SCRIPT", "PREWARM_LOG", "VOLATILE_ENV"]
 
 # Job-side code (it becomes the torchrun agent, torch and all), so it lives with the trainer; the supervisor
-# only runs it by path and never imports it.
-SPARE_SCRIPT = Path(__file__).resolve().parent.parent / "trainer" / "prewarm.py"
+# only runs it by path and never imports it (find_spec imports the `trainer` package, which imports nothing).
+SPARE_SCRIPT = Path(str(importlib.util.find_spec("trainer.spare").origin))
 PREWARM_LOG = "prewarm.log"  # the spares' own output before they become a job (import errors, readiness)
 # Set per attempt by the core and read by torchrun only at run time, so a spare started with the previous
 # attempt's values is still exactly the next job once the hand-off replaces its environment.
-VOLATILE_ENV = frozenset({"FSDP_SUPERVISOR_ATTEMPT", "TORCHELASTIC_ERROR_FILE"})
+VOLATILE_ENV = frozenset({ENV_ATTEMPT, ENV_ERROR_FILE})
 _MODULE = "torch.distributed.run"
 _CONSOLE_MARK = b"from torch.distributed.run import main"
 _MAX_SPEC_BYTES = 60_000  # stays below a pipe's buffer: the hand-off never blocks the event loop
@@ -101,7 +104,7 @@ class Prewarmer:
     """Owns at most one idle spare; `RealSystem` asks it first on every launch."""
 
     def __init__(self) -> None:
-        from supervisor.logs import get_logger  # here: procs imports this module for every CLI command
+        from supervisor.eventlog import get_logger  # here: procs imports this module for every CLI command
 
         self.log = get_logger()
         self._spare: _Spare | None = None

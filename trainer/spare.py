@@ -1,7 +1,7 @@
 """The spare torchrun agent: a process that has already imported torch and waits to become the next job.
 
 A supervisor relaunch would otherwise pay a fresh interpreter start plus `import torch` (2-3 s here) that
-torchrun's in-agent restart does not. The supervisor (supervisor/prewarmer.py) starts this file with the
+torchrun's in-agent restart does not. The supervisor (supervisor/spares.py) starts this file with the
 job's own interpreter, in a session of its own and with the job's environment; it imports
 `torch.distributed.run` and then blocks reading its stdin. To launch, the supervisor writes one JSON object
 (`script`, `args`, `env`, `cwd`, `log_path`) and closes the pipe; the spare then takes the job's
@@ -19,7 +19,7 @@ Two things differ on purpose:
 
 Until the hand-off it dies with the supervisor (PR_SET_PDEATHSIG; EOF on stdin means "not needed").
 
-Run as a plain file (`python .../trainer/prewarm.py PARENT_PID`), standard library only until the
+Run as a plain file (`python .../trainer/spare.py PARENT_PID`), standard library only until the
 import it exists for: the job's interpreter need not have this package installed. The supervisor itself
 never imports this module.
 """
@@ -41,7 +41,6 @@ from typing import Any, NoReturn
 __all__ = ["main"]
 
 _PR_SET_PDEATHSIG = 1
-_HEARTBEAT_ENV = "FSDP_SUPERVISOR_HEARTBEAT"  # the job's heartbeat file (supervisor/core.py sets it)
 _IMPORT_AFTER_S = 60.0
 
 
@@ -57,19 +56,25 @@ def _wait_for_training(timeout: float) -> None:
 
     "Trains" is the job's heartbeat saying phase `train` (its workers are past their own imports and the
     checkpoint load, which a concurrent import would slow down, even at nice 19: measured +1.5 s on a
-    restart here). A job without a heartbeat just waits out `timeout`.
+    restart here). A job without a heartbeat, or an interpreter without this package (so without the
+    contract's reader), just waits out `timeout`.
     """
-    beat = os.environ.get(_HEARTBEAT_ENV)
+    try:
+        from supervisor.contract import ENV_HEARTBEAT, parse_heartbeat  # stdlib only: cheap
+    except ImportError:
+        ENV_HEARTBEAT, parse_heartbeat = None, None  # noqa: N806
+    beat = os.environ.get(ENV_HEARTBEAT) if ENV_HEARTBEAT else None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if select.select([sys.stdin], [], [], 0.25)[0]:
             return
         try:
-            with open(beat or "", encoding="utf-8") as fh:
-                if json.load(fh).get("phase") == "train":
-                    return
-        except (OSError, ValueError, AttributeError):
+            with open(beat or "", "rb") as fh:
+                parsed = parse_heartbeat(fh.read(1 << 16))[0] if parse_heartbeat else None
+        except OSError:
             continue
+        if parsed is not None and parsed.phase == "train":
+            return
 
 
 def _import_torchrun_at_idle_priority() -> Any:

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor.prewarmer import SPARE_SCRIPT, Plan, is_spare_cmdline, plan
+from supervisor.spares import SPARE_SCRIPT, Plan, is_spare_cmdline, plan
 from tests.supervise import REPO, TAG_ENV, Supervisors, launches, stop, supervisors, wait_for  # noqa: F401
 
 JOB = REPO / "tests" / "jobs" / "attempt_job.py"
@@ -76,7 +76,7 @@ class TestSpareExit:
                 f"def job():\n    {body}\n")
         plain = subprocess.run([sys.executable, "-c", head + "job()\n"], capture_output=True, text=True,
                                cwd=REPO, timeout=60)
-        fast = subprocess.run([sys.executable, "-c", head + "from trainer.prewarm import run_then_exit\n"
+        fast = subprocess.run([sys.executable, "-c", head + "from trainer.spare import run_then_exit\n"
                                "run_then_exit(job)\n"], capture_output=True, text=True, cwd=REPO, timeout=60)
         assert fast.returncode == plain.returncode
         assert fast.stdout == plain.stdout == "atexit ran\n"

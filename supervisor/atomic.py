@@ -1,0 +1,58 @@
+"""Atomic file replacement: readers see the old content or the new one, never a torn file (stdlib only).
+
+The one way this project writes a file that someone else reads while it may change: state.json, markers,
+the heartbeat, the manifest, exported weights. A temporary sibling (`.<name>.<random>.tmp`, so it shares
+the file system and never matches the final name's pattern) is written, optionally fsynced, then renamed
+over the target.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+__all__ = ["replacing", "write_atomic", "fsync_dir", "TMP_SUFFIX"]
+
+TMP_SUFFIX = ".tmp"
+
+
+@contextmanager
+def replacing(path: str | os.PathLike[str], *, durable: bool = True, mode: int | None = None) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; on success fsync it (if `durable`) and rename it over `path`.
+
+    The temporary file is created empty with `mode` (default: like open(), 0o666 less the umask); whoever
+    writes it may also replace it (torch.save does). On any error it is removed and `path` is left as it was.
+    """
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}{TMP_SUFFIX}")
+    # Created like open() would (0o666 less the umask) unless `mode` says otherwise; O_EXCL: never reuse.
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666 if mode is None else mode))
+    try:
+        yield tmp
+        if durable:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes, *, durable: bool = True, mode: int | None = None) -> None:
+    """Replace `path` with `data` atomically (see `replacing`)."""
+    with replacing(path, durable=durable, mode=mode) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+
+
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
+    """fsync a directory so that the names in it (creates, renames) are durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,216 @@
+"""The job contract: everything the supervisor and a supervised job tell each other (stdlib only).
+
+Supervisor -> job: the environment variables below (the heartbeat file to rewrite, the attempt number,
+the run dir, torchrun's error file). Job -> supervisor: the heartbeat file, the checkpoint manifest, the
+exit code and torchrun's error file. Both sides import the names and the validation from here (the
+supervisor, the reference trainer, the benchmarks and the tests), so a key or a phase can never be spelled
+two ways. Next to `layout.py`, which names what lies on disk.
+
+The heartbeat comes from code we did not write (a user's own script), so it is untrusted input: every
+field is validated and a bad one is dropped with a note, never passed on (a NaN loss once made state.json
+invalid JSON; a `1e999` step crashed the daemon).
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "ENV_HEARTBEAT",
+    "ENV_ATTEMPT",
+    "ENV_RUN_DIR",
+    "ENV_ERROR_FILE",
+    "HEARTBEAT_FILE",
+    "PHASES",
+    "SLOW_PHASES",
+    "MAX_HEARTBEAT_BYTES",
+    "MAX_STEP",
+    "Beat",
+    "parse_heartbeat",
+    "heartbeat_record",
+    "MANIFEST_FORMAT",
+    "MAX_MANIFEST_BYTES",
+    "ManifestError",
+    "Manifest",
+    "parse_manifest",
+    "manifest_record",
+]
+
+# ---- environment of the job ----------------------------------------------------------------------------
+ENV_HEARTBEAT = "FSDP_SUPERVISOR_HEARTBEAT"  # file the job may rewrite with a heartbeat record
+ENV_ATTEMPT = "FSDP_SUPERVISOR_ATTEMPT"  # 1, 2, ...: which launch this is (continues across supervisor runs)
+ENV_RUN_DIR = "FSDP_SUPERVISOR_RUN_DIR"  # the supervisor's run dir (state.json, logs)
+ENV_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # torchrun's own: where `@record` writes the root-cause error
+
+# ---- heartbeat ----------------------------------------------------------------------------------------
+HEARTBEAT_FILE = "heartbeat.json"  # inside the run dir
+PHASES = ("load", "train", "eval", "save")
+SLOW_PHASES = frozenset({"load", "save"})  # judged by save_timeout_s rather than hang_timeout_s
+MAX_HEARTBEAT_BYTES = 64 * 1024  # a beat is ~100 bytes; anything larger is not one
+MAX_STEP = 2**53 - 1  # every JSON reader keeps integers up to here exact
+_MAX_LOSS = 1e30  # finite and still meaningful in a plot; beyond is a diverged or garbage value
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One validated heartbeat: only fields that passed validation are set."""
+
+    step: int
+    time: float | None = None
+    phase: str | None = None
+    loss: float | None = None
+    val_loss: float | None = None
+
+
+def _finite(value: Any, limit: float) -> float | None:
+    if type(value) not in (int, float) or not math.isfinite(value) or abs(value) > limit:
+        return None
+    return float(value)
+
+
+def parse_heartbeat(data: bytes) -> tuple[Beat | None, list[str]]:
+    """Validate heartbeat bytes: (the beat or None, what was wrong with it, for one warning).
+
+    No usable `step` (missing, negative, not an integer, beyond MAX_STEP) rejects the whole beat; any other
+    bad field is dropped. Unknown keys are ignored (newer jobs may send more).
+    """
+    if len(data) > MAX_HEARTBEAT_BYTES:
+        return None, [f"heartbeat is {len(data)} bytes, over {MAX_HEARTBEAT_BYTES}"]
+    try:
+        raw = json.loads(data)  # Python's reader takes NaN/Infinity: they are dropped below
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None, ["heartbeat is not JSON"]
+    if not isinstance(raw, dict):
+        return None, ["heartbeat is not a JSON object"]
+    step = raw.get("step")
+    if type(step) is not int or not 0 <= step <= MAX_STEP:
+        return None, [f"step {_show(step)} is not an integer in [0, {MAX_STEP}]"]
+    problems: list[str] = []
+    when = raw.get("time")
+    time_ = _finite(when, 1e12)
+    if when is not None and (time_ is None or time_ < 0):
+        problems.append(f"time {_show(when)} dropped")
+        time_ = None
+    phase = raw.get("phase")
+    if phase is not None and phase not in PHASES:
+        problems.append(f"phase {_show(phase)} dropped (not one of {', '.join(PHASES)})")
+        phase = None
+    losses: dict[str, float | None] = {}
+    for key in ("loss", "val_loss"):
+        value = raw.get(key)
+        losses[key] = _finite(value, _MAX_LOSS)
+        if value is not None and losses[key] is None:
+            problems.append(f"{key} {_show(value)} dropped (not a finite number)")
+    return Beat(step, time_, phase, losses["loss"], losses["val_loss"]), problems
+
+
+def _show(value: Any) -> str:
+    """A short, safe rendering of an untrusted JSON value for a log line (never a deep repr)."""
+    if isinstance(value, (dict, list)):
+        return type(value).__name__
+    text = str(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def heartbeat_record(step: int, phase: str, *, time: float, loss: float | None = None,
+                     val_loss: float | None = None) -> dict[str, Any]:
+    """The JSON object a job writes (the writer's side of `parse_heartbeat`); non-finite losses become null."""
+    if phase not in PHASES:
+        raise ValueError(f"heartbeat phase must be one of {PHASES}, got {phase!r}")
+    record: dict[str, Any] = {"step": int(step), "time": time, "phase": phase,
+                              "loss": _finite(loss, _MAX_LOSS) if loss is not None else None}
+    if val_loss is not None:
+        record["val_loss"] = _finite(val_loss, _MAX_LOSS)
+    return record
+
+
+# ---- checkpoint manifest (the reference trainer's; optional for other jobs) ------------------------------
+MANIFEST_FORMAT = "fsdp-supervisor/1"
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+
+
+class ManifestError(Exception):
+    """`manifest.json` exists but is unreadable or malformed; the message says which field."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What the trainer recorded about one checkpoint."""
+
+    step: int
+    world_size: int | None = None
+    time: float | None = None
+    loss: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    files: dict[str, int] = field(default_factory=dict)  # relative name -> size in bytes
+    sha256: dict[str, str] = field(default_factory=dict)
+    torch_version: str | None = None
+
+
+def _is_int(v: Any) -> bool:
+    return type(v) is int
+
+
+def _str_map(raw: Any, key: str, check: Any, what: str) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not all(isinstance(k, str) and check(v) for k, v in raw.items()):
+        raise ManifestError(f"manifest {key!r} must map file names to {what}")
+    return dict(raw)
+
+
+def parse_manifest(data: bytes) -> Manifest:
+    """Validate manifest bytes; raise ManifestError naming the bad field."""
+    try:
+        raw = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise ManifestError(f"manifest is not JSON: {str(exc)[:80]}") from None
+    if not isinstance(raw, dict):
+        raise ManifestError("manifest is not a JSON object")
+    if raw.get("format") != MANIFEST_FORMAT:
+        raise ManifestError(f"manifest format is {_show(raw.get('format'))}, expected {MANIFEST_FORMAT!r}")
+    step = raw.get("step")
+    if not _is_int(step) or not 0 <= step <= MAX_STEP:
+        raise ManifestError(f"manifest step {_show(step)} is not a non-negative integer")
+    world = raw.get("world_size")
+    if world is not None and (not _is_int(world) or world < 1):
+        raise ManifestError(f"manifest world_size {_show(world)} is not a positive integer")
+    metrics_raw = raw.get("metrics") or {}
+    if not isinstance(metrics_raw, dict):
+        raise ManifestError("manifest 'metrics' is not an object")
+    # A metric that is null or NaN (a diverged step) is simply not a usable value: drop it.
+    metrics = {str(k): v for k, v in ((k, _finite(v, math.inf)) for k, v in metrics_raw.items()) if v is not None}
+    version = raw.get("torch_version")
+    return Manifest(
+        step=step,
+        world_size=world,
+        time=_finite(raw.get("time"), math.inf),
+        loss=_finite(raw.get("loss"), math.inf),
+        metrics=metrics,
+        files=_str_map(raw.get("files"), "files", lambda v: _is_int(v) and v >= 0, "sizes"),
+        sha256=_str_map(raw.get("sha256"), "sha256", lambda v: isinstance(v, str), "hex digests"),
+        torch_version=version if isinstance(version, str) else None,
+    )
+
+
+def manifest_record(*, step: int, world_size: int, time: float, torch_version: str,
+                    metrics: Mapping[str, float | None], files: Mapping[str, int],
+                    sha256: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The JSON object of a manifest (the writer's side of `parse_manifest`); non-finite metrics become null."""
+    clean = {str(k): (_finite(v, math.inf) if v is not None else None) for k, v in metrics.items()}
+    record: dict[str, Any] = {
+        "format": MANIFEST_FORMAT,
+        "step": int(step),
+        "world_size": int(world_size),
+        "time": time,
+        "loss": clean.get("loss"),
+        "torch_version": torch_version,
+        "metrics": clean,
+        "files": dict(files),
+    }
+    if sha256 is not None:
+        record["sha256"] = dict(sha256)
+    return record
