@@ -18,8 +18,9 @@ from supervisor.checkpoints.completeness import verify
 from supervisor.checkpoints.markers import pin, quarantine_reason, unpin, unquarantine
 from supervisor.checkpoints.pruning import disk_usage, execute_retention
 from supervisor.checkpoints.ranking import CheckpointInfo, scan
-from supervisor.checkpoints.retention import GIB, RetentionPlan, RetentionRules, plan_retention
+from supervisor.checkpoints.retention import RetentionPlan, RetentionRules, plan_retention
 from supervisor.errors import EXIT_NOT_OK, EXIT_OK
+from supervisor.humanize import human_age, human_bytes
 
 __all__ = ["register", "info_json"]
 
@@ -94,21 +95,6 @@ def info_json(c: CheckpointInfo) -> dict[str, Any]:
     }
 
 
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
-
-
-def _age(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    for unit, scale in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= scale:
-            return f"{seconds / scale:.0f}{unit}"
-    return f"{seconds:.0f}s"
-
-
 def _table(infos: list[CheckpointInfo], now: float) -> str:
     rows = [("NAME", "STEP", "STATE", "SIZE", "AGE", "FLAGS", "REASON")]
     for c in infos:
@@ -116,8 +102,8 @@ def _table(infos: list[CheckpointInfo], now: float) -> str:
         reason = c.reason or ""
         if c.quarantined:  # why it is skipped for resume is what an operator needs to see
             reason = "; ".join(filter(None, [reason, f"quarantined: {quarantine_reason(c.path) or 'no reason recorded'}"]))
-        rows.append((c.name, "-" if c.step is None else str(c.step), c.state, _size(c.size_bytes),
-                     _age(now - c.mtime), flags or "-", reason))
+        rows.append((c.name, "-" if c.step is None else str(c.step), c.state, human_bytes(c.size_bytes),
+                     human_age(now - c.mtime), flags or "-", reason))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)) + "  " + r[-1] for r in rows)
 
@@ -185,7 +171,7 @@ def _rules_with_flags(rules: RetentionRules, args: argparse.Namespace) -> Retent
 def _print_plan(plan: RetentionPlan, done: set[Path] | None) -> None:
     for d in plan.deletions:
         verb = "would delete" if done is None else ("deleted" if d.path in done else "skipped")
-        print(f"{verb} {d.name} ({_size(d.size_bytes)}): {d.reason}")
+        print(f"{verb} {d.name} ({human_bytes(d.size_bytes)}): {d.reason}")
     if not plan.deletions:
         print("nothing to delete")
     for f in plan.findings:

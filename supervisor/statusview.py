@@ -1,31 +1,10 @@
 """Human renderings of `Status`: the `status` summary and the one-line form used for sd_notify STATUS=."""
 from __future__ import annotations
 
+from supervisor.humanize import human_age, human_bytes
 from supervisor.state import State, Status
 
-__all__ = ["render_status", "one_line", "human_bytes", "human_age"]
-
-
-def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "?"
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
-        size /= 1024
-    return f"{n} B"
-
-
-def human_age(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    s = max(0, int(seconds))
-    if s < 120:
-        return f"{s}s"
-    if s < 7200:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+__all__ = ["render_status", "one_line"]
 
 
 def one_line(st: Status) -> str:

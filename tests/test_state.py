@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.humanize import human_age, human_bytes
 from supervisor.state import TRANSITIONS, ExitInfo, State, Status, read_status, write_status
 
 
@@ -44,3 +45,15 @@ class TestFile:
         assert read_status(tmp_path) is None
         (tmp_path / "state.json").write_text('{"state": "run')
         assert read_status(tmp_path) is None
+
+
+class TestHumanize:
+    @pytest.mark.parametrize(("seconds", "text"), [(None, "?"), (-3, "0s"), (45, "45s"), (307, "5m07s"),
+                                                     (11100, "3h05m"), (371000, "4d07h")])
+    def test_age(self, seconds: float | None, text: str) -> None:
+        """Durations read at the precision that matters, one format everywhere."""
+        assert human_age(seconds) == text
+
+    @pytest.mark.parametrize(("n", "text"), [(None, "?"), (0, "0 B"), (1536, "1.5 KiB"), (3 * 2**30, "3.0 GiB")])
+    def test_bytes(self, n: int | None, text: str) -> None:
+        assert human_bytes(n) == text

@@ -15,7 +15,7 @@ _HOME = {
     **dict.fromkeys(("is_pinned", "is_quarantined", "pin", "quarantine", "quarantine_reason", "unpin",
                      "unquarantine"), "markers"),
     **dict.fromkeys(("clear_trash", "disk_usage", "execute_retention"), "pruning"),
-    **dict.fromkeys(("UNVERIFIED", "CheckpointInfo", "newest_complete", "scan"), "ranking"),
+    **dict.fromkeys(("UNVERIFIED", "CheckpointInfo", "age_order", "newest_complete", "scan"), "ranking"),
     **dict.fromkeys(("GIB", "Deletion", "DiskUsage", "Finding", "KeepBest", "RetentionPlan", "RetentionRules",
                      "plan_retention"), "retention"),
 }
@@ -34,34 +34,4 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_HOME))
 
 
-__all__ = [
-    "COMPLETE",
-    "PARTIAL",
-    "TORN",
-    "INVALID",
-    "UNVERIFIED",
-    "STATES",
-    "Verdict",
-    "verify",
-    "CheckpointInfo",
-    "scan",
-    "newest_complete",
-    "pin",
-    "unpin",
-    "is_pinned",
-    "quarantine",
-    "unquarantine",
-    "is_quarantined",
-    "quarantine_reason",
-    "GIB",
-    "KeepBest",
-    "RetentionRules",
-    "DiskUsage",
-    "Deletion",
-    "Finding",
-    "RetentionPlan",
-    "plan_retention",
-    "execute_retention",
-    "disk_usage",
-    "clear_trash",
-]
+__all__ = sorted(_HOME)  # the package's public names are exactly the lazily exported ones

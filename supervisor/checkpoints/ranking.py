@@ -13,6 +13,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from supervisor.checkpoints.completeness import COMPLETE, INVALID, Verdict, verify
 from supervisor.layout import METADATA_NAME, TRASH_DIR
@@ -21,9 +22,19 @@ from supervisor.checkpoints.markers import is_pinned, is_quarantined
 from supervisor.checkpoints.naming import is_temporary, name_step
 from supervisor.errors import CheckpointError
 
-__all__ = ["UNVERIFIED", "CheckpointInfo", "scan", "newest_complete"]
+__all__ = ["UNVERIFIED", "CheckpointInfo", "age_order", "scan", "newest_complete"]
 
 UNVERIFIED = "unverified"  # only from scan(verify_all=False): older than the newest complete
+
+
+class _Dated(Protocol):
+    step: int | None
+    mtime: float
+
+
+def age_order(c: _Dated) -> tuple[bool, int, float]:
+    """The one ordering of checkpoints, oldest first: step-less dirs before stepped ones, then step, then mtime."""
+    return (c.step is not None, c.step or 0, c.mtime)
 
 
 @dataclass(frozen=True)
@@ -53,10 +64,6 @@ class _Candidate:
     is_link: bool
     step: int | None
     mtime: float
-
-    @property
-    def order(self) -> tuple[bool, int, float]:
-        return (self.step is not None, self.step or 0, self.mtime)
 
 
 def _open_root(root: str | os.PathLike[str]) -> tuple[Path, Iterator[os.DirEntry[str]]]:
@@ -107,7 +114,7 @@ def _list_root(root: str | os.PathLike[str]) -> tuple[Path, list[_Candidate]]:
                 step = _step_without_name(child)
             mtime = st.st_mtime if is_link else _mtime(child, st.st_mtime)
             found.append(_Candidate(entry.name, child, is_link, step, mtime))
-    found.sort(key=lambda c: c.order, reverse=True)
+    found.sort(key=age_order, reverse=True)
     return path, found
 
 
@@ -185,7 +192,7 @@ def scan(root: str | os.PathLike[str], *, verify_all: bool = True) -> list[Check
         info = _info(c, verdict)
         infos.append(info)
         found_newest = found_newest or (info.complete and not info.quarantined)
-    infos.sort(key=lambda i: (i.step is not None, i.step or 0, i.mtime), reverse=True)
+    infos.sort(key=age_order, reverse=True)
     return infos
 
 

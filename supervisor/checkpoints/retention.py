@@ -25,7 +25,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from supervisor.checkpoints.completeness import COMPLETE, PARTIAL, TORN
-from supervisor.checkpoints.ranking import CheckpointInfo
+from supervisor.checkpoints.ranking import CheckpointInfo, age_order
 
 __all__ = [
     "GIB",
@@ -103,13 +103,9 @@ class RetentionPlan:
     kept: dict[Path, str] = field(default_factory=dict)  # why each non-deleted dir stays
 
 
-def _age_order(c: CheckpointInfo) -> tuple[bool, int, float]:
-    return (c.step is not None, c.step or 0, c.mtime)
-
-
 def _guards(cps: Sequence[CheckpointInfo], rules: RetentionRules, protect: set[str], now: float) -> dict[Path, str]:
     usable = [c for c in cps if c.complete and not c.quarantined]
-    newest = max(usable, key=_age_order) if usable else None
+    newest = max(usable, key=age_order) if usable else None
     guards: dict[Path, str] = {}
     for c in cps:
         if newest is not None and c.path == newest.path:
@@ -127,7 +123,7 @@ def _guards(cps: Sequence[CheckpointInfo], rules: RetentionRules, protect: set[s
 
 
 def _rule_keeps(cps: Sequence[CheckpointInfo], rules: RetentionRules) -> dict[Path, list[str]]:
-    complete = sorted((c for c in cps if c.complete), key=_age_order, reverse=True)
+    complete = sorted((c for c in cps if c.complete), key=age_order, reverse=True)
     keeps: dict[Path, list[str]] = {}
     for c in complete[: rules.keep_last]:
         keeps.setdefault(c.path, []).append(f"keep_last={rules.keep_last}")
@@ -165,7 +161,7 @@ def plan_retention(
     now: float,
 ) -> RetentionPlan:
     """Decide what to delete and why (pure: no I/O; see the module docstring for the rules)."""
-    cps = sorted(checkpoints, key=_age_order)  # oldest first: the order deletions happen in
+    cps = sorted(checkpoints, key=age_order)  # oldest first: the order deletions happen in
     guards = _guards(cps, rules, {os.path.abspath(p) for p in protect}, now)
     keeps = _rule_keeps(cps, rules)
     any_rule_on = rules.keep_rules_on()

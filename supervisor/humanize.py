@@ -1,0 +1,30 @@
+"""Sizes and durations for people: `status`, `checkpoints list` and the logs all say them the same way."""
+from __future__ import annotations
+
+__all__ = ["human_bytes", "human_age"]
+
+
+def human_bytes(n: int | None) -> str:
+    """1536 -> "1.5 KiB" (binary units, as `df -h` and the *_gb settings count); None -> "?"."""
+    if n is None:
+        return "?"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
+        size /= 1024
+    return f"{n} B"
+
+
+def human_age(seconds: float | None) -> str:
+    """A duration at the precision that matters: 45s, 5m07s, 3h05m, 4d07h; None -> "?"."""
+    if seconds is None:
+        return "?"
+    s = max(0, int(seconds))
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 172800:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
