@@ -66,7 +66,7 @@ class TestTitanLike:
         shard = tmp_path / "dump" / "checkpoint" / "step-10" / "__1_0.distcp"
         shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
         done = self.titan(tmp_path, "--training.steps", 20)
-        assert done.returncode == 1 and "Loading the checkpoint from" in done.stdout and "LoadError" in done.stderr
+        assert done.returncode == 1 and "Loading the checkpoint from" in done.stdout and "CheckpointException" in done.stderr
 
     def test_unreplaced_placeholder_is_a_usage_error(self, tmp_path: Path) -> None:
         """`--checkpoint.load_step {step}` passed literally: exit 2 before anything loads (tyro does the same)."""
@@ -138,3 +138,21 @@ class TestAccelerateLike:
         resumed = self.accelerate(tmp_path, "--steps", 20, "--total-limit", 2, "--resume-from", root / "checkpoint_1")
         assert resumed.returncode == 0
         assert [(m["loaded"], m["start"]) for m in launches(tmp_path / "marks")][-1] == ("checkpoint_1", 11)
+
+
+class TestExampleConfigs:
+    def test_torchtitan_example_passes_the_step_and_watches_the_checkpoint_folder(self) -> None:
+        """deploy/examples/torchtitan.toml loads; the root is <dump_folder>/checkpoint, not the dump folder."""
+        from supervisor.config import load_config
+
+        cfg = load_config(REPO / "deploy" / "examples" / "torchtitan.toml")
+        dump = cfg.job.command[cfg.job.command.index("--dump_folder") + 1]
+        assert cfg.job.resume_args == ["--checkpoint.load_step", "{step}"]
+        assert cfg.checkpoints.dir == Path(dump) / "checkpoint"
+
+    def test_accelerate_example_watches_the_checkpoints_folder(self) -> None:
+        from supervisor.config import load_config
+
+        cfg = load_config(REPO / "deploy" / "examples" / "accelerate.toml")
+        project = cfg.job.command[cfg.job.command.index("--project-dir") + 1]
+        assert cfg.checkpoints.dir == Path(project) / "checkpoints"

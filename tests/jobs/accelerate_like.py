@@ -32,8 +32,9 @@ SIDECAR = "trainer_state.json"
 TENSORS = {"0.weight": 64, "0.bias": 8, "2.weight": 8}
 
 
-class LoadError(RuntimeError):
-    """Stands for the exception torch's `dcp.load` raises on a damaged checkpoint (CheckpointException)."""
+class CheckpointException(Exception):
+    """Named as torch.distributed.checkpoint.api.CheckpointException, which `dcp.load` raises on a missing
+    `.metadata` or a short shard (each rank's cause inside: FileNotFoundError, EOFError)."""
 
 
 def _trailing_number(folder: str) -> int:
@@ -116,10 +117,11 @@ class Accelerator:
 
     def _dcp_load(self, d: Path) -> None:
         if not (d / ".metadata").is_file():
-            raise LoadError(f"[Errno 2] No such file or directory: '{d / '.metadata'}'")
+            raise CheckpointException(f"CheckpointException ranks:dict_keys([0])\nFileNotFoundError: "
+                                      f"[Errno 2] No such file or directory: '{d / '.metadata'}'")
         for name, size in self.shard_sizes.items():
             if not (d / name).is_file() or (d / name).stat().st_size < size:
-                raise LoadError(f"CheckpointException ranks:dict_keys([0, 1]) ... {d / name}: unexpected end of file")
+                raise CheckpointException(f"CheckpointException ranks:dict_keys([0, 1])\nEOFError ({d / name})")
 
 
 def main() -> int:

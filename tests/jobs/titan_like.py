@@ -31,8 +31,9 @@ TENSORS = {"tok_embeddings.weight": 64, "layers.0.attention.wqkv.weight": 48, "n
            "optimizer.state.tok_embeddings.weight.exp_avg": 64}
 
 
-class LoadError(RuntimeError):
-    """Stands for the exception torch's `dcp.load` raises on a damaged checkpoint (CheckpointException)."""
+class CheckpointException(Exception):
+    """Named as torch.distributed.checkpoint.api.CheckpointException, which `dcp.load` raises on a missing
+    `.metadata` or a short shard (each rank's cause inside: FileNotFoundError, EOFError)."""
 
 
 class CheckpointManager:
@@ -74,11 +75,12 @@ class CheckpointManager:
     def _dcp_load(self, path: Path) -> None:
         """dcp.load: reads `.metadata`, then every shard it names; a missing or short one fails the load."""
         if not (path / ".metadata").is_file():
-            raise LoadError(f"[Errno 2] No such file or directory: '{path / '.metadata'}'")
+            raise CheckpointException(f"CheckpointException ranks:dict_keys([0])\nFileNotFoundError: "
+                                      f"[Errno 2] No such file or directory: '{path / '.metadata'}'")
         for name, size in self.shard_sizes.items():
             shard = path / name
             if not shard.is_file() or shard.stat().st_size < size:
-                raise LoadError(f"CheckpointException ranks:dict_keys([0, 1]) ... {shard}: unexpected end of file")
+                raise CheckpointException(f"CheckpointException ranks:dict_keys([0, 1])\nEOFError ({shard})")
 
     def save(self, step: int) -> None:
         """dcp.save into `step-N` (FileSystemWriter), then _purge_stale_checkpoints on rank 0."""
