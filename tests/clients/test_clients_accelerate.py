@@ -82,7 +82,13 @@ def test_accelerate_resumes_with_its_own_load_state(supervisors: Supervisors, tm
                                                      reference: dict[int, str]) -> None:
     """Kill rank 1 after the step-10 save: Accelerate's load_state() resumes at 11 and the losses continue."""
     job = accelerate_job(supervisors, tmp_path).start()
-    job.wait_for(lambda: saved(job, 10), RUN_TIMEOUT, "the step-10 save (checkpoint_1/trainer_state.json)")
+    try:
+        job.wait_for(lambda: saved(job, 10), RUN_TIMEOUT, "the step-10 save (checkpoint_1/trainer_state.json)")
+    except AssertionError as exc:
+        entries = sorted(p.name for p in job.checkpoint_dir.iterdir()) if job.checkpoint_dir.is_dir() else []
+        raise AssertionError(
+            f"checkpoints/ holds {entries}; Accelerate's load_state() and total_limit cleanup sort every entry of it"
+            f" by a trailing number, so anything else in it (the supervisor's .trash) crashes the job\n{exc}") from None
     job.kill_rank(1)
     code = job.wait_exit(RUN_TIMEOUT)
     assert code == 0, f"the supervisor exited {code}\n{job.tails()}"
