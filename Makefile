@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test unit integration run bench clean
+.PHONY: test unit integration run bench clean test-clients
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,8 +27,26 @@ run: $(STAMP)
 	@echo "  $(VENV)/bin/fsdp-supervisor logs -c deploy/examples/demo.toml -f"
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/fsdp-supervisor run -c deploy/examples/demo.toml
 
+# Opt-in tier, not part of `make test`: the real torchtitan and Accelerate under the supervisor (docs/clients.md).
+# Their own venv, so `make test` never installs them; torch pinned first (and again beside them) so that
+# neither pulls a multi-GB CUDA torch.
+CLIENTS_VENV ?= .venv-clients
+CLIENTS_PY := $(CLIENTS_VENV)/bin/python
+CLIENTS_STAMP := $(CLIENTS_VENV)/.installed
+CLIENT_PACKAGES := torchtitan==0.3.0 accelerate==1.16.0
+
+$(CLIENTS_STAMP): pyproject.toml
+	test -x $(CLIENTS_PY) || $(PYTHON) -m venv $(CLIENTS_VENV)
+	$(CLIENTS_PY) -m pip install --quiet torch==2.13.0
+	$(CLIENTS_PY) -m pip install --quiet torch==2.13.0 $(CLIENT_PACKAGES)
+	$(CLIENTS_PY) -m pip install --quiet -e '.[dev]'
+	touch $(CLIENTS_STAMP)
+
+test-clients: $(CLIENTS_STAMP)
+	OMP_NUM_THREADS=1 $(CLIENTS_PY) -m pytest -q -ra -m clients tests/clients
+
 bench: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m bench
 
 clean:
-	rm -rf $(VENV) deploy/examples/ckpts deploy/examples/.fsdp-supervisor .pytest_cache bench-results.json
+	rm -rf $(VENV) $(CLIENTS_VENV) deploy/examples/ckpts deploy/examples/.fsdp-supervisor .pytest_cache bench-results.json

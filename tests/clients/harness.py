@@ -1,0 +1,179 @@
+"""Run a real third-party trainer under `fsdp-supervisor run` and look at what happened.
+
+One `SupervisedClient` per run: it writes the job.toml, starts the real supervisor CLI (own session, the
+test tag in its environment so tests/helpers.assert_no_orphans finds every leftover), and reads back what
+the supervisor recorded (supervisor.log events, state.json, attempt logs, `checkpoints list --json`).
+Waiting helpers fail with the supervisor's and the job's log tails, so a failing client test says what the
+client printed, not only that a file never appeared.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from tests.helpers import TAG_ENV
+from tests.supervise import REPO, Supervisors, cli, kill_tree
+
+__all__ = ["CLIENTS", "TORCHRUN", "SupervisedClient", "run_plain", "strip_ansi"]
+
+CLIENTS = Path(__file__).resolve().parent
+# `python -m torch.distributed.run` is `torchrun` of this interpreter's venv, whichever venv runs the tests.
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=0"]
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text)
+
+
+def _toml(value: Any) -> str:
+    return json.dumps(value)  # strings, lists and numbers: JSON spells them as TOML does
+
+
+class SupervisedClient:
+    """One supervised run of a client job in `workdir` (config, run dir, checkpoints all inside it)."""
+
+    def __init__(self, sups: Supervisors, workdir: Path, *, command: Sequence[str], resume_args: Sequence[str],
+                 checkpoint_dir: Path, env: dict[str, str] | None = None, extra_toml: str = "") -> None:
+        self.sups, self.workdir, self.checkpoint_dir = sups, workdir, checkpoint_dir
+        self.run_dir = workdir / ".fsdp-supervisor"
+        self.config = workdir / "job.toml"
+        job_env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1",
+                   "HF_DATASETS_OFFLINE": "1", **(env or {})}
+        self.config.write_text(
+            "[job]\n"
+            f"command = {_toml(list(command))}\n"
+            f"resume_args = {_toml(list(resume_args))}\n"
+            f"cwd = {_toml(str(REPO))}\n"
+            "env = { " + ", ".join(f"{k} = {_toml(v)}" for k, v in job_env.items()) + " }\n\n"
+            f"[checkpoints]\ndir = {_toml(str(checkpoint_dir))}\n" + extra_toml
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.console = workdir / "supervisor.console"
+
+    # ---- running ----------------------------------------------------------------------------------------------
+    def start(self) -> SupervisedClient:
+        with open(self.console, "wb") as out:  # a file, not a pipe: nobody drains a pipe during a long run
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "supervisor", "run", "-c", str(self.config)], cwd=REPO, stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, TAG_ENV: self.sups.tag})
+        self.sups.procs.append(self.proc)  # type: ignore[arg-type]  # cleanup kills its tree, waits, checks orphans
+        return self
+
+    def wait_exit(self, timeout: float) -> int:
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the supervisor did not exit within {timeout:.0f}s\n{self.tails()}") from None
+
+    def wait_for(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+        """Poll `predicate`; fail with the log tails on timeout or when the supervisor exits first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"the supervisor exited ({self.proc.returncode}) before {what}\n{self.tails()}")
+            time.sleep(0.2)
+        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{self.tails()}")
+
+    def kill_rank(self, rank: int) -> int:
+        """SIGKILL the current attempt's worker of `rank` (found by its RANK env under the torchrun agent)."""
+        def find() -> psutil.Process | None:
+            pid = self.state().get("job_pid")
+            if not pid:
+                return None
+            try:
+                children = psutil.Process(pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                return None
+            for child in children:
+                try:
+                    env = child.environ()
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+                if env.get("RANK") == str(rank) and "LOCAL_RANK" in env:
+                    return child
+            return None
+
+        worker: psutil.Process = self.wait_for(find, 60, f"the worker of rank {rank}")
+        worker.send_signal(signal.SIGKILL)
+        return worker.pid
+
+    # ---- what the supervisor recorded -------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        try:
+            return json.loads((self.run_dir / "state.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def events(self, name: str | None = None) -> list[dict[str, Any]]:
+        """supervisor.log JSON events (whole lines only), optionally only those named `name`."""
+        try:
+            text = (self.run_dir / "supervisor.log").read_text()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in text.splitlines(keepends=True):
+            if line.endswith("\n"):
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if name is None or event.get("event") == name:
+                    out.append(event)
+        return out
+
+    def attempt_logs(self) -> list[str]:
+        """The job output of each attempt, in order."""
+        return [strip_ansi(p.read_text(errors="replace")) for p in sorted((self.run_dir / "logs").glob("attempt-*.log"))]
+
+    def checkpoints_list(self) -> list[dict[str, Any]]:
+        """`fsdp-supervisor checkpoints list --dir <root> --json`, oldest first."""
+        done = cli("checkpoints", "list", "--dir", str(self.checkpoint_dir), "--json", timeout=120)
+        assert done.returncode == 0, done.stderr
+        return sorted(json.loads(done.stdout or "[]"), key=lambda c: (c["step"] is None, c["step"] or 0, c["name"]))
+
+    def tails(self, chars: int = 4000) -> str:
+        parts = []
+        if self.console.exists():
+            parts.append("--- supervisor console (tail) ---\n" + self.console.read_text(errors="replace")[-chars:])
+        logs = self.attempt_logs() if (self.run_dir / "logs").is_dir() else []
+        if logs:
+            parts.append(f"--- attempt {len(logs)} log (tail) ---\n" + logs[-1][-chars:])
+        return "\n".join(parts)
+
+
+def run_plain(command: Sequence[str], log: Path, tag: str, timeout: float) -> str:
+    """Run `command` without the supervisor (the uninterrupted reference run); return its output.
+
+    Same environment as a supervised job gets from SupervisedClient; on timeout everything it started is
+    killed (tests/supervise.kill_tree) and the test fails with the output tail.
+    """
+    env = {**os.environ, TAG_ENV: tag, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_OFFLINE": "1"}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(list(command), cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    try:
+        code = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        proc.wait(30)
+        raise AssertionError(f"reference run timed out after {timeout:.0f}s:\n{log.read_text()[-4000:]}") from None
+    text = strip_ansi(log.read_text(errors="replace"))
+    assert code == 0, f"reference run exited {code}:\n{text[-4000:]}"
+    return text

@@ -1,0 +1,158 @@
+"""The fast reproductions of torchtitan and Accelerate (tests/jobs/*_like.py) behave as the real programs do.
+
+Part of `make test` (no torchtitan or Accelerate needed; torch-free, well under a second per run). The
+layouts they must write are tests/clients/layouts.py, which the real-client tier checks against the real
+programs; the resume rules and the kill-mid-save leftovers follow the source cited in each script.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from supervisor.checkpoints import verify
+from tests.clients.layouts import (ACCELERATE_ENTRY, ACCELERATE_FILES, TITAN_ENTRY, TITAN_FILES, layout_problems,
+                                   tree)
+from tests.supervise import REPO, launches
+
+TITAN = REPO / "tests" / "jobs" / "titan_like.py"
+ACCELERATE = REPO / "tests" / "jobs" / "accelerate_like.py"
+
+
+def run(script: Path, *args: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+
+
+def complete(path: Path) -> bool:
+    """The store's verdict (in-process: the store is torch-free)."""
+    return verify(path).complete
+
+
+class TestTitanLike:
+    def titan(self, tmp_path: Path, *args: object) -> subprocess.CompletedProcess[str]:
+        return run(TITAN, "--dump_folder", tmp_path / "dump", "--marker", tmp_path / "marks", *args)
+
+    def test_writes_torchtitans_layout(self, tmp_path: Path) -> None:
+        """step-5 ... step-20 (the last step always saves), each one flat DCP dir of the real file names."""
+        assert self.titan(tmp_path, "--training.steps", 20).returncode == 0
+        root = tmp_path / "dump" / "checkpoint"
+        assert sorted(p.name for p in root.iterdir()) == ["step-10", "step-15", "step-20", "step-5"]
+        assert layout_problems(root, TITAN_ENTRY, TITAN_FILES) == []
+        assert complete(root / "step-20")
+
+    def test_keep_latest_k_purges_by_name_only(self, tmp_path: Path) -> None:
+        """_purge_stale_checkpoints keeps the k highest `step-N` names, whatever they hold."""
+        (tmp_path / "dump" / "checkpoint" / "step-99").mkdir(parents=True)  # a partial dir counts as one
+        assert self.titan(tmp_path, "--training.steps", 20, "--checkpoint.keep_latest_k", 2).returncode == 0
+        assert sorted(p.name for p in (tmp_path / "dump" / "checkpoint").iterdir()) == ["step-20", "step-99"]
+
+    def test_resumes_from_its_newest_step_with_metadata(self, tmp_path: Path) -> None:
+        """Its own pick: the highest step-N holding `.metadata`; a dir without it is passed over."""
+        self.titan(tmp_path, "--training.steps", 10)
+        (tmp_path / "dump" / "checkpoint" / "step-10" / ".metadata").unlink()
+        assert self.titan(tmp_path, "--training.steps", 12).returncode == 0
+        assert [(m["loaded"], m["start"]) for m in launches(tmp_path / "marks")] == [(None, 1), ("step-5", 6)]
+
+    def test_load_step_overrides_its_pick(self, tmp_path: Path) -> None:
+        self.titan(tmp_path, "--training.steps", 10)
+        assert self.titan(tmp_path, "--training.steps", 10, "--checkpoint.load_step", 5).returncode == 0
+        assert launches(tmp_path / "marks")[-1]["loaded"] == "step-5"
+
+    def test_torn_newest_is_loaded_and_crashes(self, tmp_path: Path) -> None:
+        """A cut shard under a present `.metadata`: torchtitan picks it anyway and the load fails."""
+        self.titan(tmp_path, "--training.steps", 10)
+        shard = tmp_path / "dump" / "checkpoint" / "step-10" / "__1_0.distcp"
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+        done = self.titan(tmp_path, "--training.steps", 20)
+        assert done.returncode == 1 and "Loading the checkpoint from" in done.stdout and "CheckpointException" in done.stderr
+
+    def test_unreplaced_placeholder_is_a_usage_error(self, tmp_path: Path) -> None:
+        """`--checkpoint.load_step {step}` passed literally: exit 2 before anything loads (tyro does the same)."""
+        assert self.titan(tmp_path, "--checkpoint.load_step", "{step}").returncode == 2
+
+    def test_kill_mid_save_leaves_shards_without_metadata(self, tmp_path: Path) -> None:
+        """Killed after the shards, before `.metadata`: not complete for the store, passed over on resume."""
+        done = self.titan(tmp_path, "--training.steps", 20, "--die-at-save", 10, "--die-after", "__1_0.distcp")
+        assert done.returncode == -9
+        step10 = tmp_path / "dump" / "checkpoint" / "step-10"
+        assert tree(step10) == {"__0_0.distcp", "__1_0.distcp"}
+        assert not complete(step10)
+        self.titan(tmp_path, "--training.steps", 12)
+        assert launches(tmp_path / "marks")[-1]["loaded"] == "step-5"
+
+
+class TestAccelerateLike:
+    def accelerate(self, tmp_path: Path, *args: object) -> subprocess.CompletedProcess[str]:
+        return run(ACCELERATE, "--project-dir", tmp_path / "project", "--marker", tmp_path / "marks", *args)
+
+    def root(self, tmp_path: Path) -> Path:
+        return tmp_path / "project" / "checkpoints"
+
+    def test_writes_accelerates_layout_and_keeps_total_limit(self, tmp_path: Path) -> None:
+        """checkpoint_<save ordinal>, nested DCP dirs plus Accelerate's files; total_limit = 3 keeps 3."""
+        assert self.accelerate(tmp_path, "--steps", 30, "--total-limit", 3).returncode == 0
+        root = self.root(tmp_path)
+        assert sorted(p.name for p in root.iterdir()) == ["checkpoint_3", "checkpoint_4", "checkpoint_5"]
+        assert layout_problems(root, ACCELERATE_ENTRY, ACCELERATE_FILES) == []
+        assert json.loads((root / "checkpoint_5" / "trainer_state.json").read_text()) == {"global_step": 30}
+        for sub in ("pytorch_model_fsdp_0", "optimizer_0"):
+            assert complete(root / "checkpoint_5" / sub)
+
+    def test_resumes_from_the_highest_number(self, tmp_path: Path) -> None:
+        self.accelerate(tmp_path, "--steps", 10)
+        assert self.accelerate(tmp_path, "--steps", 15).returncode == 0
+        assert [(m["loaded"], m["start"]) for m in launches(tmp_path / "marks")] == [(None, 1), ("checkpoint_1", 11)]
+        assert (self.root(tmp_path) / "checkpoint_2").is_dir()  # iteration continues after the newest
+
+    def test_a_foreign_entry_breaks_load_state(self, tmp_path: Path) -> None:
+        """load_state sorts every entry by its trailing number: `.trash` has none -> IndexError."""
+        self.accelerate(tmp_path, "--steps", 10)
+        (self.root(tmp_path) / ".trash").mkdir()
+        done = self.accelerate(tmp_path, "--steps", 15)
+        assert done.returncode == 1 and "IndexError" in done.stderr
+
+    def test_a_foreign_entry_breaks_total_limit_cleanup(self, tmp_path: Path) -> None:
+        """save_state's cleanup sorts the same way: with total_limit set, the next save dies too."""
+        self.accelerate(tmp_path, "--steps", 10, "--total-limit", 3)
+        (self.root(tmp_path) / ".trash").mkdir()
+        done = self.accelerate(tmp_path, "--steps", 15, "--total-limit", 3, "--resume-from",
+                               self.root(tmp_path) / "checkpoint_1")
+        assert done.returncode == 1 and "IndexError" in done.stderr and "save_state" in done.stderr
+
+    def test_kill_mid_save_leaves_complete_nested_dirs_and_crashes_the_next_start(self, tmp_path: Path) -> None:
+        """Killed after optimizer_0/.metadata: both nested DCP dirs complete, Accelerate's files missing;
+        total_limit already removed the oldest before the save; load_state picks the partial one and fails."""
+        done = self.accelerate(tmp_path, "--steps", 20, "--total-limit", 2, "--die-at-save", 15,
+                               "--die-after", "optimizer_0/.metadata")
+        assert done.returncode == -9
+        root = self.root(tmp_path)
+        assert sorted(p.name for p in root.iterdir()) == ["checkpoint_1", "checkpoint_2"]
+        partial = root / "checkpoint_2"
+        assert ACCELERATE_FILES - tree(partial) == {"scheduler.bin", "random_states_0.pkl", "random_states_1.pkl",
+                                                    "custom_checkpoint_0.pkl", "trainer_state.json"}
+        assert all(complete(partial / sub) for sub in ("pytorch_model_fsdp_0", "optimizer_0"))
+        crashed = self.accelerate(tmp_path, "--steps", 20, "--total-limit", 2)
+        assert crashed.returncode == 1 and "scheduler.bin" in crashed.stderr
+        resumed = self.accelerate(tmp_path, "--steps", 20, "--total-limit", 2, "--resume-from", root / "checkpoint_1")
+        assert resumed.returncode == 0
+        assert [(m["loaded"], m["start"]) for m in launches(tmp_path / "marks")][-1] == ("checkpoint_1", 11)
+
+
+class TestExampleConfigs:
+    def test_torchtitan_example_passes_the_step_and_watches_the_checkpoint_folder(self) -> None:
+        """deploy/examples/torchtitan.toml loads; the root is <dump_folder>/checkpoint, not the dump folder."""
+        from supervisor.config import load_config
+
+        cfg = load_config(REPO / "deploy" / "examples" / "torchtitan.toml")
+        dump = cfg.job.command[cfg.job.command.index("--dump_folder") + 1]
+        assert cfg.job.resume_args == ["--checkpoint.load_step", "{step}"]
+        assert cfg.checkpoints.dir == Path(dump) / "checkpoint"
+
+    def test_accelerate_example_watches_the_checkpoints_folder(self) -> None:
+        from supervisor.config import load_config
+
+        cfg = load_config(REPO / "deploy" / "examples" / "accelerate.toml")
+        project = cfg.job.command[cfg.job.command.index("--project-dir") + 1]
+        assert cfg.checkpoints.dir == Path(project) / "checkpoints"

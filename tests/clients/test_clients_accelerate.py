@@ -1,0 +1,113 @@
+"""Real Accelerate (FSDP2 plugin, 2 CPU ranks) under `fsdp-supervisor run`: kill a rank, resume, layout.
+
+Opt-in tier (`make test-clients`), skipped where accelerate is not installed. The job is
+tests/clients/accelerate_train.py behind the one-patch CPU shim; it resumes with Accelerate's own
+`load_state()` (resume_args = []), saves `checkpoints/checkpoint_<i>` every 5 steps with
+`total_limit = 3`, and records the step in `trainer_state.json`. Its resume is bit-exact on CPU, so every
+step after the resume must print the same `repr(loss)` as an uninterrupted run.
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("accelerate", reason="real-client tier: run `make test-clients`")
+
+from tests.clients.harness import CLIENTS, TORCHRUN, SupervisedClient, run_plain  # noqa: E402
+from tests.clients.layouts import ACCELERATE_ENTRY, ACCELERATE_FILES, layout_problems  # noqa: E402
+from tests.supervise import Supervisors, assert_no_orphans, supervisors  # noqa: E402,F401
+
+pytestmark = [pytest.mark.clients, pytest.mark.timeout(900)]
+
+STEPS, SAVE_EVERY, TOTAL_LIMIT = 30, 5, 3
+RUN_TIMEOUT = 300
+STEP_LINE = re.compile(r"^step=(\d+) loss=(\S+)$", re.M)
+RESUMED = re.compile(r"^resumed step=(\d+) from=(\S+)$", re.M)
+# keep_last = 0: Accelerate's total_limit does the retention; the supervisor keeps what it considers complete
+TOML = "keep_last = 0\n\n[restart]\nbackoff_initial_s = 0.5\nbackoff_max_s = 2\n\n[health]\nstop_timeout_s = 30\n"
+
+
+def accelerate_command(project: Path) -> list[str]:
+    return [*TORCHRUN, str(CLIENTS / "shims" / "accelerate_cpu.py"), str(CLIENTS / "accelerate_train.py"),
+            "--project-dir", str(project), "--steps", str(STEPS), "--save-every", str(SAVE_EVERY),
+            "--total-limit", str(TOTAL_LIMIT)]
+
+
+def accelerate_job(sups: Supervisors, workdir: Path) -> SupervisedClient:
+    workdir.mkdir(parents=True, exist_ok=True)
+    project = workdir / "project"
+    return SupervisedClient(sups, workdir, command=accelerate_command(project), resume_args=[],
+                            checkpoint_dir=project / "checkpoints", extra_toml=TOML)
+
+
+def steps_printed(log: str) -> dict[int, str]:
+    return {int(m.group(1)): m.group(2) for m in STEP_LINE.finditer(log)}
+
+
+def saved(job: SupervisedClient, step: int) -> bool:
+    """A checkpoint_<i> whose sidecar (written after save_state returned) names `step`."""
+    for sidecar in job.checkpoint_dir.glob("checkpoint_*/trainer_state.json"):
+        try:
+            if json.loads(sidecar.read_text()).get("global_step") == step:
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
+    """repr(loss) of every step of one uninterrupted run without the supervisor; and the layout Accelerate
+    wrote, checked against tests/clients/layouts.py (what the reproduction writes)."""
+    workdir = tmp_path_factory.mktemp("accelerate-reference")
+    tag = uuid.uuid4().hex
+    try:
+        printed = steps_printed(run_plain(accelerate_command(workdir / "project"), workdir / "run.log", tag,
+                                          RUN_TIMEOUT))
+    finally:
+        assert_no_orphans(tag)
+    assert sorted(printed) == list(range(1, STEPS + 1))
+    root = workdir / "project" / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["checkpoint_3", "checkpoint_4", "checkpoint_5"]
+    assert layout_problems(root, ACCELERATE_ENTRY, ACCELERATE_FILES) == [], \
+        "Accelerate's layout is not the one tests/clients/layouts.py (and the reproduction) assume"
+    return printed
+
+
+def test_accelerate_resumes_with_its_own_load_state(supervisors: Supervisors, tmp_path: Path,
+                                                     reference: dict[int, str]) -> None:
+    """Kill rank 1 after the step-10 save: Accelerate's load_state() resumes at 11 and the losses continue."""
+    job = accelerate_job(supervisors, tmp_path).start()
+    try:
+        job.wait_for(lambda: saved(job, 10), RUN_TIMEOUT, "the step-10 save (checkpoint_1/trainer_state.json)")
+    except AssertionError as exc:
+        entries = sorted(p.name for p in job.checkpoint_dir.iterdir()) if job.checkpoint_dir.is_dir() else []
+        raise AssertionError(
+            f"checkpoints/ holds {entries}; Accelerate's load_state() and total_limit cleanup sort every entry of it"
+            f" by a trailing number, so anything else in it (the supervisor's .trash) crashes the job\n{exc}") from None
+    job.kill_rank(1)
+    code = job.wait_exit(RUN_TIMEOUT)
+    assert code == 0, f"the supervisor exited {code}\n{job.tails()}"
+    logs = job.attempt_logs()
+    assert len(logs) == 2, job.tails()
+    resumed = RESUMED.search(logs[1])
+    assert resumed and resumed.group(1) == "10" and Path(resumed.group(2)).name == "checkpoint_1", job.tails()
+    for i, log in enumerate(logs, 1):
+        diff = {s: (v, reference.get(s)) for s, v in steps_printed(log).items() if reference.get(s) != v}
+        assert not diff, f"attempt {i}: steps whose loss differs from the uninterrupted run: {diff}"
+    assert min(steps_printed(logs[1])) == 11 and max(steps_printed(logs[1])) == STEPS
+
+    problems = layout_problems(job.checkpoint_dir, ACCELERATE_ENTRY, ACCELERATE_FILES)
+    assert problems == [], f"files or folders Accelerate did not write, inside its checkpoints folder: {problems}"
+    claims = [e.get("resumed_from") for e in job.events("job_started")]
+    assert claims == [None, None], f"with empty resume_args the supervisor must not claim a resume point: {claims}"
+    listing = [(c["name"], c["complete"], c["state"], c["reason"], c["step"]) for c in job.checkpoints_list()]
+    expected = [(f"checkpoint_{i}", True, "complete", None, (i + 1) * SAVE_EVERY) for i in (3, 4, 5)]
+    assert listing == expected, (
+        "`checkpoints list` must show each checkpoint_<i> (nested DCP dirs pytorch_model_fsdp_0/ and optimizer_0/"
+        " plus Accelerate's files) as complete, with the training step from trainer_state.json, not the save"
+        f" ordinal in the name:\n got      {listing}\n expected {expected}")
