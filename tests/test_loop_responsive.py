@@ -1,0 +1,120 @@
+"""The event loop never waits on store work: a signal and a job exit are handled while a pass still runs.
+
+DESIGN.md invariant 8. The housekeeping pass (scan, verify, prune) runs off the loop thread; here it is
+held on a gate, as a 70B-class `.metadata` being parsed would hold it, and the test checks the order of
+events rather than timings: the job is signalled, exits and is reaped while the pass has not finished.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from supervisor.config import load_config
+from supervisor.core import Core
+from supervisor.housekeeping import PassResult
+from supervisor.loop import EventLoop
+from supervisor.state import State
+from supervisor.system import RealSystem
+from tests.fakes import FakeSystem, RecordingLog
+from tests.supervise import FAKEJOB, write_config
+from tests.test_core import exit_job, make_core
+
+
+class TestWithFakeSystem:
+    def test_stop_while_the_launch_pass_runs_launches_nothing(self, tmp_path: Path) -> None:
+        """SIGTERM before the first pass says what to resume: no job is started, the supervisor stops."""
+        core, fake, log = make_core(tmp_path)
+        fake.defer_work = True
+        core.begin(None)
+        assert core.status.state is State.STARTING and not fake.spawned
+        core.on_signal(signal.SIGTERM)
+        assert core.exit_code == 0 and core.status.state is State.STOPPED
+        fake.finish_work()  # the pass result arrives after the stop: ignored
+        assert not fake.spawned and core.status.state is State.STOPPED
+
+    def test_exit_is_judged_only_after_the_pass(self, tmp_path: Path) -> None:
+        """A job exit waits for its pass (did the attempt commit?); a SIGTERM meanwhile turns it into a stop."""
+        core, fake, log = make_core(tmp_path)
+        core.begin(None)
+        fake.defer_work = True
+        exit_job(core, fake, 1)
+        assert "job_exited" not in log.names() and core.job is None and core.ended is not None
+        core.on_signal(signal.SIGTERM)
+        assert core.status.state is State.STOPPING and not core.done
+        fake.finish_work()
+        assert core.status.state is State.STOPPED and core.exit_code == 0 and len(fake.spawned) == 1
+        assert log.names().index("job_exited") < log.names().index("stopped")
+
+    def test_requests_during_a_pass_coalesce_into_one_more(self, tmp_path: Path) -> None:
+        """Three file-event scans during one pass cost one follow-up pass, not three."""
+        core, fake, _ = make_core(tmp_path)
+        core.begin(None)
+        fake.defer_work = True
+        for _ in range(3):
+            core.on_timer("scan")
+        assert len(fake.pending_work) == 1
+        assert fake.finish_work() == 2
+
+
+@pytest.mark.integration
+class TestRealLoop:
+    def test_signal_and_job_exit_are_handled_while_a_pass_is_stuck(self, tmp_path: Path) -> None:
+        """With a pass held mid-way, SIGTERM reaches the job, the job's exit is reaped, then the stop completes."""
+        trapped = tmp_path / "trapped"
+        cfg_path = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--steps", "1000", "--step-s", "0.05",
+                                           "--trap-term", str(trapped)],
+                                "retention_interval_s = 0.5\n[restart]\nbackoff_initial_s = 0.05\n")
+        cfg = load_config(cfg_path)
+        for d in (cfg.run_dir, cfg.checkpoints.dir):
+            d.mkdir(parents=True, exist_ok=True)
+        system = RealSystem(prewarm=False)
+        core = Core(cfg, system, RecordingLog())
+        gate, stuck = threading.Event(), threading.Event()
+        real_pass = core.house.run_pass
+        calls = 0
+
+        def held_pass(**kw: object) -> PassResult:
+            nonlocal calls
+            calls += 1
+            if calls == 2:  # the first periodic pass, with the job running
+                stuck.set()
+                gate.wait(60)
+            return real_pass(**kw)  # type: ignore[arg-type]
+
+        core.house.run_pass = held_pass  # type: ignore[method-assign]
+        seen: dict[str, object] = {}
+
+        def drive() -> None:
+            try:
+                assert stuck.wait(60), "no second pass"
+                job_pid = core.job.pid if core.job else None
+                os.kill(os.getpid(), signal.SIGTERM)
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline and (core.job is not None or not trapped.exists()):
+                    time.sleep(0.01)
+                seen.update(job_pid=job_pid, trapped=trapped.exists(), reaped=core.job is None,
+                            state=core.status.state, pass_held=not gate.is_set())
+                seen["alive"] = job_pid is not None and psutil.pid_exists(job_pid) and \
+                    psutil.Process(job_pid).status() != psutil.STATUS_ZOMBIE
+            finally:
+                gate.set()
+
+        driver = threading.Thread(target=drive, daemon=True)
+        driver.start()
+        loop = EventLoop(core, system, watch=[(cfg.run_dir, False)])
+        try:
+            rc = loop.run(lambda: core.begin(None))
+        finally:
+            gate.set()
+            system.close()
+            driver.join(10)
+        assert seen.get("job_pid") and seen["trapped"] and seen["reaped"] and not seen["alive"], seen
+        assert seen["state"] is State.STOPPING and seen["pass_held"], seen
+        assert rc == 0 and core.status.state is State.STOPPED
