@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "supervisor.commands",
     "supervisor.checkpoint_commands",
     "supervisor.systemd",
+    "supervisor.report_commands",
 ]
 
 

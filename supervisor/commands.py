@@ -65,6 +65,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from supervisor.loop import Echo, EventLoop
     from supervisor.metrics import listen_address, start_metrics
     from supervisor.notify import Notifier
+    from supervisor.recorder import HistoryRecorder
     from supervisor.system import RealSystem
 
     cfg = load_config(args.config)
@@ -84,7 +85,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not procs.set_child_subreaper():
             log.warning("subreaper_unavailable")
         notifier = Notifier.from_env()
-        core = Core(cfg, system, log, notify=notifier.status if notifier else None)
+        history = HistoryRecorder.for_run_dir(run_dir, now=system.now, log=log)
+        core = Core(cfg, system, log, notify=notifier.status if notifier else None, history=history)
         echo = Echo(sys.stderr) if sys.stderr.isatty() else None
         # The job's output dir is watched only to echo it: each line the job logs would wake us otherwise.
         watch = [(run_dir, False), *([(run_dir / "logs", False)] if echo else []), (cfg.checkpoints.dir, True)]
@@ -100,6 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         finally:
             system.close()
             core.house.wait_idle(timeout=60)  # finish emptying .trash rather than leave it for the next run
+            history.close()
             if metrics:
                 metrics.stop()
         if notifier:
@@ -121,7 +124,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if status is None:
         print(f"no supervisor state in {cfg.run_dir} (never run here, or state.json unreadable)")
         return EXIT_NOT_OK
-    print(render_status(status, running=holder is not None, now=time.time()))
+    tty = sys.stdout.isatty() and "utf" in (sys.stdout.encoding or "").lower()
+    print(render_status(status, running=holder is not None, now=time.time(), spark=tty))
     return EXIT_OK
 
 

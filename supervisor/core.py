@@ -32,6 +32,7 @@ from supervisor.contract import (
 )
 from supervisor.exits import classify_exit, root_cause, signal_name
 from supervisor.housekeeping import Housekeeper, PassResult
+from supervisor.recorder import NullHistory
 from supervisor.redact import redact_argv, redact_env
 from supervisor.state import ExitInfo, State, Status, write_status
 from supervisor.system import System
@@ -87,9 +88,11 @@ class _Ended:
 
 
 class Core:
-    def __init__(self, cfg: Config, system: System, log: Any, notify: Any = None) -> None:
+    def __init__(self, cfg: Config, system: System, log: Any, notify: Any = None,
+                 history: NullHistory | None = None) -> None:
         self.cfg, self.sys, self.log = cfg, system, log
         self.notify = notify  # optional callable(status) for sd_notify STATUS= lines
+        self.history = history or NullHistory()  # run_dir/history.jsonl (supervisor.recorder)
         self.run_dir = cfg.run_dir
         self.heartbeat_path = self.run_dir / HEARTBEAT_FILE
         self.status = Status(pid=os.getpid(), started_at=system.now(), config=str(cfg.path))
@@ -110,6 +113,7 @@ class Core:
     # ---- lifecycle -------------------------------------------------------------------------------------------
     def begin(self, previous: Status | None) -> None:
         """Stop a job orphaned by a killed supervisor, then launch the first attempt."""
+        self.history.supervisor_start()
         if previous is not None and previous.job_pid and not previous.state.final:
             stopped = self.sys.stop_orphan(
                 previous.job_pid, previous.job_create_time, previous.job_cmdline, self.cfg.health.stop_timeout_s
@@ -135,6 +139,7 @@ class Core:
         self._launch_pending = False
         for t in Timer:
             self.sys.timers.cancel(t)
+        self.history.finish(state, reason)
         self._publish()
 
     def _sync_disk(self) -> None:
@@ -147,6 +152,7 @@ class Core:
 
     def _publish(self) -> None:
         self.status.updated_at = self.sys.now()
+        self.history.annotate(self.status)
         write_status(self.run_dir, self.status)
         if self.notify is not None:
             self.notify(self.status)
@@ -188,6 +194,7 @@ class Core:
             low = self.job.low_free
             self.job.low_free = outcome.disk_free if low is None else min(low, outcome.disk_free)
         new = self.house.absorb(outcome)
+        self.history.housekeeping(outcome, new)
         if new is not None:
             self.log.info("checkpoint_committed", path=str(new.path), step=new.step, size_bytes=new.size_bytes)
             job = self.job or (self.ended.job if self.ended else None)
@@ -270,6 +277,7 @@ class Core:
             resumed_step=self.job.resumed_step, argv=redact_argv(argv), env=redact_env(self.cfg.job.env),
             log=str(log_path),
         )
+        self.history.attempt_start(number, self.job.resumed_from, self.job.resumed_step)
         self._arm_hang_timer(startup=True)
         self._publish()
 
@@ -317,6 +325,7 @@ class Core:
             max_step=job.max_step, new_checkpoint=job.new_checkpoint, progressed=progressed,
         )
         self.attempts.append(attempt)
+        self.history.attempt_exit(attempt, info)
         self.log.info(
             "job_exited", attempt=job.number, code=info.code, signal=info.signal, reason=info.reason,
             detail=info.detail, duration_s=round(attempt.duration, 3), max_step=job.max_step,
@@ -349,6 +358,7 @@ class Core:
         self.house.quarantine(Path(path), reason)
         self._generation += 1  # the root changed: the last pass no longer names the resume point
         self.status.quarantined = [*self.status.quarantined, path]
+        self.history.quarantined(path, reason)
         self.log.error("quarantined", path=path, reason=reason)
 
     # ---- signals ---------------------------------------------------------------------------------------------
@@ -482,5 +492,6 @@ class Core:
             st.val_loss = beat.val_loss
         job.beat, job.beat_mono = beat, self.sys.monotonic()
         job.max_step = step if job.max_step is None else max(job.max_step, step)
+        self.history.beat(job.number, beat)
         self._arm_hang_timer()
         self._publish()

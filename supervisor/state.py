@@ -88,6 +88,11 @@ class Status:
     quarantined: list[str] = field(default_factory=list)
     next_launch_at: float | None = None
     reason: str | None = None  # why the supervisor ended (gave up, completed, stopped)
+    # From the run's history (supervisor.report has the definitions):
+    goodput: float | None = None  # productive training time / supervisor wall time
+    loss_recent: list[float] = field(default_factory=list)  # the last sampled losses, oldest first
+    restart_latency_s: list[float] = field(default_factory=list)  # per recovery: failure seen -> training again
+    steps_lost: list[int] = field(default_factory=list)  # per failure followed by a relaunch
     config: str | None = None
     updated_at: float = 0.0
 
