@@ -31,7 +31,7 @@ from supervisor.report import Fold
 from supervisor.restarts import Attempt
 from supervisor.state import ExitInfo, State
 
-__all__ = ["SimRun", "demo", "month", "screenshot", "chromium", "main"]
+__all__ = ["SimRun", "demo", "month", "render_report", "screenshot", "chromium", "main"]
 
 START = 1_700_000_000.0  # 2023-11-14 22:13 UTC
 
@@ -218,7 +218,8 @@ def screenshot(page: Path, png: Path, *, size: tuple[int, int] = (1200, 900), ti
         raise RuntimeError(f"chromium exited {proc.returncode}: {err.decode(errors='replace')[-500:]}")
 
 
-def _render(history: Path) -> Path:
+def render_report(history: Path) -> Path:
+    """report.html beside a history file, as `report` would write it."""
     from supervisor.report_html import render_html
 
     records, _ = read_history(history)
@@ -248,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         history = sim.path
     else:
         history = demo(out)
-    page = _render(history)
+    page = render_report(history)
     print(page)
     if a.png is not None:
         screenshot(page, a.png)
