@@ -34,7 +34,8 @@ the samples never changes a total (see supervisor.report for what they add up to
 
 Durability and size. Lines are appended with one write each; the file is fsynced at attempt boundaries and at
 the end. A line torn by a SIGKILL is skipped by `read_history` (and cut off by the next `run`). Heartbeats are
-sampled at most once a second (plus every new evaluation, an attempt's first new step and its last beat);
+sampled at most once a second (plus every new evaluation, an attempt's first beat in phase train, its first new
+step and its last beat);
 when the file passes `COMPACT_BYTES` it is rewritten atomically by `thin`: every event is kept, and samples
 are kept at a resolution that halves each time their age doubles (about `SAMPLES_PER_DOUBLING` samples per
 doubling of age, per attempt), so a month of one beat per second stays around 1-2 MB (docs/history.md).

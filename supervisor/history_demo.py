@@ -203,7 +203,7 @@ def screenshot(page: Path, png: Path, *, size: tuple[int, int] = (1200, 900), ti
     with tempfile.TemporaryDirectory(prefix="report-chromium-") as profile:
         argv = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--hide-scrollbars", f"--user-data-dir={profile}", f"--screenshot={png}",
+                "--hide-scrollbars", f"--user-data-dir={profile}", f"--screenshot={png.resolve()}",
                 f"--window-size={size[0]},{size[1]}", page.resolve().as_uri()]
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         try:
@@ -252,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     page = render_report(history)
     print(page)
     if a.png is not None:
+        a.png.parent.mkdir(parents=True, exist_ok=True)
         screenshot(page, a.png)
         print(a.png)
     return 0

@@ -77,6 +77,7 @@ class _Live:
     written_t: float = float("-inf")  # time of the last beat sample written
     val_loss: float | None = None  # the last evaluation result recorded
     trained: bool = False  # first_step written
+    began: bool = False  # a beat in phase train (or without a phase) seen
     pending: dict[str, Any] | None = None  # the newest beat, when it was not written (sampling)
 
 
@@ -210,6 +211,8 @@ class HistoryRecorder(NullHistory):
                 live.save_s += dt
             elif live.prev[2] in (None, "train") and beat.step > live.prev[1]:
                 live.train_s += dt
+        began = beat.phase in (None, "train") and not live.began  # the resume point, for the loss chart
+        live.began = live.began or began
         live.prev = (t, beat.step, beat.phase)
         rec: dict[str, Any] = {"attempt": number, "step": beat.step, "phase": beat.phase, "loss": _short(beat.loss),
                                "train_s": round(live.train_s, 3), "save_s": round(live.save_s, 3)}
@@ -221,7 +224,7 @@ class HistoryRecorder(NullHistory):
         if first:
             live.trained = True
             self._write("first_step", {"attempt": number, "step": beat.step}, t=t)
-        if evaluated or first or t - live.written_t >= SAMPLE_S:
+        if evaluated or first or began or t - live.written_t >= SAMPLE_S:
             live.written_t, live.pending = t, None
             self._write("beat", rec, t=t)
         else:

@@ -96,8 +96,12 @@ def _timeline(fold: Fold, t0: float, t1: float) -> str:
             body.append(tag("line", "restart", f"attempt {a.number} failed: {reason}", x1=x(a.ended), y1=8.0,
                             x2=x(a.ended), y2=70.0))
             failed_at = a.ended if failed_at is None else failed_at
+    drawn: set[tuple[str, int]] = set()
     for m in fold.marks:
         mx = x(m.t)
+        if (m.kind, int(mx / 2)) in drawn:  # a month of commits: one mark per 2 pixels is all that shows
+            continue
+        drawn.add((m.kind, int(mx / 2)))
         if m.kind == "checkpoint_committed":
             body.append(tag("line", "commit", f"checkpoint step {m.step}: {m.path}", x1=mx, y1=52.0, x2=mx, y2=68.0))
         elif m.kind == "quarantined":
@@ -109,13 +113,18 @@ def _timeline(fold: Fold, t0: float, t1: float) -> str:
     return svg(WIDTH, 94, body, "timeline of attempts", "timeline")
 
 
-def _split_lost(a: AttemptView, resumed: int | None) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
-    """(kept, lost) loss points of attempt `a` when the next attempt resumed from step `resumed`."""
-    pts = [(s.step, s.loss) for s in a.samples if s.loss is not None]
-    if resumed is None:
+def _split_lost(a: AttemptView, resumed: int | None) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """(kept, lost) loss points of attempt `a` when the next attempt resumed from step `resumed`; both meet at
+    the resume step (interpolated between samples), so the dashed part starts where the work was lost."""
+    pts = [(float(s.step), s.loss) for s in a.samples if s.loss is not None]
+    cut = len(pts) if resumed is None else next((i for i, (step, _) in enumerate(pts) if step > resumed), len(pts))
+    if cut == len(pts):
         return pts, []
-    cut = next((i for i, (step, _) in enumerate(pts) if step > resumed), len(pts))
-    return pts[:cut], pts[max(0, cut - 1):] if cut < len(pts) else []
+    if cut == 0:
+        return [], pts
+    (s0, v0), (s1, v1) = pts[cut - 1], pts[cut]
+    joint = (float(resumed), v0 + (v1 - v0) * (resumed - s0) / (s1 - s0)) if s1 > s0 else pts[cut - 1]
+    return [*pts[:cut], joint], [joint, *pts[cut:]]
 
 
 def _loss_chart(fold: Fold) -> str:
@@ -159,7 +168,8 @@ def _loss_chart(fold: Fold) -> str:
         body.append(text(rx + 3, top + 10, names))
     if vals:
         body.append(polyline(((x(s), y(v)) for s, v in vals), "val-loss", "val_loss"))
-        body += [tag("circle", "val-loss", f"val_loss {v:.4g} at step {s}", cx=x(s), cy=y(v), r=2.5) for s, v in vals]
+        dots = {int(x(s)): (s, v) for s, v in vals}.values()  # one dot per pixel column
+        body += [tag("circle", "val-loss", f"val_loss {v:.4g} at step {s}", cx=x(s), cy=y(v), r=2.5) for s, v in dots]
     return svg(WIDTH, height, body, "loss against step", "loss-chart")
 
 
@@ -190,14 +200,26 @@ def _rate_chart(fold: Fold, t0: float, t1: float) -> str:
     return svg(WIDTH, 130, body, "step rate over time", "rate-chart")
 
 
+def _duration(seconds: float) -> str:
+    return f"{int(seconds // 86400)}d{int(seconds % 86400 // 3600):02d}h" if seconds >= 2 * 86400 else human_age(seconds)
+
+
+def _values(values: list[float] | list[int], unit: str) -> str:
+    """A few values as a list, many as count, median and max."""
+    if len(values) <= 5:
+        return ", ".join(f"{v:g}{unit}" for v in values) or "none"
+    ordered = sorted(values)
+    return f"{len(values)}: median {ordered[len(values) // 2]:g}{unit}, max {ordered[-1]:g}{unit}"
+
+
 def _summary_table(s: Summary) -> str:
-    lat = ", ".join(f"{v:.1f} s" for v in s.restart_latency_s[:12]) + (" ..." if len(s.restart_latency_s) > 12 else "")
-    lost = ", ".join(str(v) for v in s.steps_lost[:12]) + (" ..." if len(s.steps_lost) > 12 else "")
+    lat = _values([round(v, 1) for v in s.restart_latency_s], " s")
+    lost = _values(s.steps_lost, "") + (f" ({sum(s.steps_lost)} in all)" if len(s.steps_lost) > 1 else "")
     cells = [
         ("goodput", "n/a" if s.goodput is None else f"{s.goodput:.1%}"),
-        ("wall", human_age(s.wall_s)), ("productive", human_age(s.productive_s)),
+        ("wall", _duration(s.wall_s)), ("productive", _duration(s.productive_s)),
         ("attempts", str(s.attempts)), ("failures", str(s.failures)),
-        ("restart latency", lat or "none"), ("steps lost", lost or "none"),
+        ("restart latency", lat), ("steps lost", lost),
         ("checkpoint overhead", f"{s.checkpoint_overhead_s:.1f} s"),
         ("checkpoints", str(s.checkpoints_committed)), ("quarantined", str(s.quarantines)),
         ("exits", ", ".join(f"{k} {v}" for k, v in sorted(s.exit_reasons.items())) or "none"),

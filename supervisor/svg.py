@@ -11,7 +11,7 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 
-__all__ = ["esc", "Linear", "nice_ticks", "time_ticks", "fmt_num", "fmt_time", "tag", "text", "polyline", "svg"]
+__all__ = ["esc", "Linear", "nice_ticks", "time_ticks", "fmt_num", "fmt_time", "tag", "text", "decimate", "polyline", "svg"]
 
 _TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400,
                172800, 604800, 1209600, 2592000)
@@ -94,8 +94,29 @@ def text(x: float, y: float, content: str, cls: str | None = None, anchor: str |
     return f"<text{_attrs(cls, {'x': float(x), 'y': float(y), 'text_anchor': anchor})}>{esc(content)}</text>"
 
 
+def decimate(points: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Per pixel column, only the first, lowest, highest and last point (in order): the same picture, a month of
+    samples in a few thousand points."""
+    out: list[tuple[float, float]] = []
+    column: list[tuple[float, float]] = []
+    for p in points:
+        if column and int(p[0]) != int(column[0][0]):
+            out += _extremes(column)
+            column = []
+        column.append(p)
+    return out + _extremes(column)
+
+
+def _extremes(column: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    if len(column) <= 4:
+        return column
+    keep = {0, len(column) - 1, min(range(len(column)), key=lambda i: column[i][1]),
+            max(range(len(column)), key=lambda i: column[i][1])}
+    return [column[i] for i in sorted(keep)]
+
+
 def polyline(points: Iterable[tuple[float, float]], cls: str, title: str | None = None) -> str:
-    pts = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+    pts = " ".join(f"{x:.1f},{y:.1f}" for x, y in decimate(points))
     return tag("polyline", cls, title, points=pts)
 
 
