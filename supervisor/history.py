@@ -45,7 +45,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,7 @@ __all__ = [
     "FAILURE_REASONS_EXCLUDED",
     "is_failure",
     "read_history",
+    "iter_records",
     "parse_lines",
     "thin",
     "compact_lines",
@@ -95,12 +96,10 @@ def _valid(rec: object) -> bool:
             and isinstance(kind, str))
 
 
-def parse_lines(data: bytes) -> tuple[list[dict[str, Any]], int]:
-    """(records, lines skipped): whole, valid JSON lines only; a last line without newline is torn and skipped."""
+def iter_records(data: bytes) -> Iterator[dict[str, Any] | None]:
+    """Each whole line's record, or None for a line that is not one; a last line without newline is torn."""
     lines = data.split(b"\n")
     lines.pop()  # the text after the last newline: empty, or a line torn mid-write
-    out: list[dict[str, Any]] = []
-    skipped = 0
     for line in lines:
         if not line.strip():
             continue
@@ -108,10 +107,18 @@ def parse_lines(data: bytes) -> tuple[list[dict[str, Any]], int]:
             rec = json.loads(line) if len(line) <= _MAX_LINE else None
         except (ValueError, UnicodeDecodeError, RecursionError):
             rec = None
-        if _valid(rec):
-            out.append(rec)  # type: ignore[arg-type]
-        else:
+        yield rec if _valid(rec) else None
+
+
+def parse_lines(data: bytes) -> tuple[list[dict[str, Any]], int]:
+    """(records, lines skipped): whole, valid JSON lines only."""
+    out: list[dict[str, Any]] = []
+    skipped = 0
+    for rec in iter_records(data):
+        if rec is None:
             skipped += 1
+        else:
+            out.append(rec)
     return out, skipped
 
 

@@ -10,6 +10,7 @@ numbers continue across supervisor restarts; `annotate` copies them into `Status
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from supervisor import __version__
 from supervisor.atomic import write_atomic
 from supervisor.contract import Beat
-from supervisor.history import COMPACT_BYTES, HISTORY_FILE, SAMPLE_S, VERSION, compact_lines, parse_lines
+from supervisor.history import COMPACT_BYTES, HISTORY_FILE, SAMPLE_S, VERSION, compact_lines, iter_records
 from supervisor.report import Fold
 from supervisor.state import ExitInfo, State, Status
 
@@ -81,6 +82,21 @@ class _Live:
     pending: dict[str, Any] | None = None  # the newest beat, when it was not written (sampling)
 
 
+def _guarded(hook: Callable[..., None]) -> Callable[..., None]:
+    """A bug in the history must cost records, never the supervision: the first error is logged, later ones not."""
+
+    @functools.wraps(hook)
+    def run(self: HistoryRecorder, *args: Any, **kwargs: Any) -> None:
+        try:
+            hook(self, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            if not self._broken:
+                self._broken = True
+                self.log.error("history_failed", hook=hook.__name__, error=f"{type(exc).__name__}: {exc}")
+
+    return run
+
+
 def _short(x: float | None) -> float | None:
     """Six significant digits: plenty for a plot, a third of the bytes of a full repr."""
     return None if x is None else float(f"{x:.6g}")
@@ -103,8 +119,10 @@ class HistoryRecorder(NullHistory):
         self._compact_at = compact_bytes
         self._failing = False
         self._torn = False  # a write failed part-way: start the next record on a fresh line
+        self._broken = False  # a hook raised (a bug): logged once
         self._live: _Live | None = None
         self._last_attempt: int | None = None
+        self.os_write: Callable[[int, memoryview], int] = os.write  # a seam: tests make the disk fill up
         self._load()
 
     @classmethod
@@ -117,7 +135,6 @@ class HistoryRecorder(NullHistory):
         try:
             with open(self.path, "rb") as f:
                 data = f.read()
-            records, _ = parse_lines(data)
             end = data.rfind(b"\n") + 1
             if end < len(data):
                 os.truncate(self.path, end)
@@ -127,7 +144,7 @@ class HistoryRecorder(NullHistory):
         except OSError as exc:
             self._failed(exc)
             return
-        self.fold.add_all(records)
+        self.fold.add_all(r for r in iter_records(data) if r is not None)  # one record at a time: a month is 20k
         if self.fold.attempts:
             self._last_attempt = self.fold.attempts[-1].number
 
@@ -149,7 +166,7 @@ class HistoryRecorder(NullHistory):
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
             view = memoryview(data)
             while view:
-                view = view[os.write(self._fd, view):]
+                view = view[self.os_write(self._fd, view):]
             if durable:
                 os.fsync(self._fd)
         except OSError as exc:
@@ -192,15 +209,18 @@ class HistoryRecorder(NullHistory):
                 pass
 
     # ---- hooks -----------------------------------------------------------------------------------------------
+    @_guarded
     def supervisor_start(self) -> None:
         self._write("supervisor_start", {"pid": os.getpid(), "version": __version__}, durable=True)
 
+    @_guarded
     def attempt_start(self, number: int, resumed_from: str | None, resumed_step: int | None) -> None:
         self._live = _Live(number, resumed_step)
         self._last_attempt = number
         self._write("attempt_start", {"attempt": number, "resumed_from": resumed_from, "resumed_step": resumed_step},
                     durable=True)
 
+    @_guarded
     def beat(self, number: int, beat: Beat) -> None:
         live, t = self._live, self.now()
         if live is None or live.number != number:
@@ -230,6 +250,7 @@ class HistoryRecorder(NullHistory):
         else:
             live.pending = {**rec, "t": t}
 
+    @_guarded
     def attempt_exit(self, attempt: Attempt, info: ExitInfo) -> None:
         live = self._live if self._live is not None and self._live.number == attempt.number else None
         if live is not None and live.pending is not None:  # where it stood when it ended
@@ -245,6 +266,7 @@ class HistoryRecorder(NullHistory):
         if live is not None:
             self._live = None
 
+    @_guarded
     def housekeeping(self, result: PassResult, committed: CheckpointInfo | None) -> None:
         if committed is not None:
             self._write("checkpoint_committed", {"attempt": self._last_attempt, "path": str(committed.path),
@@ -252,12 +274,15 @@ class HistoryRecorder(NullHistory):
         for d in result.deleted:
             self._write("retention_deleted", {"path": str(d.path), "reason": d.reason, "size_bytes": d.size_bytes})
 
+    @_guarded
     def quarantined(self, path: str, reason: str) -> None:
         self._write("quarantined", {"path": path, "reason": reason}, durable=True)
 
+    @_guarded
     def finish(self, state: State, reason: str) -> None:
         self._write("supervisor_end", {"state": state.value, "reason": reason}, durable=True)
 
+    @_guarded
     def annotate(self, status: Status) -> None:
         fold = self.fold
         goodput = fold.goodput(self.now())

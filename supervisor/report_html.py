@@ -8,7 +8,6 @@ meta tag), and every string from the history is escaped: it is meant to be attac
 """
 from __future__ import annotations
 
-import re
 import time
 
 from supervisor.report import AttemptView, Fold, Summary
@@ -43,9 +42,14 @@ polyline.val-loss{fill:none;stroke:#ef6c00;stroke-width:1.2}circle.val-loss{fill
 
 
 def _reason(a: AttemptView, running: bool) -> str:
+    """How the attempt ended, as written (the timeline colours it only if it is a reason we know)."""
     if a.reason is None:
         return "running" if running else "unknown"
-    return a.reason if re.fullmatch(r"[a-z_]{1,20}", a.reason) and a.reason in REASON_COLORS else "unknown"
+    return a.reason
+
+
+def _colour(reason: str) -> str:
+    return reason if reason in REASON_COLORS else "unknown"
 
 
 def _end(a: AttemptView, fold: Fold, t1: float) -> float:
@@ -86,7 +90,7 @@ def _timeline(fold: Fold, t0: float, t1: float) -> str:
         tip = "\n".join(filter(None, [what, f"{_utc(a.started)}, ran {human_age(end - a.started)}",
                                       f"resumed from step {a.resumed_step}" if a.resumed_step is not None else None,
                                       f"max step {a.max_step}" if a.max_step is not None else None, a.detail]))
-        body.append(tag("rect", f"attempt reason-{reason}", tip, x=x(a.started), y=14.0,
+        body.append(tag("rect", f"attempt reason-{_colour(reason)}", tip, x=x(a.started), y=14.0,
                         width=max(2.0, x(end) - x(a.started)), height=28.0))
         if a.first_step_at is not None and failed_at is not None:
             body.append(tag("line", "recovery", f"recovered in {a.first_step_at - failed_at:.1f} s",
@@ -232,7 +236,7 @@ def _summary_table(s: Summary) -> str:
 
 
 def _legend(fold: Fold) -> str:
-    seen = list(dict.fromkeys(_reason(a, fold.running) for a in fold.attempts))
+    seen = list(dict.fromkeys(_colour(_reason(a, fold.running)) for a in fold.attempts))
     keys = [f'<span><i class="reason-{esc(r)}"></i>{esc(r)}</span>' for r in seen]
     keys += ['<span><i class="line" style="background:#1b5e20"></i>checkpoint</span>',
              '<span><i class="line" style="background:#c62828"></i>failure / time to recover</span>',

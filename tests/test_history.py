@@ -1,6 +1,7 @@
 """history.jsonl: what `Core` records through a real recorder (fake time), torn lines, failing disks, thinning."""
 from __future__ import annotations
 
+import errno
 import json
 import signal
 from collections.abc import Callable
@@ -134,6 +135,41 @@ class TestCoreRecords:
         fake.advance(1, core)
         assert "history_write_recovered" in log.names()
         assert kinds(records(core))[0] == "attempt_start"
+
+    def test_disk_full_mid_line(self, tmp_path: Path) -> None:
+        """ENOSPC after half a line: one warning; once space is back the next record starts on a fresh line, so
+        the torn half costs itself only and readers see every later record."""
+        core, fake, log, history = make_core(tmp_path)
+        real = history.os_write
+
+        def full(fd: int, data: memoryview) -> int:
+            real(fd, data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        core.begin(None)
+        history.os_write = full
+        beats(core, fake, range(1, 4))
+        exit_job(core, fake, 1)
+        assert log.names().count("history_write_failed") == 1 and core.status.state is State.BACKOFF
+        history.os_write = real
+        fake.advance(1, core)
+        recs, skipped = read_history(core.run_dir / HISTORY_FILE)
+        assert kinds(recs) == ["supervisor_start", "attempt_start", "attempt_start"] and skipped >= 1
+        assert [r["attempt"] for r in recs if r["kind"] == "attempt_start"] == [1, 2]
+        assert "history_write_recovered" in log.names()
+
+    def test_a_bug_in_the_history_costs_records_not_the_run(self, tmp_path: Path) -> None:
+        """A hook that raises is logged once (history_failed); supervision goes on."""
+        core, fake, log, history = make_core(tmp_path)
+
+        def broken(_: object) -> None:
+            raise KeyError("bug")
+
+        history.fold.add = broken  # type: ignore[method-assign]
+        core.begin(None)
+        beats(core, fake, range(1, 4))
+        exit_job(core, fake, 0)
+        assert core.status.state is State.COMPLETED and log.names().count("history_failed") == 1
 
     def test_null_history_has_every_hook(self) -> None:
         """The recorder adds no hook the null history lacks (Core calls them without checking)."""
