@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import time
 
-from supervisor.report import AttemptView, Fold, Summary
 from supervisor.humanize import human_age
+from supervisor.report import AttemptView, Fold, Summary
 from supervisor.svg import Linear, esc, fmt_num, fmt_time, nice_ticks, polyline, svg, tag, text, time_ticks
 
 __all__ = ["render_html", "REASON_COLORS"]
@@ -204,10 +204,6 @@ def _rate_chart(fold: Fold, t0: float, t1: float) -> str:
     return svg(WIDTH, 130, body, "step rate over time", "rate-chart")
 
 
-def _duration(seconds: float) -> str:
-    return f"{int(seconds // 86400)}d{int(seconds % 86400 // 3600):02d}h" if seconds >= 2 * 86400 else human_age(seconds)
-
-
 def _values(values: list[float] | list[int], unit: str) -> str:
     """A few values as a list, many as count, median and max."""
     if len(values) <= 5:
@@ -221,7 +217,7 @@ def _summary_table(s: Summary) -> str:
     lost = _values(s.steps_lost, "") + (f" ({sum(s.steps_lost)} in all)" if len(s.steps_lost) > 1 else "")
     cells = [
         ("goodput", "n/a" if s.goodput is None else f"{s.goodput:.1%}"),
-        ("wall", _duration(s.wall_s)), ("productive", _duration(s.productive_s)),
+        ("wall", human_age(s.wall_s)), ("productive", human_age(s.productive_s)),
         ("attempts", str(s.attempts)), ("failures", str(s.failures)),
         ("restart latency", lat), ("steps lost", lost),
         ("checkpoint overhead", f"{s.checkpoint_overhead_s:.1f} s"),
