@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,6 +123,11 @@ class HistoryRecorder(NullHistory):
         self._broken = False  # a hook raised (a bug): logged once
         self._live: _Live | None = None
         self._last_attempt: int | None = None
+        # Compaction reads, thins and rewrites a few MB: it runs on its own thread (the loop must not stall
+        # ~0.1 s), and records written meanwhile wait here, then go to the end of the new file.
+        self._compactor: threading.Thread | None = None
+        self._compacted: tuple[bytes | None, str | None] | None = None  # the thread's result: (data, error)
+        self._pending: list[bytes] = []
         self.os_write: Callable[[int, memoryview], int] = os.write  # a seam: tests make the disk fill up
         self._load()
 
@@ -158,9 +164,18 @@ class HistoryRecorder(NullHistory):
         rec = {"v": VERSION, "t": round(self.now() if t is None else t, 3), "kind": kind, **fields}
         self.fold.add(rec)  # status keeps its numbers even while the disk refuses the record
         try:
-            data = (b"\n" if self._torn else b"") + _line(rec)
+            line = _line(rec)
         except ValueError:  # a non-finite number slipped through: drop the record, never the daemon
             return
+        if self._compactor is not None:
+            if self._compactor.is_alive():
+                self._pending.append(line)
+                return
+            self._finish_compaction()
+        self._append(line, durable)
+
+    def _append(self, line: bytes, durable: bool) -> None:
+        data = (b"\n" if self._torn else b"") + line
         try:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -181,26 +196,51 @@ class HistoryRecorder(NullHistory):
             self._compact()
 
     def _compact(self) -> None:
-        """Rewrite the file with `thin`ned samples, atomically: a reader sees the old file or the new one."""
+        """Rewrite the file with `thin`ned samples on a thread, atomically: a reader sees the old or the new file.
+
+        Until `_finish_compaction` (the next record after the thread is done, or `close`), records are held in
+        memory, so the file the thread reads is complete and nothing written meanwhile is lost.
+        """
+        now = self.now()
+
+        def work() -> None:
+            try:
+                with open(self.path, "rb") as f:
+                    data = compact_lines(f.read(), now)
+                write_atomic(self.path, data, durable=True)
+                self._compacted = (data, None)
+            except (OSError, ValueError) as exc:
+                self._compacted = (None, str(exc))
+
+        self._compacted, self._pending = None, []
+        self._compactor = threading.Thread(target=work, name="history-compact", daemon=True)
+        self._compactor.start()
+
+    def _finish_compaction(self) -> None:
+        assert self._compactor is not None
+        self._compactor.join()
+        self._compactor = None
+        data, error = self._compacted or (None, "compaction did not finish")
         before = self._size
-        try:
-            with open(self.path, "rb") as f:
-                data = compact_lines(f.read(), self.now())
-            write_atomic(self.path, data, durable=True)
-        except (OSError, ValueError) as exc:
-            self.log.warning("history_compact_failed", path=str(self.path), error=str(exc))
+        if data is None:
+            self.log.warning("history_compact_failed", path=str(self.path), error=error)
         else:
             self.close()  # the old file is gone: append to the new one
             self._size = len(data)
             self.compactions += 1
             self.log.info("history_compacted", path=str(self.path), before_bytes=before, after_bytes=len(data))
         self._compact_at = max(self.compact_bytes, 2 * self._size)  # events alone may outgrow the threshold
+        pending, self._pending = self._pending, []
+        for line in pending:
+            self._append(line, durable=False)
 
     @property
     def size(self) -> int:
         return self._size
 
     def close(self) -> None:
+        if self._compactor is not None:  # at exit: let it finish, then write what waited for it
+            self._finish_compaction()
         if self._fd is not None:
             fd, self._fd = self._fd, None
             try:

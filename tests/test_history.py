@@ -218,3 +218,40 @@ class TestThinning:
         assert s.checkpoints_committed == sum(r["kind"] == "checkpoint_committed" for r in recs) > 4000
         assert 0.95 < s.goodput < 1
         assert summarize(thin(recs, recs[-1]["t"] + 86400)) == s
+
+
+class TestCompactionOffTheLoop:
+    def test_records_written_while_compacting_are_kept_in_order(self, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+        """Compaction runs on its own thread; records written meanwhile wait and land after the rewritten file."""
+        import threading
+
+        import supervisor.recorder as recorder_mod
+
+        gate, started = threading.Event(), threading.Event()
+        real = recorder_mod.compact_lines
+
+        def slow_compact(data: bytes, now: float) -> bytes:
+            started.set()
+            assert gate.wait(30)
+            return real(data, now)
+
+        monkeypatch.setattr(recorder_mod, "compact_lines", slow_compact)
+        clock = [T0]
+        rec = HistoryRecorder(tmp_path / HISTORY_FILE, now=lambda: clock[0], log=RecordingLog(), compact_bytes=2048)
+        rec.supervisor_start()
+        n = 0
+        while rec._compactor is None:  # write until a compaction starts
+            rec.quarantined(f"/ckpts/step_{n}", "test")
+            n += 1
+            clock[0] += 1
+            assert n < 1000, "no compaction started"
+        assert started.wait(30)
+        for i in range(5):  # the loop goes on while the thread is held
+            rec.quarantined(f"/ckpts/during_{i}", "test")
+        assert rec._compactor is not None and rec._compactor.is_alive()
+        gate.set()
+        rec.close()
+        paths = [r["path"] for r in read_history(tmp_path / HISTORY_FILE)[0] if r["kind"] == "quarantined"]
+        assert paths == [f"/ckpts/step_{i}" for i in range(n)] + [f"/ckpts/during_{i}" for i in range(5)]
+        assert rec.compactions == 1
