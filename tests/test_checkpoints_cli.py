@@ -11,7 +11,7 @@ import pytest
 
 from supervisor import cli as top_cli
 from supervisor.checkpoints import is_pinned, quarantine
-from supervisor.layout import TRASH_DIR, tmp_dir_name
+from supervisor.layout import tmp_dir_name
 from supervisor.checkpoints.testing import write_checkpoint
 
 LIST_FIELDS = {"name", "path", "step", "complete", "reason", "size_bytes", "mtime", "pinned", "quarantined"}
@@ -131,7 +131,7 @@ class TestPrune:
         """prune --keep-last 1 deletes the older complete one; torn-in-flight and temp dirs stay (young)."""
         r = fsup("checkpoints", "prune", "--dir", root, "--keep-last", "1")
         assert r.returncode == 0 and "deleted step_00000010" in r.stdout
-        assert sorted(os.listdir(root)) == sorted([TRASH_DIR, "step_00000020", "step_00000030", tmp_dir_name(40, "abc")])
+        assert sorted(os.listdir(root)) == sorted(["step_00000020", "step_00000030", tmp_dir_name(40, "abc")])
 
     def test_pinned_survives_prune(self, root):
         """A pinned checkpoint is not deleted by prune."""

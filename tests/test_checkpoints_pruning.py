@@ -22,7 +22,6 @@ from supervisor.checkpoints import (
     plan_retention,
     scan,
 )
-from supervisor.layout import TRASH_DIR
 from supervisor.checkpoints.retention import GIB
 from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.errors import CheckpointError
@@ -36,23 +35,30 @@ def _tree(path: Path) -> set[str]:
     return {str(p.relative_to(path)) for p in path.rglob("*")}
 
 
+def _trash(root: Path) -> Path:
+    """Where the trash of `root` lives: next to it, never inside."""
+    return root.parent / f".{root.name}.fsdp-trash"
+
+
 class TestExecuteRetention:
     def test_deletes_targets_and_leaves_the_rest(self, tmp_path):
-        """Planned dirs disappear entirely; others and an empty .trash remain."""
-        old, new = write_checkpoint(tmp_path, 1), write_checkpoint(tmp_path, 2)
-        done = execute_retention(tmp_path, _plan(old))
+        """Planned dirs disappear entirely; others remain, and nothing of ours is left in the root."""
+        root = tmp_path / "root"
+        old, new = write_checkpoint(root, 1), write_checkpoint(root, 2)
+        done = execute_retention(root, _plan(old))
         assert [d.name for d in done] == [old.name]
         assert not old.exists() and new.exists()
-        assert sorted(os.listdir(tmp_path)) == [TRASH_DIR, new.name] and not os.listdir(tmp_path / TRASH_DIR)
+        assert os.listdir(root) == [new.name] and not os.listdir(_trash(root))
 
     def test_rename_only_parks_in_trash_until_cleared(self, tmp_path):
         """empty_trash=False only renames: the target vanishes from scans at once, clear_trash removes it."""
-        old, new = write_checkpoint(tmp_path, 1), write_checkpoint(tmp_path, 2)
-        done = execute_retention(tmp_path, _plan(old), empty_trash=False)
+        root = tmp_path / "root"
+        old, new = write_checkpoint(root, 1), write_checkpoint(root, 2)
+        done = execute_retention(root, _plan(old), empty_trash=False)
         assert [d.name for d in done] == [old.name] and not old.exists()
-        assert [c.name for c in scan(tmp_path)] == [new.name]
-        assert len(os.listdir(tmp_path / TRASH_DIR)) == 1
-        assert clear_trash(tmp_path) == 1 and not os.listdir(tmp_path / TRASH_DIR)
+        assert [c.name for c in scan(root)] == [new.name]
+        assert len(os.listdir(_trash(root))) == 1
+        assert clear_trash(root) == 1 and not os.listdir(_trash(root))
 
     def test_symlink_target_is_skipped_and_its_target_untouched(self, tmp_path):
         """A planned deletion that is a symlink is refused; the linked dir outside keeps every file."""
@@ -64,48 +70,53 @@ class TestExecuteRetention:
         assert execute_retention(root, _plan(root / "step_00000005")) == []
         assert (root / "step_00000005").is_symlink() and _tree(outside) == before
 
-    @pytest.mark.parametrize("rel", ["../outside/step_00000005", "step_00000001/sub", TRASH_DIR])
+    @pytest.mark.parametrize("rel", ["../outside/step_00000005", "step_00000001/sub", ".trash", "../.root.fsdp-trash"])
     def test_targets_that_are_not_direct_children_are_skipped(self, tmp_path, rel):
-        """Paths outside the root, nested inside a checkpoint, or .trash itself are never deleted."""
+        """Paths outside the root, nested inside a checkpoint, or a trash itself are never deleted."""
         outside = write_checkpoint(tmp_path / "outside", 5)
         root = tmp_path / "root"
         write_checkpoint(root, 1)
         (root / "step_00000001" / "sub").mkdir()
-        before = _tree(tmp_path)
+        (root / ".trash").mkdir()
+        (root / ".trash" / "left").mkdir()  # a legacy trash: migrated out of the root, then emptied
+        before = _tree(tmp_path) - {"root/.trash", "root/.trash/left"}
         assert execute_retention(root, _plan(root / rel)) == []
-        assert _tree(tmp_path) == before | {f"root/{TRASH_DIR}"} and outside.exists()
+        assert _tree(tmp_path) - {".root.fsdp-trash"} == before and outside.exists()
 
     def test_interrupted_delete_never_looks_complete_and_is_cleared_next_time(self, tmp_path, monkeypatch):
-        """A crash after the rename leaves the dir only in .trash: invisible to scans, cleared on the next run."""
-        write_checkpoint(tmp_path, 1)
-        doomed = write_checkpoint(tmp_path, 2)
+        """A crash after the rename leaves the dir only in the trash: invisible to scans, cleared on the next run."""
+        root = tmp_path / "root"
+        write_checkpoint(root, 1)
+        doomed = write_checkpoint(root, 2)
 
         def crash(path):
             raise OSError(5, "simulated crash")
 
         monkeypatch.setattr(pruning, "_remove", crash)
-        execute_retention(tmp_path, _plan(doomed))
-        assert len(os.listdir(tmp_path / TRASH_DIR)) == 1
-        assert [c.name for c in scan(tmp_path)] == ["step_00000001"]
-        assert newest_complete(tmp_path).name == "step_00000001"
+        execute_retention(root, _plan(doomed))
+        assert len(os.listdir(_trash(root))) == 1
+        assert [c.name for c in scan(root)] == ["step_00000001"]
+        assert newest_complete(root).name == "step_00000001"
         monkeypatch.undo()
-        execute_retention(tmp_path, RetentionPlan())
-        assert os.listdir(tmp_path / TRASH_DIR) == []
+        execute_retention(root, RetentionPlan())
+        assert os.listdir(_trash(root)) == []
 
     def test_symlinked_trash_is_refused(self, tmp_path):
-        """If .trash is a symlink, nothing is moved through it."""
+        """If the trash is a symlink, nothing is moved through it."""
         elsewhere = tmp_path / "elsewhere"
         elsewhere.mkdir()
         root = tmp_path / "root"
         d = write_checkpoint(root, 1)
-        (root / TRASH_DIR).symlink_to(elsewhere)
+        _trash(root).symlink_to(elsewhere)
         with pytest.raises(CheckpointError, match="not a plain directory"):
             execute_retention(root, _plan(d))
         assert d.exists() and os.listdir(elsewhere) == []
 
     def test_vanished_target_is_skipped(self, tmp_path):
         """A target removed by someone else since planning is skipped quietly."""
-        assert execute_retention(tmp_path, _plan(tmp_path / "step_00000009")) == []
+        root = tmp_path / "root"
+        root.mkdir()
+        assert execute_retention(root, _plan(root / "step_00000009")) == []
 
 
 class TestDiskUsage:
@@ -126,7 +137,8 @@ class TestEndToEnd:
            pinned=st.integers(0, 5), keep_last=st.integers(0, 3))
     def test_real_root_keeps_its_invariants(self, tmp_path_factory, steps, torn, pinned, keep_last):
         """Scan, plan (with a disk floor nobody can meet) and execute on real dirs: the guarded ones survive."""
-        root = tmp_path_factory.mktemp("root")
+        root = tmp_path_factory.mktemp("case") / "root"
+        root.mkdir()
         dirs = [write_checkpoint(root, s, shards=1) for s in sorted(steps)]
         (dirs[torn % len(dirs)] / "__0_0.distcp").unlink()
         pin(dirs[pinned % len(dirs)])
@@ -135,7 +147,7 @@ class TestEndToEnd:
         plan = plan_retention(infos, rules=RetentionRules(keep_last=keep_last, min_free_gb=10**6),
                               disk=DiskUsage(GIB, 0), now=0.0)
         execute_retention(root, plan)
-        survivors = set(os.listdir(root)) - {TRASH_DIR}
+        survivors = set(os.listdir(root))
         assert dirs[pinned % len(dirs)].name in survivors
         assert newest is None or newest.name in survivors
         assert dirs[torn % len(dirs)].name in survivors  # torn but "young" (now=0): may be in flight

@@ -150,7 +150,8 @@ class TestRestarts:
 class TestRetention:
     def test_commit_prunes_on_the_loop_and_empties_trash_off_it(self, tmp_path: Path,
                                                                  make_checkpoint: Callable[[Path, str], Path]) -> None:
-        """A new commit triggers retention; deletions are logged, parked in .trash, then removed by a thread."""
+        """A new commit triggers retention; deletions are logged, parked in the trash next to the root, then
+        removed by a thread; nothing of ours is left inside the root."""
         core, fake, log = make_core(tmp_path, checkpoints="keep_last = 1")
         ck = core.cfg.checkpoints.dir
         core.begin(None)
@@ -159,8 +160,8 @@ class TestRetention:
             core.on_file_event(ck / f"step_{step}")
             fake.advance(1, core)
         core.house.wait_idle(30)
-        assert sorted(p.name for p in ck.iterdir()) == [".trash", "step_30"]
-        assert not list((ck / ".trash").iterdir())
+        assert sorted(p.name for p in ck.iterdir()) == ["step_30"]
+        assert not list((ck.parent / f".{ck.name}.fsdp-trash").iterdir())
         deleted = [f["path"] for e, f in log.events if e == "retention_deleted"]
         assert deleted == [str(ck / "step_10"), str(ck / "step_20")]
         assert core.status.latest_checkpoint["step"] == 30
