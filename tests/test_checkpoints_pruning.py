@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,10 +19,12 @@ from supervisor.checkpoints import (
     RetentionRules,
     disk_usage,
     execute_retention,
+    migrate_legacy_trash,
     newest_complete,
     pin,
     plan_retention,
     scan,
+    trash_dir,
 )
 from supervisor.checkpoints.retention import GIB
 from supervisor.checkpoints.testing import write_checkpoint
@@ -152,3 +156,86 @@ class TestEndToEnd:
         assert newest is None or newest.name in survivors
         assert dirs[torn % len(dirs)].name in survivors  # torn but "young" (now=0): may be in flight
         assert survivors == {c.name for c in infos} - {d.name for d in plan.deletions}
+
+
+class TestTrash:
+    """The trash sits next to the root, never in it: Accelerate sorts every entry of its folder by a number."""
+
+    def test_made_next_to_the_root_private(self, tmp_path):
+        """`<parent>/.<root>.fsdp-trash`, mode 0700, and the root holds only checkpoints afterwards."""
+        root = tmp_path / "root"
+        old = write_checkpoint(root, 1)
+        write_checkpoint(root, 2)
+        execute_retention(root, _plan(old), empty_trash=False)
+        assert trash_dir(root) == _trash(root) and os.stat(_trash(root)).st_mode & 0o777 == 0o700
+        assert os.listdir(root) == ["step_00000002"]
+
+    def test_nothing_is_created_without_a_deletion(self, tmp_path):
+        """A pass that deletes nothing creates no trash at all (the old code made `.trash` on every pass)."""
+        root = tmp_path / "root"
+        write_checkpoint(root, 1)
+        execute_retention(root, RetentionPlan())
+        assert sorted(os.listdir(tmp_path)) == ["root"] and os.listdir(root) == ["step_00000001"]
+
+    def test_legacy_trash_inside_the_root_is_migrated(self, tmp_path):
+        """A `<root>/.trash` from an earlier version: its entries move next to the root, then it is removed."""
+        root = tmp_path / "root"
+        write_checkpoint(root, 1)
+        write_checkpoint(root / ".trash", 7, name="step_00000007.123")
+        assert migrate_legacy_trash(root) == 1
+        (parked,) = os.listdir(_trash(root))
+        assert os.listdir(root) == ["step_00000001"] and parked.startswith("step_00000007.123.")
+        assert clear_trash(root) == 1 and os.listdir(_trash(root)) == []
+
+    def test_falls_back_to_the_callers_dir_when_the_parent_is_not_writable(self, tmp_path, monkeypatch):
+        """Parent read-only: the trash goes into the fallback dir (the daemon's run dir) on the same file system."""
+        root, run_dir = tmp_path / "ro" / "root", tmp_path / "run"
+        run_dir.mkdir(parents=True)
+        old = write_checkpoint(root, 1)
+        write_checkpoint(root, 2)
+        real = os.access
+        monkeypatch.setattr(pruning.os, "access", lambda p, mode: Path(p) != root.parent and real(p, mode))
+        assert [d.name for d in execute_retention(root, _plan(old), fallback=run_dir)] == [old.name]
+        assert os.listdir(run_dir) == [".root.fsdp-trash"] and not (tmp_path / "ro" / ".root.fsdp-trash").exists()
+
+    def test_no_place_for_the_trash_deletes_nothing(self, tmp_path, monkeypatch):
+        """Neither the parent nor a fallback can hold it: one clear line, and every checkpoint is still there."""
+        root = tmp_path / "ro" / "root"
+        old = write_checkpoint(root, 1)
+        real = os.access
+        monkeypatch.setattr(pruning.os, "access", lambda p, mode: Path(p) != root.parent and real(p, mode))
+        with pytest.raises(CheckpointError, match="nowhere to park deletions .* nothing was deleted") as err:
+            execute_retention(root, _plan(old))
+        assert "\n" not in str(err.value) and old.is_dir()
+
+    def test_fallback_on_another_file_system_is_refused(self, tmp_path, monkeypatch):
+        """A fallback whose st_dev differs from the root's would make the rename a copy: refused."""
+        root, run_dir = tmp_path / "ro" / "root", tmp_path / "run"
+        run_dir.mkdir()
+        old = write_checkpoint(root, 1)
+        real_access, real_device = os.access, pruning._device
+        monkeypatch.setattr(pruning.os, "access", lambda p, mode: Path(p) != root.parent and real_access(p, mode))
+        monkeypatch.setattr(pruning, "_device", lambda p: -1 if p == run_dir else real_device(p))
+        with pytest.raises(CheckpointError, match="nothing was deleted"):
+            execute_retention(root, _plan(old), fallback=run_dir)
+        assert old.is_dir() and os.listdir(run_dir) == []
+
+    def test_accelerate_still_loads_after_a_prune(self, tmp_path):
+        """tests/jobs/accelerate_like.py (Accelerate's load_state(): sorts every entry of checkpoints/ by its
+        trailing number) resumes after `prune` deleted one of its checkpoints."""
+        from tests.supervise import REPO
+
+        script, project = REPO / "tests" / "jobs" / "accelerate_like.py", tmp_path / "project"
+
+        def run(steps: int) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, str(script), "--project-dir", str(project), "--step-s", "0",
+                                   "--steps", str(steps)], cwd=REPO, capture_output=True, text=True, timeout=60)
+
+        assert run(15).returncode == 0
+        root = project / "checkpoints"
+        plan = plan_retention(scan(root), rules=RetentionRules(keep_last=2), disk=DiskUsage(GIB, GIB), now=0.0)
+        assert [d.name for d in execute_retention(root, plan)] == ["checkpoint_0"]
+        assert sorted(os.listdir(root)) == ["checkpoint_1", "checkpoint_2"]
+        resumed = run(20)
+        assert resumed.returncode == 0, resumed.stderr
+        assert "Loading states from" in resumed.stdout and "checkpoint_2" in resumed.stdout

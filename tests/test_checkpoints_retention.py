@@ -34,7 +34,7 @@ def plan(cps, *, disk=BIG_DISK, protect=(), now=NOW, **policy):
 
 # ---- strategies ---------------------------------------------------------------------------------
 
-_STATES = ["complete"] * 4 + ["partial", "torn", "invalid", "unverified"]
+_STATES = ["complete"] * 4 + ["partial", "torn", "invalid", "unverified", "foreign"]
 _rare = st.sampled_from([False, False, False, True])
 _row = st.tuples(
     st.one_of(st.none(), st.integers(0, 40)),  # step
@@ -120,6 +120,18 @@ class TestInvariants:
         cps, policy, _, _, now = sc
         young = {c.path for c in cps if c.state in ("partial", "torn") and now - c.mtime <= policy.partial_max_age_s}
         assert not {d.path for d in run(sc).deletions} & young
+
+    @PROPS
+    @given(scenarios())
+    def test_foreign_entries_are_never_deleted_nor_counted(self, sc):
+        """Foreign entries (not checkpoints) are never deleted, and the plan is the same without them."""
+        cps, policy, disk, protect, now = sc
+        foreign = {c.path for c in cps if c.state == "foreign"}
+        got = run(sc)
+        assert not {d.path for d in got.deletions} & foreign
+        ours = [c for c in cps if c.state != "foreign"]
+        without = plan_retention(ours, rules=policy, disk=disk, protect=[p for p in protect if p not in foreign], now=now)
+        assert got.deletions == without.deletions and got.findings == without.findings
 
     @PROPS
     @given(scenarios())

@@ -168,6 +168,31 @@ class TestRetention:
         assert core.status.checkpoint_bytes == sum(f.stat().st_size for f in (ck / "step_30").iterdir())
 
 
+class TestInUseMarker:
+    def test_written_at_launch_and_dropped_on_commit_and_exit(self, tmp_path: Path,
+                                                              make_checkpoint: Callable[[Path, str], Path]) -> None:
+        """Launching from a checkpoint writes the in-use marker next to the root (for `prune --dir` and other
+        nodes); a newer commit by the attempt, or its exit, removes it."""
+        core, fake, _ = make_core(tmp_path)
+        ck = core.cfg.checkpoints.dir
+        make_checkpoint(ck, "step_10")
+        folder = ck.parent / f".{ck.name}.fsdp-inuse"
+        core.begin(None)
+        (marker,) = folder.iterdir()
+        doc = json.loads(marker.read_text())
+        assert (doc["path"], doc["pid"]) == (str(ck / "step_10"), fake.spawned[-1].pid)
+        make_checkpoint(ck, "step_20")
+        core.on_file_event(ck / "step_20")
+        fake.advance(1, core)
+        assert core.in_use is None and list(folder.iterdir()) == []
+        exit_job(core, fake, 1)
+        fake.advance(10, core)
+        (marker,) = folder.iterdir()  # the relaunch resumed from step_20
+        assert json.loads(marker.read_text())["path"] == str(ck / "step_20")
+        exit_job(core, fake, 0)
+        assert list(folder.iterdir()) == []
+
+
 class TestProgress:
     def test_commit_seen_only_at_exit_counts_as_progress(self, tmp_path: Path,
                                                           make_checkpoint: Callable[[Path, str], Path]) -> None:

@@ -9,7 +9,7 @@ partial:  no `.metadata` yet, a temporary `.tmp-` name, or a checkpoint-named fo
           yet: a save in flight or abandoned; for a nested folder also a member its newest sibling has.
 torn:     `.metadata` is fine but a shard is missing or short (or fails its checksum with --deep).
 invalid:  unparseable or unsafe metadata or manifest, a storage path escaping the dir, a symlink.
-foreign:  not a checkpoint at all (identify.py): never counted, deleted or selected.
+foreign:  not a checkpoint at all (shapes.py): never counted, deleted or selected.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from supervisor.checkpoints._files import sha256_file
-from supervisor.checkpoints.identify import DCP, DIRECTORY, NESTED, TEMPORARY, UNSTARTED, Shape, identify
+from supervisor.checkpoints.shapes import DCP, DIRECTORY, NESTED, TEMPORARY, UNSTARTED, Shape, identify
 from supervisor.layout import METADATA_NAME
 from supervisor.checkpoints.manifest import Manifest, ManifestError, read_manifest
 from supervisor.checkpoints.metadata import DcpMetadata, MetadataError, UnsafeMetadataError, read_metadata

@@ -20,7 +20,7 @@ _TRAILING_INT = re.compile(r"(\d+)$")
 _LIGHTNING_STEP = re.compile(r"(?:^|[-_.])step=(\d+)")
 _ORDINAL = re.compile(r"checkpoint_(\d+)")
 # Names a training program gives a checkpoint dir; a folder holding dirs named like this is a checkpoint
-# *directory*, not one checkpoint (see identify.py). Deliberately narrow: Accelerate's members
+# *directory*, not one checkpoint (see shapes.py). Deliberately narrow: Accelerate's members
 # (`pytorch_model_fsdp_0`, `optimizer_0`) end in digits too and must not match.
 _CHECKPOINT_NAME = re.compile(
     r"(?:step|epoch|ckpt|checkpoint|global_step|iter|iteration)[-_]?\d+|.*(?:^|[-_.])step=\d+.*", re.IGNORECASE)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import structlog
 
-from supervisor.checkpoints.identify import identify
+from supervisor.checkpoints.shapes import identify
 from supervisor.checkpoints.retention import Deletion, DiskUsage, RetentionPlan
 from supervisor.errors import CheckpointError
 from supervisor.layout import LEGACY_TRASH_DIR, TRASH_SUFFIX, is_sidecar_name, sidecar_name

@@ -3,7 +3,7 @@
 Only immediate children are considered. The supervisor's own entries (the legacy `.trash`) are left out;
 a symlinked child is listed as `invalid` and never followed; temporary `.tmp-` dirs are listed as
 `partial` (retention needs them); a child that is not a checkpoint is listed as `foreign` with a reason
-and is never walked, sized, counted or selected (identify.py says what is what). A child that is a whole
+and is never walked, sized, counted or selected (shapes.py says what is what). A child that is a whole
 directory of checkpoints makes scan() and newest_complete() raise CheckpointDirectoryError.
 
 Order: Accelerate's `checkpoint_<N>` folders by their save ordinal N, every other dir by its step (from
@@ -12,9 +12,11 @@ the name, else the trainer's manifest, else a JSON sidecar); ties and dirs with 
 never outranks the run's own `step_<N>` dirs.
 
 A nested folder (several DCP dirs in one checkpoint) is complete only when every DCP dir in it is and it
-has every member of its reference: the newest *other* nested sibling whose DCP dirs are all complete. So a
-save cut between two members (model written, optimizer not) is `partial`, while the folders around it stay
-complete; a folder with no such sibling is judged on its own.
+has every member of its reference: the nearest older nested sibling whose DCP dirs are all complete (for
+the oldest folder, the nearest newer one). So a save cut between two members (model written, optimizer
+not) is `partial`, while the folders around it stay complete; extra members are fine; a folder with no
+such sibling is judged on its own. One exception keeps a deliberate change of layout from making every
+later save partial: a folder missing members is complete when a newer sibling has exactly its members.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from supervisor.checkpoints.completeness import (
     against_reference,
     verify,
 )
-from supervisor.checkpoints.identify import DIRECTORY, FOREIGN as FOREIGN_SHAPE, NESTED, CheckpointDirectoryError, Shape, identify
+from supervisor.checkpoints.shapes import DIRECTORY, FOREIGN as FOREIGN_SHAPE, NESTED, CheckpointDirectoryError, Shape, identify
 from supervisor.checkpoints.manifest import ManifestError, read_manifest
 from supervisor.checkpoints.markers import is_pinned, is_quarantined
 from supervisor.checkpoints.naming import is_temporary, name_ordinal, name_step
@@ -237,22 +239,44 @@ class _Judge:
                 self._own[c.name] = None
         return self._own[c.name]
 
-    def reference(self, c: _Candidate) -> tuple[frozenset[str], str] | None:
-        """The members of the newest other nested sibling whose DCP dirs are all complete, and its name."""
-        for other in self.candidates:
-            if other.name == c.name or other.is_link or self.shape(other).kind != NESTED:
-                continue
-            v = self.own(other)
-            if v is not None and v.complete:
+    def _settled(self, c: _Candidate) -> Verdict | None:
+        """The verdict of a nested sibling whose DCP dirs are all complete, else None."""
+        if c.is_link or self.shape(c).kind != NESTED:
+            return None
+        v = self.own(c)
+        return v if v is not None and v.complete else None
+
+    def reference(self, name: str) -> tuple[frozenset[str], str] | None:
+        """The members of the nearest older nested sibling whose DCP dirs are all complete (else the nearest
+        newer one), and its name."""
+        at = next((i for i, c in enumerate(self.candidates) if c.name == name), None)
+        if at is None:
+            return None
+        for other in (*self.candidates[at + 1:], *reversed(self.candidates[:at])):
+            v = self._settled(other)
+            if v is not None:
                 return v.members, other.name
         return None
+
+    def _confirmed(self, name: str, members: frozenset[str]) -> bool:
+        """Does a newer nested sibling have exactly these members? Then it is the layout now (a model was
+        dropped on purpose), not a save cut short."""
+        for other in self.candidates:
+            if other.name == name:
+                return False
+            v = self._settled(other)
+            if v is not None and v.members == members:
+                return True
+        return False
 
     def verdict(self, c: _Candidate) -> Verdict | None:
         v = self.own(c)
         if v is None or not (v.complete and v.members):
             return v
-        ref = self.reference(c)
-        return against_reference(v, *ref) if ref else v
+        ref = self.reference(c.name)
+        if ref is None or ref[0] <= v.members or self._confirmed(c.name, v.members):
+            return v
+        return against_reference(v, *ref)
 
 
 def scan(root: str | os.PathLike[str], *, verify_all: bool = True) -> list[CheckpointInfo]:
@@ -311,10 +335,10 @@ def judge(path: str | os.PathLike[str], *, deep: bool = False) -> Verdict:
         return verdict
     try:
         parent, candidates = _list_root(directory.parent)
-        ref = _Judge(parent, candidates).reference(_Candidate(directory.name, directory, False, None, 0.0))
+        this = next((c for c in candidates if c.name == directory.name), None)
+        return verdict if this is None else (_Judge(parent, candidates).verdict(this) or verdict)
     except CheckpointError:
         return verdict  # the parent cannot be read or holds something odd: the dir alone is all we know
-    return against_reference(verdict, *ref) if ref else verdict
 
 
 def check_root(root: str | os.PathLike[str]) -> None:

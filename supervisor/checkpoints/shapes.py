@@ -1,4 +1,4 @@
-"""Tell what one entry of the checkpoint root is before judging it: a checkpoint of a known layout, or not ours.
+"""The shape of each entry of the checkpoint root, told before judging it: a checkpoint of a known layout, or not ours.
 
 Retention may only delete what it can identify as a checkpoint or an unfinished one, so every child of the
 root gets one of these shapes (docs/checkpoints.md, "Layouts"):
