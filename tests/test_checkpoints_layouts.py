@@ -161,7 +161,7 @@ class TestForeign:
         for i in range(40):
             (big / f"f{i:03d}.bin").write_bytes(b"")
         shape = identify(big)
-        assert shape.kind == "foreign" and "first 16 entries" in shape.reason
+        assert shape.kind == "foreign" and "more than 16 entries" in shape.reason
 
     def test_empty_dir_with_a_checkpoint_name_is_an_unstarted_save(self, tmp_path):
         """`step-30/` or `checkpoint_4/pytorch_model_fsdp_0/` with no file yet: a save that only made its dirs."""
@@ -220,6 +220,19 @@ class TestNested:
         infos = {c.name: c for c in scan(acc_root)}
         assert infos["checkpoint_2"].state == "partial" and "optimizer_0 missing" in infos["checkpoint_2"].reason
         assert infos["checkpoint_1"].state == "complete" and newest_complete(acc_root).name == "checkpoint_1"
+
+    def test_oldest_folder_is_held_against_the_nearest_newer_one(self, acc_root):
+        """A cut oldest folder has no older sibling: its reference is the nearest newer one."""
+        shutil.rmtree(acc_root / "checkpoint_0" / "optimizer_0")
+        assert [c.state for c in scan(acc_root)] == ["complete", "complete", "partial"]
+
+    def test_a_layout_change_confirmed_by_a_newer_save_is_complete(self, acc_root):
+        """The optimizer dropped from the script: once two saves agree on the new members, both are complete."""
+        for name in ("checkpoint_1", "checkpoint_2"):
+            shutil.rmtree(acc_root / name / "optimizer_0")
+        assert [c.state for c in scan(acc_root)] == ["complete", "complete", "complete"]
+        shutil.rmtree(acc_root / "checkpoint_2")
+        assert [c.state for c in scan(acc_root)] == ["partial", "complete"]  # one save alone is a cut
 
     def test_torn_member_makes_the_folder_torn(self, acc_root):
         """A short shard in one member: the folder is torn and the reason names member and shard."""

@@ -13,7 +13,8 @@ from typing import Any
 # Names are loaded on first use (PEP 562): a trainer worker that only validates `--resume PATH` imports
 # `completeness` (standard library only), not pydantic and structlog, before its own `import torch`.
 _HOME = {
-    **dict.fromkeys(("COMPLETE", "FOREIGN", "INVALID", "PARTIAL", "STATES", "TORN", "Verdict", "verify"), "completeness"),
+    **dict.fromkeys(("COMPLETE", "FOREIGN", "INVALID", "PARTIAL", "STATES", "TORN", "Verdict", "verify"),
+                    "completeness"),
     **dict.fromkeys(("CheckpointDirectoryError", "identify"), "shapes"),
     **dict.fromkeys(("IN_USE_MAX_AGE_S", "clear_in_use", "in_use", "mark_in_use", "refresh_in_use"), "inuse"),
     **dict.fromkeys(("is_pinned", "is_quarantined", "pin", "quarantine", "quarantine_reason", "unpin",

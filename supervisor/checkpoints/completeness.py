@@ -199,7 +199,9 @@ def against_reference(verdict: Verdict, reference: frozenset[str], sibling: str)
     missing = sorted(reference - verdict.members)
     if not verdict.complete or not verdict.members or not missing:
         return verdict
-    shown = ", ".join(missing[:_MAX_REASONS]) + (f" (+{len(missing) - _MAX_REASONS} more)" if len(missing) > _MAX_REASONS else "")
+    shown = ", ".join(missing[:_MAX_REASONS])
+    if len(missing) > _MAX_REASONS:
+        shown += f" (+{len(missing) - _MAX_REASONS} more)"
     return Verdict(PARTIAL, f"{shown} missing ({sibling} has it): a save cut between its members",
                    members=verdict.members)
 

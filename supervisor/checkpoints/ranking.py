@@ -35,7 +35,8 @@ from supervisor.checkpoints.completeness import (
     against_reference,
     verify,
 )
-from supervisor.checkpoints.shapes import DIRECTORY, FOREIGN as FOREIGN_SHAPE, NESTED, CheckpointDirectoryError, Shape, identify
+from supervisor.checkpoints.shapes import DIRECTORY, NESTED, CheckpointDirectoryError, Shape, identify
+from supervisor.checkpoints.shapes import FOREIGN as FOREIGN_SHAPE
 from supervisor.checkpoints.manifest import ManifestError, read_manifest
 from supervisor.checkpoints.markers import is_pinned, is_quarantined
 from supervisor.checkpoints.naming import is_temporary, name_ordinal, name_step
@@ -216,6 +217,7 @@ class _Judge:
 
     def __init__(self, root: Path, candidates: list[_Candidate]) -> None:
         self.root, self.candidates = root, candidates
+        self._index = {c.name: i for i, c in enumerate(candidates)}  # newest first
         self._shapes: dict[str, Shape] = {}
         self._own: dict[str, Verdict | None] = {}
 
@@ -249,7 +251,7 @@ class _Judge:
     def reference(self, name: str) -> tuple[frozenset[str], str] | None:
         """The members of the nearest older nested sibling whose DCP dirs are all complete (else the nearest
         newer one), and its name."""
-        at = next((i for i, c in enumerate(self.candidates) if c.name == name), None)
+        at = self._index.get(name)
         if at is None:
             return None
         for other in (*self.candidates[at + 1:], *reversed(self.candidates[:at])):
@@ -261,9 +263,7 @@ class _Judge:
     def _confirmed(self, name: str, members: frozenset[str]) -> bool:
         """Does a newer nested sibling have exactly these members? Then it is the layout now (a model was
         dropped on purpose), not a save cut short."""
-        for other in self.candidates:
-            if other.name == name:
-                return False
+        for other in self.candidates[: self._index.get(name, 0)]:
             v = self._settled(other)
             if v is not None and v.members == members:
                 return True
@@ -314,7 +314,7 @@ def newest_complete(root: str | os.PathLike[str]) -> CheckpointInfo | None:
     """The newest complete, non-quarantined checkpoint under `root`, or None.
 
     The hot path: candidates are ranked from names and stats alone, and verification stops at the
-    first complete one (a nested one also looks at its newest self-complete sibling).
+    first complete one (a nested one also looks at its nearest sibling whose DCP dirs are all complete).
     """
     path, candidates = _list_root(root)
     judge = _Judge(path, candidates)

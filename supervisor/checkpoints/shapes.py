@@ -33,7 +33,8 @@ from supervisor.layout import METADATA_NAME
 __all__ = ["DCP", "NESTED", "TEMPORARY", "UNSTARTED", "FOREIGN", "DIRECTORY", "MAX_ENTRIES", "Shape",
            "CheckpointDirectoryError", "identify"]
 
-DCP, NESTED, TEMPORARY, UNSTARTED, FOREIGN, DIRECTORY = "dcp", "nested", "temporary", "unstarted", "foreign", "directory"
+DCP, NESTED, TEMPORARY, UNSTARTED = "dcp", "nested", "temporary", "unstarted"
+FOREIGN, DIRECTORY = "foreign", "directory"
 MAX_ENTRIES = 4096  # directory entries read per child of the root, at most
 SHARD_SUFFIX = ".distcp"  # DCP's FileSystemWriter storage files: `__<rank>_<n>.distcp`
 _SHOWN = 3  # names quoted in a message
@@ -145,13 +146,13 @@ def identify(path: Path) -> Shape:
     heads = tuple(sorted({m.split("/")[0] for m in members if is_checkpoint_name(m.split("/")[0])}))
     if len(heads) >= 2:
         return Shape(DIRECTORY, series=heads)
+    if budget.left < 0:  # members seen so far may not be all of them: not a layout we can judge
+        return Shape(FOREIGN, reason=f"more than {MAX_ENTRIES} entries: not a checkpoint layout the store knows")
     if heads:
         return Shape(FOREIGN, reason=f"holds the checkpoint {heads[0]} inside it (a copy or a checkpoint "
                                      "directory): not looked into")
     if members:
         return Shape(NESTED, members=frozenset(members))
-    if budget.left < 0:
-        return Shape(FOREIGN, reason=f"no DCP checkpoint in its first {MAX_ENTRIES} entries: not a known layout")
     if is_checkpoint_name(name) and not files:
         return Shape(UNSTARTED)
     return Shape(FOREIGN, reason="not a checkpoint: no DCP dir (.metadata or *.distcp) in it or two levels down")
