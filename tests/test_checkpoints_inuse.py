@@ -14,6 +14,7 @@ import pytest
 
 from supervisor.checkpoints import IN_USE_MAX_AGE_S, clear_in_use, in_use, mark_in_use
 from supervisor.checkpoints.testing import write_checkpoint
+from supervisor.errors import CheckpointError
 from tests.test_checkpoints_cli import fsup
 
 
@@ -86,6 +87,16 @@ class TestMarkers:
         assert clear_in_use(root, pid=job.pid) and not clear_in_use(root, pid=job.pid)
         assert in_use(root) == {root / "step_00000020"}
         assert clear_in_use(root)
+
+    def test_a_symlinked_marker_folder_is_not_followed(self, root, tmp_path):
+        """Markers are never read, nor stale ones removed, through a symlink planted as the marker folder."""
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        (elsewhere / "x-1.json").write_text(json.dumps({"path": str(root / "step_00000010"), "host": "h", "time": 0}))
+        (root.parent / ".ckpts.fsdp-inuse").symlink_to(elsewhere)
+        assert in_use(root) == set() and os.listdir(elsewhere) == ["x-1.json"]
+        with pytest.raises(CheckpointError, match="not a plain directory"):
+            mark_in_use(root, root / "step_00000010")
 
     def test_garbage_is_ignored(self, root):
         """An unreadable or malformed marker protects nothing and raises nothing."""

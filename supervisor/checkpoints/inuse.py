@@ -129,6 +129,8 @@ def in_use(root: PathLike, *, now: float | None = None) -> set[Path]:
     host = socket.gethostname()
     paths: set[Path] = set()
     try:
+        if not stat.S_ISDIR(os.lstat(folder).st_mode):
+            return paths  # a symlink planted there: never read (or clean) markers somewhere else
         entries = [e for e in os.scandir(folder) if e.name.endswith(".json") and not e.name.startswith(".")]
     except OSError:
         return paths  # no folder (nothing ever marked), or unreadable: nothing to honour
