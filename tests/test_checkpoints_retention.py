@@ -166,7 +166,8 @@ class TestInvariants:
         cps, policy, disk, _, _ = sc
         p = run(sc)
         freed = sum(d.size_bytes for d in p.deletions)
-        free, total = disk.free_bytes + freed, sum(c.size_bytes for c in cps) - freed
+        ours = sum(c.size_bytes for c in cps if c.state != "foreign")  # foreign entries are never counted
+        free, total = disk.free_bytes + freed, ours - freed
         unmet = (policy.min_free_gb and free < policy.min_free_gb * GIB) or (
             policy.max_total_gb and total > policy.max_total_gb * GIB)
         assert bool(unmet) == any(f.kind == "disk_pressure" for f in p.findings)
@@ -194,7 +195,8 @@ class TestInvariants:
         if not p.deletions or not p.deletions[-1].reason.startswith("disk:"):
             return
         freed = sum(d.size_bytes for d in p.deletions[:-1])
-        free, total = disk.free_bytes + freed, sum(c.size_bytes for c in cps) - freed
+        ours = sum(c.size_bytes for c in cps if c.state != "foreign")  # foreign entries are never counted
+        free, total = disk.free_bytes + freed, ours - freed
         assert (policy.min_free_gb and free < policy.min_free_gb * GIB) or (
             policy.max_total_gb and total > policy.max_total_gb * GIB)
 
