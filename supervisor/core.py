@@ -202,6 +202,7 @@ class Core:
                 job.new_checkpoint = True
             if self.job is not None and self.in_use is not None and new.path != self.in_use:
                 self.in_use = None  # the attempt saved past its resume point: that one may go now
+                self.house.clear_in_use()
         self._sync_disk()
         if self.ended is not None:
             self._judge_exit()
@@ -266,6 +267,8 @@ class Core:
             resumed_step=ckpt.step if ckpt else None, error_file=error_file, log_path=log_path, oom_before=oom_before,
         )
         self.in_use = ckpt.path if ckpt else None
+        if ckpt is not None:  # visible to every prune of the root, not only to our own passes
+            self.house.mark_in_use(ckpt.path, pid, ctime)
         st = self.status
         st.attempt, st.job_pid, st.job_create_time, st.job_cmdline = number, pid, ctime, argv
         st.resumed_from, st.next_launch_at = self.job.resumed_from, None
@@ -288,6 +291,7 @@ class Core:
         if job is None or pid != job.pid:
             return
         self.job, self.in_use = None, None  # the attempt is over: its resume point is no longer in use
+        self.house.clear_in_use()
         for t in (Timer.HANG, Timer.HANG_TERM, Timer.STOP_KILL):
             self.sys.timers.cancel(t)
         survivors = self.sys.reap_survivors()

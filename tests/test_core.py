@@ -150,7 +150,8 @@ class TestRestarts:
 class TestRetention:
     def test_commit_prunes_on_the_loop_and_empties_trash_off_it(self, tmp_path: Path,
                                                                  make_checkpoint: Callable[[Path, str], Path]) -> None:
-        """A new commit triggers retention; deletions are logged, parked in .trash, then removed by a thread."""
+        """A new commit triggers retention; deletions are logged, parked in the trash next to the root, then
+        removed by a thread; nothing of ours is left inside the root."""
         core, fake, log = make_core(tmp_path, checkpoints="keep_last = 1")
         ck = core.cfg.checkpoints.dir
         core.begin(None)
@@ -159,12 +160,37 @@ class TestRetention:
             core.on_file_event(ck / f"step_{step}")
             fake.advance(1, core)
         core.house.wait_idle(30)
-        assert sorted(p.name for p in ck.iterdir()) == [".trash", "step_30"]
-        assert not list((ck / ".trash").iterdir())
+        assert sorted(p.name for p in ck.iterdir()) == ["step_30"]
+        assert not list((ck.parent / f".{ck.name}.fsdp-trash").iterdir())
         deleted = [f["path"] for e, f in log.events if e == "retention_deleted"]
         assert deleted == [str(ck / "step_10"), str(ck / "step_20")]
         assert core.status.latest_checkpoint["step"] == 30
         assert core.status.checkpoint_bytes == sum(f.stat().st_size for f in (ck / "step_30").iterdir())
+
+
+class TestInUseMarker:
+    def test_written_at_launch_and_dropped_on_commit_and_exit(self, tmp_path: Path,
+                                                              make_checkpoint: Callable[[Path, str], Path]) -> None:
+        """Launching from a checkpoint writes the in-use marker next to the root (for `prune --dir` and other
+        nodes); a newer commit by the attempt, or its exit, removes it."""
+        core, fake, _ = make_core(tmp_path)
+        ck = core.cfg.checkpoints.dir
+        make_checkpoint(ck, "step_10")
+        folder = ck.parent / f".{ck.name}.fsdp-inuse"
+        core.begin(None)
+        (marker,) = folder.iterdir()
+        doc = json.loads(marker.read_text())
+        assert (doc["path"], doc["pid"]) == (str(ck / "step_10"), fake.spawned[-1].pid)
+        make_checkpoint(ck, "step_20")
+        core.on_file_event(ck / "step_20")
+        fake.advance(1, core)
+        assert core.in_use is None and list(folder.iterdir()) == []
+        exit_job(core, fake, 1)
+        fake.advance(10, core)
+        (marker,) = folder.iterdir()  # the relaunch resumed from step_20
+        assert json.loads(marker.read_text())["path"] == str(ck / "step_20")
+        exit_job(core, fake, 0)
+        assert list(folder.iterdir()) == []
 
 
 class TestProgress:
