@@ -156,6 +156,12 @@ class RestartSection(_Section):
     def _cap_not_below_initial(self) -> RestartSection:
         if self.backoff_max_s < self.backoff_initial_s:
             raise ValueError("backoff_max_s must be >= backoff_initial_s")
+        try:  # the delay grows as multiplier ** failures (at most this many) before backoff_max_s caps it
+            self.backoff_initial_s * self.backoff_multiplier ** self.max_no_progress_restarts
+        except OverflowError:
+            raise ValueError(
+                f"backoff_multiplier = {self.backoff_multiplier:g} overflows within max_no_progress_restarts = "
+                f"{self.max_no_progress_restarts} failures; a smaller one reaches backoff_max_s as well") from None
         return self
 
 

@@ -134,6 +134,8 @@ HOSTILE = [
     (_with(checkpoints='dir = "c"', supervisor='run_dir = "c"'), "[supervisor.run_dir]"),
     (_with(checkpoints='dir = "c"', supervisor='run_dir = "c/run"'), "is inside the checkpoint root"),
     ("x = " + "[" * 100_000, "invalid TOML: nested too deeply"),
+    (MINIMAL + "[restart]\nbackoff_multiplier = 1e300\nmax_no_progress_restarts = 10\n",
+     "[restart] backoff_multiplier = 1e+300 overflows within max_no_progress_restarts = 10"),
 ]
 
 
