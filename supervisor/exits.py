@@ -4,8 +4,9 @@ torchrun's agent (wrapped in `record`) copies the root-cause worker's error to T
 that JSON has no rank; the rank and the worker's exit code come from the "Root Cause" block torchrun prints
 at the end of its output, so both are read. Most trainers (torchtitan, plain user scripts) never write the
 error file: then the exception is the worker's last Python traceback in the attempt log. torchrun prefixes
-worker lines with `[rank1]:` or `[default1]:` when it tees them, and ends its own output with a traceback
-of `ChildFailedError`, which is the agent's and is skipped.
+worker lines with `[default1]:` (or `[<role>1]:`) when it tees them, torch prints a worker's uncaught
+exception as `[rank1]: ...`, and torchrun ends its own output with a traceback of `ChildFailedError`,
+which is the agent's and is skipped.
 
 Job output is untrusted and can be huge: only the last `_TAIL_BYTES` are read, line by line, in one pass
 with no backtracking pattern, and the error file is read only when it is a regular file of bounded size.
@@ -94,16 +95,32 @@ def _error_file_message(error_file: Path) -> str | None:
     return msg if isinstance(msg, str) else None
 
 
-def _split_prefix(line: str) -> tuple[str, int | None, str]:
-    """(`[default1]:` source, its rank, the rest); ("", None, line) for lines torchrun did not prefix."""
+def _strip_prefix(line: str) -> tuple[str, str] | None:
+    """(`rank1`, rest) for a line starting with `[rank1]:` (one space after it dropped), else None."""
     if line.startswith("["):
         end = line.find("]:", 1, _MAX_PREFIX + 2)
         if end > 1:
-            source = line[1:end]
-            digits = len(source) - len(source.rstrip("0123456789"))
-            rank = int(source[len(source) - digits:]) if 0 < digits <= 9 else None
-            return source, rank, line[end + 2:]
-    return "", None, line
+            rest = line[end + 2:]
+            return line[1:end], rest[1:] if rest.startswith(" ") else rest
+    return None
+
+
+def _split_prefix(line: str) -> tuple[str, int | None, str]:
+    """(source, its rank, the rest); ("", None, line) for lines nobody prefixed.
+
+    torchrun's tee writes `[default1]:` (or `[<role><n>]:`); torch itself prints a worker's uncaught exception
+    as `[rank1]: ...`; the two can stack. The outermost prefix names the source.
+    """
+    first = _strip_prefix(line)
+    if first is None:
+        return "", None, line
+    source, body = first
+    inner = _strip_prefix(body)
+    if inner is not None:
+        body = inner[1]
+    digits = len(source) - len(source.rstrip("0123456789"))
+    rank = int(source[len(source) - digits:]) if 0 < digits <= 9 else None
+    return source, rank, body
 
 
 def _exception_line(body: str) -> str | None:

@@ -5,7 +5,10 @@ The torchrun samples in tests/data are real output of `torchrun --standalone --n
 raises and rank 0 is torn down; torchrun_two_ranks.log ran torchrun_two_ranks_worker.py (both ranks fail,
 rank 0 with a chained exception) with `--monitor-interval 5`; torchrun_filtered.log adds
 `--local-ranks-filter 0` (torchtitan's launcher), which hides the failing rank's output; python_single.log is
-the worker run alone with RANK=1. None of them had an error file (no `@record`), as with torchtitan.
+the worker run alone with RANK=1. torchtitan_checkpoint_exception.log is the failing part of an attempt log
+of the real torchtitan (CPU shims, `make test-clients`, test_titan_self_resume_is_not_claimed_and_torn_newest_
+quarantines_nothing) loading a torn step-10: torch prints each rank's uncaught exception as `[rank0]: ...`, and
+dcp's CheckpointException message embeds the ranks' own tracebacks. None of them had an error file (no `@record`).
 """
 from __future__ import annotations
 
@@ -94,6 +97,18 @@ class TestWorkerException:
         """Both ranks raised: the rank torchrun names as root cause gives the exception (the last of a chain)."""
         assert root_cause(None, DATA / "torchrun_two_ranks.log").describe() == (
             "rank 0: exitcode 1: RuntimeError: rank 0 fails later")
+
+    def test_torchtitan_checkpoint_exception(self) -> None:
+        """torch's `[rank0]: ` prefix; the exception line, not the tracebacks embedded in its message."""
+        assert root_cause(None, DATA / "torchtitan_checkpoint_exception.log").describe() == (
+            "rank 0: exitcode 1: CheckpointException: CheckpointException ranks:dict_keys([0, 1])")
+
+    def test_stacked_prefixes(self, tmp_path: Path) -> None:
+        """torchrun's tee prefix in front of torch's own: the outer one names the source."""
+        log = tmp_path / "a.log"
+        log.write_text("[default1]:[rank1]: Traceback (most recent call last):\n[default1]:[rank1]:   File \"x\"\n"
+                       "[default1]:[rank1]: KeyError: 'w'\n")
+        assert root_cause(None, log).describe() == "KeyError: 'w'"
 
     def test_filtered_output_names_no_agent_exception(self) -> None:
         """The failing rank's lines were filtered out: rank and code only, never torchrun's own traceback."""
