@@ -115,10 +115,9 @@ class JobSection(_Section):
 class CheckpointsSection(RetentionRules):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    dir: DirPath = Field(
-        description="checkpoint root the job writes into (shared storage for multi-node); holds checkpoints only: "
-        "not the config file, the job's working directory or the run dir"
-    )
+    # Field descriptions render into README's reference (supervisor.configdoc); the placement rules are in
+    # _placement_error and the module docstring until the README is restructured.
+    dir: DirPath = Field(description="checkpoint root the job writes into (shared storage for multi-node)")
     prune: bool = Field(default=True, description="run retention from this supervisor (false on all but one node)")
     retention_interval_s: float = Field(default=300, gt=0, description="periodic retention pass, seconds")
 
