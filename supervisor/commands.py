@@ -4,13 +4,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import sys
 import time
 from pathlib import Path
 
-from supervisor.config import Config, load_config
+from supervisor.argtypes import non_negative_float, non_negative_int
+from supervisor.config import load_config
 from supervisor.errors import EXIT_NOT_OK, EXIT_OK, ConfigError
 from supervisor.eventlog import LOG_FILE, configure, get_logger, render_line
 from supervisor.runlock import RunLock
@@ -37,30 +37,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("logs", help="the supervisor's structured log, or the job's output")
     _config_arg(p)
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
-    p.add_argument("-n", "--lines", type=int, default=50, metavar="N", help="last N lines (default 50)")
+    p.add_argument("-n", "--lines", type=non_negative_int, default=50, metavar="N", help="last N lines (default 50)")
     p.add_argument("--job", action="store_true", help="the current attempt's job output instead")
     p.set_defaults(func=cmd_logs)
 
     p = sub.add_parser("stop", help="SIGTERM the supervisor and wait for it to exit")
     _config_arg(p)
-    p.add_argument("--timeout", type=float, default=None, metavar="S", help="default: stop_timeout_s + 30")
+    p.add_argument("--timeout", type=non_negative_float, default=None, metavar="S", help="default: stop_timeout_s + 30")
     p.set_defaults(func=cmd_stop)
-
-
-def _check_program(cfg: Config) -> None:
-    prog = cfg.job.command[0]
-    path = cfg.job.env.get("PATH", os.environ.get("PATH"))
-    found = shutil.which(prog, path=path) if os.sep not in prog else (
-        str(cfg.job_cwd / prog) if os.access(cfg.job_cwd / prog, os.X_OK) else None)
-    if found is None:
-        raise ConfigError(f"{cfg.path}: [job.command] program {prog!r} not found or not executable")
-    if not cfg.job_cwd.is_dir():
-        raise ConfigError(f"{cfg.path}: [job.cwd] {cfg.job_cwd} is not a directory")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     # Imported here so `status`/`logs` stay light.
-    from supervisor import procs
+    from supervisor import preflight, procs
     from supervisor.core import Core
     from supervisor.loop import Echo, EventLoop
     from supervisor.metrics import listen_address, start_metrics
@@ -69,13 +58,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     from supervisor.system import RealSystem
 
     cfg = load_config(args.config)
-    _check_program(cfg)
-    listen_address(cfg)  # a bad [metrics] listen is a config error before anything is created
+    preflight.check_setup(cfg)  # config errors come before anything is created
+    listen_address(cfg)
+    preflight.make_dirs(cfg)
     run_dir = cfg.run_dir
-    for d in (run_dir, run_dir / "logs", cfg.checkpoints.dir):
-        d.mkdir(parents=True, exist_ok=True, mode=0o750)
     lock = RunLock(run_dir)
-    lock.acquire()
+    try:
+        lock.acquire()
+    except OSError as exc:  # e.g. something else planted under the lock's name
+        raise ConfigError(f"{cfg.path}: [supervisor.run_dir] cannot lock {run_dir}: {exc.strerror or exc}") from None
     remove_torn_writes(run_dir)
     try:
         configure(run_dir, max_bytes=cfg.supervisor.log_max_bytes, backups=cfg.supervisor.log_backups)
