@@ -30,9 +30,11 @@ __all__ = [
     "MetricsSection",
     "load_config",
     "CHECKPOINT_PLACEHOLDER",
+    "STEP_PLACEHOLDER",
 ]
 
 CHECKPOINT_PLACEHOLDER = "{checkpoint}"
+STEP_PLACEHOLDER = "{step}"
 
 
 class _Section(BaseModel):
@@ -46,7 +48,9 @@ class JobSection(_Section):
     )
     resume_args: list[str] = Field(
         default_factory=lambda: ["--resume", CHECKPOINT_PLACEHOLDER],
-        description="appended when a checkpoint exists; {checkpoint} becomes its absolute path",
+        description="appended when a checkpoint exists; {checkpoint} becomes its absolute path and {step} its step "
+        "(torchtitan: [\"--checkpoint.load_step\", \"{step}\"]; a checkpoint without a step is then an error); "
+        "[] or no placeholder: the job picks its own checkpoint, so none is recorded as resumed from or quarantined",
     )
     cwd: Path | None = Field(default=None, description="working directory; default: the config file's directory")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables for the job")
@@ -69,6 +73,12 @@ class CheckpointsSection(RetentionRules):
 
     dir: Path = Field(description="checkpoint root the job writes into (shared storage for multi-node)")
     prune: bool = Field(default=True, description="run retention from this supervisor (false on all but one node)")
+    allow_fresh_start: bool = Field(
+        default=False,
+        description="launch without resume_args although the root holds a checkpoint that cannot be resumed from "
+        "(quarantined, torn, or .metadata unusable: unsafe, unreadable, from a newer torch); false: give up "
+        "(exit 3) naming it. An empty root, or one with only partial saves, always starts fresh",
+    )
     retention_interval_s: float = Field(default=300, gt=0, description="periodic retention pass, seconds")
 
 
