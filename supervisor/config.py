@@ -101,7 +101,10 @@ class RestartSection(_Section):
         default=3, ge=0, description="consecutive failed attempts with no new step and no new checkpoint"
     )
     quarantine_after: int = Field(
-        default=2, ge=0, description="consecutive failures right after loading the same checkpoint (0 = off)"
+        default=2, ge=0,
+        description="consecutive attempts that fail loading the same checkpoint before it is quarantined, counted only "
+        "on evidence that it is the checkpoint: the heartbeat said `load` when they died (a job without a heartbeat: "
+        "another checkpoint loaded and trained earlier in this run); 0 = off",
     )
 
     @model_validator(mode="after")
