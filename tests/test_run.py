@@ -234,7 +234,7 @@ class TestStopIsNeverEscalatedByAccident:
     def test_retried_stop_waits_for_the_emergency_save(self, tmp_path: Path, supervisors: Supervisors) -> None:
         """`stop --timeout` running out exits 1 saying the stop is in progress; another SIGTERM and a second `stop`
         wait, and the job's slow emergency save completes."""
-        cfg, trap, marker = slow_stopper(tmp_path, 4)
+        cfg, trap, marker = slow_stopper(tmp_path, 8)  # long enough for two CLI calls on a loaded machine
         p = supervisors.start(cfg)
         wait_for(lambda: launches(marker), 60, "job start")
         r = cli("stop", "-c", str(cfg), "--timeout", "0.5")
