@@ -36,11 +36,13 @@ __all__ = [
     "MetricsSection",
     "load_config",
     "CHECKPOINT_PLACEHOLDER",
+    "STEP_PLACEHOLDER",
     "MAX_CONFIG_BYTES",
     "MAX_GB",
 ]
 
 CHECKPOINT_PLACEHOLDER = "{checkpoint}"
+STEP_PLACEHOLDER = "{step}"
 MAX_CONFIG_BYTES = 1024 * 1024  # a job.toml is a few hundred bytes; anything near this is not one
 MAX_GB = 1e15  # far past any disk; near 1e299 the byte arithmetic of retention overflows to inf
 _SET_BY_SUPERVISOR = frozenset({ENV_HEARTBEAT, ENV_ATTEMPT, ENV_RUN_DIR, ENV_ERROR_FILE})
@@ -77,7 +79,9 @@ class JobSection(_Section):
     )
     resume_args: list[str] = Field(
         default_factory=lambda: ["--resume", CHECKPOINT_PLACEHOLDER],
-        description="appended when a checkpoint exists; {checkpoint} becomes its absolute path",
+        description="appended when a checkpoint exists; {checkpoint} becomes its absolute path and {step} its step "
+        "(torchtitan: [\"--checkpoint.load_step\", \"{step}\"]; a checkpoint without a step is then an error); "
+        "[] or no placeholder: the job picks its own checkpoint, so none is recorded as resumed from or quarantined",
     )
     cwd: DirPath | None = Field(default=None, description="working directory; default: the config file's directory")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables for the job")
@@ -119,6 +123,12 @@ class CheckpointsSection(RetentionRules):
     # _placement_error and the module docstring until the README is restructured.
     dir: DirPath = Field(description="checkpoint root the job writes into (shared storage for multi-node)")
     prune: bool = Field(default=True, description="run retention from this supervisor (false on all but one node)")
+    allow_fresh_start: bool = Field(
+        default=False,
+        description="launch without resume_args although the root holds a checkpoint that cannot be resumed from "
+        "(quarantined, torn, or .metadata unusable: unsafe, unreadable, from a newer torch); false: give up "
+        "(exit 3) naming it. An empty root, or one with only partial saves, always starts fresh",
+    )
     retention_interval_s: float = Field(default=300, gt=0, description="periodic retention pass, seconds")
 
     @model_validator(mode="after")
@@ -148,7 +158,10 @@ class RestartSection(_Section):
         default=3, ge=0, description="consecutive failed attempts with no new step and no new checkpoint"
     )
     quarantine_after: int = Field(
-        default=2, ge=0, description="consecutive failures right after loading the same checkpoint (0 = off)"
+        default=2, ge=0,
+        description="consecutive attempts that fail loading the same checkpoint before it is quarantined, counted only "
+        "on evidence that it is the checkpoint: the heartbeat said `load` when they died (a job without a heartbeat: "
+        "another checkpoint loaded and trained earlier in this run); 0 = off",
     )
 
     @model_validator(mode="after")
