@@ -6,6 +6,10 @@ complete: `.metadata` parses safely and every storage file it references is a re
 partial:  no `.metadata` yet, or a temporary `.tmp-` name: a save in flight or abandoned.
 torn:     `.metadata` is fine but a shard is missing or short (or fails its checksum with --deep).
 invalid:  unparseable or unsafe metadata or manifest, a storage path escaping the dir, a symlink.
+
+A verdict decided by `.metadata` also carries a `kind` the daemon can act on: "unsafe" (it names a
+global that could run code: treat as hostile, log loudly), "unknown_class" (a torch class this
+version does not know: most likely written by a newer torch) or "bad_metadata" (unparseable).
 """
 from __future__ import annotations
 
@@ -18,7 +22,8 @@ from pathlib import Path
 from supervisor.checkpoints._files import open_regular
 from supervisor.checkpoints.layout import METADATA_NAME
 from supervisor.checkpoints.manifest import Manifest, ManifestError, read_manifest
-from supervisor.checkpoints.metadata import DcpMetadata, MetadataError, UnsafeMetadataError, read_metadata
+from supervisor.checkpoints.metadata import (
+    DcpMetadata, MetadataError, UnknownClassError, UnsafeMetadataError, read_metadata)
 from supervisor.checkpoints.naming import is_temporary, name_step
 from supervisor.errors import CheckpointError
 
@@ -38,6 +43,7 @@ class Verdict:
     manifest: Manifest | None = None
     metadata: DcpMetadata | None = None
     checksummed: bool = False  # True only when --deep compared every sha256 the manifest carries
+    kind: str | None = None  # for .metadata verdicts: "unsafe", "unknown_class" or "bad_metadata"
 
     @property
     def complete(self) -> bool:
@@ -170,13 +176,15 @@ def verify(path: str | os.PathLike[str], *, deep: bool = False) -> Verdict:
     try:
         meta = read_metadata(directory / METADATA_NAME)
     except UnsafeMetadataError as exc:
-        return Verdict(INVALID, f"unsafe {METADATA_NAME}: {exc}")
+        return Verdict(INVALID, f"unsafe {METADATA_NAME}: {exc}", kind=exc.kind)
+    except UnknownClassError as exc:
+        return Verdict(INVALID, str(exc), kind=exc.kind)
     except MetadataError as exc:
         if not os.access(directory, os.R_OK | os.X_OK):
             return Verdict(INVALID, "the checkpoint dir cannot be read")
         if not os.path.lexists(directory / METADATA_NAME):
             return Verdict(PARTIAL, f"no {METADATA_NAME}: the save did not finish")
-        return Verdict(INVALID, f"bad {METADATA_NAME}: {exc}")
+        return Verdict(INVALID, f"bad {METADATA_NAME}: {exc}", kind=exc.kind)
     try:
         manifest = read_manifest(directory)
     except ManifestError as exc:
