@@ -162,7 +162,7 @@ def store(metadata_path: Path, st: os.stat_result, result: dict[str, Any]) -> No
             pass
         return
     _writes += 1
-    if _writes % _EVICT_EVERY == 1:
+    if (_writes - 1) % _EVICT_EVERY == 0:  # the first write of a process, then every _EVICT_EVERY-th
         _evict(entries)
 
 

@@ -178,8 +178,11 @@ class _Reader:
         return buf + _PAD_BYTE * _PAD, 0, end, end - 1
 
 
-def scan(f: BinaryIO, size: int) -> Any:
-    """The root object of the pickle in the first `size` bytes of `f` (MetadataError if it is no pickle)."""
+def scan(f: BinaryIO, size: int, *, fast: bool = True) -> Any:
+    """The root object of the pickle in the first `size` bytes of `f` (MetadataError if it is no pickle).
+
+    fast=False runs every opcode through the loop (tests compare both ways on the same bytes).
+    """
     r = _Reader(f, size)
     memo: list[Any] = []
     memo_append = memo.append
@@ -209,7 +212,7 @@ def scan(f: BinaryIO, size: int) -> Any:
                 memo_append(stack[-1])
             elif op == 0x6A or op == 0x68:  # LONG_BINGET, BINGET
                 j = i + 4 if op == 0x6A else i + 1
-                if buf[j] == 0x29 and buf[j + 1] == 0x81:  # a class is instantiated: maybe whole records
+                if buf[j] == 0x29 and buf[j + 1] == 0x81 and fast:  # a class is instantiated: maybe whole records
                     depth = len(stack)
                     if in_storage:
                         k = records.pairs(buf, at, end, memo, stack)
@@ -414,6 +417,8 @@ def scan(f: BinaryIO, size: int) -> Any:
             elif op == 0x2E:  # STOP
                 if len(stack) != 1 or metastack:
                     raise MetadataError("unparseable pickle: stray items on the stack at STOP")
+                if used + records.cost + 8 * len(memo) > budget:
+                    raise MetadataError(_HOSTILE)
                 return stack[0]
             elif op == 0x95:  # FRAME: framing does not change meaning
                 i += 8
