@@ -170,13 +170,18 @@ def _lookup(path: Path, f: BinaryIO, st: os.stat_result) -> DcpMetadata | dict[s
     return found
 
 
-def read_metadata(path: Path) -> DcpMetadata:
-    """Read and parse one `.metadata` file (not following a symlink), or take its result from a cache."""
+def read_metadata(path: Path, *, cached: bool = True) -> DcpMetadata:
+    """Read and parse one `.metadata` file (not following a symlink), or take its result from a cache.
+
+    cached=False always parses and remembers nothing (benchmarks).
+    """
     try:
         f, st = open_regular(path, MAX_METADATA_BYTES, MetadataError)
     except FileNotFoundError:
         raise MetadataError(f"{path.name} is missing") from None
     with f:
+        if not cached:
+            return _parse(f, st.st_size)
         found = _lookup(path, f, st)
     if isinstance(found, DcpMetadata):
         return found
