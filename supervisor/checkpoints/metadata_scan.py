@@ -1,27 +1,29 @@
 """Run a `.metadata` pickle's opcodes without running code, keeping only what completeness needs.
 
-Why not `pickle`: the C unpickler is fast but pre-sizes its memo from a LONG_BINPUT index (a 7-byte
-file allocates and zeroes GiBs) and builds every object (a 70B x 64-rank file would need ~10x its
-size); the pure-Python `pickle._Unpickler` is 3x slower than torch's own load and its stand-ins
-amplified tiny hostile files (path doubling, repr of self-nested containers). This scanner is one
-loop over the opcodes a CPython pickler writes at protocols 2-5, with its own value model:
+Why not `pickle`: the C unpickler is fast but pre-sizes its memo from a LONG_BINPUT index (an 8-byte
+file makes it allocate and zero 16 GiB) and builds every object; the pure-Python `pickle._Unpickler`
+is slower than torch's own load and its stand-ins amplified tiny hostile files (path doubling, repr
+of self-nested containers). This scanner is one loop over the opcodes CPython's pickler writes at
+protocols 2-5, with its own value model:
 
-- str, int, None, bool stay themselves; dicts become `ScannedDict` (a list of alternating keys and values,
-  no hashing), and the `_StorageInfo` / `Metadata` instances keep their few fields;
+- str, int, None, bool stay themselves; a dict becomes a `ScannedDict` (alternating keys and values:
+  hostile keys are never hashed), and `_StorageInfo` / `Metadata` instances keep their few fields;
 - everything the store never reads (tuples of ints, sizes, dtypes, lists, sets, floats, bytes, the
-  other DCP dataclasses) collapses into one shared `INERT`, so it costs no memory;
-- a dataclass's state dict is emptied and dropped from the memo once BUILD has read it (a torch
-  pickle never refers to it again; a hostile one that does finds INERT and fails);
+  other DCP dataclasses) collapses into one shared `INERT`, so it costs nothing to keep;
+- BUILD consumes a dataclass's state dict: emptied, and dropped from the memo (a torch pickle never
+  refers to it again; a hostile one that does finds INERT and fails);
 - globals resolve only through `metadata_allowlist.find_global`, and stand-ins are never called:
   REDUCE checks the argument shape and yields INERT, so nothing can grow (no string joining, no
-  getattr except on an allowlisted enum's member name).
+  getattr except on an allowlisted enum's member name);
+- `metadata_records` runs the two record shapes that fill large files (ChunkStorageMetadata and
+  MetadataIndex -> _StorageInfo) a whole record per regex match, with exactly the loop's effect.
 
 Bounded cost on any input: each opcode does O(1) work (TUPLE/SETITEMS/APPENDS consume what earlier
 opcodes pushed), nothing recurses, no error message formats untrusted data (`printable` names only),
 the input is read in 256 KiB blocks (never whole), MARK nesting and the stack are capped, and every
-object that can outlive its opcode is charged to a budget of MEMORY_FACTOR x the file size (plus a
-constant), checked at each block. A file that needs more is refused as hostile: the legitimate
-files we measured (Llama-3 8B-405B, 8-1024 ranks) charge about 6x their size and peak at ~2x in RSS.
+object that can outlive its opcode is charged to a budget of MEMORY_FACTOR x the file size plus
+MEMORY_SLACK, checked at each block and at STOP. A file that needs more is refused as hostile:
+legitimate files charge 2.8x (4.6x without the fast path) and peak at about 2x their size in RSS.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from supervisor.checkpoints.metadata_records import Records, StorageInfo
 
 __all__ = ["MEMORY_FACTOR", "MEMORY_SLACK", "MAX_DEPTH", "MAX_STACK", "Scanned", "ScannedDict", "StorageInfo", "scan"]
 
-MEMORY_FACTOR = 8  # charged bytes per input byte a file may use (legitimate files: 3 to 4.6)
+MEMORY_FACTOR = 8  # charged bytes per input byte a file may use (legitimate files: 2.8 to 4.6)
 MEMORY_SLACK = 16 << 20
 MAX_DEPTH = 1000  # MARK nesting; torch's pickles nest about 8 deep
 MAX_STACK = 1 << 16  # items on the stack; the pickler batches dicts and lists by 1000
@@ -45,7 +47,8 @@ _PAD_BYTE = b"\xff"  # not an opcode (and the loop never runs padding as one, se
 _U32 = struct.Struct("<I").unpack_from
 _I32 = struct.Struct("<i").unpack_from
 _U64 = struct.Struct("<Q").unpack_from
-# Opcodes with a length-prefixed argument: (width of the length, what the argument becomes).
+# Opcodes with a length-prefixed argument -> the width of the length: BINUNICODE, BINUNICODE8, BINBYTES,
+# BINBYTES8, SHORT_BINBYTES, BYTEARRAY8, LONG4.
 _LONG_ARGS = {0x58: 4, 0x8D: 8, 0x42: 4, 0x8E: 8, 0x43: 1, 0x96: 8, 0x8B: 4}
 
 
@@ -133,7 +136,7 @@ def _new(cls: Any) -> Any:
     if type(cls) is not ClassStandIn:
         raise MetadataError(f"NEWOBJ on {_describe(cls)}, which is not an allowed class")
     if cls.role == "storage_info":
-        return StorageInfo()
+        return StorageInfo.empty()
     if cls.role == "metadata":
         return Scanned()
     return INERT
