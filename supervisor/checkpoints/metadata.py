@@ -165,7 +165,10 @@ def _lookup(path: Path, f: BinaryIO, st: os.stat_result) -> DcpMetadata | dict[s
         metadata_cache.store(path, st, {"summary": _summary_json(found)} if isinstance(found, DcpMetadata)
                              else {"error": found})
     if len(_cache) >= _CACHE_MAX:
-        _cache.pop(next(iter(_cache)))
+        try:
+            _cache.pop(next(iter(_cache)))
+        except (StopIteration, RuntimeError, KeyError):  # another thread got there first
+            pass
     _cache[key] = found
     return found
 
