@@ -9,11 +9,13 @@ with the bytes each must hold (from `storage_data`), the entry count and the ver
   UnknownClassError ("unknown class ... (written by a newer torch?)").
 - Cost (`metadata_scan`, `metadata_records`): an opcode loop with its own small value model, fed
   256 KiB at a time, plus a regex fast path for the two record shapes that fill large files. Time is
-  linear in the size; memory is charged and capped at MEMORY_FACTOR (8) x the size + 16 MiB, and a
-  legitimate file peaks at about 2x its size in RSS. Measured on the 2-core dev machine (bench.discovery):
-  Llama-3 70B x 64 ranks (25 MB), 0.8 s vs 2.0 s for torch's own `pickle.load` of the same bytes.
-- Size cap: MAX_METADATA_BYTES = 1 GiB. Llama-3 405B x 1024 ranks (FSDP2 + AdamW, the largest shape in
-  `bench.synthetic`) writes a 0.6 GB `.metadata`; a bigger file is refused before it is read.
+  linear in the size; memory is charged and capped at MEMORY_FACTOR (8) x the size + 16 MiB, whatever
+  the input. Measured with `python -m bench --only metadata` on the 2-core dev machine: a Llama-3 70B
+  FSDP2 + AdamW checkpoint of 64 ranks (25 MB `.metadata`) parses in 0.92 CPU s against 2.54 s for
+  torch's own `pickle.load` of the same file (0.36x), 1024 ranks (391 MB) in 12 s (31-36 ms per MB at
+  every size), and the parse's peak RSS is 1.9-2.0x the file size (torch's load: 12x).
+- Size cap: MAX_METADATA_BYTES = 1 GiB. Llama-3 405B x 1024 ranks (the largest shape in
+  `bench.synthetic`) writes a 621 MB `.metadata`; a bigger file is refused before it is read.
 - Once per file (`metadata_cache`): results (and parse errors) are kept per (path, st_dev, st_ino,
   st_size, st_mtime_ns) in this process and in a per-user cache dir shared by the daemon, the CLI
   and the trainer's `--resume auto`. A file modified in the last RACY_NS is not remembered yet.
