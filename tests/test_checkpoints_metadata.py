@@ -383,9 +383,9 @@ class TestReadMetadata:
         assert md.read_metadata(path).entries == 3
 
     def test_input_is_read_in_blocks_never_whole(self):
-        """The scanner reads a 3 MB file 256 KiB at a time: the input never sits in memory at once."""
-        data = dcp_metadata_bytes({f"w{i}": 1 << 16 for i in range(512)}, shards=64)[0]
-        assert len(data) > 2 << 20
+        """The scanner reads a 1.5 MB file 256 KiB at a time: the input never sits in memory at once."""
+        data = dcp_metadata_bytes({f"w{i}": 1 << 16 for i in range(256)}, shards=32)[0]
+        assert len(data) > 1 << 20
         sizes: list[int] = []
 
         class Counting(io.BytesIO):
@@ -394,7 +394,7 @@ class TestReadMetadata:
                 return super().read(n)
 
         metadata_scan.scan(Counting(data), len(data))
-        assert len(sizes) > 8 and max(sizes) <= (1 << 18) + 4096
+        assert len(sizes) > 4 and max(sizes) <= (1 << 18) + 4096
 
 
 @pytest.mark.integration
