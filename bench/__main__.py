@@ -10,8 +10,10 @@ The exit code is 1 only if a benchmark could not run at all.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -174,6 +176,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         p.error(f"--only: unknown benchmark(s) {', '.join(unknown)}")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if "FSDP_SUPERVISOR_CACHE_DIR" not in os.environ:
+        # The .metadata summary cache goes to a scratch dir: every run starts cold, and ~/.cache is left alone.
+        cache = scratch("metadata-cache")
+        os.environ["FSDP_SUPERVISOR_CACHE_DIR"] = str(cache)
+        atexit.register(shutil.rmtree, cache, ignore_errors=True)
 
     def say(msg: str) -> None:
         print(f"[bench] {msg}", file=sys.stderr, flush=True)
