@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     _config_arg(p)
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     p.add_argument("-n", "--lines", type=int, default=50, metavar="N", help="last N lines (default 50)")
-    p.add_argument("--job", action="store_true", help="the current attempt's job output instead")
+    p.add_argument("--job", action="store_true", help="the current attempt's job output instead (each line as a terminal shows it: its last \\r frame)")
     p.set_defaults(func=cmd_logs)
 
     p = sub.add_parser("stop", help="SIGTERM the supervisor and wait for it to exit")

@@ -21,7 +21,7 @@ from supervisor.console import Console, Progress, progress_text, render_event
 from supervisor.lines import CUT_MARK, MAX_LINE, LineSplitter, last_frame, tail_lines
 from supervisor.loop import Echo
 from supervisor.state import State, Status
-from tests.supervise import FAKEJOB, TAG_ENV, Supervisors, launches, supervisors, wait_for, write_config  # noqa: F401
+from tests.supervise import FAKEJOB, TAG_ENV, Supervisors, cli, launches, supervisors, wait_for, write_config  # noqa: F401
 
 FAST = "\n[restart]\nbackoff_initial_s = 0.05\nbackoff_max_s = 0.2\n"
 EVENT_LINE = re.compile(rb"^\d\d:\d\d:\d\d [a-z_]+", re.M)
@@ -205,12 +205,18 @@ def _state(tmp_path: Path) -> dict:
 class OnPty:
     """`fsdp-supervisor run` on a pseudo-terminal (optionally its controlling one); reads without threads."""
 
-    def __init__(self, supervisors: Supervisors, config: Path, *, controlling: bool = False) -> None:
+    def __init__(self, supervisors: Supervisors, config: Path, *, controlling: bool = False, nohup: bool = False) -> None:
         import fcntl
         import termios
 
         self.leader, follower = os.openpty()
-        preexec = (lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0)) if controlling else None
+
+        def preexec() -> None:
+            if nohup:
+                signal.signal(signal.SIGHUP, signal.SIG_IGN)
+            if controlling:
+                fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
         self.proc = subprocess.Popen([sys.executable, "-m", "supervisor", "run", "-c", str(config)], stdin=follower,
                                      stdout=follower, stderr=follower, start_new_session=True, preexec_fn=preexec,
                                      env={**os.environ, TAG_ENV: supervisors.tag})
@@ -272,12 +278,13 @@ class TestRunConsole:
         log = (tmp_path / ".fsdp-supervisor" / "supervisor.log").read_text()
         assert '"event": "hangup"' in log and '"event": "stopped"' in log
 
-    def test_vanished_terminal_without_hangup_keeps_supervising(self, tmp_path: Path, supervisors: Supervisors) -> None:
-        """Writes failing with EIO (no SIGHUP) never kill the daemon: events still reach supervisor.log."""
+    def test_vanished_terminal_under_nohup_keeps_supervising(self, tmp_path: Path, supervisors: Supervisors) -> None:
+        """SIGHUP ignored (nohup) stays ignored, and writes failing with EIO never kill the daemon: it keeps
+        supervising and its events still reach supervisor.log."""
         marker = tmp_path / "launches"
         cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--steps", "40", "--step-s", "0.05", "--say",
                                       "--exit", "1", "--marker", str(marker)], FAST)
-        run = OnPty(supervisors, cfg)
+        run = OnPty(supervisors, cfg, controlling=True, nohup=True)
         run.read_until(lambda: launches(marker))
         run.close()  # the job still prints and beats; then it fails and is relaunched
         wait_for(lambda: len(launches(marker)) >= 2, 60, "a relaunch after the terminal vanished")
@@ -285,7 +292,7 @@ class TestRunConsole:
         run.proc.send_signal(signal.SIGTERM)
         assert run.proc.wait(timeout=60) == 0
         log = (tmp_path / ".fsdp-supervisor" / "supervisor.log").read_text()
-        assert log.count('"event": "job_started"') >= 2 and '"event": "stopped"' in log
+        assert log.count('"event": "job_started"') >= 2 and '"event": "stopped"' in log and "hangup" not in log
 
     def test_tqdm_frames_cost_bounded_memory(self, tmp_path: Path, supervisors: Supervisors) -> None:
         """40 MB of \\r frames on a terminal: the supervisor's RSS barely grows and the final line is echoed."""
@@ -309,3 +316,13 @@ class TestRunConsole:
         assert run.proc.returncode == 0
         assert b"399999 |" in run.out and b"[job] fake step 1" in run.out
         assert peak[0] - base < 40 << 20, f"RSS grew {(peak[0] - base) >> 20} MiB"
+
+    def test_logs_job_tail_shows_lines_as_a_terminal_does(self, tmp_path: Path) -> None:
+        """`logs --job -n 2` prints the last two lines, each as its last \\r frame."""
+        cfg = write_config(tmp_path, ["true"])
+        logs = tmp_path / ".fsdp-supervisor" / "logs"
+        logs.mkdir(parents=True)
+        (logs / "attempt-0001.log").write_bytes(b"old\n")
+        (logs / "attempt-0002.log").write_bytes(b"first\nsecond\n" + b"".join(b"\r%d%%" % i for i in range(101)) + b"\nlast")
+        r = cli("logs", "-c", str(cfg), "--job", "-n", "2")
+        assert r.returncode == 0 and r.stdout == "100%\nlast\n", r.stdout + r.stderr
