@@ -223,6 +223,10 @@ def _columns(fd: int) -> int:
         return 80
 
 
+def _news(text: str | None) -> str | None:
+    return text and re.sub(r" state=\S+", "", text)
+
+
 class Progress:
     """The progress line from `core.status`: a live row on a terminal, a summary line every 10 s elsewhere."""
 
@@ -250,7 +254,7 @@ class Progress:
         now = self.clock()
         if self.console.tty:
             self.console.show(progress=None)
-        if text and text != self._printed:
+        if text and _news(text) != _news(self._printed):  # a new state alone is in the events already
             self._print(text, now)
         self.console.close()
 

@@ -19,6 +19,7 @@ import signal
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
@@ -52,7 +53,7 @@ class _Forward(FileSystemEventHandler):
 class Echo:
     """Show the current attempt's output on a terminal as `[job] ...` lines, a bounded chunk per call.
 
-    Whole lines are printed as a terminal would show them (their last `\r` frame); the unfinished line, such
+    Whole lines are printed as a terminal would show them (their last `\\r` frame); the unfinished line, such
     as a tqdm bar being redrawn, is the console's live `job` row. A backlog of more than `BEHIND` bytes
     is skipped with a note: an echo minutes behind helps no one, and the log file has every byte.
     """

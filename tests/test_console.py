@@ -157,7 +157,8 @@ class TestConsole:
         prog.tick()
         now[0] += 30
         prog.tick()  # nothing new since
-        prog.finish()  # nor at the end
+        st.state = State.STOPPED
+        prog.finish()  # nor at the end (a new state alone is no news: the events say it)
         lines = read().splitlines()
         assert [line.split(" ", 2)[2] for line in lines] == [
             "progress step=5 loss=2 ckpt=none restarts=0", "progress step=14 loss=2 ckpt=none restarts=0"]
