@@ -48,6 +48,7 @@ _FIELDS: dict[str, tuple[str, ...]] = {
     "hang_detected": ("attempt", "step", "phase", "idle_s"),
     "stack_dump_requested": ("workers", "log"),
     "prewarm_handoff": ("pid",),
+    "python_warning": ("category", "where", "message"),
 }
 _NEVER = frozenset({"run_dir", "argv", "env", "ts", "level", "event", "timestamp", "logger", "exc_info", "exception", "stack"})
 _MAX_FIELDS = 4

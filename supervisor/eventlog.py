@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import logging.handlers
+import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +64,20 @@ def configure(run_dir: Path, *, max_bytes: int, backups: int, console: Console |
         )
     )
     logger.addHandler(file_handler)
+    warnings.showwarning = _warning_event
     if console is not None:
         handler = _ConsoleHandler(console)
         handler.setFormatter(structlog.stdlib.ProcessorFormatter(
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                         lambda _l, _m, event: render_event(event, tty=console.tty)]))
         logger.addHandler(handler)
+
+
+def _warning_event(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                   file: Any = None, line: str | None = None) -> None:
+    """Python warnings (a library's, from any thread) become events instead of raw text over the console."""
+    get_logger().warning("python_warning", category=category.__name__, message=str(message)[:500],
+                         where=f"{os.path.basename(filename)}:{lineno}")
 
 
 def get_logger() -> Any:

@@ -16,6 +16,7 @@ import os
 import queue
 import selectors
 import signal
+import warnings
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -131,6 +132,9 @@ class EventLoop:
         self.sys.waker = self._wake
         handled = [*_HANDLED, *([signal.SIGHUP] if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN else [])]
         old_handlers = {s: signal.signal(s, lambda n, _f: self.signals.append(n)) for s in handled}
+        # watchdog warns (to stderr, over the console) each time a renamed dir reuses an inotify watch, as every
+        # checkpoint commit does (`.tmp-step_N` -> `step_N`); nothing is wrong and the callback stays the same.
+        warnings.filterwarnings("ignore", message="Callback with id .* already exists for watch", category=RuntimeWarning)
         observer = Observer()
         handler = _Forward(self.files, self._wake)
         for path, recursive in self.watch:

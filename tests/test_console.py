@@ -114,6 +114,32 @@ class TestRender:
         assert progress_text(Status(state=State.BACKOFF, step=3)) == "progress state=backoff step=3 ckpt=none restarts=0"
 
 
+class TestWarnings:
+    def test_python_warnings_become_short_events(self, tmp_path: Path) -> None:
+        """A library's warning is an event (in the JSON log and on the console), not raw text over the console."""
+        import logging
+        import warnings
+
+        import structlog
+
+        from supervisor.eventlog import configure
+
+        con, read = file_console(tty=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            try:
+                configure(tmp_path, max_bytes=1 << 20, backups=1, console=con)
+                warnings.warn("a library complains", UserWarning)
+            finally:
+                for handler in logging.getLogger("fsdp_supervisor").handlers:
+                    handler.close()
+                logging.getLogger("fsdp_supervisor").handlers.clear()
+                structlog.reset_defaults()
+        assert re.fullmatch(r'\S+ \S+ WARN python_warning category=UserWarning where=test_console.py:\d+ '
+                            r'message="a library complains"\n', read())
+        assert '"event": "python_warning"' in (tmp_path / "supervisor.log").read_text()
+
+
 class TestConsole:
     def test_live_rows_are_redrawn_below_printed_lines(self) -> None:
         """On a terminal, printing erases the live rows, prints, and draws them again (no newline after)."""
