@@ -13,11 +13,14 @@ from supervisor.argtypes import non_negative_float, non_negative_int
 from supervisor.config import Config, load_config
 from supervisor.errors import EXIT_NOT_OK, EXIT_OK, ConfigError, UsageError
 from supervisor.eventlog import LOG_FILE, configure, get_logger, render_line
+from supervisor.lines import LineSplitter, tail_lines
 from supervisor.runlock import RunLock
 from supervisor.state import read_status, remove_torn_writes
 from supervisor.statusview import render_status
 
 __all__ = ["register"]
+
+_FOLLOW_CHUNK = 1 << 20
 
 
 def _config_arg(p: argparse.ArgumentParser) -> None:
@@ -38,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     _config_arg(p)
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     p.add_argument("-n", "--lines", type=non_negative_int, default=50, metavar="N", help="last N lines (default 50)")
-    p.add_argument("--job", action="store_true", help="the current attempt's job output instead")
+    p.add_argument("--job", action="store_true",
+                   help="the current attempt's job output instead (each line as a terminal shows it: its last \\r frame)")
     p.set_defaults(func=cmd_logs)
 
     p = sub.add_parser(
@@ -64,6 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def cmd_run(args: argparse.Namespace) -> int:
     # Imported here so `status`/`logs` stay light.
     from supervisor import preflight, procs
+    from supervisor.console import TICK_S, Console, Progress
     from supervisor.core import Core
     from supervisor.loop import Echo, EventLoop
     from supervisor.metrics import listen_address, start_metrics
@@ -83,7 +88,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{cfg.path}: [supervisor.run_dir] cannot lock {run_dir}: {exc.strerror or exc}") from None
     remove_torn_writes(run_dir)
     try:
-        configure(run_dir, max_bytes=cfg.supervisor.log_max_bytes, backups=cfg.supervisor.log_backups)
+        console = Console.for_stderr()
+        configure(run_dir, max_bytes=cfg.supervisor.log_max_bytes, backups=cfg.supervisor.log_backups, console=console)
         log = get_logger().bind(run_dir=str(run_dir))
         previous = read_status(run_dir)
         system = RealSystem(prewarm=cfg.job.prewarm)
@@ -92,10 +98,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         notifier = Notifier.from_env()
         history = HistoryRecorder.for_run_dir(run_dir, now=system.now, log=log)
         core = Core(cfg, system, log, notify=notifier.status if notifier else None, history=history)
-        echo = Echo(sys.stderr) if sys.stderr.isatty() else None
+        echo = Echo(console) if console.tty else None
         # The job's output dir is watched only to echo it: each line the job logs would wake us otherwise.
         watch = [(run_dir, False), *([(run_dir / "logs", False)] if echo else []), (cfg.checkpoints.dir, True)]
-        ticks = notifier.ticks(lambda: not core.done) if notifier else []
+        progress = Progress(console, lambda: core.status)  # a live row on a terminal, else a line every 10 s
+        ticks = [*(notifier.ticks(lambda: not core.done) if notifier else []), (TICK_S, progress.tick)]
         loop = EventLoop(core, system, watch, echo=echo, ticks=ticks)
 
         def begin() -> None:
@@ -108,6 +115,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             rc = core.abandon(exc)
         finally:
             core.close()  # state.json never claims a supervisor that has exited
+            progress.finish()
             system.close()
             core.house.wait_idle(timeout=60)  # finish emptying .trash rather than leave it for the next run
             history.close()
@@ -143,18 +151,12 @@ def _current_job_log(run_dir: Path) -> Path | None:
 
 
 def _tail_lines(path: Path, n: int) -> list[str]:
+    """The last `n` lines, read from the end in bounded time (lines.tail_lines)."""
     try:
         with open(path, "rb") as f:
-            f.seek(0, 2)
-            size, chunk = f.tell(), b""
-            while size > 0 and chunk.count(b"\n") <= n:
-                step = min(size, 65536)
-                size -= step
-                f.seek(size)
-                chunk = f.read(step) + chunk
+            return [line.decode("utf-8", "replace") for line in tail_lines(f, n)]
     except OSError:
         return []
-    return chunk.decode("utf-8", "replace").splitlines()[-n:] if n > 0 else []
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
@@ -172,18 +174,20 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def _follow(path: Path, run_dir: Path, job: bool, render) -> int:  # type: ignore[no-untyped-def]
-    """Print lines appended to `path`; reopen on rotation (supervisor.log) or a new attempt (--job)."""
+    """Print lines appended to `path`; reopen on rotation (supervisor.log) or a new attempt (--job).
+
+    Read in bounded chunks through a LineSplitter, so a job writing megabytes without a newline costs
+    neither memory nor quadratic time here.
+    """
     f = open(path, "rb")
     f.seek(0, 2)
     ino = os.fstat(f.fileno()).st_ino
-    buf = b""
+    lines = LineSplitter()
     try:
         while True:
-            data = f.read()
+            data = f.read(_FOLLOW_CHUNK)
             if data:
-                buf += data
-                *lines, buf = buf.split(b"\n")
-                for line in lines:
+                for line in lines.feed(data):
                     print(render(line.decode("utf-8", "replace")), flush=True)
                 continue
             time.sleep(0.25)
@@ -191,7 +195,7 @@ def _follow(path: Path, run_dir: Path, job: bool, render) -> int:  # type: ignor
             try:
                 if nxt is not None and (nxt != path or os.stat(nxt).st_ino != ino):
                     f.close()
-                    path, f, buf = nxt, open(nxt, "rb"), b""
+                    path, f, lines = nxt, open(nxt, "rb"), LineSplitter()
                     ino = os.fstat(f.fileno()).st_ino
             except OSError:
                 pass

@@ -1,8 +1,11 @@
-"""structlog set-up: JSON lines in run_dir/supervisor.log (size-rotated), readable lines on stderr.
+"""structlog set-up: JSON lines in run_dir/supervisor.log (size-rotated), short lines on the console.
 
 Events have names and fields (`log.info("job_exited", code=1, reason="crash")`); `fsdp-supervisor logs`
-pretty-prints the JSON file with `render_line`. The store logs under its module names (`supervisor.checkpoints.*`),
-children of the supervisor's logger, so a quarantine or a failed deletion during `run` lands in supervisor.log.
+pretty-prints the JSON file with `render_line`. The console gets `console.render_event`'s short form
+(time, event, the fields that matter), written through a `Console` so that it never breaks the progress
+line and never raises when the terminal is gone. The store logs under its module names
+(`supervisor.checkpoints.*`), children of the supervisor's logger, so a quarantine or a failed deletion during
+`run` lands in supervisor.log.
 
 The other commands (`status`, `checkpoints prune`, ...) print what they did themselves, one plain line per
 fact; `configure_cli` keeps the store's info events off their console (they would repeat each line) and
@@ -13,11 +16,15 @@ from __future__ import annotations
 import json
 import logging
 import logging.handlers
+import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 import structlog
+
+from supervisor.console import Console, render_event
 
 __all__ = ["configure", "configure_cli", "get_logger", "render_line", "LOG_FILE"]
 
@@ -25,8 +32,22 @@ LOG_FILE = "supervisor.log"
 _NAME = "supervisor"  # the package's name: the store's module loggers propagate to it
 
 
-def configure(run_dir: Path, *, max_bytes: int, backups: int, console: bool = True) -> None:
-    """Route structlog through stdlib logging: one JSON file handler plus a stderr handler."""
+class _ConsoleHandler(logging.Handler):
+    """Hands each event to the `Console` as one short line; a failure here must never reach the daemon."""
+
+    def __init__(self, console: Console) -> None:
+        super().__init__()
+        self.console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.console.show([self.format(record)])
+        except Exception:  # noqa: BLE001  (handleError would print to the very terminal that failed)
+            pass
+
+
+def configure(run_dir: Path, *, max_bytes: int, backups: int, console: Console | None = None) -> None:
+    """Route structlog through stdlib logging: one JSON file handler plus, if given, the console."""
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
@@ -50,15 +71,20 @@ def configure(run_dir: Path, *, max_bytes: int, backups: int, console: bool = Tr
         )
     )
     logger.addHandler(file_handler)
-    if console:
-        tty = sys.stderr.isatty()
-        renderer = structlog.dev.ConsoleRenderer(colors=True) if tty else structlog.processors.KeyValueRenderer(
-            key_order=["ts", "level", "event"], drop_missing=True
-        )
-        stream = logging.StreamHandler(sys.stderr)
-        stream.setFormatter(structlog.stdlib.ProcessorFormatter(
-            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer]))
-        logger.addHandler(stream)
+    warnings.showwarning = _warning_event
+    if console is not None:
+        handler = _ConsoleHandler(console)
+        handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                        lambda _l, _m, event: render_event(event, tty=console.tty)]))
+        logger.addHandler(handler)
+
+
+def _warning_event(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                   file: Any = None, line: str | None = None) -> None:
+    """Python warnings (a library's, from any thread) become events instead of raw text over the console."""
+    get_logger().warning("python_warning", category=category.__name__, message=str(message)[:500],
+                         where=f"{os.path.basename(filename)}:{lineno}")
 
 
 def _warning_line(_logger: Any, method: str, event: dict[str, Any]) -> str:

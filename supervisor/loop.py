@@ -3,6 +3,12 @@
 Wake-ups come from a single pipe: signal handlers write to it (signal.set_wakeup_fd), and so does the
 watchdog observer thread for file events. Timers set the select timeout. Child exits are collected with
 waitpid(-1) after every wake-up (SIGCHLD wakes us; as a subreaper we also reap adopted orphans).
+
+SIGHUP (the terminal closed, an ssh session dropped) is a graceful stop, like SIGTERM: the job writes its
+emergency checkpoint, the supervisor exits 0, and the next `run` resumes from that step, so a job is never
+left running without its supervisor. A hangup never forces a stop already under way (only a second
+Ctrl+C or SIGTERM does), and a SIGHUP ignored by whoever started us (`nohup`) stays ignored: then the
+supervisor keeps going with its console silenced (see supervisor/console.py).
 """
 from __future__ import annotations
 
@@ -10,17 +16,21 @@ import os
 import queue
 import selectors
 import signal
+import warnings
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
 from supervisor import procs
+from supervisor.console import Console
 from supervisor.core import Core
+from supervisor.humanize import human_bytes
+from supervisor.lines import LineSplitter
 from supervisor.signals import HANDLED
+from supervisor.state import State
 from supervisor.system import RealSystem
 
 __all__ = ["EventLoop", "Echo"]
@@ -43,31 +53,61 @@ class _Forward(FileSystemEventHandler):
 
 
 class Echo:
-    """Copy new bytes of the current attempt's log to our stderr with a prefix (only on a terminal)."""
+    """Show the current attempt's output on a terminal as `[job] ...` lines, a bounded chunk per call.
 
-    def __init__(self, out: TextIO) -> None:
-        self.out = out
+    Whole lines are printed as a terminal would show them (their last `\\r` frame); the unfinished line, such
+    as a tqdm bar being redrawn, is the console's live `job` row. A backlog of more than `BEHIND` bytes
+    is skipped with a note: an echo minutes behind helps no one, and the log file has every byte.
+    """
+
+    CHUNK = 1 << 20
+    BEHIND = 8 << 20
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
         self.path: Path | None = None
         self.offset = 0
-        self.partial = b""
+        self.lines = LineSplitter()
 
-    def pump(self, path: Path | None) -> None:
-        if path is None:
-            return
+    def pump(self, path: Path | None) -> bool:
+        """Echo up to CHUNK new bytes of `path`; True when more is already waiting."""
+        if path is None or self.console.dead:
+            return False
         if path != self.path:
-            self.path, self.offset, self.partial = path, 0, b""
+            self._end_line()
+            self.path, self.offset, self.lines = path, 0, LineSplitter()
         try:
             with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < self.offset:  # truncated under us: start over
+                    self.offset, self.lines = 0, LineSplitter()
+                skipped = max(0, size - self.CHUNK - self.offset) if size - self.offset > self.BEHIND else 0
+                self.offset += skipped
+                if skipped:
+                    self.lines = LineSplitter()
                 f.seek(self.offset)
-                data = f.read()
+                data = f.read(self.CHUNK)
         except OSError:
-            return
+            return False
         self.offset += len(data)
-        lines = (self.partial + data).split(b"\n")
-        self.partial = lines.pop()
-        for line in lines:
-            self.out.write(f"[job] {line.decode('utf-8', 'replace')}\n")
-        self.out.flush()
+        out = [f"[job] ... {human_bytes(skipped)} of output not shown here (all of it is in {path})"] if skipped else []
+        out += [f"[job] {line.decode('utf-8', 'replace')}" for line in self.lines.feed(data)]
+        frame = self.lines.frame
+        self.console.show(out, job=f"[job] {frame.decode('utf-8', 'replace')}" if frame else None)
+        return self.offset < size
+
+    def drain(self, limit: int = 16) -> None:
+        """At exit: echo what is left (the backlog is bounded by BEHIND), and leave the last frame as a line."""
+        for _ in range(limit):
+            if not self.pump(self.path):
+                break
+        self._end_line()
+
+    def _end_line(self) -> None:
+        frame = self.lines.frame
+        if frame:
+            self.console.show([f"[job] {frame.decode('utf-8', 'replace')}"], job=None)
+            self.lines = LineSplitter()
 
 
 class EventLoop:
@@ -77,6 +117,7 @@ class EventLoop:
         self.ticks = ticks or []  # periodic callbacks (e.g. sd_notify WATCHDOG=1), run from this loop only
         self.signals: deque[int] = deque()
         self.files: queue.SimpleQueue[Path] = queue.SimpleQueue()
+        self._echo_more = False  # the echo stopped at its chunk size with more to show
 
     def _wake(self) -> None:  # from any thread
         try:
@@ -90,7 +131,11 @@ class EventLoop:
             os.set_blocking(fd, False)
         old_wakeup = signal.set_wakeup_fd(self._wfd, warn_on_full_buffer=False)
         self.sys.waker = self._wake
-        old_handlers = {s: signal.signal(s, lambda n, _f: self.signals.append(n)) for s in _HANDLED}
+        handled = [*_HANDLED, *([signal.SIGHUP] if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN else [])]
+        old_handlers = {s: signal.signal(s, lambda n, _f: self.signals.append(n)) for s in handled}
+        # watchdog warns (to stderr, over the console) each time a renamed dir reuses an inotify watch, as every
+        # checkpoint commit does (`.tmp-step_N` -> `step_N`); nothing is wrong and the callback stays the same.
+        warnings.filterwarnings("ignore", message="Callback with id .* already exists for watch", category=RuntimeWarning)
         observer = Observer()
         handler = _Forward(self.files, self._wake)
         for path, recursive in self.watch:
@@ -114,6 +159,8 @@ class EventLoop:
                 except BlockingIOError:
                     pass
                 self._dispatch()
+            if self.echo is not None:
+                self.echo.drain()
             return int(self.core.exit_code or 0)
         finally:
             observer.stop()
@@ -135,18 +182,20 @@ class EventLoop:
                 break
             seen_log = seen_log or path.parent.name == "logs"
             self.core.on_file_event(path)
-        if self.echo is not None and seen_log:
-            self.echo.pump(self.core.job.log_path if self.core.job else self.echo.path)
+        if self.echo is not None and (seen_log or self._echo_more):
+            self._pump_echo(self.core.job.log_path if self.core.job else self.echo.path)
         for done, result in self.sys.finished_work():  # store passes that ran off this thread
             done(result)
         for pid, code in procs.reap_any():
             if self.echo is not None and self.core.job is not None and pid == self.core.job.pid:
-                self.echo.pump(self.core.job.log_path)  # whatever it wrote last
+                self._pump_echo(self.core.job.log_path)  # whatever it wrote last
             self.sys.forget(pid, code)
             self.core.on_job_exit(pid, code)
         while self.signals:
             s = self.signals.popleft()
-            if s != signal.SIGCHLD:
+            if s == signal.SIGHUP:
+                self._on_hangup()
+            elif s != signal.SIGCHLD:
                 self.core.on_signal(s)
         for name in self.sys.timers.pop_due(self.sys.monotonic()):
             if name.startswith("tick:"):
@@ -156,3 +205,17 @@ class EventLoop:
                 self.sys.timers.set(name, self.sys.monotonic() + interval)
             else:
                 self.core.on_timer(name)
+
+    def _pump_echo(self, path: Path | None) -> None:
+        assert self.echo is not None
+        self._echo_more = self.echo.pump(path)
+        if self._echo_more:
+            self._wake()  # the rest on the next turn, after signals and timers have been looked at
+
+    def _on_hangup(self) -> None:
+        """SIGHUP: stop gracefully, as for SIGTERM; never escalate a stop that is already under way."""
+        state = self.core.status.state
+        busy = state is State.STOPPING or state.final or self.core.done
+        self.core.log.warning("hangup", signal="SIGHUP", action="none, already stopping" if busy else "graceful stop")
+        if not busy:
+            self.core.on_signal(signal.SIGHUP)

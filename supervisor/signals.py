@@ -13,6 +13,9 @@ import signal
 
 __all__ = ["STOP_SIGNALS", "FORCE_STOP_SIGNAL", "HANDLED"]
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # graceful; repeats wait for the stop in progress
+# Graceful; repeats wait for the stop in progress. SIGHUP (the terminal closed) is one too: a job is never left
+# running without its supervisor, and nothing is lost.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 FORCE_STOP_SIGNAL = signal.SIGUSR2  # `fsdp-supervisor stop --force`: kill the job now, then exit 0
-HANDLED = (*STOP_SIGNALS, FORCE_STOP_SIGNAL, signal.SIGCHLD)  # what the event loop traps
+# What the event loop always traps; it traps SIGHUP too unless whoever started us ignored it (`nohup`).
+HANDLED = (signal.SIGINT, signal.SIGTERM, FORCE_STOP_SIGNAL, signal.SIGCHLD)

@@ -36,6 +36,8 @@ def main() -> int:
     p.add_argument("--leak", default=None, help="start a detached grandchild that writes its pid here")
     p.add_argument("--marker", default=None, help="append the attempt number and argv here at start")
     p.add_argument("--resume", default=None)
+    p.add_argument("--say", action="store_true", help="print a line per step")
+    p.add_argument("--frames", type=int, default=0, help="first print this many 100-byte \\r frames (a tqdm bar)")
     a = p.parse_args()
     if a.trap_term:
         def on_term(signum: int, _f: object) -> None:
@@ -57,9 +59,15 @@ def main() -> int:
                 time.sleep(600)
             os._exit(0)
         os.wait()
+    for i in range(a.frames):
+        sys.stdout.write(f"\r{i:>10} |" + "#" * 88)
+    if a.frames:
+        print(" done", flush=True)
     for step in range(1, a.steps + 1):
         evaluated = a.val_every and step >= a.val_every
         beat(step, val_loss=2.0 / (step // a.val_every * a.val_every + 1) if evaluated else None)
+        if a.say:
+            print(f"fake step {step}", flush=True)
         time.sleep(a.step_s)
     deadline = time.monotonic() + a.sleep
     while time.monotonic() < deadline:
