@@ -108,14 +108,6 @@ def wait_step(job: Job, step: int) -> int:
     return wait_for(seen, JOB_TIMEOUT, f"step {step}")  # type: ignore[return-value]
 
 
-def kill_rank_at(job: Job, rank: int, step: int) -> None:
-    """SIGKILL one worker once training reached `step`, then wait for torchrun to give up."""
-    worker = job.worker_of_rank(rank)
-    wait_step(job, step)
-    worker.kill()
-    assert job.wait(JOB_TIMEOUT) != 0
-
-
 @dataclass
 class Reference:
     root: Path
@@ -134,20 +126,55 @@ def reference(module_torchrun: Launcher, tmp_path_factory: pytest.TempPathFactor
     return Reference(tmp / "ckpts", hb, job)
 
 
+@dataclass
+class BestRun:
+    root: Path
+    best_dir: Path
+    stall_step: int
+    resumed: Job
+    heartbeat: Path
+
+
+@pytest.fixture(scope="module")
+def best_run(module_torchrun: Launcher, tmp_path_factory: pytest.TempPathFactory) -> BestRun:
+    """FSDP2 with evaluation and `--export-best <root>/best`: rank 0 SIGKILLed at a random new best, after its
+    checkpoint committed and its weights were written but before its best.json; resumed."""
+    tmp = tmp_path_factory.mktemp("best")
+    root = tmp / "ckpts"
+    best_dir = root / "best"
+    args = [*BASE, *EVAL, "--checkpoint-dir", root, "--export-best", best_dir]
+    stall = random.choice(range(2 * SAVE_EVERY, STEPS, SAVE_EVERY))  # a best.json of an earlier step exists
+    job = module_torchrun.torchrun(args, env={STALL_ENV: str(stall)})
+    rank0 = job.worker_of_rank(0)
+    committed, exported = root / step_dir_name(stall) / MANIFEST_NAME, best_dir / WEIGHTS_FILE
+
+    def stalled() -> bool:
+        if job.proc.poll() is not None:
+            raise AssertionError(f"job exited early (rc={job.proc.returncode}):\n{job.text()[-3000:]}")
+        return committed.exists() and exported.exists() and exported.stat().st_mtime_ns >= committed.stat().st_mtime_ns
+
+    wait_for(stalled, JOB_TIMEOUT, f"the best model of step {stall} written, its best.json not yet")
+    rank0.kill()
+    assert job.wait(JOB_TIMEOUT) != 0
+    assert json.loads((best_dir / BEST_FILE).read_text())["step"] == stall - SAVE_EVERY, f"stall={stall}"
+    hb = tmp / "heartbeat.json"
+    resumed = module_torchrun.run(args, env={HEARTBEAT_ENV: str(hb)}, timeout=JOB_TIMEOUT)
+    return BestRun(root, best_dir, stall, resumed, hb)
+
+
 class TestBitExactResume:
-    def test_sigkill_at_random_step_resumes_bit_exact(self, reference, torchrun, tmp_path) -> None:
-        """FSDP2: SIGKILL a worker at a random step, resume with --resume auto: every save equals the reference."""
-        root = tmp_path / "ckpts"
-        k = random.randrange(SAVE_EVERY + 1, STEPS - 6)
-        kill_rank_at(torchrun.torchrun([*BASE, "--checkpoint-dir", root]), rank=1, step=k)
-        before = complete_steps(root)
-        final = torchrun.run([*BASE, "--checkpoint-dir", root], timeout=JOB_TIMEOUT)
-        assert_ok(final)
-        assert f"event=resuming rank=0 path={root / step_dir_name(max(before))} " in final.text(), f"k={k}"
-        done = complete_steps(root)
-        assert STEPS in done, f"k={k}"
+    def test_sigkill_at_a_random_new_best_resumes_bit_exact(self, best_run, reference) -> None:
+        """FSDP2 with evaluation: rank 0 SIGKILLed at a random step (a new best's export), resumed with --resume auto:
+        every save equals the (evaluation off) reference's weights, RNG states and counters."""
+        stall = best_run.stall_step
+        assert_ok(best_run.resumed)
+        assert f"event=resuming rank=0 path={best_run.root / step_dir_name(stall)} " in best_run.resumed.text(), stall
+        done = complete_steps(best_run.root)
+        assert STEPS in done, f"stall={stall}"
         for step, path in sorted(done.items()):
-            assert_same_weights(path, reference.root / step_dir_name(step), f"k={k} step={step}")
+            context = f"stall={stall} step={step}"
+            assert_same_weights(path, reference.root / step_dir_name(step), context)
+            assert_same_rng_and_progress(path, reference.root / step_dir_name(step), context)
 
 
 @dataclass
@@ -200,54 +227,7 @@ class TestFsdp1MidSave:
         assert_best_is_the_lowest(run.root, run.root.parent / "best", f"fsdp1 save_step={run.save_step}")
 
 
-@dataclass
-class BestRun:
-    root: Path
-    best_dir: Path
-    stall_step: int
-    resumed: Job
-    heartbeat: Path
-
-
-@pytest.fixture(scope="module")
-def best_run(module_torchrun: Launcher, tmp_path_factory: pytest.TempPathFactory) -> BestRun:
-    """FSDP2 with evaluation and `--export-best <root>/best`: rank 0 SIGKILLed at a random new best, after its
-    checkpoint committed and its weights were written but before its best.json; resumed."""
-    tmp = tmp_path_factory.mktemp("best")
-    root = tmp / "ckpts"
-    best_dir = root / "best"
-    args = [*BASE, *EVAL, "--checkpoint-dir", root, "--export-best", best_dir]
-    stall = random.choice(range(2 * SAVE_EVERY, STEPS, SAVE_EVERY))  # a best.json of an earlier step exists
-    job = module_torchrun.torchrun(args, env={STALL_ENV: str(stall)})
-    rank0 = job.worker_of_rank(0)
-    committed, exported = root / step_dir_name(stall) / MANIFEST_NAME, best_dir / WEIGHTS_FILE
-
-    def stalled() -> bool:
-        if job.proc.poll() is not None:
-            raise AssertionError(f"job exited early (rc={job.proc.returncode}):\n{job.text()[-3000:]}")
-        return committed.exists() and exported.exists() and exported.stat().st_mtime_ns >= committed.stat().st_mtime_ns
-
-    wait_for(stalled, JOB_TIMEOUT, f"the best model of step {stall} written, its best.json not yet")
-    rank0.kill()
-    assert job.wait(JOB_TIMEOUT) != 0
-    assert json.loads((best_dir / BEST_FILE).read_text())["step"] == stall - SAVE_EVERY, f"stall={stall}"
-    hb = tmp / "heartbeat.json"
-    resumed = module_torchrun.run(args, env={HEARTBEAT_ENV: str(hb)}, timeout=JOB_TIMEOUT)
-    return BestRun(root, best_dir, stall, resumed, hb)
-
-
 class TestEvaluation:
-    def test_eval_on_resumes_bit_exact_and_trains_like_eval_off(self, best_run, reference) -> None:
-        """Killed and resumed with evaluation on, every save equals the (evaluation off) reference's: weights, RNG
-        states and counters."""
-        assert_ok(best_run.resumed)
-        done = complete_steps(best_run.root)
-        assert STEPS in done, f"stall={best_run.stall_step}"
-        for step, path in sorted(done.items()):
-            context = f"stall={best_run.stall_step} step={step}"
-            assert_same_weights(path, reference.root / step_dir_name(step), context)
-            assert_same_rng_and_progress(path, reference.root / step_dir_name(step), context)
-
     def test_every_evaluated_step_is_saved_with_its_val_loss(self, best_run) -> None:
         """Each evaluation's val_loss is in the manifest of the checkpoint saved at that step."""
         done = complete_steps(best_run.root)
@@ -265,7 +245,6 @@ class TestBestModel:
     def test_interrupted_export_is_finished_on_resume(self, best_run) -> None:
         """The resumed run sees step N's manifest beat best.json and exports the loaded weights at once."""
         text, stall = best_run.resumed.text(), best_run.stall_step
-        assert f"event=resuming rank=0 path={best_run.root / step_dir_name(stall)} " in text, f"stall={stall}"
         assert f"event=best_model_recovered rank=0 step={stall} " in text, f"stall={stall}\n{text[-3000:]}"
 
     def test_best_json_names_the_lowest_val_loss_and_holds_its_weights(self, best_run) -> None:

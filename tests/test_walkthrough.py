@@ -29,7 +29,7 @@ pytestmark = pytest.mark.integration
 SECTION = "## Walkthrough: the tutorial's workflow, supervised"
 CONFIG = "deploy/examples/best.toml"
 TIMEOUT = 240
-STEPS = 60
+STEPS = 40
 
 
 def readme_blocks() -> list[tuple[str, str]]:
@@ -104,12 +104,12 @@ def walkthrough(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walkthroug
         p = start(code)
         log = w.examples / ".fsdp-supervisor" / "logs" / "attempt-0001.log"
 
-        def training_past_20() -> bool:
+        def training_past_15() -> bool:
             if p.poll() is not None:
                 raise AssertionError(f"run exited early: {p.communicate()[0][-3000:]}")
-            return log.exists() and re.search(r"event=train rank=0 step=(2[5-9]|[3-9]\d)", log.read_text()) is not None
+            return log.exists() and re.search(r"event=train rank=0 step=(1[5-9]|[2-9]\d)", log.read_text()) is not None
 
-        wait_for(training_past_20, TIMEOUT, "training past step 25")
+        wait_for(training_past_15, TIMEOUT, "training past step 15")
         p.send_signal(signal.SIGINT)  # what Ctrl+C in the supervisor's terminal sends
         done = finish(p, code)
         stopped = re.findall(r"event=stopped rank=0 step=(\d+)", w.attempt_log(1))
@@ -166,7 +166,7 @@ def test_ctrl_c_stops_with_an_emergency_checkpoint(walkthrough) -> None:
     first = output(w, 0)
     assert first.returncode == 0, first.stdout[-3000:]
     step = w.stopped_at
-    assert step is not None and 25 <= step < STEPS and step in w.after_stop, (step, sorted(w.after_stop))
+    assert step is not None and 15 <= step < STEPS and step in w.after_stop, (step, sorted(w.after_stop))
     latest_eval = step - step % 10
     assert w.after_stop[step]["metrics"]["val_loss"] == w.after_stop[latest_eval]["metrics"]["val_loss"]
 

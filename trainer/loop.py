@@ -159,13 +159,13 @@ class Trainer:
             return False
         return bool(broadcast_from_rank0(self.dist.rank == 0 and improves(self.best, val_loss), self.dist.control))
 
-    def export_best(self, val_loss: float) -> None:
-        """Collective: gather the full model; rank 0 writes it and best.json. The save of this step has committed."""
+    def export_best(self, val_loss: float, checkpoint: Path) -> None:
+        """Collective: gather the full model; rank 0 writes it and best.json naming `checkpoint` (committed)."""
         step = self.progress.step
         weights = full_model_weights(self.model)
         if self.dist.rank != 0:
             return
-        best = Best(step, val_loss, os.path.abspath(self.args.checkpoint_dir / step_dir_name(step)))
+        best = Best(step, val_loss, os.path.abspath(checkpoint))
         try:
             write_best(self.args.export_best, weights, best)
         except OSError as exc:  # training goes on; the next improvement tries again
@@ -198,7 +198,7 @@ class Trainer:
             if self.dist.rank == 0:
                 self.log.warning("best_model_recovered", step=self.progress.step, val_loss=val,
                                  reason="the last run stopped between this checkpoint and its export")
-            self.export_best(val)
+            self.export_best(val, resumed)  # type: ignore[arg-type]
 
     def save(self, *, blocking: bool, val_loss: float | None = None) -> None:
         """Checkpoint the current step (collective); async unless `blocking` or --async-save is off."""
@@ -237,7 +237,7 @@ class Trainer:
                 if val is not None or (p.step % a.save_every == 0 and p.step < a.steps):
                     self.save(blocking=new_best, val_loss=val)
                 if new_best:
-                    self.export_best(val)  # type: ignore[arg-type]
+                    self.export_best(val, a.checkpoint_dir / step_dir_name(p.step))  # type: ignore[arg-type]
         finally:
             report.close()
         if self.last_saved_step != p.step:
