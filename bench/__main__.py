@@ -10,8 +10,10 @@ The exit code is 1 only if a benchmark could not run at all.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -24,7 +26,7 @@ from bench.common import REPO, machine, scratch
 
 __all__ = ["main", "GOALS", "evaluate", "render"]
 
-SECTIONS = ("imports", "discovery", "recovery", "save_stall", "throughput")
+SECTIONS = ("imports", "discovery", "metadata", "recovery", "save_stall", "throughput")
 # (dotted key in bench-results.json, comparison, goal) from issue 7.
 GOALS: list[tuple[str, str, float]] = [
     ("recovery_s.ratio", "<=", 1.10),
@@ -36,11 +38,18 @@ GOALS: list[tuple[str, str, float]] = [
     ("supervisor.import_s", "<=", 0.5),
     ("discovery_ms.n1000", "<=", 200.0),
     ("throughput_ratio", ">=", 0.98),
+    # The .metadata reader on Llama-3 70B FSDP2 checkpoints (bench.discovery.run_large).
+    ("parse_vs_torch_ratio", "<=", 0.5),  # our parse / torch's own pickle.load, 64 ranks, same process
+    ("metadata_parse.peak_rss_x", "<=", 3.0),  # parse's peak RSS growth / file size, 64 ranks
+    ("metadata_parse.linearity", "<=", 1.5),  # worst / best ms per MB over 64, 256 and 1024 ranks
 ]
 # Context rows printed under the goals (not gated).
 INFO = [
     "recovery_s.supervisor", "recovery_s.torchrun_restart", "recovery_s.naive_loop",
     "save_stall_s.sync", "save_stall_s.async", "save_stall_s.memcpy_floor", "save_stall_s.memcpy_clone",
+    "discovery_ms.llama70b_r64", "discovery_ms.llama70b_r256", "discovery_ms.llama70b_r1024",
+    "metadata_parse.llama70b_r64.metadata_mb", "metadata_parse.llama70b_r256.metadata_mb",
+    "metadata_parse.llama70b_r1024.metadata_mb", "metadata_parse.llama70b_r1024.generate_s",
     "write_gbps.checkpoint", "write_gbps.dd_fsync", "dcp_vs_torch_save.dcp_sharded_save_s",
     "dcp_vs_torch_save.full_state_dict_torch_save_s", "supervisor_verify_s", "supervisor.spare_rss_mb", "tokens_per_s.supervisor",
     "tokens_per_s.bare",
@@ -114,6 +123,14 @@ def _sections(quick: bool, repeats: int | None, say: Callable[[str], None]) -> d
         finally:
             shutil.rmtree(root, ignore_errors=True)
 
+    def metadata() -> dict[str, Any]:
+        # One synthetic 70B checkpoint per rank count, generated here (70B x 1024: ~2 min, ~5 GB of RAM).
+        from bench import discovery as d
+
+        if quick:
+            return d.run_large(model="tiny", ranks=(4, 16), repeats=1, torch_ranks=4)
+        return d.run_large(repeats=repeats or 3)
+
     def recovery() -> dict[str, Any]:
         from bench import recovery as rec
 
@@ -134,8 +151,8 @@ def _sections(quick: bool, repeats: int | None, say: Callable[[str], None]) -> d
         return {"throughput_ratio": r.pop("throughput_ratio"), "supervisor": r.pop("supervisor"),
                 "tokens_per_s": r.pop("tokens_per_s"), "throughput": r}
 
-    return {"imports": imports, "discovery": discovery, "recovery": recovery, "save_stall": save_stall,
-            "throughput": throughput}
+    return {"imports": imports, "discovery": discovery, "metadata": metadata, "recovery": recovery,
+            "save_stall": save_stall, "throughput": throughput}
 
 
 def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:
@@ -159,6 +176,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         p.error(f"--only: unknown benchmark(s) {', '.join(unknown)}")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if "FSDP_SUPERVISOR_CACHE_DIR" not in os.environ:
+        # The .metadata summary cache goes to a scratch dir: every run starts cold, and ~/.cache is left alone.
+        cache = scratch("metadata-cache")
+        os.environ["FSDP_SUPERVISOR_CACHE_DIR"] = str(cache)
+        atexit.register(shutil.rmtree, cache, ignore_errors=True)
 
     def say(msg: str) -> None:
         print(f"[bench] {msg}", file=sys.stderr, flush=True)

@@ -18,36 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from supervisor.argtypes import at_most, non_negative_int
 from supervisor.checkpoints.completeness import FOREIGN
 from supervisor.checkpoints.inuse import in_use
 from supervisor.checkpoints.markers import pin, quarantine_reason, unpin, unquarantine
 from supervisor.checkpoints.pruning import disk_usage, execute_retention
 from supervisor.checkpoints.ranking import CheckpointInfo, judge, scan
 from supervisor.checkpoints.retention import RetentionPlan, RetentionRules, plan_retention
-from supervisor.errors import EXIT_NOT_OK, EXIT_OK
+from supervisor.config import MAX_GB
+from supervisor.errors import EXIT_NOT_OK, EXIT_OK, CheckpointError
 from supervisor.humanize import human_age, human_bytes
 
 __all__ = ["register", "info_json"]
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is negative")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"{text!r} is negative")
-    return value
 
 
 def _root_args(p: argparse.ArgumentParser) -> None:
@@ -74,9 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     p = cmds.add_parser("prune", help="apply retention now and print each deletion with its reason")
     _root_args(p)
-    p.add_argument("--keep-last", type=_non_negative_int, metavar="N", help="keep the N newest complete")
-    p.add_argument("--keep-every", type=_non_negative_int, metavar="K", help="keep steps divisible by K")
-    p.add_argument("--min-free-gb", type=_non_negative_float, metavar="G", help="free GiB to reach")
+    p.add_argument("--keep-last", type=non_negative_int, metavar="N", help="keep the N newest complete")
+    p.add_argument("--keep-every", type=non_negative_int, metavar="K", help="keep steps divisible by K")
+    p.add_argument("--min-free-gb", type=at_most(MAX_GB), metavar="G", help="free GiB to reach")
     p.add_argument("--dry-run", action="store_true", help="print what would be deleted, delete nothing")
     p.set_defaults(func=cmd_prune)
 
@@ -203,8 +185,13 @@ def cmd_prune(args: argparse.Namespace) -> int:
                           protect=protect, now=time.time())
     if args.dry_run:
         _print_plan(plan, None)
-    else:
-        _print_plan(plan, {d.path for d in execute_retention(target.root, plan, fallback=target.run_dir)})
+        return EXIT_OK
+    try:
+        done = execute_retention(target.root, plan, fallback=target.run_dir)
+    except OSError as exc:  # e.g. no permission to create the trash: nothing was deleted
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise CheckpointError(f"checkpoint root {target.root}: cannot prune: {exc.strerror or exc}{where}") from None
+    _print_plan(plan, {d.path for d in done})
     return EXIT_OK
 
 

@@ -55,6 +55,9 @@ class Housekeeper:
         self.last: PassResult | None = None
         self.disk_free: int | None = None  # as of the last pass, or of the trash emptied since
         self._emptier: threading.Thread | None = None
+        self._trash_lock = threading.Lock()
+        self._more_trash = False  # something was parked since the emptier last looked
+        self._emptying = False
         self._marker: tuple[Path, int] | None = None  # the running attempt's in-use marker and job pid
 
     def concerns(self, path: Path) -> bool:
@@ -105,15 +108,24 @@ class Housekeeper:
 
     def empty_trash(self) -> None:
         """Remove trash contents on a worker thread: a slow rmtree must not stall the loop (or its watchdog)."""
-        if self._emptier is not None and self._emptier.is_alive():
-            return  # it will find what was parked since it started, or the next pass will
+        with self._trash_lock:
+            self._more_trash = True  # a running emptier looks again before it ends: nothing parked is left behind
+            if self._emptying:
+                return
+            self._emptying = True
 
         def work() -> None:
-            try:
-                store.clear_trash(self.root, fallback=self.cfg.run_dir)
-                self.disk_free = store.disk_usage(self.root).free_bytes  # picked up by the next publish
-            except (CheckpointError, OSError) as exc:
-                self.log.warning("trash_clear_failed", root=str(self.root), error=str(exc))
+            while True:
+                with self._trash_lock:
+                    if not self._more_trash:
+                        self._emptying = False
+                        return
+                    self._more_trash = False
+                try:
+                    store.clear_trash(self.root, fallback=self.cfg.run_dir)
+                    self.disk_free = store.disk_usage(self.root).free_bytes  # picked up by the next publish
+                except (CheckpointError, OSError) as exc:
+                    self.log.warning("trash_clear_failed", root=str(self.root), error=str(exc))
 
         self._emptier = threading.Thread(target=work, name="trash-emptier", daemon=True)
         self._emptier.start()

@@ -69,8 +69,9 @@ class Status:
     state: State = State.STARTING
     pid: int = 0
     job_pid: int | None = None
-    job_create_time: float | None = None  # with job_cmdline: identifies an orphan of a killed supervisor
+    job_create_time: float | None = None  # with job_pid: identifies an orphan of a killed supervisor
     job_cmdline: list[str] | None = None
+    run_token: str | None = None  # the run dir's job token (also in run_dir/job.token; supervisor/identity.py)
     attempt: int = 0
     restarts: int = 0
     started_at: float = 0.0

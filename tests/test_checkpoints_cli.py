@@ -167,6 +167,50 @@ class TestConfig:
         one_line_error(fsup("checkpoints", "list", "-c", tmp_path / "nope.toml"), "nope.toml")
 
 
+class TestOneLinePerFact:
+    """The CLI prints what it did; the store's own events are not echoed next to it (issue 13 class 10)."""
+
+    def test_pin_and_unpin_print_once(self, root):
+        """pin and unpin: exactly one line on stdout, nothing on stderr."""
+        d = root / "step_00000010"
+        for verb in ("pin", "unpin"):
+            r = fsup("checkpoints", verb, d)
+            assert r.returncode == 0 and r.stdout.splitlines() == [f"{verb}ned {d}"] and r.stderr == "", (r.stdout, r.stderr)
+
+    def test_prune_prints_each_deletion_once(self, root):
+        """prune: one line per deletion, nothing else on either stream."""
+        r = fsup("checkpoints", "prune", "--dir", root, "--keep-last", "1")
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert [line.split(" (")[0] for line in r.stdout.splitlines()] == ["deleted step_00000010"], r.stdout
+
+    def test_prune_that_cannot_set_up_its_trash_is_one_line(self, root, monkeypatch, capsys):
+        """Any OSError from the store's delete path (here: no permission for the trash) is exit 2, one line."""
+        from supervisor import checkpoint_commands
+
+        def denied(root_dir, plan, **_kw):
+            raise PermissionError(13, "Permission denied", str(root_dir.parent / f".{root_dir.name}.fsdp-trash"))
+
+        monkeypatch.setattr(checkpoint_commands, "execute_retention", denied)
+        rc = top_cli.main(["checkpoints", "prune", "--dir", str(root), "--keep-last", "1"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and "cannot prune: Permission denied" in err[0], err
+        assert (root / "step_00000010").exists()
+
+    @pytest.mark.skipif(os.geteuid() == 0, reason="root may write into a read-only directory")
+    def test_prune_of_a_read_only_root_is_one_line(self, root):
+        """The same with real permissions: a root we may not write into."""
+        os.chmod(root, 0o555)
+        try:
+            one_line_error(fsup("checkpoints", "prune", "--dir", root, "--keep-last", "1"), "cannot prune")
+        finally:
+            os.chmod(root, 0o755)
+
+    def test_unbounded_sizes_are_usage_errors(self, root):
+        """--min-free-gb inf or 1e300 would overflow the planner: exit 2 naming the flag."""
+        for value in ("inf", "1e300"):
+            one_line_error(fsup("checkpoints", "prune", "--dir", root, "--min-free-gb", value, "--dry-run"), "--min-free-gb")
+
+
 class TestPinCommands:
     def test_pin_unpin_round_trip(self, root):
         """pin then unpin toggles the marker the policy honours."""

@@ -16,6 +16,7 @@ from tests.fakes import FakeSystem, RecordingLog
 BASE = """
 [job]
 command = ["torchrun", "-m", "trainer"]
+{job}
 [checkpoints]
 dir = "ckpts"
 {checkpoints}
@@ -29,10 +30,11 @@ stack_dump_wait_s = 2
 """
 
 
-def make_core(tmp_path: Path, restart: str = "", health: str = "", checkpoints: str = "keep_last = 0",
+def make_core(tmp_path: Path, restart: str = "", health: str = "", checkpoints: str = "keep_last = 0", job: str = "",
               ) -> tuple[Core, FakeSystem, RecordingLog]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     cfg_path = tmp_path / "job.toml"
-    cfg_path.write_text(BASE.format(restart=restart, health=health, checkpoints=checkpoints))
+    cfg_path.write_text(BASE.format(restart=restart, health=health, checkpoints=checkpoints, job=job))
     cfg = load_config(cfg_path)
     for d in (cfg.run_dir, cfg.checkpoints.dir):
         d.mkdir(parents=True, exist_ok=True)
@@ -132,7 +134,7 @@ class TestRestarts:
         assert core.exit_code == 0 and core.status.state is State.COMPLETED
 
     def test_quarantine_and_fallback(self, tmp_path: Path, make_checkpoint: Callable[[Path, str], Path]) -> None:
-        """Two failures right after loading step_20: it is quarantined and the next launch uses step_10."""
+        """Two attempts die while loading step_20 (heartbeat phase load): it is quarantined, step_10 is next."""
         core, fake, log = make_core(tmp_path, restart="max_no_progress_restarts = 10")
         ck = core.cfg.checkpoints.dir
         make_checkpoint(ck, "step_10")
@@ -140,6 +142,7 @@ class TestRestarts:
         core.begin(None)
         for _ in range(2):
             assert fake.spawned[-1].argv[-1] == str(ck / "step_20")
+            beat(core, 20, "load")
             exit_job(core, fake, 1)
             fake.advance(10, core)
         assert "quarantined" in log.names() and (ck / "step_20" / ".quarantined").exists()
@@ -215,23 +218,26 @@ class TestProgress:
         make_checkpoint(ck, "step_10")
         make_checkpoint(ck, "step_20")
         core.begin(None)
+        beat(core, 20, "load")
         exit_job(core, fake, 1)
         assert "quarantined" in log.names() and "checkpoint_committed" not in log.names()
         assert core.attempts[-1].progressed is False
 
 
 class TestStopAndHang:
-    def test_sigterm_stops_gracefully_and_second_kills(self, tmp_path: Path) -> None:
-        """SIGTERM -> SIGTERM to the agent only; a second signal kills the job tree at once."""
-        core, fake, _ = make_core(tmp_path)
+    def test_second_ctrl_c_in_own_terminal_kills(self, tmp_path: Path) -> None:
+        """SIGINT -> SIGTERM to the agent only; a second SIGINT typed in the supervisor's terminal kills at once."""
+        core, fake, log = make_core(tmp_path)
+        fake.terminal = True
         core.begin(None)
         pid = fake.spawned[0].pid
         core.on_signal(signal.SIGINT)
         assert fake.signals == [(pid, signal.SIGTERM)] and core.status.state is State.STOPPING
         core.on_signal(signal.SIGINT)
-        assert fake.killed_trees == [pid]
+        assert fake.killed_trees == [pid] and "stop_forced" in log.names()
         exit_job(core, fake, -9)
         assert core.exit_code == 0 and core.status.state is State.STOPPED and len(fake.spawned) == 1
+        assert core.status.reason == "force-stopped (second Ctrl+C)"
 
     def test_stop_timeout_kills(self, tmp_path: Path) -> None:
         """A job that ignores SIGTERM is SIGKILLed after stop_timeout_s."""

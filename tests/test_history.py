@@ -24,7 +24,7 @@ T0 = 1_700_000_000.0
 
 def make_core(tmp_path: Path, previous_history: bool = False) -> tuple[Core, FakeSystem, RecordingLog, HistoryRecorder]:
     cfg_path = tmp_path / "job.toml"
-    cfg_path.write_text(BASE.format(restart="", health="", checkpoints="keep_last = 0"))
+    cfg_path.write_text(BASE.format(restart="", health="", checkpoints="keep_last = 0", job=""))
     cfg = load_config(cfg_path)
     for d in (cfg.run_dir, cfg.checkpoints.dir):
         d.mkdir(parents=True, exist_ok=True)
@@ -91,12 +91,13 @@ class TestCoreRecords:
         assert st["loss_recent"][-1] == pytest.approx(10 / 16, rel=1e-5) and len(st["restart_latency_s"]) == 1
 
     def test_quarantine_recorded(self, tmp_path: Path, make_checkpoint: Callable[[Path, str], Path]) -> None:
-        """Two failures right after loading the newest checkpoint record its quarantine."""
+        """Two attempts dying while loading the newest checkpoint (heartbeat phase load) record its quarantine."""
         core, fake, _, _ = make_core(tmp_path)
         for name in ("step_10", "step_20"):
             make_checkpoint(core.cfg.checkpoints.dir, name)
         core.begin(None)
         for _ in range(2):
+            beats(core, fake, range(20, 21), phase="load")
             exit_job(core, fake, 1)
             fake.advance(10, core)
         q = [r for r in records(core) if r["kind"] == "quarantined"]

@@ -177,7 +177,7 @@ class TestQuarantine:
         assert st["resumed_from"] == str(tmp_path / "ckpts" / "step_00000005") and st["attempt"] == 4  # 1 + 3 (numbering continues)
         infos = {c.name: c for c in scan(tmp_path / "ckpts")}
         assert infos[newest.path.name].quarantined and infos["step_00000015"].complete
-        assert "quarantined: 2 consecutive attempts failed" in cli("checkpoints", "list", "-c", str(cfg2)).stdout
+        assert "quarantined: 2 consecutive attempts died while loading it" in cli("checkpoints", "list", "-c", str(cfg2)).stdout
 
 
 class TestUserScript:

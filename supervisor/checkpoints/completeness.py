@@ -10,6 +10,10 @@ partial:  no `.metadata` yet, a temporary `.tmp-` name, or a checkpoint-named fo
 torn:     `.metadata` is fine but a shard is missing or short (or fails its checksum with --deep).
 invalid:  unparseable or unsafe metadata or manifest, a storage path escaping the dir, a symlink.
 foreign:  not a checkpoint at all (shapes.py): never counted, deleted or selected.
+
+A verdict decided by `.metadata` also carries a `kind` the daemon can act on: "unsafe" (it names a
+global that could run code: treat as hostile, log loudly), "unknown_class" (a torch class this
+version does not know: most likely written by a newer torch) or "bad_metadata" (unparseable).
 """
 from __future__ import annotations
 
@@ -22,7 +26,8 @@ from supervisor.checkpoints._files import sha256_file
 from supervisor.checkpoints.shapes import DCP, DIRECTORY, NESTED, TEMPORARY, UNSTARTED, Shape, identify
 from supervisor.layout import METADATA_NAME
 from supervisor.checkpoints.manifest import Manifest, ManifestError, read_manifest
-from supervisor.checkpoints.metadata import DcpMetadata, MetadataError, UnsafeMetadataError, read_metadata
+from supervisor.checkpoints.metadata import (
+    DcpMetadata, MetadataError, UnknownClassError, UnsafeMetadataError, read_metadata)
 from supervisor.checkpoints.naming import name_step
 from supervisor.errors import CheckpointError
 
@@ -44,6 +49,7 @@ class Verdict:
     metadata: DcpMetadata | None = None
     checksummed: bool = False  # True only when --deep compared every sha256 the manifest carries
     members: frozenset[str] = frozenset()  # a nested folder's DCP dirs (relative paths); empty for a flat one
+    kind: str | None = None  # for .metadata verdicts: "unsafe", "unknown_class" or "bad_metadata"
 
     @property
     def complete(self) -> bool:
@@ -159,13 +165,15 @@ def _verify_dcp(directory: Path, deep: bool) -> Verdict:
     try:
         meta = read_metadata(directory / METADATA_NAME)
     except UnsafeMetadataError as exc:
-        return Verdict(INVALID, f"unsafe {METADATA_NAME}: {exc}")
+        return Verdict(INVALID, f"unsafe {METADATA_NAME}: {exc}", kind=exc.kind)
+    except UnknownClassError as exc:
+        return Verdict(INVALID, str(exc), kind=exc.kind)
     except MetadataError as exc:
         if not os.access(directory, os.R_OK | os.X_OK):
             return Verdict(INVALID, "the checkpoint dir cannot be read")
         if not os.path.lexists(directory / METADATA_NAME):
             return Verdict(PARTIAL, f"no {METADATA_NAME}: the save did not finish")
-        return Verdict(INVALID, f"bad {METADATA_NAME}: {exc}")
+        return Verdict(INVALID, f"bad {METADATA_NAME}: {exc}", kind=exc.kind)
     try:
         manifest = read_manifest(directory)
     except ManifestError as exc:
@@ -190,7 +198,8 @@ def _verify_nested(directory: Path, members: frozenset[str], deep: bool) -> Verd
     reason = "; ".join(f"{m}: {v.reason}" for m, v in bad[:_MAX_REASONS])
     if len(bad) > _MAX_REASONS:
         reason += f" (+{len(bad) - _MAX_REASONS} more)"
-    return Verdict(state, reason, members=members)
+    kind = next((v.kind for _, v in bad if v.kind is not None), None)  # an unsafe member makes the folder unsafe
+    return Verdict(state, reason, members=members, kind=kind)
 
 
 def against_reference(verdict: Verdict, reference: frozenset[str], sibling: str) -> Verdict:

@@ -30,6 +30,8 @@ def main() -> int:
     p.add_argument("--val-every", type=int, default=0, help="report a val_loss from this many steps on, updated as often")
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--trap-term", default=None, help="on SIGTERM write this file and exit 0")
+    p.add_argument("--stop-delay", type=float, default=0.0,
+                   help="with --trap-term: take this long to stop (an emergency checkpoint being written)")
     p.add_argument("--ignore-term", action="store_true")
     p.add_argument("--leak", default=None, help="start a detached grandchild that writes its pid here")
     p.add_argument("--marker", default=None, help="append the attempt number and argv here at start")
@@ -37,6 +39,8 @@ def main() -> int:
     a = p.parse_args()
     if a.trap_term:
         def on_term(signum: int, _f: object) -> None:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop at a time, like the trainer
+            time.sleep(a.stop_delay)
             Path(a.trap_term).write_text(str(signum))
             sys.exit(0)
         signal.signal(signal.SIGTERM, on_term)
