@@ -66,9 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bound on any collective, incl. stop agreement and checkpoint coordination")
     p.add_argument("--manifest-sha256", action="store_true", help="also record sha256 of every file")
     val = p.add_argument_group("validation and the best model")
-    val.add_argument("--eval-every", type=non_negative_int, default=0,
+    val.add_argument("--eval-every", type=non_negative_int, default=0, metavar="N",
                      help="evaluate on held-out data every N steps (0 = off); an evaluated step is always saved")
-    val.add_argument("--eval-batches", type=positive_int, default=4, help="batches per rank in one evaluation")
+    val.add_argument("--eval-batches", type=positive_int, default=4, metavar="K", help="batches per rank in one evaluation")
     val.add_argument("--export-best", type=Path, default=None, metavar="DIR",
                      help="write DIR/model.safetensors and DIR/best.json whenever val_loss improves")
     model = p.add_argument_group("model and optimization")
