@@ -177,6 +177,7 @@ class Core:
         if last is not None and last.error is None:
             self.status.checkpoint_bytes = last.checkpoint_bytes
             self.status.quarantined = last.quarantined
+            self.status.best_checkpoint = self.house.best_json()
         self.status.latest_checkpoint = self.house.latest_json()
 
     def _give_up(self, reason: str) -> None:

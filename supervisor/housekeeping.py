@@ -15,7 +15,7 @@ root, or into the run dir when the root's parent cannot hold it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from supervisor.config import Config
 from supervisor.errors import CheckpointError
 from supervisor.layout import MANIFEST_NAME, METADATA_NAME
 
-__all__ = ["Housekeeper", "PassResult"]
+__all__ = ["Housekeeper", "PassResult", "best_checkpoint"]
 
 
 @dataclass(frozen=True)
@@ -180,6 +180,12 @@ class Housekeeper:
         c = self.latest
         return None if c is None else {"path": str(c.path), "step": c.step, "mtime": c.mtime}
 
+    def best_json(self) -> dict[str, Any] | None:
+        """The best checkpoint of the last pass (`best_checkpoint`), for status."""
+        if self.last is None or self.last.error is not None:
+            return None
+        return best_checkpoint(self.last.checkpoints, self.cfg.checkpoints.keep_best)
+
     def full_disk_note(self, low_free: int | None = None) -> str | None:
         """A note for a failed attempt when the checkpoint file system cannot hold one more checkpoint.
 
@@ -201,6 +207,21 @@ class Housekeeper:
         store.quarantine(path, reason)
         if self.latest is not None and self.latest.path == path:
             self.latest = None  # until the next pass names the fallback
+
+
+def best_checkpoint(checkpoints: Sequence[store.CheckpointInfo], rule: store.KeepBest | None) -> dict[str, Any] | None:
+    """`{path, step, metric, value}` of the best usable checkpoint by a manifest metric, or None.
+
+    The metric and mode are `keep_best`'s; without keep_best, `val_loss` (lower is better) when checkpoints
+    carry it. Complete, non-quarantined checkpoints only; among equal values the newest wins (`checkpoints`
+    comes newest first, as retention ranks them).
+    """
+    metric, sign = ("val_loss", 1) if rule is None else (rule.metric, 1 if rule.mode == "min" else -1)
+    scored = [c for c in checkpoints if c.complete and not c.quarantined and metric in c.metrics]
+    if not scored:
+        return None
+    best = min(scored, key=lambda c: sign * c.metrics[metric])  # min keeps the first (newest) of equals
+    return {"path": str(best.path), "step": best.step, "metric": metric, "value": best.metrics[metric]}
 
 
 def _newer(cur: store.CheckpointInfo, old: store.CheckpointInfo | None) -> bool:

@@ -84,6 +84,8 @@ class Status:
     rate_steps_per_s: float | None = None
     resumed_from: str | None = None
     latest_checkpoint: dict[str, Any] | None = None  # {path, step, mtime}
+    # {path, step, metric, value}: the best complete checkpoint by keep_best's metric (else val_loss, min)
+    best_checkpoint: dict[str, Any] | None = None
     disk_free_bytes: int | None = None
     checkpoint_bytes: int | None = None  # bytes in complete checkpoints under the root
     quarantined: list[str] = field(default_factory=list)
@@ -120,6 +122,9 @@ class Status:
         ck = known.get("latest_checkpoint")  # a dict by now; `status` does arithmetic on its fields
         if ck is not None and not all(_conforms(ck.get(k), t) for k, t in _CHECKPOINT_FIELDS.items()):
             raise ValueError("state.json: latest_checkpoint is not {path, step, mtime}")
+        best = known.get("best_checkpoint")
+        if best is not None and not all(_conforms(best.get(k), t) for k, t in _BEST_FIELDS.items()):
+            raise ValueError("state.json: best_checkpoint is not {path, step, metric, value}")
         return cls(**known)
 
 
@@ -134,6 +139,7 @@ def _finite_only(value: Any) -> Any:
 
 
 _CHECKPOINT_FIELDS: dict[str, Any] = {"path": str | None, "step": int | None, "mtime": float | None}
+_BEST_FIELDS: dict[str, Any] = {"path": str, "step": int | None, "metric": str, "value": float}
 
 
 def _conforms(value: Any, hint: Any) -> bool:

@@ -59,6 +59,19 @@ class TestBadInput:
         proc = run_trainer("--checkpoint-dir", "file/ckpts", cwd=tmp_path)
         assert_usage_error(proc, "file/ckpts")
 
+    def test_export_best_needs_evaluation(self, tmp_path) -> None:
+        """`--export-best` without `--eval-every` has no val_loss to choose by: exit 2, DIR not created."""
+        proc = run_trainer("--checkpoint-dir", "ckpts", "--export-best", "best", cwd=tmp_path)
+        assert_usage_error(proc, "--eval-every")
+        assert not (tmp_path / "best").exists()
+
+    def test_export_best_is_a_file(self, tmp_path) -> None:
+        """A regular file where the best-model dir should be is named and left alone."""
+        (tmp_path / "best").write_text("keep me")
+        proc = run_trainer("--checkpoint-dir", "ckpts", "--eval-every", "5", "--export-best", "best", cwd=tmp_path)
+        assert_usage_error(proc, "--export-best")
+        assert (tmp_path / "best").read_text() == "keep me"
+
 
 class TestValidate:
     def parse(self, tmp_path, *extra: str):
@@ -83,3 +96,11 @@ class TestValidate:
         """A complete checkpoint passes as `--resume PATH`."""
         ckpt = write_checkpoint(tmp_path / "c", 4)
         validate(self.parse(tmp_path, "--resume", str(ckpt)))
+
+    def test_data_file_must_hold_a_validation_region(self, tmp_path) -> None:
+        """With evaluation on, a file too short to split into training and held-out parts is refused."""
+        data = tmp_path / "short.txt"
+        data.write_bytes(b"x" * 60)
+        validate(self.parse(tmp_path, "--data", str(data), "--seq-len", "32"))  # eval off: long enough
+        with pytest.raises(UsageError, match="--data.*--eval-every needs at least 68"):
+            validate(self.parse(tmp_path, "--data", str(data), "--seq-len", "32", "--eval-every", "10"))

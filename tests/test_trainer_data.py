@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainer.data import VOCAB_SIZE, FileData, MarkovData, rank_batch
+from trainer.data import VOCAB_SIZE, FileData, MarkovData, datasets, rank_batch, split_point
 
 
 class TestMarkovData:
@@ -61,3 +61,37 @@ class TestFileData:
         path.write_bytes(b"abc")
         with pytest.raises(ValueError, match="shorter"):
             FileData(path, seed=0, seq_len=16)
+
+
+class TestHeldOut:
+    def test_markov_validation_is_a_separate_stream_of_the_same_chain(self) -> None:
+        """Held-out samples follow the same chain but are other samples than training's, index for index."""
+        train, val = datasets(3, 32, held_out=True)
+        assert val is not None and np.array_equal(train.successors, val.successors)
+        assert all(not np.array_equal(train.sample(i), val.sample(i)) for i in range(20))
+        assert np.array_equal(val.sample(5), datasets(3, 32, held_out=True)[1].sample(5))  # deterministic
+
+    def test_without_evaluation_training_data_is_unchanged(self, tmp_path) -> None:
+        """Eval off holds nothing out: the same windows (file) and samples (synthetic) as ever."""
+        path = tmp_path / "data.bin"
+        path.write_bytes(bytes(np.random.default_rng(1).integers(0, 256, 3000, dtype=np.uint8)))
+        train, val = datasets(5, 16, path)
+        assert val is None and all(np.array_equal(train.sample(i), FileData(path, 5, 16).sample(i)) for i in range(30))
+        assert datasets(5, 16)[1] is None
+        assert np.array_equal(datasets(5, 16)[0].sample(4), MarkovData(5, 16).sample(4))
+
+    def test_file_training_windows_never_touch_the_held_out_region(self, tmp_path) -> None:
+        """Bytes before the split are 1, after it 2: training sees only 1s, validation only 2s."""
+        n, seq = 2000, 16
+        split = split_point(n, seq)
+        path = tmp_path / "data.bin"
+        path.write_bytes(b"\x01" * split + b"\x02" * (n - split))
+        train, val = datasets(0, seq, path, held_out=True)
+        assert split == n - n // 10
+        assert all(set(train.sample(i).tolist()) == {1} for i in range(500))
+        assert all(set(val.sample(i).tolist()) == {2} for i in range(200))
+
+    def test_a_small_file_holds_out_at_least_one_sample(self) -> None:
+        """The held-out region is a tenth of the file, never shorter than a sample."""
+        assert split_point(100, 16) == 100 - 18
+        assert split_point(10_000, 16) == 9_000

@@ -1,8 +1,9 @@
-"""The reference trainer under real torchrun (2 CPU ranks, gloo): exact resume, async save, signals, export.
+"""The reference trainer under real torchrun (2 CPU ranks, gloo): exact resume, async save, signals, export,
+evaluation and the best model.
 
-One uninterrupted reference run is the yardstick: every interrupted-and-resumed run must end (and save every
-common step) with weights bit-identical to it. Interruptions happen at a randomly drawn step; the drawn
-values are in the assertion messages.
+One uninterrupted reference run (evaluation off) is the yardstick: every interrupted-and-resumed run must end
+(and save every common step) with weights bit-identical to it, with evaluation on or off. Interruptions happen
+at a randomly drawn step; the drawn values are in the assertion messages.
 """
 from __future__ import annotations
 
@@ -16,15 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.checkpoints import verify
+from supervisor.checkpoints import DiskUsage, RetentionRules, newest_complete, plan_retention, scan, verify
 from supervisor.layout import MANIFEST_NAME, METADATA_NAME, TMP_PREFIX, step_dir_name
 from tests.helpers import Job, Launcher, logged_steps, module_torchrun, torchrun, wait_for  # noqa: F401
+from trainer.best import BEST_FILE, STALL_ENV, WEIGHTS_FILE
 from trainer.heartbeat import HEARTBEAT_ENV
 
 pytestmark = pytest.mark.integration
 
 STEPS, SAVE_EVERY = 24, 4
 BASE = ["--steps", STEPS, "--save-every", SAVE_EVERY, "--log-every", 1, "--seed", 7]
+EVAL = ["--eval-every", SAVE_EVERY, "--eval-batches", 2]
 JOB_TIMEOUT = 240
 
 
@@ -52,6 +55,37 @@ def assert_same_weights(a: Path, b: Path, context: str) -> None:
     assert not differ, f"{context}: {a.name} vs {b.name} differ in {differ[:5]}"
 
 
+def assert_same_rng_and_progress(a: Path, b: Path, context: str) -> None:
+    """Every rank's RNG states and the progress counters are equal: nothing drew from them that the other did not."""
+    import torch
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    sa, sb = (_load_state_dict_from_keys({"rng", "train"}, checkpoint_id=str(p)) for p in (a, b))
+    assert sa["train"] == sb["train"], context
+    for rank, states in sa["rng"].items():
+        other = sb["rng"][rank]
+        assert states["python"] == other["python"] and torch.equal(states["torch"], other["torch"]), f"{context} {rank}"
+
+
+def manifest(path: Path) -> dict:
+    return json.loads((path / MANIFEST_NAME).read_text())
+
+
+def assert_best_is_the_lowest(root: Path, best_dir: Path, context: str) -> None:
+    """best.json names the checkpoint with the lowest val_loss any manifest recorded; its weights are that one's."""
+    from safetensors.torch import load_file
+    import torch
+
+    recorded = {step: manifest(p)["metrics"]["val_loss"] for step, p in complete_steps(root).items()
+                if "val_loss" in manifest(p)["metrics"]}
+    lowest = min(recorded, key=lambda step: (recorded[step], -step))
+    best = json.loads((best_dir / BEST_FILE).read_text())
+    assert best == {"step": lowest, "val_loss": recorded[lowest], "checkpoint": str(root / step_dir_name(lowest))}, \
+        f"{context}: {recorded}"
+    exported, saved = load_file(best_dir / WEIGHTS_FILE), weights(root / step_dir_name(lowest))
+    assert exported.keys() == saved.keys() and all(torch.equal(exported[k], saved[k]) for k in saved), context
+
+
 def assert_ok(job: Job) -> None:
     """The job exited 0 and every rank recorded exit code 0."""
     assert job.proc.returncode == 0, job.text()[-4000:]
@@ -74,14 +108,6 @@ def wait_step(job: Job, step: int) -> int:
     return wait_for(seen, JOB_TIMEOUT, f"step {step}")  # type: ignore[return-value]
 
 
-def kill_rank_at(job: Job, rank: int, step: int) -> None:
-    """SIGKILL one worker once training reached `step`, then wait for torchrun to give up."""
-    worker = job.worker_of_rank(rank)
-    wait_step(job, step)
-    worker.kill()
-    assert job.wait(JOB_TIMEOUT) != 0
-
-
 @dataclass
 class Reference:
     root: Path
@@ -100,20 +126,55 @@ def reference(module_torchrun: Launcher, tmp_path_factory: pytest.TempPathFactor
     return Reference(tmp / "ckpts", hb, job)
 
 
+@dataclass
+class BestRun:
+    root: Path
+    best_dir: Path
+    stall_step: int
+    resumed: Job
+    heartbeat: Path
+
+
+@pytest.fixture(scope="module")
+def best_run(module_torchrun: Launcher, tmp_path_factory: pytest.TempPathFactory) -> BestRun:
+    """FSDP2 with evaluation and `--export-best <root>/best`: rank 0 SIGKILLed at a random new best, after its
+    checkpoint committed and its weights were written but before its best.json; resumed."""
+    tmp = tmp_path_factory.mktemp("best")
+    root = tmp / "ckpts"
+    best_dir = root / "best"
+    args = [*BASE, *EVAL, "--checkpoint-dir", root, "--export-best", best_dir]
+    stall = random.choice(range(2 * SAVE_EVERY, STEPS, SAVE_EVERY))  # a best.json of an earlier step exists
+    job = module_torchrun.torchrun(args, env={STALL_ENV: str(stall)})
+    rank0 = job.worker_of_rank(0)
+    committed, exported = root / step_dir_name(stall) / MANIFEST_NAME, best_dir / WEIGHTS_FILE
+
+    def stalled() -> bool:
+        if job.proc.poll() is not None:
+            raise AssertionError(f"job exited early (rc={job.proc.returncode}):\n{job.text()[-3000:]}")
+        return committed.exists() and exported.exists() and exported.stat().st_mtime_ns >= committed.stat().st_mtime_ns
+
+    wait_for(stalled, JOB_TIMEOUT, f"the best model of step {stall} written, its best.json not yet")
+    rank0.kill()
+    assert job.wait(JOB_TIMEOUT) != 0
+    assert json.loads((best_dir / BEST_FILE).read_text())["step"] == stall - SAVE_EVERY, f"stall={stall}"
+    hb = tmp / "heartbeat.json"
+    resumed = module_torchrun.run(args, env={HEARTBEAT_ENV: str(hb)}, timeout=JOB_TIMEOUT)
+    return BestRun(root, best_dir, stall, resumed, hb)
+
+
 class TestBitExactResume:
-    def test_sigkill_at_random_step_resumes_bit_exact(self, reference, torchrun, tmp_path) -> None:
-        """FSDP2: SIGKILL a worker at a random step, resume with --resume auto: every save equals the reference."""
-        root = tmp_path / "ckpts"
-        k = random.randrange(SAVE_EVERY + 1, STEPS - 6)
-        kill_rank_at(torchrun.torchrun([*BASE, "--checkpoint-dir", root]), rank=1, step=k)
-        before = complete_steps(root)
-        final = torchrun.run([*BASE, "--checkpoint-dir", root], timeout=JOB_TIMEOUT)
-        assert_ok(final)
-        assert f"event=resuming rank=0 path={root / step_dir_name(max(before))} " in final.text(), f"k={k}"
-        done = complete_steps(root)
-        assert STEPS in done, f"k={k}"
+    def test_sigkill_at_a_random_new_best_resumes_bit_exact(self, best_run, reference) -> None:
+        """FSDP2 with evaluation: rank 0 SIGKILLed at a random step (a new best's export), resumed with --resume auto:
+        every save equals the (evaluation off) reference's weights, RNG states and counters."""
+        stall = best_run.stall_step
+        assert_ok(best_run.resumed)
+        assert f"event=resuming rank=0 path={best_run.root / step_dir_name(stall)} " in best_run.resumed.text(), stall
+        done = complete_steps(best_run.root)
+        assert STEPS in done, f"stall={stall}"
         for step, path in sorted(done.items()):
-            assert_same_weights(path, reference.root / step_dir_name(step), f"k={k} step={step}")
+            context = f"stall={stall} step={step}"
+            assert_same_weights(path, reference.root / step_dir_name(step), context)
+            assert_same_rng_and_progress(path, reference.root / step_dir_name(step), context)
 
 
 @dataclass
@@ -127,9 +188,10 @@ class MidSave:
 
 @pytest.fixture(scope="module")
 def fsdp1_mid_save(reference, module_torchrun: Launcher, tmp_path_factory: pytest.TempPathFactory) -> MidSave:
-    """FSDP1: rank 0 SIGKILLed at a random save, after DCP wrote everything but before the commit; resumed."""
+    """FSDP1 with evaluation: rank 0 SIGKILLed at a random save, after DCP wrote everything but before the
+    commit; resumed."""
     root = tmp_path_factory.mktemp("fsdp1") / "ckpts"
-    args = [*BASE, "--fsdp", 1, "--checkpoint-dir", root]
+    args = [*BASE, *EVAL, "--fsdp", 1, "--checkpoint-dir", root, "--export-best", root.parent / "best"]
     save_step = random.choice(range(2 * SAVE_EVERY, STEPS, SAVE_EVERY))
     job = module_torchrun.torchrun(args, env={"FSDP_TRAINER_TEST_STALL_COMMIT_STEP": str(save_step)})
     rank0 = job.worker_of_rank(0)
@@ -150,13 +212,53 @@ class TestFsdp1MidSave:
         assert f"event=resuming rank=0 path={run.root / step_dir_name(run.save_step - SAVE_EVERY)} " in run.resumed.text()
 
     def test_fsdp1_resume_is_bit_exact(self, fsdp1_mid_save, reference) -> None:
-        """FSDP1 (SHARDED_STATE_DICT) resumes exactly; on this model it even matches FSDP2 bit for bit."""
+        """FSDP1 (SHARDED_STATE_DICT) with evaluation resumes exactly; on this model it even matches FSDP2 (with
+        evaluation off) bit for bit."""
         run = fsdp1_mid_save
         assert_ok(run.resumed)
         done = complete_steps(run.root)
         assert STEPS in done, f"save_step={run.save_step}"
         for step, path in sorted(done.items()):
             assert_same_weights(path, reference.root / step_dir_name(step), f"fsdp1 save_step={run.save_step} step={step}")
+
+    def test_fsdp1_best_model_is_its_checkpoint(self, fsdp1_mid_save) -> None:
+        """FSDP1's FULL_STATE_DICT gather gives the bits of the checkpoint best.json names."""
+        run = fsdp1_mid_save
+        assert_best_is_the_lowest(run.root, run.root.parent / "best", f"fsdp1 save_step={run.save_step}")
+
+
+class TestEvaluation:
+    def test_every_evaluated_step_is_saved_with_its_val_loss(self, best_run) -> None:
+        """Each evaluation's val_loss is in the manifest of the checkpoint saved at that step."""
+        done = complete_steps(best_run.root)
+        assert sorted(done) == list(range(SAVE_EVERY, STEPS + 1, SAVE_EVERY))
+        values = [manifest(done[s])["metrics"]["val_loss"] for s in sorted(done)]
+        assert all(isinstance(v, float) and 0 < v < 10 for v in values), values
+
+    def test_heartbeat_carries_the_last_val_loss(self, best_run) -> None:
+        """The final beat repeats the last evaluation's val_loss."""
+        beat = json.loads(best_run.heartbeat.read_text())
+        assert beat["val_loss"] == manifest(best_run.root / step_dir_name(STEPS))["metrics"]["val_loss"]
+
+
+class TestBestModel:
+    def test_interrupted_export_is_finished_on_resume(self, best_run) -> None:
+        """The resumed run sees step N's manifest beat best.json and exports the loaded weights at once."""
+        text, stall = best_run.resumed.text(), best_run.stall_step
+        assert f"event=best_model_recovered rank=0 step={stall} " in text, f"stall={stall}\n{text[-3000:]}"
+
+    def test_best_json_names_the_lowest_val_loss_and_holds_its_weights(self, best_run) -> None:
+        """best.json: the lowest val_loss any manifest recorded, and model.safetensors equals that checkpoint's export."""
+        assert_best_is_the_lowest(best_run.root, best_run.best_dir, f"stall={best_run.stall_step}")
+
+    def test_best_dir_inside_the_root_is_never_a_checkpoint(self, best_run) -> None:
+        """ckpts/best is foreign: listed, never the newest, never deleted by retention (even as old debris)."""
+        found = {c.name: c for c in scan(best_run.root)}
+        assert found["best"].state == "foreign" and not found["best"].complete
+        assert newest_complete(best_run.root).name == step_dir_name(STEPS)  # type: ignore[union-attr]
+        plan = plan_retention(list(found.values()), rules=RetentionRules(keep_last=1, partial_max_age_s=0),
+                              disk=DiskUsage(total_bytes=1, free_bytes=0), now=10**10)
+        assert best_run.best_dir not in {d.path for d in plan.deletions} and best_run.best_dir in plan.kept
 
 
 @dataclass

@@ -37,6 +37,20 @@ Make your own loop supervisable with three pieces (all collectives are called on
             saver.save(step + 1, state, metrics={"loss": loss})
     saver.wait()
 
+Keep the best model by validation loss (`--export-best`'s files) from your loop; `val_loss` must be the same
+on every rank (all-reduced), since a new best means collectives::
+
+    from trainer.best import Best, improves, read_best, write_best
+    from trainer.state import full_model_weights
+
+    best, problem = read_best("ckpts/best")              # (None, None) in a fresh dir; `problem`: why one is ignored
+    if improves(best, val_loss):                         # strictly lower and finite
+        saver.save(step, state, metrics={"loss": loss, "val_loss": val_loss}, blocking=True)
+        weights = full_model_weights(model)              # every rank; rank 0 gets the full model on CPU
+        best = Best(step, val_loss, str(saver.last.final))
+        if dist.get_rank() == 0:
+            write_best("ckpts/best", weights, best)      # model.safetensors, then best.json
+
 Importing `trainer` itself is cheap; torch is imported by the modules that need it.
 """
 from __future__ import annotations

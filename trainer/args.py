@@ -14,7 +14,8 @@ from pathlib import Path
 
 from supervisor.errors import EXIT_USAGE, UsageError
 
-__all__ = ["build_parser", "parse_args", "validate", "positive_int", "non_negative_int"]
+__all__ = ["build_parser", "parse_args", "validate", "positive_int", "non_negative_int", "positive_float",
+           "OneLineParser"]
 
 
 def positive_int(text: str) -> int:
@@ -41,7 +42,7 @@ def positive_float(text: str) -> float:
     return value
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     """Keep argparse's exit code 2 and one-line message, without the usage dump."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
@@ -49,7 +50,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="trainer", description="Reference FSDP trainer: tiny byte-level LM, DCP checkpoints.",
+    p = OneLineParser(prog="trainer", description="Reference FSDP trainer: tiny byte-level LM, DCP checkpoints.",
                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--checkpoint-dir", required=True, type=Path, help="where step_<N> checkpoints go")
     p.add_argument("--steps", type=non_negative_int, default=200, help="total optimizer steps")
@@ -64,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pg-timeout-s", type=positive_float, default=120.0,
                    help="bound on any collective, incl. stop agreement and checkpoint coordination")
     p.add_argument("--manifest-sha256", action="store_true", help="also record sha256 of every file")
+    val = p.add_argument_group("validation and the best model")
+    val.add_argument("--eval-every", type=non_negative_int, default=0, metavar="N",
+                     help="evaluate on held-out data every N steps (0 = off); an evaluated step is always saved")
+    val.add_argument("--eval-batches", type=positive_int, default=4, metavar="K", help="batches per rank in one evaluation")
+    val.add_argument("--export-best", type=Path, default=None, metavar="DIR",
+                     help="write DIR/model.safetensors and DIR/best.json whenever val_loss improves")
     model = p.add_argument_group("model and optimization")
     model.add_argument("--d-model", type=positive_int, default=64, help="transformer width")
     model.add_argument("--n-layers", type=positive_int, default=2, help="transformer blocks (one FSDP unit each)")
@@ -90,17 +97,29 @@ def _check_resume(value: str) -> None:
         raise UsageError(f"--resume {value}: incomplete checkpoint ({result.reason})")
 
 
-def _check_writable(root: Path) -> None:
+def _check_writable(root: Path, flag: str = "--checkpoint-dir") -> None:
     """Create `root` if needed and prove we can create (and remove) a file in it."""
     if root.exists() and not root.is_dir():
-        raise UsageError(f"--checkpoint-dir {root}: exists and is not a directory")
+        raise UsageError(f"{flag} {root}: exists and is not a directory")
     try:
         root.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".probe-", dir=root)
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
-        raise UsageError(f"--checkpoint-dir {root}: not writable ({exc.strerror or exc})") from None
+        raise UsageError(f"{flag} {root}: not writable ({exc.strerror or exc})") from None
+
+
+def _check_eval(args: argparse.Namespace) -> None:
+    if args.export_best is not None and not args.eval_every:
+        raise UsageError(f"--export-best {args.export_best}: needs --eval-every N (the best is chosen by val_loss)")
+    if args.data is not None and args.eval_every:
+        from trainer.data import split_point  # numpy: only when there is a file to split
+
+        size = args.data.stat().st_size
+        if split_point(size, args.seq_len) < args.seq_len + 2:
+            raise UsageError(f"--data {args.data}: {size} bytes are too few to hold out a validation region "
+                             f"(--eval-every needs at least {2 * (args.seq_len + 2)})")
 
 
 def validate(args: argparse.Namespace) -> None:
@@ -114,9 +133,12 @@ def validate(args: argparse.Namespace) -> None:
             raise UsageError(f"--data {args.data}: no such file")
         if args.data.stat().st_size < args.seq_len + 2:
             raise UsageError(f"--data {args.data}: shorter than --seq-len + 2 bytes")
+    _check_eval(args)
     # Resume is checked before the checkpoint dir is created: a bad --resume leaves the disk untouched.
     _check_resume(args.resume)
     _check_writable(args.checkpoint_dir)
+    if args.export_best is not None:
+        _check_writable(args.export_best, "--export-best")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

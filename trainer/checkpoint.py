@@ -39,7 +39,8 @@ from supervisor.layout import step_dir_name, tmp_dir_name
 from trainer.commit import build_manifest, commit
 from trainer.staging import CachedStager
 
-__all__ = ["Checkpointer", "save_checkpoint", "load_checkpoint", "resolve_resume", "SaveResult"]
+__all__ = ["Checkpointer", "save_checkpoint", "load_checkpoint", "resolve_resume", "SaveResult",
+           "broadcast_from_rank0"]
 
 # Test hook: rank 0 stalls before committing this step, so a test can kill it mid-save deterministically.
 STALL_COMMIT_ENV = "FSDP_TRAINER_TEST_STALL_COMMIT_STEP"
@@ -54,8 +55,8 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def _broadcast(value: Any, group: dist.ProcessGroup | None) -> Any:
-    """Rank 0's `value`, on every rank."""
+def broadcast_from_rank0(value: Any, group: dist.ProcessGroup | None) -> Any:
+    """Collective: rank 0's `value` (any picklable object), on every rank."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return value
     box = [value]
@@ -110,7 +111,7 @@ class Checkpointer:
         self.last: SaveResult | None = None
         self._stager: CachedStager | None = None  # CPU buffers reused by every async save (one in flight)
         # One nonce per run (rank 0 draws, all ranks agree): temp names never collide with a dead attempt's.
-        self.nonce = _broadcast(secrets.token_hex(4), control_group)
+        self.nonce = broadcast_from_rank0(secrets.token_hex(4), control_group)
 
     def save(self, step: int, state: dict[str, Any], *, metrics: dict[str, Any] | None = None,
              blocking: bool | None = None) -> SaveResult:
@@ -209,5 +210,5 @@ def resolve_resume(spec: str, root: str | os.PathLike, *,
 
         info = newest_complete(root) if Path(root).is_dir() else None
         choice = os.fspath(info.path) if info is not None else None
-    choice = _broadcast(choice, group)
+    choice = broadcast_from_rank0(choice, group)
     return Path(choice) if choice is not None else None

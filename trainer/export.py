@@ -1,22 +1,36 @@
-"""`python -m trainer.export CHECKPOINT_DIR OUT.pt`: consolidated model weights, no process group needed.
+"""`python -m trainer.export CHECKPOINT_DIR OUT`: consolidated model weights for deployment, no process group needed.
 
-The output is a flat `{parameter name: tensor}` dict, names without FSDP wrapper prefixes (identical for
-FSDP1 and FSDP2 checkpoints), loadable with `torch.load(path, weights_only=True)` into an unwrapped model.
+OUT ending in `.safetensors` gets safetensors (what inference servers and model hubs load); any other name
+gets a torch `.pt` file. Either holds a flat `{parameter name: tensor}` map, names without FSDP wrapper
+prefixes (identical for FSDP1 and FSDP2 checkpoints), that an unwrapped `TinyLM` loads strictly.
+
+`--dtype` casts floating-point tensors; `--sharded-max-gb G` splits a safetensors export larger than G GiB
+into `<stem>-0000k-of-0000n.safetensors` plus `<stem>.safetensors.index.json` (`{"metadata": {"total_size"},
+"weight_map": {name: file}}`), the layout model hubs use. Every file is written atomically, the index last.
+The trainer's `--export-best` writes its `model.safetensors` through `write_safetensors` too.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+from supervisor.atomic import replacing, write_atomic
 from supervisor.errors import EXIT_USAGE, UsageError
+from trainer.args import OneLineParser, positive_float
 
-__all__ = ["load_model_weights", "export", "main"]
+__all__ = ["load_model_weights", "export", "main", "unshared", "plan_shards", "shard_file_names", "index_name",
+           "write_safetensors", "DTYPES", "SAFETENSORS_SUFFIX"]
 
 MODEL_KEY = "model"
+SAFETENSORS_SUFFIX = ".safetensors"
+DTYPES = ("float32", "bfloat16", "float16")
+_GIB = 2**30
 
 
 def load_model_weights(checkpoint_dir: str | os.PathLike) -> dict:
@@ -33,19 +47,95 @@ def load_model_weights(checkpoint_dir: str | os.PathLike) -> dict:
     return {name: t.detach().cpu().contiguous() for name, t in weights.items() if isinstance(t, torch.Tensor)}
 
 
-def export(checkpoint_dir: str | os.PathLike, out: str | os.PathLike) -> int:
-    """Write the weights of `checkpoint_dir` to `out` atomically; returns the number of tensors."""
+def unshared(weights: Mapping[str, Any]) -> dict[str, Any]:
+    """Contiguous CPU tensors, no two sharing storage: safetensors refuses tied tensors, so later ones are cloned.
+
+    A tied pair (an output head sharing the embedding) is written twice; loading restores both names, and
+    `load_state_dict` copies into the model's own (still tied) parameters.
+    """
     import torch
 
-    weights = load_model_weights(checkpoint_dir)
+    seen: set[int] = set()
+    out: dict[str, Any] = {}
+    for name, tensor in weights.items():
+        t = tensor.detach().cpu()
+        if t.untyped_storage().data_ptr() in seen or not t.is_contiguous():
+            t = t.clone(memory_format=torch.contiguous_format)
+        seen.add(t.untyped_storage().data_ptr())
+        out[name] = t
+    return out
+
+
+def plan_shards(sizes: Sequence[tuple[str, int]], max_bytes: int) -> list[list[str]]:
+    """Pack tensors, in order, into shards of at most `max_bytes` each (a larger tensor gets a shard of its own)."""
+    shards: list[list[str]] = []
+    used = 0
+    for name, size in sizes:
+        if not shards or (used + size > max_bytes and shards[-1]):
+            shards.append([])
+            used = 0
+        shards[-1].append(name)
+        used += size
+    return shards
+
+
+def shard_file_names(out: Path, count: int) -> list[Path]:
+    """`model.safetensors` split in 3: `model-00001-of-00003.safetensors`, ... (1-based, 5 digits, hub style)."""
+    stem = out.name[: -len(SAFETENSORS_SUFFIX)]
+    return [out.with_name(f"{stem}-{k:05d}-of-{count:05d}{SAFETENSORS_SUFFIX}") for k in range(1, count + 1)]
+
+
+def index_name(out: Path) -> Path:
+    return out.with_name(f"{out.name}.index.json")
+
+
+def _save_file(tensors: Mapping[str, Any], path: Path) -> None:
+    from safetensors.torch import save_file
+
+    with replacing(path) as tmp:
+        save_file(dict(tensors), os.fspath(tmp), metadata={"format": "pt"})
+
+
+def write_safetensors(weights: Mapping[str, Any], out: str | os.PathLike, *,
+                      max_shard_bytes: int | None = None) -> list[Path]:
+    """Write `weights` as one safetensors file, or as hub-style shards plus an index; returns the files written."""
     out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
+    tensors = unshared(weights)
+    sizes = [(name, t.numel() * t.element_size()) for name, t in tensors.items()]
+    groups = plan_shards(sizes, max_shard_bytes) if max_shard_bytes else [list(tensors)]
+    if len(groups) <= 1:
+        _save_file(tensors, out)
+        return [out]
+    files = shard_file_names(out, len(groups))
+    for path, names in zip(files, groups):
+        _save_file({n: tensors[n] for n in names}, path)
+    index = {"metadata": {"total_size": sum(size for _, size in sizes)},
+             "weight_map": {n: path.name for path, names in zip(files, groups) for n in names}}
+    write_atomic(index_name(out), json.dumps(index, indent=2, sort_keys=True).encode())
+    return [*files, index_name(out)]
+
+
+def _cast(weights: dict, dtype: str | None) -> dict:
+    import torch
+
+    if dtype is None:
+        return weights
+    target = getattr(torch, dtype)
+    return {n: (t.to(target) if t.is_floating_point() else t) for n, t in weights.items()}
+
+
+def export(checkpoint_dir: str | os.PathLike, out: str | os.PathLike, *, dtype: str | None = None,
+           max_shard_bytes: int | None = None) -> tuple[int, list[Path]]:
+    """Write the weights of `checkpoint_dir` to `out` atomically; returns (number of tensors, files written)."""
+    import torch
+
+    weights = _cast(load_model_weights(checkpoint_dir), dtype)
+    out = Path(out)
+    if out.name.endswith(SAFETENSORS_SUFFIX):
+        return len(weights), write_safetensors(weights, out, max_shard_bytes=max_shard_bytes)
+    with replacing(out) as tmp:
         torch.save(weights, tmp)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return len(weights)
+    return len(weights), [out]
 
 
 def _validate(args: argparse.Namespace) -> None:
@@ -56,23 +146,36 @@ def _validate(args: argparse.Namespace) -> None:
     verdict = verify(args.checkpoint)
     if not verdict.complete:
         raise UsageError(f"{args.checkpoint}: incomplete checkpoint ({verdict.reason})")
+    if args.out.is_dir():
+        raise UsageError(f"{args.out}: is a directory; name the output file (model.safetensors or model.pt)")
     parent = args.out.parent if str(args.out.parent) else Path(".")
     if not parent.is_dir() or not os.access(parent, os.W_OK):
         raise UsageError(f"{args.out}: its directory does not exist or is not writable")
+    if args.sharded_max_gb is not None and not args.out.name.endswith(SAFETENSORS_SUFFIX):
+        raise UsageError(f"--sharded-max-gb: only for a {SAFETENSORS_SUFFIX} output, not {args.out.name}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="python -m trainer.export", description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint", type=Path, help="a complete checkpoint dir (e.g. ckpts/step_00000200)")
+    parser.add_argument("out", type=Path, help="output file: *.safetensors for safetensors, else a torch .pt")
+    parser.add_argument("--dtype", choices=DTYPES, default=None, help="cast floating-point weights (default: as saved)")
+    parser.add_argument("--sharded-max-gb", type=positive_float, default=None, metavar="G",
+                        help="split a safetensors export into shards of at most G GiB plus an index")
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.export", description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoint", type=Path, help="a complete checkpoint dir (e.g. ckpts/step_00000200)")
-    parser.add_argument("out", type=Path, help="output .pt file")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    max_bytes = max(1, int(args.sharded_max_gb * _GIB)) if args.sharded_max_gb is not None else None
     try:
         _validate(args)
-        count = export(args.checkpoint, args.out)
+        count, files = export(args.checkpoint, args.out, dtype=args.dtype, max_shard_bytes=max_bytes)
     except UsageError as exc:
         print(f"trainer.export: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    print(f"trainer.export: wrote {count} tensors to {args.out}", file=sys.stderr)
+    where = args.out if len(files) == 1 else f"{len(files) - 1} shards + {files[-1]}"
+    print(f"trainer.export: wrote {count} tensors to {where}", file=sys.stderr)
     return 0
 
 

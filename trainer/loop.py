@@ -1,4 +1,11 @@
-"""The reference training loop: resume, train, checkpoint, stop gracefully. Entry: `python -m trainer`."""
+"""The reference training loop: resume, train, evaluate, checkpoint, stop gracefully. Entry: `python -m trainer`.
+
+Evaluation (`--eval-every N`) runs on held-out data (trainer/data.py) under `torch.no_grad()`, draws from no
+RNG and changes no checkpointed state, so a run resumes bit-exactly with it on, and trains exactly as with it
+off. An evaluated step is always saved, with `val_loss` in its manifest: retention's `keep_best` sees every
+evaluation, and `--export-best`'s `best.json` always names an existing checkpoint (a new best's save is
+blocking, and the export follows its commit).
+"""
 from __future__ import annotations
 
 import argparse
@@ -15,15 +22,17 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from trainer.checkpoint import Checkpointer, load_checkpoint, resolve_resume
-from trainer.data import FileData, MarkovData, rank_batch
+from supervisor.layout import step_dir_name
+from trainer.best import Best, improves, missed_export, read_best, write_best
+from trainer.checkpoint import Checkpointer, broadcast_from_rank0, load_checkpoint, resolve_resume
+from trainer.data import Data, datasets, rank_batch
 from trainer.heartbeat import Heartbeat
 from trainer.log import configure, get_logger
 from trainer.model import ModelConfig, TinyLM, lm_loss
 from trainer.parallel import Dist, init_distributed, shard_model, shutdown
 from trainer.progress import Progress as ProgressReport
 from trainer.schedule import lr_factor
-from trainer.state import ModelState, OptimizerState, Progress, RngState, seed_rank_rngs
+from trainer.state import ModelState, OptimizerState, Progress, RngState, full_model_weights, seed_rank_rngs
 from trainer.stopping import GracefulStop
 
 __all__ = ["Trainer", "run", "CheckpointIOError"]
@@ -44,8 +53,12 @@ class Trainer:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     # data and position
-    data: MarkovData | FileData
+    data: Data
+    val_data: Data | None  # held out; None when --eval-every is 0
     progress: Progress
+    # evaluation and the best model (not checkpointed: best.json and the manifests are the record)
+    val_loss: float | None  # the latest evaluation; an emergency save records it
+    best: Best | None  # rank 0: the best exported so far (--export-best)
     # side channels
     heartbeat: Heartbeat
     stopper: GracefulStop
@@ -57,8 +70,8 @@ class Trainer:
         self.log = get_logger()
         self.progress = Progress(world_size=d.world_size, seed=args.seed)
         self.last_saved_step = 0  # step 0 is reproducible from the seed: never worth an emergency save
-        self.data = (FileData(args.data, args.seed, args.seq_len) if args.data
-                     else MarkovData(args.seed, args.seq_len))
+        self.data, self.val_data = datasets(args.seed, args.seq_len, args.data, held_out=bool(args.eval_every))
+        self.val_loss, self.best = None, None
 
     def build(self) -> None:
         """Model (identical init on every rank), FSDP, AdamW and the lr schedule; then per-rank RNG."""
@@ -118,13 +131,82 @@ class Trainer:
         p.loss = mean.item() / self.dist.world_size
         return p.loss
 
-    def save(self, *, blocking: bool) -> None:
+    def evaluate(self) -> float:
+        """Collective: mean held-out loss over every rank's `--eval-batches` batches (the same samples each time)."""
+        a, p, d = self.args, self.progress, self.dist
+        assert self.val_data is not None
+        self.heartbeat.beat(p.step, "eval", p.loss)
+        total = torch.zeros((), device=d.device)
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for k in range(a.eval_batches):
+                    rows = rank_batch(self.val_data, k * d.world_size * a.batch_size, d.rank, a.batch_size)
+                    total += lm_loss(self.model, torch.from_numpy(rows).to(d.device))
+        finally:
+            self.model.train()
+        dist.all_reduce(total)
+        # Rank 0's value on every rank: whether it is a new best decides collectives (a blocking save, a gather).
+        self.val_loss = broadcast_from_rank0(total.item() / (d.world_size * a.eval_batches), self.dist.control)
+        self.heartbeat.beat(p.step, "eval", p.loss, val_loss=self.val_loss)
+        if d.rank == 0:
+            self.log.info("evaluated", step=p.step, val_loss=self.val_loss)
+        return self.val_loss
+
+    def is_new_best(self, val_loss: float) -> bool:
+        """Collective when exporting: rank 0 compares with the best so far and tells every rank."""
+        if self.args.export_best is None:
+            return False
+        return bool(broadcast_from_rank0(self.dist.rank == 0 and improves(self.best, val_loss), self.dist.control))
+
+    def export_best(self, val_loss: float, checkpoint: Path) -> None:
+        """Collective: gather the full model; rank 0 writes it and best.json naming `checkpoint` (committed)."""
+        step = self.progress.step
+        weights = full_model_weights(self.model)
+        if self.dist.rank != 0:
+            return
+        best = Best(step, val_loss, os.path.abspath(checkpoint))
+        try:
+            write_best(self.args.export_best, weights, best)
+        except OSError as exc:  # training goes on; the next improvement tries again
+            self.log.error("best_model_failed", step=step, error=str(exc))
+            return
+        self.best = best
+        self.log.info("best_model_saved", step=step, val_loss=val_loss, path=str(self.args.export_best))
+
+    def restore_best(self, resumed: Path | None) -> None:
+        """Collective: the latest val_loss and (rank 0) the best so far from disk, before training goes on.
+
+        If the resumed checkpoint is a new best whose export the last run did not finish, export it now: the
+        loaded weights are that checkpoint's.
+        """
+        a = self.args
+        if not a.eval_every:
+            return
+        decided: tuple[float | None, bool] = (None, False)
+        if self.dist.rank == 0:
+            if a.export_best is not None:
+                self.best, problem = read_best(a.export_best)
+                if problem is not None:
+                    self.log.warning("best_model_ignored", reason=problem)
+            val = _manifest_val_loss(resumed) if resumed is not None else None
+            redo = a.export_best is not None and missed_export(self.best, self.progress.step, val, a.eval_every)
+            decided = (val, redo)
+        val, redo = broadcast_from_rank0(decided, self.dist.control)
+        self.val_loss = self.heartbeat.val_loss = val
+        if redo:
+            if self.dist.rank == 0:
+                self.log.warning("best_model_recovered", step=self.progress.step, val_loss=val,
+                                 reason="the last run stopped between this checkpoint and its export")
+            self.export_best(val, resumed)  # type: ignore[arg-type]
+
+    def save(self, *, blocking: bool, val_loss: float | None = None) -> None:
         """Checkpoint the current step (collective); async unless `blocking` or --async-save is off."""
         step, loss = self.progress.step, self.progress.loss
         self.heartbeat.beat(step, "save", loss)
         self._report(self.saver.wait())
-        result = self.saver.save(step, self.state(), metrics={"loss": loss},
-                                 blocking=blocking or not self.args.async_save)
+        metrics = {"loss": loss} if val_loss is None else {"loss": loss, "val_loss": val_loss}
+        result = self.saver.save(step, self.state(), metrics=metrics, blocking=blocking or not self.args.async_save)
         self.last_saved_step = step
         if result.future is None:
             self._report(result)
@@ -150,8 +232,12 @@ class Trainer:
                 loss = self.train_step()
                 self.heartbeat.beat(p.step, "train", loss)
                 report.update(p.step, loss)
-                if p.step % a.save_every == 0 and p.step < a.steps:
-                    self.save(blocking=False)
+                val = self.evaluate() if a.eval_every and p.step % a.eval_every == 0 else None
+                new_best = val is not None and self.is_new_best(val)
+                if val is not None or (p.step % a.save_every == 0 and p.step < a.steps):
+                    self.save(blocking=new_best, val_loss=val)
+                if new_best:
+                    self.export_best(val, a.checkpoint_dir / step_dir_name(p.step))  # type: ignore[arg-type]
         finally:
             report.close()
         if self.last_saved_step != p.step:
@@ -169,10 +255,21 @@ class Trainer:
             self.log.warning("stop_requested", step=step, signal=signum)
         self._report(self.saver.wait())
         if self.last_saved_step != step:
-            self.save(blocking=True)
+            self.save(blocking=True, val_loss=self.val_loss)  # the latest evaluation, whatever step it was
         if self.dist.rank == 0:
             self.log.info("stopped", step=step)
         return 0
+
+
+def _manifest_val_loss(path: Path) -> float | None:
+    """The `val_loss` a checkpoint's manifest recorded, or None (no manifest, no value, unreadable)."""
+    from supervisor.checkpoints.manifest import ManifestError, read_manifest
+
+    try:
+        manifest = read_manifest(path)
+    except (ManifestError, OSError):
+        return None
+    return manifest.metrics.get("val_loss") if manifest is not None else None
 
 
 def _quiet_known_warnings() -> None:
@@ -217,6 +314,7 @@ def run(args: argparse.Namespace) -> int:
             if d.rank == 0:
                 log.info("loaded", path=str(path), step=trainer.progress.step,
                          seconds=round(time.monotonic() - started, 3))
+        trainer.restore_best(path)
         trainer.saver = Checkpointer(args.checkpoint_dir, process_group=d.ckpt, control_group=d.control,
                                      async_save=args.async_save, sha256=args.manifest_sha256)
         # torch, the model and the optimizer are ~300k objects that live for the whole run: keep them out of

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -21,7 +22,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
-__all__ = ["ModelState", "OptimizerState", "Progress", "RngState", "seed_rank_rngs"]
+__all__ = ["ModelState", "OptimizerState", "Progress", "RngState", "seed_rank_rngs", "full_model_weights"]
 
 
 class ModelState(Stateful):
@@ -96,3 +97,19 @@ def seed_rank_rngs(seed: int, rank: int) -> None:
     """Fresh-start RNG streams that differ per rank and depend only on (seed, rank)."""
     random.seed(f"{seed}-{rank}")
     torch.manual_seed(seed * 65_537 + rank + 1)
+
+
+def full_model_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Collective: the unsharded model on CPU, with plain names, on rank 0 (other ranks may get `{}`: ignore it).
+
+    The state-dict API gathers FSDP2's DTensors, or runs FSDP1's FULL_STATE_DICT, and offloads to CPU as it
+    goes, so the full model never sits in accelerator memory. Gathering copies bits: the result equals an
+    export of a checkpoint saved at the same step.
+    """
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    # FSDP1 whose parameters already live on the CPU segfaults in FULL_STATE_DICT's offload_to_cpu (torch
+    # 2.13, gloo): there every rank gathers the (already CPU) full model instead, and only rank 0 uses it.
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    offload = not (isinstance(model, FullyShardedDataParallel) and on_cpu)
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=offload))

@@ -1,0 +1,150 @@
+"""`python -m trainer.export`: safetensors (single or hub-style shards) and .pt, dtype casts, bad input.
+
+A plain `TinyLM` is saved as a single-process DCP checkpoint (the layout the trainer writes, keys
+`model.<name>`), so these tests need no process group and no torchrun.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import load_file
+
+from supervisor.layout import step_dir_name
+from trainer.export import load_model_weights, main, plan_shards, write_safetensors
+from trainer.model import ModelConfig, TinyLM
+
+CFG = ModelConfig(d_model=32, n_layers=2, n_heads=2, seq_len=16)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[TinyLM, Path]:
+    """A TinyLM after two optimizer steps, and its DCP checkpoint."""
+    torch.manual_seed(3)
+    model = TinyLM(CFG)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(2):
+        batch = torch.randint(0, 256, (4, CFG.seq_len + 1))
+        logits = model(batch[:, :-1])
+        torch.nn.functional.cross_entropy(logits.reshape(-1, 256), batch[:, 1:].reshape(-1)).backward()
+        opt.step()
+        opt.zero_grad()
+    ckpt = tmp_path_factory.mktemp("export") / step_dir_name(2)
+    dcp.save({"model": model.state_dict()}, checkpoint_id=ckpt)
+    return model, ckpt
+
+
+def logits(model: TinyLM) -> torch.Tensor:
+    tokens = torch.arange(2 * CFG.seq_len).reshape(2, CFG.seq_len) % 256
+    with torch.no_grad():
+        return model(tokens)
+
+
+def plain_model(weights: dict) -> TinyLM:
+    model = TinyLM(CFG)
+    model.load_state_dict(weights, strict=True)
+    return model
+
+
+class TestSafetensors:
+    def test_reloads_into_a_plain_model_with_identical_logits(self, trained, tmp_path) -> None:
+        """`safetensors.torch.load_file` + a plain TinyLM gives exactly the trained model's logits."""
+        model, ckpt = trained
+        out = tmp_path / "model.safetensors"
+        assert main([str(ckpt), str(out)]) == 0
+        assert torch.equal(logits(plain_model(load_file(out))), logits(model))
+
+    def test_pt_output_holds_the_same_tensors(self, trained, tmp_path) -> None:
+        """Any other suffix is a torch file with the same names and bits."""
+        _, ckpt = trained
+        assert main([str(ckpt), str(tmp_path / "m.safetensors")]) == 0
+        assert main([str(ckpt), str(tmp_path / "m.pt")]) == 0
+        st, pt = load_file(tmp_path / "m.safetensors"), torch.load(tmp_path / "m.pt", weights_only=True)
+        assert st.keys() == pt.keys() and all(torch.equal(st[k], pt[k]) for k in st)
+
+    def test_dtype_casts_every_floating_tensor(self, trained, tmp_path) -> None:
+        """`--dtype bfloat16` writes bf16 tensors equal to the weights rounded to bf16."""
+        model, ckpt = trained
+        out = tmp_path / "bf16.safetensors"
+        assert main([str(ckpt), str(out), "--dtype", "bfloat16"]) == 0
+        loaded = load_file(out)
+        assert {t.dtype for t in loaded.values()} == {torch.bfloat16}
+        assert all(torch.equal(loaded[k], v.to(torch.bfloat16)) for k, v in model.state_dict().items())
+
+    def test_tied_and_sliced_tensors_are_written(self, tmp_path) -> None:
+        """Shared storage (a tied head, a slice of another tensor) is cloned: safetensors refuses it otherwise."""
+        base = torch.arange(12, dtype=torch.float32)
+        weights = {"tok.weight": base.view(3, 4), "head.weight": base.view(3, 4), "part": base[4:8]}
+        write_safetensors(weights, tmp_path / "tied.safetensors")
+        loaded = load_file(tmp_path / "tied.safetensors")
+        assert all(torch.equal(loaded[k], v) for k, v in weights.items())
+        assert weights["tok.weight"].data_ptr() == weights["head.weight"].data_ptr()  # the caller's stay tied
+
+
+class TestShards:
+    def test_sharded_layout_matches_the_hub_format(self, trained, tmp_path) -> None:
+        """Shards named model-0000k-of-0000n, an index whose total_size is the tensor bytes, every tensor once."""
+        model, ckpt = trained
+        out = tmp_path / "model.safetensors"
+        assert main([str(ckpt), str(out), "--sharded-max-gb", str(40_000 / 2**30)]) == 0
+        index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+        files = sorted(set(index["weight_map"].values()))
+        n = len(files)
+        assert n >= 3 and files == [f"model-{k:05d}-of-{n:05d}.safetensors" for k in range(1, n + 1)]
+        assert not out.exists()
+        shards = {f: load_file(tmp_path / f) for f in files}
+        names = [name for tensors in shards.values() for name in tensors]
+        assert sorted(names) == sorted(index["weight_map"]) == sorted(model.state_dict())  # each exactly once
+        assert all(name in shards[f] for name, f in index["weight_map"].items())
+        assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        merged = {k: v for tensors in shards.values() for k, v in tensors.items()}
+        assert torch.equal(logits(plain_model(merged)), logits(model))
+
+    def test_an_export_under_the_limit_is_one_file(self, trained, tmp_path) -> None:
+        """Below the limit there is no index: one model.safetensors, as hubs do."""
+        _, ckpt = trained
+        assert main([str(ckpt), str(tmp_path / "model.safetensors"), "--sharded-max-gb", "1"]) == 0
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
+
+    @pytest.mark.parametrize(("sizes", "limit", "expected"), [
+        ([("a", 4), ("b", 4), ("c", 4)], 8, [["a", "b"], ["c"]]),
+        ([("a", 10), ("b", 1)], 4, [["a"], ["b"]]),  # a tensor over the limit gets a shard of its own
+        ([("a", 1), ("b", 10), ("c", 1)], 4, [["a"], ["b"], ["c"]]),
+        ([("a", 4)], 4, [["a"]]),
+    ])
+    def test_plan_shards(self, sizes, limit, expected) -> None:
+        """Tensors are packed in order; a shard never exceeds the limit unless one tensor alone does."""
+        assert plan_shards(sizes, limit) == expected
+
+
+class TestBadInput:
+    @pytest.mark.parametrize(("args", "culprit"), [
+        (["{ckpt}", "{tmp}/model.pt", "--sharded-max-gb", "1"], "--sharded-max-gb"),
+        (["{ckpt}", "{tmp}/model.safetensors", "--sharded-max-gb", "0"], "--sharded-max-gb"),
+        (["{ckpt}", "{tmp}/model.safetensors", "--dtype", "int8"], "--dtype"),
+        (["{ckpt}", "{tmp}"], "is a directory"),
+        (["{tmp}/nope", "{tmp}/model.safetensors"], "no such checkpoint"),
+        (["{ckpt}", "{tmp}/missing/model.safetensors"], "not writable"),
+    ])
+    def test_one_line_exit_2_nothing_written(self, trained, tmp_path, args, culprit) -> None:
+        """Bad input to the CLI: exit 2, one line naming the culprit, no file created."""
+        _, ckpt = trained
+        argv = [a.format(ckpt=ckpt, tmp=tmp_path) for a in args]
+        proc = subprocess.run([sys.executable, "-m", "trainer.export", *argv], capture_output=True, text=True,
+                              timeout=120)
+        err = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(err) == 1 and culprit in err[0], proc.stderr
+        assert list(tmp_path.iterdir()) == []
+
+
+def test_load_model_weights_reads_only_the_model(trained) -> None:
+    """The export's reader returns the model's names and bits."""
+    model, ckpt = trained
+    weights = load_model_weights(ckpt)
+    assert weights.keys() == model.state_dict().keys()
+    assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())

@@ -1,0 +1,116 @@
+"""The best model by validation loss, kept across restarts: `DIR/model.safetensors` and `DIR/best.json`.
+
+`best.json` is `{"step", "val_loss", "checkpoint"}`: the step whose evaluation gave the lowest `val_loss`
+so far, and the checkpoint dir saved at that step. That checkpoint always exists because an evaluated step
+is always saved, and the export happens only after that save committed (trainer/loop.py). The weights are
+the full model gathered from the shards (the same bits an export of that checkpoint gives) and are
+written first; `best.json` is renamed into place last, so a reader that trusts `best.json` never sees
+weights older than it says.
+
+A restarted run reads `best.json` back and replaces the model only with a strictly lower `val_loss`. A
+corrupt or unreadable `best.json`, or one without its weights file, is reported and ignored, never a
+crash. If a run died after committing a new best's checkpoint but before `best.json` was renamed, the
+resumed checkpoint's manifest holds a `val_loss` better than `best.json`: `missed_export` says so and the
+trainer exports the loaded weights at once.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from supervisor.atomic import write_atomic
+
+__all__ = ["BEST_FILE", "WEIGHTS_FILE", "Best", "BestFileError", "parse_best", "read_best", "improves",
+           "missed_export", "write_best", "STALL_ENV"]
+
+BEST_FILE = "best.json"
+WEIGHTS_FILE = "model.safetensors"
+_MAX_BYTES = 64 * 1024  # a best.json is ~150 bytes
+# Test hook: stall between the weights and best.json of this step, so a test can kill the job right there.
+STALL_ENV = "FSDP_TRAINER_TEST_STALL_BEST_STEP"
+
+
+@dataclass(frozen=True)
+class Best:
+    """One best model: the step it was evaluated at, its val_loss, and the checkpoint dir of that step."""
+
+    step: int
+    val_loss: float
+    checkpoint: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class BestFileError(ValueError):
+    """best.json exists but cannot be trusted; the message says why (the trainer logs it and ignores the file)."""
+
+
+def parse_best(data: bytes) -> Best:
+    """Validate best.json bytes; raise BestFileError naming the bad field."""
+    if len(data) > _MAX_BYTES:
+        raise BestFileError(f"{len(data)} bytes, more than a best.json ever holds")
+    try:
+        raw = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise BestFileError("not JSON") from None
+    if not isinstance(raw, dict):
+        raise BestFileError("not a JSON object")
+    step, val, ckpt = raw.get("step"), raw.get("val_loss"), raw.get("checkpoint")
+    if type(step) is not int or step < 0:
+        raise BestFileError(f"step {step!r:.40} is not a non-negative integer")
+    if type(val) not in (int, float) or not math.isfinite(val):
+        raise BestFileError(f"val_loss {val!r:.40} is not a finite number")
+    if not isinstance(ckpt, str) or not ckpt:
+        raise BestFileError(f"checkpoint {ckpt!r:.40} is not a path")
+    return Best(step, float(val), ckpt)
+
+
+def read_best(directory: str | os.PathLike) -> tuple[Best | None, str | None]:
+    """(the best so far, None), (None, None) when there is none yet, or (None, why it is ignored)."""
+    directory = Path(directory)
+    try:
+        with open(directory / BEST_FILE, "rb") as f:
+            best = parse_best(f.read(_MAX_BYTES + 1))
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"{directory / BEST_FILE}: cannot be read ({exc.strerror or exc})"
+    except BestFileError as exc:
+        return None, f"{directory / BEST_FILE}: {exc}"
+    if not (directory / WEIGHTS_FILE).is_file():
+        return None, f"{directory / BEST_FILE}: its {WEIGHTS_FILE} is missing"
+    return best, None
+
+
+def improves(best: Best | None, val_loss: float | None) -> bool:
+    """Is `val_loss` a new best? Strictly lower, and finite (a diverged evaluation never is)."""
+    if val_loss is None or not math.isfinite(val_loss):
+        return False
+    return best is None or val_loss < best.val_loss
+
+
+def missed_export(best: Best | None, step: int, val_loss: float | None, eval_every: int) -> bool:
+    """Resuming at `step` whose manifest says `val_loss`: did the run die between this new best's save and its export?
+
+    Only an evaluated step's own save carries its own `val_loss` (an emergency save repeats an older one),
+    so only steps that are multiples of `eval_every` count.
+    """
+    return eval_every > 0 and step > 0 and step % eval_every == 0 and improves(best, val_loss)
+
+
+def write_best(directory: str | os.PathLike, weights: Mapping[str, Any], best: Best) -> None:
+    """Write the weights, then best.json, each atomically (temporary name, fsync, rename)."""
+    from trainer.export import write_safetensors
+
+    directory = Path(directory)
+    write_safetensors(weights, directory / WEIGHTS_FILE)
+    if os.environ.get(STALL_ENV) == str(best.step):
+        time.sleep(3600)
+    write_atomic(directory / BEST_FILE, json.dumps(best.to_json(), indent=1, sort_keys=True).encode())
