@@ -213,14 +213,13 @@ def best_checkpoint(checkpoints: Sequence[store.CheckpointInfo], rule: store.Kee
     """`{path, step, metric, value}` of the best usable checkpoint by a manifest metric, or None.
 
     The metric and mode are `keep_best`'s; without keep_best, `val_loss` (lower is better) when checkpoints
-    carry it. Complete, non-quarantined checkpoints only; among equal values the newest wins (`checkpoints`
-    comes newest first, as retention ranks them).
+    carry it. Complete, non-quarantined checkpoints only, ranked as retention's keep_best ranks them.
     """
-    metric, sign = ("val_loss", 1) if rule is None else (rule.metric, 1 if rule.mode == "min" else -1)
-    scored = [c for c in checkpoints if c.complete and not c.quarantined and metric in c.metrics]
-    if not scored:
+    metric, mode = ("val_loss", "min") if rule is None else (rule.metric, rule.mode)
+    ranked = store.by_metric([c for c in checkpoints if c.complete and not c.quarantined], metric, mode)
+    if not ranked:
         return None
-    best = min(scored, key=lambda c: sign * c.metrics[metric])  # min keeps the first (newest) of equals
+    best = ranked[0]
     return {"path": str(best.path), "step": best.step, "metric": metric, "value": best.metrics[metric]}
 
 

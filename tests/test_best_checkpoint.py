@@ -50,10 +50,21 @@ class TestBestCheckpoint:
         next((root / "step_00000003").glob("*.distcp")).unlink()
         assert best_checkpoint(scan(root), None)["step"] == 4  # type: ignore[index]
 
-    def test_ties_go_to_the_newest(self, tmp_path) -> None:
-        """Equal values: the newer checkpoint, as keep_best keeps it."""
+    def test_ties_go_to_the_first_to_reach_the_value(self, tmp_path) -> None:
+        """Equal values (an emergency save repeats the last evaluation): the older checkpoint, the one the
+        best-model export names, as keep_best keeps it."""
         root = root_with(tmp_path, {1: {"val_loss": 1.0}, 2: {"val_loss": 1.0}})
-        assert best_checkpoint(scan(root), None)["step"] == 2  # type: ignore[index]
+        assert best_checkpoint(scan(root), None)["step"] == 1  # type: ignore[index]
+
+    def test_keep_best_k1_keeps_the_exported_one_over_a_later_emergency_save(self, tmp_path) -> None:
+        """keep_best k=1 with keep_last=1: the evaluated save (step 20) survives the emergency save (step 23)
+        that repeats its value; the newest (23) stays as newest complete."""
+        from supervisor.checkpoints import DiskUsage, KeepBest, RetentionRules, plan_retention
+
+        root = root_with(tmp_path, {10: {"val_loss": 2.0}, 20: {"val_loss": 1.0}, 23: {"val_loss": 1.0}})
+        rules = RetentionRules(keep_last=1, keep_best=KeepBest(metric="val_loss", mode="min", k=1))
+        plan = plan_retention(scan(root), rules=rules, disk=DiskUsage(10**15, 10**15), now=0.0)
+        assert sorted(d.name for d in plan.deletions) == ["step_00000010"]
 
 
 class TestStatus:

@@ -23,7 +23,7 @@ _HOME = {
     **dict.fromkeys(("UNVERIFIED", "CheckpointInfo", "age_order", "check_root", "judge", "newest_complete", "scan"),
                     "ranking"),
     **dict.fromkeys(("GIB", "Deletion", "DiskUsage", "Finding", "KeepBest", "RetentionPlan", "RetentionRules",
-                     "plan_retention"), "retention"),
+                     "plan_retention", "by_metric"), "retention"),
 }
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "Finding",
     "RetentionPlan",
     "plan_retention",
+    "by_metric",
 ]
 
 GIB = 2**30  # *_gb settings are GiB: what `df -h` shows as G
@@ -135,12 +136,20 @@ def _rule_keeps(cps: Sequence[CheckpointInfo], rules: RetentionRules) -> dict[Pa
                 keeps.setdefault(c.path, []).append(f"keep_every={rules.keep_every}")
     best = rules.keep_best
     if best and best.k:
-        scored = [c for c in complete if best.metric in c.metrics]
-        sign = 1 if best.mode == "min" else -1
-        # Stable sort of newest-first input: among equal values the newer checkpoint wins.
-        for c in sorted(scored, key=lambda c: sign * c.metrics[best.metric])[: best.k]:
+        for c in by_metric(complete, best.metric, best.mode)[: best.k]:
             keeps.setdefault(c.path, []).append(f"keep_best {best.metric} {best.mode} k={best.k}")
     return keeps
+
+
+def by_metric(checkpoints: Sequence[CheckpointInfo], metric: str, mode: str) -> list[CheckpointInfo]:
+    """The checkpoints that carry `metric`, best first; among equal values the older one first.
+
+    The older one is the save that reached the value first: the one a best-model export names. An
+    emergency save repeats the last evaluation's value and must not push it out of `keep_best`.
+    """
+    sign = 1 if mode == "min" else -1
+    scored = sorted((c for c in checkpoints if metric in c.metrics), key=age_order)  # oldest first
+    return sorted(scored, key=lambda c: sign * c.metrics[metric])  # stable: ties stay oldest first
 
 
 def _disk_message(free: int, total: int, rules: RetentionRules) -> tuple[str, int] | None:
