@@ -119,8 +119,8 @@ class JobSection(_Section):
 class CheckpointsSection(RetentionRules):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    # Field descriptions render into README's reference (supervisor.configdoc); the placement rules are in
-    # _placement_error and the module docstring until the README is restructured.
+    # Field descriptions render into docs/configuration.md (supervisor.configdoc); the placement rules are in
+    # _placement_error, the module docstring and that page's notes.
     dir: DirPath = Field(description="checkpoint root the job writes into (shared storage for multi-node)")
     prune: bool = Field(default=True, description="run retention from this supervisor (false on all but one node)")
     allow_fresh_start: bool = Field(

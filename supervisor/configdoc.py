@@ -1,6 +1,6 @@
-"""Render the job.toml reference from the pydantic models, so README and code never disagree.
+"""Render the job.toml reference from the pydantic models, so the docs and the code never disagree.
 
-`python -m supervisor.configdoc` prints the Markdown that README.md embeds between the
+`python -m supervisor.configdoc` prints the Markdown that docs/configuration.md embeds between the
 `<!-- config-reference -->` markers; a test fails when they drift apart.
 """
 from __future__ import annotations

@@ -314,7 +314,7 @@ class Core:
         # get the whole stop_timeout_s the user granted (an explicit setting in env or --shutdown-timeout wins).
         env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT") or f"{self.cfg.health.stop_timeout_s:g}"
         # torchrun's rendezvous store shared with the workers keeps the previous round's keys: restarted workers
-        # of a multi-node job then hang in init_process_group (pytorch/pytorch#135712; measured: README, More than one node).
+        # of a multi-node job then hang in init_process_group (pytorch/pytorch#135712; measured: docs/operations.md, More than one node).
         env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         env.update(self.cfg.job.env)
         env.update({

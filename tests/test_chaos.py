@@ -6,7 +6,7 @@ temporary dir exists; SIGSTOP of a worker (a hang) during which a shard of the n
 (it must be skipped); SIGKILL of the supervisor in the middle of a retention delete, then a new supervisor (the
 orphaned job must be stopped first). Throughout, a monitor checks: never two jobs on the checkpoint dir, state.json always
 parses, the newest complete checkpoint never goes backwards. Reproduce a run with FSDP_CHAOS_SEED=<seed>;
-FSDP_CHAOS_SOAK=K runs K more seeds (see README.md ("Reliability")).
+FSDP_CHAOS_SOAK=K runs K more seeds (see docs/reliability.md).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Security review, one test per finding: no shell, file modes, loopback metrics, secrets, deletions stay in the root.
 
 Real supervisors here run the torch-free fake job (tests/jobs/fakejob.py) or a bare `python -c`, so the whole
-module takes seconds. Decisions recorded in README.md ("Reliability"): argv secrets are masked in logs but kept in
+module takes seconds. Decisions recorded in docs/reliability.md: argv secrets are masked in logs but kept in
 the owner-only state.json (it identifies an orphaned job); nothing the supervisor or its job creates is
 world-writable, whatever umask it inherited.
 """

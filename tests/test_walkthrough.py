@@ -26,18 +26,19 @@ from tests.supervise import Supervisors, assert_no_orphans
 
 pytestmark = pytest.mark.integration
 
-SECTION = "## Walkthrough: the tutorial's workflow, supervised"
+SECTION = "## Quick start: the tutorial's workflow, supervised"
+DAY2 = "## Day 2"
 CONFIG = "deploy/examples/best.toml"
 TIMEOUT = 240
 STEPS = 40
 
 
-def readme_blocks() -> list[tuple[str, str]]:
-    """(language, code) of every `sh` and `python` block in the walkthrough section (output blocks excluded)."""
+def readme_blocks(title: str = SECTION, langs: tuple[str, ...] = ("sh", "python")) -> list[tuple[str, str]]:
+    """(language, code) of every block of those languages in one README section (output blocks excluded)."""
     text = (REPO / "README.md").read_text()
-    section = text[text.index(SECTION):]
-    section = section[: section.index("\n## ", len(SECTION))]
-    return [(lang, code) for lang, code in re.findall(r"```(\w*)\n(.*?)```", section, re.S) if lang in ("sh", "python")]
+    section = text[text.index(title):]
+    section = section[: section.index("\n## ", len(title))]
+    return [(lang, code) for lang, code in re.findall(r"```(\w*)\n(.*?)```", section, re.S) if lang in langs]
 
 
 # What each block must be, in order: (language, pattern of its code).
@@ -58,6 +59,8 @@ class Walkthrough:
     outputs: list[subprocess.CompletedProcess[str] | None] = field(default_factory=list)
     stopped_at: int | None = None  # the step the trainer stopped at on Ctrl+C
     after_stop: dict[int, dict] = field(default_factory=dict)  # manifests right after the first run, by step
+
+    day2: list[subprocess.CompletedProcess[str]] = field(default_factory=list)  # one per Day 2 command
 
     @property
     def examples(self) -> Path:
@@ -139,6 +142,9 @@ def walkthrough(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walkthroug
                 for (lang, code), (want, pattern) in zip(w.blocks, STEPS_EXPECTED)):
             for (_, code), action in zip(w.blocks, actions):
                 w.outputs.append(action(code))
+            # README's "Day 2" commands, one by one, on what the walkthrough left behind.
+            for _, code in readme_blocks(DAY2, ("sh",)):
+                w.day2 += [shell(line) for line in code.splitlines() if line.strip()]
         yield w
     finally:
         sup.cleanup()
@@ -231,3 +237,20 @@ def test_export_writes_bfloat16_safetensors(walkthrough) -> None:
     assert ran.returncode == 0, ran.stdout
     weights = load_file(w.cwd / "model.safetensors")
     assert weights and {t.dtype for t in weights.values()} == {torch.bfloat16}
+
+
+def test_day_two_commands_work_on_the_finished_run(walkthrough) -> None:
+    """Every command of README's "Day 2" block exits 0 on the walkthrough's run and does what the README says."""
+    w = walkthrough
+    assert len(w.outputs) == len(STEPS_EXPECTED), "the walkthrough did not run"
+    ran = {r.args.split(" -")[0].replace("fsdp-supervisor ", ""): r for r in w.day2}
+    assert len(w.day2) >= 7 and all(r.returncode == 0 for r in w.day2), [(r.args, r.returncode, r.stdout[-500:])
+                                                                          for r in w.day2 if r.returncode]
+    status = json.loads(ran["status"].stdout)
+    assert status["state"] == "completed" and status["supervisor_running"] is False
+    assert status["best_checkpoint"]["metric"] == "val_loss" and 0 < status["goodput"] < 1
+    assert "job_exited" in ran["logs"].stdout
+    assert (w.cwd / "report.html").stat().st_size > 1000 and "<svg" in (w.cwd / "report.html").read_text()
+    assert ": complete" in ran["checkpoints verify deploy/examples/ckpts/step_00000040"].stdout
+    assert (w.examples / "ckpts" / step_dir_name(STEPS) / ".pinned").exists()
+    assert "no supervisor is running" in ran["stop"].stdout

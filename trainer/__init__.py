@@ -1,7 +1,7 @@
 """Reference FSDP trainer for fsdp-supervisor, and the small library that makes any FSDP loop supervisable.
 
 Run it: `torchrun --standalone --nproc-per-node=2 -m trainer --checkpoint-dir ckpts` (see `--help`).
-Checkpoint format: README.md, "Checkpoint format of the reference trainer".
+Checkpoint format: docs/trainer.md, "Checkpoint format".
 
 Make your own loop supervisable with three pieces (all collectives are called on every rank)::
 

@@ -19,7 +19,7 @@ Use it from your own FSDP loop (every call is collective: call it on every rank)
     saver.wait()                                      # before exit: finish and commit the last save
 
 A save writes `<root>/.tmp-step_<N>-<nonce>/` and becomes `<root>/step_<N>/` only after DCP's `.metadata`
-exists, the manifest is written and everything is fsynced (see trainer/commit.py and the README).
+exists, the manifest is written and everything is fsynced (see trainer/commit.py and docs/trainer.md).
 """
 from __future__ import annotations
 
