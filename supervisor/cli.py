@@ -54,6 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `report --json | head`: the reader left; no traceback, and none at exit either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13  # as if killed by SIGPIPE, like other tools in a pipeline
 
 
 if __name__ == "__main__":
