@@ -128,16 +128,18 @@ def test_live_session_runs_to_now() -> None:
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.fixed_dictionaries(
-    {"v": st.just(1), "t": st.floats(0, 1e6), "kind": st.sampled_from(KINDS)},
-    optional={k: st.one_of(st.none(), st.integers(-5, 5), st.floats(allow_nan=True), st.text(max_size=3), st.lists(st.integers(), max_size=2))
-              for k in ("attempt", "step", "resumed_step", "max_step", "train_s", "save_s", "at", "reason", "loss", "val_loss")}),
+    {"v": st.just(1), "t": st.one_of(st.floats(0, 1e6), st.floats()), "kind": st.sampled_from(KINDS)},
+    optional={k: st.one_of(st.none(), st.integers(-5, 5), st.integers(-10**400, 10**400), st.floats(allow_nan=True),
+                           st.text(max_size=3), st.sampled_from(["\ud800", "<s>"]), st.lists(st.integers(), max_size=2))
+              for k in ("attempt", "step", "resumed_step", "max_step", "train_s", "save_s", "at", "reason", "loss",
+                        "val_loss", "path", "detail")}),
     max_size=25))
 def test_any_record_soup_folds_without_error(records: list[dict[str, Any]]) -> None:
     """Wrong types and impossible orders (hand edits, other versions) cost fields, never an exception."""
     fold = Fold(keep=True).add_all(records)
     s = fold.summary(now=2e6)
     assert s.goodput is None or 0 <= s.goodput <= 1
-    render_html(fold, s, source="x", generated=0.0)
+    render_html(fold, s, source="x", generated=0.0).encode("utf-8")
 
 
 @pytest.mark.parametrize("bad", [
