@@ -161,7 +161,11 @@ class HistoryRecorder(NullHistory):
             self._failed(exc)
             return
         with f:
-            self.fold.add_all(r for r in iter_file_records(f) if r is not None)  # one line at a time
+            try:
+                self.fold.add_all(r for r in iter_file_records(f) if r is not None)  # one line at a time
+            except Exception as exc:  # noqa: BLE001 - a bug in the fold costs the old numbers, never the run
+                self._broken = True
+                self.log.error("history_failed", hook="load", error=f"{type(exc).__name__}: {exc}")
             self._size = self._cut_torn_tail(f)
         if self.fold.attempts:
             self._last_attempt = max(a.number for a in self.fold.attempts)

@@ -61,7 +61,9 @@ def _time(rec: dict[str, Any], key: str) -> float | None:
 
 def _num(rec: dict[str, Any], key: str) -> float | None:
     v = rec.get(key)
-    return float(v) if type(v) in (int, float) and math.isfinite(v) else None
+    if type(v) is int:
+        return float(v) if -_MAX_INT < v < _MAX_INT else None
+    return v if type(v) is float and math.isfinite(v) else None
 
 
 def _str(rec: dict[str, Any], key: str) -> str | None:

@@ -171,6 +171,28 @@ class TestCoreRecords:
         exit_job(core, fake, 0)
         assert core.status.state is State.COMPLETED and log.names().count("history_failed") == 1
 
+    def test_a_bug_folding_the_old_history_costs_its_numbers_not_the_start(self, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+        """Start-up folds the earlier runs' records outside any hook: an error there is logged (history_failed),
+        and the run starts and records as usual."""
+        from supervisor.report import Fold
+
+        core, fake, _, history = make_core(tmp_path)
+        core.begin(None)
+        exit_job(core, fake, 0)
+        history.close()
+
+        def broken(self: Fold, rec: dict) -> None:
+            raise ArithmeticError("bug")
+
+        monkeypatch.setattr(Fold, "add", broken)
+        core2, fake2, log, _ = make_core(tmp_path)
+        monkeypatch.undo()
+        core2.begin(core.status)
+        exit_job(core2, fake2, 0)
+        assert log.names().count("history_failed") == 1 and core2.status.state is State.COMPLETED
+        assert [r["attempt"] for r in records(core2) if r["kind"] == "attempt_start"] == [1, 2]
+
     def test_null_history_has_every_hook(self) -> None:
         """The recorder adds no hook the null history lacks (Core calls them without checking)."""
         hooks = {n for n in vars(HistoryRecorder) if not n.startswith("_") and callable(getattr(HistoryRecorder, n))}
@@ -311,14 +333,15 @@ class TestHostileFiles:
         with pytest.raises(OSError, match="not a regular file"):
             read_history(run_dir / HISTORY_FILE)
 
-    def test_absurd_numbers_in_an_old_run_cost_no_later_record(self, tmp_path: Path) -> None:
+    @pytest.mark.parametrize("fields", ['"step":%d,"train_s":1.0' % 10**400, '"step":5,"train_s":%d' % 10**400])
+    def test_absurd_numbers_in_an_old_run_cost_no_later_record(self, tmp_path: Path, fields: str) -> None:
         """A step beyond any float in an earlier run's history used to make every later attempt_start raise in
-        the fold (history_failed), so none was written."""
+        the fold (history_failed), so none was written; such a train_s made the start-up itself raise."""
         run_dir = tmp_path / ".fsdp-supervisor"
         run_dir.mkdir()
         (run_dir / HISTORY_FILE).write_text(
             f'{{"v":1,"t":{T0},"kind":"attempt_start","attempt":1,"resumed_from":null,"resumed_step":null}}\n'
-            f'{{"v":1,"t":{T0 + 1},"kind":"beat","attempt":1,"step":{10**400},"train_s":1.0}}\n')
+            f'{{"v":1,"t":{T0 + 1},"kind":"beat","attempt":1,{fields}}}\n')
         core, fake, log, _ = make_core(tmp_path)
         core.begin(None)
         exit_job(core, fake, 1)
