@@ -70,9 +70,11 @@ class Beat:
 
 
 def _finite(value: Any, limit: float) -> float | None:
-    if type(value) not in (int, float) or not math.isfinite(value) or abs(value) > limit:
+    if type(value) is int:  # compared as an int: a 400-digit one overflows any float conversion
+        return float(value) if abs(value) <= limit else None
+    if type(value) is not float or not math.isfinite(value) or abs(value) > limit:
         return None
-    return float(value)
+    return value
 
 
 def parse_heartbeat(data: bytes) -> tuple[Beat | None, list[str]]:

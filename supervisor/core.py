@@ -149,9 +149,11 @@ class Core:
         if stopped:
             job_pid = recorded[0] if recorded is not None and recorded[0] in stopped else stopped[0]
             self.log.warning("orphan_job_stopped", job_pid=job_pid, pids=stopped)
-        if previous is not None:  # attempt numbers continue so logs/attempt-NNNN.log stay unique
-            self.status.attempt = previous.attempt
+        if previous is not None:
             self.status.restarts = previous.restarts if not previous.state.final else 0
+        # Attempt numbers continue so logs/attempt-NNNN.log and the history's attempts stay unique, even when
+        # state.json was lost and only the history remembers them.
+        self.status.attempt = max(previous.attempt if previous is not None else 0, self.history.last_attempt)
         self.sys.timers.set(Timer.RETENTION, self.sys.monotonic() + self.cfg.checkpoints.retention_interval_s)
         self._request_launch()
 

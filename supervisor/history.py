@@ -33,21 +33,27 @@ next one. Both are computed from every heartbeat the supervisor read, not just t
 the samples never changes a total (see supervisor.report for what they add up to).
 
 Durability and size. Lines are appended with one write each; the file is fsynced at attempt boundaries and at
-the end. A line torn by a SIGKILL is skipped by `read_history` (and cut off by the next `run`). Heartbeats are
-sampled at most once a second (plus every new evaluation, an attempt's first beat in phase train, its first new
-step and its last beat);
-when the file passes `COMPACT_BYTES` it is rewritten atomically by `thin`: every event is kept, and samples
-are kept at a resolution that halves each time their age doubles (about `SAMPLES_PER_DOUBLING` samples per
-doubling of age, per attempt), so a month of one beat per second stays around 1-2 MB (docs/history.md).
+the end. A line torn by a SIGKILL is skipped by `read_history` (and cut off by the next `run`). Readers trust
+nothing: only a regular file is opened (a FIFO or /dev/zero in its place is refused), at most `MAX_READ_BYTES`
+are read, a line longer than any record is skipped without being held, and a `t` outside 0..`MAX_T` is invalid.
+
+Heartbeats are sampled at most once a second (plus every new evaluation, an attempt's first beat in phase train,
+its first new step and its last beat); when the file passes `COMPACT_BYTES` it is rewritten atomically by
+`thin`: every event is kept, and samples are kept at a resolution that halves each time their age doubles
+(about `SAMPLES_PER_DOUBLING` samples per doubling of age, per attempt), so a month of one beat per second
+stays around 1-2 MB (docs/history.md).
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
 import re
+import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 __all__ = [
     "HISTORY_FILE",
@@ -58,9 +64,14 @@ __all__ = [
     "SAMPLES_PER_DOUBLING",
     "COMPACT_BYTES",
     "MAX_READ_BYTES",
+    "MAX_LINE",
+    "MAX_T",
     "FAILURE_REASONS_EXCLUDED",
     "is_failure",
+    "is_time",
+    "open_regular",
     "read_history",
+    "iter_file_records",
     "iter_records",
     "parse_lines",
     "thin",
@@ -79,7 +90,8 @@ SAMPLE_S = 1.0  # at most one heartbeat sample a second is written
 SAMPLES_PER_DOUBLING = 256  # thinning keeps about this many samples per attempt for each doubling of age
 COMPACT_BYTES = 4 * 2**20  # the file is thinned when it grows past this (or twice its size after the last thinning)
 MAX_READ_BYTES = 256 * 2**20  # a reader stops here: a history is a few MB, anything larger is not ours
-_MAX_LINE = 64 * 1024
+MAX_LINE = 64 * 1024  # longer than any record the recorder writes (an exit's detail is cut to 1,000 characters)
+MAX_T = 1e11  # unix seconds (year 5138): a record time beyond it (or before 1970) is not one a clock wrote
 FAILURE_REASONS_EXCLUDED = frozenset({"completed", "stopped"})
 
 
@@ -88,12 +100,27 @@ def is_failure(reason: object) -> bool:
     return isinstance(reason, str) and reason not in FAILURE_REASONS_EXCLUDED
 
 
+def is_time(v: object) -> bool:
+    """A plausible unix time (int or float within 0..MAX_T): what the charts and durations can take."""
+    return type(v) in (int, float) and 0 <= v <= MAX_T  # type: ignore[operator]
+
+
 def _valid(rec: object) -> bool:
     if not isinstance(rec, dict):
         return False
-    t, v, kind = rec.get("t"), rec.get("v"), rec.get("kind")
-    return (type(v) is int and v >= 1 and type(t) in (int, float) and math.isfinite(t)
-            and isinstance(kind, str))
+    v, kind = rec.get("v"), rec.get("kind")
+    return type(v) is int and v >= 1 and is_time(rec.get("t")) and isinstance(kind, str)
+
+
+def _record(line: bytes | None) -> dict[str, Any] | None:
+    """The record of one line (without its newline), or None; None for a line too long to be one."""
+    if line is None or len(line) > MAX_LINE:
+        return None
+    try:
+        rec = json.loads(line)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    return rec if _valid(rec) else None
 
 
 def iter_records(data: bytes) -> Iterator[dict[str, Any] | None]:
@@ -101,13 +128,53 @@ def iter_records(data: bytes) -> Iterator[dict[str, Any] | None]:
     lines = data.split(b"\n")
     lines.pop()  # the text after the last newline: empty, or a line torn mid-write
     for line in lines:
-        if not line.strip():
+        if line.strip():
+            yield _record(line)
+
+
+def _lines(f: IO[bytes], limit: int) -> Iterator[bytes | None]:
+    """Whole lines of the first `limit` bytes of `f`, without their newline; None for a line longer than MAX_LINE
+    (skipped in pieces, never held whole). A last line without newline (torn, or cut by `limit`) is not yielded."""
+    left = limit
+    while left > 0:
+        line = f.readline(min(MAX_LINE + 2, left))
+        left -= len(line)
+        if line.endswith(b"\n"):
+            yield line[:-1]
             continue
-        try:
-            rec = json.loads(line) if len(line) <= _MAX_LINE else None
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            rec = None
-        yield rec if _valid(rec) else None
+        if len(line) < MAX_LINE + 2:  # end of file (a torn line) or of `limit`
+            return
+        while left > 0 and not line.endswith(b"\n"):  # an overlong line: skip to its end
+            line = f.readline(min(MAX_LINE, left))
+            left -= len(line)
+            if not line:
+                return
+        if line.endswith(b"\n"):
+            yield None
+
+
+def iter_file_records(f: IO[bytes], limit: int | None = None) -> Iterator[dict[str, Any] | None]:
+    """`iter_records` over an open file, one line at a time (memory: one line), up to `limit` (MAX_READ_BYTES)."""
+    for line in _lines(f, MAX_READ_BYTES if limit is None else limit):
+        if line is None or line.strip():
+            yield _record(line)
+
+
+def open_regular(path: str | os.PathLike[str], flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
+    """`os.open` for a history file, refusing anything but a regular file (OSError EINVAL).
+
+    A FIFO in its place would block the opener forever (it is opened non-blocking, then checked), /dev/zero
+    would be an endless read, a device a place to write to: a history is ours only as a plain file.
+    """
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def parse_lines(data: bytes) -> tuple[list[dict[str, Any]], int]:
@@ -124,9 +191,15 @@ def parse_lines(data: bytes) -> tuple[list[dict[str, Any]], int]:
 
 def read_history(path: Path) -> tuple[list[dict[str, Any]], int]:
     """The records of a history file and how many lines were skipped; OSError when it cannot be read."""
-    with open(path, "rb") as f:
-        data = f.read(MAX_READ_BYTES)
-    return parse_lines(data)
+    out: list[dict[str, Any]] = []
+    skipped = 0
+    with open(open_regular(path), "rb") as f:
+        for rec in iter_file_records(f):
+            if rec is None:
+                skipped += 1
+            else:
+                out.append(rec)
+    return out, skipped
 
 
 def bucket_width(age_s: float) -> float:
@@ -173,21 +246,36 @@ def thin(records: Iterable[dict[str, Any]], now: float) -> list[dict[str, Any]]:
 _BEAT = re.compile(rb'\{"v":\d+,"t":([0-9.eE+-]+),"kind":"beat","attempt":(-?\d+|null),')
 
 
+def _beat_time(m: re.Match[bytes]) -> float | None:
+    try:
+        t = float(m.group(1))
+    except ValueError:
+        return None
+    return t if is_time(t) else None
+
+
+def _entry(line: bytes) -> tuple[bool, Any, bool, float] | None:
+    """The thinning entry of one line, or None for a line readers would skip (compaction drops it)."""
+    if len(line) > MAX_LINE:
+        return None
+    m = _BEAT.match(line)
+    t = None if m is None else _beat_time(m)
+    if m is not None and t is not None:
+        return True, m.group(2), b'"val_loss":' in line, t
+    if m is None and line.startswith(b'{"v":') and line.endswith(b"}") and b'"kind":"beat"' not in line:
+        return False, None, False, 0.0  # an event, as the recorder wrote it: kept as is
+    r = _record(line)
+    if r is None:
+        return None
+    return r["kind"] == "beat", str(r.get("attempt")).encode(), "val_loss" in r, r["t"]
+
+
 def compact_lines(data: bytes, now: float) -> bytes:
     """`thin` over a file's bytes: whole lines kept verbatim, torn or unreadable lines dropped."""
     lines, entries = [], []
     for line in data.split(b"\n")[:-1]:
-        m = _BEAT.match(line)
-        if m is not None:
-            entry = (True, m.group(2), b'"val_loss":' in line, float(m.group(1)))
-        elif line.startswith(b'{"v":') and line.endswith(b"}") and b'"kind":"beat"' not in line:
-            entry = (False, None, False, 0.0)  # an event, as the recorder wrote it: kept as is
-        else:
-            recs, _ = parse_lines(line + b"\n")
-            if not recs:
-                continue
-            r = recs[0]
-            entry = (r["kind"] == "beat", str(r.get("attempt")).encode(), "val_loss" in r, r["t"])
-        lines.append(line)
-        entries.append(entry)
+        entry = _entry(line)
+        if entry is not None:
+            lines.append(line)
+            entries.append(entry)
     return b"".join(line + b"\n" for line, keep in zip(lines, _keep(entries, now)) if keep)

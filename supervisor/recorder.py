@@ -6,6 +6,12 @@ warning and the records meanwhile, never the supervision (`history_write_recover
 again). The recorder also keeps the run's `report.Fold` up to date, loaded from the file at start-up so that
 numbers continue across supervisor restarts; `annotate` copies them into `Status` for `status` and metrics.
 
+Start-up reads the file a line at a time, at most `MAX_READ_BYTES`, and only if it is a regular file (a FIFO or
+/dev/zero in its place would hang or exhaust the daemon before it supervised anything). Compaction writes the
+thinned file to a temporary sibling on a thread while records keep going to the old file, then copies those
+records over and renames it into place: a SIGKILL at any moment loses no record; the temp file it may leave is
+removed by the next run.
+
 `NullHistory` is the same set of hooks doing nothing, for a `Core` built without a history.
 """
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,9 +27,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from supervisor import __version__
-from supervisor.atomic import write_atomic
+from supervisor.atomic import TMP_SUFFIX
 from supervisor.contract import Beat
-from supervisor.history import COMPACT_BYTES, HISTORY_FILE, SAMPLE_S, VERSION, compact_lines, iter_records
+from supervisor.history import (COMPACT_BYTES, HISTORY_FILE, MAX_LINE, MAX_READ_BYTES, SAMPLE_S, VERSION,
+                                compact_lines, iter_file_records, open_regular)
 from supervisor.report import Fold
 from supervisor.state import ExitInfo, State, Status
 
@@ -38,6 +46,11 @@ _MAX_DETAIL = 1000  # characters of an exit's detail kept (the root cause's mess
 
 class NullHistory:
     """Every hook `Core` calls, doing nothing."""
+
+    @property
+    def last_attempt(self) -> int:
+        """The highest attempt number the history holds (0: none); numbering continues after it."""
+        return 0
 
     def supervisor_start(self) -> None:
         """A `run` began (after any orphan was stopped, before the first launch)."""
@@ -124,10 +137,9 @@ class HistoryRecorder(NullHistory):
         self._live: _Live | None = None
         self._last_attempt: int | None = None
         # Compaction reads, thins and rewrites a few MB: it runs on its own thread (the loop must not stall
-        # ~0.1 s), and records written meanwhile wait here, then go to the end of the new file.
+        # ~0.1 s) into a temp file; records written meanwhile go to the old file and are copied over at the end.
         self._compactor: threading.Thread | None = None
-        self._compacted: tuple[bytes | None, str | None] | None = None  # the thread's result: (data, error)
-        self._pending: list[bytes] = []
+        self._compacted: tuple[Path, int, int] | str | None = None  # (temp, its size, old bytes it covers) | error
         self.os_write: Callable[[int, memoryview], int] = os.write  # a seam: tests make the disk fill up
         self._load()
 
@@ -137,22 +149,46 @@ class HistoryRecorder(NullHistory):
 
     # ---- the file --------------------------------------------------------------------------------------------
     def _load(self) -> None:
-        """Fold what earlier runs wrote and cut off a line torn by a SIGKILL (the next append would join it)."""
+        """Fold what earlier runs wrote, cut off a line torn by a SIGKILL (the next append would join it) and
+        remove the temp file of a compaction cut short."""
         try:
-            with open(self.path, "rb") as f:
-                data = f.read()
-            end = data.rfind(b"\n") + 1
-            if end < len(data):
-                os.truncate(self.path, end)
-            self._size = end
+            for tmp in self.path.parent.glob(f".{self.path.name}.*{TMP_SUFFIX}"):
+                tmp.unlink(missing_ok=True)
+            f = open(open_regular(self.path), "rb")
         except FileNotFoundError:
             return
         except OSError as exc:
             self._failed(exc)
             return
-        self.fold.add_all(r for r in iter_records(data) if r is not None)  # one record at a time: a month is 20k
+        with f:
+            try:
+                self.fold.add_all(r for r in iter_file_records(f) if r is not None)  # one line at a time
+            except Exception as exc:  # noqa: BLE001 - a bug in the fold costs the old numbers, never the run
+                self._broken = True
+                self.log.error("history_failed", hook="load", error=f"{type(exc).__name__}: {exc}")
+            self._size = self._cut_torn_tail(f)
         if self.fold.attempts:
-            self._last_attempt = self.fold.attempts[-1].number
+            self._last_attempt = max(a.number for a in self.fold.attempts)
+
+    def _cut_torn_tail(self, f: Any) -> int:
+        """The file's size once a torn last line is cut off; a tail longer than any record is not ours to cut:
+        it stays, and the next record starts on a fresh line."""
+        size = os.fstat(f.fileno()).st_size
+        start = max(0, size - MAX_LINE - 1)
+        f.seek(start)
+        tail = f.read()
+        if not tail or tail.endswith(b"\n"):
+            return size
+        newline = tail.rfind(b"\n")
+        if newline < 0 and start > 0:
+            self._torn = True
+            return size
+        try:
+            os.truncate(self.path, start + newline + 1)
+        except OSError as exc:
+            self._failed(exc)
+            return size
+        return start + newline + 1
 
     def _failed(self, exc: OSError) -> None:
         self._torn = True
@@ -167,10 +203,7 @@ class HistoryRecorder(NullHistory):
             line = _line(rec)
         except ValueError:  # a non-finite number slipped through: drop the record, never the daemon
             return
-        if self._compactor is not None:
-            if self._compactor.is_alive():
-                self._pending.append(line)
-                return
+        if self._compactor is not None and not self._compactor.is_alive():
             self._finish_compaction()
         self._append(line, durable)
 
@@ -178,7 +211,7 @@ class HistoryRecorder(NullHistory):
         data = (b"\n" if self._torn else b"") + line
         try:
             if self._fd is None:
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                self._fd = open_regular(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
             view = memoryview(data)
             while view:
                 view = view[self.os_write(self._fd, view):]
@@ -192,54 +225,88 @@ class HistoryRecorder(NullHistory):
             self._failing = False
             self.log.info("history_write_recovered", path=str(self.path))
         self._size += len(data)
-        if self._size > self._compact_at:
+        if self._size > self._compact_at and self._compactor is None:
             self._compact()
 
     def _compact(self) -> None:
-        """Rewrite the file with `thin`ned samples on a thread, atomically: a reader sees the old or the new file.
+        """Write the `thin`ned file to a temp sibling on a thread; `_finish_compaction` puts it in place.
 
-        Until `_finish_compaction` (the next record after the thread is done, or `close`), records are held in
-        memory, so the file the thread reads is complete and nothing written meanwhile is lost.
+        The thread reads the file up to its last whole line; records appended meanwhile stay in the old file
+        (fsynced as usual) until `_finish_compaction` copies them over, on the loop, just before the rename.
         """
+        if self._size > MAX_READ_BYTES:  # not a file this recorder grew: never read it whole
+            self._compact_at = 2 * self._size
+            self.log.warning("history_compact_failed", path=str(self.path), error=f"larger than {MAX_READ_BYTES} bytes")
+            return
         now = self.now()
+        tmp = self.path.with_name(f".{self.path.name}.{secrets.token_hex(4)}{TMP_SUFFIX}")
 
         def work() -> None:
             try:
-                with open(self.path, "rb") as f:
-                    data = compact_lines(f.read(), now)
-                write_atomic(self.path, data, durable=True)
-                self._compacted = (data, None)
-            except (OSError, ValueError) as exc:
-                self._compacted = (None, str(exc))
+                with open(open_regular(self.path), "rb") as f:
+                    data = f.read(MAX_READ_BYTES)
+                covered = data.rfind(b"\n") + 1
+                kept = compact_lines(data, now)  # its last line, if torn, is not kept (nor covered)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                try:
+                    with open(fd, "wb", closefd=False) as out:
+                        out.write(kept)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                self._compacted = (tmp, len(kept), covered)
+            except Exception as exc:  # noqa: BLE001 - a failed compaction (or a bug in it) costs only itself
+                tmp.unlink(missing_ok=True)
+                self._compacted = f"{type(exc).__name__}: {exc}"
 
-        self._compacted, self._pending = None, []
+        self._compacted = None
         self._compactor = threading.Thread(target=work, name="history-compact", daemon=True)
         self._compactor.start()
 
     def _finish_compaction(self) -> None:
+        """Copy what was appended since the thread read the file into its temp file, then rename it into place."""
         assert self._compactor is not None
         self._compactor.join()
         self._compactor = None
-        data, error = self._compacted or (None, "compaction did not finish")
+        result = self._compacted if self._compacted is not None else "compaction did not finish"
         before = self._size
-        if data is None:
-            self.log.warning("history_compact_failed", path=str(self.path), error=error)
-        else:
-            self.close()  # the old file is gone: append to the new one
-            self._size = len(data)
-            self.compactions += 1
-            self.log.info("history_compacted", path=str(self.path), before_bytes=before, after_bytes=len(data))
+        if isinstance(result, tuple):
+            tmp, kept, covered = result
+            try:
+                with open(open_regular(self.path), "rb") as f, open(tmp, "ab") as out:
+                    f.seek(covered)
+                    tail = f.read()
+                    out.write(tail)
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.replace(tmp, self.path)
+            except OSError as exc:
+                tmp.unlink(missing_ok=True)
+                result = exc.strerror or str(exc)
+            else:
+                self.close()  # the old file is gone: append to the new one
+                self._size = kept + len(tail)
+                self.compactions += 1
+                self.log.info("history_compacted", path=str(self.path), before_bytes=before, after_bytes=self._size)
+        if isinstance(result, str):
+            self.log.warning("history_compact_failed", path=str(self.path), error=result)
         self._compact_at = max(self.compact_bytes, 2 * self._size)  # events alone may outgrow the threshold
-        pending, self._pending = self._pending, []
-        for line in pending:
-            self._append(line, durable=False)
 
     @property
     def size(self) -> int:
         return self._size
 
+    @property
+    def last_attempt(self) -> int:
+        return self._last_attempt or 0
+
+    @property
+    def compacting(self) -> bool:
+        """A compaction is in flight (`close` waits for it and puts the new file in place)."""
+        return self._compactor is not None
+
     def close(self) -> None:
-        if self._compactor is not None:  # at exit: let it finish, then write what waited for it
+        if self._compactor is not None:  # at exit: let it finish and put the new file in place
             self._finish_compaction()
         if self._fd is not None:
             fd, self._fd = self._fd, None

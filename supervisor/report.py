@@ -10,7 +10,8 @@ Definitions (docs/history.md has them with an example):
 - `attempts`: attempt_start records.
 - `failures`: attempt_exit records whose reason is neither `completed` nor `stopped`.
 - `wall_s`: time the supervisor ran: the sum over its sessions (supervisor_start to supervisor_end; a
-  supervisor killed without one ends at its last record; the running one at `now` when given).
+  supervisor killed without one ends at its last record; the running one at `now` when given). A record more
+  than a minute older than the session's newest is a clock stepped back (NTP): the session goes on from there.
 - `productive_s`: training time whose work was kept: the sum of the attempts' `train_s`, less, wherever an
   attempt resumed behind the previous attempt's highest step, the time those steps took (steps behind times
   the previous attempt's seconds per step, or the run's average when it trained none). Never negative.
@@ -18,12 +19,16 @@ Definitions (docs/history.md has them with an example):
 - `restart_latency_s`: one entry per recovery: from the detection (attempt_exit `at`) of the first failure
   since the job last trained a new step, to the next first_step (the relaunched job training again). A crash
   loop that ends in a recovery is one entry, counted from its first failure; a recovery cut short by the end
-  of supervision (supervisor_end) is none.
+  of supervision (supervisor_end, or the next supervisor_start after a supervisor was killed) is none.
 - `steps_lost`: one entry per failure followed by a relaunch: the failed attempt's highest heartbeat step
   minus the step the relaunch resumed from (0 when it resumed at or beyond it); none when the attempt never
   reported a step.
 - `checkpoint_overhead_s`: the sum of the attempts' `save_s`: time the job said it was saving.
 - `exit_reasons`: attempt_exit reasons and how often each occurred.
+
+An attempt_start whose number is already taken (a run dir whose state.json was lost, two histories
+concatenated) begins a new attempt; records naming that number go to the newest. Integers beyond 2**63 and times
+outside 0..MAX_T (supervisor.history) count as missing.
 """
 from __future__ import annotations
 
@@ -33,21 +38,32 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from supervisor.history import is_failure
+from supervisor.history import is_failure, is_time
 
 __all__ = ["Fold", "AttemptView", "Sample", "Mark", "Summary", "summarize", "RECENT_LOSSES"]
 
 RECENT_LOSSES = 40  # samples behind `status`'s sparkline
+_CLOCK_STEP_S = 60.0  # records are written in time order give or take a heartbeat: further back, the clock stepped
+
+
+_MAX_INT = 2**63  # no step or attempt number is larger; a larger one would overflow every float it meets
 
 
 def _int(rec: dict[str, Any], key: str) -> int | None:
     v = rec.get(key)
-    return v if type(v) is int else None
+    return v if type(v) is int and -_MAX_INT < v < _MAX_INT else None
+
+
+def _time(rec: dict[str, Any], key: str) -> float | None:
+    v = rec.get(key)
+    return float(v) if is_time(v) else None
 
 
 def _num(rec: dict[str, Any], key: str) -> float | None:
     v = rec.get(key)
-    return float(v) if type(v) in (int, float) and math.isfinite(v) else None
+    if type(v) is int:
+        return float(v) if -_MAX_INT < v < _MAX_INT else None
+    return v if type(v) is float and math.isfinite(v) else None
 
 
 def _str(rec: dict[str, Any], key: str) -> str | None:
@@ -144,6 +160,8 @@ class Fold:
         self._by_number: dict[int, AttemptView] = {}
         self.sessions: list[list[float]] = []  # [start, end] of each supervisor run
         self._open = False
+        self._wall = 0.0  # wall seconds up to the last record (the current session: to its last record)
+        self._session_t = 0.0  # the current session's newest record time (since the clock last stepped back)
         self.first_t: float | None = None
         self.last_t: float | None = None
         self.failures = 0
@@ -170,7 +188,7 @@ class Fold:
 
     def add(self, rec: dict[str, Any]) -> None:
         """Take one record in (a record that is not a dict with a finite `t` and a `kind` is ignored)."""
-        t, kind = _num(rec, "t"), _str(rec, "kind")
+        t, kind = _time(rec, "t"), _str(rec, "kind")
         if t is None or kind is None:
             return
         self.first_t = t if self.first_t is None else min(self.first_t, t)
@@ -184,8 +202,14 @@ class Fold:
         if kind == "supervisor_start" or not self._open:
             self.sessions.append([t, t])
             self._open = True
+            self._pending_failure_at = None  # the supervisor that saw it is gone: its recovery was cut short
+            self._session_t = t
         else:
             self.sessions[-1][1] = max(self.sessions[-1][1], t)
+            if t > self._session_t:
+                self._wall += t - self._session_t
+            if t > self._session_t or t < self._session_t - _CLOCK_STEP_S:  # not just written a little late
+                self._session_t = t
         if kind == "supervisor_end":
             self._open = False
 
@@ -220,7 +244,7 @@ class Fold:
 
     def _on_start(self, t: float, rec: dict[str, Any]) -> None:
         number = _int(rec, "attempt")
-        if number is not None and number not in self._by_number:
+        if number is not None:
             self._new_attempt(number, t, _str(rec, "resumed_from"), _int(rec, "resumed_step"))
 
     def _set_counters(self, a: AttemptView, rec: dict[str, Any]) -> None:
@@ -263,7 +287,7 @@ class Fold:
         a = self._attempt(t, rec)
         if a is None or a.reason is not None:
             return
-        at = _num(rec, "at")
+        at = _time(rec, "at")
         a.ended = at if at is not None else t
         a.reason = _str(rec, "reason") or "unknown"
         a.code, a.signal, a.detail = _int(rec, "code"), _str(rec, "signal"), _str(rec, "detail")
@@ -306,10 +330,9 @@ class Fold:
         return self._open
 
     def wall_s(self, now: float | None = None) -> float:
-        total = sum(end - start for start, end in self.sessions)
         if self._open and now is not None and self.sessions:
-            total += max(0.0, now - self.sessions[-1][1])
-        return total
+            return self._wall + max(0.0, now - self._session_t)
+        return self._wall
 
     def productive_s(self) -> float:
         return max(0.0, self.train_s - self.lost_s)

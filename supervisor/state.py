@@ -154,8 +154,9 @@ def _conforms(value: Any, hint: Any) -> bool:
     if origin is dict:
         return isinstance(value, dict) and all(isinstance(k, str) and _conforms(v, args[1]) for k, v in value.items())
     if hint in (int, float):
-        ok_type = type(value) is int or (hint is float and type(value) is float)
-        return ok_type and math.isfinite(value) and abs(value) < 2**63
+        if type(value) is int:  # compared as an int: a 400-digit one overflows math.isfinite
+            return abs(value) < 2**63
+        return hint is float and type(value) is float and math.isfinite(value) and abs(value) < 2**63
     if hint is type(None):
         return value is None
     return isinstance(value, hint)

@@ -18,8 +18,10 @@ _TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10
 
 
 def esc(value: object) -> str:
-    """Text or attribute value, HTML-escaped (quotes too)."""
-    return html.escape(str(value), quote=True)
+    """Text or attribute value, HTML-escaped (quotes too); a lone surrogate (a path's undecodable byte, a JSON
+    "\\udXXX") is written as its escape, since UTF-8 cannot encode it."""
+    text = str(value).encode("utf-8", "backslashreplace").decode("utf-8")
+    return html.escape(text, quote=True)
 
 
 class Linear:
@@ -46,10 +48,11 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
 
 
 def time_ticks(lo: float, hi: float, n: int = 6) -> list[float]:
-    """Tick times at a round interval (seconds to weeks), aligned to that interval in UTC."""
+    """Tick times at a round interval (seconds to weeks, then whole multiples of 30 days), aligned to it in UTC."""
     if hi <= lo:
         return [lo]
-    step = next((s for s in _TIME_STEPS if (hi - lo) / s <= n), _TIME_STEPS[-1])
+    longest = _TIME_STEPS[-1]
+    step = next((s for s in _TIME_STEPS if (hi - lo) / s <= n), math.ceil((hi - lo) / n / longest) * longest)
     first = math.ceil(lo / step) * step
     return [first + i * step for i in range(int((hi - first) // step) + 1)]
 

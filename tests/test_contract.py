@@ -44,10 +44,11 @@ class TestParseHeartbeat:
     @pytest.mark.parametrize("field,value", [
         ("loss", "NaN"), ("loss", "Infinity"), ("loss", "-Infinity"), ("loss", "1e999"), ("loss", '"low"'),
         ("loss", "1e31"), ("val_loss", "NaN"), ("val_loss", "[1]"), ("time", "-5"), ("time", "1e300"),
-        ("phase", '"warmup"'), ("phase", "3"),
+        ("phase", '"warmup"'), ("phase", "3"), ("loss", "9" * 400), ("val_loss", "-" + "9" * 400), ("time", "9" * 400),
     ])
     def test_a_bad_field_is_dropped_with_a_note(self, field: str, value: str) -> None:
-        """A non-finite, huge, negative or wrong-typed field is dropped; the step still counts."""
+        """A non-finite, huge, negative or wrong-typed field is dropped; the step still counts (an integer loss
+        beyond any float used to raise OverflowError and end the daemon)."""
         b, problems = beat(f'{{"step": 3, "{field}": {value}}}')
         assert b is not None and b.step == 3 and getattr(b, field) is None
         assert len(problems) == 1 and field in problems[0]

@@ -11,7 +11,7 @@ import pytest
 
 from supervisor.config import load_config
 from supervisor.core import Core
-from supervisor.history import HISTORY_FILE, bucket_width, compact_lines, parse_lines, read_history, thin
+from supervisor.history import MAX_LINE, HISTORY_FILE, bucket_width, compact_lines, parse_lines, read_history, thin
 from supervisor.history_demo import month
 from supervisor.recorder import HistoryRecorder, NullHistory
 from supervisor.report import summarize
@@ -172,6 +172,28 @@ class TestCoreRecords:
         exit_job(core, fake, 0)
         assert core.status.state is State.COMPLETED and log.names().count("history_failed") == 1
 
+    def test_a_bug_folding_the_old_history_costs_its_numbers_not_the_start(self, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+        """Start-up folds the earlier runs' records outside any hook: an error there is logged (history_failed),
+        and the run starts and records as usual."""
+        from supervisor.report import Fold
+
+        core, fake, _, history = make_core(tmp_path)
+        core.begin(None)
+        exit_job(core, fake, 0)
+        history.close()
+
+        def broken(self: Fold, rec: dict) -> None:
+            raise ArithmeticError("bug")
+
+        monkeypatch.setattr(Fold, "add", broken)
+        core2, fake2, log, _ = make_core(tmp_path)
+        monkeypatch.undo()
+        core2.begin(core.status)
+        exit_job(core2, fake2, 0)
+        assert log.names().count("history_failed") == 1 and core2.status.state is State.COMPLETED
+        assert [r["attempt"] for r in records(core2) if r["kind"] == "attempt_start"] == [1, 2]
+
     def test_null_history_has_every_hook(self) -> None:
         """The recorder adds no hook the null history lacks (Core calls them without checking)."""
         hooks = {n for n in vars(HistoryRecorder) if not n.startswith("_") and callable(getattr(HistoryRecorder, n))}
@@ -185,6 +207,21 @@ class TestReader:
         data = good + b'not json\n[1]\n{"v":1,"kind":"beat"}\n{"v":1,"t":NaN,"kind":"x"}\n\n' + good + b'{"v":1,"t":6'
         recs, skipped = parse_lines(data)
         assert len(recs) == 2 and skipped == 4
+
+    @pytest.mark.parametrize(("tail", "records", "skipped"), [
+        (b"", 2, 0),
+        (b'{"v":1,"t":6,"kind":"x","p":"' + b"a" * (MAX_LINE - 31) + b'"}\n', 3, 0),  # exactly MAX_LINE: a record
+        (b'{"v":1,"t":6,"kind":"x","p":"' + b"a" * (MAX_LINE - 30) + b'"}\n', 2, 1),  # one byte more: skipped
+        (b"x" * (5 * MAX_LINE) + b"\n", 2, 1),  # skipped in pieces
+        (b"x" * (5 * MAX_LINE), 2, 0),  # torn: not a line yet
+    ])
+    def test_file_reader_bounds_each_line(self, tmp_path: Path, tail: bytes, records: int, skipped: int) -> None:
+        """The file reader sees what `parse_lines` sees, holding at most MAX_LINE bytes of any line."""
+        good = b'{"v":1,"t":5.0,"kind":"supervisor_start"}\n'
+        data = good + good + tail
+        (tmp_path / HISTORY_FILE).write_bytes(data)
+        got = read_history(tmp_path / HISTORY_FILE)
+        assert (len(got[0]), got[1]) == (records, skipped) and got == parse_lines(data)
 
 
 class TestThinning:
@@ -201,6 +238,16 @@ class TestThinning:
         assert sum(a < 512 for a in ages) >= 500  # young samples at full resolution
         assert len(ages) < 256 * 10  # about 256 per doubling of age
         assert bucket_width(10) == 1 and bucket_width(86400 * 30) == 8192
+
+    def test_compaction_drops_lines_no_reader_would_read(self) -> None:
+        """A beat whose time is not a number or is beyond any clock, and an over-long event line: dropped (the
+        first two used to raise in the compaction thread, so the file was never compacted again)."""
+        good = b'{"v":1,"t":5,"kind":"beat","attempt":1,"step":3}\n'
+        bad = [b'{"v":1,"t":1e999,"kind":"beat","attempt":1,"step":3}\n',
+               b'{"v":1,"t":1-2,"kind":"beat","attempt":1,"step":3}\n',
+               b'{"v":1,"t":5,"kind":"x","p":"' + b"a" * MAX_LINE + b'"}\n']
+        for line in bad:
+            assert compact_lines(line + good, 100.0) == good
 
     def test_simulated_month_stays_a_few_mb(self, tmp_path: Path) -> None:
         """30 days with a checkpoint every 10 minutes (the last 5 hours beating every second, where thinning keeps
@@ -224,7 +271,8 @@ class TestThinning:
 class TestCompactionOffTheLoop:
     def test_records_written_while_compacting_are_kept_in_order(self, tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-        """Compaction runs on its own thread; records written meanwhile wait and land after the rewritten file."""
+        """Compaction runs on its own thread; records written meanwhile go to the old file, then follow the
+        rewritten part of it in the new one."""
         import threading
 
         import supervisor.recorder as recorder_mod
@@ -256,3 +304,119 @@ class TestCompactionOffTheLoop:
         paths = [r["path"] for r in read_history(tmp_path / HISTORY_FILE)[0] if r["kind"] == "quarantined"]
         assert paths == [f"/ckpts/step_{i}" for i in range(n)] + [f"/ckpts/during_{i}" for i in range(5)]
         assert rec.compactions == 1
+
+
+class TestHostileFiles:
+    def test_start_up_with_a_fifo_or_device_in_place_of_the_history(self, tmp_path: Path) -> None:
+        """A FIFO (whose open used to block the daemon before its first launch) or /dev/zero (an endless read) as
+        history.jsonl: one history_write_failed, and supervision goes on."""
+        import os
+        import threading
+
+        run_dir = tmp_path / ".fsdp-supervisor"
+        run_dir.mkdir()
+        os.mkfifo(run_dir / HISTORY_FILE)
+        built: list[tuple[Core, FakeSystem, RecordingLog, HistoryRecorder]] = []
+        worker = threading.Thread(target=lambda: built.append(make_core(tmp_path)), daemon=True)
+        worker.start()
+        worker.join(20)
+        hung = not built
+        if hung:  # release the hung open() so that the thread ends
+            os.close(os.open(run_dir / HISTORY_FILE, os.O_WRONLY | os.O_NONBLOCK))
+            worker.join(5)
+        assert not hung, "start-up hung on a FIFO"
+        core, fake, log, _ = built[0]
+        core.begin(None)
+        exit_job(core, fake, 0)
+        assert core.status.state is State.COMPLETED and log.names().count("history_write_failed") == 1
+        (run_dir / HISTORY_FILE).unlink()
+        (run_dir / HISTORY_FILE).symlink_to("/dev/zero")
+        with pytest.raises(OSError, match="not a regular file"):
+            read_history(run_dir / HISTORY_FILE)
+
+    @pytest.mark.parametrize("fields", ['"step":%d,"train_s":1.0' % 10**400, '"step":5,"train_s":%d' % 10**400])
+    def test_absurd_numbers_in_an_old_run_cost_no_later_record(self, tmp_path: Path, fields: str) -> None:
+        """A step beyond any float in an earlier run's history used to make every later attempt_start raise in
+        the fold (history_failed), so none was written; such a train_s made the start-up itself raise."""
+        run_dir = tmp_path / ".fsdp-supervisor"
+        run_dir.mkdir()
+        (run_dir / HISTORY_FILE).write_text(
+            f'{{"v":1,"t":{T0},"kind":"attempt_start","attempt":1,"resumed_from":null,"resumed_step":null}}\n'
+            f'{{"v":1,"t":{T0 + 1},"kind":"beat","attempt":1,{fields}}}\n')
+        core, fake, log, _ = make_core(tmp_path)
+        core.begin(None)
+        exit_job(core, fake, 1)
+        fake.advance(10, core)
+        assert "history_failed" not in log.names()
+        assert [r["attempt"] for r in records(core) if r["kind"] == "attempt_start"] == [1, 2, 3]
+
+    def test_numbering_continues_from_the_history_when_state_json_is_lost(self, tmp_path: Path) -> None:
+        """Without a state.json the next attempt follows the history's last one (it used to be 1 again, and the
+        report merged the new attempt 1 into the old one)."""
+        core, fake, _, history = make_core(tmp_path)
+        core.begin(None)
+        exit_job(core, fake, 0)
+        history.close()
+        core2, fake2, _, _ = make_core(tmp_path)
+        core2.begin(None)  # state.json unreadable or gone
+        exit_job(core2, fake2, 0)
+        recs = records(core2)
+        assert [r["attempt"] for r in recs if r["kind"] == "attempt_start"] == [1, 2]
+        assert summarize(recs).attempts == 2 and (core2.run_dir / "logs" / "attempt-0002.log").exists()
+
+    def test_a_file_larger_than_any_history_is_read_only_in_part(self, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+        """Start-up folds at most MAX_READ_BYTES (a line at a time), never cuts what it did not read, and does not
+        compact a file that size (here the limit is 1 KB)."""
+        import supervisor.history as history_mod
+        import supervisor.recorder as recorder_mod
+
+        monkeypatch.setattr(history_mod, "MAX_READ_BYTES", 1024)
+        monkeypatch.setattr(recorder_mod, "MAX_READ_BYTES", 1024, raising=False)
+        path = tmp_path / HISTORY_FILE
+        lines = [f'{{"v":1,"t":{T0 + i},"kind":"attempt_start","attempt":{i},"resumed_from":null}}\n'
+                 for i in range(1, 101)]
+        path.write_text("".join(lines) + '{"v":1,"t":5,"kind":"to')  # torn at the end, far beyond the limit
+        log = RecordingLog()
+        rec = HistoryRecorder(path, now=lambda: T0 + 1000, log=log, compact_bytes=512)
+        assert 5 <= len(rec.fold.attempts) < 20 and path.stat().st_size > 5000
+        rec.supervisor_start()
+        rec.close()
+        assert "history_compact_failed" in log.names() and path.read_text().startswith("".join(lines))
+
+
+class TestCompactionCrashSafety:
+    def test_a_sigkill_mid_compaction_loses_no_record_and_leaves_no_temp_file(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Records written while a compaction runs are on disk at once (a durable one used to wait in memory
+        until the compaction ended); a supervisor killed before the rename leaves the old file whole and a temp
+        file, which the next run removes."""
+        import threading
+
+        import supervisor.recorder as recorder_mod
+
+        gate, started = threading.Event(), threading.Event()
+        real = recorder_mod.compact_lines
+
+        def slow_compact(data: bytes, now: float) -> bytes:
+            started.set()
+            assert gate.wait(30)
+            return real(data, now)
+
+        monkeypatch.setattr(recorder_mod, "compact_lines", slow_compact)
+        path = tmp_path / HISTORY_FILE
+        rec = HistoryRecorder(path, now=lambda: T0, log=RecordingLog(), compact_bytes=2048)
+        n = 0
+        while rec._compactor is None:
+            rec.quarantined(f"/ckpts/step_{n}", "test")
+            n += 1
+        assert started.wait(30)
+        rec.attempt_start(1, None, None)  # durable
+        assert [r["kind"] for r in read_history(path)[0]][-1] == "attempt_start"
+        gate.set()
+        rec._compactor.join(30)  # the temp file is written; the SIGKILL comes before the next record renames it
+        temps = list(tmp_path.glob(f".{HISTORY_FILE}.*.tmp"))
+        assert len(temps) == 1
+        again = HistoryRecorder(path, now=lambda: T0, log=RecordingLog())
+        assert not temps[0].exists() and again.last_attempt == 1
+        assert [r.get("path") for r in read_history(path)[0]][:n] == [f"/ckpts/step_{i}" for i in range(n)]

@@ -2,6 +2,11 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
+import subprocess
+import sys
+import threading
 from collections import Counter
 from html.parser import HTMLParser
 from pathlib import Path
@@ -15,7 +20,8 @@ from supervisor.cli import main
 from supervisor.history import HISTORY_FILE, KINDS
 from supervisor.report import Fold, summarize
 from supervisor.report_html import render_html
-from tests.supervise import write_config
+from supervisor.svg import time_ticks
+from tests.supervise import REPO, write_config
 
 
 def rec(t: float, kind: str, **fields: Any) -> dict[str, Any]:
@@ -61,6 +67,18 @@ KILLED_SUPERVISOR = [  # no supervisor_end: the session ends at its last record;
     rec(0, "supervisor_start"), start(0, 1), beat(400, 1, 40, train_s=400),
     rec(600, "supervisor_start"), start(610, 2, 30), beat(700, 2, 60, train_s=80),
 ]
+KILLED_IN_BACKOFF = [  # a failure, the supervisor killed before the relaunch, the next run a day later
+    rec(0, "supervisor_start"), start(0, 1), beat(50, 1, 50, train_s=50), end(100, 1, "crash", 50, train_s=50),
+    rec(86400, "supervisor_start"), start(86400, 2, 40), rec(86450, "first_step", attempt=2, step=41),
+    beat(86500, 2, 90, train_s=50), end(86500, 2, "completed", 90, train_s=50),
+    rec(86501, "supervisor_end", state="completed", reason="completed"),
+]
+CLOCK_STEPPED_BACK = [  # NTP steps the clock back an hour 1000 s in; the records go on from there
+    rec(10_000, "supervisor_start"), start(10_000, 1), beat(11_000, 1, 1000, train_s=1000),
+    beat(7_400, 1, 1001, train_s=1000), beat(8_400, 1, 2000, train_s=2000),
+    end(8_400, 1, "completed", 2000, train_s=2000),
+    rec(8_401, "supervisor_end", state="completed", reason="completed"),
+]
 NO_HEARTBEAT = [
     rec(0, "supervisor_start"), start(0, 1), end(100, 1, "crash", None), start(101, 2, None),
     end(200, 2, "completed", None), rec(200, "supervisor_end", state="completed", reason="completed"),
@@ -84,6 +102,14 @@ NO_HEARTBEAT = [
     pytest.param(NO_HEARTBEAT, {
         "attempts": 2, "failures": 1, "restart_latency_s": [], "steps_lost": [], "productive_s": 0, "goodput": 0},
         id="no-heartbeat"),
+    pytest.param(KILLED_IN_BACKOFF, {
+        "attempts": 2, "failures": 1, "wall_s": 100 + 101, "restart_latency_s": [], "steps_lost": [10]},
+        id="killed-in-backoff"),
+    pytest.param(CLOCK_STEPPED_BACK, {"wall_s": 2001, "productive_s": 2000}, id="clock-stepped-back"),
+    pytest.param(CRASH_AND_RESUME + [{**r, "t": r["t"] + 1000, **({"at": r["at"] + 1000} if "at" in r else {})}
+                                     for r in CRASH_AND_RESUME], {
+        "attempts": 4, "failures": 2, "wall_s": 404, "restart_latency_s": [39, 39], "steps_lost": [41, 41],
+        "sessions": 2}, id="two-histories-concatenated"),
 ])
 def test_summary_of_scripted_histories(records: list[dict[str, Any]], expected: dict[str, Any]) -> None:
     """Each number is the documented function of the records (supervisor/report.py, docs/history.md)."""
@@ -102,16 +128,43 @@ def test_live_session_runs_to_now() -> None:
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.fixed_dictionaries(
-    {"v": st.just(1), "t": st.floats(0, 1e6), "kind": st.sampled_from(KINDS)},
-    optional={k: st.one_of(st.none(), st.integers(-5, 5), st.floats(allow_nan=True), st.text(max_size=3), st.lists(st.integers(), max_size=2))
-              for k in ("attempt", "step", "resumed_step", "max_step", "train_s", "save_s", "at", "reason", "loss", "val_loss")}),
+    {"v": st.just(1), "t": st.one_of(st.floats(0, 1e6), st.floats()), "kind": st.sampled_from(KINDS)},
+    optional={k: st.one_of(st.none(), st.integers(-5, 5), st.integers(-10**400, 10**400), st.floats(allow_nan=True),
+                           st.text(max_size=3), st.sampled_from(["\ud800", "<s>"]), st.lists(st.integers(), max_size=2))
+              for k in ("attempt", "step", "resumed_step", "max_step", "train_s", "save_s", "at", "reason", "loss",
+                        "val_loss", "path", "detail")}),
     max_size=25))
 def test_any_record_soup_folds_without_error(records: list[dict[str, Any]]) -> None:
     """Wrong types and impossible orders (hand edits, other versions) cost fields, never an exception."""
     fold = Fold(keep=True).add_all(records)
     s = fold.summary(now=2e6)
     assert s.goodput is None or 0 <= s.goodput <= 1
-    render_html(fold, s, source="x", generated=0.0)
+    render_html(fold, s, source="x", generated=0.0).encode("utf-8")
+
+
+@pytest.mark.parametrize("bad", [
+    {"t": 1e300}, {"t": 1e18}, {"t": -1e12}, {"step": 10**400}, {"max_step": 10**400}, {"resumed_step": 10**400},
+    {"attempt": 10**400}, {"at": 1e300}, {"at": -1e300}, {"path": "/c/\udcff\ud800"}, {"detail": "\ud800"},
+])
+def test_absurd_values_cost_a_record_not_the_page(bad: dict[str, Any]) -> None:
+    """Times beyond any clock, integers beyond any float, lone surrogates (a path's undecodable bytes): the page
+    still renders, small, and encodes as UTF-8 (each used to raise, or draw 700,000 time ticks)."""
+    records = [*CRASH_AND_RESUME[:6], {**CRASH_AND_RESUME[6], **bad}, {**CRASH_AND_RESUME[7], **bad},
+               {**CRASH_AND_RESUME[8], **bad}, {**rec(150, "quarantined", path="/c/x", reason="r"), **bad},
+               *CRASH_AND_RESUME[9:]]
+    fold = Fold(keep=True).add_all(records)
+    s = fold.summary()
+    assert s.goodput is not None and 0 <= s.goodput <= 1 and 0 <= s.wall_s < 1e6
+    assert all(0 <= x < 1e6 for x in s.restart_latency_s)
+    page = render_html(fold, s, source="x", generated=0.0)
+    assert len(page.encode("utf-8")) < 100_000
+
+
+def test_time_axis_of_any_span_has_a_few_ticks() -> None:
+    """Ticks stay a handful however long the span (past 30 days the interval grows in whole 30-day units)."""
+    for span in (10, 86400 * 40, 86400 * 3650, 1e11):
+        ticks = time_ticks(0, span)
+        assert 2 <= len(ticks) <= 7 and ticks == sorted(ticks)
 
 
 class Marks(HTMLParser):
@@ -208,3 +261,60 @@ class TestCommand:
         cfg = self.history(tmp_path, CRASH_AND_RESUME)
         rc, _, err = self.run(capsys, "-c", str(cfg), "-o", str(tmp_path / "missing" / "r.html"))
         assert rc == 2 and len(err.strip().splitlines()) == 1 and "cannot write" in err
+
+    def test_output_never_replaces_a_file_of_the_run_dir(self, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+        """`-o` onto history.jsonl (or state.json) is refused, exit 2: it used to replace the history with its page."""
+        cfg = self.history(tmp_path, CRASH_AND_RESUME)
+        history = tmp_path / ".fsdp-supervisor" / HISTORY_FILE
+        before = history.read_bytes()
+        for target in (history, tmp_path / ".fsdp-supervisor" / "logs" / ".." / "state.json"):
+            rc, out, err = self.run(capsys, "-c", str(cfg), "-o", str(target))
+            assert rc == 2 and out == "" and "refusing" in err and len(err.strip().splitlines()) == 1
+        assert history.read_bytes() == before and not (tmp_path / ".fsdp-supervisor" / "state.json").exists()
+
+    def test_output_through_links_into_fifos_and_to_stdout(self, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+        """`-o -` prints the page; a symlink is written through (it stays a link); a FIFO (like /dev/stdout) is
+        written into, not replaced by a regular file."""
+        cfg = self.history(tmp_path, CRASH_AND_RESUME)
+        rc, out, _ = self.run(capsys, "-c", str(cfg), "-o", "-")
+        assert rc == 0 and out.startswith("<!DOCTYPE html>") and not (REPO / "-").exists()
+        (tmp_path / "link").symlink_to("page.html")
+        rc, _, _ = self.run(capsys, "-c", str(cfg), "-o", str(tmp_path / "link"))
+        assert rc == 0 and (tmp_path / "link").is_symlink() and (tmp_path / "page.html").read_text().startswith("<!")
+        fifo = tmp_path / "fifo"
+        os.mkfifo(fifo)
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # the page (~7 KB) fits the pipe: no thread needed
+        try:
+            rc, _, _ = self.run(capsys, "-c", str(cfg), "-o", str(fifo))
+            assert rc == 0 and stat.S_ISFIFO(fifo.lstat().st_mode) and os.read(reader, 100).startswith(b"<!DOCTYPE")
+        finally:
+            os.close(reader)
+
+    def test_a_fifo_in_place_of_the_history_is_refused_at_once(self, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+        """A FIFO named history.jsonl is "not a regular file" (exit 1), where opening it used to hang forever."""
+        cfg = self.history(tmp_path, [])
+        path = tmp_path / ".fsdp-supervisor" / HISTORY_FILE
+        path.unlink()
+        os.mkfifo(path)
+        done: list[tuple[int, str, str]] = []
+        worker = threading.Thread(target=lambda: done.append(self.run(capsys, "-c", str(cfg))), daemon=True)
+        worker.start()
+        worker.join(20)
+        if not done:  # release the hung open() so that the thread ends
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+            worker.join(5)
+        assert done and done[0][0] == 1 and "not a regular file" in done[0][2]
+
+
+def test_a_reader_that_leaves_is_no_traceback(tmp_path: Path) -> None:
+    """`report --json | head -1`: the pipe closes early; the CLI exits 141 (SIGPIPE's code) without a traceback."""
+    cfg = TestCommand().history(tmp_path, CRASH_AND_RESUME)
+    p = subprocess.Popen([sys.executable, "-m", "supervisor", "report", "--json", "-c", str(cfg)], cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.close()  # before the CLI has even imported: its first write fails
+    err = p.stderr.read().decode()
+    assert p.wait(60) == 141 and "Traceback" not in err and err == ""

@@ -46,6 +46,15 @@ class TestFile:
         (tmp_path / "state.json").write_text('{"state": "run')
         assert read_status(tmp_path) is None
 
+    @pytest.mark.parametrize("field", ["restarts", "attempt", "goodput", "started_at"])
+    def test_an_integer_beyond_any_float_reads_none(self, tmp_path: Path, field: str) -> None:
+        """A 400-digit number in state.json is a state.json that cannot be parsed (it raised OverflowError in
+        `status` and in `run`'s start-up)."""
+        write_status(tmp_path, Status(state=State.RUNNING))
+        text = (tmp_path / "state.json").read_text()
+        (tmp_path / "state.json").write_text(text.rstrip().removesuffix("}") + f', "{field}": {"9" * 400}}}')
+        assert read_status(tmp_path) is None
+
 
 class TestHumanize:
     @pytest.mark.parametrize(("seconds", "text"), [(None, "?"), (-3, "0s"), (45, "45s"), (307, "5m07s"),
