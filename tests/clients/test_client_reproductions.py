@@ -3,6 +3,9 @@
 Part of `make test` (no torchtitan or Accelerate needed; torch-free, well under a second per run). The
 layouts they must write are tests/clients/layouts.py, which the real-client tier checks against the real
 programs; the resume rules and the kill-mid-save leftovers follow the source cited in each script.
+TestUnderTheSupervisor then runs them under the real `fsdp-supervisor run` (a few seconds per test): the
+resume point each one gets (`{step}`, `{checkpoint}`) or picks itself (`resume_args = []`) after a kill
+mid-run or mid-save and over a torn newest, and that nothing of the supervisor's appears in their folders.
 """
 from __future__ import annotations
 

@@ -101,9 +101,9 @@ def test_accelerate_resumes_from_the_supervisors_pick(supervisors: Supervisors, 
         f"attempt 1 printed up to step {killed_after}: the kill was meant to land between the step-10 and step-15 "
         f"saves (a slow machine? raise STEP_S)\n{job.tails()}")
     started = job.events("job_started")
-    assert [e.get("argv", [])[-2:] for e in started[1:]] == [["--resume-from", str(job.checkpoint_dir / "checkpoint_1")]]
-    assert [(e.get("resumed_from"), e.get("resumed_step")) for e in started] == [
-        (None, None), (str(job.checkpoint_dir / "checkpoint_1"), 10)], \
+    pick = str(job.checkpoint_dir / "checkpoint_1")
+    assert [e.get("argv", [])[-2:] for e in started[1:]] == [["--resume-from", pick]]
+    assert [(e.get("resumed_from"), e.get("resumed_step")) for e in started] == [(None, None), (pick, 10)], \
         "the supervisor's pick is checkpoint_1 with step 10 (from its trainer_state.json)"
     resumed = RESUMED.search(logs[1])
     assert resumed and resumed.group(1) == "10" and Path(resumed.group(2)).name == "checkpoint_1", job.tails()
