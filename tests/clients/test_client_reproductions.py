@@ -157,11 +157,12 @@ class TestExampleConfigs:
         assert cfg.job.resume_args == ["--checkpoint.load_step", "{step}"]
         assert cfg.checkpoints.dir == Path(dump) / "checkpoint"
 
-    def test_accelerate_example_watches_the_checkpoints_folder(self) -> None:
+    def test_accelerate_example_passes_the_supervisors_pick_and_watches_the_checkpoints_folder(self) -> None:
         from supervisor.config import load_config
 
         cfg = load_config(REPO / "deploy" / "examples" / "accelerate.toml")
         project = cfg.job.command[cfg.job.command.index("--project-dir") + 1]
+        assert cfg.job.resume_args == ["--resume-from", "{checkpoint}"]  # what the real tier runs
         assert cfg.checkpoints.dir == Path(project) / "checkpoints"
 
 
