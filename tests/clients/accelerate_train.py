@@ -8,6 +8,8 @@ registered custom state (`custom_checkpoint_0.pkl`, pickle) and, for readers tha
 `trainer_state.json` sidecar `{"global_step": N}` written by the main process after `save_state()`
 returns (the name and key transformers' Trainer uses for its checkpoints).
 Rank 0 prints `resumed step=N from=<folder Accelerate loaded>` and one `step=N loss=<repr>` line per step.
+`--step-s` (default 0) sleeps that long in every step, on every rank: a stand-in for a model whose steps take
+time, so that a test's kill lands between two saves rather than anywhere in a run that lasts two seconds.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import argparse
 import json
 import os
 import re
+import time
 
 import torch
 from accelerate import Accelerator
@@ -44,6 +47,7 @@ def main() -> None:
     p.add_argument("--save-every", type=int, default=5)
     p.add_argument("--total-limit", type=int, default=None)
     p.add_argument("--resume-from", default=None, help="load this checkpoint instead of Accelerate's own pick")
+    p.add_argument("--step-s", type=float, default=0.0, help="seconds to sleep in every step")
     a = p.parse_args()
     plugin = FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type="SHARDED_STATE_DICT")
     project = ProjectConfiguration(project_dir=a.project_dir, automatic_checkpoint_naming=True,
@@ -71,6 +75,7 @@ def main() -> None:
     batches = iter(acc.skip_first_batches(loader, start) if start else loader)
     for step in range(start + 1, a.steps + 1):
         xb, yb = next(batches)
+        time.sleep(a.step_s)
         loss = torch.nn.functional.mse_loss(model(xb), yb)
         acc.backward(loss)
         opt.step()

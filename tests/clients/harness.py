@@ -1,4 +1,7 @@
-"""Run a real third-party trainer under `fsdp-supervisor run` and look at what happened.
+"""Run a client job under `fsdp-supervisor run` and look at what happened.
+
+The job is a real third-party trainer under torchrun (the `make test-clients` tier) or one of its torch-free
+reproductions in tests/jobs (tests/clients/test_client_reproductions.py, part of `make test`).
 
 One `SupervisedClient` per run: it writes the job.toml, starts the real supervisor CLI (own session, the
 test tag in its environment so tests/helpers.assert_no_orphans finds every leftover), and reads back what

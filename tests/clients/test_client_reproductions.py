@@ -3,18 +3,25 @@
 Part of `make test` (no torchtitan or Accelerate needed; torch-free, well under a second per run). The
 layouts they must write are tests/clients/layouts.py, which the real-client tier checks against the real
 programs; the resume rules and the kill-mid-save leftovers follow the source cited in each script.
+TestUnderTheSupervisor then runs them under the real `fsdp-supervisor run` (a few seconds per test): the
+resume point each one gets (`{step}`, `{checkpoint}`) or picks itself (`resume_args = []`) after a kill
+mid-run or mid-save and over a torn newest, and that nothing of the supervisor's appears in their folders.
 """
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
-from supervisor.checkpoints import verify
+import pytest
+
+from supervisor.checkpoints import scan, verify
+from tests.clients.harness import SupervisedClient
 from tests.clients.layouts import (ACCELERATE_ENTRY, ACCELERATE_FILES, TITAN_ENTRY, TITAN_FILES, layout_problems,
                                    tree)
-from tests.supervise import REPO, launches
+from tests.supervise import REPO, Supervisors, launches, supervisors  # noqa: F401
 
 TITAN = REPO / "tests" / "jobs" / "titan_like.py"
 ACCELERATE = REPO / "tests" / "jobs" / "accelerate_like.py"
@@ -150,9 +157,123 @@ class TestExampleConfigs:
         assert cfg.job.resume_args == ["--checkpoint.load_step", "{step}"]
         assert cfg.checkpoints.dir == Path(dump) / "checkpoint"
 
-    def test_accelerate_example_watches_the_checkpoints_folder(self) -> None:
+    def test_accelerate_example_passes_the_supervisors_pick_and_watches_the_checkpoints_folder(self) -> None:
         from supervisor.config import load_config
 
         cfg = load_config(REPO / "deploy" / "examples" / "accelerate.toml")
         project = cfg.job.command[cfg.job.command.index("--project-dir") + 1]
+        assert cfg.job.resume_args == ["--resume-from", "{checkpoint}"]  # what the real tier runs
         assert cfg.checkpoints.dir == Path(project) / "checkpoints"
+
+
+# ---- the reproductions under the real `fsdp-supervisor run` ---------------------------------------------------------
+FAST = "\n[restart]\nbackoff_initial_s = 0.05\nbackoff_max_s = 0.2\n"
+GIVE_UP = FAST + "max_no_progress_restarts = 1\n"
+
+
+def supervised(sups: Supervisors, tmp_path: Path, command: list[object], resume_args: list[str], root: Path,
+               toml: str) -> SupervisedClient:
+    """`fsdp-supervisor run` of a reproduction (the harness of the real-client tier, without torchrun)."""
+    return SupervisedClient(sups, tmp_path, command=[sys.executable, *map(str, command)], resume_args=resume_args,
+                            checkpoint_dir=root, extra_toml=toml).start()
+
+
+def claims(job: SupervisedClient) -> list[tuple[str | None, int | None]]:
+    """(resumed_from's name, resumed_step) of every launch, as the supervisor logged it."""
+    return [(e["resumed_from"] and Path(e["resumed_from"]).name, e["resumed_step"]) for e in job.events("job_started")]
+
+
+def listing(root: Path) -> list[tuple[str, str, int | None]]:
+    """(name, state, step) of every entry of the root, oldest first, as `checkpoints list` shows them."""
+    return [(c.name, c.state, c.step) for c in reversed(scan(root))]
+
+
+@pytest.mark.integration
+class TestUnderTheSupervisor:
+    """torchtitan's and Accelerate's resume rules against the real supervisor, in seconds."""
+
+    def titan_root(self, tmp_path: Path, *, torn: int) -> Path:
+        """step-5 ... step-`torn` written by the reproduction, the newest with its rank-1 shard cut in half."""
+        run(TITAN, "--dump_folder", tmp_path / "dump", "--training.steps", torn)
+        root = tmp_path / "dump" / "checkpoint"
+        shard = root / f"step-{torn}" / "__1_0.distcp"
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+        return root
+
+    def test_titan_loads_the_supervisors_pick_by_step(self, tmp_path: Path, supervisors: Supervisors) -> None:
+        """Torn newest step-10: `--checkpoint.load_step 5`; killed mid-save of step-15 (shards, no .metadata):
+        `--checkpoint.load_step 10` (the step-10 the job re-saved in place); nothing of ours in the folder."""
+        root, marks = self.titan_root(tmp_path, torn=10), tmp_path / "marks"
+        job = supervised(supervisors, tmp_path, [TITAN, "--dump_folder", tmp_path / "dump", "--training.steps", 20,
+                                                  "--marker", marks, "--die-at-save", 15, "--die-after",
+                                                  "__1_0.distcp", "--die-attempt", 1],
+                         ["--checkpoint.load_step", "{step}"], root, "keep_last = 0\n" + FAST)
+        assert job.wait_exit(60) == 0, job.tails()
+        assert claims(job) == [("step-5", 5), ("step-10", 10)]
+        assert [(m["loaded"], m["start"], m["argv"][-2:]) for m in launches(marks)] == [
+            ("step-5", 6, ["--checkpoint.load_step", "5"]), ("step-10", 11, ["--checkpoint.load_step", "10"])]
+        assert listing(root) == [(f"step-{s}", "complete", s) for s in (5, 10, 15, 20)]
+        assert layout_problems(root, TITAN_ENTRY, TITAN_FILES) == []
+
+    def test_titan_picking_its_torn_newest_itself_is_not_blamed_on_good_checkpoints(
+            self, tmp_path: Path, supervisors: Supervisors) -> None:
+        """resume_args = []: torchtitan loads its torn step-10 on every launch; the supervisor gives up (3)
+        claiming no resume point, quarantining nothing, with the job's CheckpointException as the detail."""
+        root = self.titan_root(tmp_path, torn=10)
+        job = supervised(supervisors, tmp_path, [TITAN, "--dump_folder", tmp_path / "dump", "--training.steps", 20],
+                         [], root, "keep_last = 0\n" + GIVE_UP)
+        assert job.wait_exit(60) == 3, job.tails()
+        logs = job.attempt_logs()
+        assert len(logs) == 2 and all(f"Loading the checkpoint from {root / 'step-10'}." in log for log in logs)
+        assert claims(job) == [(None, None), (None, None)]
+        assert job.state().get("quarantined") in (None, []) and listing(root)[0] == ("step-5", "complete", 5)
+        assert "CheckpointException" in (job.state()["last_exit"]["detail"] or "")
+
+    def accelerate(self, tmp_path: Path, *args: object) -> list[object]:
+        return [ACCELERATE, "--project-dir", tmp_path / "project", "--marker", tmp_path / "marks", *args]
+
+    def test_accelerate_loads_the_supervisors_pick_past_a_save_cut_short(
+            self, tmp_path: Path, supervisors: Supervisors) -> None:
+        """Killed mid-save of checkpoint_2 (optimizer_0 without .metadata): `--resume-from .../checkpoint_1`,
+        step 10 from its trainer_state.json; the job numbers on after the partial one; keep_last = 3."""
+        root = tmp_path / "project" / "checkpoints"
+        job = supervised(supervisors, tmp_path, self.accelerate(tmp_path, "--steps", 20, "--die-at-save", 15,
+                                                                 "--die-after", "optimizer_0/__1_0.distcp",
+                                                                 "--die-attempt", 1),
+                         ["--resume-from", "{checkpoint}"], root, "keep_last = 3\n" + FAST)
+        assert job.wait_exit(60) == 0, job.tails()
+        assert claims(job) == [(None, None), ("checkpoint_1", 10)]
+        assert [(m["loaded"], m["start"]) for m in launches(tmp_path / "marks")] == [(None, 1), ("checkpoint_1", 11)]
+        # keep_last = 3 deleted checkpoint_0 (into a trash next to the root); the partial one is left for
+        # partial_max_age_s; nothing else is in the folder
+        assert listing(root) == [("checkpoint_1", "complete", 10), ("checkpoint_2", "partial", None),
+                                 ("checkpoint_3", "complete", 15), ("checkpoint_4", "complete", 20)]
+        assert sorted(os.listdir(root)) == ["checkpoint_1", "checkpoint_2", "checkpoint_3", "checkpoint_4"]
+
+    def test_accelerate_load_state_sorts_a_root_the_supervisor_pruned(
+            self, tmp_path: Path, supervisors: Supervisors) -> None:
+        """resume_args = [] and keep_last = 1: the supervisor deletes checkpoint_0 (its trash is next to the
+        root), so Accelerate's own load_state(), which sorts every entry by its number, resumes after a crash."""
+        root = tmp_path / "project" / "checkpoints"
+        job = supervised(supervisors, tmp_path, self.accelerate(tmp_path, "--steps", 20, "--die-at-step", 12,
+                                                                 "--die-attempt", 1),
+                         [], root, "keep_last = 1\n" + FAST)
+        assert job.wait_exit(60) == 0, job.tails()
+        assert [(m["loaded"], m["start"]) for m in launches(tmp_path / "marks")] == [(None, 1), ("checkpoint_1", 11)]
+        assert claims(job) == [(None, None), (None, None)]
+        assert os.listdir(root) == ["checkpoint_3"] and listing(root) == [("checkpoint_3", "complete", 20)]
+
+    def test_accelerate_load_state_takes_a_save_cut_short(self, tmp_path: Path, supervisors: Supervisors) -> None:
+        """resume_args = []: load_state() takes the highest number, the partial checkpoint_2, and fails on every
+        launch; the supervisor gives up (3) without claiming a resume point or quarantining checkpoint_1."""
+        root = tmp_path / "project" / "checkpoints"
+        job = supervised(supervisors, tmp_path, self.accelerate(tmp_path, "--steps", 20, "--die-at-save", 15,
+                                                                 "--die-after", "optimizer_0/__1_0.distcp",
+                                                                 "--die-attempt", 1),
+                         [], root, GIVE_UP)
+        assert job.wait_exit(60) == 3, job.tails()
+        assert all(f"Loading states from {root / 'checkpoint_2'}" in log for log in job.attempt_logs()[1:])
+        assert claims(job) == [(None, None)] * 3
+        assert job.state().get("quarantined") in (None, [])
+        assert listing(root)[:2] == [("checkpoint_0", "complete", 5), ("checkpoint_1", "complete", 10)]
+        assert "CheckpointException" in (job.state()["last_exit"]["detail"] or "")

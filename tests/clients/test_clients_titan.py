@@ -37,7 +37,10 @@ def titan_command(workdir: Path, assets: Path) -> list[str]:
             "--hf_assets_path", str(assets / "tokenizer"), "--dataloader.dataset_path", str(assets / "data"),
             "--training.seq_len", "64", "--training.local_batch_size", "2", "--training.steps", str(STEPS),
             "--checkpoint.enable", "--checkpoint.interval", str(INTERVAL), "--dump_folder", str(workdir / "dump"),
-            "--parallelism.spmd_backend", "partial_dtensor"]
+            "--parallelism.spmd_backend", "partial_dtensor",
+            # torchtitan seeds its init from rank 0's torch RNG unless given a seed, and torch 2.13 seeds that RNG
+            # randomly per process: without this two fresh runs print different losses from step 1
+            "--debug.seed", "0"]
 
 
 def titan_job(sups: Supervisors, workdir: Path, assets: Path, resume_args: list[str], *, checkpoints: str = "",

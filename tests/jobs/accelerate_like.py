@@ -8,8 +8,10 @@ zeros); the `.bin`/`.pkl` files hold JSON, as nobody but this script may read th
 holds the layout the real program wrote; tests/clients/test_client_reproductions.py checks this against it.
 
 Flags are the user script's. Extra: `--ranks`, `--step-s`, `--die-at-save STEP --die-after FILE` (SIGKILL
-itself right after FILE, relative to checkpoint_<i>, is written during the save of STEP), `--marker PATH`
-(one JSON line per launch: attempt, folder loaded, first step, argv).
+itself right after FILE, relative to checkpoint_<i>, is written during the save of STEP), `--die-at-step
+STEP` (SIGKILL itself after step STEP, before its save: a crash mid-training), `--die-attempt N` (those two
+only in the launch whose FSDP_SUPERVISOR_ATTEMPT is N), `--marker PATH` (one JSON line per launch: attempt,
+folder loaded, first step, argv).
 """
 from __future__ import annotations
 
@@ -135,9 +137,12 @@ def main() -> int:
     p.add_argument("--step-s", type=float, default=0.01)
     p.add_argument("--die-at-save", type=int, default=None)
     p.add_argument("--die-after", default=None)
+    p.add_argument("--die-at-step", type=int, default=None)
+    p.add_argument("--die-attempt", default=None, help="die only in this launch (FSDP_SUPERVISOR_ATTEMPT)")
     p.add_argument("--marker", default=None)
     a = p.parse_args()
-    die = (a.die_at_save, a.die_after) if a.die_at_save is not None else None
+    dying = a.die_attempt is None or os.environ.get("FSDP_SUPERVISOR_ATTEMPT") == a.die_attempt
+    die = (a.die_at_save, a.die_after) if dying and a.die_at_save is not None else None
     acc = Accelerator(a.project_dir, a.ranks, a.total_limit, die)
     loaded, start = None, 0
     if a.resume_from or (acc.root.is_dir() and os.listdir(acc.root)):  # as tests/clients/accelerate_train.py
@@ -149,6 +154,8 @@ def main() -> int:
     for step in range(start + 1, a.steps + 1):
         time.sleep(a.step_s)
         print(f"step={step} loss={1.0 / step!r}", flush=True)
+        if dying and step == a.die_at_step:
+            os.kill(os.getpid(), signal.SIGKILL)
         if step % a.save_every == 0:
             out = acc.save_state(step)
             (out / SIDECAR).write_text(json.dumps({"global_step": step}))  # the user script, main process

@@ -9,7 +9,9 @@ in the real-client tier; tests/clients/test_client_reproductions.py checks this 
 Flags keep torchtitan's spelling where torchtitan has one (`--dump_folder`, `--checkpoint.load_step`, ...).
 Extra: `--ranks`, `--step-s` (seconds per step), `--die-at-save STEP --die-after FILE` (SIGKILL itself
 right after FILE, relative to the checkpoint dir, is written during the save of STEP: what a kill mid-save
-leaves), `--marker PATH` (one JSON line per launch: attempt, what it loaded, first step, argv).
+leaves), `--die-at-step STEP` (SIGKILL itself after step STEP, before its save: a crash mid-training),
+`--die-attempt N` (those two only in the launch whose FSDP_SUPERVISOR_ATTEMPT is N), `--marker PATH` (one
+JSON line per launch: attempt, what it loaded, first step, argv).
 """
 from __future__ import annotations
 
@@ -125,12 +127,15 @@ def main() -> int:
     p.add_argument("--step-s", type=float, default=0.01)
     p.add_argument("--die-at-save", type=int, default=None)
     p.add_argument("--die-after", default=None)
+    p.add_argument("--die-at-step", type=int, default=None)
+    p.add_argument("--die-attempt", default=None, help="die only in this launch (FSDP_SUPERVISOR_ATTEMPT)")
     p.add_argument("--marker", default=None)
     a = p.parse_args()  # a bad value exits 2, as tyro does for `--checkpoint.load_step {step}`
     if a.keep_latest_k == 1:
         raise ValueError("We need to maintain at least 2 checkpoint replicas, "
                          "as the last one may be in the process of being saved.")
-    die = (a.die_at_save, a.die_after) if a.die_at_save is not None else None
+    dying = a.die_attempt is None or os.environ.get("FSDP_SUPERVISOR_ATTEMPT") == a.die_attempt
+    die = (a.die_at_save, a.die_after) if dying and a.die_at_save is not None else None
     manager = CheckpointManager(a.dump_folder / a.folder, a.ranks, a.keep_latest_k, die)
     loaded = manager.load(a.load_step)  # Trainer.train: checkpointer.load(step=config.checkpoint.load_step)
     start = loaded or 0
@@ -141,6 +146,8 @@ def main() -> int:
     for step in range(start + 1, a.steps + 1):
         time.sleep(a.step_s)
         print(f"step: {step}  loss: {1.0 / step:.5f}", flush=True)
+        if dying and step == a.die_at_step:
+            os.kill(os.getpid(), signal.SIGKILL)
         if step % a.interval == 0 or step == a.steps:  # _should_save; the last step always saves
             manager.save(step)
     return 0
