@@ -129,6 +129,15 @@ class TestSyntheticTraps:
         (d / "__1_0.distcp").mkdir()
         assert verify(d).state == "invalid"
 
+    @pytest.mark.parametrize("name", [METADATA_NAME, MANIFEST_NAME])
+    def test_metadata_or_manifest_that_is_a_directory_is_invalid(self, tmp_path, name):
+        """A `.metadata` or `manifest.json` that is a folder (Eclipse keeps `.metadata/` in a workspace) is invalid."""
+        d = write_checkpoint(tmp_path, 1)
+        (d / name).unlink()
+        (d / name).mkdir()
+        v = verify(d)
+        assert v.state == "invalid" and f"{name} is not a regular file" in v.reason
+
     def test_many_problems_are_summarised(self, tmp_path):
         """With more problems than the reason lists, it says how many more."""
         d = tmp_path / "step_1"
