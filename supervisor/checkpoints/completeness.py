@@ -64,6 +64,10 @@ def _unsafe_name(rel: str) -> str | None:
         return f"absolute storage path {rel[:80]!r}"
     if "/" in rel or "\\" in rel or rel in (".", "..") or "\0" in rel:
         return f"storage path {rel[:80]!r} escapes the checkpoint dir"
+    try:
+        os.fsencode(rel)  # a lone surrogate (from a pickle or a JSON escape) names no file, and lstat would raise
+    except UnicodeEncodeError:
+        return f"storage path {rel[:80]!r} is not a valid file name"
     return None
 
 
