@@ -227,7 +227,7 @@ class _Judge:
             self._shapes[c.name] = identify(c.path)
         shape = self._shapes[c.name]
         if shape.kind == DIRECTORY:
-            raise CheckpointDirectoryError(self.root, c.path, shape.series)
+            raise CheckpointDirectoryError(self.root, c.path / shape.within, shape.series)
         return shape
 
     def own(self, c: _Candidate) -> Verdict | None:
