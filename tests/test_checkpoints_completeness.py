@@ -155,6 +155,14 @@ class TestSyntheticTraps:
         v = verify(d)
         assert v.state == "invalid" and "not a valid file name" in v.reason
 
+    def test_rank_local_metadata_is_invalid_not_an_unfinished_save(self, tmp_path):
+        """dcp.save(use_collectives=False) ends with `__0.metadata` and no `.metadata` (torch 2.13, checked by hand):
+        invalid (never resumed from, never deleted as debris), not partial."""
+        d = write_checkpoint(tmp_path, 1, manifest=False)
+        (d / METADATA_NAME).rename(d / "__0.metadata")
+        v = verify(d)
+        assert v.state == "invalid" and "use_collectives=False" in v.reason
+
     def test_many_problems_are_summarised(self, tmp_path):
         """With more problems than the reason lists, it says how many more."""
         d = tmp_path / "step_1"

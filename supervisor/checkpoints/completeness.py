@@ -8,7 +8,8 @@ complete: `.metadata` parses safely and every storage file it references is a re
 partial:  no `.metadata` yet, a temporary `.tmp-` name, or a checkpoint-named folder with nothing in it
           yet: a save in flight or abandoned; for a nested folder also a member its newest sibling has.
 torn:     `.metadata` is fine but a shard is missing or short (or fails its checksum with --deep).
-invalid:  unparseable or unsafe metadata or manifest, a storage path escaping the dir, a symlink.
+invalid:  unparseable or unsafe metadata or manifest, a storage path escaping the dir, a symlink, or only
+          rank-local `__<rank>.metadata` files (a save without rank coordination: nobody knows if all finished).
 foreign:  not a checkpoint at all (shapes.py): never counted, deleted or selected.
 
 A verdict decided by `.metadata` also carries a `kind` the daemon can act on: "unsafe" (it names a
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from supervisor.checkpoints._files import sha256_file
 from supervisor.checkpoints.shapes import DCP, DIRECTORY, NESTED, TEMPORARY, UNSTARTED, Shape, identify
-from supervisor.layout import METADATA_NAME
+from supervisor.layout import METADATA_NAME, RANK_METADATA_NAME
 from supervisor.checkpoints.manifest import Manifest, ManifestError, read_manifest
 from supervisor.checkpoints.metadata import (
     DcpMetadata, MetadataError, UnknownClassError, UnsafeMetadataError, read_metadata)
@@ -176,6 +177,12 @@ def _verify_dcp(directory: Path, deep: bool) -> Verdict:
         if not os.access(directory, os.R_OK | os.X_OK):
             return Verdict(INVALID, "the checkpoint dir cannot be read")
         if not os.path.lexists(directory / METADATA_NAME):
+            if os.path.lexists(directory / RANK_METADATA_NAME):
+                # dcp.save(use_collectives=False) (experimental) ends with one `__<rank>.metadata` per rank and
+                # no global one. Nothing says how many ranks there were, so this is not complete; but it is
+                # not debris either, and debris is what partial dirs become after partial_max_age_s.
+                return Verdict(INVALID, f"only rank-local metadata ({RANK_METADATA_NAME}: "
+                               "dcp.save(use_collectives=False)): the store cannot tell that every rank finished")
             return Verdict(PARTIAL, f"no {METADATA_NAME}: the save did not finish")
         return Verdict(INVALID, f"bad {METADATA_NAME}: {exc}", kind=exc.kind)
     try:
