@@ -80,6 +80,16 @@ class TestList:
         row = r.stdout.strip().splitlines()[1]
         assert " Q " in row and row.endswith("quarantined: crashed twice after loading it")
 
+    def test_odd_names_stay_one_row_each(self, tmp_path, monkeypatch):
+        """A newline in a name, or a byte that is not UTF-8, is escaped: one row per entry, even on a strict stdout."""
+        write_checkpoint(tmp_path, 10, name="a\nstep_20")
+        os.mkdir(os.path.join(os.fsencode(tmp_path), b"bad\xffname"))
+        monkeypatch.setenv("PYTHONIOENCODING", "utf-8")
+        r = fsup("checkpoints", "list", "--dir", tmp_path)
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.strip().splitlines()
+        assert len(lines) == 3 and lines[1].startswith("a\\nstep_20 ") and lines[2].startswith("bad\\udcffname ")
+
     def test_missing_root_is_a_one_line_error(self, tmp_path):
         """A root that does not exist: one line naming it, exit 2."""
         one_line_error(fsup("checkpoints", "list", "--dir", tmp_path / "nope"), str(tmp_path / "nope"))
