@@ -165,10 +165,10 @@ def _lstat_dir(path: Path) -> os.stat_result:
         raise CheckpointError(f"{path}: cannot read: {exc.strerror}") from None
 
 
-def _verify_dcp(directory: Path, deep: bool) -> Verdict:
-    """Classify one flat DCP dir (known to be a real directory)."""
+def _verify_dcp(directory: Path, deep: bool, root: Path) -> Verdict:
+    """Classify one flat DCP dir (known to be a real directory) under the checkpoint root `root`."""
     try:
-        meta = read_metadata(directory / METADATA_NAME)
+        meta = read_metadata(directory / METADATA_NAME, root=root)
     except UnsafeMetadataError as exc:
         return Verdict(INVALID, f"unsafe {METADATA_NAME}: {exc}", kind=exc.kind)
     except UnknownClassError as exc:
@@ -201,7 +201,7 @@ def _verify_dcp(directory: Path, deep: bool) -> Verdict:
 
 def _verify_nested(directory: Path, members: frozenset[str], deep: bool) -> Verdict:
     """A folder of DCP dirs is as complete as its worst member; the reason names the members at fault."""
-    found = {m: _verify_dcp(directory / m, deep) for m in sorted(members)}
+    found = {m: _verify_dcp(directory / m, deep, directory.parent) for m in sorted(members)}
     bad = [(m, v) for m, v in found.items() if not v.complete]
     if not bad:
         return Verdict(COMPLETE, members=members, checksummed=deep and all(v.checksummed for v in found.values()))
@@ -244,7 +244,7 @@ def verify(path: str | os.PathLike[str], *, deep: bool = False, shape: Shape | N
     if shape.kind == UNSTARTED:
         return Verdict(PARTIAL, "nothing written yet: a save in flight or abandoned")
     if shape.kind == DCP:
-        return _verify_dcp(directory, deep)
+        return _verify_dcp(directory, deep, directory.parent)
     if shape.kind == NESTED:
         return _verify_nested(directory, shape.members, deep)
     if shape.kind == DIRECTORY:
