@@ -64,6 +64,14 @@ class TestExecuteRetention:
         assert len(os.listdir(_trash(root))) == 1
         assert clear_trash(root) == 1 and not os.listdir(_trash(root))
 
+    def test_a_name_near_the_file_system_limit_can_still_go(self, tmp_path):
+        """A 245-byte Lightning-style name: its trash name must stay under 255 bytes, or it is never deleted."""
+        root = tmp_path / "root"
+        old = write_checkpoint(root, 1, name="epoch=0-step=1-" + "é" * 112 + ".ckpt", manifest=False)
+        write_checkpoint(root, 2)
+        assert [d.name for d in execute_retention(root, _plan(old), empty_trash=False)] == [old.name]
+        assert not old.exists() and len(os.listdir(_trash(root))) == 1
+
     def test_symlink_target_is_skipped_and_its_target_untouched(self, tmp_path):
         """A planned deletion that is a symlink is refused; the linked dir outside keeps every file."""
         outside = write_checkpoint(tmp_path / "outside", 5)

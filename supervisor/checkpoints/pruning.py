@@ -30,6 +30,7 @@ __all__ = ["disk_usage", "execute_retention", "clear_trash", "trash_dir", "migra
 
 log = structlog.get_logger(__name__)
 PathLike = str | os.PathLike[str]
+_PARKED_NAME_BYTES = 200  # of a checkpoint's name kept in its trash name, before ".<time_ns>"
 
 
 def disk_usage(root: PathLike) -> DiskUsage:
@@ -99,7 +100,10 @@ def _remove(path: Path) -> None:
 
 
 def _park(target: Path, trash: Path) -> Path:
-    parked = trash / f"{target.name}.{time.time_ns()}"
+    # The name is cut to leave room for the suffix: a 240-byte Lightning name plus ".<ns>" would pass the
+    # file system's 255-byte limit, the rename would fail every time, and that checkpoint could never go.
+    name = os.fsdecode(os.fsencode(target.name)[:_PARKED_NAME_BYTES])
+    parked = trash / f"{name}.{time.time_ns()}"
     os.rename(target, parked)
     return parked
 
