@@ -1,7 +1,8 @@
 """Carry out a retention plan: the only code in the store that deletes anything.
 
 Each target is re-checked (a direct, non-symlink child dir of the root that is still a checkpoint, not a
-foreign folder), renamed into the trash in one atomic step, then removed. A crash mid-delete leaves only
+foreign folder, and still the dir that was judged, not one renamed into its place since), renamed into the
+trash in one atomic step, then removed. A crash mid-delete leaves only
 trash contents, which scans never see and the next run clears, so a half-deleted dir can never look complete.
 
 The trash is never inside the root (programs such as Accelerate sort every entry of their checkpoint
@@ -157,8 +158,9 @@ def clear_trash(root: PathLike, fallback: PathLike | None = None) -> int:
     return cleared
 
 
-def _refusal(root: Path, target: Path) -> str | None:
-    """Why `target` may not be deleted, or None when it is a real checkpoint dir directly inside `root`."""
+def _refusal(root: Path, target: Path, inode: int = 0) -> str | None:
+    """Why `target` may not be deleted, or None when it is a real checkpoint dir directly inside `root` (and,
+    with `inode`, still the very dir that was judged)."""
     if target.parent != root or target.name in ("", ".", "..", LEGACY_TRASH_DIR) or is_sidecar_name(target.name):
         return "not a direct child of the checkpoint root"
     try:
@@ -169,6 +171,10 @@ def _refusal(root: Path, target: Path) -> str | None:
         return "a symlink"
     if not stat.S_ISDIR(st.st_mode):
         return "not a directory"
+    if inode and st.st_ino != inode:
+        # The trainer's commit sets a torn `step_N` aside and renames a fresh, complete save to that name:
+        # the plan was about the torn one, and the new one is likely the newest complete checkpoint.
+        return "replaced since it was judged"
     if not identify(target).ours:  # planned from an older look: something not ours took the name since
         return "not a checkpoint (foreign)"
     return None
@@ -193,7 +199,7 @@ def execute_retention(root: PathLike, plan: RetentionPlan, *, empty_trash: bool 
     done: list[Deletion] = []
     for d in plan.deletions:
         target = Path(os.path.abspath(d.path))
-        refused = _refusal(base, target)
+        refused = _refusal(base, target, d.inode)
         if refused:
             log.warning("retention_skipped", path=str(target), why=refused)
             continue

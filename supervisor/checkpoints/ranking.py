@@ -77,6 +77,7 @@ class CheckpointInfo:
     quarantined: bool = False
     metrics: dict[str, float] = field(default_factory=dict)
     ordinal: int | None = None  # Accelerate's save number N of `checkpoint_<N>` (not a step)
+    inode: int = 0  # of the dir when it was judged (0: unknown); retention deletes only that very dir
 
     @property
     def complete(self) -> bool:
@@ -91,6 +92,7 @@ class _Candidate:
     step: int | None
     mtime: float
     ordinal: int | None = None
+    inode: int = 0
 
 
 def _open_root(root: str | os.PathLike[str]) -> tuple[Path, Iterator[os.DirEntry[str]]]:
@@ -140,7 +142,7 @@ def _list_root(root: str | os.PathLike[str]) -> tuple[Path, list[_Candidate]]:
             if step is None and ordinal is None and not is_link:
                 step = _step_without_name(child)
             mtime = st.st_mtime if is_link else (_lmtime(child / METADATA_NAME) or st.st_mtime)
-            found.append(_Candidate(entry.name, child, is_link, step, mtime, ordinal))
+            found.append(_Candidate(entry.name, child, is_link, step, mtime, ordinal, st.st_ino))
     found.sort(key=age_order, reverse=True)
     return path, found
 
@@ -209,6 +211,7 @@ def _info(c: _Candidate, verdict: Verdict | None) -> CheckpointInfo:
         quarantined=is_quarantined(c.path),
         metrics=dict(manifest.metrics) if manifest else {},
         ordinal=c.ordinal,
+        inode=c.inode,
     )
 
 
