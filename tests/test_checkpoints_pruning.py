@@ -87,6 +87,15 @@ class TestExecuteRetention:
         assert execute_retention(root, plan) == []
         assert newest_complete(root).name == "step_00000100"
 
+    def test_a_dir_pinned_after_planning_is_not_deleted(self, tmp_path):
+        """`checkpoints pin` run while a pass was planning: the pin is honoured at the delete."""
+        root = tmp_path / "root"
+        old = write_checkpoint(root, 1)
+        write_checkpoint(root, 2)
+        plan = _plan(old)
+        pin(old)
+        assert execute_retention(root, plan) == [] and old.is_dir()
+
     def test_symlink_target_is_skipped_and_its_target_untouched(self, tmp_path):
         """A planned deletion that is a symlink is refused; the linked dir outside keeps every file."""
         outside = write_checkpoint(tmp_path / "outside", 5)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import structlog
 
+from supervisor.checkpoints.markers import is_pinned
 from supervisor.checkpoints.shapes import identify
 from supervisor.checkpoints.retention import Deletion, DiskUsage, RetentionPlan
 from supervisor.errors import CheckpointError
@@ -175,6 +176,8 @@ def _refusal(root: Path, target: Path, inode: int = 0) -> str | None:
         # The trainer's commit sets a torn `step_N` aside and renames a fresh, complete save to that name:
         # the plan was about the torn one, and the new one is likely the newest complete checkpoint.
         return "replaced since it was judged"
+    if is_pinned(target):  # pinned by hand while the plan was made: the pin wins
+        return "pinned"
     if not identify(target).ours:  # planned from an older look: something not ours took the name since
         return "not a checkpoint (foreign)"
     return None
