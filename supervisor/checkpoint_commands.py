@@ -150,7 +150,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     v = judge(args.path, deep=args.deep)
     path = Path(os.path.abspath(args.path))
-    reason = quarantine_reason(path) if path.is_dir() and not path.is_symlink() else None
+    # lstat first: following a symlink into a folder we may not search raises PermissionError (not ignored by
+    # Path.is_dir), and a symlinked dir is never a checkpoint anyway.
+    reason = quarantine_reason(path) if not path.is_symlink() and path.is_dir() else None
     if args.json:
         print(json.dumps({
             "name": path.name, "path": str(path), "complete": v.complete, "state": v.state, "reason": v.reason,

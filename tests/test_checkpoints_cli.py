@@ -118,6 +118,21 @@ class TestVerify:
         r = fsup("checkpoints", "verify", d, "--deep")
         assert r.returncode == 0 and "checksums match" in r.stdout
 
+    def test_symlink_into_a_folder_we_may_not_search_is_invalid(self, root, monkeypatch, capsys):
+        """verify of a symlink whose target cannot be stat()ed (another user's folder): invalid, exit 1."""
+        link = root.parent / "link"
+        link.symlink_to(root / "step_00000020")
+        real_stat = os.stat
+
+        def stat(path, *args, **kwargs):
+            if os.fspath(path) == str(link) and kwargs.get("follow_symlinks", True):
+                raise PermissionError(13, "Permission denied", str(path))
+            return real_stat(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "stat", stat)
+        assert top_cli.main(["checkpoints", "verify", str(link)]) == 1
+        assert "invalid: the checkpoint dir is a symlink" in capsys.readouterr().out
+
     def test_quarantine_is_shown(self, root):
         """A quarantined checkpoint still verifies complete and shows the quarantine reason."""
         quarantine(root / "step_00000020", "crashed twice after load")
