@@ -170,14 +170,18 @@ def _usage(directory: Path) -> tuple[int, float]:
 
 
 def _settled_mtime(c: _Candidate, verdict: Verdict | None, newest: float) -> float:
-    """A finished save's age is its commit (`.metadata`); an unfinished one's is its last write, so a slow
-    save in flight is not mistaken for debris."""
-    if verdict is not None and verdict.members:
+    """A complete save's age is its commit (`.metadata`); anything else's is its last write, so a slow save in
+    flight is not mistaken for debris, nor is a torn dir being written again in place (DCP overwrites the
+    shards of an existing checkpoint_id, its old `.metadata` still there, when a step is saved again)."""
+    if verdict is None:  # unverified (scan with verify_all=False): only shown, never deleted
+        return c.mtime if os.path.lexists(c.path / METADATA_NAME) else max(c.mtime, newest)
+    if verdict.complete and verdict.members:
         stamps = [_lmtime(c.path / m / METADATA_NAME) for m in sorted(verdict.members)]
         if all(s is not None for s in stamps):
             return max(s for s in stamps if s is not None)
-        return max(c.mtime, newest)
-    return c.mtime if os.path.lexists(c.path / METADATA_NAME) else max(c.mtime, newest)
+    elif verdict.complete and os.path.lexists(c.path / METADATA_NAME):
+        return c.mtime
+    return max(c.mtime, newest)
 
 
 def _foreign(c: _Candidate, reason: str | None) -> CheckpointInfo:
