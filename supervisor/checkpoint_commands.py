@@ -87,6 +87,12 @@ def info_json(c: CheckpointInfo) -> dict[str, Any]:
     }
 
 
+def _cell(text: str) -> str:
+    """`text` with control characters and undecodable bytes escaped (`\\n`, `\\udcff`): a name like `a\\nb`
+    stays one row and cannot crash a strict UTF-8 stdout."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def _step_text(c: CheckpointInfo) -> str:
     if c.step is not None:
         return str(c.step)
@@ -101,7 +107,7 @@ def _table(infos: list[CheckpointInfo], now: float) -> str:
         if c.quarantined:  # why it is skipped for resume is what an operator needs to see
             reason = "; ".join(filter(None, [reason, f"quarantined: {quarantine_reason(c.path) or 'no reason recorded'}"]))
         size = "-" if c.state == FOREIGN else human_bytes(c.size_bytes)
-        rows.append((c.name, _step_text(c), c.state, size, human_age(now - c.mtime), flags or "-", reason))
+        rows.append((_cell(c.name), _step_text(c), c.state, size, human_age(now - c.mtime), flags or "-", _cell(reason)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)) + "  " + r[-1] for r in rows)
 
@@ -144,7 +150,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     v = judge(args.path, deep=args.deep)
     path = Path(os.path.abspath(args.path))
-    reason = quarantine_reason(path) if path.is_dir() and not path.is_symlink() else None
+    # lstat first: following a symlink into a folder we may not search raises PermissionError (not ignored by
+    # Path.is_dir), and a symlinked dir is never a checkpoint anyway.
+    reason = quarantine_reason(path) if not path.is_symlink() and path.is_dir() else None
     if args.json:
         print(json.dumps({
             "name": path.name, "path": str(path), "complete": v.complete, "state": v.state, "reason": v.reason,
@@ -152,7 +160,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             "quarantined": reason is not None, "quarantine_reason": reason,
         }, indent=2))
     else:
-        line = f"{path}: {v.state}" + (f": {v.reason}" if v.reason else "")
+        line = _cell(f"{path}: {v.state}" + (f": {v.reason}" if v.reason else ""))
         if v.complete and args.deep:
             line += " (checksums match)" if v.checksummed else " (no checksums in the manifest: sizes only)"
         if reason is not None:
@@ -170,7 +178,7 @@ def _rules_with_flags(rules: RetentionRules, args: argparse.Namespace) -> Retent
 def _print_plan(plan: RetentionPlan, done: set[Path] | None) -> None:
     for d in plan.deletions:
         verb = "would delete" if done is None else ("deleted" if d.path in done else "skipped")
-        print(f"{verb} {d.name} ({human_bytes(d.size_bytes)}): {d.reason}")
+        print(_cell(f"{verb} {d.name} ({human_bytes(d.size_bytes)}): {d.reason}"))
     if not plan.deletions:
         print("nothing to delete")
     for f in plan.findings:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 __all__ = [
     "METADATA_NAME",
+    "RANK_METADATA_NAME",
     "MANIFEST_NAME",
     "MANIFEST_FORMAT",
     "TMP_PREFIX",
@@ -28,6 +29,7 @@ __all__ = [
 ]
 
 METADATA_NAME = ".metadata"  # DCP's completion marker, written last by the coordinator
+RANK_METADATA_NAME = "__0.metadata"  # rank 0's own metadata, written instead by dcp.save(use_collectives=False)
 MANIFEST_NAME = "manifest.json"  # the reference trainer's manifest (step, world size, file sizes, ...)
 MANIFEST_FORMAT = "fsdp-supervisor/1"
 TMP_PREFIX = ".tmp-"  # in-flight saves: `.tmp-step_00000120-<nonce>`; never complete

@@ -80,6 +80,16 @@ class TestList:
         row = r.stdout.strip().splitlines()[1]
         assert " Q " in row and row.endswith("quarantined: crashed twice after loading it")
 
+    def test_odd_names_stay_one_row_each(self, tmp_path, monkeypatch):
+        """A newline in a name, or a byte that is not UTF-8, is escaped: one row per entry, even on a strict stdout."""
+        write_checkpoint(tmp_path, 10, name="a\nstep_20")
+        os.mkdir(os.path.join(os.fsencode(tmp_path), b"bad\xffname"))
+        monkeypatch.setenv("PYTHONIOENCODING", "utf-8")
+        r = fsup("checkpoints", "list", "--dir", tmp_path)
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.strip().splitlines()
+        assert len(lines) == 3 and lines[1].startswith("a\\nstep_20 ") and lines[2].startswith("bad\\udcffname ")
+
     def test_missing_root_is_a_one_line_error(self, tmp_path):
         """A root that does not exist: one line naming it, exit 2."""
         one_line_error(fsup("checkpoints", "list", "--dir", tmp_path / "nope"), str(tmp_path / "nope"))
@@ -107,6 +117,21 @@ class TestVerify:
         d = write_checkpoint(tmp_path, 5, sha256=True)
         r = fsup("checkpoints", "verify", d, "--deep")
         assert r.returncode == 0 and "checksums match" in r.stdout
+
+    def test_symlink_into_a_folder_we_may_not_search_is_invalid(self, root, monkeypatch, capsys):
+        """verify of a symlink whose target cannot be stat()ed (another user's folder): invalid, exit 1."""
+        link = root.parent / "link"
+        link.symlink_to(root / "step_00000020")
+        real_stat = os.stat
+
+        def stat(path, *args, **kwargs):
+            if os.fspath(path) == str(link) and kwargs.get("follow_symlinks", True):
+                raise PermissionError(13, "Permission denied", str(path))
+            return real_stat(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "stat", stat)
+        assert top_cli.main(["checkpoints", "verify", str(link)]) == 1
+        assert "invalid: the checkpoint dir is a symlink" in capsys.readouterr().out
 
     def test_quarantine_is_shown(self, root):
         """A quarantined checkpoint still verifies complete and shows the quarantine reason."""

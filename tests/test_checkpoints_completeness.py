@@ -129,6 +129,40 @@ class TestSyntheticTraps:
         (d / "__1_0.distcp").mkdir()
         assert verify(d).state == "invalid"
 
+    @pytest.mark.parametrize("name", [METADATA_NAME, MANIFEST_NAME])
+    def test_metadata_or_manifest_that_is_a_directory_is_invalid(self, tmp_path, name):
+        """A `.metadata` or `manifest.json` that is a folder (Eclipse keeps `.metadata/` in a workspace) is invalid."""
+        d = write_checkpoint(tmp_path, 1)
+        (d / name).unlink()
+        (d / name).mkdir()
+        v = verify(d)
+        assert v.state == "invalid" and f"{name} is not a regular file" in v.reason
+
+    def test_storage_path_that_names_no_file_is_invalid(self, tmp_path):
+        """A storage path holding a lone surrogate (a 200-byte hostile pickle) is invalid, not a crash of the scan."""
+        d = tmp_path / "step_1"
+        d.mkdir()
+        (d / METADATA_NAME).write_bytes(storage_metadata_bytes([("\ud800", 0, 4)]))
+        v = verify(d)
+        assert v.state == "invalid" and "not a valid file name" in v.reason
+
+    def test_manifest_file_that_names_no_file_is_invalid(self, tmp_path):
+        """A manifest listing a name with a lone surrogate (a JSON escape) is invalid, not a crash of the scan."""
+        d = write_checkpoint(tmp_path, 1)
+        doc = json.loads((d / MANIFEST_NAME).read_text())
+        doc["files"]["\ud800"] = 1
+        (d / MANIFEST_NAME).write_text(json.dumps(doc))
+        v = verify(d)
+        assert v.state == "invalid" and "not a valid file name" in v.reason
+
+    def test_rank_local_metadata_is_invalid_not_an_unfinished_save(self, tmp_path):
+        """dcp.save(use_collectives=False) ends with `__0.metadata` and no `.metadata` (torch 2.13, checked by hand):
+        invalid (never resumed from, never deleted as debris), not partial."""
+        d = write_checkpoint(tmp_path, 1, manifest=False)
+        (d / METADATA_NAME).rename(d / "__0.metadata")
+        v = verify(d)
+        assert v.state == "invalid" and "use_collectives=False" in v.reason
+
     def test_many_problems_are_summarised(self, tmp_path):
         """With more problems than the reason lists, it says how many more."""
         d = tmp_path / "step_1"

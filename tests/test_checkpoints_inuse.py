@@ -98,6 +98,22 @@ class TestMarkers:
         with pytest.raises(CheckpointError, match="not a plain directory"):
             mark_in_use(root, root / "step_00000010")
 
+    def test_seen_whichever_way_the_root_is_spelled(self, root, job, tmp_path):
+        """A marker written through a symlinked root (the daemon's config) protects the checkpoint from a
+        prune that names the real root, and the other way round; so does one written through a symlinked parent."""
+        link = tmp_path / "data" / "ckpts"
+        link.parent.mkdir()
+        link.symlink_to(root)
+        alias = tmp_path / "alias"
+        alias.symlink_to(tmp_path)
+        mark_in_use(link, link / "step_00000010", pid=job.pid)
+        mark_in_use(alias / "ckpts", alias / "ckpts" / "step_00000020")  # this test process
+        assert in_use(root) == {root / "step_00000010", root / "step_00000020"}
+        assert in_use(link) == {link / "step_00000010", link / "step_00000020"}
+        assert clear_in_use(root)
+        mark_in_use(root, root / "step_00000030", pid=job.pid)
+        assert in_use(link) == {link / "step_00000030"}
+
     def test_garbage_is_ignored(self, root):
         """An unreadable or malformed marker protects nothing and raises nothing."""
         folder = root.parent / ".ckpts.fsdp-inuse"

@@ -138,6 +138,19 @@ class TestForeign:
         assert result.checkpoint_bytes == sum(f.stat().st_size for f in (mixed_root / "step_20").iterdir())
         assert {"best", "final_model", "tensorboard"} <= set(os.listdir(mixed_root))
 
+    def test_dcp_dirs_in_a_folder_not_named_like_a_checkpoint_are_foreign(self, tmp_path, make_checkpoint):
+        """`exports/llama/` and `exports/bert/` (real DCP dirs copied by hand) are no Accelerate checkpoint: the
+        folder is foreign, never deleted by keep_last=1, and never resumed from."""
+        root = tmp_path / "ckpts"
+        make_checkpoint(root, "step_10")
+        make_checkpoint(root, "step_20")
+        make_checkpoint(root / "exports", "llama")
+        make_checkpoint(root / "exports", "bert")
+        infos = {c.name: c for c in scan(root)}
+        assert infos["exports"].state == "foreign" and "not named like a checkpoint" in infos["exports"].reason
+        plan = plan_retention(scan(root), rules=RetentionRules(keep_last=1), disk=DiskUsage(GIB, GIB), now=1e10)
+        assert [d.name for d in plan.deletions] == ["step_10"]
+
     def test_never_selected_nor_walked(self, tmp_path, monkeypatch):
         """newest_complete passes over foreign dirs; scan never sizes them, however deep they go."""
         root = tmp_path / "ckpts"
@@ -305,6 +318,12 @@ class TestRootTooHigh:
             with pytest.raises(CheckpointDirectoryError) as err:
                 look(outputs)
             assert str(err.value) == expected and err.value.exit_code == 2
+
+    def test_two_levels_too_high_names_the_folder_meant(self, outputs):
+        """The folder above the dump folder as root: the error names `outputs/checkpoint`, nothing is one checkpoint."""
+        with pytest.raises(CheckpointDirectoryError) as err:
+            scan(outputs.parent)
+        assert f'did you mean [checkpoints] dir = "{outputs}/checkpoint"?' in str(err.value)
 
     def test_daemon_pass_deletes_nothing(self, outputs, tmp_path):
         """A housekeeping pass over it reports the error and deletes nothing, whatever the rules."""

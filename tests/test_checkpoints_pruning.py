@@ -64,6 +64,38 @@ class TestExecuteRetention:
         assert len(os.listdir(_trash(root))) == 1
         assert clear_trash(root) == 1 and not os.listdir(_trash(root))
 
+    def test_a_name_near_the_file_system_limit_can_still_go(self, tmp_path):
+        """A 245-byte Lightning-style name: its trash name must stay under 255 bytes, or it is never deleted."""
+        root = tmp_path / "root"
+        old = write_checkpoint(root, 1, name="epoch=0-step=1-" + "é" * 112 + ".ckpt", manifest=False)
+        write_checkpoint(root, 2)
+        assert [d.name for d in execute_retention(root, _plan(old), empty_trash=False)] == [old.name]
+        assert not old.exists() and len(os.listdir(_trash(root))) == 1
+
+    def test_a_dir_renamed_into_a_planned_name_is_not_deleted(self, tmp_path):
+        """Planned: an old torn step_100. Before the delete, the trainer's commit sets it aside and renames a
+        fresh complete save to step_100 (the newest complete): that one is not the dir judged, so it stays."""
+        root = tmp_path / "root"
+        write_checkpoint(root, 90)
+        torn = write_checkpoint(root, 100)
+        (torn / "__1_0.distcp").unlink()
+        plan = plan_retention(scan(root), rules=RetentionRules(), disk=DiskUsage(GIB, GIB), now=1e10)
+        assert [d.name for d in plan.deletions] == ["step_00000100"]
+        fresh = write_checkpoint(root, 100, name=".tmp-step_00000100-abc")
+        os.rename(torn, root / ".tmp-step_00000100-incomplete-abc")
+        os.rename(fresh, torn)
+        assert execute_retention(root, plan) == []
+        assert newest_complete(root).name == "step_00000100"
+
+    def test_a_dir_pinned_after_planning_is_not_deleted(self, tmp_path):
+        """`checkpoints pin` run while a pass was planning: the pin is honoured at the delete."""
+        root = tmp_path / "root"
+        old = write_checkpoint(root, 1)
+        write_checkpoint(root, 2)
+        plan = _plan(old)
+        pin(old)
+        assert execute_retention(root, plan) == [] and old.is_dir()
+
     def test_symlink_target_is_skipped_and_its_target_untouched(self, tmp_path):
         """A planned deletion that is a symlink is refused; the linked dir outside keeps every file."""
         outside = write_checkpoint(tmp_path / "outside", 5)

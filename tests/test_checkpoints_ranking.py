@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 
-from supervisor.checkpoints import newest_complete, quarantine, scan
+from supervisor.checkpoints import DiskUsage, RetentionRules, newest_complete, plan_retention, quarantine, scan
+from supervisor.checkpoints.retention import GIB
 import supervisor.checkpoints.ranking as scan_module
 from supervisor.layout import METADATA_NAME, LEGACY_TRASH_DIR, tmp_dir_name
 from supervisor.checkpoints.testing import write_checkpoint
@@ -95,6 +97,19 @@ class TestScan:
         infos = scan(root)
         assert [(i.name, i.state, i.size_bytes) for i in infos][0] == ("step_00000100", "invalid", 0)
         assert "symlink" in infos[0].reason
+
+    def test_a_torn_dir_being_rewritten_is_not_idle(self, tmp_path):
+        """DCP saving again into an old torn step_100 (overwrite: the old `.metadata` stays while shards are
+        rewritten) is torn with a fresh write: its age is that write, not the old commit, so it is not debris."""
+        d = write_checkpoint(tmp_path, 100)
+        hours_ago = time.time() - 7200
+        for f in d.iterdir():
+            os.utime(f, (hours_ago, hours_ago))
+        (d / "__1_0.distcp").write_bytes(b"\0")  # being rewritten: short, and written just now
+        (info,) = scan(tmp_path)
+        assert info.state == "torn" and time.time() - info.mtime < 600
+        plan = plan_retention([info], rules=RetentionRules(), disk=DiskUsage(GIB, GIB), now=time.time())
+        assert plan.deletions == []
 
     def test_pin_and_quarantine_markers_are_reported(self, tmp_path):
         """Pinned and quarantined flags come from the marker files."""

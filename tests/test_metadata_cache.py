@@ -168,6 +168,19 @@ class TestMisses:
         assert not (root / ".cache").exists()
 
 
+    def test_cache_inside_the_root_is_never_used_for_a_nested_checkpoint(self, tmp_path, monkeypatch):
+        """Nor when the `.metadata` sits a level deeper, in an Accelerate `checkpoint_N/<member>/`."""
+        from supervisor.checkpoints import verify
+
+        root = tmp_path / "root"
+        monkeypatch.setenv(metadata_cache.CACHE_ENV, str(root / "cache"))
+        md._cache.clear()
+        for member in ("pytorch_model_fsdp_0", "optimizer_0"):
+            aged(write_checkpoint(root / "checkpoint_0", 0, name=member, manifest=False))
+        assert verify(root / "checkpoint_0").complete
+        assert sorted(os.listdir(root)) == ["checkpoint_0"]
+
+
 class TestLocationAndBounds:
     def test_location_follows_the_environment(self, monkeypatch, tmp_path):
         """$FSDP_SUPERVISOR_CACHE_DIR, else $XDG_CACHE_HOME/fsdp-supervisor, else ~/.cache/fsdp-supervisor."""

@@ -27,15 +27,18 @@ def open_regular(path: Path, cap: int, error: type[Exception]) -> tuple[BinaryIO
         if exc.errno == errno.ELOOP:
             raise error(f"{path.name} is a symlink") from None
         raise error(f"cannot open {path.name}: {exc.strerror or exc}") from None
-    f = os.fdopen(fd, "rb")
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        f.close()
-        raise error(f"{path.name} is not a regular file")
-    if st.st_size > cap:
-        f.close()
-        raise error(f"{path.name} is {st.st_size} bytes, over the {cap} byte cap")
-    return f, st
+    # Checked on the bare fd: os.fdopen() itself raises IsADirectoryError for a directory (Eclipse keeps a
+    # `.metadata/` folder in every workspace), which no caller expects.
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise error(f"{path.name} is not a regular file")
+        if st.st_size > cap:
+            raise error(f"{path.name} is {st.st_size} bytes, over the {cap} byte cap")
+        return os.fdopen(fd, "rb"), st
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def sha256_file(path: Path) -> str:

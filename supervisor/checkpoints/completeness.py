@@ -8,7 +8,8 @@ complete: `.metadata` parses safely and every storage file it references is a re
 partial:  no `.metadata` yet, a temporary `.tmp-` name, or a checkpoint-named folder with nothing in it
           yet: a save in flight or abandoned; for a nested folder also a member its newest sibling has.
 torn:     `.metadata` is fine but a shard is missing or short (or fails its checksum with --deep).
-invalid:  unparseable or unsafe metadata or manifest, a storage path escaping the dir, a symlink.
+invalid:  unparseable or unsafe metadata or manifest, a storage path escaping the dir, a symlink, or only
+          rank-local `__<rank>.metadata` files (a save without rank coordination: nobody knows if all finished).
 foreign:  not a checkpoint at all (shapes.py): never counted, deleted or selected.
 
 A verdict decided by `.metadata` also carries a `kind` the daemon can act on: "unsafe" (it names a
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from supervisor.checkpoints._files import sha256_file
 from supervisor.checkpoints.shapes import DCP, DIRECTORY, NESTED, TEMPORARY, UNSTARTED, Shape, identify
-from supervisor.layout import METADATA_NAME
+from supervisor.layout import METADATA_NAME, RANK_METADATA_NAME
 from supervisor.checkpoints.manifest import Manifest, ManifestError, read_manifest
 from supervisor.checkpoints.metadata import (
     DcpMetadata, MetadataError, UnknownClassError, UnsafeMetadataError, read_metadata)
@@ -64,6 +65,10 @@ def _unsafe_name(rel: str) -> str | None:
         return f"absolute storage path {rel[:80]!r}"
     if "/" in rel or "\\" in rel or rel in (".", "..") or "\0" in rel:
         return f"storage path {rel[:80]!r} escapes the checkpoint dir"
+    try:
+        os.fsencode(rel)  # a lone surrogate (from a pickle or a JSON escape) names no file, and lstat would raise
+    except UnicodeEncodeError:
+        return f"storage path {rel[:80]!r} is not a valid file name"
     return None
 
 
@@ -160,10 +165,10 @@ def _lstat_dir(path: Path) -> os.stat_result:
         raise CheckpointError(f"{path}: cannot read: {exc.strerror}") from None
 
 
-def _verify_dcp(directory: Path, deep: bool) -> Verdict:
-    """Classify one flat DCP dir (known to be a real directory)."""
+def _verify_dcp(directory: Path, deep: bool, root: Path) -> Verdict:
+    """Classify one flat DCP dir (known to be a real directory) under the checkpoint root `root`."""
     try:
-        meta = read_metadata(directory / METADATA_NAME)
+        meta = read_metadata(directory / METADATA_NAME, root=root)
     except UnsafeMetadataError as exc:
         return Verdict(INVALID, f"unsafe {METADATA_NAME}: {exc}", kind=exc.kind)
     except UnknownClassError as exc:
@@ -172,6 +177,12 @@ def _verify_dcp(directory: Path, deep: bool) -> Verdict:
         if not os.access(directory, os.R_OK | os.X_OK):
             return Verdict(INVALID, "the checkpoint dir cannot be read")
         if not os.path.lexists(directory / METADATA_NAME):
+            if os.path.lexists(directory / RANK_METADATA_NAME):
+                # dcp.save(use_collectives=False) (experimental) ends with one `__<rank>.metadata` per rank and
+                # no global one. Nothing says how many ranks there were, so this is not complete; but it is
+                # not debris either, and debris is what partial dirs become after partial_max_age_s.
+                return Verdict(INVALID, f"only rank-local metadata ({RANK_METADATA_NAME}: "
+                               "dcp.save(use_collectives=False)): the store cannot tell that every rank finished")
             return Verdict(PARTIAL, f"no {METADATA_NAME}: the save did not finish")
         return Verdict(INVALID, f"bad {METADATA_NAME}: {exc}", kind=exc.kind)
     try:
@@ -190,7 +201,7 @@ def _verify_dcp(directory: Path, deep: bool) -> Verdict:
 
 def _verify_nested(directory: Path, members: frozenset[str], deep: bool) -> Verdict:
     """A folder of DCP dirs is as complete as its worst member; the reason names the members at fault."""
-    found = {m: _verify_dcp(directory / m, deep) for m in sorted(members)}
+    found = {m: _verify_dcp(directory / m, deep, directory.parent) for m in sorted(members)}
     bad = [(m, v) for m, v in found.items() if not v.complete]
     if not bad:
         return Verdict(COMPLETE, members=members, checksummed=deep and all(v.checksummed for v in found.values()))
@@ -233,7 +244,7 @@ def verify(path: str | os.PathLike[str], *, deep: bool = False, shape: Shape | N
     if shape.kind == UNSTARTED:
         return Verdict(PARTIAL, "nothing written yet: a save in flight or abandoned")
     if shape.kind == DCP:
-        return _verify_dcp(directory, deep)
+        return _verify_dcp(directory, deep, directory.parent)
     if shape.kind == NESTED:
         return _verify_nested(directory, shape.members, deep)
     if shape.kind == DIRECTORY:

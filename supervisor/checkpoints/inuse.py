@@ -6,7 +6,8 @@ launches a job from a checkpoint and removes it when the attempt ends or commits
 
     <parent>/.<root-name>.fsdp-inuse/<host>-<pid>.json   {path, pid, host, start_time, time}
 
-next to the root, never inside it (layout.py says why), written atomically. `pid`/`start_time` are the
+next to the root (symlinks resolved), never inside it (layout.py says why), written atomically; a reader
+matches the checkpoint by its name, whatever path spelled the root. `pid`/`start_time` are the
 job's (torchrun's) process and its start time. A reader counts a marker only while it is live:
 - on the host that wrote it: process `pid` exists and started at `start_time` (a reused pid is not it);
 - on another host: the marker was written or refreshed less than IN_USE_MAX_AGE_S ago (the daemon
@@ -38,8 +39,9 @@ PathLike = str | os.PathLike[str]
 
 
 def in_use_dir(root: PathLike) -> Path:
-    """The folder holding the in-use markers of `root`: a hidden sibling of the root."""
-    base = Path(os.path.abspath(root))
+    """The folder holding the in-use markers of `root`: a hidden sibling of the root, symlinks resolved, so
+    that a daemon and a `prune` that spell the root differently (a symlinked root) meet in one folder."""
+    base = Path(os.path.realpath(root))
     return base.parent / sidecar_name(base.name, IN_USE_SUFFIX)
 
 
@@ -123,7 +125,13 @@ def _live(doc: dict, mtime: float, host: str, now: float) -> bool:
 
 
 def in_use(root: PathLike, *, now: float | None = None) -> set[Path]:
-    """The checkpoints of `root` that a live process has marked in use (stale markers are removed)."""
+    """The checkpoints of `root` that a live process has marked in use (stale markers are removed).
+
+    Paths are `root` as spelled here joined with the marked checkpoint's name: the writer may have spelled
+    the same root another way (through a symlink, or another node's mount point), and the marker folder
+    already says which root it is about.
+    """
+    base = Path(os.path.abspath(root))
     folder = in_use_dir(root)
     now = time.time() if now is None else now
     host = socket.gethostname()
@@ -140,7 +148,7 @@ def in_use(root: PathLike, *, now: float | None = None) -> set[Path]:
             continue
         doc, mtime = found
         if _live(doc, mtime, host, now):
-            paths.add(Path(os.path.abspath(doc["path"])))
+            paths.add(base / os.path.basename(os.path.normpath(doc["path"])))
         else:
             try:
                 os.unlink(entry.path)

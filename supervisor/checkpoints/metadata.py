@@ -144,14 +144,14 @@ def _summary(s: dict[str, Any]) -> DcpMetadata:
     return DcpMetadata(version=s["version"], entries=s["entries"], storage=refs)
 
 
-def _lookup(path: Path, f: BinaryIO, st: os.stat_result) -> DcpMetadata | dict[str, Any]:
+def _lookup(path: Path, f: BinaryIO, st: os.stat_result, root: Path | None) -> DcpMetadata | dict[str, Any]:
     """This file's result: from this process, from the disk cache, or parsed now (then remembered)."""
     key = (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     found = _cache.get(key)
     if found is not None:
         COUNTS["memory"] += 1
         return found
-    entry = metadata_cache.load(path, st)
+    entry = metadata_cache.load(path, st, root)
     if entry is not None:
         COUNTS["disk"] += 1
         found = _summary(entry["summary"]) if "summary" in entry else entry["error"]
@@ -165,7 +165,7 @@ def _lookup(path: Path, f: BinaryIO, st: os.stat_result) -> DcpMetadata | dict[s
         if racy:
             return found
         metadata_cache.store(path, st, {"summary": _summary_json(found)} if isinstance(found, DcpMetadata)
-                             else {"error": found})
+                             else {"error": found}, root)
     if len(_cache) >= _CACHE_MAX:
         try:
             _cache.pop(next(iter(_cache)))
@@ -175,10 +175,11 @@ def _lookup(path: Path, f: BinaryIO, st: os.stat_result) -> DcpMetadata | dict[s
     return found
 
 
-def read_metadata(path: Path, *, cached: bool = True) -> DcpMetadata:
+def read_metadata(path: Path, *, cached: bool = True, root: Path | None = None) -> DcpMetadata:
     """Read and parse one `.metadata` file (not following a symlink), or take its result from a cache.
 
-    cached=False always parses and remembers nothing (benchmarks).
+    cached=False always parses and remembers nothing (benchmarks). `root`: the checkpoint root the file is
+    under (default: its grandparent), where the disk cache must never be.
     """
     try:
         f, st = open_regular(path, MAX_METADATA_BYTES, MetadataError)
@@ -187,7 +188,7 @@ def read_metadata(path: Path, *, cached: bool = True) -> DcpMetadata:
     with f:
         if not cached:
             return _parse(f, st.st_size)
-        found = _lookup(path, f, st)
+        found = _lookup(path, f, st, root)
     if isinstance(found, DcpMetadata):
         return found
     raise _error(found)

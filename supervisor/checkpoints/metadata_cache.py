@@ -58,12 +58,17 @@ def _key(path: Path, st: os.stat_result) -> dict[str, Any]:
             "mtime_ns": st.st_mtime_ns}
 
 
-def _entries_dir(metadata_path: Path, create: bool) -> Path | None:
-    """`<cache dir>/metadata-v1` when it is safe to use for this file, else None."""
+def _entries_dir(metadata_path: Path, create: bool, root: Path | None) -> Path | None:
+    """`<cache dir>/metadata-v1` when it is safe to use for this file, else None.
+
+    `root`: the checkpoint root holding the file; default its grandparent (a flat `<root>/<ckpt>/.metadata`).
+    A nested checkpoint's member sits a level or two deeper, so its caller names the root.
+    """
     base = cache_dir()
     if base is None:
         return None
-    root = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(metadata_path))))
+    root_dir = os.path.dirname(os.path.dirname(os.path.abspath(metadata_path))) if root is None else root
+    root = os.path.realpath(root_dir)
     real = os.path.realpath(base)
     if real == root or real.startswith(root.rstrip("/") + "/"):
         return None  # never write into the checkpoint root (it would look like a foreign dir there)
@@ -83,9 +88,9 @@ def _name(key: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:40] + ".json"
 
 
-def load(metadata_path: Path, st: os.stat_result) -> dict[str, Any] | None:
+def load(metadata_path: Path, st: os.stat_result, root: Path | None = None) -> dict[str, Any] | None:
     """The cached result for this exact file (`{"summary": ...}` or `{"error": ...}`), or None."""
-    entries = _entries_dir(metadata_path, create=False)
+    entries = _entries_dir(metadata_path, create=False, root=root)
     if entries is None:
         return None
     key = _key(metadata_path, st)
@@ -137,10 +142,10 @@ def _valid(entry: Any, key: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def store(metadata_path: Path, st: os.stat_result, result: dict[str, Any]) -> None:
+def store(metadata_path: Path, st: os.stat_result, result: dict[str, Any], root: Path | None = None) -> None:
     """Write `result` ({"summary": ...} or {"error": ...}) for this file, atomically; failures are ignored."""
     global _writes
-    entries = _entries_dir(metadata_path, create=True)
+    entries = _entries_dir(metadata_path, create=True, root=root)
     if entries is None:
         return
     key = _key(metadata_path, st)

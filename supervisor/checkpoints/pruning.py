@@ -1,7 +1,8 @@
 """Carry out a retention plan: the only code in the store that deletes anything.
 
 Each target is re-checked (a direct, non-symlink child dir of the root that is still a checkpoint, not a
-foreign folder), renamed into the trash in one atomic step, then removed. A crash mid-delete leaves only
+foreign folder, and still the dir that was judged, not one renamed into its place since), renamed into the
+trash in one atomic step, then removed. A crash mid-delete leaves only
 trash contents, which scans never see and the next run clears, so a half-deleted dir can never look complete.
 
 The trash is never inside the root (programs such as Accelerate sort every entry of their checkpoint
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import structlog
 
+from supervisor.checkpoints.markers import is_pinned
 from supervisor.checkpoints.shapes import identify
 from supervisor.checkpoints.retention import Deletion, DiskUsage, RetentionPlan
 from supervisor.errors import CheckpointError
@@ -30,6 +32,7 @@ __all__ = ["disk_usage", "execute_retention", "clear_trash", "trash_dir", "migra
 
 log = structlog.get_logger(__name__)
 PathLike = str | os.PathLike[str]
+_PARKED_NAME_BYTES = 200  # of a checkpoint's name kept in its trash name, before ".<time_ns>"
 
 
 def disk_usage(root: PathLike) -> DiskUsage:
@@ -99,7 +102,10 @@ def _remove(path: Path) -> None:
 
 
 def _park(target: Path, trash: Path) -> Path:
-    parked = trash / f"{target.name}.{time.time_ns()}"
+    # The name is cut to leave room for the suffix: a 240-byte Lightning name plus ".<ns>" would pass the
+    # file system's 255-byte limit, the rename would fail every time, and that checkpoint could never go.
+    name = os.fsdecode(os.fsencode(target.name)[:_PARKED_NAME_BYTES])
+    parked = trash / f"{name}.{time.time_ns()}"
     os.rename(target, parked)
     return parked
 
@@ -153,8 +159,9 @@ def clear_trash(root: PathLike, fallback: PathLike | None = None) -> int:
     return cleared
 
 
-def _refusal(root: Path, target: Path) -> str | None:
-    """Why `target` may not be deleted, or None when it is a real checkpoint dir directly inside `root`."""
+def _refusal(root: Path, target: Path, inode: int = 0) -> str | None:
+    """Why `target` may not be deleted, or None when it is a real checkpoint dir directly inside `root` (and,
+    with `inode`, still the very dir that was judged)."""
     if target.parent != root or target.name in ("", ".", "..", LEGACY_TRASH_DIR) or is_sidecar_name(target.name):
         return "not a direct child of the checkpoint root"
     try:
@@ -165,6 +172,12 @@ def _refusal(root: Path, target: Path) -> str | None:
         return "a symlink"
     if not stat.S_ISDIR(st.st_mode):
         return "not a directory"
+    if inode and st.st_ino != inode:
+        # The trainer's commit sets a torn `step_N` aside and renames a fresh, complete save to that name:
+        # the plan was about the torn one, and the new one is likely the newest complete checkpoint.
+        return "replaced since it was judged"
+    if is_pinned(target):  # pinned by hand while the plan was made: the pin wins
+        return "pinned"
     if not identify(target).ours:  # planned from an older look: something not ours took the name since
         return "not a checkpoint (foreign)"
     return None
@@ -189,7 +202,7 @@ def execute_retention(root: PathLike, plan: RetentionPlan, *, empty_trash: bool 
     done: list[Deletion] = []
     for d in plan.deletions:
         target = Path(os.path.abspath(d.path))
-        refused = _refusal(base, target)
+        refused = _refusal(base, target, d.inode)
         if refused:
             log.warning("retention_skipped", path=str(target), why=refused)
             continue

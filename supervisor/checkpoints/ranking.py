@@ -77,6 +77,7 @@ class CheckpointInfo:
     quarantined: bool = False
     metrics: dict[str, float] = field(default_factory=dict)
     ordinal: int | None = None  # Accelerate's save number N of `checkpoint_<N>` (not a step)
+    inode: int = 0  # of the dir when it was judged (0: unknown); retention deletes only that very dir
 
     @property
     def complete(self) -> bool:
@@ -91,6 +92,7 @@ class _Candidate:
     step: int | None
     mtime: float
     ordinal: int | None = None
+    inode: int = 0
 
 
 def _open_root(root: str | os.PathLike[str]) -> tuple[Path, Iterator[os.DirEntry[str]]]:
@@ -140,7 +142,7 @@ def _list_root(root: str | os.PathLike[str]) -> tuple[Path, list[_Candidate]]:
             if step is None and ordinal is None and not is_link:
                 step = _step_without_name(child)
             mtime = st.st_mtime if is_link else (_lmtime(child / METADATA_NAME) or st.st_mtime)
-            found.append(_Candidate(entry.name, child, is_link, step, mtime, ordinal))
+            found.append(_Candidate(entry.name, child, is_link, step, mtime, ordinal, st.st_ino))
     found.sort(key=age_order, reverse=True)
     return path, found
 
@@ -168,14 +170,18 @@ def _usage(directory: Path) -> tuple[int, float]:
 
 
 def _settled_mtime(c: _Candidate, verdict: Verdict | None, newest: float) -> float:
-    """A finished save's age is its commit (`.metadata`); an unfinished one's is its last write, so a slow
-    save in flight is not mistaken for debris."""
-    if verdict is not None and verdict.members:
+    """A complete save's age is its commit (`.metadata`); anything else's is its last write, so a slow save in
+    flight is not mistaken for debris, nor is a torn dir being written again in place (DCP overwrites the
+    shards of an existing checkpoint_id, its old `.metadata` still there, when a step is saved again)."""
+    if verdict is None:  # unverified (scan with verify_all=False): only shown, never deleted
+        return c.mtime if os.path.lexists(c.path / METADATA_NAME) else max(c.mtime, newest)
+    if verdict.complete and verdict.members:
         stamps = [_lmtime(c.path / m / METADATA_NAME) for m in sorted(verdict.members)]
         if all(s is not None for s in stamps):
             return max(s for s in stamps if s is not None)
-        return max(c.mtime, newest)
-    return c.mtime if os.path.lexists(c.path / METADATA_NAME) else max(c.mtime, newest)
+    elif verdict.complete and os.path.lexists(c.path / METADATA_NAME):
+        return c.mtime
+    return max(c.mtime, newest)
 
 
 def _foreign(c: _Candidate, reason: str | None) -> CheckpointInfo:
@@ -209,6 +215,7 @@ def _info(c: _Candidate, verdict: Verdict | None) -> CheckpointInfo:
         quarantined=is_quarantined(c.path),
         metrics=dict(manifest.metrics) if manifest else {},
         ordinal=c.ordinal,
+        inode=c.inode,
     )
 
 
@@ -227,7 +234,7 @@ class _Judge:
             self._shapes[c.name] = identify(c.path)
         shape = self._shapes[c.name]
         if shape.kind == DIRECTORY:
-            raise CheckpointDirectoryError(self.root, c.path, shape.series)
+            raise CheckpointDirectoryError(self.root, c.path / shape.within, shape.series)
         return shape
 
     def own(self, c: _Candidate) -> Verdict | None:

@@ -88,6 +88,7 @@ class Deletion:
     name: str
     reason: str
     size_bytes: int
+    inode: int = 0  # the dir judged (0: unknown); one renamed into its place since is not deleted
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,7 @@ def plan_retention(
             reason = "kept by no keep rule"
         else:  # partial/torn and idle past the limit (younger ones are guarded)
             reason = f"{c.state} and idle {now - c.mtime:.0f} s > partial_max_age_s={rules.partial_max_age_s:g}"
-        deletions.append(Deletion(c.path, c.name, reason, c.size_bytes))
+        deletions.append(Deletion(c.path, c.name, reason, c.size_bytes, c.inode))
     freed = sum(d.size_bytes for d in deletions)
     free, total = disk.free_bytes + freed, sum(c.size_bytes for c in cps) - freed
     findings: list[Finding] = []
@@ -202,6 +203,6 @@ def plan_retention(
                                     f"({len(guards)} guarded: newest complete, in use, pinned, in flight)", need))
             break
         del kept[c.path]
-        deletions.append(Deletion(c.path, c.name, f"disk: {unmet[0]}", c.size_bytes))
+        deletions.append(Deletion(c.path, c.name, f"disk: {unmet[0]}", c.size_bytes, c.inode))
         free, total = free + c.size_bytes, total - c.size_bytes
     return RetentionPlan(deletions, findings, kept)

@@ -5,16 +5,18 @@ root gets one of these shapes (docs/checkpoints.md, "Layouts"):
 
 dcp:        a DCP dir: `.metadata` or `*.distcp` files directly inside (the reference trainer's `step_N`,
             torchtitan's `step-N`, Lightning's `epoch=E-step=S.ckpt`, a user script's `epoch_N`, any name).
-nested:     no DCP files of its own but DCP dirs one or two levels down (Accelerate's `checkpoint_N/`
-            holding `pytorch_model_fsdp_0/` and `optimizer_0/`); their relative paths are its members.
+nested:     a folder named like a checkpoint with no DCP files of its own but DCP dirs one or two levels
+            down (Accelerate's `checkpoint_N/` holding `pytorch_model_fsdp_0/` and `optimizer_0/`); their
+            relative paths are its members. Any other name holding DCP dirs (`exports/`) is foreign.
 temporary:  the reference trainer's `.tmp-` save in flight.
 unstarted:  a checkpoint name (`step-10`, `checkpoint_3`) with no file in it yet: a save that has only
             created its folders.
 foreign:    anything else (TensorBoard logs, an exported model, code, a copy of a checkpoint inside
             another folder): never counted, deleted or selected, and never walked further.
 directory:  a folder whose DCP dirs are themselves named like checkpoints (`checkpoint/step-10`,
-            `checkpoint/step-20`): the root was set one level too high. The store refuses such a root
-            (CheckpointDirectoryError) rather than treat the whole series as one checkpoint.
+            `checkpoint/step-20`): the root was set one level too high (or two: `project/checkpoint/step-10`).
+            The store refuses such a root (CheckpointDirectoryError) rather than treat the whole series as
+            one checkpoint.
 
 Looking is bounded: `.metadata` is checked first (one lstat: the common case), and at most
 `MAX_ENTRIES` directory entries are read per child, so a foreign tree of any size costs little.
@@ -48,7 +50,7 @@ class CheckpointDirectoryError(CheckpointError):
     """
 
     def __init__(self, root: Path, child: Path, series: tuple[str, ...]) -> None:
-        shown = ", ".join(series[:_SHOWN]) + (", ..." if len(series) > _SHOWN else "")
+        shown = _shown(list(series))
         super().__init__(f"checkpoint root {root} holds a checkpoint directory ({child} with {shown}): "
                          f'did you mean [checkpoints] dir = "{child}"?')
         self.root, self.child, self.series = root, child, series
@@ -61,6 +63,7 @@ class Shape:
     kind: str
     members: frozenset[str] = field(default_factory=frozenset)
     series: tuple[str, ...] = ()
+    within: str = ""  # for directory: the folder below the child that holds the series ("" = the child)
     reason: str | None = None
 
     @property
@@ -130,6 +133,28 @@ def _members(path: Path, top: _Listing, budget: _Budget) -> tuple[list[str], boo
     return members, files
 
 
+def _shown(names: list[str]) -> str:
+    return ", ".join(names[:_SHOWN]) + (", ..." if len(names) > _SHOWN else "")
+
+
+def _series(members: list[str]) -> tuple[str, tuple[str, ...]] | None:
+    """Two or more checkpoint-named folders side by side holding DCP dirs: one level down (`step-10/`,
+    `step-20/`) or two (`checkpoint/step-10/`, `checkpoint/step-20/`). Returns (the folder holding them,
+    relative to the child, "" for the child itself; their names), else None."""
+    heads = {m.split("/")[0] for m in members if is_checkpoint_name(m.split("/")[0])}
+    if len(heads) >= 2:
+        return "", tuple(sorted(heads))
+    by_folder: dict[str, set[str]] = {}
+    for m in members:
+        folder, _, leaf = m.rpartition("/")
+        if folder and is_checkpoint_name(leaf):
+            by_folder.setdefault(folder, set()).add(leaf)
+    for folder in sorted(by_folder):
+        if len(by_folder[folder]) >= 2:
+            return folder, tuple(sorted(by_folder[folder]))
+    return None
+
+
 def identify(path: Path) -> Shape:
     """The shape of one child of the checkpoint root (a real directory, not a symlink)."""
     name = path.name
@@ -143,14 +168,20 @@ def identify(path: Path) -> Shape:
         # A checkpoint we may not read is judged (and shown invalid) by verify(); anything else is not ours.
         return Shape(DCP) if is_checkpoint_name(name) else Shape(FOREIGN, reason="cannot be read: not looked into")
     members, files = _members(path, top, budget)
-    heads = tuple(sorted({m.split("/")[0] for m in members if is_checkpoint_name(m.split("/")[0])}))
-    if len(heads) >= 2:
-        return Shape(DIRECTORY, series=heads)
+    series = _series(members)
+    if series is not None:
+        return Shape(DIRECTORY, series=series[1], within=series[0])
     if budget.left < 0:  # members seen so far may not be all of them: not a layout we can judge
         return Shape(FOREIGN, reason=f"more than {MAX_ENTRIES} entries: not a checkpoint layout the store knows")
-    if heads:
-        return Shape(FOREIGN, reason=f"holds the checkpoint {heads[0]} inside it (a copy or a checkpoint "
+    inner = next((m for m in sorted(members) if any(is_checkpoint_name(part) for part in m.split("/"))), None)
+    if inner is not None:
+        return Shape(FOREIGN, reason=f"holds the checkpoint {inner} inside it (a copy or a checkpoint "
                                      "directory): not looked into")
+    if members and not is_checkpoint_name(name):
+        # Only Accelerate writes nested checkpoints, into `checkpoint_<N>` (or a name the script picks, like
+        # `step_<N>`). A folder called `exports/` or `tmp/` with DCP dirs inside is someone's copy: not ours.
+        return Shape(FOREIGN, reason=f"holds DCP dirs ({_shown(sorted(members))}) but is not named like a "
+                                     "checkpoint (checkpoint_N, step_N, ...): not looked into")
     if members:
         return Shape(NESTED, members=frozenset(members))
     if is_checkpoint_name(name) and not files:
