@@ -43,6 +43,7 @@ from supervisor.housekeeping import Housekeeper, PassResult
 from supervisor.identity import run_token
 from supervisor.recorder import NullHistory
 from supervisor.redact import redact_argv, redact_env
+from supervisor.regularfile import open_regular
 from supervisor.signals import FORCE_STOP_SIGNAL, STOP_SIGNALS
 from supervisor.state import STATE_FILE, ExitInfo, State, Status, write_status
 from supervisor.system import System
@@ -637,10 +638,10 @@ class Core:
 
     def _read_beat(self) -> Beat | None:
         try:
-            with open(self.heartbeat_path, "rb") as f:
+            with open_regular(self.heartbeat_path) as f:  # a FIFO or a device planted there must not block us
                 data = f.read(MAX_HEARTBEAT_BYTES + 1)
         except OSError:
-            return None  # gone between the event and the read: the next beat will do
+            return None  # gone between the event and the read (the next beat will do), or not a file
         beat, problems = parse_heartbeat(data)
         job = self.job
         if problems and job is not None and not job.beat_warned:

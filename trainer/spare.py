@@ -59,18 +59,21 @@ def _wait_for_training(timeout: float) -> None:
     restart here). A job without a heartbeat, or an interpreter without this package (so without the
     contract's reader), just waits out `timeout`.
     """
-    try:
-        from supervisor.contract import ENV_HEARTBEAT, parse_heartbeat  # stdlib only: cheap
+    try:  # stdlib only: cheap
+        from supervisor.contract import ENV_HEARTBEAT, parse_heartbeat
+        from supervisor.regularfile import open_regular  # a FIFO under the heartbeat's name must not block us
     except ImportError:
-        ENV_HEARTBEAT, parse_heartbeat = None, None  # noqa: N806
+        ENV_HEARTBEAT, parse_heartbeat, open_regular = None, None, None  # noqa: N806
     beat = os.environ.get(ENV_HEARTBEAT) if ENV_HEARTBEAT else None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if select.select([sys.stdin], [], [], 0.25)[0]:
             return
+        if not beat or open_regular is None or parse_heartbeat is None:
+            continue
         try:
-            with open(beat or "", "rb") as fh:
-                parsed = parse_heartbeat(fh.read(1 << 16))[0] if parse_heartbeat else None
+            with open_regular(beat) as fh:
+                parsed = parse_heartbeat(fh.read(1 << 16))[0]
         except OSError:
             continue
         if parsed is not None and parsed.phase == "train":
