@@ -173,7 +173,10 @@ def main() -> int:
     del sys.path[0]  # this file's directory holds trainer modules (log.py, loop.py, ...): never shadow anything with them
     _wait_for_training(_IMPORT_AFTER_S)
     started = time.monotonic()
-    torchrun = _import_torchrun_at_idle_priority()
+    try:
+        torchrun = _import_torchrun_at_idle_priority()
+    except Exception:  # noqa: BLE001 - a broken install: fail as the job would, in its own log
+        return _fail_as_the_job(traceback.format_exc())
     print(f"event=prewarm_ready pid={os.getpid()} import_s={time.monotonic() - started:.3f}",
           file=sys.stderr, flush=True)
     data = sys.stdin.buffer.read()
@@ -181,6 +184,23 @@ def main() -> int:
         return 0
     _take_over(json.loads(data), torchrun.__file__)
     run_then_exit(torchrun.main)
+
+
+def _fail_as_the_job(failure: str) -> int:
+    """The import failed: become the job anyway and fail as a cold start would, its traceback in the job's log.
+
+    Otherwise every prewarmed attempt ends with exit 1 and an empty attempt log, and the cause (say, a CUDA
+    library torch cannot load) sits only in prewarm.log, where `job_exited` and `logs --job` never look.
+    """
+    sys.stderr.write(failure)  # prewarm.log: also when no hand-off comes
+    sys.stderr.flush()
+    data = sys.stdin.buffer.read()
+    if not data:
+        return 1
+    _take_over(json.loads(data), "torch/distributed/run.py")  # never runs: only the job's output is wanted
+    sys.stderr.write(failure)
+    sys.stderr.flush()
+    os._exit(1)
 
 
 if __name__ == "__main__":
