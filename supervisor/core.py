@@ -15,6 +15,7 @@ logged and survived, and `close()` makes sure state.json never claims a live sup
 from __future__ import annotations
 
 import enum
+import math
 import os
 import signal
 from collections.abc import Callable
@@ -313,7 +314,9 @@ class Core:
         env = dict(os.environ)
         # torchrun SIGKILLs workers 30 s after forwarding SIGTERM unless told otherwise; an emergency save must
         # get the whole stop_timeout_s the user granted (an explicit setting in env or --shutdown-timeout wins).
-        env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT") or f"{self.cfg.health.stop_timeout_s:g}"
+        # Whole seconds: torchrun parses it with int() when it starts, so "90.5" or "1e+06" failed every launch.
+        grace = str(math.ceil(self.cfg.health.stop_timeout_s))
+        env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT") or grace
         # torchrun's rendezvous store shared with the workers keeps the previous round's keys: restarted workers
         # of a multi-node job then hang in init_process_group (pytorch/pytorch#135712; measured: README, More than one node).
         env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
