@@ -14,6 +14,7 @@ from supervisor.config import Config, load_config
 from supervisor.errors import EXIT_NOT_OK, EXIT_OK, ConfigError, UsageError
 from supervisor.eventlog import LOG_FILE, configure, get_logger, render_line
 from supervisor.lines import LineSplitter, tail_lines
+from supervisor.regularfile import open_regular
 from supervisor.runlock import RunLock
 from supervisor.state import read_status, remove_torn_writes
 from supervisor.statusview import render_status
@@ -146,14 +147,16 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _current_job_log(run_dir: Path) -> Path | None:
-    logs = sorted((run_dir / "logs").glob("attempt-*.log"))
-    return logs[-1] if logs else None
+    """The newest attempt's log: by number, since attempt-10000.log sorts before attempt-9999.log as text."""
+    logs = (run_dir / "logs").glob("attempt-*.log")
+    numbered = [(int(p.name[8:-4]), p) for p in logs if p.name[8:-4].isdecimal()]
+    return max(numbered)[1] if numbered else None
 
 
 def _tail_lines(path: Path, n: int) -> list[str]:
     """The last `n` lines, read from the end in bounded time (lines.tail_lines)."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             return [line.decode("utf-8", "replace") for line in tail_lines(f, n)]
     except OSError:
         return []
@@ -177,9 +180,18 @@ def _follow(path: Path, run_dir: Path, job: bool, render) -> int:  # type: ignor
     """Print lines appended to `path`; reopen on rotation (supervisor.log) or a new attempt (--job).
 
     Read in bounded chunks through a LineSplitter, so a job writing megabytes without a newline costs
-    neither memory nor quadratic time here.
+    neither memory nor quadratic time here. Before moving on to the next file, the old one is read to its
+    end: what a crashing job printed last (its traceback) comes right before the next attempt starts.
     """
-    f = open(path, "rb")
+    def show(lines: list[bytes]) -> None:
+        for line in lines:
+            print(render(line.decode("utf-8", "replace")), flush=True)
+
+    try:
+        f = open_regular(path)
+    except OSError as exc:
+        print(f"cannot follow {path}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_NOT_OK
     f.seek(0, 2)
     ino = os.fstat(f.fileno()).st_ino
     lines = LineSplitter()
@@ -187,15 +199,18 @@ def _follow(path: Path, run_dir: Path, job: bool, render) -> int:  # type: ignor
         while True:
             data = f.read(_FOLLOW_CHUNK)
             if data:
-                for line in lines.feed(data):
-                    print(render(line.decode("utf-8", "replace")), flush=True)
+                show(lines.feed(data))
                 continue
             time.sleep(0.25)
             nxt = _current_job_log(run_dir) if job else path
             try:
                 if nxt is not None and (nxt != path or os.stat(nxt).st_ino != ino):
+                    new = open_regular(nxt)
+                    while data := f.read(_FOLLOW_CHUNK):  # the rest of the old file first
+                        show(lines.feed(data))
+                    show([lines.frame] if lines.frame else [])
                     f.close()
-                    path, f, lines = nxt, open(nxt, "rb"), LineSplitter()
+                    path, f, lines = nxt, new, LineSplitter()
                     ino = os.fstat(f.fileno()).st_ino
             except OSError:
                 pass

@@ -15,6 +15,7 @@ logged and survived, and `close()` makes sure state.json never claims a live sup
 from __future__ import annotations
 
 import enum
+import math
 import os
 import signal
 from collections.abc import Callable
@@ -43,6 +44,7 @@ from supervisor.housekeeping import Housekeeper, PassResult
 from supervisor.identity import run_token
 from supervisor.recorder import NullHistory
 from supervisor.redact import redact_argv, redact_env
+from supervisor.regularfile import open_regular
 from supervisor.signals import FORCE_STOP_SIGNAL, STOP_SIGNALS
 from supervisor.state import STATE_FILE, ExitInfo, State, Status, write_status
 from supervisor.system import System
@@ -314,7 +316,9 @@ class Core:
         env = dict(os.environ)
         # torchrun SIGKILLs workers 30 s after forwarding SIGTERM unless told otherwise; an emergency save must
         # get the whole stop_timeout_s the user granted (an explicit setting in env or --shutdown-timeout wins).
-        env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT") or f"{self.cfg.health.stop_timeout_s:g}"
+        # Whole seconds: torchrun parses it with int() when it starts, so "90.5" or "1e+06" failed every launch.
+        grace = str(math.ceil(self.cfg.health.stop_timeout_s))
+        env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT") or grace
         # torchrun's rendezvous store shared with the workers keeps the previous round's keys: restarted workers
         # of a multi-node job then hang in init_process_group (pytorch/pytorch#135712; measured: docs/operations.md, More than one node).
         env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
@@ -639,10 +643,10 @@ class Core:
 
     def _read_beat(self) -> Beat | None:
         try:
-            with open(self.heartbeat_path, "rb") as f:
+            with open_regular(self.heartbeat_path) as f:  # a FIFO or a device planted there must not block us
                 data = f.read(MAX_HEARTBEAT_BYTES + 1)
         except OSError:
-            return None  # gone between the event and the read: the next beat will do
+            return None  # gone between the event and the read (the next beat will do), or not a file
         beat, problems = parse_heartbeat(data)
         job = self.job
         if problems and job is not None and not job.beat_warned:

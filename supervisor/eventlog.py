@@ -111,7 +111,7 @@ def render_line(line: str) -> str:
     """One JSON log line as `ts level event key=value ...`; anything else is returned unchanged."""
     try:
         d = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return line.rstrip("\n")
     if not isinstance(d, dict):
         return line.rstrip("\n")

@@ -16,10 +16,10 @@ from __future__ import annotations
 import json
 import os
 import signal as _signal
-import stat
 from collections.abc import Iterable
 from pathlib import Path
 
+from supervisor.regularfile import open_regular
 from supervisor.state import ExitInfo
 
 __all__ = ["classify_exit", "signal_name", "root_cause", "read_oom_kills", "RootCause", "scan_job_output"]
@@ -64,19 +64,15 @@ def _read_regular(path: Path, limit: int, *, tail: bool) -> str | None:
     A FIFO, a device or a directory planted under the name is refused without blocking.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except (OSError, ValueError):
-        return None
-    with os.fdopen(fd, "rb") as f:
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or (not tail and st.st_size > limit):
+        with open_regular(path) as f:
+            size = os.fstat(f.fileno()).st_size
+            if not tail and size > limit:
                 return None
-            start = max(0, st.st_size - limit) if tail else 0
+            start = max(0, size - limit) if tail else 0
             f.seek(start)
             data = f.read(limit)
-        except OSError:
-            return None
+    except (OSError, ValueError):
+        return None
     if start > 0:  # began mid-line: drop the fragment
         data = data[data.find(b"\n") + 1:]
     return data.decode("utf-8", "replace")

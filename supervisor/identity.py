@@ -16,6 +16,7 @@ import secrets
 from pathlib import Path
 
 from supervisor.atomic import write_atomic
+from supervisor.regularfile import open_regular
 
 __all__ = ["TOKEN_FILE", "run_token", "valid_token"]
 
@@ -35,7 +36,7 @@ def run_token(run_dir: Path, recorded: str | None = None) -> tuple[str, str | No
     """
     path = run_dir / TOKEN_FILE
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             text: str | None = f.read(64).decode("ascii").strip()
     except (OSError, UnicodeDecodeError):
         text = None

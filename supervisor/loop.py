@@ -29,6 +29,7 @@ from supervisor.console import Console
 from supervisor.core import Core
 from supervisor.humanize import human_bytes
 from supervisor.lines import LineSplitter
+from supervisor.regularfile import open_regular
 from supervisor.signals import HANDLED
 from supervisor.state import State
 from supervisor.system import RealSystem
@@ -77,7 +78,7 @@ class Echo:
             self._end_line()
             self.path, self.offset, self.lines = path, 0, LineSplitter()
         try:
-            with open(path, "rb") as f:
+            with open_regular(path) as f:  # the job may have put a FIFO there: never block the loop on it
                 size = os.fstat(f.fileno()).st_size
                 if size < self.offset:  # truncated under us: start over
                     self.offset, self.lines = 0, LineSplitter()

@@ -22,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.atomic import TMP_SUFFIX, write_atomic
+from supervisor.regularfile import open_regular
 
 __all__ = ["State", "ExitInfo", "Status", "TRANSITIONS", "write_status", "read_status", "remove_torn_writes", "STATE_FILE"]
 
 STATE_FILE = "state.json"
+_MAX_STATE_BYTES = 16 << 20  # a state.json is a few KB; a bigger one is not ours and reads as garbage
 
 
 class State(str, enum.Enum):
@@ -188,6 +190,7 @@ def remove_torn_writes(run_dir: Path) -> None:
 def read_status(run_dir: Path) -> Status | None:
     """The last written status, or None when there is none or it cannot be parsed."""
     try:
-        return Status.from_json(json.loads((run_dir / STATE_FILE).read_text()))
-    except (OSError, ValueError, TypeError, KeyError):
+        with open_regular(run_dir / STATE_FILE) as f:  # whatever was planted there, `status` never hangs
+            return Status.from_json(json.loads(f.read(_MAX_STATE_BYTES)))
+    except (OSError, ValueError, TypeError, KeyError, RecursionError):  # RecursionError: `[[[[...` nested deep
         return None

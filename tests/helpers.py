@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -22,7 +23,7 @@ import pytest
 
 __all__ = [
     "REPO", "TORCHRUN", "TAG_ENV", "free_port", "Job", "Launcher", "torchrun", "module_torchrun", "assert_no_orphans",
-    "wait_for", "logged_steps",
+    "wait_for", "logged_steps", "returns_despite_fifo",
 ]
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,6 +48,27 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, interva
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def returns_despite_fifo(fifo: Path, call: Callable[[], object], timeout: float = 5) -> object:
+    """Run `call` on a thread and fail if it is still blocked after `timeout` (in an open() or read of `fifo`).
+
+    Whatever happens, the thread is released before this returns: a writer opening the FIFO ends a reader's
+    blocked open(), and its close ends the read with EOF.
+    """
+    box: dict[str, object] = {}
+    thread = threading.Thread(target=lambda: box.setdefault("result", call()), daemon=True)
+    thread.start()
+    thread.join(timeout)
+    blocked = thread.is_alive()
+    while thread.is_alive():
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:  # no reader waiting yet
+            pass
+        thread.join(0.1)
+    assert not blocked, f"blocked on the FIFO {fifo}"
+    return box.get("result")
 
 
 def logged_steps(text: str) -> list[int]:

@@ -82,3 +82,51 @@ class TestOddInput:
         """`run` when something else sits under the run dir's lock name: exit 2 naming the run dir, no traceback."""
         (project / ".fsdp-supervisor" / LOCK_FILE).mkdir()
         one_line(cli("run", "-c", str(project / "job.toml")), 2, "[supervisor.run_dir] cannot lock")
+
+
+def _read_lines(p: subprocess.Popen[bytes], n: int, buf: bytearray, timeout: float = 30) -> list[str]:
+    """The next `n` lines `p` prints (fewer if it is silent for `timeout` seconds); `buf` keeps what is left over."""
+    import select
+
+    assert p.stdout is not None
+    fd = p.stdout.fileno()
+    while buf.count(b"\n") < n and select.select([fd], [], [], timeout)[0]:
+        data = os.read(fd, 1 << 16)
+        if not data:
+            break
+        buf += data
+    lines = bytes(buf).split(b"\n")[:n] if buf.count(b"\n") >= n else bytes(buf).split(b"\n")[:-1]
+    del buf[:sum(len(line) + 1 for line in lines)]
+    return [line.decode() + "\n" for line in lines]
+
+
+class TestLogsJob:
+    def test_follow_prints_an_attempts_last_lines_before_the_next_attempt(self, project: Path) -> None:
+        """`logs -f --job`: a crash's last words written just before the next attempt starts are not lost."""
+        logs = project / ".fsdp-supervisor" / "logs"
+        logs.mkdir()
+        (logs / "attempt-0001.log").write_text("first\n")
+        p = subprocess.Popen([sys.executable, "-m", "supervisor", "logs", "-c", str(project / "job.toml"), "--job", "-f"],
+                             stdout=subprocess.PIPE, bufsize=0, cwd=REPO)
+        buf = bytearray()
+        try:
+            assert _read_lines(p, 1, buf) == ["first\n"]
+            with open(logs / "attempt-0001.log", "a") as f:
+                f.write("Traceback...\nRuntimeError: last words")  # the last one without its newline
+            (logs / "attempt-0002.log").write_text("attempt 2\n")
+            assert _read_lines(p, 3, buf) == ["Traceback...\n", "RuntimeError: last words\n", "attempt 2\n"]
+        finally:
+            p.kill()
+            p.communicate()
+
+    def test_the_newest_attempt_by_number_and_a_fifo_never_blocks(self, project: Path) -> None:
+        """attempt-10000.log is newer than attempt-9999.log; a FIFO planted as the newest log prints nothing."""
+        logs = project / ".fsdp-supervisor" / "logs"
+        logs.mkdir()
+        (logs / "attempt-9999.log").write_text("old\n")
+        (logs / "attempt-10000.log").write_text("new\n")
+        r = cli("logs", "-c", str(project / "job.toml"), "--job", "-n", "1")
+        assert r.returncode == 0 and r.stdout == "new\n", r.stdout + r.stderr
+        os.mkfifo(logs / "attempt-10001.log")
+        r = cli("logs", "-c", str(project / "job.toml"), "--job", "-n", "1", timeout=30)
+        assert r.returncode == 0 and r.stdout == "", r.stdout + r.stderr

@@ -21,6 +21,7 @@ from supervisor.console import Console, Progress, progress_text, render_event
 from supervisor.lines import CUT_MARK, MAX_LINE, LineSplitter, last_frame, tail_lines
 from supervisor.loop import Echo
 from supervisor.state import State, Status
+from tests.helpers import returns_despite_fifo
 from tests.supervise import FAKEJOB, TAG_ENV, Supervisors, cli, launches, supervisors, wait_for, write_config  # noqa: F401
 
 FAST = "\n[restart]\nbackoff_initial_s = 0.05\nbackoff_max_s = 0.2\n"
@@ -207,6 +208,13 @@ class TestEcho:
             f.write(b" done\n")
         echo.pump(log)
         assert read().endswith("[job]  299999 done\n")
+
+    def test_a_fifo_in_place_of_the_log_is_skipped(self, tmp_path: Path) -> None:
+        """The job replaced its attempt log with a FIFO: the echo shows nothing and never blocks the loop."""
+        fifo = tmp_path / "attempt-0001.log"
+        os.mkfifo(fifo)
+        con, read = file_console(tty=True)
+        assert returns_despite_fifo(fifo, lambda: Echo(con).pump(fifo)) is False and read() == ""
 
     def test_a_large_backlog_is_skipped_with_a_note(self, tmp_path: Path) -> None:
         """More than BEHIND bytes behind: jump to the end and say where the rest is."""

@@ -1,12 +1,14 @@
 """Core lifecycle hardening, replayed through the fake System: stop, orphans, resume consent, failing writes.
 
 Each class guards one defect class of issue 13 (1: a graceful stop escalated by accident, 3: orphan identity,
-5: quarantine evidence and fresh-start consent, 6: failing writes, 11: the in-use checkpoint's protection).
+5: quarantine evidence and fresh-start consent, 6: failing writes, 11: the in-use checkpoint's protection), or
+one its second review found (files the job controls, a heartbeat flood, signals nobody handled).
 """
 from __future__ import annotations
 
 import errno
 import json
+import os
 import shutil
 import signal
 from collections.abc import Callable
@@ -17,8 +19,10 @@ import pytest
 from supervisor import core as core_module
 from supervisor.checkpoints import markers
 from supervisor.core import Core, Timer
+from supervisor.identity import run_token, valid_token
 from supervisor.state import State, Status, read_status
 from tests.fakes import FakeSystem, RecordingLog
+from tests.helpers import returns_despite_fifo
 from tests.test_core import beat, exit_job, make_core
 
 MakeCheckpoint = Callable[[Path, str], Path]
@@ -322,3 +326,21 @@ class TestInUseProtection:
         assert core.in_use is None and core.job is not None  # released while the attempt still runs
         core.on_timer(Timer.RETENTION)
         assert [Path(f["path"]).name for f in events(log, "retention_deleted")] == ["step_10"]
+
+
+class TestFilesTheJobControls:
+    def test_fifo_heartbeat_never_blocks_the_loop(self, tmp_path: Path) -> None:
+        """`mkfifo $FSDP_SUPERVISOR_HEARTBEAT`: its events and the job's exit are handled, the FIFO is skipped."""
+        core, fake, _ = make_core(tmp_path)
+        core.begin(None)
+        os.mkfifo(core.heartbeat_path)
+        returns_despite_fifo(core.heartbeat_path, lambda: core.on_file_event(core.heartbeat_path))
+        returns_despite_fifo(core.heartbeat_path, lambda: exit_job(core, fake, 1))
+        assert core.status.step is None and core.status.state is State.BACKOFF
+
+    def test_fifo_job_token_never_blocks_the_start(self, tmp_path: Path) -> None:
+        """A FIFO planted as job.token: `run` still starts, with a token of its own."""
+        fifo = tmp_path / "job.token"
+        os.mkfifo(fifo)
+        token, _ = returns_despite_fifo(fifo, lambda: run_token(tmp_path))  # type: ignore[misc]
+        assert valid_token(token)

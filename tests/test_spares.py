@@ -83,6 +83,20 @@ class TestSpareExit:
         assert fast.stderr.splitlines()[-1:] == plain.stderr.splitlines()[-1:]
 
 
+    def test_a_torch_that_fails_to_import_fails_the_job_in_its_own_log(self, tmp_path: Path) -> None:
+        """A broken install: the handed-off spare exits 1 with the import's traceback in the attempt log, as cold."""
+        (tmp_path / "torch").mkdir()
+        (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('this torch is broken')\n")
+        log = tmp_path / "attempt-0001.log"
+        env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+        env.pop("FSDP_SUPERVISOR_HEARTBEAT", None)
+        spec = {"script": None, "args": [], "env": env, "cwd": str(tmp_path), "log_path": str(log)}
+        r = subprocess.run([sys.executable, str(SPARE_SCRIPT), str(os.getpid())], input=json.dumps(spec).encode(),
+                           capture_output=True, env=env, cwd=tmp_path, timeout=60)
+        assert r.returncode == 1 and b"ImportError: this torch is broken" in r.stderr  # prewarm.log has it too
+        assert log.read_text().splitlines()[-1] == "ImportError: this torch is broken"
+
+
 # ---- real processes ------------------------------------------------------------------------------------------
 
 

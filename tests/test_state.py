@@ -1,12 +1,14 @@
 """State machine transitions and the atomic state.json round trip."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from supervisor.humanize import human_age, human_bytes
 from supervisor.state import TRANSITIONS, ExitInfo, State, Status, read_status, write_status
+from tests.helpers import returns_despite_fifo
 
 
 class TestTransitions:
@@ -54,6 +56,14 @@ class TestFile:
         text = (tmp_path / "state.json").read_text()
         (tmp_path / "state.json").write_text(text.rstrip().removesuffix("}") + f', "{field}": {"9" * 400}}}')
         assert read_status(tmp_path) is None
+
+    def test_nested_or_planted_reads_none(self, tmp_path: Path) -> None:
+        """A state.json nested deep enough to exhaust the parser, or a FIFO in its place: None, at once."""
+        (tmp_path / "state.json").write_text("[" * 200_000)
+        assert read_status(tmp_path) is None
+        (tmp_path / "state.json").unlink()
+        os.mkfifo(tmp_path / "state.json")
+        assert returns_despite_fifo(tmp_path / "state.json", lambda: read_status(tmp_path)) is None
 
 
 class TestHumanize:

@@ -59,18 +59,21 @@ def _wait_for_training(timeout: float) -> None:
     restart here). A job without a heartbeat, or an interpreter without this package (so without the
     contract's reader), just waits out `timeout`.
     """
-    try:
-        from supervisor.contract import ENV_HEARTBEAT, parse_heartbeat  # stdlib only: cheap
+    try:  # stdlib only: cheap
+        from supervisor.contract import ENV_HEARTBEAT, parse_heartbeat
+        from supervisor.regularfile import open_regular  # a FIFO under the heartbeat's name must not block us
     except ImportError:
-        ENV_HEARTBEAT, parse_heartbeat = None, None  # noqa: N806
+        ENV_HEARTBEAT, parse_heartbeat, open_regular = None, None, None  # noqa: N806
     beat = os.environ.get(ENV_HEARTBEAT) if ENV_HEARTBEAT else None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if select.select([sys.stdin], [], [], 0.25)[0]:
             return
+        if not beat or open_regular is None or parse_heartbeat is None:
+            continue
         try:
-            with open(beat or "", "rb") as fh:
-                parsed = parse_heartbeat(fh.read(1 << 16))[0] if parse_heartbeat else None
+            with open_regular(beat) as fh:
+                parsed = parse_heartbeat(fh.read(1 << 16))[0]
         except OSError:
             continue
         if parsed is not None and parsed.phase == "train":
@@ -170,7 +173,10 @@ def main() -> int:
     del sys.path[0]  # this file's directory holds trainer modules (log.py, loop.py, ...): never shadow anything with them
     _wait_for_training(_IMPORT_AFTER_S)
     started = time.monotonic()
-    torchrun = _import_torchrun_at_idle_priority()
+    try:
+        torchrun = _import_torchrun_at_idle_priority()
+    except Exception:  # noqa: BLE001 - a broken install: fail as the job would, in its own log
+        return _fail_as_the_job(traceback.format_exc())
     print(f"event=prewarm_ready pid={os.getpid()} import_s={time.monotonic() - started:.3f}",
           file=sys.stderr, flush=True)
     data = sys.stdin.buffer.read()
@@ -178,6 +184,23 @@ def main() -> int:
         return 0
     _take_over(json.loads(data), torchrun.__file__)
     run_then_exit(torchrun.main)
+
+
+def _fail_as_the_job(failure: str) -> int:
+    """The import failed: become the job anyway and fail as a cold start would, its traceback in the job's log.
+
+    Otherwise every prewarmed attempt ends with exit 1 and an empty attempt log, and the cause (say, a CUDA
+    library torch cannot load) sits only in prewarm.log, where `job_exited` and `logs --job` never look.
+    """
+    sys.stderr.write(failure)  # prewarm.log: also when no hand-off comes
+    sys.stderr.flush()
+    data = sys.stdin.buffer.read()
+    if not data:
+        return 1
+    _take_over(json.loads(data), "torch/distributed/run.py")  # never runs: only the job's output is wanted
+    sys.stderr.write(failure)
+    sys.stderr.flush()
+    os._exit(1)
 
 
 if __name__ == "__main__":

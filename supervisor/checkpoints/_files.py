@@ -4,9 +4,10 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import stat
 from pathlib import Path
 from typing import BinaryIO
+
+from supervisor.regularfile import open_regular as open_regular_file
 
 __all__ = ["open_regular", "sha256_file"]
 
@@ -17,28 +18,21 @@ def open_regular(path: Path, cap: int, error: type[Exception]) -> tuple[BinaryIO
     FileNotFoundError propagates (callers decide what absence means); every other refusal raises
     `error` with a one-line reason naming the file.
     """
-    # O_NONBLOCK: opening a FIFO planted under a checkpoint name must not hang the supervisor.
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        fd = os.open(path, flags)
+        f = open_regular_file(path, follow_symlinks=False)  # a FIFO planted under a checkpoint name never blocks us
     except FileNotFoundError:
         raise
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise error(f"{path.name} is a symlink") from None
+        if exc.errno == errno.EINVAL:
+            raise error(f"{path.name} is not a regular file") from None
         raise error(f"cannot open {path.name}: {exc.strerror or exc}") from None
-    # Checked on the bare fd: os.fdopen() itself raises IsADirectoryError for a directory (Eclipse keeps a
-    # `.metadata/` folder in every workspace), which no caller expects.
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise error(f"{path.name} is not a regular file")
-        if st.st_size > cap:
-            raise error(f"{path.name} is {st.st_size} bytes, over the {cap} byte cap")
-        return os.fdopen(fd, "rb"), st
-    except BaseException:
-        os.close(fd)
-        raise
+    st = os.fstat(f.fileno())
+    if st.st_size > cap:
+        f.close()
+        raise error(f"{path.name} is {st.st_size} bytes, over the {cap} byte cap")
+    return f, st
 
 
 def sha256_file(path: Path) -> str:

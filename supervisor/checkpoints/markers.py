@@ -104,6 +104,6 @@ def quarantine_reason(path: str | os.PathLike[str]) -> str | None:
     with f:
         try:
             reason = json.loads(f.read()).get("reason")
-        except (ValueError, AttributeError, UnicodeDecodeError):
+        except (ValueError, AttributeError, UnicodeDecodeError, RecursionError):
             reason = None
     return str(reason) if reason else "quarantined (no reason recorded)"

@@ -1,0 +1,34 @@
+"""Open a file that someone else may have replaced, without ever blocking on it (stdlib only).
+
+The job can write anything under the names the supervisor reads: the heartbeat (which it is meant to
+rewrite), its output log, torchrun's error file, and - being the same user - the run dir's own files. A
+plain `open()` of a FIFO planted under such a name blocks until a writer appears, and a read from a
+terminal or a socket blocks until input arrives: a job that did `mkfifo $FSDP_SUPERVISOR_HEARTBEAT` once
+froze the event loop for good (signals queued behind it, the job's exit never reaped). So these names are
+opened with O_NONBLOCK and accepted only when they are regular files; anything else is an OSError, which
+every caller already treats as "not there right now".
+"""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from typing import BinaryIO
+
+__all__ = ["open_regular"]
+
+
+def open_regular(path: str | os.PathLike[str], *, follow_symlinks: bool = True) -> BinaryIO:
+    """Open `path` for reading in binary mode; OSError unless it is a regular file (never blocks).
+
+    Not a regular file: EINVAL. A symlink when `follow_symlinks` is false: ELOOP.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+        return os.fdopen(fd, "rb")  # O_NONBLOCK changes nothing for a regular file's reads
+    except BaseException:
+        os.close(fd)
+        raise
