@@ -26,17 +26,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from supervisor.atomic import replacing, write_atomic
+from supervisor.atomic import replacing, temporaries, write_atomic
 from supervisor.errors import EXIT_USAGE, UsageError
 from trainer.args import OneLineParser, positive_float
 
 __all__ = ["load_model_weights", "export", "main", "unshared", "plan_shards", "shard_file_names", "index_name",
-           "is_safetensors", "write_safetensors", "DTYPES", "SAFETENSORS_SUFFIX"]
+           "is_safetensors", "write_safetensors", "writer_leftovers", "DTYPES", "SAFETENSORS_SUFFIX"]
 
 MODEL_KEY = "model"
 SAFETENSORS_SUFFIX = ".safetensors"
 DTYPES = ("float32", "bfloat16", "float16")
 _GIB = 2**30
+_SAFETENSORS_TMP = re.compile(r"\.tmp[A-Za-z0-9]{6}")  # safetensors (Rust tempfile) writes there, then renames
 _MAX_SHARD_GIB = 2**30  # an exbibyte: any limit above it means one file anyway (and never overflows an int)
 
 
@@ -123,6 +124,14 @@ def _old_shards(out: Path) -> list[Path]:
     stem, suffix = _split(out)
     pattern = re.compile(rf"{re.escape(stem)}-\d{{5}}-of-\d{{5}}{re.escape(suffix)}")
     return [p for p in out.parent.iterdir() if pattern.fullmatch(p.name)] if out.parent.is_dir() else []
+
+
+def writer_leftovers(out: Path) -> list[Path]:
+    """Temporaries a writer of `out` killed midway left beside it: ours (`replacing`) and safetensors' own
+    (`.tmp` + 6 letters or digits, renamed over ours when done; as large as the file). Only for a directory
+    the caller owns: the second kind has no name of its own."""
+    theirs = [p for p in out.parent.iterdir() if _SAFETENSORS_TMP.fullmatch(p.name) and p.is_file()]
+    return [*temporaries(out), *sorted(theirs)]
 
 
 def _save_file(tensors: Mapping[str, Any], path: Path) -> None:
