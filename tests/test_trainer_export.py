@@ -227,6 +227,16 @@ class TestBadInput:
         proc = run_export(str(ckpt), str(fifo))
         assert proc.returncode == 2 and "not a regular file" in proc.stderr and stat.S_ISFIFO(fifo.stat().st_mode)
 
+    def test_a_file_of_the_checkpoint_is_never_replaced(self, trained, tmp_path) -> None:
+        """OUT naming the checkpoint's own .metadata (or a shard) would destroy it: exit 2; a new file beside is fine."""
+        _, ckpt = trained
+        copy = tmp_path / ckpt.name
+        shutil.copytree(ckpt, copy)
+        before = (copy / ".metadata").read_bytes()
+        proc = run_export(str(copy), str(copy / ".metadata"))
+        assert proc.returncode == 2 and "of the checkpoint" in proc.stderr and (copy / ".metadata").read_bytes() == before
+        assert main([str(copy), str(copy / "model.safetensors")]) == 0
+
     def test_unreadable_checkpoint_is_one_line(self, trained, tmp_path) -> None:
         """A complete-looking checkpoint whose shard is garbage: exit 2, one line, not DCP's traceback."""
         _, ckpt = trained

@@ -225,6 +225,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise UsageError(f"{args.out}: is a directory; name the output file (model.safetensors or model.pt)")
     if args.out.exists() and not args.out.is_file():  # a FIFO or a device: the final rename would replace it
         raise UsageError(f"{args.out}: exists and is not a regular file")
+    if args.out.exists() and args.out.resolve().parent == args.checkpoint.resolve():
+        raise UsageError(f"{args.out}: is a file of the checkpoint itself; name a new file")
     parent = args.out.parent if str(args.out.parent) else Path(".")
     if not parent.is_dir() or not os.access(parent, os.W_OK):
         raise UsageError(f"{args.out}: its directory does not exist or is not writable")
