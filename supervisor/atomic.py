@@ -11,9 +11,10 @@ import os
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
+from glob import escape as glob_escape
 from pathlib import Path
 
-__all__ = ["replacing", "write_atomic", "fsync_dir", "TMP_SUFFIX"]
+__all__ = ["replacing", "write_atomic", "fsync_dir", "temporaries", "TMP_SUFFIX"]
 
 TMP_SUFFIX = ".tmp"
 
@@ -47,6 +48,12 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, *, durable: bool = T
     """Replace `path` with `data` atomically (see `replacing`)."""
     with replacing(path, durable=durable, mode=mode) as tmp, open(tmp, "wb") as f:
         f.write(data)
+
+
+def temporaries(path: str | os.PathLike[str]) -> list[Path]:
+    """The temporary siblings of `path` that `replacing` left behind (a writer killed midway, or still writing)."""
+    target = Path(path)
+    return sorted(target.parent.glob(f".{glob_escape(target.name)}.*{TMP_SUFFIX}"))
 
 
 def fsync_dir(directory: str | os.PathLike[str]) -> None:

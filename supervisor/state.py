@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from supervisor.atomic import TMP_SUFFIX, write_atomic
+from supervisor.atomic import temporaries, write_atomic
 from supervisor.regularfile import open_regular
 
 __all__ = ["State", "ExitInfo", "Status", "TRANSITIONS", "write_status", "read_status", "remove_torn_writes", "STATE_FILE"]
@@ -182,9 +182,8 @@ def write_status(run_dir: Path, status: Status) -> None:
 
 def remove_torn_writes(run_dir: Path) -> None:
     """Delete the temp files of `write_status` calls cut short by a SIGKILL (only with the run lock held)."""
-    for pattern in (f".{STATE_FILE}.*{TMP_SUFFIX}", ".state-*.tmp"):  # the second: versions before 0.2
-        for tmp in run_dir.glob(pattern):
-            tmp.unlink(missing_ok=True)
+    for tmp in [*temporaries(run_dir / STATE_FILE), *run_dir.glob(".state-*.tmp")]:  # the second: before 0.2
+        tmp.unlink(missing_ok=True)
 
 
 def read_status(run_dir: Path) -> Status | None:

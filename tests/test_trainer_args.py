@@ -72,6 +72,13 @@ class TestBadInput:
         assert_usage_error(proc, "--export-best")
         assert (tmp_path / "best").read_text() == "keep me"
 
+    @pytest.mark.parametrize("flag", ["--pg-timeout-s", "--lr"])
+    def test_infinite_floats_are_refused(self, flag, capsys) -> None:
+        """`inf` is no timeout or learning rate (it overflowed the process group's timedelta): exit 2 naming the flag."""
+        with pytest.raises(SystemExit) as exc:
+            build_parser().parse_args(["--checkpoint-dir", "c", flag, "inf"])
+        assert exc.value.code == 2 and flag in capsys.readouterr().err
+
 
 class TestValidate:
     def parse(self, tmp_path, *extra: str):

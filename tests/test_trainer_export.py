@@ -6,6 +6,11 @@ A plain `TinyLM` is saved as a single-process DCP checkpoint (the layout the tra
 from __future__ import annotations
 
 import json
+import os
+import resource
+import shutil
+import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +21,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
 
 from supervisor.layout import step_dir_name
+from trainer import export as export_module
 from trainer.export import load_model_weights, main, plan_shards, write_safetensors
 from trainer.model import ModelConfig, TinyLM
 
@@ -86,6 +92,30 @@ class TestSafetensors:
         assert weights["tok.weight"].data_ptr() == weights["head.weight"].data_ptr()  # the caller's stay tied
 
 
+    @pytest.mark.parametrize("name", ["model.safetensors", "MODEL.SAFETENSORS"])
+    def test_safetensors_files_are_readable_like_any_written_file(self, trained, tmp_path, name) -> None:
+        """0o666 less the umask, as a .pt gets (safetensors alone writes 0o600: a server under another user
+        could not read the model); the suffix counts whatever its case."""
+        _, ckpt = trained
+        old = os.umask(0o022)
+        try:
+            assert main([str(ckpt), str(tmp_path / name)]) == 0
+            assert main([str(ckpt), str(tmp_path / "m.pt")]) == 0
+        finally:
+            os.umask(old)
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o644 == stat.S_IMODE((tmp_path / "m.pt").stat().st_mode)
+        assert load_file(tmp_path / name).keys() == torch.load(tmp_path / "m.pt", weights_only=True).keys()
+
+    def test_float16_overflow_is_refused(self, tmp_path) -> None:
+        """A value beyond float16's range would become inf: exit 2 naming the tensor, nothing written."""
+        ckpt = tmp_path / step_dir_name(1)
+        dcp.save({"model": {"big.weight": torch.tensor([1e6, 1.0]), "ok": torch.ones(2)}}, checkpoint_id=ckpt)
+        out = tmp_path / "model.safetensors"
+        assert main([str(ckpt), str(out), "--dtype", "float16"]) == 2
+        assert not out.exists()
+        assert main([str(ckpt), str(out), "--dtype", "bfloat16"]) == 0
+
+
 class TestShards:
     def test_sharded_layout_matches_the_hub_format(self, trained, tmp_path) -> None:
         """Shards named model-0000k-of-0000n, an index whose total_size is the tensor bytes, every tensor once."""
@@ -111,6 +141,45 @@ class TestShards:
         assert main([str(ckpt), str(tmp_path / "model.safetensors"), "--sharded-max-gb", "1"]) == 0
         assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
 
+    def test_a_new_export_replaces_the_whole_previous_one(self, trained, tmp_path) -> None:
+        """Re-exporting to the same name leaves only the new export: a stale model.safetensors beside a new
+        index (hub loaders prefer it) or stale shards beside a new single file (loaders that glob) would be
+        loaded instead of, or along with, the new weights."""
+        _, ckpt = trained
+        out = tmp_path / "model.safetensors"
+        other = tmp_path / "other.safetensors"
+        assert main([str(ckpt), str(other)]) == 0
+        total = sum(t.numel() * t.element_size() for t in load_model_weights(ckpt).values())
+        tiny, few = str(20_000 / 2**30), str(0.6 * total / 2**30)  # many shards, then two
+        assert main([str(ckpt), str(out)]) == 0
+        assert main([str(ckpt), str(out), "--sharded-max-gb", tiny]) == 0
+        many = sorted(p.name for p in tmp_path.iterdir())
+        assert "model.safetensors" not in many and "model.safetensors.index.json" in many
+        assert main([str(ckpt), str(out), "--sharded-max-gb", few]) == 0
+        index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            {*index["weight_map"].values(), "model.safetensors.index.json", "other.safetensors"})
+        assert main([str(ckpt), str(out)]) == 0
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "other.safetensors"]
+
+    def test_an_interrupted_sharded_export_leaves_no_index(self, trained, tmp_path, monkeypatch) -> None:
+        """Shards are replaced one by one: until the new index is written, no index names a mix of two exports."""
+        _, ckpt = trained
+        out = tmp_path / "model.safetensors"
+        limit = str(40_000 / 2**30)
+        assert main([str(ckpt), str(out), "--sharded-max-gb", limit]) == 0
+        real, calls = export_module._save_file, []
+
+        def fail_second(tensors, path) -> None:
+            calls.append(path)
+            if len(calls) == 2:
+                raise OSError(28, "No space left on device")
+            real(tensors, path)
+
+        monkeypatch.setattr(export_module, "_save_file", fail_second)
+        assert main([str(ckpt), str(out), "--sharded-max-gb", limit]) == 2
+        assert not (tmp_path / "model.safetensors.index.json").exists()
+
     @pytest.mark.parametrize(("sizes", "limit", "expected"), [
         ([("a", 4), ("b", 4), ("c", 4)], 8, [["a", "b"], ["c"]]),
         ([("a", 10), ("b", 1)], 4, [["a"], ["b"]]),  # a tensor over the limit gets a shard of its own
@@ -130,6 +199,8 @@ class TestBadInput:
         (["{ckpt}", "{tmp}"], "is a directory"),
         (["{tmp}/nope", "{tmp}/model.safetensors"], "no such checkpoint"),
         (["{ckpt}", "{tmp}/missing/model.safetensors"], "not writable"),
+        (["{ckpt}", "{tmp}/model.safetensors", "--sharded-max-gb", "inf"], "--sharded-max-gb"),
+        (["{ckpt}", "{tmp}/model.safetensors", "--sharded-max-gb", "nan"], "--sharded-max-gb"),
     ])
     def test_one_line_exit_2_nothing_written(self, trained, tmp_path, args, culprit) -> None:
         """Bad input to the CLI: exit 2, one line naming the culprit, no file created."""
@@ -140,6 +211,61 @@ class TestBadInput:
         err = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(err) == 1 and culprit in err[0], proc.stderr
         assert list(tmp_path.iterdir()) == []
+
+
+    def test_huge_shard_limit_is_one_file(self, trained, tmp_path) -> None:
+        """--sharded-max-gb 1e300 (finite, beyond any byte count) writes one file, no traceback."""
+        _, ckpt = trained
+        assert main([str(ckpt), str(tmp_path / "model.safetensors"), "--sharded-max-gb", "1e300"]) == 0
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
+
+    def test_an_existing_special_file_is_never_replaced(self, trained, tmp_path) -> None:
+        """OUT naming a FIFO or a device (`/dev/full` as root) is refused: a rename would replace the node."""
+        _, ckpt = trained
+        fifo = tmp_path / "model.safetensors"
+        os.mkfifo(fifo)
+        proc = run_export(str(ckpt), str(fifo))
+        assert proc.returncode == 2 and "not a regular file" in proc.stderr and stat.S_ISFIFO(fifo.stat().st_mode)
+
+    def test_a_file_of_the_checkpoint_is_never_replaced(self, trained, tmp_path) -> None:
+        """OUT naming the checkpoint's own .metadata (or a shard) would destroy it: exit 2; a new file beside is fine."""
+        _, ckpt = trained
+        copy = tmp_path / ckpt.name
+        shutil.copytree(ckpt, copy)
+        before = (copy / ".metadata").read_bytes()
+        proc = run_export(str(copy), str(copy / ".metadata"))
+        assert proc.returncode == 2 and "of the checkpoint" in proc.stderr and (copy / ".metadata").read_bytes() == before
+        assert main([str(copy), str(copy / "model.safetensors")]) == 0
+
+    def test_unreadable_checkpoint_is_one_line(self, trained, tmp_path) -> None:
+        """A complete-looking checkpoint whose shard is garbage: exit 2, one line, not DCP's traceback."""
+        _, ckpt = trained
+        bad = tmp_path / ckpt.name
+        shutil.copytree(ckpt, bad)
+        shard = next(bad.glob("*.distcp"))
+        shard.write_bytes(bytes(shard.stat().st_size))
+        proc = run_export(str(bad), str(tmp_path / "model.safetensors"))
+        err = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(err) == 1 and "cannot read" in err[0], proc.stderr
+        assert not (tmp_path / "model.safetensors").exists()
+
+    def test_full_disk_is_one_line_and_leaves_nothing(self, trained, tmp_path) -> None:
+        """A write that fails (here a file size limit, as a full disk fails): exit 2, one line, no temp file."""
+        _, ckpt = trained
+        for name in ("model.safetensors", "model.pt"):
+            proc = run_export(str(ckpt), str(tmp_path / name), limit_bytes=20_000)
+            err = proc.stderr.strip().splitlines()
+            assert proc.returncode == 2 and len(err) == 1 and "cannot write" in err[0], proc.stderr
+            assert list(tmp_path.iterdir()) == []
+
+
+def run_export(*argv: str, limit_bytes: int | None = None) -> subprocess.CompletedProcess[str]:
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+    return subprocess.run([sys.executable, "-m", "trainer.export", *argv], capture_output=True, text=True,
+                          timeout=120, preexec_fn=limit if limit_bytes else None)
 
 
 def test_load_model_weights_reads_only_the_model(trained) -> None:

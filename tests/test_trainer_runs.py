@@ -251,6 +251,32 @@ class TestBestModel:
         """best.json: the lowest val_loss any manifest recorded, and model.safetensors equals that checkpoint's export."""
         assert_best_is_the_lowest(best_run.root, best_run.best_dir, f"stall={best_run.stall_step}")
 
+    def test_a_best_cut_short_at_the_final_step_is_exported_by_the_done_run(self, torchrun, tmp_path) -> None:
+        """One process, killed between the final step's new best checkpoint and its best.json, with temporaries
+        of a killed write in DIR: the relaunch has no step left, yet exports that best and removes them."""
+        root, best_dir = tmp_path / "ckpts", tmp_path / "best"
+        args = ["--steps", 8, "--save-every", 4, "--eval-every", 4, "--eval-batches", 1, "--d-model", 32,
+                "--n-heads", 2, "--seed", 7, "--checkpoint-dir", root, "--export-best", best_dir]
+        job = torchrun.single(args, env={STALL_ENV: "8"})
+        committed, exported = root / step_dir_name(8) / MANIFEST_NAME, best_dir / WEIGHTS_FILE
+
+        def stalled() -> bool:
+            if job.proc.poll() is not None:
+                raise AssertionError(f"job exited early (rc={job.proc.returncode}):\n{job.text()[-3000:]}")
+            return committed.exists() and exported.exists() and exported.stat().st_mtime_ns >= committed.stat().st_mtime_ns
+
+        wait_for(stalled, JOB_TIMEOUT, "the best model of the final step written, its best.json not yet")
+        job.kill()
+        assert json.loads((best_dir / BEST_FILE).read_text())["step"] == 4
+        for leftover in (f".{WEIGHTS_FILE}.0badf00d.tmp", ".tmpAb12Cd"):
+            (best_dir / leftover).write_bytes(b"x" * 1000)
+        resumed = torchrun.run(args, nproc=None, timeout=JOB_TIMEOUT)
+        text = resumed.text()
+        assert resumed.proc.returncode == 0 and "event=already_done rank=0 step=8 " in text, text[-3000:]
+        assert "event=best_model_recovered rank=0 step=8 " in text, text[-3000:]
+        assert_best_is_the_lowest(root, best_dir, "final step")
+        assert sorted(p.name for p in best_dir.iterdir()) == [BEST_FILE, WEIGHTS_FILE]
+
     def test_best_dir_inside_the_root_is_never_a_checkpoint(self, best_run) -> None:
         """ckpts/best is foreign: listed, never the newest, never deleted by retention (even as old debris)."""
         found = {c.name: c for c in scan(best_run.root)}

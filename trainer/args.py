@@ -6,6 +6,7 @@ of a second, prints one line naming the culprit and exits 2 without creating or 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import tempfile
@@ -35,10 +36,10 @@ def non_negative_int(text: str) -> int:
 
 
 def positive_float(text: str) -> float:
-    """argparse type: a float > 0."""
+    """argparse type: a finite float > 0 (inf would overflow a timeout or a byte count later, with a traceback)."""
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value
 
 

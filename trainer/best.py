@@ -8,26 +8,35 @@ written first; `best.json` is renamed into place last, so a reader that trusts `
 weights older than it says.
 
 A restarted run reads `best.json` back and replaces the model only with a strictly lower `val_loss`. A
-corrupt or unreadable `best.json`, or one without its weights file, is reported and ignored, never a
-crash. If a run died after committing a new best's checkpoint but before `best.json` was renamed, the
-resumed checkpoint's manifest holds a `val_loss` better than `best.json`: `missed_export` says so and the
-trainer exports the loaded weights at once.
+corrupt or unreadable `best.json` (a FIFO or a device included: it is never opened blocking), or one without
+its weights file, is reported and ignored, never a crash. If a run died after committing a new best's
+checkpoint but before `best.json` was renamed, the resumed checkpoint's manifest holds a `val_loss` better
+than `best.json`: `missed_export` says so and the trainer exports the loaded weights at once.
+
+Runs may share DIR (a sweep pointing every run at one `--export-best`). Each write holds an exclusive
+`flock` on DIR itself (nothing is left behind) and compares with `best.json` as it is on disk then: a run
+never puts a worse model over a better one another run wrote meanwhile, and the weights and `best.json` in
+DIR always come from one write. With the lock held, temporaries of a write killed midway (as large as the
+model) are removed.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from supervisor.atomic import write_atomic
+from supervisor.atomic import temporaries, write_atomic
+from supervisor.checkpoints._files import open_regular
 
 __all__ = ["BEST_FILE", "WEIGHTS_FILE", "Best", "BestFileError", "parse_best", "read_best", "improves",
-           "missed_export", "write_best", "STALL_ENV"]
+           "missed_export", "write_best", "remove_leftovers", "STALL_ENV"]
 
 BEST_FILE = "best.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -76,7 +85,8 @@ def read_best(directory: str | os.PathLike) -> tuple[Best | None, str | None]:
     """(the best so far, None), (None, None) when there is none yet, or (None, why it is ignored)."""
     directory = Path(directory)
     try:
-        with open(directory / BEST_FILE, "rb") as f:
+        f, _ = open_regular(directory / BEST_FILE, _MAX_BYTES, BestFileError)
+        with f:
             best = parse_best(f.read(_MAX_BYTES + 1))
     except FileNotFoundError:
         return None, None
@@ -105,12 +115,49 @@ def missed_export(best: Best | None, step: int, val_loss: float | None, eval_eve
     return eval_every > 0 and step > 0 and step % eval_every == 0 and improves(best, val_loss)
 
 
-def write_best(directory: str | os.PathLike, weights: Mapping[str, Any], best: Best) -> None:
-    """Write the weights, then best.json, each atomically (temporary name, fsync, rename)."""
+def write_best(directory: str | os.PathLike, weights: Mapping[str, Any], best: Best) -> Best:
+    """Unless DIR already holds a lower val_loss, write the weights, then best.json, each atomically; DIR locked.
+
+    Returns the best now in DIR: `best`, or the better one another run sharing DIR wrote. OSError when a
+    write fails (a full disk): DIR then holds what it held before.
+    """
     from trainer.export import write_safetensors
 
     directory = Path(directory)
-    write_safetensors(weights, directory / WEIGHTS_FILE)
-    if os.environ.get(STALL_ENV) == str(best.step):
-        time.sleep(3600)
-    write_atomic(directory / BEST_FILE, json.dumps(best.to_json(), indent=1, sort_keys=True).encode())
+    with _locked(directory):
+        _remove_leftovers(directory)
+        current, _ = read_best(directory)
+        if current is not None and not improves(current, best.val_loss):
+            return current
+        write_safetensors(weights, directory / WEIGHTS_FILE)
+        if os.environ.get(STALL_ENV) == str(best.step):
+            time.sleep(3600)
+        write_atomic(directory / BEST_FILE, json.dumps(best.to_json(), indent=1, sort_keys=True).encode() + b"\n")
+    return best
+
+
+def remove_leftovers(directory: str | os.PathLike) -> None:
+    """Remove the temporaries of a write killed midway (a restarted run calls it; so does every write)."""
+    with _locked(Path(directory)):
+        _remove_leftovers(Path(directory))
+
+
+def _remove_leftovers(directory: Path) -> None:
+    from trainer.export import writer_leftovers
+
+    for path in [*writer_leftovers(directory / WEIGHTS_FILE), *temporaries(directory / BEST_FILE)]:
+        path.unlink(missing_ok=True)
+
+
+@contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """An exclusive flock on DIR itself, released on close: one writer at a time among runs sharing DIR."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # a file system without flock: one run per DIR, as before locking existed
+            pass
+        yield
+    finally:
+        os.close(fd)

@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from supervisor.layout import step_dir_name
-from trainer.best import Best, improves, missed_export, read_best, write_best
+from trainer.best import Best, improves, missed_export, read_best, remove_leftovers, write_best
 from trainer.checkpoint import Checkpointer, broadcast_from_rank0, load_checkpoint, resolve_resume
 from trainer.data import Data, datasets, rank_batch
 from trainer.heartbeat import Heartbeat
@@ -143,6 +143,8 @@ class Trainer:
                 for k in range(a.eval_batches):
                     rows = rank_batch(self.val_data, k * d.world_size * a.batch_size, d.rank, a.batch_size)
                     total += lm_loss(self.model, torch.from_numpy(rows).to(d.device))
+                    # A long evaluation is progress, not a hang: keep the beat fresh (written at most every second).
+                    self.heartbeat.beat(p.step, "eval", p.loss)
         finally:
             self.model.train()
         dist.all_reduce(total)
@@ -167,25 +169,29 @@ class Trainer:
             return
         best = Best(step, val_loss, os.path.abspath(checkpoint))
         try:
-            write_best(self.args.export_best, weights, best)
-        except OSError as exc:  # training goes on; the next improvement tries again
+            self.best = write_best(self.args.export_best, weights, best)
+        except OSError as exc:  # e.g. a full disk: training goes on; the next improvement tries again
             self.log.error("best_model_failed", step=step, error=str(exc))
             return
-        self.best = best
-        self.log.info("best_model_saved", step=step, val_loss=val_loss, path=str(self.args.export_best))
+        if self.best == best:
+            self.log.info("best_model_saved", step=step, val_loss=val_loss, path=str(self.args.export_best))
+        else:
+            self.log.info("best_model_kept", step=step, val_loss=val_loss, best_step=self.best.step,
+                          best_val_loss=self.best.val_loss, reason="another run wrote a lower val_loss there")
 
-    def restore_best(self, resumed: Path | None) -> None:
+    def recall_best(self, resumed: Path | None) -> bool:
         """Collective: the latest val_loss and (rank 0) the best so far from disk, before training goes on.
 
-        If the resumed checkpoint is a new best whose export the last run did not finish, export it now: the
-        loaded weights are that checkpoint's.
+        Returns whether the resumed checkpoint is a new best whose export the last run did not finish (it may
+        be the final step: a run that is already done still owes it); `recover_best` then exports it.
         """
         a = self.args
         if not a.eval_every:
-            return
+            return False
         decided: tuple[float | None, bool] = (None, False)
         if self.dist.rank == 0:
             if a.export_best is not None:
+                remove_leftovers(a.export_best)
                 self.best, problem = read_best(a.export_best)
                 if problem is not None:
                     self.log.warning("best_model_ignored", reason=problem)
@@ -194,11 +200,14 @@ class Trainer:
             decided = (val, redo)
         val, redo = broadcast_from_rank0(decided, self.dist.control)
         self.val_loss = self.heartbeat.val_loss = val
-        if redo:
-            if self.dist.rank == 0:
-                self.log.warning("best_model_recovered", step=self.progress.step, val_loss=val,
-                                 reason="the last run stopped between this checkpoint and its export")
-            self.export_best(val, resumed)  # type: ignore[arg-type]
+        return redo
+
+    def recover_best(self, resumed: Path) -> None:
+        """Collective: export the loaded weights, those of `resumed`, the new best the last run did not finish."""
+        if self.dist.rank == 0:
+            self.log.warning("best_model_recovered", step=self.progress.step, val_loss=self.val_loss,
+                             reason="the last run stopped between this checkpoint and its export")
+        self.export_best(self.val_loss, resumed)  # type: ignore[arg-type]
 
     def save(self, *, blocking: bool, val_loss: float | None = None) -> None:
         """Checkpoint the current step (collective); async unless `blocking` or --async-save is off."""
@@ -245,6 +254,11 @@ class Trainer:
         self._report(self.saver.wait())
         if self.dist.rank == 0:
             self.log.info("finished", step=p.step, loss=p.loss)
+        return 0
+
+    def already_done(self) -> int:
+        if self.dist.rank == 0:
+            self.log.info("already_done", step=self.progress.step, steps=self.args.steps)
         return 0
 
     def _stop(self) -> int:
@@ -303,10 +317,10 @@ def run(args: argparse.Namespace) -> int:
         if path is not None and d.rank == 0:
             log.info("resuming", path=str(path), step=trainer.progress.step, saved_world_size=saved_world)
         heartbeat.beat(trainer.progress.step, "load", trainer.progress.loss, force=True)
-        if trainer.progress.step >= args.steps:
-            if d.rank == 0:
-                log.info("already_done", step=trainer.progress.step, steps=args.steps)
-            return 0
+        recover = trainer.recall_best(path)
+        done = trainer.progress.step >= args.steps
+        if done and not recover:
+            return trainer.already_done()
         trainer.build()
         if path is not None:
             started = time.monotonic()
@@ -314,7 +328,10 @@ def run(args: argparse.Namespace) -> int:
             if d.rank == 0:
                 log.info("loaded", path=str(path), step=trainer.progress.step,
                          seconds=round(time.monotonic() - started, 3))
-        trainer.restore_best(path)
+        if recover:
+            trainer.recover_best(path)  # type: ignore[arg-type]
+        if done:
+            return trainer.already_done()
         trainer.saver = Checkpointer(args.checkpoint_dir, process_group=d.ckpt, control_group=d.control,
                                      async_save=args.async_save, sha256=args.manifest_sha256)
         # torch, the model and the optimizer are ~300k objects that live for the whole run: keep them out of
