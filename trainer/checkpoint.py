@@ -37,6 +37,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 
 from supervisor.layout import step_dir_name, tmp_dir_name
 from trainer.commit import build_manifest, commit
+from trainer.diskio import WRITE_CHUNK_BYTES, CheckpointFileSystem, CheckpointReader
 from trainer.staging import CachedStager
 
 __all__ = ["Checkpointer", "save_checkpoint", "load_checkpoint", "resolve_resume", "SaveResult"]
@@ -59,11 +60,16 @@ def _broadcast(value: Any, group: dist.ProcessGroup | None) -> Any:
 
 
 class _Writer(FileSystemWriter):
-    """DCP's file writer, minus the zip CRC32 that `torch.save` computes for every tensor record.
+    """DCP's file writer, minus the zip CRC32 that `torch.save` computes for every tensor record, plus early
+    writeback (trainer/diskio.py: the disk writes while the rank serializes; docs/performance-scale.md).
 
-    Nothing checks it (neither `torch.load` nor DCP's reader), and it cost ~20% of a save's write time on
-    2 CPU cores. The switch is process-wide, so it is off only while this writer writes.
+    Nothing checks the CRC (neither `torch.load` nor DCP's reader), and it cost ~20% of a save's write time
+    on 2 CPU cores. The switch is process-wide, so it is off only while this writer writes.
     """
+
+    def __init__(self, path: str | os.PathLike, *, writeback_bytes: int = WRITE_CHUNK_BYTES, **options: Any) -> None:
+        super().__init__(path, **options)
+        self.fs = CheckpointFileSystem(chunk=writeback_bytes)
 
     def write_data(self, plan: Any, planner: Any) -> Any:
         previous = torch.serialization.get_crc32_options()
@@ -174,7 +180,9 @@ def save_checkpoint(root: str | os.PathLike, step: int, state: dict[str, Any], *
 def load_checkpoint(path: str | os.PathLike, state: dict[str, Any], *,
                     process_group: dist.ProcessGroup | None = None) -> None:
     """Collective: load `path` into `state` in place (Stateful entries get `load_state_dict`); DCP reshards."""
-    dcp.load(state, checkpoint_id=os.fspath(path), process_group=process_group)
+    # Our reader: records that are exactly their destination are read in place (trainer/diskio.py).
+    dcp.load(state, checkpoint_id=os.fspath(path), storage_reader=CheckpointReader(path),
+             process_group=process_group)
 
 
 def resolve_resume(spec: str, root: str | os.PathLike, *,
