@@ -63,6 +63,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from supervisor import procs
     from supervisor.core import Core
     from supervisor.loop import Echo, EventLoop
+    from supervisor.loopprobe import INTERVAL_S, LoopProbe
     from supervisor.metrics import listen_address, start_metrics
     from supervisor.notify import Notifier
     from supervisor.system import RealSystem
@@ -89,6 +90,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         # The job's output dir is watched only to echo it: each line the job logs would wake us otherwise.
         watch = [(run_dir, False), *([(run_dir / "logs", False)] if echo else []), (cfg.checkpoints.dir, True)]
         ticks = notifier.ticks(lambda: not core.done) if notifier else []
+        probe = LoopProbe.from_env()  # a diagnostic for bench/loop_stall.py; None unless asked for
+        if probe is not None:
+            ticks.append((INTERVAL_S, probe.tick))
         loop = EventLoop(core, system, watch, echo=echo, ticks=ticks)
 
         def begin() -> None:
@@ -102,6 +106,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             core.house.wait_idle(timeout=60)  # finish emptying .trash rather than leave it for the next run
             if metrics:
                 metrics.stop()
+            if probe is not None:
+                probe.write()
         if notifier:
             notifier.stopping()
         return rc
