@@ -1,6 +1,6 @@
 """`make bench`: run every benchmark, print a table, write bench-results.json at the repo root.
 
-    python -m bench                       # everything (about 6-8 minutes on 2 cores)
+    python -m bench                       # everything (about 8-10 minutes on 2 cores)
     python -m bench --only recovery,imports --repeats 5
     python -m bench --quick               # tiny sizes, one repeat: checks that everything runs
 
@@ -24,8 +24,8 @@ from bench.common import REPO, machine, scratch
 
 __all__ = ["main", "GOALS", "evaluate", "render"]
 
-SECTIONS = ("imports", "discovery", "recovery", "save_stall", "throughput")
-# (dotted key in bench-results.json, comparison, goal) from issue 7.
+SECTIONS = ("imports", "discovery", "recovery", "save_stall", "load", "loop_stall", "throughput")
+# (dotted key in bench-results.json, comparison, goal) from issues 7 and 12.
 GOALS: list[tuple[str, str, float]] = [
     ("recovery_s.ratio", "<=", 1.10),
     ("save_stall_s.async_over_sync", "<=", 0.25),
@@ -36,12 +36,17 @@ GOALS: list[tuple[str, str, float]] = [
     ("supervisor.import_s", "<=", 0.5),
     ("discovery_ms.n1000", "<=", 200.0),
     ("throughput_ratio", ">=", 0.98),
+    ("load_gbps.ratio", ">=", 0.8),
+    ("loop_stall_ms_max", "<=", 50.0),
+    ("signal_latency_during_verify_s", "<=", 0.5),
 ]
 # Context rows printed under the goals (not gated).
 INFO = [
     "recovery_s.supervisor", "recovery_s.torchrun_restart", "recovery_s.naive_loop",
     "save_stall_s.sync", "save_stall_s.async", "save_stall_s.memcpy_floor", "save_stall_s.memcpy_clone",
-    "write_gbps.checkpoint", "write_gbps.dd_fsync", "dcp_vs_torch_save.dcp_sharded_save_s",
+    "write_gbps.checkpoint", "write_gbps.dd_fsync", "write_gbps.ratio_spread", "load_gbps.checkpoint",
+    "load_gbps.dd", "load_gbps.cache", "loop.verify_s", "loop.loop_stall_ms_p99", "loop.job_exit_reaped_s",
+    "loop.job_exited_log_s", "dcp_vs_torch_save.dcp_sharded_save_s",
     "dcp_vs_torch_save.full_state_dict_torch_save_s", "supervisor_verify_s", "supervisor.spare_rss_mb", "tokens_per_s.supervisor",
     "tokens_per_s.bare",
 ]
@@ -84,6 +89,8 @@ def render(results: dict[str, Any]) -> str:
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
+    if isinstance(v, list):
+        return "[" + ", ".join(_fmt(x) for x in v) + "]"
     return "-" if v is None else str(v)
 
 
@@ -126,6 +133,18 @@ def _sections(quick: bool, repeats: int | None, say: Callable[[str], None]) -> d
         model = {"d_model": 64, "n_layers": 2, "n_heads": 4} if quick else None
         return ss.run(repeats=1 if quick else (repeats or 3), model=model)
 
+    def load() -> dict[str, Any]:
+        from bench import load as ld
+
+        if quick:
+            return ld.run(repeats=1, gb=0.02, d_model=128, ranks=1)
+        return ld.run(repeats=repeats or 3)
+
+    def loop_stall() -> dict[str, Any]:
+        from bench import loop_stall as ls
+
+        return ls.run(repeats=1 if quick else (repeats or 3), size=ls.QUICK_SIZE if quick else ls.SIZE)
+
     def throughput() -> dict[str, Any]:
         from bench import throughput as tp
 
@@ -135,7 +154,7 @@ def _sections(quick: bool, repeats: int | None, say: Callable[[str], None]) -> d
                 "tokens_per_s": r.pop("tokens_per_s"), "throughput": r}
 
     return {"imports": imports, "discovery": discovery, "recovery": recovery, "save_stall": save_stall,
-            "throughput": throughput}
+            "load": load, "loop_stall": loop_stall, "throughput": throughput}
 
 
 def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:

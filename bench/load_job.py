@@ -1,0 +1,239 @@
+"""The torch side of the load benchmark: runs under torchrun, times DCP loads of a >= 1 GB checkpoint cold.
+
+Every rank builds a transformer-shaped sharded state (per layer: attention and MLP weights, a norm, and
+AdamW's two moments for each, as DTensors sharded on dim 0 over all ranks, the layout FSDP2 saves),
+saves it once through the trainer's writer, then repeats, in an order that alternates every round:
+- `dd`: rank 0 reads every file of the checkpoint with `dd if=FILE of=/dev/null bs=4M`, one after the other;
+- `load`: every rank calls the trainer's `load_checkpoint` (DCP) into preallocated tensors of the same
+  layout (the first load is checked against the saved values).
+Before each one the checkpoint is made cold (`--cache`): `drop_caches` (sync, then
+`echo 3 > /proc/sys/vm/drop_caches`; needs root), else `fadvise` (fsync, then
+`posix_fadvise(POSIX_FADV_DONTNEED)` on every file: evicts clean pages of files we can open), else `warm`.
+`auto` takes the first that works. Each time is the slowest rank's. Rank 0 writes JSON to --out.
+
+    torchrun --standalone --nproc-per-node=2 -m bench.load_job --dir D --out R.json [--gb 1.2] [--rounds 3]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Shard
+
+from trainer.checkpoint import _Writer, load_checkpoint
+from trainer.parallel import init_distributed, shutdown
+
+_DD_BLOCK = 4 * 2**20
+CACHE_METHODS = ("drop_caches", "fadvise", "warm")
+
+
+def layer_shapes(d_model: int) -> dict[str, tuple[int, ...]]:
+    """One transformer block's parameters (fp32): q, k, v, o, the MLP's up and down projections, a norm."""
+    return {"attn.wq": (d_model, d_model), "attn.wk": (d_model, d_model), "attn.wv": (d_model, d_model),
+            "attn.wo": (d_model, d_model), "mlp.up": (4 * d_model, d_model), "mlp.down": (4 * d_model, d_model),
+            "norm": (d_model,)}
+
+
+def layers_for(gb: float, d_model: int) -> int:
+    per_layer = 3 * 4 * sum(torch.Size(s).numel() for s in layer_shapes(d_model).values())  # param + 2 moments
+    return max(1, round(gb * 1e9 / per_layer + 0.49))
+
+
+def build_state(layers: int, d_model: int, mesh: Any, fill: bool) -> dict[str, Any]:
+    """{"model": {fqn: DTensor}, "optim": {"state": {fqn: {"exp_avg", "exp_avg_sq"}}}}, sharded on dim 0."""
+    world, rank = mesh.size(), mesh.get_local_rank()
+
+    def shard(shape: tuple[int, ...]) -> DTensor:
+        rows = -(-shape[0] // world)
+        local_rows = max(0, min(rows, shape[0] - rank * rows))
+        local = torch.rand((local_rows, *shape[1:])) if fill else torch.empty((local_rows, *shape[1:]))
+        return DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=torch.Size(shape),
+                                  stride=torch.empty(shape, device="meta").stride())
+
+    model: dict[str, Any] = {}
+    optim: dict[str, Any] = {}
+    for i in range(layers):
+        for name, shape in layer_shapes(d_model).items():
+            fqn = f"layers.{i}.{name}"
+            model[fqn] = shard(shape)
+            optim[fqn] = {"exp_avg": shard(shape), "exp_avg_sq": shard(shape)}
+    return {"model": model, "optim": {"state": optim}}
+
+
+def _leaves(state: Any) -> list[torch.Tensor]:
+    if isinstance(state, DTensor):
+        return [state.to_local()]
+    if isinstance(state, dict):
+        return [t for v in state.values() for t in _leaves(v)]
+    return []
+
+
+def make_cold(files: list[Path], method: str) -> str:
+    """Evict the checkpoint's pages from the page cache; returns the method that worked."""
+    if method in ("auto", "drop_caches"):
+        try:
+            os.sync()
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+            return "drop_caches"
+        except OSError:
+            if method == "drop_caches":
+                raise
+    if method in ("auto", "fadvise") and hasattr(os, "posix_fadvise"):
+        for path in files:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)  # dirty pages cannot be dropped
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        return "fadvise"
+    return "warm"
+
+
+class LoadBench:
+    def __init__(self, root: Path, gb: float, d_model: int, cache: str) -> None:
+        self.d = init_distributed(600)
+        self.rank, self.group = self.d.rank, self.d.control
+        self.mesh = init_device_mesh("cpu", (self.d.world_size,))
+        self.path = root / "ckpt"
+        self.layers = layers_for(gb, d_model)
+        self.source = build_state(self.layers, d_model, self.mesh, fill=True)
+        self.target = build_state(self.layers, d_model, self.mesh, fill=False)
+        self.cache_wanted, self.cache = cache, "warm"
+        self.samples: dict[str, list[float]] = {"load_gbps": [], "dd_gbps": [], "load_s": [], "dd_s": []}
+        self.rounds: list[dict[str, float]] = []
+
+    def _max(self, value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return float(t.item())
+
+    def files(self) -> list[Path]:
+        return sorted(p for p in self.path.iterdir() if p.is_file())
+
+    def save(self) -> int:
+        dist.barrier(group=self.group)
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self.source, storage_writer=_Writer(self.path), process_group=self.d.ckpt)
+        dist.barrier(group=self.group)
+        return sum(p.stat().st_size for p in self.files())
+
+    def cold(self) -> None:
+        box = [self.cache]
+        if self.rank == 0:
+            box = [make_cold(self.files(), self.cache_wanted)]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        self.cache = box[0]
+        dist.barrier(group=self.group)
+
+    def dd(self) -> tuple[float, int]:
+        self.cold()
+        start = time.perf_counter()
+        if self.rank == 0:
+            for path in self.files():
+                subprocess.run(["dd", f"if={path}", "of=/dev/null", f"bs={_DD_BLOCK}"], check=True,
+                               capture_output=True)
+        return self._max(time.perf_counter() - start), sum(p.stat().st_size for p in self.files())
+
+    def load(self, check: bool) -> float:
+        self.cold()
+        start = time.perf_counter()
+        load_checkpoint(self.path, self.target, process_group=self.d.ckpt)
+        seconds = self._max(time.perf_counter() - start)
+        if check:
+            for got, want in zip(_leaves(self.target), _leaves(self.source)):
+                if not torch.equal(got, want):
+                    raise AssertionError("the loaded checkpoint differs from the saved one")
+        return seconds
+
+    def variant(self, name: str) -> float:
+        """A loader configuration for the profile (docs/performance-scale.md): seconds, slowest rank."""
+        import torch.distributed.checkpoint as dcp
+
+        from trainer.diskio import CheckpointReader
+
+        self.cold()
+        start = time.perf_counter()
+        if name == "raw_read":  # this rank's own file into its (touched) buffer: the floor without parsing
+            with open(self.path / f"__{self.rank}_0.distcp", "rb", buffering=0) as f:
+                view, done = memoryview(self._raw), 0
+                while done < len(view):
+                    done += f.readinto(view[done:done + _DD_BLOCK]) or len(view)
+        elif name == "dd_parallel":  # every rank dd's its own file at the same time (the ranks' access pattern)
+            subprocess.run(["dd", f"if={self.path / f'__{self.rank}_0.distcp'}", "of=/dev/null", f"bs={_DD_BLOCK}"],
+                           check=True, capture_output=True)
+        elif name == "dcp_default":
+            dcp.load(self.target, checkpoint_id=self.path, process_group=self.d.ckpt)
+        else:  # "direct_<threads>": the trainer's reader
+            reader = CheckpointReader(self.path, threads=int(name.split("_")[1]))
+            dcp.load(self.target, checkpoint_id=self.path, storage_reader=reader, process_group=self.d.ckpt)
+        return self._max(time.perf_counter() - start)
+
+    def profile(self, rounds: int, names: list[str]) -> dict[str, Any]:
+        nbytes = self.save()
+        self._raw = bytearray(os.path.getsize(self.path / f"__{self.rank}_0.distcp"))  # touched: zero-filled
+        out: dict[str, list[float]] = {}
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                if name == "dd":
+                    seconds, size = self.dd()
+                else:
+                    seconds, size = self.variant(name), nbytes
+                out.setdefault(name, []).append(size / seconds / 1e9)
+        return {"profile_gbps": out, "bytes": nbytes, "cache": self.cache}
+
+    def run(self, rounds: int) -> dict[str, Any]:
+        nbytes = self.save()
+        for r in range(rounds):
+            first = r == 0
+            if r % 2 == 0:
+                dd_s, dd_bytes = self.dd()
+                load_s = self.load(check=first)
+            else:
+                load_s = self.load(check=first)
+                dd_s, dd_bytes = self.dd()
+            load_gbps, dd_gbps = nbytes / load_s / 1e9, dd_bytes / dd_s / 1e9
+            self.rounds.append({"checkpoint": round(load_gbps, 3), "dd": round(dd_gbps, 3),
+                                "ratio": round(load_gbps / dd_gbps, 3)})
+            for k, v in (("load_gbps", load_gbps), ("dd_gbps", dd_gbps), ("load_s", load_s), ("dd_s", dd_s)):
+                self.samples[k].append(v)
+        return {"samples": self.samples, "rounds": self.rounds, "bytes": nbytes, "cache": self.cache,
+                "files": len(self.files()), "layers": self.layers, "world_size": self.d.world_size,
+                "tensors_per_rank": len(_leaves(self.source))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench.load_job")
+    p.add_argument("--dir", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--gb", type=float, default=1.2, help="checkpoint size (GB, 1e9 bytes)")
+    p.add_argument("--d-model", type=int, default=1024)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--cache", choices=("auto", *CACHE_METHODS), default="auto")
+    p.add_argument("--profile", default="", help="comma-separated loader configurations to compare instead "
+                   "(dd, dd_parallel, raw_read, dcp_default, direct_<threads>)")
+    a = p.parse_args(argv)
+    torch.manual_seed(0)
+    bench = LoadBench(a.dir, a.gb, a.d_model, a.cache)
+    try:
+        result = bench.profile(a.rounds, a.profile.split(",")) if a.profile else bench.run(a.rounds)
+        if bench.rank == 0:
+            a.out.write_text(json.dumps(result))
+        return 0
+    finally:
+        shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
