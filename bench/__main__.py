@@ -24,7 +24,7 @@ from bench.common import REPO, machine, scratch
 
 __all__ = ["main", "GOALS", "evaluate", "render"]
 
-SECTIONS = ("imports", "discovery", "recovery", "save_stall", "load", "loop_stall", "throughput")
+SECTIONS = ("imports", "discovery", "recovery", "save_stall", "checkpoint_io", "loop_stall", "throughput")
 # (dotted key in bench-results.json, comparison, goal) from issues 7 and 12.
 GOALS: list[tuple[str, str, float]] = [
     ("recovery_s.ratio", "<=", 1.10),
@@ -44,8 +44,9 @@ GOALS: list[tuple[str, str, float]] = [
 INFO = [
     "recovery_s.supervisor", "recovery_s.torchrun_restart", "recovery_s.naive_loop",
     "save_stall_s.sync", "save_stall_s.async", "save_stall_s.memcpy_floor", "save_stall_s.memcpy_clone",
-    "write_gbps.checkpoint", "write_gbps.dd_fsync", "write_gbps.ratio_spread", "load_gbps.checkpoint",
-    "load_gbps.dd", "load_gbps.cache", "loop.verify_s", "loop.loop_stall_ms_p99", "loop.job_exit_reaped_s",
+    "write_gbps.checkpoint", "write_gbps.dd_fsync", "write_gbps.ratio_spread", "write_gbps_small.ratio",
+    "write_gbps_small.checkpoint", "write_gbps_small.dd_fsync", "load_gbps.checkpoint", "load_gbps.dd",
+    "load_gbps.ratio_spread", "load_gbps.cache", "loop.verify_s", "loop.loop_stall_ms_p99", "loop.job_exit_reaped_s",
     "loop.job_exited_log_s", "dcp_vs_torch_save.dcp_sharded_save_s",
     "dcp_vs_torch_save.full_state_dict_torch_save_s", "supervisor_verify_s", "supervisor.spare_rss_mb", "tokens_per_s.supervisor",
     "tokens_per_s.bare",
@@ -133,12 +134,12 @@ def _sections(quick: bool, repeats: int | None, say: Callable[[str], None]) -> d
         model = {"d_model": 64, "n_layers": 2, "n_heads": 4} if quick else None
         return ss.run(repeats=1 if quick else (repeats or 3), model=model)
 
-    def load() -> dict[str, Any]:
-        from bench import load as ld
+    def checkpoint_io() -> dict[str, Any]:
+        from bench import checkpoint_io as cio
 
         if quick:
-            return ld.run(repeats=1, gb=0.02, d_model=128, ranks=1)
-        return ld.run(repeats=repeats or 3)
+            return cio.run(repeats=1, gb=0.02, d_model=128, ranks=1)
+        return cio.run(repeats=repeats or 3)
 
     def loop_stall() -> dict[str, Any]:
         from bench import loop_stall as ls
@@ -154,7 +155,7 @@ def _sections(quick: bool, repeats: int | None, say: Callable[[str], None]) -> d
                 "tokens_per_s": r.pop("tokens_per_s"), "throughput": r}
 
     return {"imports": imports, "discovery": discovery, "recovery": recovery, "save_stall": save_stall,
-            "load": load, "loop_stall": loop_stall, "throughput": throughput}
+            "checkpoint_io": checkpoint_io, "loop_stall": loop_stall, "throughput": throughput}
 
 
 def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:

@@ -63,24 +63,29 @@ class TestHelpers:
                     "params": 7, "step_s": 0.1, "repeats": 3})
         assert r["save_stall_s"]["async_over_sync"] == 0.1 and r["save_stall_s"]["async_over_memcpy"] == 2.0
         # the median of the rounds' own ratios (1.0), not the ratio of the medians (0.5 / 0.5)
-        w = r["write_gbps"]
+        w = r["write_gbps_small"]
         assert w["ratio"] == 1.0 and w["ratio_spread"] == [0.5, 1.2] and w["rounds"] == rounds
         assert (w["checkpoint"], w["dd_fsync"]) == (0.5, 0.5)
         assert r["dcp_vs_torch_save"]["torch_save_over_dcp"] == 2.0
         assert r["save_samples"] == samples  # every sample reaches the JSON, not only the medians
 
-    def test_load_reduce(self) -> None:
-        """load_gbps: medians, the median of the rounds' ratios, and how the reads were made cold."""
-        from bench.load import reduce as load_reduce
+    def test_checkpoint_io_reduce(self) -> None:
+        """write_gbps and load_gbps: medians, the median of the rounds' ratios and its spread, the cold method."""
+        from bench.checkpoint_io import reduce as io_reduce
 
-        rounds = [{"checkpoint": 1.0, "dd": 2.0, "ratio": 0.5}, {"checkpoint": 0.9, "dd": 1.0, "ratio": 0.9},
-                  {"checkpoint": 0.8, "dd": 1.0, "ratio": 0.8}]
-        raw = {"samples": {"load_gbps": [1.0, 0.9, 0.8], "dd_gbps": [2.0, 1.0, 1.0], "load_s": [1, 2, 3],
-                           "dd_s": [1, 1, 2]}, "rounds": rounds, "cache": "fadvise", "bytes": 5, "files": 3,
-               "tensors_per_rank": 4, "world_size": 2}
-        r = load_reduce(raw)
-        assert (r["checkpoint"], r["dd"], r["ratio"], r["cache"]) == (0.9, 1.0, 0.8, "fadvise")
-        assert r["rounds"] == rounds and r["ranks"] == 2
+        writes = [{"checkpoint": 0.5, "dd_fsync": 1.0, "ratio": 0.5}, {"checkpoint": 0.6, "dd_fsync": 0.6, "ratio": 1.0},
+                  {"checkpoint": 0.4, "dd_fsync": 0.5, "ratio": 0.8}]
+        loads = [{"checkpoint": 1.0, "dd": 2.0, "ratio": 0.5}, {"checkpoint": 0.9, "dd": 1.0, "ratio": 0.9},
+                 {"checkpoint": 0.8, "dd": 1.0, "ratio": 0.8}]
+        samples = {"save_gbps": [0.5, 0.6, 0.4], "dd_fsync_gbps": [1.0, 0.6, 0.5], "save_s": [1, 2, 3],
+                   "dd_fsync_s": [1, 1, 1], "load_gbps": [1.0, 0.9, 0.8], "dd_gbps": [2.0, 1.0, 1.0],
+                   "load_s": [1, 2, 3], "dd_s": [1, 1, 2]}
+        r = io_reduce({"samples": samples, "write_rounds": writes, "load_rounds": loads, "cache": "fadvise",
+                       "bytes": 5, "save_bytes": 6, "files": 3, "tensors_per_rank": 4, "world_size": 2})
+        w, ld = r["write_gbps"], r["load_gbps"]
+        assert (w["checkpoint"], w["dd_fsync"], w["ratio"], w["ratio_spread"]) == (0.5, 0.6, 0.8, [0.5, 1.0])
+        assert (ld["checkpoint"], ld["dd"], ld["ratio"], ld["cache"]) == (0.9, 1.0, 0.8, "fadvise")
+        assert w["rounds"] == writes and ld["rounds"] == loads and ld["ranks"] == 2 and w["bytes"] == 6
 
 
 class TestLoopProbe:
@@ -128,20 +133,21 @@ class TestBenchmarksRun:
         for key in ("sync", "async", "memcpy_floor", "async_over_sync", "async_over_memcpy"):
             assert _positive(r["save_stall_s"][key]), key
         for key in ("checkpoint", "dd_fsync", "ratio"):
-            assert _positive(r["write_gbps"][key]), key
+            assert _positive(r["write_gbps_small"][key]), key
+        assert len(r["write_gbps_small"]["rounds"]) == 1
         assert _positive(r["dcp_vs_torch_save"]["full_state_dict_torch_save_s"]) and _positive(r["supervisor_verify_s"])
         # The measured saves are cleaned up; one checkpoint is left for timing the supervisor's verify().
         assert sorted(p.name for p in tmp_path.iterdir()) == ["job.log", "result.json", "sync"]
         assert len(list((tmp_path / "sync").iterdir())) == 1
 
-    def test_load_and_loop_sections(self, tmp_path: Path) -> None:
-        """`--quick` runs the load and loop benchmarks: their keys, a cold-read method, work during a pass."""
+    def test_checkpoint_io_and_loop_sections(self, tmp_path: Path) -> None:
+        """`--quick` runs the I/O and loop benchmarks: their keys, a cold-read method, work during a pass."""
         out = tmp_path / "r.json"
-        assert main(["--only", "load,loop_stall", "--quick", "--out", str(out)]) == 0
+        assert main(["--only", "checkpoint_io,loop_stall", "--quick", "--out", str(out)]) == 0
         doc = json.loads(out.read_text())
-        load = doc["load_gbps"]
-        assert all(_positive(load[k]) for k in ("checkpoint", "dd", "ratio")) and len(load["rounds"]) == 1
-        assert load["cache"] in ("drop_caches", "fadvise", "warm")
+        for key, dd in (("write_gbps", "dd_fsync"), ("load_gbps", "dd")):
+            assert all(_positive(doc[key][k]) for k in ("checkpoint", dd, "ratio")) and len(doc[key]["rounds"]) == 1
+        assert doc["load_gbps"]["cache"] in ("drop_caches", "fadvise", "warm")
         assert doc["loop_stall_ms_max"] >= 0 and _positive(doc["signal_latency_during_verify_s"])
         run = doc["loop"]["runs"][0]
         assert run["signal_during_verify"] and run["exit_during_verify"] and run["ticks"] > 0

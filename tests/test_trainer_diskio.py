@@ -85,7 +85,7 @@ class TestCheckpointReader:
         state = _state()
         dcp.save(state, storage_writer=_Writer(tmp_path / "c", writeback_bytes=4096))
         target = _zeros_like(state)
-        reader = CheckpointReader(tmp_path / "c", threads=3, piece=1000)
+        reader = CheckpointReader(tmp_path / "c", threads=3)
         dcp.load(target, storage_reader=reader)
         assert all(torch.equal(a, b) for a, b in zip(_tensors(target), _tensors(state)))
         assert target["train"] == state["train"]

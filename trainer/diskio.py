@@ -14,7 +14,8 @@ a record's bytes straight into the destination tensor when the record is exactly
 and shape, contiguous, little-endian: what a load at the world size of the save asks for), after reading
 only the record's zip directory and its ~150-byte pickle, which a stub unpickler that knows nothing but
 the tensor-rebuild call decodes (no code from the file runs; anything else is refused). Every other item
-(resharding, other dtypes or layouts, non-tensor values) goes through DCP's own path, unchanged.
+(resharding, other dtypes or layouts, non-tensor values) goes through DCP's own path, unchanged. A few records are in flight at once (their
+headers sit at their ends: a cold disk would otherwise wait for one small read per record in turn).
 Figures: docs/performance-scale.md.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ import os
 import pickle
 import sys
 from collections.abc import Callable, Generator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,15 +36,13 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
-from torch.distributed.checkpoint.utils import _create_file_view
 from torch.futures import Future
 
 __all__ = ["CheckpointFileSystem", "CheckpointReader", "WritebackFile", "start_writeback", "record_layout",
            "RecordLayout", "WRITE_CHUNK_BYTES"]
 
 WRITE_CHUNK_BYTES = 16 * 2**20  # measured: 4-64 MB alike; smaller costs syscalls, larger starts the disk later
-READ_THREADS = 4  # reads in flight per rank
-READ_PIECE_BYTES = 32 * 2**20  # a large tensor is read by several threads at once
+READ_THREADS = 2  # records in flight per rank: one record's header read overlaps another's data (more: no gain measured)
 _SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of dirty pages in the range, do not wait
 _NEVER = 2**62
 
@@ -192,68 +191,103 @@ def _pread_into(fd: int, buf: memoryview, offset: int) -> None:
         got += n
 
 
+class _PreadView(io.RawIOBase):
+    """A read-only window [offset, offset + length) of `fd` with its own position (safe across threads)."""
+
+    def __init__(self, fd: int, offset: int, length: int) -> None:
+        super().__init__()
+        self.fd, self.offset, self.length, self.pos = fd, offset, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, pos: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self.pos, os.SEEK_END: self.length}[whence]
+        self.pos = max(0, base + pos)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, b: Any) -> int:
+        view = memoryview(b).cast("B")[:max(0, self.length - self.pos)]
+        n = os.preadv(self.fd, [view], self.offset + self.pos) if len(view) else 0
+        self.pos += n
+        return n
+
+
 class CheckpointReader(FileSystemReader):
     """DCP's file reader that reads tensor records straight into their destination (see the module doc).
 
-    The reads of a file go to `threads` threads in pieces of at most `piece` bytes, so the disk always has
-    a few requests queued while the parsing thread looks at the next record's header.
+    Records are handled by `threads` threads (header, then data, with positional reads), so the disk always
+    has a few requests queued; destinations are resolved and committed on the calling thread.
     """
 
-    def __init__(self, path: str | os.PathLike, *, direct: bool = True, threads: int = READ_THREADS,
-                 piece: int = READ_PIECE_BYTES) -> None:
+    def __init__(self, path: str | os.PathLike, *, direct: bool = True, threads: int = READ_THREADS) -> None:
         super().__init__(path)
-        self.direct, self.threads, self.piece = direct, max(1, threads), piece
+        self.direct, self.threads = direct, max(1, threads)
         self.direct_items = 0  # how many items the last read_data read in place (the rest: DCP's path)
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        self.direct_items = 0
+        if not self.direct:
+            return super().read_data(plan, planner)
         per_file: dict[str, list[ReadItem]] = {}
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
         rest: list[ReadItem] = []
-        self.direct_items = 0
         with ThreadPoolExecutor(self.threads, thread_name_prefix="ckpt-read") as pool:
             for relative_path, items in per_file.items():
-                if not self.direct:
-                    rest += items
-                    continue
                 items.sort(key=lambda i: self.storage_data[i.storage_index].offset)  # one pass through the file
-                with self.fs.create_stream(self.fs.concat_path(self.path, relative_path), "rb") as stream:
-                    placed, reads = [], []
+                fd = os.open(self.fs.concat_path(self.path, relative_path), os.O_RDONLY)
+                jobs: list[tuple[ReadItem, torch.Tensor, Any]] = []
+                try:
                     for item in items:
-                        target = self._in_place(stream, item, planner)
-                        if target is None:
+                        dest = self._destination(item, planner)
+                        if dest is None:
                             rest.append(item)
-                            continue
-                        dest, offset = target
-                        placed.append((item, dest))
-                        buf = memoryview(dest.reshape(-1).view(torch.uint8).numpy()) if dest.numel() else None
-                        for start in range(0, len(buf) if buf is not None else 0, self.piece):
-                            piece = buf[start:start + self.piece]  # type: ignore[index]
-                            reads.append(pool.submit(_pread_into, stream.fileno(), piece, offset + start))
-                    for read in reads:
-                        read.result()  # before the file closes; re-raises a short read
-                for item, dest in placed:
-                    planner.commit_tensor(item, dest)
-                self.direct_items += len(placed)
+                        else:
+                            jobs.append((item, dest, pool.submit(self._read_record, fd, item, dest)))
+                    for item, dest, job in jobs:
+                        if job.result():  # re-raises a short read
+                            planner.commit_tensor(item, dest)
+                            self.direct_items += 1
+                        else:
+                            rest.append(item)
+                finally:  # never close the fd under a running read
+                    for _, _, job in jobs:
+                        job.cancel()
+                    wait([job for _, _, job in jobs])
+                    os.close(fd)
         if rest:
             return super().read_data(replace(plan, items=rest), planner)
         done: Future[None] = Future()
         done.set_result(None)
         return done
 
-    def _in_place(self, stream: io.IOBase, item: ReadItem, planner: LoadPlanner) -> tuple[torch.Tensor, int] | None:
-        """(destination, file offset of its bytes) if the record is exactly that tensor; None: leave it to DCP."""
+    def _destination(self, item: ReadItem, planner: LoadPlanner) -> torch.Tensor | None:
+        """The tensor an item may be read straight into (CPU, contiguous, a whole record); None: DCP's path."""
         info = self.storage_data[item.storage_index]
         if item.type != LoadItemType.TENSOR or info.transform_descriptors or any(item.storage_offsets):
             return None
         dest = planner.resolve_tensor(item).detach()
         if dest.device.type != "cpu" or not dest.is_contiguous() or sys.byteorder != "little":
             return None
-        layout = record_layout(_create_file_view(stream, info.offset, info.length))
+        return dest
+
+    def _read_record(self, fd: int, item: ReadItem, dest: torch.Tensor) -> bool:
+        """On a pool thread: read the record into `dest` if it is exactly that tensor; False: leave it to DCP."""
+        info = self.storage_data[item.storage_index]
+        layout = record_layout(_PreadView(fd, info.offset, info.length))
         nbytes = dest.numel() * dest.element_size()
         if (layout is None or not layout.little_endian or layout.dtype != dest.dtype
                 or layout.size != tuple(dest.size()) or tuple(item.lengths) != layout.size
                 or layout.stride != tuple(dest.stride()) or layout.storage_offset != 0
                 or layout.storage_numel != dest.numel() or layout.data_offset + nbytes > info.length):
-            return None
-        return dest, info.offset + layout.data_offset
+            return False
+        if nbytes:
+            _pread_into(fd, memoryview(dest.reshape(-1).view(torch.uint8).numpy()), info.offset + layout.data_offset)
+        return True

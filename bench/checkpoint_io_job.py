@@ -1,23 +1,28 @@
-"""The torch side of the load benchmark: runs under torchrun, times DCP loads of a >= 1 GB checkpoint cold.
+"""The torch side of the checkpoint I/O benchmark: saves and cold loads of a >= 1 GB checkpoint vs `dd`.
 
-Every rank builds a transformer-shaped sharded state (per layer: attention and MLP weights, a norm, and
-AdamW's two moments for each, as DTensors sharded on dim 0 over all ranks, the layout FSDP2 saves),
-saves it once through the trainer's writer, then repeats, in an order that alternates every round:
-- `dd`: rank 0 reads every file of the checkpoint with `dd if=FILE of=/dev/null bs=4M`, one after the other;
-- `load`: every rank calls the trainer's `load_checkpoint` (DCP) into preallocated tensors of the same
-  layout (the first load is checked against the saved values).
-Before each one the checkpoint is made cold (`--cache`): `drop_caches` (sync, then
-`echo 3 > /proc/sys/vm/drop_caches`; needs root), else `fadvise` (fsync, then
-`posix_fadvise(POSIX_FADV_DONTNEED)` on every file: evicts clean pages of files we can open), else `warm`.
-`auto` takes the first that works. Each time is the slowest rank's. Rank 0 writes JSON to --out.
+Runs under torchrun. Every rank builds a transformer-shaped sharded state (per layer: attention and MLP
+weights, a norm, and AdamW's two moments for each, as DTensors sharded on dim 0 over all ranks, the
+layout FSDP2 saves), then runs `--rounds` rounds of each kind; within a round the two sides run back to
+back and which goes first alternates, so that a change of disk speed hits both sides of a round alike:
+- write: the trainer's `Checkpointer.save(blocking=True)` (DCP write, fsync, manifest, atomic rename)
+  against rank 0's `dd if=/dev/zero bs=4M conv=fsync` of the same size into the same directory;
+- load: the trainer's `load_checkpoint` (DCP) into preallocated tensors of the same layout (the first
+  load is checked against the saved values) against rank 0's `dd if=FILE of=/dev/null bs=4M` over every
+  file of the checkpoint, one after the other. Both start cold (`--cache`): `drop_caches` (sync, then
+  `echo 3 > /proc/sys/vm/drop_caches`; needs root), else `fadvise` (fsync, then
+  `posix_fadvise(POSIX_FADV_DONTNEED)` on every file: evicts clean pages of files we can open), else
+  `warm`; `auto` takes the first that works.
+Each time is the slowest rank's. Rank 0 writes JSON to --out. `--profile` compares loader variants instead
+(docs/performance-scale.md).
 
-    torchrun --standalone --nproc-per-node=2 -m bench.load_job --dir D --out R.json [--gb 1.2] [--rounds 3]
+    torchrun --standalone --nproc-per-node=2 -m bench.checkpoint_io_job --dir D --out R.json [--gb 1.2]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -29,7 +34,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
-from trainer.checkpoint import _Writer, load_checkpoint
+from trainer.checkpoint import Checkpointer, _Writer, load_checkpoint
 from trainer.parallel import init_distributed, shutdown
 
 _DD_BLOCK = 4 * 2**20
@@ -100,18 +105,21 @@ def make_cold(files: list[Path], method: str) -> str:
     return "warm"
 
 
-class LoadBench:
+class IoBench:
     def __init__(self, root: Path, gb: float, d_model: int, cache: str) -> None:
         self.d = init_distributed(600)
         self.rank, self.group = self.d.rank, self.d.control
         self.mesh = init_device_mesh("cpu", (self.d.world_size,))
-        self.path = root / "ckpt"
+        self.root, self.path = root, root / "ckpt"
+        self.saver = Checkpointer(root / "saves", process_group=self.d.ckpt, control_group=self.group)
         self.layers = layers_for(gb, d_model)
         self.source = build_state(self.layers, d_model, self.mesh, fill=True)
         self.target = build_state(self.layers, d_model, self.mesh, fill=False)
         self.cache_wanted, self.cache = cache, "warm"
-        self.samples: dict[str, list[float]] = {"load_gbps": [], "dd_gbps": [], "load_s": [], "dd_s": []}
-        self.rounds: list[dict[str, float]] = []
+        self.samples: dict[str, list[float]] = {k: [] for k in ("save_gbps", "dd_fsync_gbps", "save_s", "dd_fsync_s",
+                                                                  "load_gbps", "dd_gbps", "load_s", "dd_s")}
+        self.write_rounds: list[dict[str, float]] = []
+        self.load_rounds: list[dict[str, float]] = []
 
     def _max(self, value: float) -> float:
         t = torch.tensor([value], dtype=torch.float64)
@@ -122,12 +130,40 @@ class LoadBench:
         return sorted(p for p in self.path.iterdir() if p.is_file())
 
     def save(self) -> int:
+        """The checkpoint the loads read (plain DCP through the trainer's writer)."""
         dist.barrier(group=self.group)
         import torch.distributed.checkpoint as dcp
 
         dcp.save(self.source, storage_writer=_Writer(self.path), process_group=self.d.ckpt)
         dist.barrier(group=self.group)
         return sum(p.stat().st_size for p in self.files())
+
+    def _remove(self, path: Path) -> None:
+        dist.barrier(group=self.group)
+        if self.rank == 0:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        dist.barrier(group=self.group)
+
+    def checkpointer_save(self, step: int) -> tuple[float, int]:
+        dist.barrier(group=self.group)
+        start = time.perf_counter()
+        result = self.saver.save(step, self.source, blocking=True)
+        seconds = self._max(time.perf_counter() - start)
+        box = [sum(f.stat().st_size for f in result.final.iterdir()) if self.rank == 0 else 0]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        self._remove(self.root / "saves" / result.final.name)
+        return seconds, int(box[0])
+
+    def dd_fsync(self, nbytes: int) -> tuple[float, int]:
+        path, count = self.root / "dd.bin", max(1, -(-nbytes // _DD_BLOCK))
+        dist.barrier(group=self.group)
+        start = time.perf_counter()
+        if self.rank == 0:
+            subprocess.run(["dd", "if=/dev/zero", f"of={path}", f"bs={_DD_BLOCK}", f"count={count}", "conv=fsync"],
+                           check=True, capture_output=True)
+        seconds = self._max(time.perf_counter() - start)
+        self._remove(path)
+        return seconds, count * _DD_BLOCK
 
     def cold(self) -> None:
         box = [self.cache]
@@ -193,28 +229,43 @@ class LoadBench:
                 out.setdefault(name, []).append(size / seconds / 1e9)
         return {"profile_gbps": out, "bytes": nbytes, "cache": self.cache}
 
+    def _record(self, kind: str, rounds: list[dict[str, float]], ours: tuple[float, int], dd: tuple[float, int],
+                dd_key: str) -> None:
+        ours_gbps, dd_gbps = ours[1] / ours[0] / 1e9, dd[1] / dd[0] / 1e9
+        rounds.append({"checkpoint": round(ours_gbps, 4), dd_key: round(dd_gbps, 4),
+                       "ratio": round(ours_gbps / dd_gbps, 4)})
+        for key, value in ((f"{kind}_gbps", ours_gbps), (f"{dd_key}_gbps", dd_gbps), (f"{kind}_s", ours[0]),
+                           (f"{dd_key}_s", dd[0])):
+            self.samples[key].append(value)
+
     def run(self, rounds: int) -> dict[str, Any]:
         nbytes = self.save()
-        for r in range(rounds):
-            first = r == 0
+        save_bytes = nbytes
+        for r in range(rounds):  # writes: the first round saves first (the dd needs the size)
             if r % 2 == 0:
-                dd_s, dd_bytes = self.dd()
-                load_s = self.load(check=first)
+                ours = self.checkpointer_save(1000 + r)
+                save_bytes = ours[1]
+                dd = self.dd_fsync(save_bytes)
             else:
-                load_s = self.load(check=first)
-                dd_s, dd_bytes = self.dd()
-            load_gbps, dd_gbps = nbytes / load_s / 1e9, dd_bytes / dd_s / 1e9
-            self.rounds.append({"checkpoint": round(load_gbps, 3), "dd": round(dd_gbps, 3),
-                                "ratio": round(load_gbps / dd_gbps, 3)})
-            for k, v in (("load_gbps", load_gbps), ("dd_gbps", dd_gbps), ("load_s", load_s), ("dd_s", dd_s)):
-                self.samples[k].append(v)
-        return {"samples": self.samples, "rounds": self.rounds, "bytes": nbytes, "cache": self.cache,
-                "files": len(self.files()), "layers": self.layers, "world_size": self.d.world_size,
+                dd = self.dd_fsync(save_bytes)
+                ours = self.checkpointer_save(1000 + r)
+            self._record("save", self.write_rounds, ours, dd, "dd_fsync")
+        for r in range(rounds):  # loads
+            if r % 2 == 0:
+                dd = self.dd()
+                ours = (self.load(check=r == 0), nbytes)
+            else:
+                ours = (self.load(check=r == 0), nbytes)
+                dd = self.dd()
+            self._record("load", self.load_rounds, ours, dd, "dd")
+        return {"samples": self.samples, "write_rounds": self.write_rounds, "load_rounds": self.load_rounds,
+                "bytes": nbytes, "save_bytes": save_bytes, "cache": self.cache, "files": len(self.files()),
+                "layers": self.layers, "world_size": self.d.world_size,
                 "tensors_per_rank": len(_leaves(self.source))}
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="bench.load_job")
+    p = argparse.ArgumentParser(prog="bench.checkpoint_io_job")
     p.add_argument("--dir", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--gb", type=float, default=1.2, help="checkpoint size (GB, 1e9 bytes)")
@@ -225,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                    "(dd, dd_parallel, raw_read, dcp_default, direct_<threads>)")
     a = p.parse_args(argv)
     torch.manual_seed(0)
-    bench = LoadBench(a.dir, a.gb, a.d_model, a.cache)
+    bench = IoBench(a.dir, a.gb, a.d_model, a.cache)
     try:
         result = bench.profile(a.rounds, a.profile.split(",")) if a.profile else bench.run(a.rounds)
         if bench.rank == 0:
