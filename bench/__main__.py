@@ -10,8 +10,10 @@ The exit code is 1 only if a benchmark could not run at all.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -24,7 +26,8 @@ from bench.common import REPO, machine, scratch
 
 __all__ = ["main", "GOALS", "evaluate", "render"]
 
-SECTIONS = ("imports", "discovery", "recovery", "save_stall", "checkpoint_io", "loop_stall", "throughput")
+SECTIONS = ("imports", "discovery", "metadata", "recovery", "save_stall", "checkpoint_io", "loop_stall",
+            "throughput")
 # (dotted key in bench-results.json, comparison, goal) from issues 7 and 12.
 GOALS: list[tuple[str, str, float]] = [
     ("recovery_s.ratio", "<=", 1.10),
@@ -36,6 +39,10 @@ GOALS: list[tuple[str, str, float]] = [
     ("supervisor.import_s", "<=", 0.5),
     ("discovery_ms.n1000", "<=", 200.0),
     ("throughput_ratio", ">=", 0.98),
+    # The .metadata reader on Llama-3 70B FSDP2 checkpoints (bench.discovery.run_large).
+    ("parse_vs_torch_ratio", "<=", 0.5),  # our parse / torch's own pickle.load, 64 ranks, same process
+    ("metadata_parse.peak_rss_x", "<=", 3.0),  # parse's peak RSS growth / file size, 64 ranks
+    ("metadata_parse.linearity", "<=", 1.5),  # worst / best ms per MB over 64, 256 and 1024 ranks
     ("load_gbps.ratio", ">=", 0.8),
     ("loop_stall_ms_max", "<=", 50.0),
     ("signal_latency_during_verify_s", "<=", 0.5),
@@ -44,6 +51,9 @@ GOALS: list[tuple[str, str, float]] = [
 INFO = [
     "recovery_s.supervisor", "recovery_s.torchrun_restart", "recovery_s.naive_loop",
     "save_stall_s.sync", "save_stall_s.async", "save_stall_s.memcpy_floor", "save_stall_s.memcpy_clone",
+    "discovery_ms.llama70b_r64", "discovery_ms.llama70b_r256", "discovery_ms.llama70b_r1024",
+    "metadata_parse.llama70b_r64.metadata_mb", "metadata_parse.llama70b_r256.metadata_mb",
+    "metadata_parse.llama70b_r1024.metadata_mb", "metadata_parse.llama70b_r1024.generate_s",
     "write_gbps.checkpoint", "write_gbps.dd_fsync", "write_gbps.ratio_spread", "write_gbps_small.ratio",
     "write_gbps_small.checkpoint", "write_gbps_small.dd_fsync", "load_gbps.checkpoint", "load_gbps.dd",
     "load_gbps.ratio_spread", "load_gbps.cache", "loop.verify_s", "loop.loop_stall_ms_p99", "loop.job_exit_reaped_s",
@@ -122,6 +132,14 @@ def _sections(quick: bool, repeats: int | None, say: Callable[[str], None]) -> d
         finally:
             shutil.rmtree(root, ignore_errors=True)
 
+    def metadata() -> dict[str, Any]:
+        # One synthetic 70B checkpoint per rank count, generated here (70B x 1024: ~2 min, ~5 GB of RAM).
+        from bench import discovery as d
+
+        if quick:
+            return d.run_large(model="tiny", ranks=(4, 16), repeats=1, torch_ranks=4)
+        return d.run_large(repeats=repeats or 3)
+
     def recovery() -> dict[str, Any]:
         from bench import recovery as rec
 
@@ -154,8 +172,9 @@ def _sections(quick: bool, repeats: int | None, say: Callable[[str], None]) -> d
         return {"throughput_ratio": r.pop("throughput_ratio"), "supervisor": r.pop("supervisor"),
                 "tokens_per_s": r.pop("tokens_per_s"), "throughput": r}
 
-    return {"imports": imports, "discovery": discovery, "recovery": recovery, "save_stall": save_stall,
-            "checkpoint_io": checkpoint_io, "loop_stall": loop_stall, "throughput": throughput}
+    return {"imports": imports, "discovery": discovery, "metadata": metadata, "recovery": recovery,
+            "save_stall": save_stall, "checkpoint_io": checkpoint_io, "loop_stall": loop_stall,
+            "throughput": throughput}
 
 
 def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:
@@ -179,6 +198,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         p.error(f"--only: unknown benchmark(s) {', '.join(unknown)}")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if "FSDP_SUPERVISOR_CACHE_DIR" not in os.environ:
+        # The .metadata summary cache goes to a scratch dir: every run starts cold, and ~/.cache is left alone.
+        cache = scratch("metadata-cache")
+        os.environ["FSDP_SUPERVISOR_CACHE_DIR"] = str(cache)
+        atexit.register(shutil.rmtree, cache, ignore_errors=True)
 
     def say(msg: str) -> None:
         print(f"[bench] {msg}", file=sys.stderr, flush=True)

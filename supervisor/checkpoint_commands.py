@@ -1,7 +1,11 @@
 """`fsdp-supervisor checkpoints list|verify|prune|pin|unpin|unquarantine`.
 
 Exit codes: 0 ok; 1 `verify` found the dir not complete; 2 bad usage, a missing or unreadable root
-or path (one line on stderr, raised as SupervisorError and printed by supervisor.cli).
+or path, a root one level too high (it holds a directory of checkpoints: nothing is listed or deleted),
+or nowhere to put the trash (one line on stderr, raised as SupervisorError and printed by supervisor.cli).
+
+`prune` protects the checkpoints that running jobs resumed from: those named by live in-use markers
+(whatever started the job, so with `--dir` too) and, with `-c`, the one in the run dir's state.json.
 """
 from __future__ import annotations
 
@@ -14,35 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from supervisor.checkpoints.completeness import verify
+from supervisor.argtypes import at_most, non_negative_int
+from supervisor.checkpoints.completeness import FOREIGN
+from supervisor.checkpoints.inuse import in_use
 from supervisor.checkpoints.markers import pin, quarantine_reason, unpin, unquarantine
 from supervisor.checkpoints.pruning import disk_usage, execute_retention
-from supervisor.checkpoints.ranking import CheckpointInfo, scan
+from supervisor.checkpoints.ranking import CheckpointInfo, judge, scan
 from supervisor.checkpoints.retention import RetentionPlan, RetentionRules, plan_retention
-from supervisor.errors import EXIT_NOT_OK, EXIT_OK
+from supervisor.config import MAX_GB
+from supervisor.errors import EXIT_NOT_OK, EXIT_OK, CheckpointError
 from supervisor.humanize import human_age, human_bytes
 
 __all__ = ["register", "info_json"]
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is negative")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"{text!r} is negative")
-    return value
 
 
 def _root_args(p: argparse.ArgumentParser) -> None:
@@ -69,9 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     p = cmds.add_parser("prune", help="apply retention now and print each deletion with its reason")
     _root_args(p)
-    p.add_argument("--keep-last", type=_non_negative_int, metavar="N", help="keep the N newest complete")
-    p.add_argument("--keep-every", type=_non_negative_int, metavar="K", help="keep steps divisible by K")
-    p.add_argument("--min-free-gb", type=_non_negative_float, metavar="G", help="free GiB to reach")
+    p.add_argument("--keep-last", type=non_negative_int, metavar="N", help="keep the N newest complete")
+    p.add_argument("--keep-every", type=non_negative_int, metavar="K", help="keep steps divisible by K")
+    p.add_argument("--min-free-gb", type=at_most(MAX_GB), metavar="G", help="free GiB to reach")
     p.add_argument("--dry-run", action="store_true", help="print what would be deleted, delete nothing")
     p.set_defaults(func=cmd_prune)
 
@@ -87,12 +74,23 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def info_json(c: CheckpointInfo) -> dict[str, Any]:
-    """The fixed `list --json` object (plus `state` and `metrics`)."""
+    """The fixed `list --json` object (plus `state`, `metrics` and `ordinal`).
+
+    `step` is the training step when known; `ordinal` is the save number of an Accelerate `checkpoint_<N>`
+    (null otherwise). A `foreign` entry (not a checkpoint) has `size_bytes` 0: it is never walked.
+    """
     return {
         "name": c.name, "path": str(c.path), "step": c.step, "complete": c.complete,
         "reason": None if c.complete else (c.reason or c.state), "size_bytes": c.size_bytes, "mtime": c.mtime,
         "pinned": c.pinned, "quarantined": c.quarantined, "state": c.state, "metrics": c.metrics,
+        "ordinal": c.ordinal,
     }
+
+
+def _step_text(c: CheckpointInfo) -> str:
+    if c.step is not None:
+        return str(c.step)
+    return f"save #{c.ordinal}" if c.ordinal is not None else "-"
 
 
 def _table(infos: list[CheckpointInfo], now: float) -> str:
@@ -102,8 +100,8 @@ def _table(infos: list[CheckpointInfo], now: float) -> str:
         reason = c.reason or ""
         if c.quarantined:  # why it is skipped for resume is what an operator needs to see
             reason = "; ".join(filter(None, [reason, f"quarantined: {quarantine_reason(c.path) or 'no reason recorded'}"]))
-        rows.append((c.name, "-" if c.step is None else str(c.step), c.state, human_bytes(c.size_bytes),
-                     human_age(now - c.mtime), flags or "-", reason))
+        size = "-" if c.state == FOREIGN else human_bytes(c.size_bytes)
+        rows.append((c.name, _step_text(c), c.state, size, human_age(now - c.mtime), flags or "-", reason))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)) + "  " + r[-1] for r in rows)
 
@@ -116,6 +114,7 @@ class _Target:
     root: Path
     rules: RetentionRules
     protect: tuple[Path, ...] = ()
+    run_dir: Path | None = None  # where the trash may go when the root's parent cannot hold it
 
 
 def _target(args: argparse.Namespace) -> _Target:
@@ -128,7 +127,7 @@ def _target(args: argparse.Namespace) -> _Target:
     status = read_status(cfg.run_dir)
     # A running supervisor's job resumed from this one: a manual prune must not pull it from under it.
     protect = (Path(status.resumed_from),) if status and status.resumed_from else ()
-    return _Target(cfg.checkpoints.dir, cfg.checkpoints, protect)
+    return _Target(cfg.checkpoints.dir, cfg.checkpoints, protect, cfg.run_dir)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -143,7 +142,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    v = verify(args.path, deep=args.deep)
+    v = judge(args.path, deep=args.deep)
     path = Path(os.path.abspath(args.path))
     reason = quarantine_reason(path) if path.is_dir() and not path.is_symlink() else None
     if args.json:
@@ -181,12 +180,18 @@ def _print_plan(plan: RetentionPlan, done: set[Path] | None) -> None:
 def cmd_prune(args: argparse.Namespace) -> int:
     target = _target(args)
     infos = scan(target.root)
+    protect = {*target.protect, *in_use(target.root)}  # jobs started by any supervisor, on any host
     plan = plan_retention(infos, rules=_rules_with_flags(target.rules, args), disk=disk_usage(target.root),
-                          protect=target.protect, now=time.time())
+                          protect=protect, now=time.time())
     if args.dry_run:
         _print_plan(plan, None)
-    else:
-        _print_plan(plan, {d.path for d in execute_retention(target.root, plan)})
+        return EXIT_OK
+    try:
+        done = execute_retention(target.root, plan, fallback=target.run_dir)
+    except OSError as exc:  # e.g. no permission to create the trash: nothing was deleted
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise CheckpointError(f"checkpoint root {target.root}: cannot prune: {exc.strerror or exc}{where}") from None
+    _print_plan(plan, {d.path for d in done})
     return EXIT_OK
 
 

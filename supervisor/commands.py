@@ -4,14 +4,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import sys
 import time
 from pathlib import Path
 
+from supervisor.argtypes import non_negative_float, non_negative_int
 from supervisor.config import Config, load_config
-from supervisor.errors import EXIT_NOT_OK, EXIT_OK, ConfigError
+from supervisor.errors import EXIT_NOT_OK, EXIT_OK, ConfigError, UsageError
 from supervisor.eventlog import LOG_FILE, configure, get_logger, render_line
 from supervisor.runlock import RunLock
 from supervisor.state import read_status, remove_torn_writes
@@ -37,45 +37,51 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("logs", help="the supervisor's structured log, or the job's output")
     _config_arg(p)
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
-    p.add_argument("-n", "--lines", type=int, default=50, metavar="N", help="last N lines (default 50)")
+    p.add_argument("-n", "--lines", type=non_negative_int, default=50, metavar="N", help="last N lines (default 50)")
     p.add_argument("--job", action="store_true", help="the current attempt's job output instead")
     p.set_defaults(func=cmd_logs)
 
-    p = sub.add_parser("stop", help="SIGTERM the supervisor and wait for it to exit")
+    p = sub.add_parser(
+        "stop", help="stop gracefully (the job writes an emergency checkpoint) and wait for the supervisor to exit",
+        description="Ask the running supervisor to stop: it sends SIGTERM to the job, which writes an emergency "
+        "checkpoint and exits, then the supervisor exits 0 without a restart (the next `run` resumes from that "
+        "checkpoint). A stop is never escalated by accident: running `stop` again, or another SIGTERM or SIGINT, "
+        "only waits for the stop already in progress. Only `stop --force` (SIGUSR2 to the supervisor), or a second "
+        "Ctrl+C typed in the supervisor's own terminal, kills the job at once; stop_timeout_s after the SIGTERM the "
+        "supervisor kills it anyway.",
+        epilog="exit codes: 0 the supervisor has exited (or none was running); 1 it is still stopping when --timeout "
+        "ran out (nothing was cut short: the job may still be writing its checkpoint; run `stop` again to keep "
+        "waiting); 2 usage or config error",
+    )
     _config_arg(p)
-    p.add_argument("--timeout", type=float, default=None, metavar="S", help="default: stop_timeout_s + 30")
+    p.add_argument("--timeout", type=non_negative_float, default=None, metavar="S",
+                   help="how long to wait (default: stop_timeout_s + 30; with --force: 30)")
+    p.add_argument("--force", action="store_true",
+                   help="kill the job now (SIGUSR2 to the supervisor): an emergency checkpoint being written is lost")
     p.set_defaults(func=cmd_stop)
-
-
-def _check_program(cfg: Config) -> None:
-    prog = cfg.job.command[0]
-    path = cfg.job.env.get("PATH", os.environ.get("PATH"))
-    found = shutil.which(prog, path=path) if os.sep not in prog else (
-        str(cfg.job_cwd / prog) if os.access(cfg.job_cwd / prog, os.X_OK) else None)
-    if found is None:
-        raise ConfigError(f"{cfg.path}: [job.command] program {prog!r} not found or not executable")
-    if not cfg.job_cwd.is_dir():
-        raise ConfigError(f"{cfg.path}: [job.cwd] {cfg.job_cwd} is not a directory")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     # Imported here so `status`/`logs` stay light.
-    from supervisor import procs
+    from supervisor import preflight, procs
     from supervisor.core import Core
     from supervisor.loop import Echo, EventLoop
     from supervisor.loopprobe import INTERVAL_S, LoopProbe
     from supervisor.metrics import listen_address, start_metrics
     from supervisor.notify import Notifier
+    from supervisor.recorder import HistoryRecorder
     from supervisor.system import RealSystem
 
     cfg = load_config(args.config)
-    _check_program(cfg)
-    listen_address(cfg)  # a bad [metrics] listen is a config error before anything is created
+    preflight.check_setup(cfg)  # config errors come before anything is created
+    listen_address(cfg)
+    preflight.make_dirs(cfg)
     run_dir = cfg.run_dir
-    for d in (run_dir, run_dir / "logs", cfg.checkpoints.dir):
-        d.mkdir(parents=True, exist_ok=True, mode=0o750)
     lock = RunLock(run_dir)
-    lock.acquire()
+    try:
+        lock.acquire()
+    except OSError as exc:  # e.g. something else planted under the lock's name
+        raise ConfigError(f"{cfg.path}: [supervisor.run_dir] cannot lock {run_dir}: {exc.strerror or exc}") from None
     remove_torn_writes(run_dir)
     try:
         configure(run_dir, max_bytes=cfg.supervisor.log_max_bytes, backups=cfg.supervisor.log_backups)
@@ -85,7 +91,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not procs.set_child_subreaper():
             log.warning("subreaper_unavailable")
         notifier = Notifier.from_env()
-        core = Core(cfg, system, log, notify=notifier.status if notifier else None)
+        history = HistoryRecorder.for_run_dir(run_dir, now=system.now, log=log)
+        core = Core(cfg, system, log, notify=notifier.status if notifier else None, history=history)
         echo = Echo(sys.stderr) if sys.stderr.isatty() else None
         # The job's output dir is watched only to echo it: each line the job logs would wake us otherwise.
         watch = [(run_dir, False), *([(run_dir / "logs", False)] if echo else []), (cfg.checkpoints.dir, True)]
@@ -101,9 +108,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         metrics = start_metrics(cfg, lambda: core.status, log)  # reads the live Status from its own thread
         try:
             rc = loop.run(begin)
+        except Exception as exc:  # noqa: BLE001 - a bug, or an error nothing caught: stop the job, exit 1, never 2
+            rc = core.abandon(exc)
         finally:
+            core.close()  # state.json never claims a supervisor that has exited
             system.close()
             core.house.wait_idle(timeout=60)  # finish emptying .trash rather than leave it for the next run
+            history.close()
             if metrics:
                 metrics.stop()
             if probe is not None:
@@ -127,7 +138,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if status is None:
         print(f"no supervisor state in {cfg.run_dir} (never run here, or state.json unreadable)")
         return EXIT_NOT_OK
-    print(render_status(status, running=holder is not None, now=time.time()))
+    tty = sys.stdout.isatty() and "utf" in (sys.stdout.encoding or "").lower()
+    print(render_status(status, running=holder is not None, now=time.time(), spark=tty))
     return EXIT_OK
 
 
@@ -196,18 +208,40 @@ def _follow(path: Path, run_dir: Path, job: bool, render) -> int:  # type: ignor
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    from supervisor.signals import FORCE_STOP_SIGNAL
+    from supervisor.state import State
+
     cfg = load_config(args.config)
     pid = RunLock.holder(cfg.run_dir)
     if pid is None:
         print(f"no supervisor is running on {cfg.run_dir}")
         return EXIT_OK
-    timeout = args.timeout if args.timeout is not None else cfg.health.stop_timeout_s + 30
-    os.kill(pid, signal.SIGTERM)
+    if args.timeout is not None and not (args.timeout >= 0 and args.timeout != float("inf")):
+        raise UsageError(f"--timeout must be a finite number of seconds >= 0, got {args.timeout:g}")
+    status = read_status(cfg.run_dir)
+    try:
+        if args.force:
+            timeout = 30.0 if args.timeout is None else args.timeout
+            os.kill(pid, FORCE_STOP_SIGNAL)
+            print(f"supervisor {pid}: force stop sent (the job is killed; a checkpoint being written is lost)")
+        else:
+            timeout = cfg.health.stop_timeout_s + 30 if args.timeout is None else args.timeout
+            if status is not None and status.state is State.STOPPING:
+                print(f"supervisor {pid} is already stopping; waiting for it (up to {timeout:g}s)")
+            else:  # a repeat would do no harm either: the supervisor treats it as "still stopping"
+                os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:  # it exited between the lock check and the signal
+        print(f"supervisor {pid} stopped")
+        return EXIT_OK
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         if RunLock.holder(cfg.run_dir) is None:
             print(f"supervisor {pid} stopped")
             return EXIT_OK
+        if time.monotonic() >= deadline:
+            break
         time.sleep(0.2)
-    print(f"supervisor {pid} still running after {timeout:g}s", file=sys.stderr)
+    print(f"supervisor {pid} is still stopping after {timeout:g}s: the stop is in progress and nothing was cut short "
+          f"(the job may still be writing its emergency checkpoint); run `stop` again to keep waiting, or "
+          f"`stop --force` to kill the job now", file=sys.stderr)
     return EXIT_NOT_OK

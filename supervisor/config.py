@@ -1,18 +1,24 @@
 """job.toml: pydantic models (the single source of truth for keys, defaults and docs) and the loader.
 
-Unknown keys are errors. Relative paths resolve against the config file's directory. Every error becomes
-one `ConfigError` line that names the file and the key.
+Unknown keys are errors. Relative paths resolve against the config file's directory; an empty path is an
+error, never "the current directory" (a `dir = ""` once let retention loose on a project folder). Strings
+that reach argv, the environment or the filesystem are checked here (no NUL bytes, valid variable names),
+and so is where the three directories sit relative to each other: the checkpoint root holds checkpoints
+only, never the config, the job's working directory or the supervisor's own files. Every error becomes
+one `ConfigError` line that names the file and the key. Whether the paths exist and are writable is
+checked by `supervisor.preflight` before `run` creates anything.
 """
 from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from supervisor.checkpoints import RetentionRules
+from supervisor.contract import ENV_ATTEMPT, ENV_ERROR_FILE, ENV_HEARTBEAT, ENV_RUN_DIR
 from supervisor.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -30,9 +36,36 @@ __all__ = [
     "MetricsSection",
     "load_config",
     "CHECKPOINT_PLACEHOLDER",
+    "STEP_PLACEHOLDER",
+    "MAX_CONFIG_BYTES",
+    "MAX_GB",
 ]
 
 CHECKPOINT_PLACEHOLDER = "{checkpoint}"
+STEP_PLACEHOLDER = "{step}"
+MAX_CONFIG_BYTES = 1024 * 1024  # a job.toml is a few hundred bytes; anything near this is not one
+MAX_GB = 1e15  # far past any disk; near 1e299 the byte arithmetic of retention overflows to inf
+_SET_BY_SUPERVISOR = frozenset({ENV_HEARTBEAT, ENV_ATTEMPT, ENV_RUN_DIR, ENV_ERROR_FILE})
+
+
+def _path_text(v: Any) -> Any:
+    """An empty or blank path would silently mean "the current directory"; a NUL byte cannot reach the OS."""
+    if isinstance(v, str):
+        if "\0" in v:
+            raise ValueError("contains a NUL byte")
+        if not v.strip():
+            raise ValueError("is empty: name a directory (a relative path resolves against the config file's directory)")
+    return v
+
+
+DirPath = Annotated[Path, BeforeValidator(_path_text)]
+
+
+def _no_nul(items: list[str], what: str) -> list[str]:
+    for i, item in enumerate(items):
+        if "\0" in item:
+            raise ValueError(f"{what} {i} contains a NUL byte")
+    return items
 
 
 class _Section(BaseModel):
@@ -46,9 +79,11 @@ class JobSection(_Section):
     )
     resume_args: list[str] = Field(
         default_factory=lambda: ["--resume", CHECKPOINT_PLACEHOLDER],
-        description="appended when a checkpoint exists; {checkpoint} becomes its absolute path",
+        description="appended when a checkpoint exists; {checkpoint} becomes its absolute path and {step} its step "
+        "(torchtitan: [\"--checkpoint.load_step\", \"{step}\"]; a checkpoint without a step is then an error); "
+        "[] or no placeholder: the job picks its own checkpoint, so none is recorded as resumed from or quarantined",
     )
-    cwd: Path | None = Field(default=None, description="working directory; default: the config file's directory")
+    cwd: DirPath | None = Field(default=None, description="working directory; default: the config file's directory")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables for the job")
     prewarm: bool = Field(
         default=True,
@@ -59,17 +94,49 @@ class JobSection(_Section):
     @field_validator("command")
     @classmethod
     def _no_empty_args(cls, v: list[str]) -> list[str]:
-        if not v[0]:
+        if not v[0].strip():
             raise ValueError("the program name (first element) is empty")
+        return _no_nul(v, "element")
+
+    @field_validator("resume_args")
+    @classmethod
+    def _resume_args_text(cls, v: list[str]) -> list[str]:
+        return _no_nul(v, "element")
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, value in v.items():
+            if not name or "=" in name or "\0" in name:
+                raise ValueError(f"{name!r} is not a valid variable name (empty, or contains '=' or a NUL byte)")
+            if "\0" in value:
+                raise ValueError(f"the value of {name} contains a NUL byte")
+            if name in _SET_BY_SUPERVISOR:
+                raise ValueError(f"{name} is set by the supervisor for each attempt; remove it")
         return v
 
 
 class CheckpointsSection(RetentionRules):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    dir: Path = Field(description="checkpoint root the job writes into (shared storage for multi-node)")
+    # Field descriptions render into README's reference (supervisor.configdoc); the placement rules are in
+    # _placement_error and the module docstring until the README is restructured.
+    dir: DirPath = Field(description="checkpoint root the job writes into (shared storage for multi-node)")
     prune: bool = Field(default=True, description="run retention from this supervisor (false on all but one node)")
+    allow_fresh_start: bool = Field(
+        default=False,
+        description="launch without resume_args although the root holds a checkpoint that cannot be resumed from "
+        "(quarantined, torn, or .metadata unusable: unsafe, unreadable, from a newer torch); false: give up "
+        "(exit 3) naming it. An empty root, or one with only partial saves, always starts fresh",
+    )
     retention_interval_s: float = Field(default=300, gt=0, description="periodic retention pass, seconds")
+
+    @model_validator(mode="after")
+    def _sizes_in_range(self) -> CheckpointsSection:
+        for key in ("min_free_gb", "max_total_gb"):
+            if getattr(self, key) > MAX_GB:
+                raise ValueError(f"{key} = {getattr(self, key):g} is more than {MAX_GB:g} GiB")
+        return self
 
 
 class RestartSection(_Section):
@@ -91,13 +158,22 @@ class RestartSection(_Section):
         default=3, ge=0, description="consecutive failed attempts with no new step and no new checkpoint"
     )
     quarantine_after: int = Field(
-        default=2, ge=0, description="consecutive failures right after loading the same checkpoint (0 = off)"
+        default=2, ge=0,
+        description="consecutive attempts that fail loading the same checkpoint before it is quarantined, counted only "
+        "on evidence that it is the checkpoint: the heartbeat said `load` when they died (a job without a heartbeat: "
+        "another checkpoint loaded and trained earlier in this run); 0 = off",
     )
 
     @model_validator(mode="after")
     def _cap_not_below_initial(self) -> RestartSection:
         if self.backoff_max_s < self.backoff_initial_s:
             raise ValueError("backoff_max_s must be >= backoff_initial_s")
+        try:  # the delay grows as multiplier ** failures (at most this many) before backoff_max_s caps it
+            self.backoff_initial_s * self.backoff_multiplier ** self.max_no_progress_restarts
+        except OverflowError:
+            raise ValueError(
+                f"backoff_multiplier = {self.backoff_multiplier:g} overflows within max_no_progress_restarts = "
+                f"{self.max_no_progress_restarts} failures; a smaller one reaches backoff_max_s as well") from None
         return self
 
 
@@ -112,12 +188,12 @@ class HealthSection(_Section):
 
 
 class SupervisorSection(_Section):
-    run_dir: Path = Field(
+    run_dir: DirPath = Field(
         default=Path(".fsdp-supervisor"),
         description="state.json, supervisor.log, logs/attempt-NNNN.log, heartbeat and the lock",
     )
     log_max_bytes: int = Field(default=10 * 2**20, gt=0, description="supervisor.log rotation size")
-    log_backups: int = Field(default=3, ge=0, description="rotated supervisor.log files kept")
+    log_backups: int = Field(default=3, ge=0, le=1000, description="rotated supervisor.log files kept")
 
 
 class MetricsSection(_Section):
@@ -143,17 +219,40 @@ class Config(_Section):
 
 
 def _resolve(base: Path, p: Any) -> Any:
-    if isinstance(p, str) and p:
+    if isinstance(p, str) and p.strip() and "\0" not in p:  # the rest is for the model to reject, naming the key
         p = Path(os.path.expanduser(p))
         return p if p.is_absolute() else (base / p)
     return p
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _placement_error(cfg: Config) -> str | None:
+    """Why the checkpoint root overlaps what it must not, or None (paths compared with symlinks resolved)."""
+    root = os.path.realpath(cfg.checkpoints.dir)
+    hint = "give [checkpoints] dir a folder of its own, e.g. a 'checkpoints' subfolder"
+    if _inside(os.path.realpath(cfg.path), root):
+        return f"[checkpoints.dir] {cfg.checkpoints.dir} contains this config file; {hint}"
+    if _inside(os.path.realpath(cfg.job_cwd), root):
+        return f"[checkpoints.dir] {cfg.checkpoints.dir} contains the job's working directory {cfg.job_cwd}; {hint}"
+    run_dir = os.path.realpath(cfg.run_dir)
+    if _inside(run_dir, root):
+        where = "is" if run_dir == root else "is inside"
+        return (f"[supervisor.run_dir] {cfg.run_dir} {where} the checkpoint root {cfg.checkpoints.dir}: trainers that "
+                f"list the root would see the supervisor's files; put the run dir next to it (the default "
+                f"'.fsdp-supervisor' beside the config file is fine)")
+    return None
 
 
 def _error_line(path: Path, exc: ValidationError) -> str:
     err = exc.errors()[0]
     loc = ".".join(str(x) for x in err["loc"] if not isinstance(x, int)) or "(top level)"
     msg = err["msg"]
-    if err["type"] == "extra_forbidden":
+    if err["type"] == "value_error" and "error" in err.get("ctx", {}):
+        msg = str(err["ctx"]["error"])  # our own sentence, without pydantic's "Value error, " in front
+    elif err["type"] == "extra_forbidden":
         msg = "unknown key"
     elif err["type"] == "missing":
         msg = "required key is missing"
@@ -164,14 +263,7 @@ def _error_line(path: Path, exc: ValidationError) -> str:
 def load_config(path: str | os.PathLike[str]) -> Config:
     """Read, validate and resolve a job.toml; raise ConfigError naming the file and key."""
     p = Path(path).expanduser()
-    try:
-        raw = tomllib.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: config file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{p}: cannot read config: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{p}: invalid TOML: {exc}") from None
+    raw = _parse(p, _read(p))
     p = p.resolve()
     base = p.parent
     if not isinstance(raw.get("checkpoints"), dict) or not isinstance(raw.get("job"), dict):
@@ -187,6 +279,38 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         sup["run_dir"] = _resolve(base, sup.get("run_dir", ".fsdp-supervisor"))
     raw["path"] = p
     try:
-        return Config.model_validate(raw)
+        cfg = Config.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(_error_line(p, exc)) from None
+    problem = _placement_error(cfg)
+    if problem:
+        raise ConfigError(f"{p}: {problem}")
+    return cfg
+
+
+def _read(p: Path) -> str:
+    """The config's text: at most MAX_CONFIG_BYTES of UTF-8 (read no further: a huge file costs nothing)."""
+    try:
+        with open(p, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: config file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{p}: is a directory, not a config file") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read config: {exc.strerror or exc}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{p}: larger than {MAX_CONFIG_BYTES // 1024} KiB: not a job config")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start})") from None
+
+
+def _parse(p: Path, text: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: invalid TOML: {' '.join(str(exc).split())}") from None
+    except RecursionError:
+        raise ConfigError(f"{p}: invalid TOML: nested too deeply") from None

@@ -1,7 +1,7 @@
 """The job contract: everything the supervisor and a supervised job tell each other (stdlib only).
 
 Supervisor -> job: the environment variables below (the heartbeat file to rewrite, the attempt number,
-the run dir, torchrun's error file). Job -> supervisor: the heartbeat file, the checkpoint manifest, the
+the run dir, torchrun's error file, the run dir's token). Job -> supervisor: the heartbeat file, the checkpoint manifest, the
 exit code and torchrun's error file. Both sides import the names and the validation from here (the
 supervisor, the reference trainer, the benchmarks and the tests), so a key or a phase can never be spelled
 two ways. Next to `layout.py`, which names what lies on disk.
@@ -23,6 +23,7 @@ __all__ = [
     "ENV_ATTEMPT",
     "ENV_RUN_DIR",
     "ENV_ERROR_FILE",
+    "ENV_RUN_TOKEN",
     "HEARTBEAT_FILE",
     "PHASES",
     "SLOW_PHASES",
@@ -44,6 +45,9 @@ ENV_HEARTBEAT = "FSDP_SUPERVISOR_HEARTBEAT"  # file the job may rewrite with a h
 ENV_ATTEMPT = "FSDP_SUPERVISOR_ATTEMPT"  # 1, 2, ...: which launch this is (continues across supervisor runs)
 ENV_RUN_DIR = "FSDP_SUPERVISOR_RUN_DIR"  # the supervisor's run dir (state.json, logs)
 ENV_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # torchrun's own: where `@record` writes the root-cause error
+# The run dir's random token (supervisor/identity.py): every process of the job inherits it, so a supervisor
+# recognises a job its killed predecessor left running whatever argv the kernel shows for it.
+ENV_RUN_TOKEN = "FSDP_SUPERVISOR_RUN_TOKEN"
 
 # ---- heartbeat ----------------------------------------------------------------------------------------
 HEARTBEAT_FILE = "heartbeat.json"  # inside the run dir

@@ -4,43 +4,57 @@ The event loop (supervisor/loop.py) turns the OS into calls on `Core`; tests cal
 fake `System` and replay histories. Restart decisions are delegated to the pure `restarts` module.
 Checkpoint housekeeping is one pass (housekeeping.run_pass: scan, verify, prune) that runs off the loop
 through `System.run_off_loop`; its result comes back as an event (`_on_pass`). Whatever needs the
-checkpoint root's state waits for a pass: a launch (which checkpoint to resume), a job exit (did the
-attempt commit anything), a file event, the periodic retention timer. Requests made while a pass runs are
-coalesced into one more pass.
+checkpoint root's state waits for a pass: a launch (which checkpoint to resume, or whether to refuse a
+fresh start: supervisor/resume.py), a job exit (did the attempt commit anything), a file event, the
+periodic retention timer. Requests made while a pass runs are coalesced into one more pass.
+
+Every write the supervisor makes (state.json, the attempt's log and error file, the heartbeat's removal,
+a quarantine marker, the job token) can fail on a full, read-only or vanishing file system: each failure is
+logged and survived, and `close()` makes sure state.json never claims a live supervisor after it exited.
 """
 from __future__ import annotations
 
 import enum
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from supervisor import restarts
-from supervisor.config import CHECKPOINT_PLACEHOLDER, Config
+from supervisor import restarts, resume
+from supervisor.checkpoints.naming import is_temporary
+from supervisor.config import Config
 from supervisor.contract import (
     ENV_ATTEMPT,
     ENV_ERROR_FILE,
     ENV_HEARTBEAT,
     ENV_RUN_DIR,
+    ENV_RUN_TOKEN,
     HEARTBEAT_FILE,
     MAX_HEARTBEAT_BYTES,
     SLOW_PHASES,
     Beat,
     parse_heartbeat,
 )
+from supervisor.errors import CheckpointError
 from supervisor.exits import classify_exit, root_cause, signal_name
 from supervisor.housekeeping import Housekeeper, PassResult
+from supervisor.identity import run_token
+from supervisor.recorder import NullHistory
 from supervisor.redact import redact_argv, redact_env
-from supervisor.state import ExitInfo, State, Status, write_status
+from supervisor.signals import FORCE_STOP_SIGNAL, STOP_SIGNALS
+from supervisor.state import STATE_FILE, ExitInfo, State, Status, write_status
 from supervisor.system import System
 
 __all__ = ["Core", "Timer", "EXIT_CODES"]
 
 EXIT_CODES = {State.COMPLETED: 0, State.STOPPED: 0, State.FAILED: 3}
+EXIT_SUPERVISOR_FAILED = 1  # `abandon`: the supervisor itself failed; unlike 2 and 3, systemd restarts it
 _SCAN_DEBOUNCE_S = 0.5
 _FRESH_PASS_S = 2.0  # a pass this recent, with no file event since it began, still tells the truth
+_LAUNCH_SCAN_TRIES = 3  # passes that could not read the root before a launch gives up (a blip may pass)
+_STOPPED = "stopped by signal"
 
 
 class Timer(str, enum.Enum):
@@ -87,9 +101,11 @@ class _Ended:
 
 
 class Core:
-    def __init__(self, cfg: Config, system: System, log: Any, notify: Any = None) -> None:
+    def __init__(self, cfg: Config, system: System, log: Any, notify: Any = None,
+                 history: NullHistory | None = None) -> None:
         self.cfg, self.sys, self.log = cfg, system, log
         self.notify = notify  # optional callable(status) for sd_notify STATUS= lines
+        self.history = history or NullHistory()  # run_dir/history.jsonl (supervisor.recorder)
         self.run_dir = cfg.run_dir
         self.heartbeat_path = self.run_dir / HEARTBEAT_FILE
         self.status = Status(pid=os.getpid(), started_at=system.now(), config=str(cfg.path))
@@ -106,16 +122,33 @@ class Core:
         self._pass_prune = False  # whether the coalesced follow-up pass must prune
         self._pass_done_mono: float | None = None
         self._launch_pending = False
+        self._scan_failures = 0  # consecutive passes that could not read the root when a launch waited on them
+        self.token = ""  # the run dir's job token (supervisor/identity.py), set by `begin`
+        self._unmarked: set[str] = set()  # quarantined here, but the marker could not be written
+        self._choice_logged = False  # resume_choice_left_to_job is said once
+        self._stop_reason = _STOPPED
+        self._state_write_error: str | None = None  # the last state.json write failed with this
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     def begin(self, previous: Status | None) -> None:
-        """Stop a job orphaned by a killed supervisor, then launch the first attempt."""
-        if previous is not None and previous.job_pid and not previous.state.final:
-            stopped = self.sys.stop_orphan(
-                previous.job_pid, previous.job_create_time, previous.job_cmdline, self.cfg.health.stop_timeout_s
-            )
-            if stopped:
-                self.log.warning("orphan_job_stopped", job_pid=previous.job_pid, pids=stopped)
+        """Stop any job a killed supervisor left running on this run dir, then launch the first attempt.
+
+        The job is found by the run dir's token in its environment (supervisor/identity.py), so a `#!` script,
+        a prewarmed job or a lost state.json hide nothing; state.json's pid and start time also catch a job
+        started before tokens existed.
+        """
+        self.history.supervisor_start()
+        token, error = run_token(self.run_dir, previous.run_token if previous is not None else None)
+        if error:
+            self.log.warning("run_dir_write_failed", what="job token", error=error)
+        self.token = self.status.run_token = token
+        recorded = None
+        if previous is not None and previous.job_pid and previous.job_create_time is not None:
+            recorded = (previous.job_pid, previous.job_create_time)
+        stopped = self.sys.stop_orphans(token, self.run_dir, recorded, self.cfg.health.stop_timeout_s)
+        if stopped:
+            job_pid = recorded[0] if recorded is not None and recorded[0] in stopped else stopped[0]
+            self.log.warning("orphan_job_stopped", job_pid=job_pid, pids=stopped)
         if previous is not None:  # attempt numbers continue so logs/attempt-NNNN.log stay unique
             self.status.attempt = previous.attempt
             self.status.restarts = previous.restarts if not previous.state.final else 0
@@ -135,6 +168,7 @@ class Core:
         self._launch_pending = False
         for t in Timer:
             self.sys.timers.cancel(t)
+        self.history.finish(state, reason)
         self._publish()
 
     def _sync_disk(self) -> None:
@@ -145,11 +179,76 @@ class Core:
             self.status.quarantined = last.quarantined
         self.status.latest_checkpoint = self.house.latest_json()
 
+    def _give_up(self, reason: str) -> None:
+        self._finish(State.FAILED, reason)
+        self.log.error("gave_up", reason=reason, attempts=len(self.attempts))
+
     def _publish(self) -> None:
         self.status.updated_at = self.sys.now()
-        write_status(self.run_dir, self.status)
+        self.history.annotate(self.status)
+        try:
+            write_status(self.run_dir, self.status)
+        except OSError as exc:  # full, read-only or gone: keep supervising; say so once, not on every beat
+            error = f"{exc.strerror or exc}"
+            if self._state_write_error != error:
+                self.log.error("state_write_failed", path=str(self.run_dir / STATE_FILE), error=error)
+            self._state_write_error = error
+        else:
+            if self._state_write_error is not None:
+                self.log.info("state_write_recovered", path=str(self.run_dir / STATE_FILE))
+            self._state_write_error = None
         if self.notify is not None:
             self.notify(self.status)
+
+    def _try(self, what: str, action: Callable[[], object]) -> bool:
+        """Run one run-dir file operation; a failure is logged, never raised (the job matters more)."""
+        try:
+            action()
+            return True
+        except OSError as exc:
+            self.log.warning("run_dir_write_failed", what=what, error=f"{exc.strerror or exc}",
+                             path=str(getattr(exc, "filename", None) or ""))
+            return False
+
+    # ---- leaving -----------------------------------------------------------------------------------------------
+    def abandon(self, error: BaseException) -> int:
+        """The event loop failed (a bug, or an error nothing else caught): stop the job, record why; the exit code.
+
+        The job is stopped as on SIGTERM (its emergency checkpoint gets stop_timeout_s), because no supervisor
+        will be watching it; the exit code is 1, which systemd's Restart=on-failure retries (2 and 3 it does not).
+        """
+        self.log.error("supervisor_failed", error=f"{type(error).__name__}: {error}", exc_info=error)
+        job, self.job = self.job, None
+        if job is not None:
+            stopped = self.sys.stop_job(job.pid, self.cfg.health.stop_timeout_s)
+            self.log.warning("job_stopped", attempt=job.number, pids=stopped, reason="supervisor failed")
+        stopping = self.status.state is State.STOPPING
+        if not self.status.state.final:
+            self.status.state = State.STOPPED if stopping else State.FAILED  # whatever the state machine was doing
+            self.status.reason = self._stop_reason if stopping else f"supervisor failed: {type(error).__name__}: {error}"
+        self.status.job_pid = self.status.job_create_time = self.status.job_cmdline = None
+        self.status.next_launch_at = None
+        self.exit_code = EXIT_CODES[State.STOPPED] if stopping else EXIT_SUPERVISOR_FAILED
+        self._publish()
+        return self.exit_code
+
+    def close(self) -> None:
+        """On the way out, whatever happened: state.json must not claim a supervisor that no longer runs.
+
+        If the last write failed, try once more; if that fails too, remove the file (`status` then says
+        "no state" rather than "running"); if even that fails the run lock, released by the kernel when
+        we exit, still tells `status` that nobody runs.
+        """
+        if self._state_write_error is None and self.status.state.final:
+            return
+        if not self.status.state.final:  # left without a verdict (e.g. interrupted before the loop ran)
+            self.status.state, self.status.reason = State.STOPPED, self.status.reason or "supervisor exited"
+            self.status.job_pid = self.status.job_create_time = self.status.job_cmdline = None
+        self._publish()
+        if self._state_write_error is not None:
+            path = self.run_dir / STATE_FILE
+            if self._try("remove stale state.json", lambda: path.unlink(missing_ok=True)):
+                self.log.warning("state_removed", path=str(path), reason="it could not be updated")
 
     # ---- housekeeping passes ---------------------------------------------------------------------------------
     def _request_pass(self, *, prune: bool = True) -> None:
@@ -188,6 +287,7 @@ class Core:
             low = self.job.low_free
             self.job.low_free = outcome.disk_free if low is None else min(low, outcome.disk_free)
         new = self.house.absorb(outcome)
+        self.history.housekeeping(outcome, new)
         if new is not None:
             self.log.info("checkpoint_committed", path=str(new.path), step=new.step, size_bytes=new.size_bytes)
             job = self.job or (self.ended.job if self.ended else None)
@@ -195,6 +295,7 @@ class Core:
                 job.new_checkpoint = True
             if self.job is not None and self.in_use is not None and new.path != self.in_use:
                 self.in_use = None  # the attempt saved past its resume point: that one may go now
+                self.house.clear_in_use()
         self._sync_disk()
         if self.ended is not None:
             self._judge_exit()
@@ -220,6 +321,7 @@ class Core:
             ENV_ATTEMPT: str(number),
             ENV_RUN_DIR: str(self.run_dir),
             ENV_ERROR_FILE: str(error_file),
+            ENV_RUN_TOKEN: self.token,
         })
         return env
 
@@ -232,23 +334,57 @@ class Core:
         else:
             self._request_pass()
 
+    def _plan(self, scan: PassResult) -> resume.Launch | resume.Refuse | None:
+        """What to launch with, a refusal, or None to look at the root again (it could not be read)."""
+        job, ck = self.cfg.job, self.cfg.checkpoints
+        if scan.error is not None and job.resume_args and not ck.allow_fresh_start:
+            self._scan_failures += 1
+            if self._scan_failures < _LAUNCH_SCAN_TRIES:
+                delay = max(1.0, self.cfg.restart.backoff_initial_s)
+                self.log.warning("launch_deferred", reason="checkpoint root unreadable", error=scan.error, retry_s=delay)
+                self.sys.timers.set(Timer.LAUNCH, self.sys.monotonic() + delay)
+                return None
+            return resume.Refuse(f"cannot tell whether {ck.dir} holds a checkpoint to resume from: {scan.error}")
+        self._scan_failures = 0
+        plan = resume.plan_resume(scan.checkpoints, resume_args=job.resume_args,
+                                  allow_fresh_start=ck.allow_fresh_start, skip=self._unmarked)
+        if isinstance(plan, resume.Launch) and resume.chooses_itself(job.resume_args) and not self._choice_logged:
+            self._choice_logged = True  # said once: the job, not the supervisor, decides what it loads
+            self.log.info("resume_choice_left_to_job", resume_args=list(job.resume_args), root=str(ck.dir))
+        return plan
+
+    def _prepare_files(self, error_file: Path, log_path: Path) -> Path | None:
+        """Clear the attempt's error file and the stale heartbeat, create its log; the log, or None if impossible."""
+        self._try("errors dir", lambda: error_file.parent.mkdir(parents=True, exist_ok=True))
+        self._try("error file", lambda: error_file.unlink(missing_ok=True))
+        self._try("heartbeat", lambda: self.heartbeat_path.unlink(missing_ok=True))  # a stale beat is no progress
+
+        def create_log() -> None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "ab"):
+                pass
+
+        return log_path if self._try("attempt log (the job's output goes to the supervisor's)", create_log) else None
+
     def _launch(self, scan: PassResult) -> None:
         self._launch_pending = False
+        plan = self._plan(scan)
+        if plan is None:
+            return
+        if isinstance(plan, resume.Refuse):
+            self._give_up(plan.reason)
+            return
         number = self.status.attempt + 1
         if self.status.state is State.BACKOFF:
             self.status.transition(State.STARTING)
-        ckpt = scan.newest
-        argv = list(self.cfg.job.command)
-        if ckpt is not None:
-            argv += [a.replace(CHECKPOINT_PLACEHOLDER, str(ckpt.path)) for a in self.cfg.job.resume_args]
+        ckpt = plan.checkpoint
+        argv = [*self.cfg.job.command, *plan.args]
         error_file = self.run_dir / "errors" / f"attempt-{number:04d}.json"
-        error_file.parent.mkdir(parents=True, exist_ok=True)
-        error_file.unlink(missing_ok=True)
-        self.heartbeat_path.unlink(missing_ok=True)  # a stale beat must not look like progress
         log_path = self.run_dir / "logs" / f"attempt-{number:04d}.log"
+        output = self._prepare_files(error_file, log_path)
         oom_before = self.sys.oom_kills()
         try:
-            pid, ctime = self.sys.spawn(argv, cwd=self.cfg.job_cwd, env=self._job_env(number, error_file), log_path=log_path)
+            pid, ctime = self.sys.spawn(argv, cwd=self.cfg.job_cwd, env=self._job_env(number, error_file), log_path=output)
         except OSError as exc:
             self.log.error("launch_failed", attempt=number, argv=redact_argv(argv), error=str(exc))
             self._finish(State.FAILED, f"cannot launch {argv[0]!r}: {exc}")
@@ -259,6 +395,8 @@ class Core:
             resumed_step=ckpt.step if ckpt else None, error_file=error_file, log_path=log_path, oom_before=oom_before,
         )
         self.in_use = ckpt.path if ckpt else None
+        if ckpt is not None:  # visible to every prune of the root, not only to our own passes
+            self.house.mark_in_use(ckpt.path, pid, ctime)
         st = self.status
         st.attempt, st.job_pid, st.job_create_time, st.job_cmdline = number, pid, ctime, argv
         st.resumed_from, st.next_launch_at = self.job.resumed_from, None
@@ -270,6 +408,7 @@ class Core:
             resumed_step=self.job.resumed_step, argv=redact_argv(argv), env=redact_env(self.cfg.job.env),
             log=str(log_path),
         )
+        self.history.attempt_start(number, self.job.resumed_from, self.job.resumed_step)
         self._arm_hang_timer(startup=True)
         self._publish()
 
@@ -279,7 +418,9 @@ class Core:
         job = self.job
         if job is None or pid != job.pid:
             return
+        self._on_heartbeat()  # its last beat, if the file watcher has not delivered it yet: the phase it died in
         self.job, self.in_use = None, None  # the attempt is over: its resume point is no longer in use
+        self.house.clear_in_use()
         for t in (Timer.HANG, Timer.HANG_TERM, Timer.STOP_KILL):
             self.sys.timers.cancel(t)
         survivors = self.sys.reap_survivors()
@@ -315,15 +456,18 @@ class Core:
             number=job.number, started_at=job.started_mono, ended_at=ended.ended_mono, succeeded=ended.returncode == 0,
             reason=info.reason, resumed_from=job.resumed_from, resumed_step=job.resumed_step,
             max_step=job.max_step, new_checkpoint=job.new_checkpoint, progressed=progressed,
+            last_phase=job.beat.phase if job.beat else None, beat=job.beat is not None,
+            beat_checkpoint=self._named_by_beat(job),
         )
         self.attempts.append(attempt)
+        self.history.attempt_exit(attempt, info)
         self.log.info(
             "job_exited", attempt=job.number, code=info.code, signal=info.signal, reason=info.reason,
             detail=info.detail, duration_s=round(attempt.duration, 3), max_step=job.max_step,
             latest_checkpoint_step=latest, progressed=progressed,
         )
         if self.status.state is State.STOPPING:
-            self._finish(State.STOPPED, "stopped by signal")
+            self._finish(State.STOPPED, self._stop_reason)
             self.log.info("stopped", attempt=job.number, reason=info.reason)
             return
         self._maybe_quarantine()
@@ -332,8 +476,7 @@ class Core:
             self._finish(State.COMPLETED, decision.reason)
             self.log.info("completed", attempts=len(self.attempts))
         elif isinstance(decision, restarts.GiveUp):
-            self._finish(State.FAILED, decision.reason)
-            self.log.error("gave_up", reason=decision.reason, attempts=len(self.attempts))
+            self._give_up(decision.reason)
         else:
             self.status.transition(State.BACKOFF)
             self.status.restarts += 1
@@ -341,36 +484,76 @@ class Core:
             self.sys.timers.set(Timer.LAUNCH, self.sys.monotonic() + decision.delay_s)
             self.log.info("backoff", delay_s=round(decision.delay_s, 3), reason=decision.reason, restarts=self.status.restarts)
 
+    def _named_by_beat(self, job: _Job) -> str | None:
+        """The checkpoint a job that picks its own was loading when it ended: its `load` beat's step, if one matches."""
+        beat, last = job.beat, self.house.last
+        if job.resumed_from is not None or beat is None or beat.phase != "load" or beat.step <= 0 or last is None:
+            return None  # told what to load, or no sign of a load: step 0 is a beat before the job chose
+        named = [c for c in last.checkpoints if c.step == beat.step and not is_temporary(c.name)]
+        return str(named[0].path) if len(named) == 1 else None
+
     def _maybe_quarantine(self) -> None:
-        path = restarts.quarantine_candidate(self.attempts, self.cfg.restart.quarantine_after)
-        if path is None or path in self.status.quarantined:
+        """Quarantine a checkpoint only on evidence that the failures are its own (restarts.quarantine_candidate)."""
+        found = restarts.quarantine_candidate(self.attempts, self.cfg.restart.quarantine_after)
+        if found is None or found.path in self.status.quarantined or found.path in self._unmarked:
             return
-        reason = f"{self.cfg.restart.quarantine_after} consecutive attempts failed right after loading it"
-        self.house.quarantine(Path(path), reason)
-        self._generation += 1  # the root changed: the last pass no longer names the resume point
+        path, reason = found.path, found.reason
+        self._unmarked.add(path)  # not resumed from again by this supervisor, whether or not the marker lands
+        self._generation += 1  # the root changed (or should have): the last pass no longer names the resume point
+        try:
+            self.house.quarantine(Path(path), reason)
+        except (CheckpointError, OSError) as exc:  # vanished, read-only, full: this run still avoids it
+            self.log.error("quarantine_failed", path=path, reason=reason, error=str(exc))
+            return
+        self._unmarked.discard(path)
         self.status.quarantined = [*self.status.quarantined, path]
+        self.history.quarantined(path, reason)
         self.log.error("quarantined", path=path, reason=reason)
 
     # ---- signals ---------------------------------------------------------------------------------------------
     def on_signal(self, signum: int) -> None:
-        if signum not in (signal.SIGINT, signal.SIGTERM):
-            return
-        if self.status.state is State.STOPPING:
-            self.log.warning("stop_forced", signal=signal_name(signum))
-            if self.job is not None:
-                self.sys.kill_job_tree(self.job.pid)
-            return
+        """SIGTERM/SIGINT stop gracefully and a repeat waits; only a force kills (supervisor/signals.py)."""
         if self.status.state.final:
             return
+        if signum == FORCE_STOP_SIGNAL:
+            self._force_stop(signum, "stop --force")
+            return
+        if signum not in STOP_SIGNALS:
+            return
+        job_pid = self.job.pid if self.job else None
+        if self.status.state is State.STOPPING:
+            if signum == signal.SIGINT and self.sys.on_terminal():
+                self._force_stop(signum, "second Ctrl+C")
+            else:  # a retried `stop`, systemd or Slurm repeating SIGTERM: never a reason to lose the save
+                self.log.info("stop_in_progress", signal=signal_name(signum), job_pid=job_pid,
+                              force="fsdp-supervisor stop --force")
+            return
         self.status.transition(State.STOPPING)
-        self.log.info("stopping", signal=signal_name(signum), job_pid=self.job.pid if self.job else None)
+        self.log.info("stopping", signal=signal_name(signum), job_pid=job_pid, grace_s=self.cfg.health.stop_timeout_s)
         if self.job is not None:
             self._terminate_job()
         elif self.ended is None:  # in backoff or waiting to launch: nothing to stop
-            self._finish(State.STOPPED, "stopped by signal")
+            self._finish(State.STOPPED, self._stop_reason)
             self.log.info("stopped", attempt=self.status.attempt, reason="no job running")
             return
         # else: the job just exited and is being judged; the judgement sees STOPPING and stops.
+        self._publish()
+
+    def _force_stop(self, signum: int, cause: str) -> None:
+        """Kill the job now (an emergency save in progress is lost), then exit 0 without a restart."""
+        if self.status.state is not State.STOPPING:
+            self.status.transition(State.STOPPING)
+        self._stop_reason = f"force-stopped ({cause})"
+        job = self.job
+        self.log.warning("stop_forced", signal=signal_name(signum), cause=cause, job_pid=job.pid if job else None)
+        if job is not None:
+            job.stopping = True
+            for t in (Timer.HANG, Timer.HANG_TERM, Timer.STOP_KILL):
+                self.sys.timers.cancel(t)
+            self.sys.kill_job_tree(job.pid)
+        elif self.ended is None:
+            self._finish(State.STOPPED, self._stop_reason)
+            return
         self._publish()
 
     def _terminate_job(self) -> None:
@@ -481,6 +664,8 @@ class Core:
         if beat.val_loss is not None:
             st.val_loss = beat.val_loss
         job.beat, job.beat_mono = beat, self.sys.monotonic()
-        job.max_step = step if job.max_step is None else max(job.max_step, step)
+        if beat.phase != "load":  # a load beat names the step being loaded, not one this attempt trained
+            job.max_step = step if job.max_step is None else max(job.max_step, step)
+        self.history.beat(job.number, beat)
         self._arm_hang_timer()
         self._publish()

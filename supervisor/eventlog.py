@@ -1,7 +1,12 @@
 """structlog set-up: JSON lines in run_dir/supervisor.log (size-rotated), readable lines on stderr.
 
 Events have names and fields (`log.info("job_exited", code=1, reason="crash")`); `fsdp-supervisor logs`
-pretty-prints the JSON file with `render_line`.
+pretty-prints the JSON file with `render_line`. The store logs under its module names (`supervisor.checkpoints.*`),
+children of the supervisor's logger, so a quarantine or a failed deletion during `run` lands in supervisor.log.
+
+The other commands (`status`, `checkpoints prune`, ...) print what they did themselves, one plain line per
+fact; `configure_cli` keeps the store's info events off their console (they would repeat each line) and
+shows only its warnings, one line each on stderr.
 """
 from __future__ import annotations
 
@@ -14,10 +19,10 @@ from typing import Any
 
 import structlog
 
-__all__ = ["configure", "get_logger", "render_line", "LOG_FILE"]
+__all__ = ["configure", "configure_cli", "get_logger", "render_line", "LOG_FILE"]
 
 LOG_FILE = "supervisor.log"
-_NAME = "fsdp_supervisor"
+_NAME = "supervisor"  # the package's name: the store's module loggers propagate to it
 
 
 def configure(run_dir: Path, *, max_bytes: int, backups: int, console: bool = True) -> None:
@@ -54,6 +59,22 @@ def configure(run_dir: Path, *, max_bytes: int, backups: int, console: bool = Tr
         stream.setFormatter(structlog.stdlib.ProcessorFormatter(
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer]))
         logger.addHandler(stream)
+
+
+def _warning_line(_logger: Any, method: str, event: dict[str, Any]) -> str:
+    fields = " ".join(f"{k}={v}" for k, v in event.items() if k != "event" and v is not None)
+    return f"{method}: {event.get('event', '')} {fields}".rstrip()
+
+
+def configure_cli() -> None:
+    """For every command but `run`: drop info events, print warnings and errors as one line on stderr."""
+    structlog.configure(
+        processors=[_warning_line],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        # sys.stderr is looked up per event: a test's redirected stderr, or a replaced one, is honoured
+        logger_factory=lambda *_: structlog.PrintLogger(sys.stderr),
+        cache_logger_on_first_use=False,
+    )
 
 
 def get_logger() -> Any:

@@ -1,25 +1,36 @@
-"""Why did an attempt end? Exit code, signal, OOM, and torchrun's root cause, in one `ExitInfo`.
+"""Why did an attempt end? Exit code, signal, OOM, and the failing worker's rank and exception, in one `ExitInfo`.
 
 torchrun's agent (wrapped in `record`) copies the root-cause worker's error to TORCHELASTIC_ERROR_FILE, but
 that JSON has no rank; the rank and the worker's exit code come from the "Root Cause" block torchrun prints
-at the end of its output, so both are read.
+at the end of its output, so both are read. Most trainers (torchtitan, plain user scripts) never write the
+error file: then the exception is the worker's last Python traceback in the attempt log. torchrun prefixes
+worker lines with `[default1]:` (or `[<role>1]:`) when it tees them, torch prints a worker's uncaught
+exception as `[rank1]: ...`, and torchrun ends its own output with a traceback of `ChildFailedError`,
+which is the agent's and is skipped.
+
+Job output is untrusted and can be huge: only the last `_TAIL_BYTES` are read, line by line, in one pass
+with no backtracking pattern, and the error file is read only when it is a regular file of bounded size.
 """
 from __future__ import annotations
 
 import json
-import re
+import os
 import signal as _signal
+import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 from supervisor.state import ExitInfo
 
-__all__ = ["classify_exit", "signal_name", "root_cause", "read_oom_kills", "RootCause"]
+__all__ = ["classify_exit", "signal_name", "root_cause", "read_oom_kills", "RootCause", "scan_job_output"]
 
-_ROOT_RE = re.compile(
-    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(?P<rank>\d+).*?exitcode\s*:\s*(?P<code>-?\d+)",
-    re.S,
-)
-_TAIL_BYTES = 64 * 1024
+_TAIL_BYTES = 256 * 1024  # torchrun's footer is ~2 KiB; this leaves room for other ranks' noise after a failure
+_ERROR_FILE_BYTES = 1024 * 1024  # `record` writes the message plus one call stack: kilobytes
+_ROOT_CAUSE = "Root Cause (first observed failure):"
+_TRACEBACK = "Traceback (most recent call last):"
+_AGENT_EXCEPTION = "ChildFailedError"  # torchrun's own footer: names no worker's error
+_MAX_PREFIX = 80  # `[<role><rank>]:`; torchrun's roles are short names
+_MAX_DETAIL = 300
 
 
 def signal_name(signum: int) -> str:
@@ -30,7 +41,7 @@ def signal_name(signum: int) -> str:
 
 
 class RootCause:
-    """The first failing worker according to torchrun: rank, its exit code, and its exception message."""
+    """The first failing worker: rank, its exit code, and its exception message (error file or job output)."""
 
     def __init__(self, rank: int | None, exitcode: int | None, message: str | None) -> None:
         self.rank, self.exitcode, self.message = rank, exitcode, message
@@ -41,38 +52,178 @@ class RootCause:
             parts.append(f"rank {self.rank}")
         if self.exitcode is not None:
             parts.append(f"exitcode {self.exitcode}" + (f" ({signal_name(-self.exitcode)})" if self.exitcode < 0 else ""))
-        if self.message:
-            parts.append(self.message.strip().splitlines()[-1][:300])
+        lines = self.message.strip().splitlines() if self.message else []
+        if lines:
+            parts.append(lines[-1].strip()[:_MAX_DETAIL])
         return ": ".join(parts) if parts else None
 
 
-def _tail(path: Path) -> str:
+def _read_regular(path: Path, limit: int, *, tail: bool) -> str | None:
+    """The file's text (its last `limit` bytes when `tail`, else all of it if it fits), or None.
+
+    A FIFO, a device or a directory planted under the name is refused without blocking.
+    """
     try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - _TAIL_BYTES))
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except (OSError, ValueError):
+        return None
+    with os.fdopen(fd, "rb") as f:
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or (not tail and st.st_size > limit):
+                return None
+            start = max(0, st.st_size - limit) if tail else 0
+            f.seek(start)
+            data = f.read(limit)
+        except OSError:
+            return None
+    if start > 0:  # began mid-line: drop the fragment
+        data = data[data.find(b"\n") + 1:]
+    return data.decode("utf-8", "replace")
+
+
+def _error_file_message(error_file: Path) -> str | None:
+    text = _read_regular(error_file, _ERROR_FILE_BYTES, tail=False)
+    if text is None:
+        return None
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):  # garbage, or nesting deep enough to exhaust the parser's stack
+        return None
+    msg = doc.get("message") if isinstance(doc, dict) else None
+    msg = msg.get("message") if isinstance(msg, dict) else msg
+    return msg if isinstance(msg, str) else None
+
+
+def _strip_prefix(line: str) -> tuple[str, str] | None:
+    """(`rank1`, rest) for a line starting with `[rank1]:` (one space after it dropped), else None."""
+    if line.startswith("["):
+        end = line.find("]:", 1, _MAX_PREFIX + 2)
+        if end > 1:
+            rest = line[end + 2:]
+            return line[1:end], rest[1:] if rest.startswith(" ") else rest
+    return None
+
+
+def _split_prefix(line: str) -> tuple[str, int | None, str]:
+    """(source, its rank, the rest); ("", None, line) for lines nobody prefixed.
+
+    torchrun's tee writes `[default1]:` (or `[<role><n>]:`); torch itself prints a worker's uncaught exception
+    as `[rank1]: ...`; the two can stack. The outermost prefix names the source.
+    """
+    first = _strip_prefix(line)
+    if first is None:
+        return "", None, line
+    source, body = first
+    inner = _strip_prefix(body)
+    if inner is not None:
+        body = inner[1]
+    digits = len(source) - len(source.rstrip("0123456789"))
+    rank = int(source[len(source) - digits:]) if 0 < digits <= 9 else None
+    return source, rank, body
+
+
+def _exception_line(body: str) -> str | None:
+    """`pkg.Error: message` or `KeyboardInterrupt` as Python prints it after a traceback, else None."""
+    if not body or body[0].isspace():
+        return None
+    name, sep, message = body.partition(":")
+    if not all(part.isidentifier() for part in name.split(".")):
+        return None
+    short = name.rsplit(".", 1)[-1]
+    return f"{short}: {message.strip()}" if sep and message.strip() else short
+
+
+def _field(line: str, key: str) -> int | None:
+    """The integer of a Root Cause field line such as `  exitcode  : 1 (pid: 3723)`."""
+    name, sep, value = line.partition(":")
+    words = value.split(maxsplit=1)
+    if not sep or name.strip() != key or not words:
+        return None
+    try:
+        return int(words[0])
+    except ValueError:
+        return None
+
+
+def _local_rank(line: str) -> int | None:
+    """The `local_rank` of `  rank      : 9 (local_rank: 1)`: what torchrun's default line prefix numbers."""
+    _, sep, rest = line.partition("(local_rank:")
+    return _field("local_rank:" + rest.split(")", 1)[0], "local_rank") if sep else None
+
+
+class _OutputScan:
+    """What one pass over the job's output found: the Root Cause block and each source's last exception."""
+
+    def __init__(self) -> None:
+        self.rank: int | None = None
+        self.local_rank: int | None = None
+        self.exitcode: int | None = None
+        self.exceptions: dict[str, str] = {}  # source -> its last exception line (insertion = first failure order)
+        self.ranks: dict[str, int | None] = {}
+        self._in_root = False
+        self._open: set[str] = set()  # sources inside a traceback, waiting for its exception line
+
+    def feed(self, line: str) -> None:
+        line = line.rstrip("\r")
+        if line.strip() == _ROOT_CAUSE:
+            self.rank = self.local_rank = self.exitcode = None
+            self._in_root = True
+            return
+        if self._in_root:
+            if line.startswith("==="):
+                self._in_root = False
+            elif self.rank is None and (rank := _field(line, "rank")) is not None:
+                self.rank, self.local_rank = rank, _local_rank(line)
+            elif self.exitcode is None and (code := _field(line, "exitcode")) is not None:
+                self.exitcode = code
+            return
+        source, rank, body = _split_prefix(line)
+        if body == _TRACEBACK:
+            self._open.add(source)
+            return
+        if source not in self._open:
+            return
+        exc = _exception_line(body)
+        if exc is None:  # a frame, a caret line, or another process's line in between
+            return
+        self._open.discard(source)
+        if exc.split(":", 1)[0] == _AGENT_EXCEPTION:
+            return
+        self.ranks.setdefault(source, rank)
+        self.exceptions[source] = exc
+
+    def worker_exception(self) -> str | None:
+        """The root-cause worker's last exception, else the first failing source's last one.
+
+        torchrun's default prefix numbers the local rank (`[default1]:`); a `${rank}` template, the global one.
+        """
+        for wanted in (self.local_rank, self.rank):
+            for source, number in self.ranks.items():
+                if wanted is not None and number == wanted:
+                    return self.exceptions[source]
+        return next(iter(self.exceptions.values()), None)
+
+
+def scan_job_output(lines: Iterable[str]) -> RootCause:
+    """Rank and exit code from torchrun's Root Cause block and the worker's exception, in one linear pass."""
+    scan = _OutputScan()
+    for line in lines:
+        scan.feed(line)
+    return RootCause(scan.rank, scan.exitcode, scan.worker_exception())
 
 
 def root_cause(error_file: Path | None, job_log: Path | None) -> RootCause:
-    """Parse the root cause from torchrun's error file and the tail of the job's output; tolerate garbage."""
-    message = None
-    if error_file is not None:
-        try:
-            doc = json.loads(error_file.read_text(encoding="utf-8", errors="replace"))
-            msg = doc.get("message")
-            message = msg.get("message") if isinstance(msg, dict) else (msg if isinstance(msg, str) else None)
-        except (OSError, ValueError, AttributeError):
-            message = None
-    rank = code = None
+    """The failing worker from torchrun's error file and the tail of the job's output; tolerates garbage."""
+    found = RootCause(None, None, None)
     if job_log is not None:
-        matches = list(_ROOT_RE.finditer(_tail(job_log)))
-        if matches:
-            rank, code = int(matches[-1]["rank"]), int(matches[-1]["code"])
-    return RootCause(rank, code, message)
+        text = _read_regular(job_log, _TAIL_BYTES, tail=True)
+        if text:
+            found = scan_job_output(text.splitlines())
+    message = _error_file_message(error_file) if error_file is not None else None
+    if message and message.strip():  # what the worker itself recorded beats what we parse from its output
+        found.message = message
+    return found
 
 
 def read_oom_kills(cgroup_root: Path = Path("/sys/fs/cgroup"), proc_self: Path = Path("/proc/self/cgroup")) -> int | None:

@@ -6,6 +6,11 @@ delays a signal or a job exit (DESIGN.md invariant 8). The loop hands the `PassR
 `Housekeeper.absorb`, which remembers the newest complete checkpoint and says whether a new one was
 committed since the last pass. All judgement lives in `supervisor.checkpoints` (complete, ranking,
 retention plan).
+
+The Housekeeper also keeps the in-use marker of the running attempt (`mark_in_use`/`clear_in_use`, called
+by the core where it sets and clears its resume point): a file next to the checkpoint root that every
+prune honours, the daemon's own passes included, and that each pass refreshes. The trash goes next to the
+root, or into the run dir when the root's parent cannot hold it.
 """
 from __future__ import annotations
 
@@ -50,6 +55,10 @@ class Housekeeper:
         self.last: PassResult | None = None
         self.disk_free: int | None = None  # as of the last pass, or of the trash emptied since
         self._emptier: threading.Thread | None = None
+        self._trash_lock = threading.Lock()
+        self._more_trash = False  # something was parked since the emptier last looked
+        self._emptying = False
+        self._marker: tuple[Path, int] | None = None  # the running attempt's in-use marker and job pid
 
     def concerns(self, path: Path) -> bool:
         """Is this file event a possible checkpoint commit (a top-level rename/create, or DCP's .metadata)?"""
@@ -57,7 +66,9 @@ class Housekeeper:
             rel = path.relative_to(self.root)
         except ValueError:
             return False
-        return len(rel.parts) == 1 or rel.name in (METADATA_NAME, MANIFEST_NAME)
+        # A JSON file in a checkpoint folder may be the sidecar that says an Accelerate checkpoint's step.
+        return len(rel.parts) == 1 or rel.name in (METADATA_NAME, MANIFEST_NAME) or (
+            len(rel.parts) == 2 and rel.suffix == ".json")
 
     # ---- off the loop ------------------------------------------------------------------------------------
     def run_pass(self, *, generation: int, protect: Collection[Path], prune: bool = True,
@@ -70,6 +81,9 @@ class Housekeeper:
         """
         if not self.root.is_dir():
             return PassResult(generation)
+        marker = self._marker
+        if marker is not None:
+            store.refresh_in_use(marker[0])
         try:
             usage = store.disk_usage(self.root)
             found = store.scan(self.root, verify_all=True)
@@ -78,9 +92,11 @@ class Housekeeper:
             plan = store.RetentionPlan()
             committed = newest is not None and newest.path != unless_newest
             if self.cfg.checkpoints.prune and (prune or committed):
-                plan = store.plan_retention(found, rules=self.cfg.checkpoints, disk=usage, protect=protect,
-                                            now=self.now())
-            deleted = store.execute_retention(self.root, plan, empty_trash=False) if plan.deletions else []
+                store.migrate_legacy_trash(self.root, fallback=self.cfg.run_dir)
+                plan = store.plan_retention(found, rules=self.cfg.checkpoints, disk=usage,
+                                            protect={*protect, *store.in_use(self.root)}, now=self.now())
+            deleted = (store.execute_retention(self.root, plan, empty_trash=False, fallback=self.cfg.run_dir)
+                       if plan.deletions else [])
         except (CheckpointError, OSError) as exc:
             return PassResult(generation, error=str(exc))
         gone = {d.path for d in deleted}
@@ -92,18 +108,45 @@ class Housekeeper:
 
     def empty_trash(self) -> None:
         """Remove trash contents on a worker thread: a slow rmtree must not stall the loop (or its watchdog)."""
-        if self._emptier is not None and self._emptier.is_alive():
-            return  # it will find what was parked since it started, or the next pass will
+        with self._trash_lock:
+            self._more_trash = True  # a running emptier looks again before it ends: nothing parked is left behind
+            if self._emptying:
+                return
+            self._emptying = True
 
         def work() -> None:
-            try:
-                store.clear_trash(self.root)
-                self.disk_free = store.disk_usage(self.root).free_bytes  # picked up by the next publish
-            except (CheckpointError, OSError) as exc:
-                self.log.warning("trash_clear_failed", root=str(self.root), error=str(exc))
+            while True:
+                with self._trash_lock:
+                    if not self._more_trash:
+                        self._emptying = False
+                        return
+                    self._more_trash = False
+                try:
+                    store.clear_trash(self.root, fallback=self.cfg.run_dir)
+                    self.disk_free = store.disk_usage(self.root).free_bytes  # picked up by the next publish
+                except (CheckpointError, OSError) as exc:
+                    self.log.warning("trash_clear_failed", root=str(self.root), error=str(exc))
 
         self._emptier = threading.Thread(target=work, name="trash-emptier", daemon=True)
         self._emptier.start()
+
+    # ---- in-use marker ------------------------------------------------------------------------------------
+    def mark_in_use(self, path: Path, pid: int, start_time: float | None) -> None:
+        """The attempt `pid` (started at `start_time`) resumed from `path`: tell every prune of the root."""
+        self.clear_in_use()
+        try:
+            self._marker = (store.mark_in_use(self.root, path, pid=pid, start_time=start_time), pid)
+        except CheckpointError as exc:  # the daemon's own retention still protects it (core's in_use)
+            self.log.warning("in_use_marker_failed", path=str(path), error=str(exc))
+
+    def clear_in_use(self) -> None:
+        """The attempt ended or committed past its resume point: drop its marker."""
+        marker, self._marker = self._marker, None
+        if marker is not None:
+            try:
+                store.clear_in_use(self.root, pid=marker[1])
+            except CheckpointError as exc:
+                self.log.warning("in_use_marker_failed", path=str(marker[0]), error=str(exc))
 
     def wait_idle(self, timeout: float | None = None) -> None:
         """Let a running trash removal finish (at shutdown and in tests)."""
@@ -161,11 +204,16 @@ class Housekeeper:
 
 
 def _newer(cur: store.CheckpointInfo, old: store.CheckpointInfo | None) -> bool:
-    """Is `cur` a later save than `old` (a fallback to an older one after quarantine is not)?"""
+    """Is `cur` a later save than `old` (a fallback to an older one after quarantine is not)?
+
+    Compared by the store's one ordering (save ordinal for Accelerate's `checkpoint_<N>`, else step), so
+    a nested-layout commit whose step is not known yet still counts as new.
+    """
     if old is None:
         return True
     if cur.path == old.path:
         return cur.mtime > old.mtime  # the same step saved again
-    if cur.step is not None and old.step is not None:
-        return cur.step > old.step
+    cur_rank, old_rank = store.age_order(cur), store.age_order(old)
+    if cur_rank[0] and old_rank[0]:
+        return cur_rank[1] > old_rank[1]
     return cur.mtime > old.mtime

@@ -2,6 +2,12 @@
 
 The trainer writes `step_<N>` under a temporary sibling name and renames it into place; the store
 treats anything with the temporary prefix as `partial`, whatever it contains.
+
+Nothing the supervisor keeps for itself lives inside the checkpoint root: programs such as Accelerate
+sort every entry of that folder and crash on names they did not write. Its trash and its in-use markers
+sit next to the root, as hidden siblings named after it (`<parent>/.<root-name>.fsdp-trash/`,
+`<parent>/.<root-name>.fsdp-inuse/`). Only the pin and quarantine markers are files inside a checkpoint
+dir, where loaders do not look (DCP reads `.metadata` and the files it names).
 """
 from __future__ import annotations
 
@@ -10,18 +16,24 @@ __all__ = [
     "MANIFEST_NAME",
     "MANIFEST_FORMAT",
     "TMP_PREFIX",
-    "TRASH_DIR",
+    "LEGACY_TRASH_DIR",
+    "TRASH_SUFFIX",
+    "IN_USE_SUFFIX",
     "PIN_MARKER",
     "QUARANTINE_MARKER",
     "step_dir_name",
     "tmp_dir_name",
+    "sidecar_name",
+    "is_sidecar_name",
 ]
 
 METADATA_NAME = ".metadata"  # DCP's completion marker, written last by the coordinator
 MANIFEST_NAME = "manifest.json"  # the reference trainer's manifest (step, world size, file sizes, ...)
 MANIFEST_FORMAT = "fsdp-supervisor/1"
 TMP_PREFIX = ".tmp-"  # in-flight saves: `.tmp-step_00000120-<nonce>`; never complete
-TRASH_DIR = ".trash"  # retention renames here first, then removes
+LEGACY_TRASH_DIR = ".trash"  # inside the root, by earlier versions: migrated next to the root on first use
+TRASH_SUFFIX = ".fsdp-trash"  # `<parent>/.<root-name>.fsdp-trash/`: retention renames here first, then removes
+IN_USE_SUFFIX = ".fsdp-inuse"  # `<parent>/.<root-name>.fsdp-inuse/<host>-<pid>.json`: checkpoints a job resumed from
 PIN_MARKER = ".pinned"  # file inside a checkpoint dir: retention never deletes it
 QUARANTINE_MARKER = ".quarantined"  # file inside a checkpoint dir: never selected for resume
 
@@ -34,3 +46,13 @@ def step_dir_name(step: int) -> str:
 def tmp_dir_name(step: int, nonce: str) -> str:
     """Temporary sibling name a save is written under before its atomic rename."""
     return f"{TMP_PREFIX}{step_dir_name(step)}-{nonce}"
+
+
+def sidecar_name(root_name: str, suffix: str) -> str:
+    """The hidden sibling of a checkpoint root named `root_name` that holds the supervisor's `suffix` data."""
+    return f".{root_name}{suffix}"
+
+
+def is_sidecar_name(name: str) -> bool:
+    """Is `name` one of the supervisor's own sidecars (of any root)? Listings leave them out."""
+    return name.startswith(".") and name.endswith((TRASH_SUFFIX, IN_USE_SUFFIX))

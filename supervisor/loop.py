@@ -20,11 +20,12 @@ from watchdog.observers import Observer
 
 from supervisor import procs
 from supervisor.core import Core
+from supervisor.signals import HANDLED
 from supervisor.system import RealSystem
 
 __all__ = ["EventLoop", "Echo"]
 
-_HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD)
+_HANDLED = HANDLED  # stop, force stop, child exits (supervisor/signals.py)
 _MAX_WAIT_S = 3600.0
 
 

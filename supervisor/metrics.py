@@ -21,6 +21,7 @@ from supervisor.state import State, Status
 
 __all__ = [
     "CONTENT_TYPE",
+    "RESTART_LATENCY_BUCKETS",
     "render_metrics",
     "parse_listen",
     "listen_address",
@@ -31,6 +32,8 @@ __all__ = [
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _P = "fsdp_supervisor_"
+# Restart latency (failure seen -> training again) spans a fast in-place restart to a long backoff.
+RESTART_LATENCY_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 
 
 def _label(value: object) -> str:
@@ -63,6 +66,14 @@ class _Doc:
     def gauge(self, name: str, help_: str, value: Any, **labels: object) -> None:
         self.family(name, "gauge", help_, [(labels, value)])
 
+    def histogram(self, name: str, help_: str, values: list[float], buckets: tuple[float, ...]) -> None:
+        """Cumulative `_bucket{le}` counts, then `_sum` and `_count` (always exported, zero without samples)."""
+        self.lines += [f"# HELP {_P}{name} {help_}", f"# TYPE {_P}{name} histogram"]
+        for le in buckets:
+            self.lines.append(f'{_P}{name}_bucket{{le="{le:g}"}} {sum(1 for v in values if v <= le)}')
+        self.lines.append(f'{_P}{name}_bucket{{le="+Inf"}} {len(values)}')
+        self.lines += [f"{_P}{name}_sum {_num(float(sum(values)))}", f"{_P}{name}_count {len(values)}"]
+
 
 def render_metrics(st: Status, *, now: float) -> str:
     """The Prometheus text exposition (format 0.0.4) of one status snapshot."""
@@ -78,6 +89,13 @@ def render_metrics(st: Status, *, now: float) -> str:
     d.gauge("job_step_timestamp_seconds", "Unix time the heartbeat step last advanced.", st.step_at)
     d.gauge("job_steps_per_second", "Smoothed training rate.", st.rate_steps_per_s)
     d.gauge("job_loss", "Loss from the job's heartbeat.", st.loss)
+    d.gauge("job_val_loss", "The last evaluation loss from the job's heartbeat.", st.val_loss)
+    d.gauge("goodput", "Productive training time over supervisor wall time, 0-1, from the run's history.",
+            st.goodput)
+    d.histogram("restart_latency_seconds", "Per recovery: seconds from a failure seen to the job training again.",
+                st.restart_latency_s, RESTART_LATENCY_BUCKETS)
+    d.family("steps_lost_total", "counter", "Training steps redone after failures (step at failure - step resumed).",
+             [({}, sum(st.steps_lost))])
     ck = st.latest_checkpoint or {}
     d.gauge("last_checkpoint_step", "Step of the newest complete checkpoint.", ck.get("step"))
     mtime = ck.get("mtime")

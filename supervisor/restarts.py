@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from supervisor.config import RestartSection
 
-__all__ = ["Attempt", "Restart", "GiveUp", "Finish", "Decision", "decide", "backoff_delay", "quarantine_candidate"]
+__all__ = ["Attempt", "Restart", "GiveUp", "Finish", "Decision", "Quarantine", "decide", "backoff_delay",
+           "quarantine_candidate"]
 
 
 @dataclass(frozen=True)
@@ -22,11 +23,14 @@ class Attempt:
     ended_at: float
     succeeded: bool  # exit code 0
     reason: str  # classification, e.g. "completed", "crash", "signal", "oom", "hang"
-    resumed_from: str | None = None  # checkpoint path passed via resume_args
+    resumed_from: str | None = None  # checkpoint path passed via resume_args ({checkpoint} or {step}); else None
     resumed_step: int | None = None
     max_step: int | None = None  # highest heartbeat step seen during the attempt
     new_checkpoint: bool = False  # a newer complete checkpoint appeared during the attempt
     progressed: bool = False  # a step beyond every earlier attempt, or a new checkpoint
+    beat: bool = False  # the attempt wrote at least one valid heartbeat
+    last_phase: str | None = None  # the phase of its last heartbeat ("load" at exit: it died loading)
+    beat_checkpoint: str | None = None  # a job picking its own: the checkpoint its `load` beat's step names
 
     @property
     def duration(self) -> float:
@@ -106,21 +110,49 @@ def decide(history: Sequence[Attempt], cfg: RestartSection, *, jitter: float = 0
     return Restart(backoff_delay(history, cfg, jitter), reason="completed" if last.succeeded else last.reason)
 
 
-def quarantine_candidate(history: Sequence[Attempt], quarantine_after: int) -> str | None:
-    """The checkpoint to quarantine: the last `quarantine_after` attempts all failed after loading it.
+@dataclass(frozen=True)
+class Quarantine:
+    path: str
+    reason: str
 
-    "Failed after loading" means the attempt failed, resumed from that checkpoint, and never trained
-    past its step (no heartbeat step beyond it and no newer checkpoint).
+
+def _loading(a: Attempt) -> str | None:
+    """The checkpoint an attempt was loading: the one passed to it, else the one its `load` heartbeat named."""
+    return a.resumed_from or a.beat_checkpoint
+
+
+def _stalled(a: Attempt) -> bool:
+    """Failed without getting anywhere: no new checkpoint, no heartbeat step past the one it resumed at."""
+    past = a.max_step is not None and a.resumed_step is not None and a.max_step > a.resumed_step
+    return not a.succeeded and not a.new_checkpoint and not past
+
+
+def quarantine_candidate(history: Sequence[Attempt], quarantine_after: int) -> Quarantine | None:
+    """The checkpoint to quarantine, with the evidence, or None: only a failure specific to it counts.
+
+    The last `quarantine_after` attempts must all have failed without progress while loading the same
+    checkpoint C - passed to them by resume_args, or named by their `load` heartbeat - and each must carry
+    evidence that C, not the job, is what fails:
+    - with a heartbeat: its last beat said `load` (the attempt died loading C);
+    - without one (the job writes none): C was passed to it, and earlier in this run an attempt passed
+      another checkpoint made progress (the job can load and train).
+    Never when an earlier attempt of this run loaded C and made progress: C is fine, something else fails.
+    An attempt that died in `train`, or wrote no beat when it writes them, or that picked its own
+    checkpoint without naming it, is no evidence: a bad node, a broken install or a bug fails every
+    checkpoint alike, and quarantining the good ones would end in a fresh start or a give-up.
     """
     if quarantine_after <= 0 or len(history) < quarantine_after:
         return None
-    tail = history[-quarantine_after:]
-    path = tail[0].resumed_from
-    if path is None:
+    tail, earlier = history[-quarantine_after:], history[:-quarantine_after]
+    path = _loading(tail[0])
+    if path is None or any(_loading(a) != path or not _stalled(a) for a in tail):
         return None
-    for a in tail:
-        if a.succeeded or a.resumed_from != path or a.new_checkpoint:
-            return None
-        if a.max_step is not None and a.resumed_step is not None and a.max_step > a.resumed_step:
-            return None
-    return path
+    if any(a.progressed and _loading(a) == path for a in earlier):
+        return None  # it loaded and trained before: what fails now is not the checkpoint
+    if all(a.last_phase == "load" for a in tail):
+        return Quarantine(path, f"{quarantine_after} consecutive attempts died while loading it (heartbeat phase load)")
+    loads_others = any(a.progressed and a.resumed_from not in (None, path) for a in earlier)
+    if loads_others and all(not a.beat and a.resumed_from == path for a in tail):
+        return Quarantine(path, f"{quarantine_after} consecutive attempts failed right after loading it, while an "
+                                "earlier attempt loaded another checkpoint and trained")
+    return None

@@ -104,7 +104,7 @@ class Prewarmer:
     """Owns at most one idle spare; `RealSystem` asks it first on every launch."""
 
     def __init__(self) -> None:
-        from supervisor.eventlog import get_logger  # here: procs imports this module for every CLI command
+        from supervisor.eventlog import get_logger  # here: importing this module stays cheap (no structlog set-up)
 
         self.log = get_logger()
         self._spare: _Spare | None = None

@@ -69,8 +69,9 @@ class Status:
     state: State = State.STARTING
     pid: int = 0
     job_pid: int | None = None
-    job_create_time: float | None = None  # with job_cmdline: identifies an orphan of a killed supervisor
+    job_create_time: float | None = None  # with job_pid: identifies an orphan of a killed supervisor
     job_cmdline: list[str] | None = None
+    run_token: str | None = None  # the run dir's job token (also in run_dir/job.token; supervisor/identity.py)
     attempt: int = 0
     restarts: int = 0
     started_at: float = 0.0
@@ -88,6 +89,11 @@ class Status:
     quarantined: list[str] = field(default_factory=list)
     next_launch_at: float | None = None
     reason: str | None = None  # why the supervisor ended (gave up, completed, stopped)
+    # From the run's history (supervisor.report has the definitions):
+    goodput: float | None = None  # productive training time / supervisor wall time
+    loss_recent: list[float] = field(default_factory=list)  # the last sampled losses, oldest first
+    restart_latency_s: list[float] = field(default_factory=list)  # per recovery: failure seen -> training again
+    steps_lost: list[int] = field(default_factory=list)  # per failure followed by a relaunch
     config: str | None = None
     updated_at: float = 0.0
 

@@ -1,10 +1,50 @@
 """Human renderings of `Status`: the `status` summary and the one-line form used for sd_notify STATUS=."""
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 from supervisor.humanize import human_age, human_bytes
 from supervisor.state import State, Status
 
-__all__ = ["render_status", "one_line"]
+__all__ = ["render_status", "one_line", "sparkline", "SPARK_BLOCKS"]
+
+SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: Sequence[float]) -> str:
+    """One block character per value, lowest ▁ to highest █ (all ▄ when they are equal)."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return ""
+    lo, hi = min(finite), max(finite)
+    top = len(SPARK_BLOCKS) - 1
+    if hi - lo <= 1e-12 * max(1.0, abs(hi)):
+        return SPARK_BLOCKS[top // 2] * len(finite)
+    return "".join(SPARK_BLOCKS[min(top, int((v - lo) / (hi - lo) * (top + 1)))] for v in finite)
+
+
+def _loss_row(st: Status, spark: bool) -> str | None:
+    recent = st.loss_recent
+    if not recent:
+        return None if st.loss is None else f"{st.loss:.4g}"
+    text = f"{recent[-1]:.4g}"
+    if spark:
+        text = f"{sparkline(recent)} {text}"
+    else:
+        text += f" (last {len(recent)} samples: min {min(recent):.4g}, max {max(recent):.4g})"
+    return text + (f", val_loss {st.val_loss:.4g}" if st.val_loss is not None else "")
+
+
+def _goodput_row(st: Status) -> str | None:
+    if st.goodput is None:
+        return None
+    parts = [f"{st.goodput:.1%}"]
+    if st.restart_latency_s:
+        parts.append(f"last restart latency {st.restart_latency_s[-1]:.1f}s")
+    if st.steps_lost:
+        parts.append(f"{sum(st.steps_lost)} steps lost in {len(st.steps_lost)} failures")
+    return ", ".join(parts)
 
 
 def one_line(st: Status) -> str:
@@ -23,7 +63,8 @@ def one_line(st: Status) -> str:
     return ", ".join(parts)
 
 
-def render_status(st: Status, *, running: bool, now: float) -> str:
+def render_status(st: Status, *, running: bool, now: float, spark: bool = False) -> str:
+    """The `status` table; `spark`: draw the loss sparkline (a terminal that shows Unicode blocks)."""
     rows: list[tuple[str, str]] = []
     state = st.state.value if running or st.state.final else f"{st.state.value} (supervisor not running: stale state)"
     rows.append(("state", state))
@@ -36,6 +77,12 @@ def render_status(st: Status, *, running: bool, now: float) -> str:
         rate = f", {st.rate_steps_per_s:.2f} step/s" if st.rate_steps_per_s else ""
         age = f", {human_age(now - st.step_at)} ago" if st.step_at else ""
         rows.append(("step", f"{st.step} ({st.phase or '?'}{rate}{age})"))
+    loss = _loss_row(st, spark)
+    if loss is not None:
+        rows.append(("loss", loss))
+    goodput = _goodput_row(st)
+    if goodput is not None:
+        rows.append(("goodput", goodput))
     ck = st.latest_checkpoint
     if ck:
         age = f", {human_age(now - ck['mtime'])} old" if ck.get("mtime") else ""

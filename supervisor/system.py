@@ -67,8 +67,8 @@ class System(Protocol):
     def now(self) -> float: ...  # wall clock, for humans and files
     def monotonic(self) -> float: ...  # durations and timers
     def random(self) -> float: ...  # jitter in [0, 1)
-    def spawn(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_path: Path) -> tuple[int, float]:
-        """Start the job; return (pid, create_time)."""
+    def spawn(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_path: Path | None) -> tuple[int, float]:
+        """Start the job, its output appended to `log_path` (None: the supervisor's own); (pid, create_time)."""
     def send_signal(self, pid: int, sig: int) -> None: ...
     def signal_workers(self, pid: int, sig: int) -> list[int]: ...
     def kill_job_tree(self, pid: int) -> list[tuple[int, str]]:
@@ -76,8 +76,12 @@ class System(Protocol):
     def reap_survivors(self) -> list[tuple[int, str]]:
         """After an attempt: kill any descendant still alive; return what was killed."""
     def oom_kills(self) -> int | None: ...
-    def stop_orphan(self, pid: int | None, create_time: float | None, cmdline: Sequence[str] | None, timeout: float) -> list[int]:
-        """Stop a job left by a killed supervisor if it is really that job; return the pids stopped."""
+    def stop_orphans(self, token: str, run_dir: Path, recorded: tuple[int, float] | None, timeout: float) -> list[int]:
+        """Stop every live process of a job this run dir's supervisor started (procs.find_orphans); their pids."""
+    def stop_job(self, pid: int, timeout: float) -> list[int]:
+        """Outside the event loop (the supervisor is failing): SIGTERM the job, wait, then kill what is left."""
+    def on_terminal(self) -> bool:
+        """Whether a SIGINT now can be a Ctrl+C typed at the supervisor (it leads its terminal's foreground)."""
 
 
 class RealSystem:
@@ -120,11 +124,12 @@ class RealSystem:
     def random(self) -> float:
         return random.random()
 
-    def spawn(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_path: Path) -> tuple[int, float]:
-        warm = self.prewarmer.launch(argv, cwd=cwd, env=env, log_path=log_path) if self.prewarmer else None
+    def spawn(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_path: Path | None) -> tuple[int, float]:
+        # A spare opens the attempt log itself: without one (an unwritable run dir) the launch goes cold.
+        warm = self.prewarmer.launch(argv, cwd=cwd, env=env, log_path=log_path) if self.prewarmer and log_path else None
         p = warm or procs.spawn(argv, cwd=cwd, env=env, log_path=log_path)
         self._popen[p.pid] = p
-        if self.prewarmer is not None:  # after the job, so that it gets the head start
+        if self.prewarmer is not None and log_path is not None:  # after the job, so that it gets the head start
             self.prewarmer.refill(argv, cwd=cwd, env=env, log_dir=log_path.parent)
         try:
             import psutil
@@ -172,6 +177,30 @@ class RealSystem:
     def oom_kills(self) -> int | None:
         return read_oom_kills()
 
-    def stop_orphan(self, pid: int | None, create_time: float | None, cmdline: Sequence[str] | None, timeout: float) -> list[int]:
-        proc = procs.find_job(pid, create_time, cmdline)
-        return procs.stop_orphan(proc, timeout) if proc is not None else []
+    def stop_orphans(self, token: str, run_dir: Path, recorded: tuple[int, float] | None, timeout: float) -> list[int]:
+        found = procs.find_orphans(token, run_dir, recorded)
+        return procs.stop_processes(found, timeout) if found else []
+
+    def stop_job(self, pid: int, timeout: float) -> list[int]:
+        try:
+            import psutil
+
+            job = psutil.Process(pid)
+            tree = [job, *job.children(recursive=True)]
+        except Exception:  # noqa: BLE001 - gone already
+            return []
+        stopped = procs.stop_processes(tree, timeout)
+        procs.reap_any()
+        return stopped
+
+    def on_terminal(self) -> bool:
+        try:
+            fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC)  # ENXIO: no controlling terminal
+        except OSError:
+            return False
+        try:
+            return os.tcgetpgrp(fd) == os.getpgrp()
+        except OSError:
+            return False
+        finally:
+            os.close(fd)

@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 
 from supervisor.checkpoints import TORN, scan, verify
-from supervisor.layout import MANIFEST_NAME, TRASH_DIR
+from supervisor.layout import MANIFEST_NAME, TRASH_SUFFIX, sidecar_name
 from supervisor.checkpoints.naming import is_temporary, name_step
 from tests.chaos import SAVE_EVERY, ChaosRun
 from tests.helpers import wait_for
@@ -136,11 +136,11 @@ def prepare_planted(stage: Path, reference_ckpts: Path) -> Path:
 
 def kill_supervisor_mid_retention(c: ChaosRun, planted: Path) -> str:
     """Plant an old checkpoint retention must delete, SIGKILL the supervisor while it is removing it, start a
-    new supervisor: the orphaned job is stopped before anything launches and `.trash` is cleared."""
+    new supervisor: the orphaned job is stopped before anything launches and the trash is cleared."""
     attempt = c.attempt()
     c.wait_training(1)
     os.rename(planted, c.dirs.root / PLANTED)
-    trash = c.dirs.root / TRASH_DIR
+    trash = c.dirs.root.parent / sidecar_name(c.dirs.root.name, TRASH_SUFFIX)  # next to the root, never inside
     parked = wait_for(lambda: list(trash.glob(f"{PLANTED}.*")) if trash.is_dir() else None, 120,
                       "retention to start deleting the planted checkpoint", interval=0.002)[0]  # type: ignore[index]
     assert c.proc is not None
@@ -157,7 +157,7 @@ def kill_supervisor_mid_retention(c: ChaosRun, planted: Path) -> str:
     assert not [p.pid for p in orphans if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     stopped = c.dirs.events("orphan_job_stopped")
     assert stopped and stopped[-1]["job_pid"] == agent.pid, stopped
-    wait_for(lambda: not any(trash.iterdir()), 60, ".trash leftovers cleared by the new supervisor")
+    wait_for(lambda: not any(trash.iterdir()), 60, "trash leftovers cleared by the new supervisor")
     return f"SIGKILL supervisor while removing {parked.name}; new supervisor stopped orphan {agent.pid}, " \
            f"resumed from {st['resumed_from']}"
 

@@ -1,6 +1,7 @@
 """Shared fixtures. The supervisor's tests never import torch in-process: real DCP files come from a subprocess."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,18 @@ warnings.filterwarnings("ignore")
 import torch, torch.distributed.checkpoint as dcp
 dcp.save({"model": {"w": torch.arange(16, dtype=torch.float32)}, "step": 1}, checkpoint_id=sys.argv[1])
 """
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _metadata_cache_dir(tmp_path_factory: pytest.TempPathFactory):
+    """Parsed-.metadata cache entries go to a per-session tmp dir (inherited by subprocesses), never to ~/.cache."""
+    before = os.environ.get("FSDP_SUPERVISOR_CACHE_DIR")
+    os.environ["FSDP_SUPERVISOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("fsdp-supervisor-cache"))
+    yield
+    if before is None:
+        os.environ.pop("FSDP_SUPERVISOR_CACHE_DIR", None)
+    else:
+        os.environ["FSDP_SUPERVISOR_CACHE_DIR"] = before
 
 
 @pytest.fixture(scope="session")

@@ -28,6 +28,10 @@ class FakeSystem:
     worker_signals: list[tuple[int, int]] = field(default_factory=list)
     killed_trees: list[int] = field(default_factory=list)
     orphans_stopped: list[int] = field(default_factory=list)
+    orphan_searches: list[tuple[str, Path, tuple[int, float] | None]] = field(default_factory=list)
+    orphans: list[int] = field(default_factory=list)  # what the next orphan search finds (besides a recorded pid)
+    jobs_stopped: list[int] = field(default_factory=list)  # stop_job (the supervisor failing)
+    terminal: bool = False  # whether a SIGINT now counts as Ctrl+C in the supervisor's own terminal
     next_pid: int = 100
     defer_work: bool = False  # True: off-loop work waits for `finish_work()` (a pass "still running")
     pending_work: list[tuple[Callable[[], Any], Callable[[Any], None]]] = field(default_factory=list)
@@ -63,10 +67,11 @@ class FakeSystem:
     def random(self) -> float:
         return self.jitter
 
-    def spawn(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_path: Path) -> tuple[int, float]:
+    def spawn(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_path: Path | None) -> tuple[int, float]:
         self.next_pid += 1
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_path.touch()
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log_path.touch()
         self.spawned.append(Spawned(self.next_pid, list(argv), dict(env), self.clock))
         return self.next_pid, self.now()
 
@@ -87,11 +92,18 @@ class FakeSystem:
     def oom_kills(self) -> int | None:
         return self.oom
 
-    def stop_orphan(self, pid: int | None, create_time: float | None, cmdline: Sequence[str] | None, timeout: float) -> list[int]:
-        if pid:
-            self.orphans_stopped.append(pid)
-            return [pid]
-        return []
+    def stop_orphans(self, token: str, run_dir: Path, recorded: tuple[int, float] | None, timeout: float) -> list[int]:
+        self.orphan_searches.append((token, run_dir, recorded))
+        found = ([recorded[0]] if recorded else []) + self.orphans
+        self.orphans_stopped += found
+        return found
+
+    def stop_job(self, pid: int, timeout: float) -> list[int]:
+        self.jobs_stopped.append(pid)
+        return [pid]
+
+    def on_terminal(self) -> bool:
+        return self.terminal
 
     def advance(self, seconds: float, core: Any) -> list[str]:
         """Move the clock, firing due timers in order through `core.on_timer`; returns their names."""

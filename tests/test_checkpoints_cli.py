@@ -11,7 +11,7 @@ import pytest
 
 from supervisor import cli as top_cli
 from supervisor.checkpoints import is_pinned, quarantine
-from supervisor.layout import TRASH_DIR, tmp_dir_name
+from supervisor.layout import tmp_dir_name
 from supervisor.checkpoints.testing import write_checkpoint
 
 LIST_FIELDS = {"name", "path", "step", "complete", "reason", "size_bytes", "mtime", "pinned", "quarantined"}
@@ -131,7 +131,7 @@ class TestPrune:
         """prune --keep-last 1 deletes the older complete one; torn-in-flight and temp dirs stay (young)."""
         r = fsup("checkpoints", "prune", "--dir", root, "--keep-last", "1")
         assert r.returncode == 0 and "deleted step_00000010" in r.stdout
-        assert sorted(os.listdir(root)) == sorted([TRASH_DIR, "step_00000020", "step_00000030", tmp_dir_name(40, "abc")])
+        assert sorted(os.listdir(root)) == sorted(["step_00000020", "step_00000030", tmp_dir_name(40, "abc")])
 
     def test_pinned_survives_prune(self, root):
         """A pinned checkpoint is not deleted by prune."""
@@ -167,6 +167,50 @@ class TestConfig:
         one_line_error(fsup("checkpoints", "list", "-c", tmp_path / "nope.toml"), "nope.toml")
 
 
+class TestOneLinePerFact:
+    """The CLI prints what it did; the store's own events are not echoed next to it (issue 13 class 10)."""
+
+    def test_pin_and_unpin_print_once(self, root):
+        """pin and unpin: exactly one line on stdout, nothing on stderr."""
+        d = root / "step_00000010"
+        for verb in ("pin", "unpin"):
+            r = fsup("checkpoints", verb, d)
+            assert r.returncode == 0 and r.stdout.splitlines() == [f"{verb}ned {d}"] and r.stderr == "", (r.stdout, r.stderr)
+
+    def test_prune_prints_each_deletion_once(self, root):
+        """prune: one line per deletion, nothing else on either stream."""
+        r = fsup("checkpoints", "prune", "--dir", root, "--keep-last", "1")
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert [line.split(" (")[0] for line in r.stdout.splitlines()] == ["deleted step_00000010"], r.stdout
+
+    def test_prune_that_cannot_set_up_its_trash_is_one_line(self, root, monkeypatch, capsys):
+        """Any OSError from the store's delete path (here: no permission for the trash) is exit 2, one line."""
+        from supervisor import checkpoint_commands
+
+        def denied(root_dir, plan, **_kw):
+            raise PermissionError(13, "Permission denied", str(root_dir.parent / f".{root_dir.name}.fsdp-trash"))
+
+        monkeypatch.setattr(checkpoint_commands, "execute_retention", denied)
+        rc = top_cli.main(["checkpoints", "prune", "--dir", str(root), "--keep-last", "1"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and "cannot prune: Permission denied" in err[0], err
+        assert (root / "step_00000010").exists()
+
+    @pytest.mark.skipif(os.geteuid() == 0, reason="root may write into a read-only directory")
+    def test_prune_of_a_read_only_root_is_one_line(self, root):
+        """The same with real permissions: a root we may not write into."""
+        os.chmod(root, 0o555)
+        try:
+            one_line_error(fsup("checkpoints", "prune", "--dir", root, "--keep-last", "1"), "cannot prune")
+        finally:
+            os.chmod(root, 0o755)
+
+    def test_unbounded_sizes_are_usage_errors(self, root):
+        """--min-free-gb inf or 1e300 would overflow the planner: exit 2 naming the flag."""
+        for value in ("inf", "1e300"):
+            one_line_error(fsup("checkpoints", "prune", "--dir", root, "--min-free-gb", value, "--dry-run"), "--min-free-gb")
+
+
 class TestPinCommands:
     def test_pin_unpin_round_trip(self, root):
         """pin then unpin toggles the marker the policy honours."""
@@ -178,3 +222,52 @@ class TestPinCommands:
     def test_pin_missing_is_a_one_line_error(self, tmp_path):
         """Pinning a path that does not exist: one line, exit 2."""
         one_line_error(fsup("checkpoints", "pin", tmp_path / "nope"), "nope")
+
+
+class TestLayouts:
+    @pytest.fixture
+    def accelerate_root(self, tmp_path) -> Path:
+        """Accelerate's checkpoints/ (tests/jobs/accelerate_like.py), the last save cut between its members."""
+        from tests.supervise import REPO
+
+        project = tmp_path / "project"
+        subprocess.run([sys.executable, str(REPO / "tests" / "jobs" / "accelerate_like.py"), "--project-dir", project,
+                        "--step-s", "0", "--steps", "15", "--die-at-save", "15", "--die-after",
+                        "pytorch_model_fsdp_0/.metadata"], cwd=REPO, capture_output=True, timeout=60)
+        (project / "checkpoints" / "checkpoint_0" / "trainer_state.json").unlink()
+        (project / "checkpoints" / "tensorboard").mkdir()
+        return project / "checkpoints"
+
+    def test_json_has_ordinal_step_and_foreign(self, accelerate_root):
+        """`list --json`: checkpoint_N carries its ordinal, the sidecar's step (or null); foreign is its own state."""
+        rows = json.loads(fsup("checkpoints", "list", "--dir", accelerate_root, "--json").stdout)
+        got = [(x["name"], x["state"], x["step"], x["ordinal"], x["complete"]) for x in rows]
+        assert got == [("checkpoint_2", "partial", None, 2, False), ("checkpoint_1", "complete", 10, 1, True),
+                       ("checkpoint_0", "complete", None, 0, True), ("tensorboard", "foreign", None, None, False)]
+        assert "optimizer_0 missing" in rows[0]["reason"] and "not a checkpoint" in rows[3]["reason"]
+        assert rows[3]["size_bytes"] == 0
+
+    def test_table_says_save_number_and_no_size_for_foreign(self, accelerate_root):
+        """The table shows `save #N` when the step is unknown and `-` as the size of a foreign folder."""
+        lines = fsup("checkpoints", "list", "--dir", accelerate_root).stdout.splitlines()
+        row = {line.split()[0]: line for line in lines[1:]}
+        assert " save #0 " in row["checkpoint_0"] and row["checkpoint_1"].split()[1] == "10"
+        assert row["tensorboard"].split()[1:4] == ["-", "foreign", "-"]
+
+    def test_verify_a_cut_folder_exits_1(self, accelerate_root):
+        """`verify` holds a nested folder against its siblings, as `list` does."""
+        r = fsup("checkpoints", "verify", accelerate_root / "checkpoint_2")
+        assert r.returncode == 1 and "partial" in r.stdout and "optimizer_0 missing" in r.stdout
+        assert fsup("checkpoints", "verify", accelerate_root / "checkpoint_1").returncode == 0
+
+    def test_root_one_level_too_high_is_a_usage_error(self, tmp_path):
+        """list and prune over torchtitan's dump folder: exit 2, one line naming the dir meant, nothing deleted."""
+        out = tmp_path / "outputs"
+        for step in (10, 20):
+            write_checkpoint(out / "checkpoint", step, name=f"step-{step}", manifest=False)
+        (out / "tb").mkdir()
+        before = sorted(map(str, out.rglob("*")))
+        for args in (["list"], ["prune", "--keep-last", "1"]):
+            r = fsup("checkpoints", *args, "--dir", out)
+            one_line_error(r, "holds a checkpoint directory", f'did you mean [checkpoints] dir = "{out}/checkpoint"?')
+        assert sorted(map(str, out.rglob("*"))) == before

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -73,3 +75,18 @@ class TestQuarantine:
         d = write_checkpoint(tmp_path, 1)
         quarantine(d, "x")
         assert unquarantine(d) is True and not is_quarantined(d) and unquarantine(d) is False
+
+
+class TestLoadersIgnoreMarkers:
+    def test_real_dcp_load_ignores_marker_files(self, tmp_path, make_checkpoint):
+        """torch's dcp.load (what torchtitan and Accelerate call) reads `.metadata` and the files it names only:
+        a pinned and quarantined checkpoint (real dcp.save) still loads, values intact."""
+        d = make_checkpoint(tmp_path, "step-10")
+        pin(d)
+        quarantine(d, "test")
+        script = ("import sys, warnings; warnings.filterwarnings('ignore'); import torch, "
+                  "torch.distributed.checkpoint as dcp; sd = {'model': {'w': torch.zeros(16)}, 'step': 0}; "
+                  "dcp.load(sd, checkpoint_id=sys.argv[1]); assert sd['model']['w'].tolist() == list(range(16)); "
+                  "print('loaded', sd['step'])")
+        r = subprocess.run([sys.executable, "-c", script, str(d)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and "loaded 1" in r.stdout, r.stderr

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,12 +19,13 @@ from supervisor.checkpoints import (
     RetentionRules,
     disk_usage,
     execute_retention,
+    migrate_legacy_trash,
     newest_complete,
     pin,
     plan_retention,
     scan,
+    trash_dir,
 )
-from supervisor.layout import TRASH_DIR
 from supervisor.checkpoints.retention import GIB
 from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.errors import CheckpointError
@@ -36,23 +39,30 @@ def _tree(path: Path) -> set[str]:
     return {str(p.relative_to(path)) for p in path.rglob("*")}
 
 
+def _trash(root: Path) -> Path:
+    """Where the trash of `root` lives: next to it, never inside."""
+    return root.parent / f".{root.name}.fsdp-trash"
+
+
 class TestExecuteRetention:
     def test_deletes_targets_and_leaves_the_rest(self, tmp_path):
-        """Planned dirs disappear entirely; others and an empty .trash remain."""
-        old, new = write_checkpoint(tmp_path, 1), write_checkpoint(tmp_path, 2)
-        done = execute_retention(tmp_path, _plan(old))
+        """Planned dirs disappear entirely; others remain, and nothing of ours is left in the root."""
+        root = tmp_path / "root"
+        old, new = write_checkpoint(root, 1), write_checkpoint(root, 2)
+        done = execute_retention(root, _plan(old))
         assert [d.name for d in done] == [old.name]
         assert not old.exists() and new.exists()
-        assert sorted(os.listdir(tmp_path)) == [TRASH_DIR, new.name] and not os.listdir(tmp_path / TRASH_DIR)
+        assert os.listdir(root) == [new.name] and not os.listdir(_trash(root))
 
     def test_rename_only_parks_in_trash_until_cleared(self, tmp_path):
         """empty_trash=False only renames: the target vanishes from scans at once, clear_trash removes it."""
-        old, new = write_checkpoint(tmp_path, 1), write_checkpoint(tmp_path, 2)
-        done = execute_retention(tmp_path, _plan(old), empty_trash=False)
+        root = tmp_path / "root"
+        old, new = write_checkpoint(root, 1), write_checkpoint(root, 2)
+        done = execute_retention(root, _plan(old), empty_trash=False)
         assert [d.name for d in done] == [old.name] and not old.exists()
-        assert [c.name for c in scan(tmp_path)] == [new.name]
-        assert len(os.listdir(tmp_path / TRASH_DIR)) == 1
-        assert clear_trash(tmp_path) == 1 and not os.listdir(tmp_path / TRASH_DIR)
+        assert [c.name for c in scan(root)] == [new.name]
+        assert len(os.listdir(_trash(root))) == 1
+        assert clear_trash(root) == 1 and not os.listdir(_trash(root))
 
     def test_symlink_target_is_skipped_and_its_target_untouched(self, tmp_path):
         """A planned deletion that is a symlink is refused; the linked dir outside keeps every file."""
@@ -64,48 +74,53 @@ class TestExecuteRetention:
         assert execute_retention(root, _plan(root / "step_00000005")) == []
         assert (root / "step_00000005").is_symlink() and _tree(outside) == before
 
-    @pytest.mark.parametrize("rel", ["../outside/step_00000005", "step_00000001/sub", TRASH_DIR])
+    @pytest.mark.parametrize("rel", ["../outside/step_00000005", "step_00000001/sub", ".trash", "../.root.fsdp-trash"])
     def test_targets_that_are_not_direct_children_are_skipped(self, tmp_path, rel):
-        """Paths outside the root, nested inside a checkpoint, or .trash itself are never deleted."""
+        """Paths outside the root, nested inside a checkpoint, or a trash itself are never deleted."""
         outside = write_checkpoint(tmp_path / "outside", 5)
         root = tmp_path / "root"
         write_checkpoint(root, 1)
         (root / "step_00000001" / "sub").mkdir()
-        before = _tree(tmp_path)
+        (root / ".trash").mkdir()
+        (root / ".trash" / "left").mkdir()  # a legacy trash: migrated out of the root, then emptied
+        before = _tree(tmp_path) - {"root/.trash", "root/.trash/left"}
         assert execute_retention(root, _plan(root / rel)) == []
-        assert _tree(tmp_path) == before | {f"root/{TRASH_DIR}"} and outside.exists()
+        assert _tree(tmp_path) - {".root.fsdp-trash"} == before and outside.exists()
 
     def test_interrupted_delete_never_looks_complete_and_is_cleared_next_time(self, tmp_path, monkeypatch):
-        """A crash after the rename leaves the dir only in .trash: invisible to scans, cleared on the next run."""
-        write_checkpoint(tmp_path, 1)
-        doomed = write_checkpoint(tmp_path, 2)
+        """A crash after the rename leaves the dir only in the trash: invisible to scans, cleared on the next run."""
+        root = tmp_path / "root"
+        write_checkpoint(root, 1)
+        doomed = write_checkpoint(root, 2)
 
         def crash(path):
             raise OSError(5, "simulated crash")
 
         monkeypatch.setattr(pruning, "_remove", crash)
-        execute_retention(tmp_path, _plan(doomed))
-        assert len(os.listdir(tmp_path / TRASH_DIR)) == 1
-        assert [c.name for c in scan(tmp_path)] == ["step_00000001"]
-        assert newest_complete(tmp_path).name == "step_00000001"
+        execute_retention(root, _plan(doomed))
+        assert len(os.listdir(_trash(root))) == 1
+        assert [c.name for c in scan(root)] == ["step_00000001"]
+        assert newest_complete(root).name == "step_00000001"
         monkeypatch.undo()
-        execute_retention(tmp_path, RetentionPlan())
-        assert os.listdir(tmp_path / TRASH_DIR) == []
+        execute_retention(root, RetentionPlan())
+        assert os.listdir(_trash(root)) == []
 
     def test_symlinked_trash_is_refused(self, tmp_path):
-        """If .trash is a symlink, nothing is moved through it."""
+        """If the trash is a symlink, nothing is moved through it."""
         elsewhere = tmp_path / "elsewhere"
         elsewhere.mkdir()
         root = tmp_path / "root"
         d = write_checkpoint(root, 1)
-        (root / TRASH_DIR).symlink_to(elsewhere)
+        _trash(root).symlink_to(elsewhere)
         with pytest.raises(CheckpointError, match="not a plain directory"):
             execute_retention(root, _plan(d))
         assert d.exists() and os.listdir(elsewhere) == []
 
     def test_vanished_target_is_skipped(self, tmp_path):
         """A target removed by someone else since planning is skipped quietly."""
-        assert execute_retention(tmp_path, _plan(tmp_path / "step_00000009")) == []
+        root = tmp_path / "root"
+        root.mkdir()
+        assert execute_retention(root, _plan(root / "step_00000009")) == []
 
 
 class TestDiskUsage:
@@ -126,7 +141,8 @@ class TestEndToEnd:
            pinned=st.integers(0, 5), keep_last=st.integers(0, 3))
     def test_real_root_keeps_its_invariants(self, tmp_path_factory, steps, torn, pinned, keep_last):
         """Scan, plan (with a disk floor nobody can meet) and execute on real dirs: the guarded ones survive."""
-        root = tmp_path_factory.mktemp("root")
+        root = tmp_path_factory.mktemp("case") / "root"
+        root.mkdir()
         dirs = [write_checkpoint(root, s, shards=1) for s in sorted(steps)]
         (dirs[torn % len(dirs)] / "__0_0.distcp").unlink()
         pin(dirs[pinned % len(dirs)])
@@ -135,8 +151,91 @@ class TestEndToEnd:
         plan = plan_retention(infos, rules=RetentionRules(keep_last=keep_last, min_free_gb=10**6),
                               disk=DiskUsage(GIB, 0), now=0.0)
         execute_retention(root, plan)
-        survivors = set(os.listdir(root)) - {TRASH_DIR}
+        survivors = set(os.listdir(root))
         assert dirs[pinned % len(dirs)].name in survivors
         assert newest is None or newest.name in survivors
         assert dirs[torn % len(dirs)].name in survivors  # torn but "young" (now=0): may be in flight
         assert survivors == {c.name for c in infos} - {d.name for d in plan.deletions}
+
+
+class TestTrash:
+    """The trash sits next to the root, never in it: Accelerate sorts every entry of its folder by a number."""
+
+    def test_made_next_to_the_root_private(self, tmp_path):
+        """`<parent>/.<root>.fsdp-trash`, mode 0700, and the root holds only checkpoints afterwards."""
+        root = tmp_path / "root"
+        old = write_checkpoint(root, 1)
+        write_checkpoint(root, 2)
+        execute_retention(root, _plan(old), empty_trash=False)
+        assert trash_dir(root) == _trash(root) and os.stat(_trash(root)).st_mode & 0o777 == 0o700
+        assert os.listdir(root) == ["step_00000002"]
+
+    def test_nothing_is_created_without_a_deletion(self, tmp_path):
+        """A pass that deletes nothing creates no trash at all (the old code made `.trash` on every pass)."""
+        root = tmp_path / "root"
+        write_checkpoint(root, 1)
+        execute_retention(root, RetentionPlan())
+        assert sorted(os.listdir(tmp_path)) == ["root"] and os.listdir(root) == ["step_00000001"]
+
+    def test_legacy_trash_inside_the_root_is_migrated(self, tmp_path):
+        """A `<root>/.trash` from an earlier version: its entries move next to the root, then it is removed."""
+        root = tmp_path / "root"
+        write_checkpoint(root, 1)
+        write_checkpoint(root / ".trash", 7, name="step_00000007.123")
+        assert migrate_legacy_trash(root) == 1
+        (parked,) = os.listdir(_trash(root))
+        assert os.listdir(root) == ["step_00000001"] and parked.startswith("step_00000007.123.")
+        assert clear_trash(root) == 1 and os.listdir(_trash(root)) == []
+
+    def test_falls_back_to_the_callers_dir_when_the_parent_is_not_writable(self, tmp_path, monkeypatch):
+        """Parent read-only: the trash goes into the fallback dir (the daemon's run dir) on the same file system."""
+        root, run_dir = tmp_path / "ro" / "root", tmp_path / "run"
+        run_dir.mkdir(parents=True)
+        old = write_checkpoint(root, 1)
+        write_checkpoint(root, 2)
+        real = os.access
+        monkeypatch.setattr(pruning.os, "access", lambda p, mode: Path(p) != root.parent and real(p, mode))
+        assert [d.name for d in execute_retention(root, _plan(old), fallback=run_dir)] == [old.name]
+        assert os.listdir(run_dir) == [".root.fsdp-trash"] and not (tmp_path / "ro" / ".root.fsdp-trash").exists()
+
+    def test_no_place_for_the_trash_deletes_nothing(self, tmp_path, monkeypatch):
+        """Neither the parent nor a fallback can hold it: one clear line, and every checkpoint is still there."""
+        root = tmp_path / "ro" / "root"
+        old = write_checkpoint(root, 1)
+        real = os.access
+        monkeypatch.setattr(pruning.os, "access", lambda p, mode: Path(p) != root.parent and real(p, mode))
+        with pytest.raises(CheckpointError, match="nowhere to park deletions .* nothing was deleted") as err:
+            execute_retention(root, _plan(old))
+        assert "\n" not in str(err.value) and old.is_dir()
+
+    def test_fallback_on_another_file_system_is_refused(self, tmp_path, monkeypatch):
+        """A fallback whose st_dev differs from the root's would make the rename a copy: refused."""
+        root, run_dir = tmp_path / "ro" / "root", tmp_path / "run"
+        run_dir.mkdir()
+        old = write_checkpoint(root, 1)
+        real_access, real_device = os.access, pruning._device
+        monkeypatch.setattr(pruning.os, "access", lambda p, mode: Path(p) != root.parent and real_access(p, mode))
+        monkeypatch.setattr(pruning, "_device", lambda p: -1 if p == run_dir else real_device(p))
+        with pytest.raises(CheckpointError, match="nothing was deleted"):
+            execute_retention(root, _plan(old), fallback=run_dir)
+        assert old.is_dir() and os.listdir(run_dir) == []
+
+    def test_accelerate_still_loads_after_a_prune(self, tmp_path):
+        """tests/jobs/accelerate_like.py (Accelerate's load_state(): sorts every entry of checkpoints/ by its
+        trailing number) resumes after `prune` deleted one of its checkpoints."""
+        from tests.supervise import REPO
+
+        script, project = REPO / "tests" / "jobs" / "accelerate_like.py", tmp_path / "project"
+
+        def run(steps: int) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, str(script), "--project-dir", str(project), "--step-s", "0",
+                                   "--steps", str(steps)], cwd=REPO, capture_output=True, text=True, timeout=60)
+
+        assert run(15).returncode == 0
+        root = project / "checkpoints"
+        plan = plan_retention(scan(root), rules=RetentionRules(keep_last=2), disk=DiskUsage(GIB, GIB), now=0.0)
+        assert [d.name for d in execute_retention(root, plan)] == ["checkpoint_0"]
+        assert sorted(os.listdir(root)) == ["checkpoint_1", "checkpoint_2"]
+        resumed = run(20)
+        assert resumed.returncode == 0, resumed.stderr
+        assert "Loading states from" in resumed.stdout and "checkpoint_2" in resumed.stdout

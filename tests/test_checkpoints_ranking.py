@@ -9,7 +9,7 @@ import pytest
 
 from supervisor.checkpoints import newest_complete, quarantine, scan
 import supervisor.checkpoints.ranking as scan_module
-from supervisor.layout import METADATA_NAME, TRASH_DIR, tmp_dir_name
+from supervisor.layout import METADATA_NAME, LEGACY_TRASH_DIR, tmp_dir_name
 from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.errors import CheckpointError
 
@@ -80,7 +80,7 @@ class TestScan:
 
     def test_trash_and_plain_files_are_skipped(self, tmp_path):
         """`.trash` and regular files in the root are not checkpoints."""
-        write_checkpoint(tmp_path / TRASH_DIR, 99)
+        write_checkpoint(tmp_path / LEGACY_TRASH_DIR, 99)
         (tmp_path / "notes.txt").write_text("hi")
         write_checkpoint(tmp_path, 1)
         assert [i.name for i in scan(tmp_path)] == ["step_00000001"]

@@ -34,7 +34,7 @@ def plan(cps, *, disk=BIG_DISK, protect=(), now=NOW, **policy):
 
 # ---- strategies ---------------------------------------------------------------------------------
 
-_STATES = ["complete"] * 4 + ["partial", "torn", "invalid", "unverified"]
+_STATES = ["complete"] * 4 + ["partial", "torn", "invalid", "unverified", "foreign"]
 _rare = st.sampled_from([False, False, False, True])
 _row = st.tuples(
     st.one_of(st.none(), st.integers(0, 40)),  # step
@@ -123,6 +123,18 @@ class TestInvariants:
 
     @PROPS
     @given(scenarios())
+    def test_foreign_entries_are_never_deleted_nor_counted(self, sc):
+        """Foreign entries (not checkpoints) are never deleted, and the plan is the same without them."""
+        cps, policy, disk, protect, now = sc
+        foreign = {c.path for c in cps if c.state == "foreign"}
+        got = run(sc)
+        assert not {d.path for d in got.deletions} & foreign
+        ours = [c for c in cps if c.state != "foreign"]
+        without = plan_retention(ours, rules=policy, disk=disk, protect=[p for p in protect if p not in foreign], now=now)
+        assert got.deletions == without.deletions and got.findings == without.findings
+
+    @PROPS
+    @given(scenarios())
     def test_invalid_and_unverified_are_never_deleted(self, sc):
         """Invalid dirs (maybe symlinks, maybe a newer torch's format) and unverified ones are left alone."""
         hands_off = {c.path for c in sc[0] if c.state in ("invalid", "unverified")}
@@ -154,7 +166,8 @@ class TestInvariants:
         cps, policy, disk, _, _ = sc
         p = run(sc)
         freed = sum(d.size_bytes for d in p.deletions)
-        free, total = disk.free_bytes + freed, sum(c.size_bytes for c in cps) - freed
+        ours = sum(c.size_bytes for c in cps if c.state != "foreign")  # foreign entries are never counted
+        free, total = disk.free_bytes + freed, ours - freed
         unmet = (policy.min_free_gb and free < policy.min_free_gb * GIB) or (
             policy.max_total_gb and total > policy.max_total_gb * GIB)
         assert bool(unmet) == any(f.kind == "disk_pressure" for f in p.findings)
@@ -182,7 +195,8 @@ class TestInvariants:
         if not p.deletions or not p.deletions[-1].reason.startswith("disk:"):
             return
         freed = sum(d.size_bytes for d in p.deletions[:-1])
-        free, total = disk.free_bytes + freed, sum(c.size_bytes for c in cps) - freed
+        ours = sum(c.size_bytes for c in cps if c.state != "foreign")  # foreign entries are never counted
+        free, total = disk.free_bytes + freed, ours - freed
         assert (policy.min_free_gb and free < policy.min_free_gb * GIB) or (
             policy.max_total_gb and total > policy.max_total_gb * GIB)
 

@@ -101,3 +101,93 @@ class TestErrors:
         """A missing config file is a ConfigError naming the path."""
         with pytest.raises(ConfigError, match="not found"):
             load_config(tmp_path / "nope.toml")
+
+
+def _with(job: str = "", checkpoints: str = 'dir = "ckpts"', supervisor: str = "",
+          command: str = '["torchrun", "-m", "trainer"]') -> str:
+    """MINIMAL with another command, lines added to [job], another [checkpoints] body, an optional [supervisor]."""
+    text = f'[job]\ncommand = {command}\n{job}\n[checkpoints]\n{checkpoints}\n'
+    return text + (f"[supervisor]\n{supervisor}\n" if supervisor else "")
+
+
+HOSTILE = [
+    (_with(command='["torchrun", "a\\u0000b"]'), "[job.command] element 1 contains a NUL byte"),
+    (_with(command='[" "]'), "[job.command] the program name (first element) is empty"),
+    (_with(job='resume_args = ["--resume", "{checkpoint}\\u0000"]'), "[job.resume_args] element 1 contains a NUL"),
+    (_with(job='env = { "A\\u0000B" = "1" }'), "[job.env] 'A\\x00B' is not a valid variable name"),
+    (_with(job='env = { "A=B" = "1" }'), "[job.env] 'A=B' is not a valid variable name"),
+    (_with(job='env = { "" = "1" }'), "[job.env] '' is not a valid variable name"),
+    (_with(job='env = { A = "x\\u0000y" }'), "[job.env] the value of A contains a NUL byte"),
+    (_with(job='env = { TORCHELASTIC_ERROR_FILE = "/tmp/e.json" }'), "[job.env] TORCHELASTIC_ERROR_FILE is set by"),
+    (_with(job='cwd = "a\\u0000b"'), "[job.cwd] contains a NUL byte"),
+    (_with(job='cwd = ""'), "[job.cwd] is empty"),
+    (_with(checkpoints='dir = ""'), "[checkpoints.dir] is empty"),
+    (_with(checkpoints='dir = "   "'), "[checkpoints.dir] is empty"),
+    (_with(checkpoints='dir = "c\\u0000d"'), "[checkpoints.dir] contains a NUL byte"),
+    (_with(supervisor='run_dir = ""'), "[supervisor.run_dir] is empty"),
+    (_with(supervisor="log_backups = 1000000000"), "[supervisor.log_backups]"),
+    (_with(checkpoints='dir = "c"\nmin_free_gb = 1e300'), "min_free_gb = 1e+300 is more than 1e+15 GiB"),
+    (_with(checkpoints='dir = "."'), "[checkpoints.dir]"),
+    (_with(checkpoints='dir = ".."'), "contains this config file"),
+    (_with(job='cwd = "/"', checkpoints='dir = "/"'), "contains this config file"),
+    (_with(job='cwd = "work/sub"', checkpoints='dir = "work"'), "contains the job's working directory"),
+    (_with(checkpoints='dir = "c"', supervisor='run_dir = "c"'), "[supervisor.run_dir]"),
+    (_with(checkpoints='dir = "c"', supervisor='run_dir = "c/run"'), "is inside the checkpoint root"),
+    ("x = " + "[" * 100_000, "invalid TOML: nested too deeply"),
+    (MINIMAL + "[restart]\nbackoff_multiplier = 1e300\nmax_no_progress_restarts = 10\n",
+     "[restart] backoff_multiplier = 1e+300 overflows within max_no_progress_restarts = 10"),
+]
+
+
+class TestHostileValues:
+    """Strings that reach argv, the environment or the filesystem, and paths that overlap (issue 13 class 7, 11.3)."""
+
+    @pytest.mark.parametrize(("text", "needle"), HOSTILE, ids=[needle for _, needle in HOSTILE])
+    def test_one_line_naming_the_key(self, tmp_path: Path, text: str, needle: str) -> None:
+        """Each hostile or careless value is one ConfigError line naming the key (never a later traceback)."""
+        with pytest.raises(ConfigError) as ei:
+            load_config(write(tmp_path, text))
+        msg = str(ei.value)
+        assert needle in msg and "\n" not in msg and str(tmp_path) in msg, msg
+
+    def test_checkpoint_root_reached_through_a_symlink(self, tmp_path: Path) -> None:
+        """A root that is a symlink to the config's own folder is caught too (paths are compared resolved)."""
+        (tmp_path / "conf").mkdir()
+        (tmp_path / "link").symlink_to(tmp_path / "conf")
+        p = tmp_path / "conf" / "job.toml"
+        p.write_text(_with(checkpoints=f'dir = "{tmp_path / "link"}"'))
+        with pytest.raises(ConfigError, match="contains this config file"):
+            load_config(p)
+
+    def test_run_dir_may_hold_the_checkpoint_root(self, tmp_path: Path) -> None:
+        """The other nesting is fine: a run folder holding both the supervisor's files and the checkpoints."""
+        cfg = load_config(write(tmp_path, _with(checkpoints='dir = "run/ckpts"', supervisor='run_dir = "run"')))
+        assert (cfg.run_dir, cfg.checkpoints.dir) == (tmp_path / "run", tmp_path / "run" / "ckpts")
+
+    def test_neighbour_with_a_common_prefix_is_not_inside(self, tmp_path: Path) -> None:
+        """`ckpts2` is not inside `ckpts`: containment is by path component, not by string prefix."""
+        cfg = load_config(write(tmp_path, _with(checkpoints='dir = "ckpts"', supervisor='run_dir = "ckpts2"')))
+        assert cfg.run_dir == tmp_path / "ckpts2"
+
+
+class TestReading:
+    """The file itself: a directory, bad UTF-8, or far too large is one line, read no further than the cap."""
+
+    def test_directory(self, tmp_path: Path) -> None:
+        """A directory given as the config."""
+        with pytest.raises(ConfigError, match="is a directory, not a config file"):
+            load_config(tmp_path)
+
+    def test_invalid_utf8(self, tmp_path: Path) -> None:
+        """Bytes that are not UTF-8 name the offset."""
+        p = tmp_path / "job.toml"
+        p.write_bytes(b"[job]\ncommand = [\"\xff\"]\n")
+        with pytest.raises(ConfigError, match="not UTF-8 text .byte 0xff at offset 18"):
+            load_config(p)
+
+    def test_huge_file(self, tmp_path: Path) -> None:
+        """A file past the cap is refused without being parsed."""
+        p = tmp_path / "job.toml"
+        p.write_text(MINIMAL + "#" * (2 * 2**20))
+        with pytest.raises(ConfigError, match="larger than 1024 KiB"):
+            load_config(p)

@@ -16,6 +16,7 @@ from tests.fakes import FakeSystem, RecordingLog
 BASE = """
 [job]
 command = ["torchrun", "-m", "trainer"]
+{job}
 [checkpoints]
 dir = "ckpts"
 {checkpoints}
@@ -29,10 +30,11 @@ stack_dump_wait_s = 2
 """
 
 
-def make_core(tmp_path: Path, restart: str = "", health: str = "", checkpoints: str = "keep_last = 0",
+def make_core(tmp_path: Path, restart: str = "", health: str = "", checkpoints: str = "keep_last = 0", job: str = "",
               ) -> tuple[Core, FakeSystem, RecordingLog]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     cfg_path = tmp_path / "job.toml"
-    cfg_path.write_text(BASE.format(restart=restart, health=health, checkpoints=checkpoints))
+    cfg_path.write_text(BASE.format(restart=restart, health=health, checkpoints=checkpoints, job=job))
     cfg = load_config(cfg_path)
     for d in (cfg.run_dir, cfg.checkpoints.dir):
         d.mkdir(parents=True, exist_ok=True)
@@ -132,7 +134,7 @@ class TestRestarts:
         assert core.exit_code == 0 and core.status.state is State.COMPLETED
 
     def test_quarantine_and_fallback(self, tmp_path: Path, make_checkpoint: Callable[[Path, str], Path]) -> None:
-        """Two failures right after loading step_20: it is quarantined and the next launch uses step_10."""
+        """Two attempts die while loading step_20 (heartbeat phase load): it is quarantined, step_10 is next."""
         core, fake, log = make_core(tmp_path, restart="max_no_progress_restarts = 10")
         ck = core.cfg.checkpoints.dir
         make_checkpoint(ck, "step_10")
@@ -140,6 +142,7 @@ class TestRestarts:
         core.begin(None)
         for _ in range(2):
             assert fake.spawned[-1].argv[-1] == str(ck / "step_20")
+            beat(core, 20, "load")
             exit_job(core, fake, 1)
             fake.advance(10, core)
         assert "quarantined" in log.names() and (ck / "step_20" / ".quarantined").exists()
@@ -150,7 +153,8 @@ class TestRestarts:
 class TestRetention:
     def test_commit_prunes_on_the_loop_and_empties_trash_off_it(self, tmp_path: Path,
                                                                  make_checkpoint: Callable[[Path, str], Path]) -> None:
-        """A new commit triggers retention; deletions are logged, parked in .trash, then removed by a thread."""
+        """A new commit triggers retention; deletions are logged, parked in the trash next to the root, then
+        removed by a thread; nothing of ours is left inside the root."""
         core, fake, log = make_core(tmp_path, checkpoints="keep_last = 1")
         ck = core.cfg.checkpoints.dir
         core.begin(None)
@@ -159,12 +163,37 @@ class TestRetention:
             core.on_file_event(ck / f"step_{step}")
             fake.advance(1, core)
         core.house.wait_idle(30)
-        assert sorted(p.name for p in ck.iterdir()) == [".trash", "step_30"]
-        assert not list((ck / ".trash").iterdir())
+        assert sorted(p.name for p in ck.iterdir()) == ["step_30"]
+        assert not list((ck.parent / f".{ck.name}.fsdp-trash").iterdir())
         deleted = [f["path"] for e, f in log.events if e == "retention_deleted"]
         assert deleted == [str(ck / "step_10"), str(ck / "step_20")]
         assert core.status.latest_checkpoint["step"] == 30
         assert core.status.checkpoint_bytes == sum(f.stat().st_size for f in (ck / "step_30").iterdir())
+
+
+class TestInUseMarker:
+    def test_written_at_launch_and_dropped_on_commit_and_exit(self, tmp_path: Path,
+                                                              make_checkpoint: Callable[[Path, str], Path]) -> None:
+        """Launching from a checkpoint writes the in-use marker next to the root (for `prune --dir` and other
+        nodes); a newer commit by the attempt, or its exit, removes it."""
+        core, fake, _ = make_core(tmp_path)
+        ck = core.cfg.checkpoints.dir
+        make_checkpoint(ck, "step_10")
+        folder = ck.parent / f".{ck.name}.fsdp-inuse"
+        core.begin(None)
+        (marker,) = folder.iterdir()
+        doc = json.loads(marker.read_text())
+        assert (doc["path"], doc["pid"]) == (str(ck / "step_10"), fake.spawned[-1].pid)
+        make_checkpoint(ck, "step_20")
+        core.on_file_event(ck / "step_20")
+        fake.advance(1, core)
+        assert core.in_use is None and list(folder.iterdir()) == []
+        exit_job(core, fake, 1)
+        fake.advance(10, core)
+        (marker,) = folder.iterdir()  # the relaunch resumed from step_20
+        assert json.loads(marker.read_text())["path"] == str(ck / "step_20")
+        exit_job(core, fake, 0)
+        assert list(folder.iterdir()) == []
 
 
 class TestProgress:
@@ -189,23 +218,26 @@ class TestProgress:
         make_checkpoint(ck, "step_10")
         make_checkpoint(ck, "step_20")
         core.begin(None)
+        beat(core, 20, "load")
         exit_job(core, fake, 1)
         assert "quarantined" in log.names() and "checkpoint_committed" not in log.names()
         assert core.attempts[-1].progressed is False
 
 
 class TestStopAndHang:
-    def test_sigterm_stops_gracefully_and_second_kills(self, tmp_path: Path) -> None:
-        """SIGTERM -> SIGTERM to the agent only; a second signal kills the job tree at once."""
-        core, fake, _ = make_core(tmp_path)
+    def test_second_ctrl_c_in_own_terminal_kills(self, tmp_path: Path) -> None:
+        """SIGINT -> SIGTERM to the agent only; a second SIGINT typed in the supervisor's terminal kills at once."""
+        core, fake, log = make_core(tmp_path)
+        fake.terminal = True
         core.begin(None)
         pid = fake.spawned[0].pid
         core.on_signal(signal.SIGINT)
         assert fake.signals == [(pid, signal.SIGTERM)] and core.status.state is State.STOPPING
         core.on_signal(signal.SIGINT)
-        assert fake.killed_trees == [pid]
+        assert fake.killed_trees == [pid] and "stop_forced" in log.names()
         exit_job(core, fake, -9)
         assert core.exit_code == 0 and core.status.state is State.STOPPED and len(fake.spawned) == 1
+        assert core.status.reason == "force-stopped (second Ctrl+C)"
 
     def test_stop_timeout_kills(self, tmp_path: Path) -> None:
         """A job that ignores SIGTERM is SIGKILLed after stop_timeout_s."""

@@ -1,7 +1,8 @@
 """Disk full: a save into a full file system fails, the supervisor classifies it, frees space, and the job resumes.
 
 The checkpoint root lives on a small tmpfs mounted by the test (we run as root in CI; `FSDP_DISKFULL_MODE=inject`
-forces the fallback). Mid-run, another writer fills the file system, so the next save dies with ENOSPC. Without
+forces the fallback). Mid-run, another writer fills the file system, so the next save dies with ENOSPC (the trainer
+holds the save of FAIL_AT until the test has filled it: trainer/checkpoint.py's HOLD_SAVE hook). Without
 the permission to mount, tests/jobs/enospc_trainer.py injects the same ENOSPC into the trainer's storage writer
 instead (then there is no real pressure for retention to relieve, so that part is not checked).
 """
@@ -74,10 +75,15 @@ def _fill(mnt: Path, leave: int) -> None:
 
 
 def _config(tmp_path: Path, disk: Path | None) -> tuple[Path, Path]:
-    """(job.toml, checkpoint root): the real trainer on the tmpfs, or the ENOSPC-injecting entry on plain disk."""
+    """(job.toml, checkpoint root): the real trainer on the tmpfs, or the ENOSPC-injecting entry on plain disk.
+
+    On the tmpfs the save of FAIL_AT waits for `tmp_path/filled`: the test fills the disk between two saves
+    however fast or slow the job runs."""
     if disk is not None:
         root = disk / "ckpts"
-        return job_config(tmp_path, CONFIG, root=root), root
+        env = {"FSDP_TRAINER_TEST_HOLD_SAVE_STEP": str(FAIL_AT),
+               "FSDP_TRAINER_TEST_HOLD_SAVE_UNTIL": str(tmp_path / "filled")}
+        return job_config(tmp_path, CONFIG, root=root, env=env), root
     root = tmp_path / "ckpts"
     entry = [*TORCHRUN, str(REPO / "tests" / "jobs" / "enospc_trainer.py")] + train_args(str(root))[2:]
     env = {"FSDP_TEST_ENOSPC_STEP": str(FAIL_AT), "FSDP_TEST_ENOSPC_MARKER": str(tmp_path / "enospc-once")}
@@ -97,10 +103,12 @@ class TestDiskFull:
         c.start_supervisor()
         c.wait_running(1)
         if small_disk is not None:
-            # After the supervisor has seen (and pruned for) the commit of FILL_AT, before the next save starts.
+            # The supervisor has seen (and pruned for) the commit of FILL_AT; the save of FAIL_AT waits for us.
             wait_for(lambda: ((c.dirs.state().get("latest_checkpoint") or {}).get("step") or 0) >= FILL_AT,
                      TIMEOUT, f"the commit of step {FILL_AT}", interval=0.005)
+            assert not [i for i in scan(root) if i.step == FAIL_AT], "the save of FAIL_AT did not wait"
             _fill(small_disk, leave=3 * MIB // 2)
+            (tmp_path / "filled").touch()
         st = c.wait_relaunch(1)
         c.say(f"attempt 1 ended: {st['last_exit']}")
         assert st["last_exit"]["reason"] == "crash" and st["last_exit"]["code"] not in (0, None), st

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from supervisor import cli
+from supervisor import cli, preflight
 from supervisor.checkpoints import STATES, verify
 from supervisor.layout import MANIFEST_NAME, METADATA_NAME
 from supervisor.checkpoints.metadata import MetadataError, parse_metadata
@@ -148,6 +148,45 @@ class TestConfigFuzz:
             out = run_cli(*args, timeout=60)
             assert out.returncode == 2, (out.stdout, out.stderr)
             assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+# Nothing here may resolve outside the temporary folder unless it is refused: a run dir of "~" would be created.
+_HOSTILE_PATHS = ["", " ", ".", "..", "a\0b", "afile", "afile/sub", "notexec", "adir", "adir/new/deep", "/proc/x/y",
+                  "/dev/null", "ckpts", "run"]
+
+
+class TestSetupFuzz:
+    @settings(max_examples=80, deadline=None)
+    @given(dir=st.sampled_from([*_HOSTILE_PATHS, "/"]), run_dir=st.sampled_from(_HOSTILE_PATHS),
+           cwd=st.sampled_from([None, *_HOSTILE_PATHS]),
+           program=st.sampled_from(["./notexec", "./adir", "adir", "true", "/bin/true", "./afile", " ", "a\0b"]),
+           env=st.dictionaries(st.sampled_from(["A", "", "A=B", "A\0", "PATH", "TORCHELASTIC_ERROR_FILE"]),
+                               st.sampled_from(["1", "", "x\0y", "/nonexistent"]), max_size=2))
+    def test_setup_works_or_fails_with_one_line_before_creating_anything(
+            self, dir: str, run_dir: str, cwd: str | None, program: str, env: dict[str, str]) -> None:
+        """Hostile paths, programs and env through load_config, check_setup and make_dirs: either all of it
+        works, or one ConfigError line and the folder is exactly as before."""
+        with tempfile.TemporaryDirectory() as d:
+            base = Path(d)
+            (base / "afile").touch()
+            (base / "notexec").write_text("#!/bin/sh\n")
+            (base / "adir").mkdir()
+            doc: dict[str, Any] = {"job": {"command": [program], "env": env}, "checkpoints": {"dir": dir},
+                                   "supervisor": {"run_dir": run_dir}}
+            if cwd is not None:
+                doc["job"]["cwd"] = cwd
+            path = base / "job.toml"
+            path.write_text(_document(doc), encoding="utf-8")
+            before = sorted(str(p) for p in base.rglob("*"))
+            try:
+                cfg = load_config(path)
+                preflight.check_setup(cfg)
+                preflight.make_dirs(cfg)
+            except ConfigError as exc:
+                _assert_one_line(exc, path)
+                assert sorted(str(p) for p in base.rglob("*")) == before
+            else:
+                assert cfg.run_dir.is_dir() and cfg.checkpoints.dir.is_dir()
 
 
 # ---- .metadata and manifest.json ------------------------------------------------------------------------------

@@ -15,27 +15,36 @@ import pytest
 from supervisor.errors import ConfigError
 from supervisor.metrics import CONTENT_TYPE, MetricsServer, parse_listen, render_metrics
 from supervisor.state import ExitInfo, State, Status
-from tests.supervise import FAKEJOB, Supervisors, cli, stop, supervisors, wait_for, write_config  # noqa: F401
+from tests.supervise import REPO, FAKEJOB, Supervisors, cli, stop, supervisors, wait_for, write_config  # noqa: F401
 
 _SAMPLE = re.compile(r'^([a-z_]+)(\{[a-z_]+="(?:[^"\\]|\\.)*"(?:,[a-z_]+="(?:[^"\\]|\\.)*")*\})? (\S+)$')
 
 
 def parse(text: str) -> dict[str, list[tuple[str, float]]]:
-    """A strict reader of the text format: every family has HELP then TYPE, then well-formed samples."""
+    """A strict reader of the text format: every family has HELP then TYPE, then well-formed samples (a
+    histogram's are `_bucket{le}` counts, cumulative up to le="+Inf", then `_sum` and `_count` = the +Inf count)."""
     out: dict[str, list[tuple[str, float]]] = {}
     declared: list[str] = []
+    kinds: dict[str, str] = {}
     assert text.endswith("\n")
     for line in text.splitlines():
         if line.startswith("# HELP "):
             declared.append(line.split()[2])
         elif line.startswith("# TYPE "):
             _, _, name, kind = line.split()
-            assert name == declared[-1] and kind in ("gauge", "counter")
+            assert name == declared[-1] and kind in ("gauge", "counter", "histogram")
+            kinds[name] = kind
         else:
             m = _SAMPLE.match(line)
             assert m, f"malformed sample line: {line!r}"
-            assert m.group(1) == declared[-1], f"sample outside its family: {line!r}"
+            family = declared[-1]
+            names = (f"{family}_bucket", f"{family}_sum", f"{family}_count") if kinds[family] == "histogram" else (family,)
+            assert m.group(1) in names, f"sample outside its family: {line!r}"
             out.setdefault(m.group(1), []).append((m.group(2) or "", float(m.group(3))))
+    for family in (f for f, k in kinds.items() if k == "histogram"):
+        counts = [v for _, v in out[f"{family}_bucket"]]
+        assert counts == sorted(counts) and out[f"{family}_bucket"][-1][0] == '{le="+Inf"}'
+        assert out[f"{family}_count"] == [("", counts[-1])] and len(out[f"{family}_sum"]) == 1
     assert len(declared) == len(set(declared)), "a family is declared twice"
     return out
 
@@ -75,6 +84,17 @@ class TestRenderMetrics:
         assert v["fsdp_supervisor_last_checkpoint_age_seconds"] == 100.0
         assert v["fsdp_supervisor_checkpoint_bytes"] == 12345 and v["fsdp_supervisor_disk_free_bytes"] == 5 * 2**30
         assert v["fsdp_supervisor_attempt"] == 3 and v["fsdp_supervisor_quarantined_checkpoints"] == 1
+
+    def test_history_numbers(self) -> None:
+        """Goodput, the restart latency histogram, the steps-lost counter and the last val_loss come from Status."""
+        st = running_status()
+        st.goodput, st.restart_latency_s, st.steps_lost, st.val_loss = 0.75, [0.5, 4.0, 45.0], [3, 9], 1.25
+        m = parse(render_metrics(st, now=2000.0))
+        assert m["fsdp_supervisor_goodput"] == [("", 0.75)] and m["fsdp_supervisor_job_val_loss"] == [("", 1.25)]
+        assert m["fsdp_supervisor_steps_lost_total"] == [("", 12.0)]
+        buckets = dict(m["fsdp_supervisor_restart_latency_seconds_bucket"])
+        assert (buckets['{le="1"}'], buckets['{le="5"}'], buckets['{le="30"}'], buckets['{le="60"}']) == (1, 2, 2, 3)
+        assert m["fsdp_supervisor_restart_latency_seconds_sum"] == [("", 49.5)]
 
     def test_state_is_one_hot(self) -> None:
         """One sample per state, exactly the current one set to 1."""
@@ -194,3 +214,36 @@ class TestLiveSupervisor:
             r = cli("run", "-c", str(cfg))
         assert r.returncode == 2 and "[metrics] listen" in r.stderr and "Traceback" not in r.stderr
         assert not marker.exists()
+
+
+@pytest.mark.integration
+class TestGrafanaDashboard:
+    def test_every_panel_queries_what_a_live_supervisor_exports(self, tmp_path: Path, supervisors: Supervisors,
+                                                               make_checkpoint) -> None:  # type: ignore[no-untyped-def]
+        """Every metric named in an expr (or a variable query) of deploy/grafana/fsdp-supervisor.json is in a scrape
+        of a real supervisor, and every panel uses the ${DS_PROMETHEUS} input."""
+        dashboard = json.loads((REPO / "deploy" / "grafana" / "fsdp-supervisor.json").read_text())
+        assert [i["name"] for i in dashboard["__inputs"]] == ["DS_PROMETHEUS"]
+        exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+        exprs += [v["definition"] for v in dashboard["templating"]["list"]]
+        assert all(p["datasource"]["uid"] == "${DS_PROMETHEUS}" for p in dashboard["panels"]) and len(exprs) > 10
+        wanted = {name for e in exprs for name in re.findall(r"\bfsdp_supervisor_[a-z0-9_]+", e)}
+        make_checkpoint(tmp_path / "ckpts", "step_5")
+        port = free_port()
+        job = [sys.executable, str(FAKEJOB), "--steps", "100000", "--step-s", "0.02", "--val-every", "5",
+               "--trap-term", str(tmp_path / "t")]
+        p = supervisors.start(write_config(tmp_path, job, f'\n[metrics]\nlisten = "127.0.0.1:{port}"\n'))
+
+        def scraped() -> set[str] | None:
+            try:
+                names = set(parse(get(f"http://127.0.0.1:{port}/metrics")[2]))
+            except OSError:
+                return None
+            return names if wanted <= names else None
+
+        try:
+            wait_for(scraped, 60, "a scrape with every metric the dashboard queries")
+        except AssertionError:
+            names = set(parse(get(f"http://127.0.0.1:{port}/metrics")[2]))
+            raise AssertionError(f"queried but not exported: {sorted(wanted - names)}") from None
+        assert stop(p)[0] == 0

@@ -1,6 +1,8 @@
 """Pure restart policy: tables of histories -> decisions, plus property tests."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -10,10 +12,11 @@ from supervisor.restarts import Attempt, Finish, GiveUp, Restart, backoff_delay,
 
 
 def fail(n: int, *, dur: float = 5.0, progressed: bool = False, resumed: str | None = None, step: int | None = None,
-         max_step: int | None = None, new_ckpt: bool = False, reason: str = "crash") -> Attempt:
+         max_step: int | None = None, new_ckpt: bool = False, reason: str = "crash",
+         beat_checkpoint: str | None = None) -> Attempt:
     return Attempt(number=n, started_at=n * 1000.0, ended_at=n * 1000.0 + dur, succeeded=False, reason=reason,
                    resumed_from=resumed, resumed_step=step, max_step=max_step, new_checkpoint=new_ckpt,
-                   progressed=progressed)
+                   progressed=progressed, beat_checkpoint=beat_checkpoint)
 
 
 def ok(n: int) -> Attempt:
@@ -109,30 +112,68 @@ class TestBackoff:
         assert base * (1 - jit) - 1e-9 <= d <= min(cfg.backoff_max_s, base * (1 + jit)) + 1e-9
 
 
+C20, C10 = "/c/step_20", "/c/step_10"
+
+
+def died_loading(n: int, path: str | None = C20, step: int | None = 20, **kw) -> Attempt:  # type: ignore[no-untyped-def]
+    """An attempt whose last heartbeat said `load`: it died loading `path` (passed to it unless told otherwise)."""
+    return replace(fail(n, resumed=path, step=step, max_step=kw.pop("max_step", step), **kw), beat=True,
+                   last_phase="load")
+
+
 class TestQuarantine:
-    def test_two_failures_after_same_checkpoint(self) -> None:
-        """quarantine_after consecutive failures after loading C without passing its step quarantine C."""
-        h = [fail(1, resumed="/c/step_20", step=20, max_step=20), fail(2, resumed="/c/step_20", step=20)]
-        assert quarantine_candidate(h, 2) == "/c/step_20"
+    def test_two_deaths_while_loading_the_same_checkpoint(self) -> None:
+        """quarantine_after consecutive attempts whose heartbeat died in `load` on C quarantine C, saying why."""
+        q = quarantine_candidate([died_loading(1), died_loading(2)], 2)
+        assert q is not None and q.path == C20 and "while loading it" in q.reason
+
+    def test_no_heartbeat_is_no_evidence(self) -> None:
+        """Attempts that wrote no heartbeat and failed right after launch quarantine nothing (issue 11.2/17.2)."""
+        h = [fail(1, resumed=C20, step=20), fail(2, resumed=C20, step=20), fail(3, resumed=C20, step=20)]
+        assert quarantine_candidate(h, 2) is None
+        assert quarantine_candidate(h, 3) is None
+
+    def test_no_heartbeat_after_another_checkpoint_loaded_and_trained(self) -> None:
+        """Without a heartbeat, C is quarantined only when an earlier attempt loaded another one and progressed."""
+        wrote_it = fail(1, resumed=C10, step=10, new_ckpt=True, progressed=True)
+        q = quarantine_candidate([wrote_it, fail(2, resumed=C20, step=20), fail(3, resumed=C20, step=20)], 2)
+        assert q is not None and q.path == C20 and "another checkpoint" in q.reason
+        fresh = fail(1, new_ckpt=True, progressed=True)  # trained from scratch: the load path itself is unproven
+        assert quarantine_candidate([fresh, fail(2, resumed=C20, step=20), fail(3, resumed=C20, step=20)], 2) is None
+
+    def test_a_checkpoint_that_loaded_and_trained_in_this_run_is_not_blamed(self) -> None:
+        """An earlier attempt trained from C: later deaths while loading it are not C's fault."""
+        trained = fail(1, resumed=C20, step=20, max_step=25, progressed=True)
+        assert quarantine_candidate([trained, died_loading(2), died_loading(3)], 2) is None
+
+    def test_the_job_picking_its_own_checkpoint(self) -> None:
+        """resume_args without a placeholder: only a checkpoint named by the `load` beat can be quarantined."""
+        named = [died_loading(i, path=None, step=None, beat_checkpoint=C20) for i in (1, 2)]
+        q = quarantine_candidate(named, 2)
+        assert q is not None and q.path == C20
+        unnamed = [died_loading(i, path=None, step=None) for i in (1, 2)]
+        assert quarantine_candidate(unnamed, 2) is None
 
     @pytest.mark.parametrize(
         "second",
         [
-            fail(2, resumed="/c/step_20", step=20, max_step=25),  # trained past it
-            fail(2, resumed="/c/step_20", step=20, new_ckpt=True),  # committed a newer one
-            fail(2, resumed="/c/step_10", step=10),  # another checkpoint
+            died_loading(2, max_step=25),  # trained past it
+            died_loading(2, new_ckpt=True),  # committed a newer one
+            died_loading(2, path=C10, step=10),  # another checkpoint
+            replace(died_loading(2), last_phase="train"),  # died training, not loading
+            replace(died_loading(2), beat=False, last_phase=None),  # a job that beats wrote none: died before loading
             ok(2),
         ],
     )
     def test_not_quarantined(self, second: Attempt) -> None:
-        """Progress, a different checkpoint or a success breaks the streak."""
-        assert quarantine_candidate([fail(1, resumed="/c/step_20", step=20), second], 2) is None
+        """Progress, a different checkpoint, a death outside `load` or a success breaks the streak."""
+        assert quarantine_candidate([died_loading(1), second], 2) is None
 
     def test_off_and_fresh_start(self) -> None:
-        """quarantine_after=0 is off, and attempts that resumed from nothing never quarantine."""
-        h = [fail(1, resumed="/c/x", step=1), fail(2, resumed="/c/x", step=1)]
-        assert quarantine_candidate(h, 0) is None
-        assert quarantine_candidate([fail(1), fail(2)], 2) is None
+        """quarantine_after=0 is off, and attempts that loaded nothing never quarantine."""
+        assert quarantine_candidate([died_loading(1), died_loading(2)], 0) is None
+        assert quarantine_candidate([died_loading(1, path=None, step=None), died_loading(2, path=None, step=None)],
+                                    2) is None
 
     @given(st.lists(st.booleans(), min_size=1, max_size=30), st.integers(0, 10))
     def test_property_give_up_only_after_streak(self, progress: list[bool], n: int) -> None:

@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -211,3 +212,185 @@ class TestTerminal:
         assert p.returncode == 0
         assert b"[job] hello from the job" in out
         assert b"hello from the job" in (tmp_path / ".fsdp-supervisor" / "logs" / "attempt-0001.log").read_bytes()
+
+
+def supervisor_log(tmp_path: Path) -> str:
+    try:
+        return (tmp_path / ".fsdp-supervisor" / "supervisor.log").read_text()
+    except OSError:
+        return ""
+
+
+def slow_stopper(tmp_path: Path, delay_s: float) -> tuple[Path, Path, Path]:
+    """(job.toml, trap file, marker) for a job that takes `delay_s` to write its "emergency checkpoint"."""
+    trap, marker = tmp_path / "saved", tmp_path / "launches"
+    cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--sleep", "120", "--trap-term", str(trap),
+                                  "--stop-delay", str(delay_s), "--marker", str(marker)],
+                       FAST + "\n[health]\nstop_timeout_s = 60\n")
+    return cfg, trap, marker
+
+
+class TestStopIsNeverEscalatedByAccident:
+    def test_retried_stop_waits_for_the_emergency_save(self, tmp_path: Path, supervisors: Supervisors) -> None:
+        """`stop --timeout` running out exits 1 saying the stop is in progress; another SIGTERM and a second `stop`
+        wait, and the job's slow emergency save completes."""
+        cfg, trap, marker = slow_stopper(tmp_path, 8)  # long enough for two CLI calls on a loaded machine
+        p = supervisors.start(cfg)
+        wait_for(lambda: launches(marker), 60, "job start")
+        r = cli("stop", "-c", str(cfg), "--timeout", "0.5")
+        assert r.returncode == 1 and "still stopping" in r.stderr and "nothing was cut short" in r.stderr, r
+        p.send_signal(signal.SIGTERM)  # systemd, Slurm or a script repeating the stop
+        wait_for(lambda: "stop_in_progress" in supervisor_log(tmp_path), 30, "the repeat to be logged")
+        r = cli("stop", "-c", str(cfg), "--timeout", "60")
+        assert r.returncode == 0 and "already stopping" in r.stdout, r
+        assert trap.read_text() == str(int(signal.SIGTERM)), "the emergency save was cut short"
+        assert p.wait(timeout=30) == 0 and state(tmp_path)["state"] == "stopped"
+        assert "stop_forced" not in supervisor_log(tmp_path)
+
+    def test_stop_force_kills_at_once(self, tmp_path: Path, supervisors: Supervisors) -> None:
+        """`stop --force` while a graceful stop waits: the job is killed now; exit 0, reason says forced."""
+        cfg, trap, marker = slow_stopper(tmp_path, 120)
+        p = supervisors.start(cfg)
+        wait_for(lambda: launches(marker), 60, "job start")
+        job = launches(marker)[0]["pid"]
+        assert cli("stop", "-c", str(cfg), "--timeout", "0.5").returncode == 1
+        r = cli("stop", "-c", str(cfg), "--force", "--timeout", "30")
+        assert r.returncode == 0, r
+        assert p.wait(timeout=30) == 0 and not trap.exists()
+        assert not psutil.pid_exists(job) or psutil.Process(job).status() == psutil.STATUS_ZOMBIE
+        st = state(tmp_path)
+        assert st["state"] == "stopped" and st["reason"] == "force-stopped (stop --force)"
+
+    def test_second_ctrl_c_in_the_supervisors_terminal_kills(self, tmp_path: Path, supervisors: Supervisors) -> None:
+        """Two Ctrl+C typed in the terminal the supervisor runs in: the first stops gracefully, the second kills."""
+        import fcntl
+        import pty
+        import subprocess
+        import termios
+        import threading
+
+        from tests.supervise import TAG_ENV
+
+        cfg, trap, marker = slow_stopper(tmp_path, 120)
+        leader, follower = pty.openpty()
+
+        def own_terminal() -> None:  # a session of its own with the pty as controlling terminal, in the foreground
+            os.setsid()
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+        p = subprocess.Popen([sys.executable, "-m", "supervisor", "run", "-c", str(cfg)], stdin=follower,
+                             stdout=follower, stderr=follower, preexec_fn=own_terminal,
+                             env={**os.environ, TAG_ENV: supervisors.tag})
+        supervisors.procs.append(p)  # type: ignore[arg-type]
+        os.close(follower)
+        drain = threading.Thread(target=lambda: _drain(leader), daemon=True)  # a full pty would block it
+        drain.start()
+        try:
+            wait_for(lambda: launches(marker), 60, "job start")
+            os.write(leader, b"\x03")
+            wait_for(lambda: state(tmp_path).get("state") == "stopping", 30, "the graceful stop")
+            time.sleep(0.3)
+            assert p.poll() is None and not trap.exists()
+            os.write(leader, b"\x03")
+            assert p.wait(timeout=30) == 0
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            os.close(leader)
+        assert not trap.exists()
+        assert state(tmp_path)["reason"] == "force-stopped (second Ctrl+C)"
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except OSError:
+        pass
+
+
+class TestOrphanIdentity:
+    def test_orphan_of_a_script_job_is_found_without_state_json(self, tmp_path: Path, supervisors: Supervisors) -> None:
+        """A `#!` script (the kernel shows [python, script, ...]) orphaned by a SIGKILLed supervisor, state.json
+        unreadable: the next `run` still finds it by the run dir's token and stops it before launching."""
+        script = tmp_path / "train.py"
+        script.write_text(f"#!{sys.executable}\nimport runpy, sys\nsys.path.insert(0, {str(FAKEJOB.parent)!r})\n"
+                          f"runpy.run_path({str(FAKEJOB)!r}, run_name='__main__')\n")
+        script.chmod(0o755)
+        marker, trap = tmp_path / "launches", tmp_path / "got-term"
+        cfg = write_config(tmp_path, [str(script), "--sleep", "60", "--trap-term", str(trap), "--marker", str(marker)],
+                           FAST)
+        first = supervisors.start(cfg)
+        wait_for(lambda: launches(marker), 60, "job start")
+        old_job = launches(marker)[0]["pid"]
+        supervisors.track(old_job)
+        assert psutil.Process(old_job).cmdline()[:2] == [sys.executable, str(script)]
+        first.kill()
+        first.wait()
+        (tmp_path / ".fsdp-supervisor" / "state.json").write_text("{")
+        second = supervisors.start(cfg)
+        wait_for(lambda: len(launches(marker)) == 2, 60, "second launch")
+        assert trap.exists(), "the orphaned script job was not asked to stop before the new launch"
+        assert not psutil.pid_exists(old_job) or psutil.Process(old_job).status() == psutil.STATUS_ZOMBIE
+        assert '"orphan_job_stopped"' in supervisor_log(tmp_path)
+        assert stop(second)[0] == 0
+
+
+class TestNoSilentFreshStart:
+    def test_unusable_checkpoint_exits_3_and_launches_nothing(self, tmp_path: Path, make_checkpoint) -> None:  # type: ignore[no-untyped-def]
+        """The root's only checkpoint has an unreadable .metadata: exit 3 naming it, the job never starts."""
+        bad = make_checkpoint(tmp_path / "ckpts", "step_20")
+        (bad / ".metadata").write_bytes(b"not a pickle")
+        marker = tmp_path / "launches"
+        cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--marker", str(marker)], FAST)
+        r = cli("run", "-c", str(cfg))
+        assert r.returncode == 3, r.stderr
+        st = state(tmp_path)
+        assert st["state"] == "failed" and str(bad) in st["reason"] and "allow_fresh_start" in st["reason"]
+        assert '"gave_up"' in supervisor_log(tmp_path) and not marker.exists()
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs (unmounted at teardown); skipped where this process may not mount (see test_diskfull.py)."""
+    import subprocess
+
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    try:
+        made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True,
+                              timeout=30).returncode == 0
+    except OSError:
+        made = False
+    if not made:
+        pytest.skip("cannot mount a tmpfs here (not root): the fake-System tests cover failing writes")
+    try:
+        yield mnt
+    finally:
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+class TestFullRunDir:
+    def test_full_run_dir_is_survived_and_state_json_never_claims_running(
+            self, tmp_path: Path, tiny_tmpfs: Path, supervisors: Supervisors) -> None:
+        """The run dir's file system fills mid-run: the supervisor keeps relaunching, stops cleanly with exit 0,
+        and leaves no state.json saying `running`."""
+        marker = tmp_path / "launches"
+        cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--sleep", "0.3", "--exit", "1",
+                                      "--marker", str(marker)],
+                           f"\n[supervisor]\nrun_dir = {json.dumps(str(tiny_tmpfs / 'run'))}\n"
+                           "[restart]\nbackoff_initial_s = 0.05\nbackoff_max_s = 0.1\nmax_no_progress_restarts = 1000\n")
+        p = supervisors.start(cfg)
+        wait_for(lambda: launches(marker), 60, "job start")
+        with open(tiny_tmpfs / "filler", "wb") as f:  # another writer takes every free byte
+            st = os.statvfs(tiny_tmpfs)
+            os.posix_fallocate(f.fileno(), 0, st.f_bavail * st.f_frsize)
+        filled = len(launches(marker))
+        wait_for(lambda: len(launches(marker)) >= filled + 3, 60, "relaunches on the full run dir")
+        rc, out = stop(p, signal.SIGTERM)
+        assert rc == 0, out[-3000:]
+        assert "state_write_failed" in out and "supervisor_failed" not in out
+        doc = json.loads(cli("status", "-c", str(cfg), "--json").stdout or "{}")
+        assert doc.get("supervisor_running") is False and doc.get("state") in (None, "stopped", "failed"), doc

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from supervisor.checkpoints import DiskUsage, RetentionRules, clear_trash, execute_retention, plan_retention, scan
-from supervisor.layout import TRASH_DIR
+from supervisor.layout import LEGACY_TRASH_DIR
 from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.errors import CheckpointError, ConfigError
 from supervisor.metrics import is_loopback, parse_listen
@@ -234,11 +234,14 @@ def _plant(base: Path, traps: set[str]) -> tuple[Path, Path]:
     for trap, (name, target) in links.items():
         if trap in traps:
             (real / name).symlink_to(target)
-    if "linked_trash" in traps:
-        (real / TRASH_DIR).symlink_to(outside, target_is_directory=True)
+    trashes = [base / ".real-root.fsdp-trash", base / ".root-link.fsdp-trash", real / LEGACY_TRASH_DIR]
+    if "linked_trash" in traps:  # the trash next to the root (whichever name the root goes by) and the legacy one
+        for trash in trashes:
+            trash.symlink_to(outside, target_is_directory=True)
     elif "link_in_trash" in traps:
-        (real / TRASH_DIR).mkdir()
-        (real / TRASH_DIR / "left-over").symlink_to(outside)
+        for trash in trashes:
+            trash.mkdir()
+            (trash / "left-over").symlink_to(outside)
     if "link_inside_debris" in traps:
         debris = real / ".tmp-step_00000005-dead"
         debris.mkdir()
@@ -274,7 +277,7 @@ class TestDeletionStaysInsideRoot:
             execute_retention(root, plan)
             clear_trash(root)
         except CheckpointError:
-            assert "linked_trash" in traps  # refusing to delete through a symlinked .trash is the right answer
+            assert "linked_trash" in traps  # refusing to delete through a symlinked trash is the right answer
         assert _snapshot(outside) == before
         assert (root / "step_00000030").is_dir()  # the newest complete survives every policy
 

@@ -177,7 +177,7 @@ class TestQuarantine:
         assert st["resumed_from"] == str(tmp_path / "ckpts" / "step_00000005") and st["attempt"] == 4  # 1 + 3 (numbering continues)
         infos = {c.name: c for c in scan(tmp_path / "ckpts")}
         assert infos[newest.path.name].quarantined and infos["step_00000015"].complete
-        assert "quarantined: 2 consecutive attempts failed" in cli("checkpoints", "list", "-c", str(cfg2)).stdout
+        assert "quarantined: 2 consecutive attempts died while loading it" in cli("checkpoints", "list", "-c", str(cfg2)).stdout
 
 
 class TestUserScript:
@@ -194,3 +194,59 @@ class TestUserScript:
         assert p.returncode == 0, out[-3000:]
         assert record.read_text().strip() == f"start=3 resume={tmp_path / 'ckpts' / 'epoch_2'} attempt=2"
         assert state(tmp_path)["last_exit"]["reason"] == "completed"
+
+
+@pytest.fixture(scope="module")
+def killed_then_stopped(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A supervised run whose worker is SIGKILLed after a checkpoint, relaunched, and stopped once it trains
+    again; returns its config (the history is in its run dir)."""
+    tmp = tmp_path_factory.mktemp("history")
+    cfg = write_config(tmp, TORCHRUN + TRAIN + ["--steps", "1000"], FAST)
+    s = Supervisors()
+    try:
+        p = s.start(cfg)
+        # Long enough for a few heartbeat samples (the trainer beats once a second) on each side of the restart.
+        wait_for(lambda: latest_step(tmp) >= 20 and (state(tmp).get("step") or 0) >= 23, TIMEOUT, "steps past a checkpoint")
+        wait_for(lambda: job_workers(tmp), 30, "workers")[-1].kill()
+        wait_for(lambda: state(tmp).get("attempt") == 2 and state(tmp).get("restart_latency_s"), 120, "attempt 2 training")
+        resumed = int(Path(state(tmp)["resumed_from"]).name.split("_")[1])
+        wait_for(lambda: (state(tmp).get("step") or 0) >= resumed + 12, 120, "attempt 2 twelve steps on")
+        rc, out = stop(p, signal.SIGINT, timeout=120)
+        assert rc == 0, out[-3000:]
+    finally:
+        s.cleanup()
+    return cfg
+
+
+class TestHistory:
+    def test_report_json_after_a_killed_worker_and_a_stop(self, killed_then_stopped: Path) -> None:
+        """2 attempts, 1 failure, one restart latency, one steps-lost value, goodput strictly between 0 and 1."""
+        r = cli("report", "-c", str(killed_then_stopped), "--json")
+        assert r.returncode == 0, r.stderr
+        s = json.loads(r.stdout)
+        # The failure's name depends on which rank torchrun saw fail first (the killed one, or one it then stopped).
+        assert (s["attempts"], s["failures"], s["exit_reasons"].pop("stopped")) == (2, 1, 1)
+        assert list(s["exit_reasons"].values()) == [1] and set(s["exit_reasons"]) <= {"signal", "crash"}
+        assert len(s["restart_latency_s"]) == 1 and 0 < s["restart_latency_s"][0] < 120
+        assert len(s["steps_lost"]) == 1 and s["steps_lost"][0] >= 0
+        assert 0 < s["goodput"] < 1 and s["checkpoint_overhead_s"] > 0
+
+    def test_report_page_shows_the_restart_in_chromium(self, killed_then_stopped: Path, tmp_path: Path) -> None:
+        """The page has both attempts on the timeline, a commit, the restart and the loss on both sides of it, and
+        renders in headless Chromium (skipped only without Chromium)."""
+        from supervisor.history_demo import chromium, screenshot
+        from tests.test_report import marks
+        from tests.test_report_browser import assert_rendered
+
+        page = tmp_path / "report.html"
+        r = cli("report", "-c", str(killed_then_stopped), "-o", str(page))
+        assert r.returncode == 0, r.stderr
+        failed = next(r for r in json.loads(cli("report", "-c", str(killed_then_stopped), "--json").stdout)["exit_reasons"]
+                      if r != "stopped")
+        m = marks(page.read_text())
+        assert m.classes["attempt"] == 2 and m.classes[f"reason-{failed}"] == 1 and m.classes["reason-stopped"] == 1
+        assert m.classes["commit"] >= 1 and m.classes["restart"] >= 2 and m.classes["loss"] >= 2
+        if chromium() is None:
+            pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+        screenshot(page, tmp_path / "report.png")
+        assert_rendered(page, tmp_path / "report.png", [failed, "stopped"])

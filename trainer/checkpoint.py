@@ -44,6 +44,11 @@ __all__ = ["Checkpointer", "save_checkpoint", "load_checkpoint", "resolve_resume
 
 # Test hook: rank 0 stalls before committing this step, so a test can kill it mid-save deterministically.
 STALL_COMMIT_ENV = "FSDP_TRAINER_TEST_STALL_COMMIT_STEP"
+# Test hook: every rank holds the save of HOLD_SAVE_STEP (once the previous save is committed, before writing
+# anything) until the file HOLD_SAVE_UNTIL exists, so a test can act between two saves (e.g. fill the disk).
+HOLD_SAVE_STEP_ENV = "FSDP_TRAINER_TEST_HOLD_SAVE_STEP"
+HOLD_SAVE_UNTIL_ENV = "FSDP_TRAINER_TEST_HOLD_SAVE_UNTIL"
+_HOLD_MAX_S = 600.0
 
 
 def _rank() -> int:
@@ -117,6 +122,7 @@ class Checkpointer:
              blocking: bool | None = None) -> SaveResult:
         """Collective: write `state` as step `step`; blocks until committed unless saving asynchronously."""
         self.wait()  # never two saves in flight
+        _hold_for_test(step)
         tmp = self.root / tmp_dir_name(step, self.nonce)
         result = SaveResult(step, tmp, self.root / step_dir_name(step), dict(metrics or {}), time.monotonic())
         writer = _Writer(tmp)
@@ -167,6 +173,14 @@ class Checkpointer:
             result.final, result.created = commit(result.tmp, result.final, manifest)
         result.seconds = time.monotonic() - result.started
         self.last = result
+
+
+def _hold_for_test(step: int) -> None:
+    until = os.environ.get(HOLD_SAVE_UNTIL_ENV)
+    if until and os.environ.get(HOLD_SAVE_STEP_ENV) == str(step):
+        deadline = time.monotonic() + _HOLD_MAX_S
+        while not os.path.exists(until) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def save_checkpoint(root: str | os.PathLike, step: int, state: dict[str, Any], *,

@@ -2,10 +2,18 @@
 
 complete: `.metadata` parses safely and every storage file it references is a regular file directly
           inside the dir with at least max(offset + length) bytes (and, with a manifest, every file it
-          lists has exactly the recorded size).
-partial:  no `.metadata` yet, or a temporary `.tmp-` name: a save in flight or abandoned.
+          lists has exactly the recorded size). A nested folder (Accelerate's `checkpoint_N/`) is complete
+          when every DCP dir in it is; whether it also has all the members its siblings have is for the
+          caller to check with `against_reference` (verify looks at one folder only).
+partial:  no `.metadata` yet, a temporary `.tmp-` name, or a checkpoint-named folder with nothing in it
+          yet: a save in flight or abandoned; for a nested folder also a member its newest sibling has.
 torn:     `.metadata` is fine but a shard is missing or short (or fails its checksum with --deep).
 invalid:  unparseable or unsafe metadata or manifest, a storage path escaping the dir, a symlink.
+foreign:  not a checkpoint at all (shapes.py): never counted, deleted or selected.
+
+A verdict decided by `.metadata` also carries a `kind` the daemon can act on: "unsafe" (it names a
+global that could run code: treat as hostile, log loudly), "unknown_class" (a torch class this
+version does not know: most likely written by a newer torch) or "bad_metadata" (unparseable).
 """
 from __future__ import annotations
 
@@ -15,16 +23,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from supervisor.checkpoints._files import sha256_file
+from supervisor.checkpoints.shapes import DCP, DIRECTORY, NESTED, TEMPORARY, UNSTARTED, Shape, identify
 from supervisor.layout import METADATA_NAME
 from supervisor.checkpoints.manifest import Manifest, ManifestError, read_manifest
-from supervisor.checkpoints.metadata import DcpMetadata, MetadataError, UnsafeMetadataError, read_metadata
-from supervisor.checkpoints.naming import is_temporary, name_step
+from supervisor.checkpoints.metadata import (
+    DcpMetadata, MetadataError, UnknownClassError, UnsafeMetadataError, read_metadata)
+from supervisor.checkpoints.naming import name_step
 from supervisor.errors import CheckpointError
 
-__all__ = ["COMPLETE", "PARTIAL", "TORN", "INVALID", "STATES", "Verdict", "verify"]
+__all__ = ["COMPLETE", "PARTIAL", "TORN", "INVALID", "FOREIGN", "STATES", "Verdict", "verify", "against_reference"]
 
-COMPLETE, PARTIAL, TORN, INVALID = "complete", "partial", "torn", "invalid"
-STATES = (COMPLETE, PARTIAL, TORN, INVALID)
+COMPLETE, PARTIAL, TORN, INVALID, FOREIGN = "complete", "partial", "torn", "invalid", "foreign"
+STATES = (COMPLETE, PARTIAL, TORN, INVALID, FOREIGN)
+_SEVERITY = {COMPLETE: 0, PARTIAL: 1, TORN: 2, INVALID: 3}  # a nested folder is as bad as its worst member
 _MAX_REASONS = 3
 
 
@@ -37,6 +48,8 @@ class Verdict:
     manifest: Manifest | None = None
     metadata: DcpMetadata | None = None
     checksummed: bool = False  # True only when --deep compared every sha256 the manifest carries
+    members: frozenset[str] = frozenset()  # a nested folder's DCP dirs (relative paths); empty for a flat one
+    kind: str | None = None  # for .metadata verdicts: "unsafe", "unknown_class" or "bad_metadata"
 
     @property
     def complete(self) -> bool:
@@ -147,26 +160,20 @@ def _lstat_dir(path: Path) -> os.stat_result:
         raise CheckpointError(f"{path}: cannot read: {exc.strerror}") from None
 
 
-def verify(path: str | os.PathLike[str], *, deep: bool = False) -> Verdict:
-    """Classify one checkpoint dir; raises CheckpointError only when `path` is missing or not a dir."""
-    directory = Path(os.path.abspath(path))
-    st = _lstat_dir(directory)
-    if stat.S_ISLNK(st.st_mode):
-        return Verdict(INVALID, "the checkpoint dir is a symlink")
-    if not stat.S_ISDIR(st.st_mode):
-        raise CheckpointError(f"{directory}: not a directory")
-    if is_temporary(directory.name):
-        return Verdict(PARTIAL, "temporary dir: a save in flight or abandoned")
+def _verify_dcp(directory: Path, deep: bool) -> Verdict:
+    """Classify one flat DCP dir (known to be a real directory)."""
     try:
         meta = read_metadata(directory / METADATA_NAME)
     except UnsafeMetadataError as exc:
-        return Verdict(INVALID, f"unsafe {METADATA_NAME}: {exc}")
+        return Verdict(INVALID, f"unsafe {METADATA_NAME}: {exc}", kind=exc.kind)
+    except UnknownClassError as exc:
+        return Verdict(INVALID, str(exc), kind=exc.kind)
     except MetadataError as exc:
         if not os.access(directory, os.R_OK | os.X_OK):
             return Verdict(INVALID, "the checkpoint dir cannot be read")
         if not os.path.lexists(directory / METADATA_NAME):
             return Verdict(PARTIAL, f"no {METADATA_NAME}: the save did not finish")
-        return Verdict(INVALID, f"bad {METADATA_NAME}: {exc}")
+        return Verdict(INVALID, f"bad {METADATA_NAME}: {exc}", kind=exc.kind)
     try:
         manifest = read_manifest(directory)
     except ManifestError as exc:
@@ -179,3 +186,56 @@ def verify(path: str | os.PathLike[str], *, deep: bool = False) -> Verdict:
     if checksummed and not problems.invalid and not problems.torn:
         _check_checksums(directory, manifest, problems)  # type: ignore[arg-type]
     return problems.verdict(manifest=manifest, metadata=meta, checksummed=checksummed)
+
+
+def _verify_nested(directory: Path, members: frozenset[str], deep: bool) -> Verdict:
+    """A folder of DCP dirs is as complete as its worst member; the reason names the members at fault."""
+    found = {m: _verify_dcp(directory / m, deep) for m in sorted(members)}
+    bad = [(m, v) for m, v in found.items() if not v.complete]
+    if not bad:
+        return Verdict(COMPLETE, members=members, checksummed=deep and all(v.checksummed for v in found.values()))
+    state = max((v.state for _, v in bad), key=_SEVERITY.__getitem__)
+    reason = "; ".join(f"{m}: {v.reason}" for m, v in bad[:_MAX_REASONS])
+    if len(bad) > _MAX_REASONS:
+        reason += f" (+{len(bad) - _MAX_REASONS} more)"
+    kind = next((v.kind for _, v in bad if v.kind is not None), None)  # an unsafe member makes the folder unsafe
+    return Verdict(state, reason, members=members, kind=kind)
+
+
+def against_reference(verdict: Verdict, reference: frozenset[str], sibling: str) -> Verdict:
+    """A complete nested folder that lacks a member its reference sibling has is partial (a save cut between
+    members); extra members are fine (a save that added a model). Pure: the caller picks the sibling."""
+    missing = sorted(reference - verdict.members)
+    if not verdict.complete or not verdict.members or not missing:
+        return verdict
+    shown = ", ".join(missing[:_MAX_REASONS])
+    if len(missing) > _MAX_REASONS:
+        shown += f" (+{len(missing) - _MAX_REASONS} more)"
+    return Verdict(PARTIAL, f"{shown} missing ({sibling} has it): a save cut between its members",
+                   members=verdict.members)
+
+
+def verify(path: str | os.PathLike[str], *, deep: bool = False, shape: Shape | None = None) -> Verdict:
+    """Classify one checkpoint dir; raises CheckpointError only when `path` is missing or not a dir.
+
+    Flat DCP dirs and nested folders are judged; anything else is `foreign` with the reason. `shape`:
+    what identify() already said about the dir (a scan passes it on rather than look twice).
+    """
+    directory = Path(os.path.abspath(path))
+    st = _lstat_dir(directory)
+    if stat.S_ISLNK(st.st_mode):
+        return Verdict(INVALID, "the checkpoint dir is a symlink")
+    if not stat.S_ISDIR(st.st_mode):
+        raise CheckpointError(f"{directory}: not a directory")
+    shape = shape or identify(directory)
+    if shape.kind == TEMPORARY:
+        return Verdict(PARTIAL, "temporary dir: a save in flight or abandoned")
+    if shape.kind == UNSTARTED:
+        return Verdict(PARTIAL, "nothing written yet: a save in flight or abandoned")
+    if shape.kind == DCP:
+        return _verify_dcp(directory, deep)
+    if shape.kind == NESTED:
+        return _verify_nested(directory, shape.members, deep)
+    if shape.kind == DIRECTORY:
+        return Verdict(FOREIGN, f"a directory of checkpoints ({', '.join(shape.series[:_MAX_REASONS])}), not one")
+    return Verdict(FOREIGN, shape.reason)

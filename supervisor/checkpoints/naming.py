@@ -1,14 +1,29 @@
-"""What a checkpoint dir's name says: its step, and whether it is an in-flight temporary."""
+"""What a checkpoint dir's name says: its step or save ordinal, whether it is a temporary, a checkpoint name.
+
+The names the store knows (docs/checkpoints.md, "Layouts"):
+- `step_120`, `step-120`, `epoch_12`, `ckpt_000120`, `global_step120`: the trailing integer is the step
+  (the reference trainer's `step_<N>`, torchtitan's `step-<N>`, most user scripts);
+- `epoch=1-step=500.ckpt` (Lightning, also with a `-v1` suffix): the step is the number after `step=`,
+  not the epoch;
+- `checkpoint_3` (Accelerate's automatic naming): 3 is a *save ordinal*, not a training step. It ranks
+  the folder among its siblings; the step, when known, comes from the folder's contents.
+"""
 from __future__ import annotations
 
 import re
 
 from supervisor.layout import TMP_PREFIX
 
-__all__ = ["name_step", "is_temporary"]
+__all__ = ["name_step", "name_ordinal", "is_temporary", "is_checkpoint_name"]
 
-# step_120, step-120, epoch_12, ckpt_000120, global_step120: the trailing integer is the step.
 _TRAILING_INT = re.compile(r"(\d+)$")
+_LIGHTNING_STEP = re.compile(r"(?:^|[-_.])step=(\d+)")
+_ORDINAL = re.compile(r"checkpoint_(\d+)")
+# Names a training program gives a checkpoint dir; a folder holding dirs named like this is a checkpoint
+# *directory*, not one checkpoint (see shapes.py). Deliberately narrow: Accelerate's members
+# (`pytorch_model_fsdp_0`, `optimizer_0`) end in digits too and must not match.
+_CHECKPOINT_NAME = re.compile(
+    r"(?:step|epoch|ckpt|checkpoint|global_step|iter|iteration)[-_]?\d+|.*(?:^|[-_.])step=\d+.*", re.IGNORECASE)
 
 
 def is_temporary(name: str) -> bool:
@@ -16,9 +31,28 @@ def is_temporary(name: str) -> bool:
     return name.startswith(TMP_PREFIX)
 
 
+def name_ordinal(name: str) -> int | None:
+    """The save ordinal of an Accelerate `checkpoint_<N>` name, or None for every other name."""
+    match = _ORDINAL.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
 def name_step(name: str) -> int | None:
-    """The step encoded in a dir name, or None; a temporary name's `-<nonce>` suffix is ignored."""
+    """The training step a dir name encodes, or None (no number, or an ordinal `checkpoint_<N>`).
+
+    A temporary name's `-<nonce>` suffix is ignored.
+    """
     if is_temporary(name):
         name = name[len(TMP_PREFIX):].rpartition("-")[0]
+    if name_ordinal(name) is not None:
+        return None
+    lightning = _LIGHTNING_STEP.search(name)
+    if lightning:
+        return int(lightning.group(1))
     match = _TRAILING_INT.search(name)
     return int(match.group(1)) if match else None
+
+
+def is_checkpoint_name(name: str) -> bool:
+    """Is this a name training programs give one checkpoint (`step-10`, `checkpoint_3`, `epoch=1-step=9.ckpt`)?"""
+    return _CHECKPOINT_NAME.fullmatch(name) is not None

@@ -1,8 +1,15 @@
 """Carry out a retention plan: the only code in the store that deletes anything.
 
-Each target is re-checked (a direct, non-symlink child dir of the root), renamed into `<root>/.trash/`
-in one atomic step, then removed. A crash mid-delete leaves only `.trash` contents, which scans skip
-and the next run clears, so a half-deleted dir can never look complete.
+Each target is re-checked (a direct, non-symlink child dir of the root that is still a checkpoint, not a
+foreign folder), renamed into the trash in one atomic step, then removed. A crash mid-delete leaves only
+trash contents, which scans never see and the next run clears, so a half-deleted dir can never look complete.
+
+The trash is never inside the root (programs such as Accelerate sort every entry of their checkpoint
+folder and crash on ours): it is `<parent>/.<root-name>.fsdp-trash/`, created 0700, on the root's file
+system so the rename stays atomic. When the parent is not writable (or is another file system: the root
+is a mount point), the caller's `fallback` dir is used instead (the daemon passes its run dir) if it is
+on the root's file system; otherwise nothing is deleted and the error says so in one line. A `.trash`
+left inside the root by earlier versions is moved into the new trash on first use.
 """
 from __future__ import annotations
 
@@ -14,16 +21,18 @@ from pathlib import Path
 
 import structlog
 
-from supervisor.layout import TRASH_DIR
+from supervisor.checkpoints.shapes import identify
 from supervisor.checkpoints.retention import Deletion, DiskUsage, RetentionPlan
 from supervisor.errors import CheckpointError
+from supervisor.layout import LEGACY_TRASH_DIR, TRASH_SUFFIX, is_sidecar_name, sidecar_name
 
-__all__ = ["disk_usage", "execute_retention", "clear_trash"]
+__all__ = ["disk_usage", "execute_retention", "clear_trash", "trash_dir", "migrate_legacy_trash"]
 
 log = structlog.get_logger(__name__)
+PathLike = str | os.PathLike[str]
 
 
-def disk_usage(root: str | os.PathLike[str]) -> DiskUsage:
+def disk_usage(root: PathLike) -> DiskUsage:
     """Total and free bytes of the filesystem holding `root`."""
     try:
         usage = shutil.disk_usage(root)
@@ -32,16 +41,53 @@ def disk_usage(root: str | os.PathLike[str]) -> DiskUsage:
     return DiskUsage(total_bytes=usage.total, free_bytes=usage.free)
 
 
-def _trash_dir(root: Path) -> Path:
-    trash = root / TRASH_DIR
+def _device(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_dev
+    except OSError:
+        return None
+
+
+def _usable_home(home: Path, device: int | None) -> bool:
+    """May the trash live in `home`: same file system as the root, and writable by us?"""
+    return device is not None and _device(home) == device and os.access(home, os.W_OK | os.X_OK)
+
+
+def _open_trash(trash: Path, device: int | None) -> Path:
     try:
         st = os.lstat(trash)
     except FileNotFoundError:
-        trash.mkdir()
-        return trash
-    if not stat.S_ISDIR(st.st_mode):  # a symlinked .trash would move checkpoints out of the root
+        try:
+            os.mkdir(trash, 0o700)
+        except FileExistsError:
+            pass  # another pruner made it just now: checked below like any existing one
+        except OSError as exc:
+            raise CheckpointError(f"cannot create the trash {trash}: {exc.strerror}; nothing was deleted") from None
+        st = os.lstat(trash)
+    if not stat.S_ISDIR(st.st_mode):  # a symlinked trash would move checkpoints somewhere else entirely
         raise CheckpointError(f"{trash} is not a plain directory; refusing to delete through it")
+    if st.st_dev != device:
+        raise CheckpointError(f"{trash} is on another file system than the checkpoint root; refusing to delete")
     return trash
+
+
+def _homes(base: Path, fallback: PathLike | None) -> list[Path]:
+    """Where the trash of the root `base` may live, in order of preference."""
+    homes = [base.parent] + ([Path(os.path.abspath(fallback))] if fallback is not None else [])
+    return list(dict.fromkeys(homes))
+
+
+def trash_dir(root: PathLike, fallback: PathLike | None = None) -> Path:
+    """The trash of `root` (made if need be): next to the root, else in `fallback`; CheckpointError if neither."""
+    base = Path(os.path.abspath(root))
+    name, device = sidecar_name(base.name, TRASH_SUFFIX), _device(base)
+    for home in _homes(base, fallback):
+        if _usable_home(home, device):
+            return _open_trash(home / name, device)
+    where = f"{base.parent} is not writable or on another file system"
+    where += f", and so is {fallback}" if fallback is not None else ""
+    raise CheckpointError(f"checkpoint root {base}: nowhere to park deletions ({where}); nothing was deleted. "
+                          "Make the root a subdirectory of a writable folder on the same file system")
 
 
 def _remove(path: Path) -> None:
@@ -52,22 +98,64 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def clear_trash(root: str | os.PathLike[str]) -> int:
-    """Remove what an interrupted earlier run left in `<root>/.trash`; returns how many entries went."""
-    trash = _trash_dir(Path(os.path.abspath(root)))
-    cleared = 0
-    for entry in os.scandir(trash):
+def _park(target: Path, trash: Path) -> Path:
+    parked = trash / f"{target.name}.{time.time_ns()}"
+    os.rename(target, parked)
+    return parked
+
+
+def migrate_legacy_trash(root: PathLike, fallback: PathLike | None = None) -> int:
+    """Move what an earlier version left in `<root>/.trash` into the trash next to the root, then remove
+    `.trash`; returns how many entries moved. A `.trash` that is a symlink or a file is left alone."""
+    base = Path(os.path.abspath(root))
+    legacy = base / LEGACY_TRASH_DIR
+    try:
+        if not stat.S_ISDIR(os.lstat(legacy).st_mode):
+            return 0
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        raise CheckpointError(f"{legacy}: cannot read: {exc.strerror}") from None
+    trash = trash_dir(base, fallback)
+    moved = 0
+    for entry in os.scandir(legacy):
         try:
-            _remove(Path(entry.path))
-            cleared += 1
+            _park(Path(entry.path), trash)
+            moved += 1
         except OSError as exc:
-            log.warning("trash_clear_failed", path=entry.path, error=exc.strerror)
+            log.warning("trash_migrate_failed", path=entry.path, error=exc.strerror)
+    try:
+        os.rmdir(legacy)
+    except OSError as exc:
+        log.warning("trash_migrate_failed", path=str(legacy), error=exc.strerror)
+    log.info("trash_migrated", root=str(base), trash=str(trash), entries=moved)
+    return moved
+
+
+def clear_trash(root: PathLike, fallback: PathLike | None = None) -> int:
+    """Remove what was parked in the trash of `root` (by an interrupted earlier run too); returns how many
+    entries went. A trash that was never created is not created now."""
+    migrate_legacy_trash(root, fallback)
+    cleared = 0
+    base = Path(os.path.abspath(root))
+    for trash in (home / sidecar_name(base.name, TRASH_SUFFIX) for home in _homes(base, fallback)):
+        try:
+            if not stat.S_ISDIR(os.lstat(trash).st_mode):
+                raise CheckpointError(f"{trash} is not a plain directory; refusing to delete through it")
+        except FileNotFoundError:
+            continue
+        for entry in os.scandir(trash):
+            try:
+                _remove(Path(entry.path))
+                cleared += 1
+            except OSError as exc:
+                log.warning("trash_clear_failed", path=entry.path, error=exc.strerror)
     return cleared
 
 
-def _direct_child_dir(root: Path, target: Path) -> str | None:
-    """Why `target` may not be deleted, or None when it is a real dir directly inside `root`."""
-    if target.parent != root or target.name in ("", ".", "..", TRASH_DIR):
+def _refusal(root: Path, target: Path) -> str | None:
+    """Why `target` may not be deleted, or None when it is a real checkpoint dir directly inside `root`."""
+    if target.parent != root or target.name in ("", ".", "..", LEGACY_TRASH_DIR) or is_sidecar_name(target.name):
         return "not a direct child of the checkpoint root"
     try:
         st = os.lstat(target)
@@ -77,29 +165,36 @@ def _direct_child_dir(root: Path, target: Path) -> str | None:
         return "a symlink"
     if not stat.S_ISDIR(st.st_mode):
         return "not a directory"
+    if not identify(target).ours:  # planned from an older look: something not ours took the name since
+        return "not a checkpoint (foreign)"
     return None
 
 
-def execute_retention(root: str | os.PathLike[str], plan: RetentionPlan, *, empty_trash: bool = True) -> list[Deletion]:
-    """Delete the plan's targets (rename into .trash, then remove); returns those actually deleted.
+def execute_retention(root: PathLike, plan: RetentionPlan, *, empty_trash: bool = True,
+                      fallback: PathLike | None = None) -> list[Deletion]:
+    """Delete the plan's targets (rename into the trash, then remove); returns those actually deleted.
 
-    With `empty_trash=False` only the (fast, atomic) renames happen: the caller empties `.trash` with
+    With `empty_trash=False` only the (fast, atomic) renames happen: the caller empties the trash with
     `clear_trash`, e.g. off its event loop, since removing a large checkpoint on shared storage can be slow.
+    Raises CheckpointError, having deleted nothing, when there is nowhere to put the trash.
     """
     base = Path(os.path.abspath(root))
-    trash = _trash_dir(base)
+    if not plan.deletions:
+        if empty_trash:
+            clear_trash(base, fallback)
+        return []
+    trash = trash_dir(base, fallback)
     if empty_trash:
-        clear_trash(base)
+        clear_trash(base, fallback)
     done: list[Deletion] = []
     for d in plan.deletions:
         target = Path(os.path.abspath(d.path))
-        refused = _direct_child_dir(base, target)
+        refused = _refusal(base, target)
         if refused:
             log.warning("retention_skipped", path=str(target), why=refused)
             continue
-        parked = trash / f"{target.name}.{time.time_ns()}"
         try:
-            os.rename(target, parked)
+            parked = _park(target, trash)
         except OSError as exc:
             log.warning("retention_rename_failed", path=str(target), error=exc.strerror)
             continue
@@ -109,6 +204,6 @@ def execute_retention(root: str | os.PathLike[str], plan: RetentionPlan, *, empt
             continue
         try:
             _remove(parked)
-        except OSError as exc:  # parked in .trash: invisible to scans, cleared next time
+        except OSError as exc:  # parked in the trash: invisible to scans, cleared next time
             log.warning("trash_remove_failed", path=str(parked), error=exc.strerror)
     return done

@@ -1,10 +1,22 @@
-"""List the checkpoints under a root, newest first, and find the newest complete one fast.
+"""List the children of a checkpoint root, newest first, judge them, and find the newest complete one fast.
 
-Only immediate children are considered; `.trash` is skipped; a symlinked child is listed as
-`invalid` and never followed; temporary `.tmp-` dirs are listed as `partial` (retention needs them).
-Order: highest step first (manifest step, else the trailing integer of the name), ties and
-step-less dirs by mtime (of `.metadata`, else of the newest file); step-less dirs come after
-stepped ones, so a stray `best/` copy never outranks the run's own `step_<N>` dirs.
+Only immediate children are considered. The supervisor's own entries (the legacy `.trash`) are left out;
+a symlinked child is listed as `invalid` and never followed; temporary `.tmp-` dirs are listed as
+`partial` (retention needs them); a child that is not a checkpoint is listed as `foreign` with a reason
+and is never walked, sized, counted or selected (shapes.py says what is what). A child that is a whole
+directory of checkpoints makes scan() and newest_complete() raise CheckpointDirectoryError.
+
+Order: Accelerate's `checkpoint_<N>` folders by their save ordinal N, every other dir by its step (from
+the name, else the trainer's manifest, else a JSON sidecar); ties and dirs with neither by mtime (of
+`.metadata`, else of the newest file). Step-less dirs come after stepped ones, so a stray `best/` copy
+never outranks the run's own `step_<N>` dirs.
+
+A nested folder (several DCP dirs in one checkpoint) is complete only when every DCP dir in it is and it
+has every member of its reference: the nearest older nested sibling whose DCP dirs are all complete (for
+the oldest folder, the nearest newer one). So a save cut between two members (model written, optimizer
+not) is `partial`, while the folders around it stay complete; extra members are fine; a folder with no
+such sibling is judged on its own. One exception keeps a deliberate change of layout from making every
+later save partial: a folder missing members is complete when a newer sibling has exactly its members.
 """
 from __future__ import annotations
 
@@ -15,26 +27,39 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from supervisor.checkpoints.completeness import COMPLETE, INVALID, Verdict, verify
-from supervisor.layout import METADATA_NAME, TRASH_DIR
+from supervisor.checkpoints.completeness import (
+    COMPLETE,
+    FOREIGN,
+    INVALID,
+    Verdict,
+    against_reference,
+    verify,
+)
+from supervisor.checkpoints.shapes import DIRECTORY, NESTED, CheckpointDirectoryError, Shape, identify
+from supervisor.checkpoints.shapes import FOREIGN as FOREIGN_SHAPE
 from supervisor.checkpoints.manifest import ManifestError, read_manifest
 from supervisor.checkpoints.markers import is_pinned, is_quarantined
-from supervisor.checkpoints.naming import is_temporary, name_step
+from supervisor.checkpoints.naming import is_temporary, name_ordinal, name_step
+from supervisor.checkpoints.sidecar import sidecar_step
 from supervisor.errors import CheckpointError
+from supervisor.layout import LEGACY_TRASH_DIR, METADATA_NAME, is_sidecar_name
 
-__all__ = ["UNVERIFIED", "CheckpointInfo", "age_order", "scan", "newest_complete"]
+__all__ = ["UNVERIFIED", "CheckpointInfo", "age_order", "scan", "newest_complete", "judge", "check_root"]
 
 UNVERIFIED = "unverified"  # only from scan(verify_all=False): older than the newest complete
 
 
 class _Dated(Protocol):
     step: int | None
+    ordinal: int | None
     mtime: float
 
 
 def age_order(c: _Dated) -> tuple[bool, int, float]:
-    """The one ordering of checkpoints, oldest first: step-less dirs before stepped ones, then step, then mtime."""
-    return (c.step is not None, c.step or 0, c.mtime)
+    """The one ordering of checkpoints, oldest first: unranked dirs before ranked ones, then the rank (save
+    ordinal, else step), then mtime."""
+    rank = c.ordinal if c.ordinal is not None else c.step
+    return (rank is not None, rank or 0, c.mtime)
 
 
 @dataclass(frozen=True)
@@ -43,14 +68,15 @@ class CheckpointInfo:
 
     name: str
     path: Path  # absolute, not resolved: a symlinked child stays the symlink
-    step: int | None
-    state: str  # complete | partial | torn | invalid (| unverified, see scan)
+    step: int | None  # the training step, when known
+    state: str  # complete | partial | torn | invalid | foreign (| unverified, see scan)
     reason: str | None
-    size_bytes: int
+    size_bytes: int  # 0 for foreign entries: they are never walked
     mtime: float
     pinned: bool = False
     quarantined: bool = False
     metrics: dict[str, float] = field(default_factory=dict)
+    ordinal: int | None = None  # Accelerate's save number N of `checkpoint_<N>` (not a step)
 
     @property
     def complete(self) -> bool:
@@ -64,6 +90,7 @@ class _Candidate:
     is_link: bool
     step: int | None
     mtime: float
+    ordinal: int | None = None
 
 
 def _open_root(root: str | os.PathLike[str]) -> tuple[Path, Iterator[os.DirEntry[str]]]:
@@ -78,11 +105,11 @@ def _open_root(root: str | os.PathLike[str]) -> tuple[Path, Iterator[os.DirEntry
         raise CheckpointError(f"checkpoint root {path} cannot be read: {exc.strerror}") from None
 
 
-def _mtime(directory: Path, fallback: float) -> float:
+def _lmtime(path: Path) -> float | None:
     try:
-        return os.lstat(directory / METADATA_NAME).st_mtime
+        return os.lstat(path).st_mtime
     except OSError:
-        return fallback
+        return None
 
 
 def _step_without_name(directory: Path) -> int | None:
@@ -90,17 +117,17 @@ def _step_without_name(directory: Path) -> int | None:
         manifest = read_manifest(directory)
     except ManifestError:
         return None
-    return manifest.step if manifest else None
+    return manifest.step if manifest else sidecar_step(directory)
 
 
 def _list_root(root: str | os.PathLike[str]) -> tuple[Path, list[_Candidate]]:
-    """The checkpoint candidates under `root`, newest first, with no verification (cheap)."""
+    """The children of `root` that may be checkpoints, newest first, with no verification (cheap)."""
     path, entries = _open_root(root)
     found = []
     with entries:
         for entry in entries:
-            if entry.name == TRASH_DIR:
-                continue
+            if entry.name == LEGACY_TRASH_DIR or is_sidecar_name(entry.name):
+                continue  # ours (pruning.py migrates the legacy trash out of the root)
             try:
                 st = entry.stat(follow_symlinks=False)
             except OSError:
@@ -109,11 +136,11 @@ def _list_root(root: str | os.PathLike[str]) -> tuple[Path, list[_Candidate]]:
             if not (is_link or stat.S_ISDIR(st.st_mode)):
                 continue
             child = path / entry.name
-            step = name_step(entry.name)
-            if step is None and not is_link:
+            step, ordinal = name_step(entry.name), name_ordinal(entry.name)
+            if step is None and ordinal is None and not is_link:
                 step = _step_without_name(child)
-            mtime = st.st_mtime if is_link else _mtime(child, st.st_mtime)
-            found.append(_Candidate(entry.name, child, is_link, step, mtime))
+            mtime = st.st_mtime if is_link else (_lmtime(child / METADATA_NAME) or st.st_mtime)
+            found.append(_Candidate(entry.name, child, is_link, step, mtime, ordinal))
     found.sort(key=age_order, reverse=True)
     return path, found
 
@@ -140,53 +167,140 @@ def _usage(directory: Path) -> tuple[int, float]:
     return total, newest
 
 
+def _settled_mtime(c: _Candidate, verdict: Verdict | None, newest: float) -> float:
+    """A finished save's age is its commit (`.metadata`); an unfinished one's is its last write, so a slow
+    save in flight is not mistaken for debris."""
+    if verdict is not None and verdict.members:
+        stamps = [_lmtime(c.path / m / METADATA_NAME) for m in sorted(verdict.members)]
+        if all(s is not None for s in stamps):
+            return max(s for s in stamps if s is not None)
+        return max(c.mtime, newest)
+    return c.mtime if os.path.lexists(c.path / METADATA_NAME) else max(c.mtime, newest)
+
+
+def _foreign(c: _Candidate, reason: str | None) -> CheckpointInfo:
+    return CheckpointInfo(c.name, c.path, None, FOREIGN, reason or "not a checkpoint", 0, c.mtime)
+
+
 def _info(c: _Candidate, verdict: Verdict | None) -> CheckpointInfo:
     if c.is_link:
-        return CheckpointInfo(c.name, c.path, c.step, INVALID, "the checkpoint dir is a symlink", 0, c.mtime)
+        return CheckpointInfo(c.name, c.path, c.step, INVALID, "the checkpoint dir is a symlink", 0, c.mtime,
+                              ordinal=c.ordinal)
+    if verdict is not None and verdict.state == FOREIGN:
+        return _foreign(c, verdict.reason)
     size, newest = _usage(c.path)
     manifest = verdict.manifest if verdict else None
     if verdict is None:
         state, reason = UNVERIFIED, "not verified: older than the newest complete checkpoint"
     else:
         state, reason = verdict.state, verdict.reason
-    has_metadata = os.path.lexists(c.path / METADATA_NAME)
+    step = manifest.step if manifest else c.step
+    if step is None and c.ordinal is not None:
+        step = sidecar_step(c.path)
     return CheckpointInfo(
         name=c.name,
         path=c.path,
-        step=manifest.step if manifest else c.step,
+        step=step,
         state=state,
         reason=reason,
         size_bytes=size,
-        # An unfinished dir's age is its last write, so a slow save in flight is not mistaken for debris.
-        mtime=c.mtime if has_metadata else max(c.mtime, newest),
+        mtime=_settled_mtime(c, verdict, newest),
         pinned=is_pinned(c.path),
         quarantined=is_quarantined(c.path),
         metrics=dict(manifest.metrics) if manifest else {},
+        ordinal=c.ordinal,
     )
 
 
-def _verify(c: _Candidate) -> Verdict | None:
-    """verify(), tolerating a dir that vanished after listing (renamed by retention or the trainer)."""
-    try:
-        return verify(c.path)
-    except CheckpointError:
+class _Judge:
+    """Judges the children of one root, each at most once (shape and verdict are cached per call)."""
+
+    def __init__(self, root: Path, candidates: list[_Candidate]) -> None:
+        self.root, self.candidates = root, candidates
+        self._index = {c.name: i for i, c in enumerate(candidates)}  # newest first
+        self._shapes: dict[str, Shape] = {}
+        self._own: dict[str, Verdict | None] = {}
+
+    def shape(self, c: _Candidate) -> Shape:
+        """identify() once per child; a directory of checkpoints stops everything (the root is wrong)."""
+        if c.name not in self._shapes:
+            self._shapes[c.name] = identify(c.path)
+        shape = self._shapes[c.name]
+        if shape.kind == DIRECTORY:
+            raise CheckpointDirectoryError(self.root, c.path, shape.series)
+        return shape
+
+    def own(self, c: _Candidate) -> Verdict | None:
+        """verify() of the child alone; None when it vanished after listing (renamed by retention or the trainer)."""
+        if c.name not in self._own:
+            try:
+                self._own[c.name] = verify(c.path, shape=self.shape(c))
+            except CheckpointDirectoryError:
+                raise
+            except CheckpointError:
+                self._own[c.name] = None
+        return self._own[c.name]
+
+    def _settled(self, c: _Candidate) -> Verdict | None:
+        """The verdict of a nested sibling whose DCP dirs are all complete, else None."""
+        if c.is_link or self.shape(c).kind != NESTED:
+            return None
+        v = self.own(c)
+        return v if v is not None and v.complete else None
+
+    def reference(self, name: str) -> tuple[frozenset[str], str] | None:
+        """The members of the nearest older nested sibling whose DCP dirs are all complete (else the nearest
+        newer one), and its name."""
+        at = self._index.get(name)
+        if at is None:
+            return None
+        for other in (*self.candidates[at + 1:], *reversed(self.candidates[:at])):
+            v = self._settled(other)
+            if v is not None:
+                return v.members, other.name
         return None
+
+    def _confirmed(self, name: str, members: frozenset[str]) -> bool:
+        """Does a newer nested sibling have exactly these members? Then it is the layout now (a model was
+        dropped on purpose), not a save cut short."""
+        for other in self.candidates[: self._index.get(name, 0)]:
+            v = self._settled(other)
+            if v is not None and v.members == members:
+                return True
+        return False
+
+    def verdict(self, c: _Candidate) -> Verdict | None:
+        v = self.own(c)
+        if v is None or not (v.complete and v.members):
+            return v
+        ref = self.reference(c.name)
+        if ref is None or ref[0] <= v.members or self._confirmed(c.name, v.members):
+            return v
+        return against_reference(v, *ref)
 
 
 def scan(root: str | os.PathLike[str], *, verify_all: bool = True) -> list[CheckpointInfo]:
-    """Every checkpoint candidate under `root`, newest first.
+    """Every child of `root` that is a directory, newest first, each with its state.
 
     With verify_all=False, dirs are verified newest-first only until the newest complete,
-    non-quarantined one; older ones come back with state "unverified".
+    non-quarantined one; older ones come back with state "unverified" (foreign ones still "foreign").
+    Raises CheckpointDirectoryError, before verifying anything, when the root is one level too high.
     """
-    _, candidates = _list_root(root)
+    path, candidates = _list_root(root)
+    judge = _Judge(path, candidates)
+    for c in candidates:
+        if not c.is_link:
+            judge.shape(c)
     infos: list[CheckpointInfo] = []
     found_newest = False
     for c in candidates:
+        if not c.is_link and judge.shape(c).kind == FOREIGN_SHAPE:
+            infos.append(_foreign(c, judge.shape(c).reason))
+            continue
         if found_newest and not verify_all:
             infos.append(_info(c, None))
             continue
-        verdict = None if c.is_link else _verify(c)
+        verdict = None if c.is_link else judge.verdict(c)
         if verdict is None and not c.is_link:
             continue  # gone
         info = _info(c, verdict)
@@ -197,17 +311,41 @@ def scan(root: str | os.PathLike[str], *, verify_all: bool = True) -> list[Check
 
 
 def newest_complete(root: str | os.PathLike[str]) -> CheckpointInfo | None:
-    """The highest-step complete, non-quarantined checkpoint under `root`, or None.
+    """The newest complete, non-quarantined checkpoint under `root`, or None.
 
     The hot path: candidates are ranked from names and stats alone, and verification stops at the
-    first complete one.
+    first complete one (a nested one also looks at its nearest sibling whose DCP dirs are all complete).
     """
-    _, candidates = _list_root(root)
+    path, candidates = _list_root(root)
+    judge = _Judge(path, candidates)
     for c in candidates:
         if c.is_link or is_temporary(c.name) or is_quarantined(c.path):
             continue
-        verdict = _verify(c)
+        verdict = judge.verdict(c)
         if verdict is not None and verdict.complete:
             return _info(c, verdict)
     return None
 
+
+def judge(path: str | os.PathLike[str], *, deep: bool = False) -> Verdict:
+    """verify() one dir as a scan of its parent would: a nested folder is also held against its siblings."""
+    directory = Path(os.path.abspath(path))
+    verdict = verify(directory, deep=deep)
+    if not (verdict.complete and verdict.members):
+        return verdict
+    try:
+        parent, candidates = _list_root(directory.parent)
+        this = next((c for c in candidates if c.name == directory.name), None)
+        return verdict if this is None else (_Judge(parent, candidates).verdict(this) or verdict)
+    except CheckpointError:
+        return verdict  # the parent cannot be read or holds something odd: the dir alone is all we know
+
+
+def check_root(root: str | os.PathLike[str]) -> None:
+    """Raise CheckpointDirectoryError when `root` holds a directory of checkpoints (it is one level too high),
+    CheckpointError when it cannot be read; verifies nothing (cheap enough to run before every launch)."""
+    path, candidates = _list_root(root)
+    judge = _Judge(path, candidates)
+    for c in candidates:
+        if not c.is_link:
+            judge.shape(c)

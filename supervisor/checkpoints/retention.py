@@ -1,11 +1,13 @@
 """Retention: a pure function from (checkpoints, disk, rules) to deletions with reasons, plus findings.
 
 How the rules interact:
+0. Foreign entries (not checkpoints: TensorBoard logs, exported models, anything the store cannot identify
+   as a checkpoint of a known layout) are not ours: never deleted and not counted in any total.
 1. Guards: never deleted, whatever else says so: the newest complete non-quarantined checkpoint, every
-   path in `protect` (the one the running job resumed from), pinned dirs, partial/torn dirs younger than
-   `partial_max_age_s` (a save may still be in flight), invalid dirs and symlinks (we may not own them:
-   a torch upgrade could make new metadata look invalid, and deleting through a symlink is never OK),
-   and unverified dirs.
+   path in `protect` (the one a running job resumed from: the caller passes its own and the live in-use
+   markers of other processes), pinned dirs, partial/torn dirs younger than `partial_max_age_s` (a save
+   may still be in flight), invalid dirs and symlinks (we may not own them: a torch upgrade could make new
+   metadata look invalid, and deleting through a symlink is never OK), and unverified dirs.
 2. Keep rules: `keep_last`, `keep_every`, `keep_best` each *keep* complete checkpoints (quarantined ones
    included: they are evidence). When at least one keep rule is on, a complete checkpoint kept by none of
    them is deleted. When all are off, complete checkpoints are kept.
@@ -24,7 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from supervisor.checkpoints.completeness import COMPLETE, PARTIAL, TORN
+from supervisor.checkpoints.completeness import COMPLETE, FOREIGN, PARTIAL, TORN
 from supervisor.checkpoints.ranking import CheckpointInfo, age_order
 
 __all__ = [
@@ -161,12 +163,13 @@ def plan_retention(
     now: float,
 ) -> RetentionPlan:
     """Decide what to delete and why (pure: no I/O; see the module docstring for the rules)."""
-    cps = sorted(checkpoints, key=age_order)  # oldest first: the order deletions happen in
+    foreign = {c.path: "foreign: not a checkpoint, never deleted" for c in checkpoints if c.state == FOREIGN}
+    cps = sorted((c for c in checkpoints if c.state != FOREIGN), key=age_order)  # oldest first: deletion order
     guards = _guards(cps, rules, {os.path.abspath(p) for p in protect}, now)
     keeps = _rule_keeps(cps, rules)
     any_rule_on = rules.keep_rules_on()
     deletions: list[Deletion] = []
-    kept: dict[Path, str] = dict(guards)
+    kept: dict[Path, str] = {**foreign, **guards}
     for c in cps:
         if c.path in guards:
             continue

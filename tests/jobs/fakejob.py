@@ -15,11 +15,11 @@ from supervisor.atomic import write_atomic
 from supervisor.contract import ENV_ATTEMPT, ENV_HEARTBEAT, heartbeat_record
 
 
-def beat(step: int, phase: str = "train") -> None:
+def beat(step: int, phase: str = "train", val_loss: float | None = None) -> None:
     path = os.environ.get(ENV_HEARTBEAT)
     if path:
-        write_atomic(path, json.dumps(heartbeat_record(step, phase, time=time.time(), loss=1.0 / (step + 1))).encode(),
-                     durable=False)
+        record = heartbeat_record(step, phase, time=time.time(), loss=1.0 / (step + 1), val_loss=val_loss)
+        write_atomic(path, json.dumps(record).encode(), durable=False)
 
 
 def main() -> int:
@@ -27,8 +27,11 @@ def main() -> int:
     p.add_argument("--exit", type=int, default=0)
     p.add_argument("--steps", type=int, default=0)
     p.add_argument("--step-s", type=float, default=0.05)
+    p.add_argument("--val-every", type=int, default=0, help="report a val_loss from this many steps on, updated as often")
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--trap-term", default=None, help="on SIGTERM write this file and exit 0")
+    p.add_argument("--stop-delay", type=float, default=0.0,
+                   help="with --trap-term: take this long to stop (an emergency checkpoint being written)")
     p.add_argument("--ignore-term", action="store_true")
     p.add_argument("--leak", default=None, help="start a detached grandchild that writes its pid here")
     p.add_argument("--marker", default=None, help="append the attempt number and argv here at start")
@@ -36,6 +39,8 @@ def main() -> int:
     a = p.parse_args()
     if a.trap_term:
         def on_term(signum: int, _f: object) -> None:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop at a time, like the trainer
+            time.sleep(a.stop_delay)
             Path(a.trap_term).write_text(str(signum))
             sys.exit(0)
         signal.signal(signal.SIGTERM, on_term)
@@ -53,7 +58,8 @@ def main() -> int:
             os._exit(0)
         os.wait()
     for step in range(1, a.steps + 1):
-        beat(step)
+        evaluated = a.val_every and step >= a.val_every
+        beat(step, val_loss=2.0 / (step // a.val_every * a.val_every + 1) if evaluated else None)
         time.sleep(a.step_s)
     deadline = time.monotonic() + a.sleep
     while time.monotonic() < deadline:

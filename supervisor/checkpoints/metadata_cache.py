@@ -1,0 +1,189 @@
+"""A per-user, on-disk cache of parsed `.metadata` summaries, so the verdict is computed once per file.
+
+Why: the daemon, `fsdp-supervisor checkpoints list/verify` and the trainer's `--resume auto` are
+different processes that read the same `.metadata`; a 70B x 1024-rank file takes seconds to parse.
+Each summary (or parse error) is a small JSON file keyed by the file's path and identity
+(st_dev, st_ino, st_size, st_mtime_ns). An entry only ever replaces parsing: the caller still checks
+every shard on disk. Anything wrong with the cache (unset HOME, unwritable, not ours, malformed or
+foreign entries) is a miss, never an error; at most a debug log line.
+
+Where: $FSDP_SUPERVISOR_CACHE_DIR, else $XDG_CACHE_HOME/fsdp-supervisor, else
+~/.cache/fsdp-supervisor; entries go in its `metadata-v1/`. The dir must be owned by this user and
+not writable by others, and is never used when it lies inside the checkpoint's root. At most
+MAX_ENTRIES entries are kept: past that the oldest quarter is removed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CACHE_ENV", "MAX_ENTRIES", "cache_dir", "load", "store"]
+
+CACHE_ENV = "FSDP_SUPERVISOR_CACHE_DIR"
+MAX_ENTRIES = 4096
+_SUBDIR = "metadata-v1"
+_FORMAT = 1
+_MAX_ENTRY_BYTES = 16 << 20
+_MAX_REFS = 1 << 20
+_ERROR_KINDS = ("bad_metadata", "unsafe", "unknown_class")
+_EVICT_EVERY = 64  # writes between two counts of the entries
+
+log = logging.getLogger(__name__)
+_writes = 0
+
+
+def cache_dir() -> Path | None:
+    """The configured cache dir (it may not exist yet), or None when no home can be found."""
+    explicit = os.environ.get(CACHE_ENV)
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "fsdp-supervisor"
+    try:
+        home = Path.home()
+    except (KeyError, RuntimeError):
+        return None
+    return home / ".cache" / "fsdp-supervisor"
+
+
+def _key(path: Path, st: os.stat_result) -> dict[str, Any]:
+    return {"path": os.path.abspath(path), "dev": st.st_dev, "ino": st.st_ino, "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns}
+
+
+def _entries_dir(metadata_path: Path, create: bool) -> Path | None:
+    """`<cache dir>/metadata-v1` when it is safe to use for this file, else None."""
+    base = cache_dir()
+    if base is None:
+        return None
+    root = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(metadata_path))))
+    real = os.path.realpath(base)
+    if real == root or real.startswith(root.rstrip("/") + "/"):
+        return None  # never write into the checkpoint root (it would look like a foreign dir there)
+    entries = base / _SUBDIR
+    try:
+        if create:
+            entries.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(entries)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        return None
+    return entries
+
+
+def _name(key: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:40] + ".json"
+
+
+def load(metadata_path: Path, st: os.stat_result) -> dict[str, Any] | None:
+    """The cached result for this exact file (`{"summary": ...}` or `{"error": ...}`), or None."""
+    entries = _entries_dir(metadata_path, create=False)
+    if entries is None:
+        return None
+    key = _key(metadata_path, st)
+    target = entries / _name(key)
+    try:
+        fd = os.open(target, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            fst = os.fstat(f.fileno())
+            if not stat.S_ISREG(fst.st_mode) or fst.st_uid != os.getuid() or fst.st_size > _MAX_ENTRY_BYTES:
+                return None
+            entry = json.loads(f.read(_MAX_ENTRY_BYTES + 1))
+    except (OSError, ValueError, RecursionError):
+        log.debug("metadata_cache_unreadable", extra={"entry": str(target)})
+        return None
+    result = _valid(entry, key)
+    if result is None:
+        log.debug("metadata_cache_malformed", extra={"entry": str(target)})
+    return result
+
+
+def _valid(entry: Any, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The entry's result when the entry has exactly the expected shape and key, else None."""
+    if type(entry) is not dict or entry.get("format") != _FORMAT or entry.get("key") != key:
+        return None
+    if set(entry) == {"format", "key", "summary"}:
+        s = entry["summary"]
+        if type(s) is not dict or set(s) != {"version", "entries", "storage"}:
+            return None
+        version, entries, storage = s["version"], s["entries"], s["storage"]
+        if not (version is None or type(version) is str) or type(entries) is not int or entries < 0:
+            return None
+        if type(storage) is not list or len(storage) > _MAX_REFS:
+            return None
+        for ref in storage:
+            if (type(ref) is not list or len(ref) != 3 or type(ref[0]) is not str or type(ref[1]) is not int
+                    or type(ref[2]) is not int or ref[1] < 0 or ref[2] < 1):
+                return None
+        return {"summary": s}
+    if set(entry) == {"format", "key", "error"}:
+        e = entry["error"]
+        if (type(e) is not dict or set(e) != {"kind", "message", "global"} or e["kind"] not in _ERROR_KINDS
+                or type(e["message"]) is not str or len(e["message"]) > 1000
+                or not (e["global"] is None or type(e["global"]) is str)):
+            return None
+        return {"error": e}
+    return None
+
+
+def store(metadata_path: Path, st: os.stat_result, result: dict[str, Any]) -> None:
+    """Write `result` ({"summary": ...} or {"error": ...}) for this file, atomically; failures are ignored."""
+    global _writes
+    entries = _entries_dir(metadata_path, create=True)
+    if entries is None:
+        return
+    key = _key(metadata_path, st)
+    body = json.dumps({"format": _FORMAT, "key": key, **result}, separators=(",", ":")).encode()
+    if len(body) > _MAX_ENTRY_BYTES:
+        return
+    target = entries / _name(key)
+    tmp = entries / f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+        os.replace(tmp, target)
+    except OSError as exc:
+        log.debug("metadata_cache_unwritable", extra={"entry": str(target), "error": exc.strerror})
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        return
+    _writes += 1
+    if (_writes - 1) % _EVICT_EVERY == 0:  # the first write of a process, then every _EVICT_EVERY-th
+        _evict(entries)
+
+
+def _evict(entries: Path) -> None:
+    """Keep at most MAX_ENTRIES: remove the oldest quarter past that, and temp files older than an hour."""
+    found: list[tuple[int, str]] = []
+    try:
+        with os.scandir(entries) as it:
+            for e in it:
+                try:
+                    found.append((e.stat(follow_symlinks=False).st_mtime_ns, e.name))
+                except OSError:
+                    continue
+    except OSError:
+        return
+    found.sort()
+    hour_ago = time.time_ns() - 3600 * 10**9
+    stale = [n for t, n in found if n.endswith(".tmp") and t < hour_ago]
+    doomed = [n for _, n in found[: len(found) - MAX_ENTRIES * 3 // 4]] if len(found) > MAX_ENTRIES else []
+    for name in {*stale, *doomed}:
+        try:
+            os.unlink(entries / name)
+        except OSError:
+            pass

@@ -1,0 +1,158 @@
+"""The shape of each entry of the checkpoint root, told before judging it: a checkpoint of a known layout, or not ours.
+
+Retention may only delete what it can identify as a checkpoint or an unfinished one, so every child of the
+root gets one of these shapes (docs/checkpoints.md, "Layouts"):
+
+dcp:        a DCP dir: `.metadata` or `*.distcp` files directly inside (the reference trainer's `step_N`,
+            torchtitan's `step-N`, Lightning's `epoch=E-step=S.ckpt`, a user script's `epoch_N`, any name).
+nested:     no DCP files of its own but DCP dirs one or two levels down (Accelerate's `checkpoint_N/`
+            holding `pytorch_model_fsdp_0/` and `optimizer_0/`); their relative paths are its members.
+temporary:  the reference trainer's `.tmp-` save in flight.
+unstarted:  a checkpoint name (`step-10`, `checkpoint_3`) with no file in it yet: a save that has only
+            created its folders.
+foreign:    anything else (TensorBoard logs, an exported model, code, a copy of a checkpoint inside
+            another folder): never counted, deleted or selected, and never walked further.
+directory:  a folder whose DCP dirs are themselves named like checkpoints (`checkpoint/step-10`,
+            `checkpoint/step-20`): the root was set one level too high. The store refuses such a root
+            (CheckpointDirectoryError) rather than treat the whole series as one checkpoint.
+
+Looking is bounded: `.metadata` is checked first (one lstat: the common case), and at most
+`MAX_ENTRIES` directory entries are read per child, so a foreign tree of any size costs little.
+Standard library only (the trainer imports completeness, which imports this).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from supervisor.checkpoints.naming import is_checkpoint_name, is_temporary
+from supervisor.errors import CheckpointError
+from supervisor.layout import METADATA_NAME
+
+__all__ = ["DCP", "NESTED", "TEMPORARY", "UNSTARTED", "FOREIGN", "DIRECTORY", "MAX_ENTRIES", "Shape",
+           "CheckpointDirectoryError", "identify"]
+
+DCP, NESTED, TEMPORARY, UNSTARTED = "dcp", "nested", "temporary", "unstarted"
+FOREIGN, DIRECTORY = "foreign", "directory"
+MAX_ENTRIES = 4096  # directory entries read per child of the root, at most
+SHARD_SUFFIX = ".distcp"  # DCP's FileSystemWriter storage files: `__<rank>_<n>.distcp`
+_SHOWN = 3  # names quoted in a message
+
+
+class CheckpointDirectoryError(CheckpointError):
+    """The checkpoint root holds a whole directory of checkpoints: it was set one level too high.
+
+    Treating `outputs/checkpoint/` as one checkpoint would let retention delete every checkpoint in it at
+    once, so the store refuses the root (exit 2) and names the folder the user probably meant.
+    """
+
+    def __init__(self, root: Path, child: Path, series: tuple[str, ...]) -> None:
+        shown = ", ".join(series[:_SHOWN]) + (", ..." if len(series) > _SHOWN else "")
+        super().__init__(f"checkpoint root {root} holds a checkpoint directory ({child} with {shown}): "
+                         f'did you mean [checkpoints] dir = "{child}"?')
+        self.root, self.child, self.series = root, child, series
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a child of the root is; `members` for nested, `series` for directory, `reason` for foreign."""
+
+    kind: str
+    members: frozenset[str] = field(default_factory=frozenset)
+    series: tuple[str, ...] = ()
+    reason: str | None = None
+
+    @property
+    def ours(self) -> bool:
+        """A checkpoint or an unfinished one: something retention may judge (and delete)."""
+        return self.kind in (DCP, NESTED, TEMPORARY, UNSTARTED)
+
+
+class _Budget:
+    def __init__(self, entries: int) -> None:
+        self.left = entries
+
+    def take(self) -> bool:
+        self.left -= 1
+        return self.left >= 0
+
+
+@dataclass(frozen=True)
+class _Listing:
+    dcp: bool = False
+    dirs: tuple[str, ...] = ()
+    files: bool = False
+    readable: bool = True
+
+
+def _look(path: Path, budget: _Budget) -> _Listing:
+    """Is `path` a DCP dir; else its subdirectories and whether it holds any file (stops at the budget)."""
+    if budget.take() and os.path.lexists(path / METADATA_NAME):
+        return _Listing(dcp=True)
+    dirs: list[str] = []
+    files = False
+    try:
+        with os.scandir(path) as it:
+            for entry in it:
+                if not budget.take():
+                    break
+                if entry.name.endswith(SHARD_SUFFIX):
+                    return _Listing(dcp=True)
+                try:
+                    is_dir = entry.is_dir(follow_symlinks=False)
+                except OSError:
+                    continue
+                if is_dir:
+                    dirs.append(entry.name)
+                else:
+                    files = True  # a file, a symlink, anything that is not a plain subdirectory
+    except OSError:
+        return _Listing(readable=False)
+    return _Listing(dirs=tuple(sorted(dirs)), files=files)
+
+
+def _members(path: Path, top: _Listing, budget: _Budget) -> tuple[list[str], bool]:
+    """DCP dirs one or two levels below `path` (relative paths), and whether any file was seen on the way."""
+    members: list[str] = []
+    files = top.files
+    for sub in top.dirs:
+        below = _look(path / sub, budget)
+        if below.dcp:
+            members.append(sub)
+            continue
+        files = files or below.files
+        for subsub in below.dirs:
+            deeper = _look(path / sub / subsub, budget)
+            if deeper.dcp:
+                members.append(f"{sub}/{subsub}")
+            files = files or deeper.files or bool(deeper.dirs)
+    return members, files
+
+
+def identify(path: Path) -> Shape:
+    """The shape of one child of the checkpoint root (a real directory, not a symlink)."""
+    name = path.name
+    if is_temporary(name):
+        return Shape(TEMPORARY)
+    budget = _Budget(MAX_ENTRIES)
+    top = _look(path, budget)
+    if top.dcp:
+        return Shape(DCP)
+    if not top.readable:
+        # A checkpoint we may not read is judged (and shown invalid) by verify(); anything else is not ours.
+        return Shape(DCP) if is_checkpoint_name(name) else Shape(FOREIGN, reason="cannot be read: not looked into")
+    members, files = _members(path, top, budget)
+    heads = tuple(sorted({m.split("/")[0] for m in members if is_checkpoint_name(m.split("/")[0])}))
+    if len(heads) >= 2:
+        return Shape(DIRECTORY, series=heads)
+    if budget.left < 0:  # members seen so far may not be all of them: not a layout we can judge
+        return Shape(FOREIGN, reason=f"more than {MAX_ENTRIES} entries: not a checkpoint layout the store knows")
+    if heads:
+        return Shape(FOREIGN, reason=f"holds the checkpoint {heads[0]} inside it (a copy or a checkpoint "
+                                     "directory): not looked into")
+    if members:
+        return Shape(NESTED, members=frozenset(members))
+    if is_checkpoint_name(name) and not files:
+        return Shape(UNSTARTED)
+    return Shape(FOREIGN, reason="not a checkpoint: no DCP dir (.metadata or *.distcp) in it or two levels down")

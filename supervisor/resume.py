@@ -1,0 +1,88 @@
+"""What the next attempt is told to load, and whether it may start from scratch (pure: no I/O).
+
+`resume_args` is the user's template: `{checkpoint}` becomes the chosen checkpoint's absolute path and `{step}`
+its step (torchtitan's `--checkpoint.load_step {step}`). The choice is the newest complete checkpoint that is
+not quarantined (nor one the supervisor failed to mark as quarantined).
+
+Never a silent fresh start (DESIGN.md invariant 7): when there is nothing to resume from but the root holds
+something that was once a checkpoint - a complete one that is quarantined, a torn one, one whose `.metadata`
+exists but cannot be used (unsafe, unreadable, an unknown class from a newer torch) - the job is not launched
+without `resume_args`: it could overwrite or outlive the only copy of weeks of training. The supervisor gives
+up instead (exit 3) naming the dirs, unless `[checkpoints] allow_fresh_start = true`. A root that is empty or
+holds only partial saves (no `.metadata`: a save that never finished) starts fresh.
+
+With no placeholder in `resume_args` (typically `resume_args = []`) the job picks its own checkpoint: the
+supervisor then cannot know what it loads, so it records no resume point and quarantines nothing on its behalf.
+"""
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from supervisor.checkpoints import COMPLETE, INVALID, TORN, CheckpointInfo
+from supervisor.checkpoints.naming import is_temporary
+from supervisor.config import CHECKPOINT_PLACEHOLDER, STEP_PLACEHOLDER
+
+__all__ = ["Launch", "Refuse", "plan_resume", "chooses_itself"]
+
+_SHOWN = 3  # dirs named in a refusal; the rest are counted
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Launch with `args` appended; `checkpoint` is what the job is told to load (None: fresh, or its own pick)."""
+
+    checkpoint: CheckpointInfo | None
+    args: list[str]
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """Do not launch: `reason` is one line naming the dirs and what to do."""
+
+    reason: str
+
+
+def chooses_itself(resume_args: Sequence[str]) -> bool:
+    """True when `resume_args` names no checkpoint: the job decides what to load."""
+    return not any(CHECKPOINT_PLACEHOLDER in a or STEP_PLACEHOLDER in a for a in resume_args)
+
+
+def _fill(resume_args: Sequence[str], c: CheckpointInfo) -> list[str]:
+    return [a.replace(CHECKPOINT_PLACEHOLDER, str(c.path)).replace(STEP_PLACEHOLDER, str(c.step)) for a in resume_args]
+
+
+def _blocking(c: CheckpointInfo, skip: Collection[str]) -> str | None:
+    """Why `c` forbids a fresh start, or None when it is no checkpoint worth keeping (a partial save)."""
+    if is_temporary(c.name):
+        return None
+    if c.state == COMPLETE:
+        return "quarantined" if c.quarantined or str(c.path) in skip else None
+    if c.state in (TORN, INVALID):
+        return f"{c.state}: {c.reason}" if c.reason else c.state
+    return None
+
+
+def plan_resume(checkpoints: Sequence[CheckpointInfo], *, resume_args: Sequence[str], allow_fresh_start: bool,
+                skip: Collection[str] = ()) -> Launch | Refuse:
+    """Launch (with what appended) or refuse, from a scan of the root (newest first)."""
+    usable = [c for c in checkpoints if c.complete and not c.quarantined and str(c.path) not in skip]
+    if usable and resume_args:
+        c = usable[0]
+        if chooses_itself(resume_args):
+            return Launch(None, list(resume_args))
+        if c.step is None and any(STEP_PLACEHOLDER in a for a in resume_args):
+            return Refuse(f"{c.path} has no step (none in its name or manifest), but resume_args pass {STEP_PLACEHOLDER}: "
+                          f"rename it to end in its step, or use {CHECKPOINT_PLACEHOLDER}")
+        return Launch(c, _fill(resume_args, c))
+    if usable or not resume_args or allow_fresh_start:
+        return Launch(None, [])
+    blocking = [(c, why) for c in checkpoints if (why := _blocking(c, skip)) is not None]
+    if not blocking:
+        return Launch(None, [])
+    shown = "; ".join(f"{c.path} is {why}" for c, why in blocking[:_SHOWN])
+    if len(blocking) > _SHOWN:
+        shown += f" (+{len(blocking) - _SHOWN} more)"
+    every = "every complete checkpoint is quarantined: " if all(why == "quarantined" for _, why in blocking) else ""
+    return Refuse(f"not starting from scratch: no usable checkpoint to resume from, and {every}{shown}; fix, "
+                  "unquarantine or move them away, or set [checkpoints] allow_fresh_start = true")

@@ -1,0 +1,18 @@
+"""The signals a running supervisor answers, named once for the event loop, the core and `stop`.
+
+A graceful stop lets the job write its emergency checkpoint, which can take minutes; nothing that merely
+asks again (a retried `stop`, systemd or Slurm repeating SIGTERM, a script's `kill` loop) may cut it short.
+So SIGTERM and SIGINT start a graceful stop, and a repeat of either only says that the stop is still in
+progress. Two things kill the job at once: `stop --force`, which sends a signal used for nothing else
+(FORCE_STOP_SIGNAL), and a second Ctrl+C typed in the supervisor's own terminal (a SIGINT arriving while the
+supervisor is the foreground process group of its controlling terminal: someone is at the keyboard).
+"""
+from __future__ import annotations
+
+import signal
+
+__all__ = ["STOP_SIGNALS", "FORCE_STOP_SIGNAL", "HANDLED"]
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # graceful; repeats wait for the stop in progress
+FORCE_STOP_SIGNAL = signal.SIGUSR2  # `fsdp-supervisor stop --force`: kill the job now, then exit 0
+HANDLED = (*STOP_SIGNALS, FORCE_STOP_SIGNAL, signal.SIGCHLD)  # what the event loop traps

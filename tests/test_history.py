@@ -1,0 +1,258 @@
+"""history.jsonl: what `Core` records through a real recorder (fake time), torn lines, failing disks, thinning."""
+from __future__ import annotations
+
+import errno
+import json
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from supervisor.config import load_config
+from supervisor.core import Core
+from supervisor.history import HISTORY_FILE, bucket_width, compact_lines, parse_lines, read_history, thin
+from supervisor.history_demo import month
+from supervisor.recorder import HistoryRecorder, NullHistory
+from supervisor.report import summarize
+from supervisor.state import State
+from tests.fakes import FakeSystem, RecordingLog
+from tests.test_core import BASE, exit_job
+
+T0 = 1_700_000_000.0
+
+
+def make_core(tmp_path: Path, previous_history: bool = False) -> tuple[Core, FakeSystem, RecordingLog, HistoryRecorder]:
+    cfg_path = tmp_path / "job.toml"
+    cfg_path.write_text(BASE.format(restart="", health="", checkpoints="keep_last = 0", job=""))
+    cfg = load_config(cfg_path)
+    for d in (cfg.run_dir, cfg.checkpoints.dir):
+        d.mkdir(parents=True, exist_ok=True)
+    fake, log = FakeSystem(), RecordingLog()
+    history = HistoryRecorder.for_run_dir(cfg.run_dir, now=fake.now, log=log)
+    return Core(cfg, fake, log, history=history), fake, log, history
+
+
+def beats(core: Core, fake: FakeSystem, steps: range, phase: str = "train", every: float = 1.0) -> None:
+    """One heartbeat per step, `every` seconds of fake time apart (the first one now)."""
+    for i, step in enumerate(steps):
+        if i:
+            fake.advance(every, core)
+        core.heartbeat_path.write_text(json.dumps({"step": step, "phase": phase, "loss": 10.0 / (step + 1)}))
+        core.on_file_event(core.heartbeat_path)
+
+
+def records(core: Core) -> list[dict]:
+    return read_history(core.run_dir / HISTORY_FILE)[0]
+
+
+def kinds(recs: list[dict]) -> list[str]:
+    return [r["kind"] for r in recs if r["kind"] != "beat"]
+
+
+class TestCoreRecords:
+    def test_crash_resume_stop(self, tmp_path: Path, make_checkpoint: Callable[[Path, str], Path]) -> None:
+        """Start, train to 14 (checkpoint at 10), SIGKILL, resume from 10, train to 15, SIGTERM: every event is
+        recorded in order, with the summary's exact numbers."""
+        core, fake, _, _ = make_core(tmp_path)
+        core.begin(None)
+        beats(core, fake, range(1, 11))
+        make_checkpoint(core.cfg.checkpoints.dir, "step_10")
+        core.on_file_event(core.cfg.checkpoints.dir / "step_10")
+        fake.advance(1, core)  # the debounced pass finds the commit
+        beats(core, fake, range(11, 15))
+        exit_job(core, fake, -signal.SIGKILL)
+        failed_at = fake.now()
+        fake.advance(0, core)  # a healthy attempt's failure: relaunch at once
+        beats(core, fake, [10], phase="load")
+        fake.advance(2, core)
+        beats(core, fake, range(11, 16))
+        core.on_signal(signal.SIGTERM)
+        exit_job(core, fake, 0)
+        recs = records(core)
+        assert kinds(recs) == ["supervisor_start", "attempt_start", "first_step", "checkpoint_committed",
+                               "attempt_exit", "attempt_start", "first_step", "attempt_exit", "supervisor_end"]
+        by_kind = {r["kind"]: r for r in recs}  # the last of each kind
+        exits = [r for r in recs if r["kind"] == "attempt_exit"]
+        assert exits[0]["reason"] == "signal" and exits[0]["signal"] == "SIGKILL" and exits[0]["max_step"] == 14
+        assert exits[1]["reason"] == "stopped" and by_kind["supervisor_end"]["state"] == "stopped"
+        starts = [r for r in recs if r["kind"] == "attempt_start"]
+        assert starts[1]["resumed_step"] == 10 and starts[1]["resumed_from"].endswith("step_10")
+        assert by_kind["checkpoint_committed"]["step"] == 10
+        s = summarize(recs)
+        assert (s.attempts, s.failures, s.steps_lost, s.exit_reasons) == (2, 1, [4], {"signal": 1, "stopped": 1})
+        first = [r for r in recs if r["kind"] == "first_step"][1]
+        assert s.restart_latency_s == [pytest.approx(first["t"] - failed_at)] and first["step"] == 11
+        # attempt 1 trained 13 s (beats 1..14 a second apart) for 14 steps, 4 of them redone; attempt 2 4 s.
+        assert s.productive_s == pytest.approx(13 + 4 - 4 * 13 / 14, abs=1e-3)
+        assert s.wall_s == pytest.approx(recs[-1]["t"] - recs[0]["t"]) and 0 < s.goodput < 1
+        st = json.loads((core.run_dir / "state.json").read_text())
+        assert st["goodput"] == pytest.approx(s.goodput, abs=1e-4) and st["steps_lost"] == [4]
+        assert st["loss_recent"][-1] == pytest.approx(10 / 16, rel=1e-5) and len(st["restart_latency_s"]) == 1
+
+    def test_quarantine_recorded(self, tmp_path: Path, make_checkpoint: Callable[[Path, str], Path]) -> None:
+        """Two attempts dying while loading the newest checkpoint (heartbeat phase load) record its quarantine."""
+        core, fake, _, _ = make_core(tmp_path)
+        for name in ("step_10", "step_20"):
+            make_checkpoint(core.cfg.checkpoints.dir, name)
+        core.begin(None)
+        for _ in range(2):
+            beats(core, fake, range(20, 21), phase="load")
+            exit_job(core, fake, 1)
+            fake.advance(10, core)
+        q = [r for r in records(core) if r["kind"] == "quarantined"]
+        assert len(q) == 1 and q[0]["path"].endswith("step_20") and "consecutive" in q[0]["reason"]
+
+    def test_numbering_continues_across_supervisor_runs(self, tmp_path: Path) -> None:
+        """A second run appends (a torn last line is cut first) and its attempts continue the numbering."""
+        core, fake, _, history = make_core(tmp_path)
+        core.begin(None)
+        exit_job(core, fake, 0)
+        history.close()
+        path = core.run_dir / HISTORY_FILE
+        with open(path, "ab") as f:
+            f.write(b'{"v":1,"t":5,"kind":"torn')  # a SIGKILL mid-write
+        core2, fake2, _, _ = make_core(tmp_path)
+        core2.begin(core.status)
+        exit_job(core2, fake2, 0)
+        data = path.read_bytes()
+        assert b'torn' not in data and data.endswith(b"\n")
+        recs, skipped = read_history(path)
+        assert skipped == 0 and [r["attempt"] for r in recs if r["kind"] == "attempt_start"] == [1, 2]
+        assert summarize(recs).sessions == 2
+
+    def test_unwritable_history_warns_once_and_supervision_goes_on(self, tmp_path: Path) -> None:
+        """A history that cannot be written (here: a directory in its place) costs one warning, not the run;
+        once writable again, records resume after a `history_write_recovered`."""
+        core, fake, log, _ = make_core(tmp_path)
+        blocker = core.run_dir / HISTORY_FILE
+        blocker.mkdir()
+        core.begin(None)
+        beats(core, fake, range(1, 5))
+        exit_job(core, fake, 1)
+        assert core.status.state is State.BACKOFF
+        assert log.names().count("history_write_failed") == 1
+        blocker.rmdir()
+        fake.advance(1, core)
+        assert "history_write_recovered" in log.names()
+        assert kinds(records(core))[0] == "attempt_start"
+
+    def test_disk_full_mid_line(self, tmp_path: Path) -> None:
+        """ENOSPC after half a line: one warning; once space is back the next record starts on a fresh line, so
+        the torn half costs itself only and readers see every later record."""
+        core, fake, log, history = make_core(tmp_path)
+        real = history.os_write
+
+        def full(fd: int, data: memoryview) -> int:
+            real(fd, data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        core.begin(None)
+        history.os_write = full
+        beats(core, fake, range(1, 4))
+        exit_job(core, fake, 1)
+        assert log.names().count("history_write_failed") == 1 and core.status.state is State.BACKOFF
+        history.os_write = real
+        fake.advance(1, core)
+        recs, skipped = read_history(core.run_dir / HISTORY_FILE)
+        assert kinds(recs) == ["supervisor_start", "attempt_start", "attempt_start"] and skipped >= 1
+        assert [r["attempt"] for r in recs if r["kind"] == "attempt_start"] == [1, 2]
+        assert "history_write_recovered" in log.names()
+
+    def test_a_bug_in_the_history_costs_records_not_the_run(self, tmp_path: Path) -> None:
+        """A hook that raises is logged once (history_failed); supervision goes on."""
+        core, fake, log, history = make_core(tmp_path)
+
+        def broken(_: object) -> None:
+            raise KeyError("bug")
+
+        history.fold.add = broken  # type: ignore[method-assign]
+        core.begin(None)
+        beats(core, fake, range(1, 4))
+        exit_job(core, fake, 0)
+        assert core.status.state is State.COMPLETED and log.names().count("history_failed") == 1
+
+    def test_null_history_has_every_hook(self) -> None:
+        """The recorder adds no hook the null history lacks (Core calls them without checking)."""
+        hooks = {n for n in vars(HistoryRecorder) if not n.startswith("_") and callable(getattr(HistoryRecorder, n))}
+        assert hooks - {"for_run_dir"} <= set(vars(NullHistory))
+
+
+class TestReader:
+    def test_torn_and_garbage_lines_are_skipped(self) -> None:
+        """Whole valid lines only: a torn tail, non-JSON, non-objects and records without v/t/kind are skipped."""
+        good = b'{"v":1,"t":5.0,"kind":"supervisor_start"}\n'
+        data = good + b'not json\n[1]\n{"v":1,"kind":"beat"}\n{"v":1,"t":NaN,"kind":"x"}\n\n' + good + b'{"v":1,"t":6'
+        recs, skipped = parse_lines(data)
+        assert len(recs) == 2 and skipped == 4
+
+
+class TestThinning:
+    def test_rule(self) -> None:
+        """Events are all kept; a sample per attempt and age bucket (val_loss samples apart); each attempt's last."""
+        now = T0 + 100_000
+        recs = [{"v": 1, "t": T0 + i, "kind": "beat", "attempt": 1, "step": i} for i in range(0, 100_000, 1)]
+        recs.insert(500, {"v": 1, "t": T0 + 499.5, "kind": "checkpoint_committed", "step": 499})
+        recs.insert(700, {"v": 1, "t": T0 + 698.5, "kind": "beat", "attempt": 1, "step": 698, "val_loss": 1.0})
+        kept = thin(recs, now)
+        assert kept[0]["step"] == 0 and kept[-1] == recs[-1]
+        assert any(r["kind"] == "checkpoint_committed" for r in kept) and any("val_loss" in r for r in kept)
+        ages = [now - r["t"] for r in kept if r["kind"] == "beat"]
+        assert sum(a < 512 for a in ages) >= 500  # young samples at full resolution
+        assert len(ages) < 256 * 10  # about 256 per doubling of age
+        assert bucket_width(10) == 1 and bucket_width(86400 * 30) == 8192
+
+    def test_simulated_month_stays_a_few_mb(self, tmp_path: Path) -> None:
+        """30 days with a checkpoint every 10 minutes (the last 5 hours beating every second, where thinning keeps
+        more than one sample a minute; before, every minute): the file never passes
+        the compaction threshold by more than a line, a compaction brings it under 2 MB (the file's own lines,
+        byte for byte, exactly those `thin` keeps), and thinning changed no summary number."""
+        sim = month(tmp_path, beat_s=60, dense_s=5 * 3600)
+        data = sim.path.read_bytes()
+        recs, _ = parse_lines(data)
+        assert sim.rec.compactions >= 2 and sim.max_bytes <= 4 * 2**20 + 1024
+        now = recs[-1]["t"]
+        compacted = compact_lines(data, now)
+        assert len(compacted) < 2 * 2**20 and parse_lines(compacted) == (thin(recs, now), 0)
+        s = summarize(recs)
+        assert s.attempts == 15 and s.failures == 14 and len(s.steps_lost) == 14
+        assert s.checkpoints_committed == sum(r["kind"] == "checkpoint_committed" for r in recs) > 4000
+        assert 0.95 < s.goodput < 1
+        assert summarize(thin(recs, recs[-1]["t"] + 86400)) == s
+
+
+class TestCompactionOffTheLoop:
+    def test_records_written_while_compacting_are_kept_in_order(self, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+        """Compaction runs on its own thread; records written meanwhile wait and land after the rewritten file."""
+        import threading
+
+        import supervisor.recorder as recorder_mod
+
+        gate, started = threading.Event(), threading.Event()
+        real = recorder_mod.compact_lines
+
+        def slow_compact(data: bytes, now: float) -> bytes:
+            started.set()
+            assert gate.wait(30)
+            return real(data, now)
+
+        monkeypatch.setattr(recorder_mod, "compact_lines", slow_compact)
+        clock = [T0]
+        rec = HistoryRecorder(tmp_path / HISTORY_FILE, now=lambda: clock[0], log=RecordingLog(), compact_bytes=2048)
+        rec.supervisor_start()
+        n = 0
+        while rec._compactor is None:  # write until a compaction starts
+            rec.quarantined(f"/ckpts/step_{n}", "test")
+            n += 1
+            clock[0] += 1
+            assert n < 1000, "no compaction started"
+        assert started.wait(30)
+        for i in range(5):  # the loop goes on while the thread is held
+            rec.quarantined(f"/ckpts/during_{i}", "test")
+        assert rec._compactor is not None and rec._compactor.is_alive()
+        gate.set()
+        rec.close()
+        paths = [r["path"] for r in read_history(tmp_path / HISTORY_FILE)[0] if r["kind"] == "quarantined"]
+        assert paths == [f"/ckpts/step_{i}" for i in range(n)] + [f"/ckpts/during_{i}" for i in range(5)]
+        assert rec.compactions == 1
