@@ -74,7 +74,8 @@ class TestHelpers:
         """write_gbps and load_gbps: medians, the median of the rounds' ratios and its spread, the cold method."""
         from bench.checkpoint_io import reduce as io_reduce
 
-        writes = [{"checkpoint": 0.5, "dd_fsync": 1.0, "ratio": 0.5}, {"checkpoint": 0.6, "dd_fsync": 0.6, "ratio": 1.0},
+        writes = [{"checkpoint": 0.5, "dd_fsync": 1.0, "ratio": 0.5},
+                  {"checkpoint": 0.6, "dd_fsync": 0.6, "ratio": 1.0},
                   {"checkpoint": 0.4, "dd_fsync": 0.5, "ratio": 0.8}]
         loads = [{"checkpoint": 1.0, "dd": 2.0, "ratio": 0.5}, {"checkpoint": 0.9, "dd": 1.0, "ratio": 0.9},
                  {"checkpoint": 0.8, "dd": 1.0, "ratio": 0.8}]

@@ -14,8 +14,9 @@ a record's bytes straight into the destination tensor when the record is exactly
 and shape, contiguous, little-endian: what a load at the world size of the save asks for), after reading
 only the record's zip directory and its ~150-byte pickle, which a stub unpickler that knows nothing but
 the tensor-rebuild call decodes (no code from the file runs; anything else is refused). Every other item
-(resharding, other dtypes or layouts, non-tensor values) goes through DCP's own path, unchanged. A few records are in flight at once (their
-headers sit at their ends: a cold disk would otherwise wait for one small read per record in turn).
+(resharding, other dtypes or layouts, non-tensor values) goes through DCP's own path, unchanged. Two
+records are in flight at once (a record's header sits at its end: a cold disk would otherwise be waited
+on for one small read per record in turn).
 Figures: docs/performance-scale.md.
 """
 from __future__ import annotations
@@ -42,7 +43,7 @@ __all__ = ["CheckpointFileSystem", "CheckpointReader", "WritebackFile", "start_w
            "RecordLayout", "WRITE_CHUNK_BYTES"]
 
 WRITE_CHUNK_BYTES = 16 * 2**20  # measured: 4-64 MB alike; smaller costs syscalls, larger starts the disk later
-READ_THREADS = 2  # records in flight per rank: one record's header read overlaps another's data (more: no gain measured)
+READ_THREADS = 2  # records in flight per rank: one's header read overlaps another's data (more: no gain measured)
 _SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of dirty pages in the range, do not wait
 _NEVER = 2**62
 
