@@ -197,7 +197,7 @@ class IoBench:
         """A loader configuration for the profile (docs/performance-scale.md): seconds, slowest rank."""
         import torch.distributed.checkpoint as dcp
 
-        from trainer.diskio import CheckpointReader
+        from trainer.reader import CheckpointReader
 
         self.cold()
         start = time.perf_counter()
@@ -216,6 +216,24 @@ class IoBench:
             dcp.load(self.target, checkpoint_id=self.path, storage_reader=reader, process_group=self.d.ckpt)
         return self._max(time.perf_counter() - start)
 
+    def save_variant(self, name: str) -> tuple[float, int]:
+        """A DCP save (no commit) for the profile: `save_trainer` (the trainer's writer), `save_crc` (DCP's
+        own, with the CRC32), `save_t<N>` (N writer threads), `save_nofsync` (the page cache's speed)."""
+        import torch.distributed.checkpoint as dcp
+
+        path = self.root / "variant"
+        options: dict[str, Any] = {"save_nofsync": {"sync_files": False}}.get(name, {})
+        if name.startswith("save_t"):
+            options = {"thread_count": int(name[len("save_t"):])}
+        writer = dcp.FileSystemWriter(path) if name == "save_crc" else _Writer(path, **options)
+        dist.barrier(group=self.group)
+        start = time.perf_counter()
+        dcp.save(self.source, storage_writer=writer, process_group=self.d.ckpt)
+        seconds = self._max(time.perf_counter() - start)
+        size = sum(p.stat().st_size for p in path.iterdir())
+        self._remove(path)
+        return seconds, size
+
     def profile(self, rounds: int, names: list[str]) -> dict[str, Any]:
         nbytes = self.save()
         self._raw = bytearray(os.path.getsize(self.path / f"__{self.rank}_0.distcp"))  # touched: zero-filled
@@ -224,6 +242,12 @@ class IoBench:
             for name in names[r % len(names):] + names[:r % len(names)]:
                 if name == "dd":
                     seconds, size = self.dd()
+                elif name == "dd_fsync":
+                    seconds, size = self.dd_fsync(nbytes)
+                elif name == "checkpointer":
+                    seconds, size = self.checkpointer_save(2000 + r)
+                elif name.startswith("save_"):
+                    seconds, size = self.save_variant(name)
                 else:
                     seconds, size = self.variant(name), nbytes
                 out.setdefault(name, []).append(size / seconds / 1e9)
@@ -273,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--cache", choices=("auto", *CACHE_METHODS), default="auto")
     p.add_argument("--profile", default="", help="comma-separated loader configurations to compare instead "
-                   "(dd, dd_parallel, raw_read, dcp_default, direct_<threads>)")
+                   "(loads: dd, dd_parallel, raw_read, dcp_default, direct_<threads>; saves: dd_fsync, "
+                   "checkpointer, save_trainer, save_crc, save_t<threads>, save_nofsync)")
     a = p.parse_args(argv)
     torch.manual_seed(0)
     bench = IoBench(a.dir, a.gb, a.d_model, a.cache)

@@ -4,7 +4,7 @@ Runs under torchrun (2 ranks, like bench/ckpt_job.py) and times, in rounds that 
 configuration in the same directory: `dd` (rank 0, `bs=4M conv=fsync`, the checkpoint's size), `raw`
 (each rank writes its local tensors' bytes to one file and fsyncs it: the floor without serialization),
 and DCP saves with `_Writer` variants (thread count, one file per rank or per item, fsync on/off, the
-CRC32 switch, early writeback). Each time is the slowest rank's. Prints a table (configuration -> GB/s,
+CRC32 switch), plus the benchmarked `Checkpointer.save` split into phases. Each time is the slowest rank's. Prints a table (configuration -> GB/s,
 median of the rounds) and writes the samples as JSON to --out. A diagnostic for docs/performance-scale.md,
 not part of `make bench`:
 
@@ -154,15 +154,11 @@ def configs(p: Profile) -> dict[str, Callable[[], None]]:
         "dd": p.dd,
         "raw": p.raw,
         "checkpointer": p.checkpointer,
-        "dcp_t1_crc_off": lambda: p.dcp_save("dcp_t1_crc_off", writeback_bytes=0),
+        "dcp_t1_crc_off": lambda: p.dcp_save("dcp_t1_crc_off"),
         "dcp_t1_crc_on": lambda: p.dcp_save("dcp_t1_crc_on", crc=True),
-        "dcp_t2": lambda: p.dcp_save("dcp_t2", thread_count=2, writeback_bytes=0),
-        "dcp_t2_writeback_16mb": lambda: p.dcp_save("dcp_t2_writeback_16mb", thread_count=2),
-        "dcp_per_item_files": lambda: p.dcp_save("dcp_per_item_files", single_file_per_rank=False,
-                                                 writeback_bytes=0),
-        "dcp_no_fsync": lambda: p.dcp_save("dcp_no_fsync", sync_files=False, writeback_bytes=0),
-        **{f"dcp_writeback_{mb}mb": (lambda mb=mb: p.dcp_save(f"dcp_writeback_{mb}mb", writeback_bytes=mb * 2**20))
-           for mb in (4, 16, 64)},
+        "dcp_t2": lambda: p.dcp_save("dcp_t2", thread_count=2),
+        "dcp_per_item_files": lambda: p.dcp_save("dcp_per_item_files", single_file_per_rank=False),
+        "dcp_no_fsync": lambda: p.dcp_save("dcp_no_fsync", sync_files=False),
     }
 
 

@@ -1,4 +1,4 @@
-"""trainer/diskio.py: early writeback when saving, records read in place when loading, DCP's path otherwise."""
+"""trainer/reader.py: tensor records read in place when they are exactly their destination, DCP's path otherwise."""
 from __future__ import annotations
 
 import io
@@ -9,9 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed.checkpoint as dcp  # noqa: E402
 
-from trainer import checkpoint, diskio  # noqa: E402
+from trainer import checkpoint, reader  # noqa: E402
 from trainer.checkpoint import _Writer  # noqa: E402
-from trainer.diskio import CheckpointReader, WritebackFile, record_layout  # noqa: E402
+from trainer.reader import CheckpointReader, record_layout  # noqa: E402
 
 
 def _state() -> dict:
@@ -30,29 +30,6 @@ def _zeros_like(state: dict) -> dict:
 def _tensors(state: dict) -> list:
     return [t for v in state.values() for t in (_tensors(v) if isinstance(v, dict) else [v])
             if isinstance(t, torch.Tensor)]
-
-
-class TestWritebackFile:
-    def test_same_bytes_and_every_chunk_sent_in_order(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        """Small and large writes land byte for byte; writeback is queued for consecutive ranges from 0."""
-        sent: list[tuple[int, int]] = []
-        monkeypatch.setattr(diskio, "start_writeback", lambda fd, off, n: sent.append((off, n)) or True)
-        parts = [b"a" * 10, b"b" * 5000, bytes(range(256)) * 100, b"c" * 3]
-        with WritebackFile(io.FileIO(tmp_path / "f", "wb"), chunk=4096) as f:
-            for p in parts:
-                assert f.write(memoryview(p)) == len(p)
-        assert (tmp_path / "f").read_bytes() == b"".join(parts)
-        assert sent and sent[0][0] == 0 and all(n == 4096 for _, n in sent)
-        assert [off for off, _ in sent] == [4096 * i for i in range(len(sent))]
-
-    def test_unsupported_writeback_leaves_a_plain_file(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        """When the OS refuses, writing goes on unchanged and stops asking."""
-        calls: list[int] = []
-        monkeypatch.setattr(diskio, "start_writeback", lambda fd, off, n: calls.append(n) and False)
-        with WritebackFile(io.FileIO(tmp_path / "f", "wb"), chunk=100) as f:
-            f.write(b"x" * 1000)
-            f.write(b"y" * 1000)
-        assert (tmp_path / "f").read_bytes() == b"x" * 1000 + b"y" * 1000 and len(calls) == 1
 
 
 class TestRecordLayout:
@@ -83,22 +60,22 @@ class TestCheckpointReader:
     def test_round_trip_reads_every_tensor_in_place(self, tmp_path: Path) -> None:
         """Saved by the trainer's writer, loaded by its reader: equal values, every tensor read in place."""
         state = _state()
-        dcp.save(state, storage_writer=_Writer(tmp_path / "c", writeback_bytes=4096))
+        dcp.save(state, storage_writer=_Writer(tmp_path / "c"))
         target = _zeros_like(state)
-        reader = CheckpointReader(tmp_path / "c", threads=3)
-        dcp.load(target, storage_reader=reader)
+        ours = CheckpointReader(tmp_path / "c", threads=3)
+        dcp.load(target, storage_reader=ours)
         assert all(torch.equal(a, b) for a, b in zip(_tensors(target), _tensors(state)))
         assert target["train"] == state["train"]
-        assert reader.direct_items == sum(1 for t in _tensors(state) if t.numel())  # DCP reads no empty tensor
+        assert ours.direct_items == sum(1 for t in _tensors(state) if t.numel())  # DCP reads no empty tensor
 
     def test_other_layouts_go_through_dcp(self, tmp_path: Path) -> None:
         """A destination of another dtype or a non-contiguous one is filled by DCP's path, converting."""
         w = torch.arange(12.0).reshape(3, 4)
         dcp.save({"w": w, "v": w.clone()}, storage_writer=_Writer(tmp_path / "c"))
         target = {"w": torch.zeros(3, 4, dtype=torch.float64), "v": torch.zeros(4, 3).t()}
-        reader = CheckpointReader(tmp_path / "c")
-        dcp.load(target, storage_reader=reader)
-        assert reader.direct_items == 0
+        ours = CheckpointReader(tmp_path / "c")
+        dcp.load(target, storage_reader=ours)
+        assert ours.direct_items == 0
         assert torch.equal(target["w"], w.double()) and torch.equal(target["v"], w)
 
     def test_load_checkpoint_uses_it(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -122,7 +99,7 @@ class TestCheckpointReader:
         (tmp_path / "f").write_bytes(b"x" * 100)
         buf = bytearray(80)
         with open(tmp_path / "f", "rb") as f:
-            diskio._pread_into(f.fileno(), memoryview(buf), 10)
+            reader._pread_into(f.fileno(), memoryview(buf), 10)
             assert bytes(buf) == b"x" * 80
             with pytest.raises(OSError, match="early"):
-                diskio._pread_into(f.fileno(), memoryview(buf), 50)
+                reader._pread_into(f.fileno(), memoryview(buf), 50)
