@@ -223,7 +223,7 @@ class IoBench:
 
         path = self.root / "variant"
         options: dict[str, Any] = {"save_nofsync": {"sync_files": False}}.get(name, {})
-        if name.startswith("save_t"):
+        if name[len("save_t"):].isdigit():
             options = {"thread_count": int(name[len("save_t"):])}
         writer = dcp.FileSystemWriter(path) if name == "save_crc" else _Writer(path, **options)
         dist.barrier(group=self.group)

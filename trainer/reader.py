@@ -8,8 +8,8 @@ reads a record's bytes straight into the destination tensor when the record is e
 after reading only the record's zip directory and its ~150-byte pickle, which a stub unpickler that
 knows nothing but the tensor-rebuild call decodes (no code from the file runs; anything else is
 refused). Every other item (resharding, other dtypes or layouts, non-tensor values) goes through DCP's
-own path, unchanged. Two records are in flight at once, with positional reads (a record's header sits at
-its end: a cold disk would otherwise be waited on for one small read per record in turn).
+own path, unchanged. Records are read on a worker thread with positional reads while the calling thread
+resolves the next destinations (`threads` > 1 reads several records at once: slower on 2 cores).
 Figures and method: docs/performance-scale.md.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from torch.futures import Future
 
 __all__ = ["CheckpointReader", "record_layout", "RecordLayout", "READ_THREADS"]
 
-READ_THREADS = 2  # records in flight per rank: one's header read overlaps another's data (more: no gain measured)
+READ_THREADS = 1  # reading threads per rank: 2 and 4 were slower here (2 cores; docs/performance-scale.md)
 _MAX_PICKLE_BYTES = 4096  # a tensor's pickle is ~150 bytes; a larger one is not what we read in place
 _STORAGE_DTYPES = {name: dtype for dtype, name in torch.storage._dtype_to_storage_type_map().items()}
 
@@ -135,8 +135,8 @@ class _PreadView(io.RawIOBase):
 class CheckpointReader(FileSystemReader):
     """DCP's file reader that reads tensor records straight into their destination (see the module doc).
 
-    Records are handled by `threads` threads (header, then data, with positional reads), so the disk always
-    has a few requests queued; destinations are resolved and committed on the calling thread.
+    Records are read by `threads` threads (header, then data, with positional reads, in file order);
+    destinations are resolved and committed on the calling thread.
     """
 
     def __init__(self, path: str | os.PathLike, *, direct: bool = True, threads: int = READ_THREADS) -> None:
