@@ -2,8 +2,10 @@
 
 Runs under torchrun. Every rank builds a transformer-shaped sharded state (per layer: attention and MLP
 weights, a norm, and AdamW's two moments for each, as DTensors sharded on dim 0 over all ranks, the
-layout FSDP2 saves), then runs `--rounds` rounds of each kind; within a round the two sides run back to
-back and which goes first alternates, so that a change of disk speed hits both sides of a round alike:
+layout FSDP2 saves), then runs `--rounds` write rounds and as many load rounds rounded up to an even
+count; within a round the two sides run back to back and which goes first alternates, so that a change
+of disk speed hits both sides of a round alike (cold reads here are faster first in a round about as
+often as second: an even count weighs both orders equally):
 - write: the trainer's `Checkpointer.save(blocking=True)` (DCP write, fsync, manifest, atomic rename)
   against rank 0's `dd if=/dev/zero bs=4M conv=fsync` of the same size into the same directory;
 - load: the trainer's `load_checkpoint` (DCP) into preallocated tensors of the same layout (the first
@@ -11,8 +13,8 @@ back and which goes first alternates, so that a change of disk speed hits both s
   file of the checkpoint, one after the other. Both start cold (`--cache`): `drop_caches` (sync, then
   `echo 3 > /proc/sys/vm/drop_caches`; needs root), else `fadvise` (fsync, then
   `posix_fadvise(POSIX_FADV_DONTNEED)` on every file: evicts clean pages of files we can open), else
-  `warm`; `auto` takes the first that works.
-Each time is the slowest rank's. Rank 0 writes JSON to --out. `--profile` compares loader variants instead
+  `warm`; `auto` takes the first that works; then SETTLE_S of quiet.
+Each time is the slowest rank's. Rank 0 writes JSON to --out. `--profile` compares loader and writer variants instead
 (docs/performance-scale.md).
 
     torchrun --standalone --nproc-per-node=2 -m bench.checkpoint_io_job --dir D --out R.json [--gb 1.2]
@@ -38,6 +40,9 @@ from trainer.checkpoint import Checkpointer, _Writer, load_checkpoint
 from trainer.parallel import init_distributed, shutdown
 
 _DD_BLOCK = 4 * 2**20
+# After evicting: the kernel (and a VM's host) are still busy from the sync and the drop for a moment;
+# measured here, cold dd reads right after the drop spread 0.4-1.5 GB/s, 1 s later 0.64-0.83 GB/s.
+SETTLE_S = 1.0
 CACHE_METHODS = ("drop_caches", "fadvise", "warm")
 
 
@@ -169,6 +174,8 @@ class IoBench:
         box = [self.cache]
         if self.rank == 0:
             box = [make_cold(self.files(), self.cache_wanted)]
+            if box[0] != "warm":
+                time.sleep(SETTLE_S)
         dist.broadcast_object_list(box, src=0, group=self.group)
         self.cache = box[0]
         dist.barrier(group=self.group)
@@ -212,7 +219,7 @@ class IoBench:
         elif name == "dcp_default":
             dcp.load(self.target, checkpoint_id=self.path, process_group=self.d.ckpt)
         else:  # "direct_<threads>": the trainer's reader
-            reader = CheckpointReader(self.path, threads=int(name.split("_")[1]))
+            reader = CheckpointReader(self.path, threads=int(name.split("_")[1].rstrip("ab")))
             dcp.load(self.target, checkpoint_id=self.path, storage_reader=reader, process_group=self.d.ckpt)
         return self._max(time.perf_counter() - start)
 
@@ -274,7 +281,7 @@ class IoBench:
                 dd = self.dd_fsync(save_bytes)
                 ours = self.checkpointer_save(1000 + r)
             self._record("save", self.write_rounds, ours, dd, "dd_fsync")
-        for r in range(rounds):  # loads
+        for r in range(rounds + rounds % 2):  # loads: an even count, so that either order is half the rounds
             if r % 2 == 0:
                 dd = self.dd()
                 ours = (self.load(check=r == 0), nbytes)
