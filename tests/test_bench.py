@@ -148,7 +148,8 @@ class TestBenchmarksRun:
         assert main(["--only", "checkpoint_io,loop_stall", "--quick", "--out", str(out)]) == 0
         doc = json.loads(out.read_text())
         for key, dd, rounds in (("write_gbps", "dd_fsync", 1), ("load_gbps", "dd", 2)):  # loads: both orders
-            assert all(_positive(doc[key][k]) for k in ("checkpoint", dd, "ratio")) and len(doc[key]["rounds"]) == rounds
+            assert all(_positive(doc[key][k]) for k in ("checkpoint", dd, "ratio"))
+            assert len(doc[key]["rounds"]) == rounds
         assert doc["load_gbps"]["cache"] in ("drop_caches", "fadvise", "warm")
         assert doc["loop_stall_ms_max"] >= 0 and _positive(doc["signal_latency_during_verify_s"])
         run = doc["loop"]["runs"][0]
