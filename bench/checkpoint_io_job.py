@@ -218,8 +218,8 @@ class IoBench:
                            check=True, capture_output=True)
         elif name == "dcp_default":
             dcp.load(self.target, checkpoint_id=self.path, process_group=self.d.ckpt)
-        else:  # "direct": the trainer's reader
-            reader = CheckpointReader(self.path)
+        else:  # "direct_<threads>": the trainer's reader
+            reader = CheckpointReader(self.path, threads=int(name.split("_")[1].rstrip("ab")))
             dcp.load(self.target, checkpoint_id=self.path, storage_reader=reader, process_group=self.d.ckpt)
         return self._max(time.perf_counter() - start)
 
@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--cache", choices=("auto", *CACHE_METHODS), default="auto")
     p.add_argument("--profile", default="", help="comma-separated loader configurations to compare instead "
-                   "(loads: dd, dd_parallel, raw_read, dcp_default, direct; saves: dd_fsync, "
+                   "(loads: dd, dd_parallel, raw_read, dcp_default, direct_<threads>; saves: dd_fsync, "
                    "checkpointer, save_trainer, save_crc, save_t<threads>, save_nofsync)")
     a = p.parse_args(argv)
     torch.manual_seed(0)

@@ -62,7 +62,7 @@ class TestCheckpointReader:
         state = _state()
         dcp.save(state, storage_writer=_Writer(tmp_path / "c"))
         target = _zeros_like(state)
-        ours = CheckpointReader(tmp_path / "c")
+        ours = CheckpointReader(tmp_path / "c", threads=3)
         dcp.load(target, storage_reader=ours)
         assert all(torch.equal(a, b) for a, b in zip(_tensors(target), _tensors(state)))
         assert target["train"] == state["train"]

@@ -8,8 +8,8 @@ reads a record's bytes straight into the destination tensor when the record is e
 after reading only the record's zip directory and its ~150-byte pickle, which a stub unpickler that
 knows nothing but the tensor-rebuild call decodes (no code from the file runs; anything else is
 refused). Every other item (resharding, other dtypes or layouts, non-tensor values) goes through DCP's
-own path, unchanged. A file is read in two forward passes: the records' headers, then their data as one
-stream (see `CheckpointReader`).
+own path, unchanged. Records are read on a worker thread with positional reads while the calling thread
+resolves the next destinations (`threads` > 1 reads several records at once: slower on 2 cores).
 Figures and method: docs/performance-scale.md.
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ import io
 import os
 import pickle
 import sys
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -26,9 +27,9 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
-__all__ = ["CheckpointReader", "record_layout", "RecordLayout", "READ_PIECE_BYTES"]
+__all__ = ["CheckpointReader", "record_layout", "RecordLayout", "READ_THREADS"]
 
-READ_PIECE_BYTES = 4 * 2**20  # like `dd bs=4M`; whole-tensor reads (2-8 MB here) loaded at half the speed
+READ_THREADS = 1  # reading threads per rank: 2 and 4 were slower here (2 cores; docs/performance-scale.md)
 _MAX_PICKLE_BYTES = 4096  # a tensor's pickle is ~150 bytes; a larger one is not what we read in place
 _STORAGE_DTYPES = {name: dtype for dtype, name in torch.storage._dtype_to_storage_type_map().items()}
 
@@ -94,20 +95,17 @@ def record_layout(record: io.IOBase) -> RecordLayout | None:
 
 
 def _pread_into(fd: int, buf: memoryview, offset: int) -> None:
-    """Fill `buf` from `fd` at `offset` in READ_PIECE_BYTES pieces (positional reads: no shared position).
-
-    Pieces, not one read per tensor: a read as large as the kernel's read-ahead window leaves it nothing to
-    read ahead, so every tensor would wait for its own I/O; pieces of dd's size keep the stream flowing."""
+    """Fill `buf` from `fd` at `offset` (positional reads: threads share the fd, not a file position)."""
     got = 0
     while got < len(buf):
-        n = os.preadv(fd, [buf[got:got + READ_PIECE_BYTES]], offset + got)
+        n = os.preadv(fd, [buf[got:]], offset + got)
         if not n:
             raise OSError(f"checkpoint file ends {len(buf) - got} bytes early")
         got += n
 
 
 class _PreadView(io.RawIOBase):
-    """A read-only window [offset, offset + length) of `fd` with its own position (for torch's zip reader)."""
+    """A read-only window [offset, offset + length) of `fd` with its own position (safe across threads)."""
 
     def __init__(self, fd: int, offset: int, length: int) -> None:
         super().__init__()
@@ -137,14 +135,13 @@ class _PreadView(io.RawIOBase):
 class CheckpointReader(FileSystemReader):
     """DCP's file reader that reads tensor records straight into their destination (see the module doc).
 
-    Per file, two passes in file order: first every record's header (small reads where one record ends and
-    the next begins), then the data of the records that fit, as one forward stream the kernel's read-ahead
-    keeps ahead of (reading a header right before its data would turn every record into a backward seek).
+    Records are read by `threads` threads (header, then data, with positional reads, in file order);
+    destinations are resolved and committed on the calling thread.
     """
 
-    def __init__(self, path: str | os.PathLike, *, direct: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike, *, direct: bool = True, threads: int = READ_THREADS) -> None:
         super().__init__(path)
-        self.direct = direct
+        self.direct, self.threads = direct, max(1, threads)
         self.direct_items = 0  # how many items the last read_data read in place (the rest: DCP's path)
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
@@ -155,25 +152,29 @@ class CheckpointReader(FileSystemReader):
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
         rest: list[ReadItem] = []
-        for relative_path, items in per_file.items():
-            items.sort(key=lambda i: self.storage_data[i.storage_index].offset)
-            fd = os.open(self.fs.concat_path(self.path, relative_path), os.O_RDONLY)
-            try:
-                placed = []
-                for item in items:  # pass 1: headers
-                    dest = self._destination(item, planner)
-                    offset = None if dest is None else self._data_offset(fd, item, dest)
-                    if offset is None:
-                        rest.append(item)
-                    else:
-                        placed.append((item, dest, offset))
-                for item, dest, offset in placed:  # pass 2: data
-                    if dest.numel():
-                        _pread_into(fd, memoryview(dest.reshape(-1).view(torch.uint8).numpy()), offset)
-                    planner.commit_tensor(item, dest)
-                self.direct_items += len(placed)
-            finally:
-                os.close(fd)
+        with ThreadPoolExecutor(self.threads, thread_name_prefix="ckpt-read") as pool:
+            for relative_path, items in per_file.items():
+                items.sort(key=lambda i: self.storage_data[i.storage_index].offset)  # one pass through the file
+                fd = os.open(self.fs.concat_path(self.path, relative_path), os.O_RDONLY)
+                jobs: list[tuple[ReadItem, torch.Tensor, Any]] = []
+                try:
+                    for item in items:
+                        dest = self._destination(item, planner)
+                        if dest is None:
+                            rest.append(item)
+                        else:
+                            jobs.append((item, dest, pool.submit(self._read_record, fd, item, dest)))
+                    for item, dest, job in jobs:
+                        if job.result():  # re-raises a short read
+                            planner.commit_tensor(item, dest)
+                            self.direct_items += 1
+                        else:
+                            rest.append(item)
+                finally:  # never close the fd under a running read
+                    for _, _, job in jobs:
+                        job.cancel()
+                    wait([job for _, _, job in jobs])
+                    os.close(fd)
         if rest:
             return super().read_data(replace(plan, items=rest), planner)
         done: Future[None] = Future()
@@ -190,8 +191,8 @@ class CheckpointReader(FileSystemReader):
             return None
         return dest
 
-    def _data_offset(self, fd: int, item: ReadItem, dest: torch.Tensor) -> int | None:
-        """Where in the file the record's tensor bytes start, if the record is exactly `dest`; else None."""
+    def _read_record(self, fd: int, item: ReadItem, dest: torch.Tensor) -> bool:
+        """On a pool thread: read the record into `dest` if it is exactly that tensor; False: leave it to DCP."""
         info = self.storage_data[item.storage_index]
         layout = record_layout(_PreadView(fd, info.offset, info.length))
         nbytes = dest.numel() * dest.element_size()
@@ -199,5 +200,7 @@ class CheckpointReader(FileSystemReader):
                 or layout.size != tuple(dest.size()) or tuple(item.lengths) != layout.size
                 or layout.stride != tuple(dest.stride()) or layout.storage_offset != 0
                 or layout.storage_numel != dest.numel() or layout.data_offset + nbytes > info.length):
-            return None
-        return info.offset + layout.data_offset
+            return False
+        if nbytes:
+            _pread_into(fd, memoryview(dest.reshape(-1).view(torch.uint8).numpy()), info.offset + layout.data_offset)
+        return True
