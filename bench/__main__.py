@@ -1,6 +1,6 @@
 """`make bench`: run every benchmark, print a table, write bench-results.json at the repo root.
 
-    python -m bench                       # everything (about 6-8 minutes on 2 cores)
+    python -m bench                       # everything (about 8-10 minutes on 2 cores)
     python -m bench --only recovery,imports --repeats 5
     python -m bench --quick               # tiny sizes, one repeat: checks that everything runs
 
@@ -26,8 +26,9 @@ from bench.common import REPO, machine, scratch
 
 __all__ = ["main", "GOALS", "evaluate", "render"]
 
-SECTIONS = ("imports", "discovery", "metadata", "recovery", "save_stall", "throughput")
-# (dotted key in bench-results.json, comparison, goal) from issue 7.
+SECTIONS = ("imports", "discovery", "metadata", "recovery", "save_stall", "checkpoint_io", "loop_stall",
+            "throughput")
+# (dotted key in bench-results.json, comparison, goal) from issues 7 and 12.
 GOALS: list[tuple[str, str, float]] = [
     ("recovery_s.ratio", "<=", 1.10),
     ("save_stall_s.async_over_sync", "<=", 0.25),
@@ -42,6 +43,9 @@ GOALS: list[tuple[str, str, float]] = [
     ("parse_vs_torch_ratio", "<=", 0.5),  # our parse / torch's own pickle.load, 64 ranks, same process
     ("metadata_parse.peak_rss_x", "<=", 3.0),  # parse's peak RSS growth / file size, 64 ranks
     ("metadata_parse.linearity", "<=", 1.5),  # worst / best ms per MB over 64, 256 and 1024 ranks
+    ("load_gbps.ratio", ">=", 0.8),
+    ("loop_stall_ms_max", "<=", 50.0),
+    ("signal_latency_during_verify_s", "<=", 0.5),
 ]
 # Context rows printed under the goals (not gated).
 INFO = [
@@ -50,7 +54,10 @@ INFO = [
     "discovery_ms.llama70b_r64", "discovery_ms.llama70b_r256", "discovery_ms.llama70b_r1024",
     "metadata_parse.llama70b_r64.metadata_mb", "metadata_parse.llama70b_r256.metadata_mb",
     "metadata_parse.llama70b_r1024.metadata_mb", "metadata_parse.llama70b_r1024.generate_s",
-    "write_gbps.checkpoint", "write_gbps.dd_fsync", "dcp_vs_torch_save.dcp_sharded_save_s",
+    "write_gbps.checkpoint", "write_gbps.dd_fsync", "write_gbps.ratio_spread", "write_gbps_small.ratio",
+    "write_gbps_small.checkpoint", "write_gbps_small.dd_fsync", "load_gbps.checkpoint", "load_gbps.dd",
+    "load_gbps.ratio_spread", "load_gbps.cache", "loop.verify_s", "loop.loop_stall_ms_p99", "loop.idle_stall_ms_max",
+    "loop.job_exit_reaped_s", "loop.job_exited_log_s", "dcp_vs_torch_save.dcp_sharded_save_s",
     "dcp_vs_torch_save.full_state_dict_torch_save_s", "supervisor_verify_s", "supervisor.spare_rss_mb", "tokens_per_s.supervisor",
     "tokens_per_s.bare",
 ]
@@ -93,6 +100,8 @@ def render(results: dict[str, Any]) -> str:
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
+    if isinstance(v, list):
+        return "[" + ", ".join(_fmt(x) for x in v) + "]"
     return "-" if v is None else str(v)
 
 
@@ -143,6 +152,18 @@ def _sections(quick: bool, repeats: int | None, say: Callable[[str], None]) -> d
         model = {"d_model": 64, "n_layers": 2, "n_heads": 4} if quick else None
         return ss.run(repeats=1 if quick else (repeats or 3), model=model)
 
+    def checkpoint_io() -> dict[str, Any]:
+        from bench import checkpoint_io as cio
+
+        if quick:
+            return cio.run(repeats=1, gb=0.02, d_model=128, ranks=1)
+        return cio.run(repeats=repeats or 3)
+
+    def loop_stall() -> dict[str, Any]:
+        from bench import loop_stall as ls
+
+        return ls.run(repeats=1 if quick else (repeats or 3), size=ls.QUICK_SIZE if quick else ls.SIZE)
+
     def throughput() -> dict[str, Any]:
         from bench import throughput as tp
 
@@ -152,7 +173,8 @@ def _sections(quick: bool, repeats: int | None, say: Callable[[str], None]) -> d
                 "tokens_per_s": r.pop("tokens_per_s"), "throughput": r}
 
     return {"imports": imports, "discovery": discovery, "metadata": metadata, "recovery": recovery,
-            "save_stall": save_stall, "throughput": throughput}
+            "save_stall": save_stall, "checkpoint_io": checkpoint_io, "loop_stall": loop_stall,
+            "throughput": throughput}
 
 
 def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:

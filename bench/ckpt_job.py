@@ -10,7 +10,9 @@ so that AdamW's state exists, then repeats, in an order that rotates every round
   the same with fresh allocations);
 - `full`: the tutorial's "normal" save: a full state dict gathered on rank 0 (cpu offload), `torch.save`d
   there and fsynced;
-- `dd`: rank 0 runs `dd if=/dev/zero bs=4M conv=fsync` of the checkpoint's size into the same directory.
+- `dd`: rank 0 runs `dd if=/dev/zero bs=4M conv=fsync` of the checkpoint's size into the same directory,
+  right before or after a `sync` save (alternating): each such pair is a write round, so that a change of
+  disk speed (other tenants, the host) hits both sides of a round's ratio alike.
 Each time is the slowest rank's. Rank 0 writes the results as JSON to --out. One last sync checkpoint
 is left in `--dir/sync` for the runner, which times the supervisor's verification of it.
 
@@ -44,7 +46,7 @@ from trainer.loop import Trainer
 from trainer.parallel import init_distributed, shutdown
 from trainer.stopping import GracefulStop
 
-KINDS = ("sync", "async", "memcpy", "full", "dd")
+KINDS = ("sync", "async", "memcpy", "full")  # "sync" is a write round: a sync save and a dd
 _DD_BLOCK = 4 * 2**20
 
 
@@ -61,6 +63,7 @@ class Bench:
         self.out: dict[str, list[float]] = {k: [] for k in
                                              ("sync", "async", "async_write", "async_extra", "memcpy", "clone",
                                               "full", "dd", "checkpoint_gbps", "dd_gbps")}
+        self.rounds: list[dict[str, float]] = []  # write rounds: {checkpoint, dd_fsync, ratio} in GB/s
 
     # ---- helpers ---------------------------------------------------------------------------------------------
     def _max(self, value: float) -> float:
@@ -171,9 +174,19 @@ class Bench:
         self.out["full"].append(self._timed(save))
         self._clear(path)
 
+    def write_round(self, step: int, dd_first: bool) -> None:
+        """A sync save and a dd of its size, in the order given (the first round must save first: sizes)."""
+        if dd_first and self.bytes is not None:
+            self.dd()
+            self.sync(step)
+        else:
+            self.sync(step)
+            self.dd()
+        cp, dd = self.out["checkpoint_gbps"][-1], self.out["dd_gbps"][-1]
+        self.rounds.append({"checkpoint": round(cp, 4), "dd_fsync": round(dd, 4), "ratio": round(cp / dd, 4)})
+
     def dd(self) -> None:
-        if self.bytes is None:
-            return  # sizes come from a sync save; the rotation puts one before every dd but the first
+        assert self.bytes is not None, "sizes come from a sync save"
         path = self.root / "dd.bin"
         count = max(1, math.ceil(self.bytes / _DD_BLOCK))
 
@@ -207,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(a.repeats):
             for kind in KINDS[r % len(KINDS):] + KINDS[:r % len(KINDS)]:
                 step += 1
-                {"sync": lambda: bench.sync(step), "async": lambda: bench.async_(step), "memcpy": bench.memcpy,
-                 "full": bench.full, "dd": bench.dd}[kind]()
+                {"sync": lambda: bench.write_round(step, dd_first=r % 2 == 1), "async": lambda: bench.async_(step),
+                 "memcpy": bench.memcpy, "full": bench.full}[kind]()
         bench.sync(step + 1, keep=True)  # not a sample: left for the runner to time the supervisor's verify()
         bench.out["sync"].pop()
         bench.out["checkpoint_gbps"].pop()
@@ -217,9 +230,9 @@ def main(argv: list[str] | None = None) -> int:
         dist.all_reduce(total, group=d.control)
         if d.rank == 0:
             params = sum(t.numel() for t in trainer.model.parameters())  # DTensors: global sizes
-            result = {"samples": bench.out, "checkpoint_bytes": bench.bytes, "state_bytes": int(total.item()),
-                      "params": params, "step_s": bench.step_s, "world_size": d.world_size,
-                      "repeats": a.repeats}
+            result = {"samples": bench.out, "write_rounds": bench.rounds, "checkpoint_bytes": bench.bytes,
+                      "state_bytes": int(total.item()), "params": params, "step_s": bench.step_s,
+                      "world_size": d.world_size, "repeats": a.repeats}
             a.out.write_text(json.dumps(result))
         return 0
     finally:

@@ -96,9 +96,8 @@ def spare_rss_mb(supervisor_pid: int, run_dir: Path) -> float | None:
 RUN_IMPORTS = (
     "from supervisor import cli\n"
     "cli.build_parser()\n"
-    "import supervisor.procs, supervisor.preflight, supervisor.core, supervisor.loop, supervisor.metrics, "
-    "supervisor.notify, "
-    "supervisor.system\n"
+    "import supervisor.preflight, supervisor.procs, supervisor.core, supervisor.loop, supervisor.loopprobe, "
+    "supervisor.metrics, supervisor.notify, supervisor.system\n"
 )
 # The third-party floor under it: the same libraries, one pydantic model, none of our code.
 LIBRARY_FLOOR = (

@@ -72,6 +72,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from supervisor.console import TICK_S, Console, Progress
     from supervisor.core import Core
     from supervisor.loop import Echo, EventLoop
+    from supervisor.loopprobe import INTERVAL_S, LoopProbe
     from supervisor.metrics import listen_address, start_metrics
     from supervisor.notify import Notifier
     from supervisor.recorder import HistoryRecorder
@@ -104,6 +105,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         watch = [(run_dir, False), *([(run_dir / "logs", False)] if echo else []), (cfg.checkpoints.dir, True)]
         progress = Progress(console, lambda: core.status)  # a live row on a terminal, else a line every 10 s
         ticks = [*(notifier.ticks(lambda: not core.done) if notifier else []), (TICK_S, progress.tick)]
+        probe = LoopProbe.from_env()  # a diagnostic for bench/loop_stall.py; None unless asked for
+        if probe is not None:
+            ticks.append((INTERVAL_S, probe.tick))
         loop = EventLoop(core, system, watch, echo=echo, ticks=ticks)
 
         def begin() -> None:
@@ -122,6 +126,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             history.close()
             if metrics:
                 metrics.stop()
+            if probe is not None:
+                probe.write()
         if notifier:
             notifier.stopping()
         return rc

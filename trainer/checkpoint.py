@@ -37,6 +37,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 
 from supervisor.layout import step_dir_name, tmp_dir_name
 from trainer.commit import build_manifest, commit
+from trainer.reader import CheckpointReader
 from trainer.staging import CachedStager
 
 __all__ = ["Checkpointer", "save_checkpoint", "load_checkpoint", "resolve_resume", "SaveResult",
@@ -68,7 +69,9 @@ class _Writer(FileSystemWriter):
     """DCP's file writer, minus the zip CRC32 that `torch.save` computes for every tensor record.
 
     Nothing checks it (neither `torch.load` nor DCP's reader), and it cost ~20% of a save's write time on
-    2 CPU cores. The switch is process-wide, so it is off only while this writer writes.
+    2 CPU cores. The switch is process-wide, so it is off only while this writer writes. The other writer
+    settings (one thread, one file per rank, fsync per file) are DCP's defaults on purpose: measured
+    alternatives were no faster (docs/performance-scale.md).
     """
 
     def write_data(self, plan: Any, planner: Any) -> Any:
@@ -189,7 +192,9 @@ def save_checkpoint(root: str | os.PathLike, step: int, state: dict[str, Any], *
 def load_checkpoint(path: str | os.PathLike, state: dict[str, Any], *,
                     process_group: dist.ProcessGroup | None = None) -> None:
     """Collective: load `path` into `state` in place (Stateful entries get `load_state_dict`); DCP reshards."""
-    dcp.load(state, checkpoint_id=os.fspath(path), process_group=process_group)
+    # Our reader: records that are exactly their destination are read in place (trainer/reader.py).
+    dcp.load(state, checkpoint_id=os.fspath(path), storage_reader=CheckpointReader(path),
+             process_group=process_group)
 
 
 def resolve_resume(spec: str, root: str | os.PathLike, *,

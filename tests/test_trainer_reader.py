@@ -1,0 +1,105 @@
+"""trainer/reader.py: tensor records read in place when they are exactly their destination, DCP's path otherwise."""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed.checkpoint as dcp  # noqa: E402
+
+from trainer import checkpoint, reader  # noqa: E402
+from trainer.checkpoint import _Writer  # noqa: E402
+from trainer.reader import CheckpointReader, record_layout  # noqa: E402
+
+
+def _state() -> dict:
+    g = torch.Generator().manual_seed(0)
+    return {"model": {"w": torch.randn(64, 32, generator=g), "h": torch.randn(8, dtype=torch.float64, generator=g),
+                      "bf": torch.randn(16, 4, generator=g).to(torch.bfloat16), "step": torch.tensor(7),
+                      "empty": torch.zeros(0, 3)},
+            "train": {"step": 3, "note": "x"}}
+
+
+def _zeros_like(state: dict) -> dict:
+    return {k: _zeros_like(v) if isinstance(v, dict) else torch.zeros_like(v) if isinstance(v, torch.Tensor) else v
+            for k, v in state.items()}
+
+
+def _tensors(state: dict) -> list:
+    return [t for v in state.values() for t in (_tensors(v) if isinstance(v, dict) else [v])
+            if isinstance(t, torch.Tensor)]
+
+
+class TestRecordLayout:
+    def test_plain_tensor_and_view(self) -> None:
+        """A saved tensor's dtype, shape and data offset; a saved view keeps its storage offset."""
+        buf = io.BytesIO()
+        torch.save(torch.arange(12, dtype=torch.int32).reshape(3, 4), buf)
+        layout = record_layout(io.BytesIO(buf.getvalue()))
+        assert layout is not None and layout.dtype == torch.int32 and layout.size == (3, 4)
+        assert layout.stride == (4, 1) and layout.storage_offset == 0 and layout.little_endian
+        data = buf.getvalue()[layout.data_offset:layout.data_offset + 48]
+        assert torch.equal(torch.frombuffer(bytearray(data), dtype=torch.int32), torch.arange(12, dtype=torch.int32))
+        buf = io.BytesIO()
+        torch.save(torch.arange(10.0)[2:5], buf)
+        view = record_layout(io.BytesIO(buf.getvalue()))
+        assert view is not None and view.storage_offset == 2 and view.storage_numel == 10
+
+    def test_anything_else_is_refused(self) -> None:
+        """Records that are not one plain tensor (a dict, two storages, a subclass) get None, nothing runs."""
+        for obj in ({"a": torch.ones(2)}, [torch.ones(2), torch.zeros(2)], torch.nn.Parameter(torch.ones(2))):
+            buf = io.BytesIO()
+            torch.save(obj, buf)
+            assert record_layout(io.BytesIO(buf.getvalue())) is None, obj
+        assert record_layout(io.BytesIO(b"not a zip")) is None
+
+
+class TestCheckpointReader:
+    def test_round_trip_reads_every_tensor_in_place(self, tmp_path: Path) -> None:
+        """Saved by the trainer's writer, loaded by its reader: equal values, every tensor read in place."""
+        state = _state()
+        dcp.save(state, storage_writer=_Writer(tmp_path / "c"))
+        target = _zeros_like(state)
+        ours = CheckpointReader(tmp_path / "c", threads=3)
+        dcp.load(target, storage_reader=ours)
+        assert all(torch.equal(a, b) for a, b in zip(_tensors(target), _tensors(state)))
+        assert target["train"] == state["train"]
+        assert ours.direct_items == sum(1 for t in _tensors(state) if t.numel())  # DCP reads no empty tensor
+
+    def test_other_layouts_go_through_dcp(self, tmp_path: Path) -> None:
+        """A destination of another dtype or a non-contiguous one is filled by DCP's path, converting."""
+        w = torch.arange(12.0).reshape(3, 4)
+        dcp.save({"w": w, "v": w.clone()}, storage_writer=_Writer(tmp_path / "c"))
+        target = {"w": torch.zeros(3, 4, dtype=torch.float64), "v": torch.zeros(4, 3).t()}
+        ours = CheckpointReader(tmp_path / "c")
+        dcp.load(target, storage_reader=ours)
+        assert ours.direct_items == 0
+        assert torch.equal(target["w"], w.double()) and torch.equal(target["v"], w)
+
+    def test_load_checkpoint_uses_it(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The trainer's load_checkpoint reads through CheckpointReader, in place."""
+        used: list[CheckpointReader] = []
+
+        class Spy(CheckpointReader):
+            def __init__(self, *a: object, **kw: object) -> None:
+                super().__init__(*a, **kw)  # type: ignore[arg-type]
+                used.append(self)
+
+        monkeypatch.setattr(checkpoint, "CheckpointReader", Spy)
+        state = {"w": torch.randn(256, 256)}
+        dcp.save(state, storage_writer=_Writer(tmp_path / "c"))
+        target = _zeros_like(state)
+        checkpoint.load_checkpoint(tmp_path / "c", target)
+        assert torch.equal(target["w"], state["w"]) and [r.direct_items for r in used] == [1]
+
+    def test_a_short_file_is_an_error(self, tmp_path: Path) -> None:
+        """A record whose bytes end early raises instead of leaving part of the tensor unread."""
+        (tmp_path / "f").write_bytes(b"x" * 100)
+        buf = bytearray(80)
+        with open(tmp_path / "f", "rb") as f:
+            reader._pread_into(f.fileno(), memoryview(buf), 10)
+            assert bytes(buf) == b"x" * 80
+            with pytest.raises(OSError, match="early"):
+                reader._pread_into(f.fileno(), memoryview(buf), 50)
