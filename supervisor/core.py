@@ -1,7 +1,8 @@
 """The supervisor's brain: reacts to events (job exit, signal, file change, timer) through the `System` seam.
 
 The event loop (supervisor/loop.py) turns the OS into calls on `Core`; tests call the same methods with a
-fake `System` and replay histories. Restart decisions are delegated to the pure `restarts` module.
+fake `System` and replay histories. Restart decisions are delegated to the pure `restarts` module; the
+attempt's record and the decisions taken from it alone (its environment, heartbeat, hang allowance) to `attempt`.
 Checkpoint housekeeping is one pass (housekeeping.run_pass: scan, verify, prune) that runs off the loop
 through `System.run_off_loop`; its result comes back as an event (`_on_pass`). Whatever needs the
 checkpoint root's state waits for a pass: a launch (which checkpoint to resume, or whether to refuse a
@@ -15,36 +16,22 @@ logged and survived, and `close()` makes sure state.json never claims a live sup
 from __future__ import annotations
 
 import enum
-import math
 import os
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from supervisor import restarts, resume
-from supervisor.checkpoints.naming import is_temporary
+from supervisor.attempt import Ended, Job, apply_beat, hang_timeout, job_env, named_by_beat, read_beat
 from supervisor.config import Config
-from supervisor.contract import (
-    ENV_ATTEMPT,
-    ENV_ERROR_FILE,
-    ENV_HEARTBEAT,
-    ENV_RUN_DIR,
-    ENV_RUN_TOKEN,
-    HEARTBEAT_FILE,
-    MAX_HEARTBEAT_BYTES,
-    SLOW_PHASES,
-    Beat,
-    parse_heartbeat,
-)
+from supervisor.contract import HEARTBEAT_FILE, Beat
 from supervisor.errors import CheckpointError
 from supervisor.exits import classify_exit, root_cause, signal_name
 from supervisor.housekeeping import Housekeeper, PassResult
 from supervisor.identity import run_token
 from supervisor.recorder import NullHistory
 from supervisor.redact import redact_argv, redact_env
-from supervisor.regularfile import open_regular
 from supervisor.signals import FORCE_STOP_SIGNAL, STOP_SIGNALS
 from supervisor.state import STATE_FILE, ExitInfo, State, Status, write_status
 from supervisor.system import System
@@ -70,38 +57,6 @@ class Timer(str, enum.Enum):
     RETENTION = "retention"  # periodic housekeeping pass
 
 
-@dataclass
-class _Job:
-    """The attempt in flight."""
-
-    number: int
-    pid: int
-    started_mono: float
-    resumed_from: str | None
-    resumed_step: int | None
-    error_file: Path
-    log_path: Path
-    oom_before: int | None
-    max_step: int | None = None
-    new_checkpoint: bool = False
-    hang: bool = False
-    stopping: bool = False
-    beat_mono: float | None = None
-    beat: Beat | None = None
-    beat_warned: bool = False
-    low_free: int | None = None  # least free bytes on the checkpoint file system seen during the attempt
-
-
-@dataclass
-class _Ended:
-    """An attempt whose exit is known but not yet judged: a pass must first say what it committed."""
-
-    job: _Job
-    returncode: int
-    info: ExitInfo
-    ended_mono: float
-
-
 class Core:
     def __init__(self, cfg: Config, system: System, log: Any, notify: Any = None,
                  history: NullHistory | None = None) -> None:
@@ -112,8 +67,8 @@ class Core:
         self.heartbeat_path = self.run_dir / HEARTBEAT_FILE
         self.status = Status(pid=os.getpid(), started_at=system.now(), config=str(cfg.path))
         self.attempts: list[restarts.Attempt] = []
-        self.job: _Job | None = None
-        self.ended: _Ended | None = None
+        self.job: Job | None = None
+        self.ended: Ended | None = None
         self.exit_code: int | None = None
         self.high_water_step: int | None = None
         self.house = Housekeeper(cfg, log, now=system.now)
@@ -312,26 +267,6 @@ class Core:
             self._publish()
 
     # ---- launching -------------------------------------------------------------------------------------------
-    def _job_env(self, number: int, error_file: Path) -> dict[str, str]:
-        env = dict(os.environ)
-        # torchrun SIGKILLs workers 30 s after forwarding SIGTERM unless told otherwise; an emergency save must
-        # get the whole stop_timeout_s the user granted (an explicit setting in env or --shutdown-timeout wins).
-        # Whole seconds: torchrun parses it with int() when it starts, so "90.5" or "1e+06" failed every launch.
-        grace = str(math.ceil(self.cfg.health.stop_timeout_s))
-        env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT") or grace
-        # torchrun's rendezvous store shared with the workers keeps the previous round's keys: restarted workers
-        # of a multi-node job then hang in init_process_group (pytorch/pytorch#135712; measured: docs/operations.md, More than one node).
-        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-        env.update(self.cfg.job.env)
-        env.update({
-            ENV_HEARTBEAT: str(self.heartbeat_path),
-            ENV_ATTEMPT: str(number),
-            ENV_RUN_DIR: str(self.run_dir),
-            ENV_ERROR_FILE: str(error_file),
-            ENV_RUN_TOKEN: self.token,
-        })
-        return env
-
     def _request_launch(self) -> None:
         """Launch as soon as a pass has said which checkpoint to resume from."""
         self._launch_pending = True
@@ -391,13 +326,15 @@ class Core:
         output = self._prepare_files(error_file, log_path)
         oom_before = self.sys.oom_kills()
         try:
-            pid, ctime = self.sys.spawn(argv, cwd=self.cfg.job_cwd, env=self._job_env(number, error_file), log_path=output)
+            env = job_env(self.cfg, os.environ, number=number, heartbeat=self.heartbeat_path, error_file=error_file,
+                          token=self.token)
+            pid, ctime = self.sys.spawn(argv, cwd=self.cfg.job_cwd, env=env, log_path=output)
         except OSError as exc:
             self.log.error("launch_failed", attempt=number, argv=redact_argv(argv), error=str(exc))
             self._finish(State.FAILED, f"cannot launch {argv[0]!r}: {exc}")
             return
         now_m = self.sys.monotonic()
-        self.job = _Job(
+        self.job = Job(
             number=number, pid=pid, started_mono=now_m, resumed_from=str(ckpt.path) if ckpt else None,
             resumed_step=ckpt.step if ckpt else None, error_file=error_file, log_path=log_path, oom_before=oom_before,
         )
@@ -443,7 +380,7 @@ class Core:
             info.detail = f"{info.detail}; {note}" if info.detail else note
         self.status.last_exit = info
         self.status.job_pid = self.status.job_create_time = self.status.job_cmdline = None
-        self.ended = _Ended(job, returncode, info, self.sys.monotonic())
+        self.ended = Ended(job, returncode, info, self.sys.monotonic())
         # A commit the file watcher missed (e.g. on NFS) still counts as progress; this pass is also the
         # attempt's final retention pass, with its resume point no longer protected.
         self._request_pass()
@@ -464,7 +401,7 @@ class Core:
             reason=info.reason, resumed_from=job.resumed_from, resumed_step=job.resumed_step,
             max_step=job.max_step, new_checkpoint=job.new_checkpoint, progressed=progressed,
             last_phase=job.beat.phase if job.beat else None, beat=job.beat is not None,
-            beat_checkpoint=self._named_by_beat(job),
+            beat_checkpoint=named_by_beat(job, self.house.last.checkpoints if self.house.last else []),
         )
         self.attempts.append(attempt)
         self.history.attempt_exit(attempt, info)
@@ -490,14 +427,6 @@ class Core:
             self.status.next_launch_at = self.sys.now() + decision.delay_s
             self.sys.timers.set(Timer.LAUNCH, self.sys.monotonic() + decision.delay_s)
             self.log.info("backoff", delay_s=round(decision.delay_s, 3), reason=decision.reason, restarts=self.status.restarts)
-
-    def _named_by_beat(self, job: _Job) -> str | None:
-        """The checkpoint a job that picks its own was loading when it ended: its `load` beat's step, if one matches."""
-        beat, last = job.beat, self.house.last
-        if job.resumed_from is not None or beat is None or beat.phase != "load" or beat.step <= 0 or last is None:
-            return None  # told what to load, or no sign of a load: step 0 is a beat before the job chose
-        named = [c for c in last.checkpoints if c.step == beat.step and not is_temporary(c.name)]
-        return str(named[0].path) if len(named) == 1 else None
 
     def _maybe_quarantine(self) -> None:
         """Quarantine a checkpoint only on evidence that the failures are its own (restarts.quarantine_candidate)."""
@@ -593,16 +522,10 @@ class Core:
             self.log.warning("job_killed", attempt=self.job.number, after_s=self.cfg.health.stop_timeout_s, processes=len(killed))
 
     def _arm_hang_timer(self, startup: bool = False) -> None:
-        h = self.cfg.health
         if self.job is None or self.job.stopping:
             return
-        if startup:
-            timeout = h.startup_timeout_s
-        elif self.job.beat is not None and self.job.beat.phase in SLOW_PHASES:
-            timeout = h.save_timeout_s
-        else:
-            timeout = h.hang_timeout_s
-        if timeout > 0 and (startup or h.hang_timeout_s > 0):
+        timeout = hang_timeout(self.cfg.health, self.job.beat, startup=startup)
+        if timeout is not None:
             self.sys.timers.set(Timer.HANG, self.sys.monotonic() + timeout)
         else:
             self.sys.timers.cancel(Timer.HANG)
@@ -642,12 +565,7 @@ class Core:
                 self.sys.timers.set(Timer.SCAN, self.sys.monotonic() + _SCAN_DEBOUNCE_S)
 
     def _read_beat(self) -> Beat | None:
-        try:
-            with open_regular(self.heartbeat_path) as f:  # a FIFO or a device planted there must not block us
-                data = f.read(MAX_HEARTBEAT_BYTES + 1)
-        except OSError:
-            return None  # gone between the event and the read (the next beat will do), or not a file
-        beat, problems = parse_heartbeat(data)
+        beat, problems = read_beat(self.heartbeat_path)
         job = self.job
         if problems and job is not None and not job.beat_warned:
             job.beat_warned = True  # one warning per attempt: a bad writer beats every second
@@ -661,18 +579,10 @@ class Core:
         beat = self._read_beat()
         if beat is None or beat == job.beat:
             return
-        st, now, step = self.status, self.sys.now(), beat.step
-        if st.step is not None and st.step_at is not None and step > st.step and now > st.step_at:
-            rate = (step - st.step) / (now - st.step_at)
-            st.rate_steps_per_s = rate if st.rate_steps_per_s is None else 0.7 * st.rate_steps_per_s + 0.3 * rate
-        if st.step != step:
-            st.step, st.step_at = step, now
-        st.phase, st.loss = beat.phase, beat.loss
-        if beat.val_loss is not None:
-            st.val_loss = beat.val_loss
+        apply_beat(self.status, beat, self.sys.now())
         job.beat, job.beat_mono = beat, self.sys.monotonic()
         if beat.phase != "load":  # a load beat names the step being loaded, not one this attempt trained
-            job.max_step = step if job.max_step is None else max(job.max_step, step)
+            job.max_step = beat.step if job.max_step is None else max(job.max_step, beat.step)
         self.history.beat(job.number, beat)
         self._arm_hang_timer()
         self._publish()

@@ -416,3 +416,43 @@ class TestSyntheticGenerator:
         assert both["info"]["ranks"] == 4 and both["info"]["entries"] == meta.entries and len(meta.storage) == 4
         assert supervisor.checkpoints.verify(out).state == "complete"  # sparse shards of exactly the claimed sizes
         assert sorted(p.name for p in out.glob("*.distcp")) == [f"__{r}_0.distcp" for r in range(4)]
+
+
+class TestCollectorPaused:
+    def test_off_while_parsing_restored_after_even_on_refusal(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The cyclic collector is off during a parse (it stalled the loop thread) and back on afterwards,
+        also when the parse refuses its input."""
+        import gc
+        seen: list[bool] = []
+        real_scan = md.scan
+
+        def spying_scan(f, size):  # type: ignore[no-untyped-def]
+            seen.append(gc.isenabled())
+            return real_scan(f, size)
+
+        monkeypatch.setattr(md, "scan", spying_scan)
+        assert gc.isenabled()
+        md.parse_metadata(dcp_metadata_bytes()[0])
+        with pytest.raises(md.MetadataError):
+            md.parse_metadata(global_pickle("os", "system"))
+        assert seen == [False, False] and gc.isenabled()
+
+    def test_overlapping_parses_turn_it_back_on_once_both_end(self) -> None:
+        """Two threads' parses overlap: the first to finish must not turn the collector back on under the other."""
+        import gc
+        with md._collector_paused():
+            with md._collector_paused():
+                assert not gc.isenabled()
+            assert not gc.isenabled()
+        assert gc.isenabled()
+
+    def test_a_collector_the_user_turned_off_stays_off(self) -> None:
+        """A program that disabled the collector itself does not find it enabled by our parse."""
+        import gc
+        gc.disable()
+        try:
+            with md._collector_paused():
+                pass
+            assert not gc.isenabled()
+        finally:
+            gc.enable()

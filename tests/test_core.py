@@ -66,13 +66,6 @@ class TestLaunch:
         assert sp.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
         assert core.status.state is State.RUNNING and "job_started" in log.names()
 
-    @pytest.mark.parametrize(("stop_timeout_s", "grace"), [("90.5", "91"), ("1e6", "1000000"), ("0.25", "1")])
-    def test_torchrun_grace_is_whole_seconds(self, tmp_path: Path, stop_timeout_s: str, grace: str) -> None:
-        """torchrun int()s TORCH_ELASTIC_SHUTDOWN_TIMEOUT at start: a fractional or huge stop_timeout_s is rounded up."""
-        core, fake, _ = make_core(tmp_path, health=f"stop_timeout_s = {stop_timeout_s}".replace("stop_timeout_s = 30", ""))
-        core.begin(None)
-        assert fake.spawned[0].env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == grace
-
     def test_resume_args_get_newest_complete(self, tmp_path: Path, make_checkpoint: Callable[[Path, str], Path]) -> None:
         """With checkpoints present, resume_args carry the newest complete one's absolute path."""
         core, fake, _ = make_core(tmp_path)
