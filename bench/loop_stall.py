@@ -17,7 +17,7 @@ during the passes (pass seen -> `checkpoint_committed`); `idle_stall_ms_max` is 
 to verify just before, i.e. what the machine itself does to the loop. Figures are medians over repeats;
 `worst` keeps the largest.
 
-The checkpoint is the synthetic Llama-3 70B FSDP2 one of bench/synthetic.py (`SIZE`: 64 ranks, ~25 MB
+The checkpoint is the synthetic Llama-3 70B FSDP2 one of bench/synthetic.py (`SIZE`: 256 ranks, ~100 MB
 of `.metadata`; `QUICK_SIZE`: 8 ranks, ~3.6 MB), generated once per run in a subprocess (it needs torch).
 
     python -m bench.loop_stall        # prints the result of run() as JSON
@@ -42,7 +42,7 @@ from supervisor.loopprobe import PROBE_ENV
 
 __all__ = ["run", "build_template", "SIZE", "QUICK_SIZE"]
 
-SIZE: dict[str, Any] = {"model": "70b", "ranks": 64}  # ~25 MB of .metadata: seconds of verifying on 2 cores
+SIZE: dict[str, Any] = {"model": "70b", "ranks": 256}  # issue 12's size: ~100 MB of .metadata, seconds of verifying
 QUICK_SIZE: dict[str, Any] = {"model": "70b", "ranks": 8, "act_s": 0.05}  # ~3.6 MB: a few tenths of a second
 FAKEJOB = REPO / "tests" / "jobs" / "fakejob.py"
 ACT_INTO_PASS_S = 0.2  # the pass is parsing `.metadata` by then (the default of `act_s`)

@@ -456,3 +456,14 @@ class TestCollectorPaused:
             assert not gc.isenabled()
         finally:
             gc.enable()
+
+    def test_the_scanned_graph_is_freed_in_slices(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The parse empties the scanned containers itself (a slice at a time) rather than dropping the whole
+        graph in one deallocation cascade, which held the GIL ~100 ms at 70B x 256."""
+        roots: list[object] = []
+        real_scan = md.scan
+        monkeypatch.setattr(md, "scan", lambda f, size: roots.append(real_scan(f, size)) or roots[-1])
+        meta = md.parse_metadata(dcp_metadata_bytes({f"t{i}": 8 for i in range(600)}, shards=2)[0])
+        assert meta.entries == 600
+        root = roots[0]
+        assert len(root.state_dict_metadata) == 0 and len(root.storage_data) == 0  # type: ignore[attr-defined]

@@ -142,9 +142,28 @@ def _collector_paused() -> Any:
                 gc.enable()
 
 
+def _dismantle(root: Any) -> None:
+    """Free a scanned graph a slice at a time.
+
+    Dropped in one go, the millions of objects of a 70B x 256 parse are freed by one cascade of
+    deallocations that holds the GIL for ~100 ms; slices of 256 entries (a tensor's chunks each) give
+    other threads a turn between them.
+    """
+    if type(root) is not Scanned:
+        return
+    for part in (root.state_dict_metadata, root.storage_data):
+        if type(part) is ScannedDict:
+            while part:
+                del part[-256:]
+
+
 def _parse(f: BinaryIO, size: int) -> DcpMetadata:
     with _collector_paused():
-        return _summarize(scan(f, size))
+        root = scan(f, size)
+        try:
+            return _summarize(root)
+        finally:
+            _dismantle(root)
 
 
 def parse_metadata(data: bytes) -> DcpMetadata:
