@@ -27,7 +27,7 @@ from supervisor.checkpoints.ranking import CheckpointInfo, judge, scan
 from supervisor.checkpoints.retention import RetentionPlan, RetentionRules, plan_retention
 from supervisor.config import MAX_GB
 from supervisor.errors import EXIT_NOT_OK, EXIT_OK, CheckpointError
-from supervisor.humanize import human_age, human_bytes
+from supervisor.humanize import human_age, human_bytes, printable
 
 __all__ = ["register", "info_json"]
 
@@ -87,11 +87,6 @@ def info_json(c: CheckpointInfo) -> dict[str, Any]:
     }
 
 
-def _cell(text: str) -> str:
-    """`text` with control characters and undecodable bytes escaped (`\\n`, `\\udcff`): a name like `a\\nb`
-    stays one row and cannot crash a strict UTF-8 stdout."""
-    return text if text.isprintable() else "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
-
 
 def _step_text(c: CheckpointInfo) -> str:
     if c.step is not None:
@@ -107,7 +102,7 @@ def _table(infos: list[CheckpointInfo], now: float) -> str:
         if c.quarantined:  # why it is skipped for resume is what an operator needs to see
             reason = "; ".join(filter(None, [reason, f"quarantined: {quarantine_reason(c.path) or 'no reason recorded'}"]))
         size = "-" if c.state == FOREIGN else human_bytes(c.size_bytes)
-        rows.append((_cell(c.name), _step_text(c), c.state, size, human_age(now - c.mtime), flags or "-", _cell(reason)))
+        rows.append((printable(c.name), _step_text(c), c.state, size, human_age(now - c.mtime), flags or "-", printable(reason)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)) + "  " + r[-1] for r in rows)
 
@@ -160,7 +155,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             "quarantined": reason is not None, "quarantine_reason": reason,
         }, indent=2))
     else:
-        line = _cell(f"{path}: {v.state}" + (f": {v.reason}" if v.reason else ""))
+        line = printable(f"{path}: {v.state}" + (f": {v.reason}" if v.reason else ""))
         if v.complete and args.deep:
             line += " (checksums match)" if v.checksummed else " (no checksums in the manifest: sizes only)"
         if reason is not None:
@@ -178,7 +173,7 @@ def _rules_with_flags(rules: RetentionRules, args: argparse.Namespace) -> Retent
 def _print_plan(plan: RetentionPlan, done: set[Path] | None) -> None:
     for d in plan.deletions:
         verb = "would delete" if done is None else ("deleted" if d.path in done else "skipped")
-        print(_cell(f"{verb} {d.name} ({human_bytes(d.size_bytes)}): {d.reason}"))
+        print(printable(f"{verb} {d.name} ({human_bytes(d.size_bytes)}): {d.reason}"))
     if not plan.deletions:
         print("nothing to delete")
     for f in plan.findings:

@@ -1,7 +1,7 @@
 """Sizes and durations for people: `status`, `checkpoints list` and the logs all say them the same way."""
 from __future__ import annotations
 
-__all__ = ["human_bytes", "human_age"]
+__all__ = ["human_bytes", "human_age", "printable"]
 
 
 def human_bytes(n: int | None) -> str:
@@ -28,3 +28,13 @@ def human_age(seconds: float | None) -> str:
     if s < 172800:
         return f"{s // 3600}h{(s % 3600) // 60:02d}m"
     return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
+
+
+def printable(text: str) -> str:
+    """`text` with control characters and undecodable bytes escaped (`\\n`, `\\x1b`, `\\udcff`).
+
+    Names and reasons come from disk (a checkpoint dir called `a\\nb`, an exception message with terminal
+    escapes): escaped, a row stays one row, a terminal is not reprogrammed and a strict UTF-8 stdout cannot
+    crash on a surrogate.
+    """
+    return text if text.isprintable() else "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)

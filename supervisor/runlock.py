@@ -1,8 +1,10 @@
 """One supervisor per run dir: an flock held for the supervisor's lifetime, with its pid inside."""
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import stat
 from pathlib import Path
 
 from supervisor.errors import LockedError
@@ -20,15 +22,21 @@ class RunLock:
         self.fd: int | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        """Take the lock or raise LockedError naming the holder; OSError if the lock file cannot be one."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o640)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # something else planted under the lock's name
+                raise OSError(errno.EINVAL, "not a regular file", str(self.path))
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+                raise LockedError(f"another supervisor (pid {holder}) is running on run dir {self.path.parent}") from None
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except BaseException:
             os.close(fd)
-            raise LockedError(f"another supervisor (pid {holder}) is running on run dir {self.path.parent}") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+            raise
         self.fd = fd
 
     def release(self) -> None:
@@ -41,7 +49,7 @@ class RunLock:
         """pid of the live supervisor holding the lock, or None when nobody holds it."""
         path = run_dir / LOCK_FILE
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO planted there must not block `status`
         except OSError:
             return None
         try:

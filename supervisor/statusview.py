@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from supervisor.humanize import human_age, human_bytes
+from supervisor.humanize import human_age, human_bytes, printable
 from supervisor.state import State, Status
 
 __all__ = ["render_status", "one_line", "sparkline", "SPARK_BLOCKS"]
@@ -60,7 +60,7 @@ def one_line(st: Status) -> str:
     parts.append(f"restarts {st.restarts}")
     if st.last_exit is not None and st.state is not State.RUNNING:
         parts.append(f"last exit {st.last_exit.reason}")
-    return ", ".join(parts)
+    return printable(", ".join(parts))
 
 
 def render_status(st: Status, *, running: bool, now: float, spark: bool = False) -> str:
@@ -106,4 +106,4 @@ def render_status(st: Status, *, running: bool, now: float, spark: bool = False)
         rows.append(("quarantined", ", ".join(st.quarantined)))
     rows.append(("free disk", human_bytes(st.disk_free_bytes)))
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:>{width}}: {v}" for k, v in rows)
+    return "\n".join(f"{k:>{width}}: {printable(v)}" for k, v in rows)

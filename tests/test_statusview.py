@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from supervisor.state import State, Status
-from supervisor.statusview import render_status, sparkline
+from supervisor.statusview import one_line, render_status, sparkline
 
 
 @pytest.mark.parametrize(("values", "expected"), [
@@ -37,3 +37,18 @@ def test_no_history_no_rows() -> None:
     """Before any history (or from an older state.json) there is no goodput row and the loss is the heartbeat's."""
     text = render_status(Status(state=State.RUNNING, loss=1.5), running=True, now=0.0, spark=True)
     assert "goodput" not in text and "loss: 1.5" in text
+
+
+class TestUntrustedText:
+    def test_paths_and_reasons_from_disk_cannot_break_rows_or_drive_the_terminal(self) -> None:
+        """A checkpoint named with a newline and an exit detail with an escape sequence are shown escaped."""
+        from supervisor.state import ExitInfo
+        st = Status(state=State.BACKOFF, reason="crash\x1b[2J", resumed_from="/c/step_1\nFAKE: row",
+                    latest_checkpoint={"step": 1, "path": "/c/step_1\nFAKE: row", "mtime": None},
+                    last_exit=ExitInfo(code=1, signal=None, reason="crash", detail="boom\x1b]0;title\x07", at=0.0))
+        text = render_status(st, running=False, now=0.0)
+        assert "\x1b" not in text and "\x07" not in text and "FAKE: row" in text
+        assert not any(line.startswith("FAKE") for line in text.splitlines())
+        assert "\\n" in text and "\\x1b" in text
+        line = one_line(st)
+        assert "\n" not in line and "\x1b" not in line
