@@ -52,3 +52,23 @@ def test_a_long_evaluation_keeps_the_heartbeat_fresh(world: Dist, tmp_path) -> N
     assert [phase for _, phase, _ in heartbeat.beats] == ["eval"] * len(heartbeat.beats)
     assert len(plain) == 1 + batches, heartbeat.beats  # one as it starts, one per batch
     assert heartbeat.beats[-1][2] == val
+
+
+def test_an_emergency_save_records_no_val_loss(world: Dist, tmp_path) -> None:
+    """Stopped at step 3 after an evaluation at step 2: the step-3 save's manifest has a loss and no val_loss
+    (those weights were never evaluated; repeating step 2's value let keep_best count it twice)."""
+    from supervisor.checkpoints.manifest import read_manifest
+    from supervisor.layout import step_dir_name
+    from trainer.checkpoint import Checkpointer
+
+    class Stopped:
+        signum = 15
+
+    args = build_parser().parse_args(["--checkpoint-dir", str(tmp_path), "--eval-every", "2", *SMALL])
+    trainer = Trainer(args, world, stopper=Stopped(), heartbeat=RecordingHeartbeat())  # type: ignore[arg-type]
+    trainer.build()
+    trainer.saver = Checkpointer(tmp_path, process_group=world.ckpt, control_group=world.control, async_save=False)
+    trainer.progress.step, trainer.progress.loss, trainer.val_loss = 3, 2.5, 1.25
+    assert trainer._stop() == 0
+    manifest = read_manifest(tmp_path / step_dir_name(3))
+    assert manifest is not None and manifest.metrics == {"loss": 2.5}

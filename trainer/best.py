@@ -109,8 +109,8 @@ def improves(best: Best | None, val_loss: float | None) -> bool:
 def missed_export(best: Best | None, step: int, val_loss: float | None, eval_every: int) -> bool:
     """Resuming at `step` whose manifest says `val_loss`: did the run die between this new best's save and its export?
 
-    Only an evaluated step's own save carries its own `val_loss` (an emergency save repeats an older one),
-    so only steps that are multiples of `eval_every` count.
+    Only an evaluated step's own save carries a `val_loss` (a manifest written by an older version may
+    repeat an older one on an emergency save), so only steps that are multiples of `eval_every` count.
     """
     return eval_every > 0 and step > 0 and step % eval_every == 0 and improves(best, val_loss)
 

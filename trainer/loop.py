@@ -57,7 +57,7 @@ class Trainer:
     val_data: Data | None  # held out; None when --eval-every is 0
     progress: Progress
     # evaluation and the best model (not checkpointed: best.json and the manifests are the record)
-    val_loss: float | None  # the latest evaluation; an emergency save records it
+    val_loss: float | None  # the latest evaluation (heartbeat); only its own step's save records it
     best: Best | None  # rank 0: the best exported so far (--export-best)
     # side channels
     heartbeat: Heartbeat
@@ -269,7 +269,8 @@ class Trainer:
             self.log.warning("stop_requested", step=step, signal=signum)
         self._report(self.saver.wait())
         if self.last_saved_step != step:
-            self.save(blocking=True, val_loss=self.val_loss)  # the latest evaluation, whatever step it was
+            # No val_loss: the latest evaluation measured older weights, and keep_best would count it twice.
+            self.save(blocking=True)
         if self.dist.rank == 0:
             self.log.info("stopped", step=step)
         return 0
