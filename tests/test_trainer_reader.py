@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 import io
+import struct
+import zipfile
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed.checkpoint as dcp  # noqa: E402
+from torch.distributed.checkpoint import CheckpointException, FileSystemReader  # noqa: E402
 
 from trainer import checkpoint, reader  # noqa: E402
 from trainer.checkpoint import _Writer  # noqa: E402
@@ -103,3 +107,41 @@ class TestCheckpointReader:
             assert bytes(buf) == b"x" * 80
             with pytest.raises(OSError, match="early"):
                 reader._pread_into(f.fileno(), memoryview(buf), 50)
+
+
+def _with_pickle(record: bytes, edit: Callable[[bytes], bytes]) -> bytes:
+    """`record` (one `torch.save` zip) with its data.pkl replaced by `edit(data.pkl)`, padded to the same size."""
+    entry = next(i for i in zipfile.ZipFile(io.BytesIO(record)).infolist() if i.filename.endswith("data.pkl"))
+    name_len, extra_len = struct.unpack("<HH", record[entry.header_offset + 26:entry.header_offset + 30])
+    start = entry.header_offset + 30 + name_len + extra_len
+    new = edit(record[start:start + entry.file_size])
+    assert len(new) <= entry.file_size
+    return record[:start] + new.ljust(entry.file_size, b".") + record[start + entry.file_size:]
+
+
+class TestCraftedRecords:
+    def test_malformed_rebuild_arguments_are_refused_not_raised(self) -> None:
+        """A pickle whose rebuild call gets an int or a short tuple for its storage gives None, no exception."""
+        buf = io.BytesIO()
+        torch.save(torch.ones(4), buf)
+        rebuild = b"ctorch._utils\n_rebuild_tensor_v2\n"
+        for storage in (b"J\x05\x00\x00\x00", b"(J\x01\x00\x00\x00J\x02\x00\x00\x00t", b"X\x02\x00\x00\x00ab"):
+            pk = b"\x80\x02" + rebuild + b"(" + storage + b"K\x00(K\x04t(K\x01ttR."
+            assert record_layout(io.BytesIO(_with_pickle(buf.getvalue(), lambda _: pk))) is None, storage
+
+    def test_a_storage_type_that_misfits_its_record_is_an_error_as_in_dcp(self, tmp_path: Path) -> None:
+        """A record whose pickle names a storage type its data/0 bytes do not fit fails like DCP's load.
+
+        (Read in place, the first half of the float32 bytes would silently load as float16.)
+        """
+        dcp.save({"w": torch.randn(64, 32)}, storage_writer=_Writer(tmp_path / "c"))
+        info = next(iter(FileSystemReader(tmp_path / "c").read_metadata().storage_data.values()))
+        shard = tmp_path / "c" / info.relative_path
+        data = shard.read_bytes()
+        record = data[info.offset:info.offset + info.length]
+        crafted = _with_pickle(record, lambda pk: pk.replace(b"FloatStorage", b"HalfStorage"))
+        shard.write_bytes(data[:info.offset] + crafted + data[info.offset + info.length:])
+        assert record_layout(io.BytesIO(crafted)) is None
+        for reader_ in (FileSystemReader(tmp_path / "c"), CheckpointReader(tmp_path / "c")):
+            with pytest.raises(CheckpointException):
+                dcp.load({"w": torch.zeros(64, 32, dtype=torch.float16)}, storage_reader=reader_)

@@ -84,13 +84,17 @@ def record_layout(record: io.IOBase) -> RecordLayout | None:
         if len(pickled) > _MAX_PICKLE_BYTES:
             return None
         tensor = _LayoutUnpickler(io.BytesIO(pickled)).load()
+        # A crafted pickle may decode to any shape of tuple: unpack it here, where a misfit means None.
+        _, (_, dtype, key, numel), storage_offset, size, stride = tensor
+        if tensor[0] != "tensor" or key != "0" or not isinstance(numel, int):
+            return None
+        # torch.load refuses a storage whose record is not exactly its size; so do we (no reading past it).
+        if reader.get_record_size("data/0") != numel * dtype.itemsize:
+            return None
         order = reader.get_record("byteorder") if reader.has_record("byteorder") else b"little"
         offset = reader.get_record_offset("data/0")
-    except (RuntimeError, pickle.UnpicklingError, ValueError, TypeError, EOFError):
+    except (RuntimeError, pickle.UnpicklingError, ValueError, TypeError, EOFError, IndexError, AttributeError):
         return None
-    if not (isinstance(tensor, tuple) and len(tensor) == 5 and tensor[0] == "tensor" and tensor[1][2] == "0"):
-        return None
-    _, (_, dtype, _, numel), storage_offset, size, stride = tensor
     return RecordLayout(offset, dtype, size, stride, storage_offset, numel, order == b"little")
 
 
