@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import os
 import struct
 import zipfile
 from pathlib import Path
@@ -13,6 +14,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader  # noqa: E402
 
+from tests.helpers import returns_despite_fifo  # noqa: E402
 from trainer import checkpoint, reader  # noqa: E402
 from trainer.checkpoint import _Writer  # noqa: E402
 from trainer.reader import CheckpointReader, record_layout  # noqa: E402
@@ -145,3 +147,20 @@ class TestCraftedRecords:
         for reader_ in (FileSystemReader(tmp_path / "c"), CheckpointReader(tmp_path / "c")):
             with pytest.raises(CheckpointException):
                 dcp.load({"w": torch.zeros(64, 32, dtype=torch.float16)}, storage_reader=reader_)
+
+    def test_a_shard_replaced_by_a_fifo_is_an_error_not_a_hang(self, tmp_path: Path) -> None:
+        """A shard file that is a FIFO fails the load at once (DCP's own reader would block in open())."""
+        dcp.save({"w": torch.randn(8, 4)}, storage_writer=_Writer(tmp_path / "c"))
+        info = next(iter(FileSystemReader(tmp_path / "c").read_metadata().storage_data.values()))
+        shard = tmp_path / "c" / info.relative_path
+        shard.unlink()
+        os.mkfifo(shard)
+
+        def load() -> str:
+            try:
+                dcp.load({"w": torch.zeros(8, 4)}, storage_reader=CheckpointReader(tmp_path / "c"))
+            except CheckpointException as e:
+                return str(e)
+            return "loaded"
+
+        assert "not a regular file" in str(returns_despite_fifo(shard, load))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import stat
 import sys
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
@@ -108,6 +109,16 @@ def _pread_into(fd: int, buf: memoryview, offset: int) -> None:
         got += n
 
 
+def _open_regular(path: str | os.PathLike) -> int:
+    """A read fd for the shard file `path`; OSError if it is not a regular file (a FIFO would block forever)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # non-blocking: opening a FIFO returns at once
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"checkpoint file {os.fspath(path)} is not a regular file")
+    os.set_blocking(fd, True)
+    return fd
+
+
 class _PreadView(io.RawIOBase):
     """A read-only window [offset, offset + length) of `fd` with its own position (safe across threads)."""
 
@@ -159,7 +170,7 @@ class CheckpointReader(FileSystemReader):
         with ThreadPoolExecutor(self.threads, thread_name_prefix="ckpt-read") as pool:
             for relative_path, items in per_file.items():
                 items.sort(key=lambda i: self.storage_data[i.storage_index].offset)  # one pass through the file
-                fd = os.open(self.fs.concat_path(self.path, relative_path), os.O_RDONLY)
+                fd = _open_regular(self.fs.concat_path(self.path, relative_path))
                 jobs: list[tuple[ReadItem, torch.Tensor, Any]] = []
                 try:
                     for item in items:
