@@ -164,3 +164,18 @@ class TestCraftedRecords:
             return "loaded"
 
         assert "not a regular file" in str(returns_despite_fifo(shard, load))
+
+    def test_a_zip_directory_lying_about_the_data_size_is_refused(self) -> None:
+        """A record whose zip directory gives data/0 another size than its pickle's storage is not read in place."""
+        buf = io.BytesIO()
+        torch.save(torch.ones(64), buf)
+        record = bytearray(buf.getvalue())
+        entry = record.find(b"PK\x01\x02")  # walk the central directory to data/0's entry
+        while not bytes(record[entry + 46:entry + 46 + struct.unpack("<H", record[entry + 28:entry + 30])[0]]).endswith(
+                b"data/0"):
+            entry = record.find(b"PK\x01\x02", entry + 4)
+        size = struct.unpack("<I", record[entry + 24:entry + 28])[0]
+        record[entry + 20:entry + 28] = struct.pack("<II", size - 4, size - 4)  # compressed, uncompressed
+        with pytest.raises(RuntimeError, match="record size"):
+            torch.load(io.BytesIO(bytes(record)), weights_only=True)
+        assert record_layout(io.BytesIO(bytes(record))) is None
