@@ -179,3 +179,12 @@ class TestCraftedRecords:
         with pytest.raises(RuntimeError, match="record size"):
             torch.load(io.BytesIO(bytes(record)), weights_only=True)
         assert record_layout(io.BytesIO(bytes(record))) is None
+
+    def test_a_conjugated_tensor_loads_its_values_not_its_raw_bytes(self, tmp_path: Path) -> None:
+        """A saved tensor with the conj bit (its pickle's metadata) goes through DCP's path: the values load."""
+        c = torch.randn(6, dtype=torch.complex64, generator=torch.Generator().manual_seed(0)).conj()
+        dcp.save({"c": c}, storage_writer=_Writer(tmp_path / "c"))
+        target = {"c": torch.zeros(6, dtype=torch.complex64)}
+        ours = CheckpointReader(tmp_path / "c")
+        dcp.load(target, storage_reader=ours)
+        assert torch.equal(target["c"], c.resolve_conj()) and ours.direct_items == 0

@@ -53,8 +53,9 @@ class _Storage:
         self.dtype = dtype
 
 
-def _rebuild(storage: Any, storage_offset: int, size: tuple[int, ...], stride: tuple[int, ...], *_: Any) -> Any:
-    return ("tensor", storage, storage_offset, tuple(size), tuple(stride))
+def _rebuild(storage: Any, storage_offset: int, size: tuple[int, ...], stride: tuple[int, ...],
+             requires_grad: Any = False, backward_hooks: Any = None, metadata: Any = None, *_: Any) -> Any:
+    return ("tensor", storage, storage_offset, tuple(size), tuple(stride), metadata)
 
 
 class _LayoutUnpickler(pickle.Unpickler):
@@ -86,8 +87,9 @@ def record_layout(record: io.IOBase) -> RecordLayout | None:
             return None
         tensor = _LayoutUnpickler(io.BytesIO(pickled)).load()
         # A crafted pickle may decode to any shape of tuple: unpack it here, where a misfit means None.
-        _, (_, dtype, key, numel), storage_offset, size, stride = tensor
-        if tensor[0] != "tensor" or key != "0" or not isinstance(numel, int):
+        _, (_, dtype, key, numel), storage_offset, size, stride, metadata = tensor
+        # metadata holds bits the raw bytes do not show (`{"conj": True}`): torch.load applies them, we cannot.
+        if tensor[0] != "tensor" or key != "0" or not isinstance(numel, int) or metadata:
             return None
         # torch.load refuses a storage whose record is not exactly its size; so do we (no reading past it).
         if reader.get_record_size("data/0") != numel * dtype.itemsize:
