@@ -4,7 +4,8 @@ DCP's `FileSystemReader` `torch.load`s every tensor record into a fresh tensor (
 then copies that into the destination, with ~2 ms of Python per record on top; measured on a 1.2 GB
 2-rank checkpoint it loads at ~0.7 GB/s from the page cache and ~0.4-0.7x `dd` cold. `CheckpointReader`
 reads a record's bytes straight into the destination tensor when the record is exactly that tensor
-(same dtype and shape, contiguous, little-endian: what a load at the world size of the save asks for),
+(same dtype and shape, contiguous, little-endian, no conj or neg bit, a data record of exactly its size:
+what a load at the world size of the save asks for),
 after reading only the record's zip directory and its ~150-byte pickle, which a stub unpickler that
 knows nothing but the tensor-rebuild call decodes (no code from the file runs; anything else is
 refused). Every other item (resharding, other dtypes or layouts, non-tensor values) goes through DCP's
