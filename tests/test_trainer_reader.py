@@ -2,13 +2,19 @@
 from __future__ import annotations
 
 import io
+import os
+import struct
+import zipfile
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed.checkpoint as dcp  # noqa: E402
+from torch.distributed.checkpoint import CheckpointException, FileSystemReader  # noqa: E402
 
+from tests.helpers import returns_despite_fifo  # noqa: E402
 from trainer import checkpoint, reader  # noqa: E402
 from trainer.checkpoint import _Writer  # noqa: E402
 from trainer.reader import CheckpointReader, record_layout  # noqa: E402
@@ -103,3 +109,82 @@ class TestCheckpointReader:
             assert bytes(buf) == b"x" * 80
             with pytest.raises(OSError, match="early"):
                 reader._pread_into(f.fileno(), memoryview(buf), 50)
+
+
+def _with_pickle(record: bytes, edit: Callable[[bytes], bytes]) -> bytes:
+    """`record` (one `torch.save` zip) with its data.pkl replaced by `edit(data.pkl)`, padded to the same size."""
+    entry = next(i for i in zipfile.ZipFile(io.BytesIO(record)).infolist() if i.filename.endswith("data.pkl"))
+    name_len, extra_len = struct.unpack("<HH", record[entry.header_offset + 26:entry.header_offset + 30])
+    start = entry.header_offset + 30 + name_len + extra_len
+    new = edit(record[start:start + entry.file_size])
+    assert len(new) <= entry.file_size
+    return record[:start] + new.ljust(entry.file_size, b".") + record[start + entry.file_size:]
+
+
+class TestCraftedRecords:
+    def test_malformed_rebuild_arguments_are_refused_not_raised(self) -> None:
+        """A pickle whose rebuild call gets an int or a short tuple for its storage gives None, no exception."""
+        buf = io.BytesIO()
+        torch.save(torch.ones(4), buf)
+        rebuild = b"ctorch._utils\n_rebuild_tensor_v2\n"
+        for storage in (b"J\x05\x00\x00\x00", b"(J\x01\x00\x00\x00J\x02\x00\x00\x00t", b"X\x02\x00\x00\x00ab"):
+            pk = b"\x80\x02" + rebuild + b"(" + storage + b"K\x00(K\x04t(K\x01ttR."
+            assert record_layout(io.BytesIO(_with_pickle(buf.getvalue(), lambda _: pk))) is None, storage
+
+    def test_a_storage_type_that_misfits_its_record_is_an_error_as_in_dcp(self, tmp_path: Path) -> None:
+        """A record whose pickle names a storage type its data/0 bytes do not fit fails like DCP's load.
+
+        (Read in place, the first half of the float32 bytes would silently load as float16.)
+        """
+        dcp.save({"w": torch.randn(64, 32)}, storage_writer=_Writer(tmp_path / "c"))
+        info = next(iter(FileSystemReader(tmp_path / "c").read_metadata().storage_data.values()))
+        shard = tmp_path / "c" / info.relative_path
+        data = shard.read_bytes()
+        record = data[info.offset:info.offset + info.length]
+        crafted = _with_pickle(record, lambda pk: pk.replace(b"FloatStorage", b"HalfStorage"))
+        shard.write_bytes(data[:info.offset] + crafted + data[info.offset + info.length:])
+        assert record_layout(io.BytesIO(crafted)) is None
+        for reader_ in (FileSystemReader(tmp_path / "c"), CheckpointReader(tmp_path / "c")):
+            with pytest.raises(CheckpointException):
+                dcp.load({"w": torch.zeros(64, 32, dtype=torch.float16)}, storage_reader=reader_)
+
+    def test_a_shard_replaced_by_a_fifo_is_an_error_not_a_hang(self, tmp_path: Path) -> None:
+        """A shard file that is a FIFO fails the load at once (DCP's own reader would block in open())."""
+        dcp.save({"w": torch.randn(8, 4)}, storage_writer=_Writer(tmp_path / "c"))
+        info = next(iter(FileSystemReader(tmp_path / "c").read_metadata().storage_data.values()))
+        shard = tmp_path / "c" / info.relative_path
+        shard.unlink()
+        os.mkfifo(shard)
+
+        def load() -> str:
+            try:
+                dcp.load({"w": torch.zeros(8, 4)}, storage_reader=CheckpointReader(tmp_path / "c"))
+            except CheckpointException as e:
+                return str(e)
+            return "loaded"
+
+        assert "not a regular file" in str(returns_despite_fifo(shard, load))
+
+    def test_a_zip_directory_lying_about_the_data_size_is_refused(self) -> None:
+        """A record whose zip directory gives data/0 another size than its pickle's storage is not read in place."""
+        buf = io.BytesIO()
+        torch.save(torch.ones(64), buf)
+        record = bytearray(buf.getvalue())
+        entry = record.find(b"PK\x01\x02")  # walk the central directory to data/0's entry
+        while not bytes(record[entry + 46:entry + 46 + struct.unpack("<H", record[entry + 28:entry + 30])[0]]).endswith(
+                b"data/0"):
+            entry = record.find(b"PK\x01\x02", entry + 4)
+        size = struct.unpack("<I", record[entry + 24:entry + 28])[0]
+        record[entry + 20:entry + 28] = struct.pack("<II", size - 4, size - 4)  # compressed, uncompressed
+        with pytest.raises(RuntimeError, match="record size"):
+            torch.load(io.BytesIO(bytes(record)), weights_only=True)
+        assert record_layout(io.BytesIO(bytes(record))) is None
+
+    def test_a_conjugated_tensor_loads_its_values_not_its_raw_bytes(self, tmp_path: Path) -> None:
+        """A saved tensor with the conj bit (its pickle's metadata) goes through DCP's path: the values load."""
+        c = torch.randn(6, dtype=torch.complex64, generator=torch.Generator().manual_seed(0)).conj()
+        dcp.save({"c": c}, storage_writer=_Writer(tmp_path / "c"))
+        target = {"c": torch.zeros(6, dtype=torch.complex64)}
+        ours = CheckpointReader(tmp_path / "c")
+        dcp.load(target, storage_reader=ours)
+        assert torch.equal(target["c"], c.resolve_conj()) and ours.direct_items == 0
