@@ -12,6 +12,7 @@ supervisor keeps going with its console silenced (see supervisor/console.py).
 """
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import selectors
@@ -35,6 +36,15 @@ from supervisor.state import State
 from supervisor.system import RealSystem
 
 __all__ = ["EventLoop", "Echo"]
+
+
+def _not_the_stop_race(record: logging.LogRecord) -> bool:
+    """watchdog logs an ERROR when its inotify thread reads once more after `observer.stop()`: our own
+    shutdown, nothing lost; it printed a stray traceback-looking line over the console as `run` exited."""
+    return not str(record.msg).startswith("InotifyEmitter.queue_events() called when the thread is inactive")
+
+
+logging.getLogger("watchdog.observers.inotify").addFilter(_not_the_stop_race)
 
 _HANDLED = HANDLED  # stop, force stop, child exits (supervisor/signals.py)
 _MAX_WAIT_S = 3600.0

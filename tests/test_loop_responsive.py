@@ -118,3 +118,19 @@ class TestRealLoop:
         assert seen.get("job_pid") and seen["trapped"] and seen["reaped"] and not seen["alive"], seen
         assert seen["state"] is State.STOPPING and seen["pass_held"], seen
         assert rc == 0 and core.status.state is State.STOPPED
+
+
+class TestWatchdogShutdownNoise:
+    def test_the_inotify_stop_race_is_not_printed_other_watchdog_errors_are(self) -> None:
+        """watchdog's 'queue_events() called when the thread is inactive' after our own observer.stop() is
+        dropped (it printed over the console as `run` exited); its other errors still get through."""
+        import logging
+
+        import supervisor.loop  # noqa: F401  (installs the filter)
+        log = logging.getLogger("watchdog.observers.inotify")
+
+        def record(msg: str) -> logging.LogRecord:
+            return log.makeRecord(log.name, logging.ERROR, __file__, 1, msg, (), None)
+
+        assert not log.filter(record("InotifyEmitter.queue_events() called when the thread is inactive"))
+        assert log.filter(record("inotify watch limit reached"))
