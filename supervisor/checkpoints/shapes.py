@@ -9,7 +9,7 @@ nested:     a folder named like a checkpoint with no DCP files of its own but DC
             down (Accelerate's `checkpoint_N/` holding `pytorch_model_fsdp_0/` and `optimizer_0/`); their
             relative paths are its members. Symlinks to directories at those levels are noted, never followed
             (verify makes such a folder invalid: a member borrowed from another save is not "missing"). Any other name holding DCP dirs (`exports/`) is foreign.
-temporary:  the reference trainer's `.tmp-` save in flight.
+temporary:  the reference trainer's `.tmp-step_<N>-<nonce>` save in flight (any other `.tmp-` dir is foreign).
 unstarted:  a checkpoint name (`step-10`, `checkpoint_3`) with no file in it yet: a save that has only
             created its folders.
 foreign:    anything else (TensorBoard logs, an exported model, code, a copy of a checkpoint inside
@@ -26,12 +26,13 @@ Standard library only (the trainer imports completeness, which imports this).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from supervisor.checkpoints.naming import is_checkpoint_name, is_temporary
 from supervisor.errors import CheckpointError
-from supervisor.layout import METADATA_NAME
+from supervisor.layout import METADATA_NAME, TMP_PREFIX
 
 __all__ = ["DCP", "NESTED", "TEMPORARY", "UNSTARTED", "FOREIGN", "DIRECTORY", "MAX_ENTRIES", "Shape",
            "CheckpointDirectoryError", "identify"]
@@ -41,6 +42,7 @@ FOREIGN, DIRECTORY = "foreign", "directory"
 MAX_ENTRIES = 4096  # directory entries read per child of the root, at most
 SHARD_SUFFIX = ".distcp"  # DCP's FileSystemWriter storage files: `__<rank>_<n>.distcp`
 _SHOWN = 3  # names quoted in a message
+_TRAINER_TEMPORARY = re.compile(re.escape(TMP_PREFIX) + r"step_\d+-.+", re.DOTALL)  # layout.tmp_dir_name
 
 
 class CheckpointDirectoryError(CheckpointError):
@@ -175,7 +177,12 @@ def identify(path: Path) -> Shape:
     """The shape of one child of the checkpoint root (a real directory, not a symlink)."""
     name = path.name
     if is_temporary(name):
-        return Shape(TEMPORARY)
+        if _TRAINER_TEMPORARY.fullmatch(name):
+            return Shape(TEMPORARY)
+        # Not the reference trainer's `.tmp-step_<N>-<nonce>` (nor its `-incomplete-<nonce>` set-aside): some
+        # other program's (or person's) `.tmp-` folder. Deleting it as an abandoned save would lose their data.
+        return Shape(FOREIGN, reason="a .tmp- dir not named by the reference trainer (.tmp-step_<N>-<nonce>): "
+                                     "not looked into")
     budget = _Budget(MAX_ENTRIES)
     top = _look(path, budget)
     if top.dcp:
