@@ -23,7 +23,7 @@ from supervisor.checkpoints.completeness import FOREIGN
 from supervisor.checkpoints.inuse import in_use
 from supervisor.checkpoints.markers import pin, quarantine_reason, unpin, unquarantine
 from supervisor.checkpoints.pruning import disk_usage, execute_retention
-from supervisor.checkpoints.ranking import CheckpointInfo, judge, scan
+from supervisor.checkpoints.ranking import CheckpointInfo, checkpoint_step, judge, scan
 from supervisor.checkpoints.retention import RetentionPlan, RetentionRules, plan_retention
 from supervisor.config import MAX_GB
 from supervisor.errors import EXIT_NOT_OK, EXIT_OK, CheckpointError
@@ -147,11 +147,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     path = Path(os.path.abspath(args.path))
     # lstat first: following a symlink into a folder we may not search raises PermissionError (not ignored by
     # Path.is_dir), and a symlinked dir is never a checkpoint anyway.
-    reason = quarantine_reason(path) if not path.is_symlink() and path.is_dir() else None
+    real_dir = not path.is_symlink() and path.is_dir()
+    reason = quarantine_reason(path) if real_dir else None
     if args.json:
         print(json.dumps({
             "name": path.name, "path": str(path), "complete": v.complete, "state": v.state, "reason": v.reason,
-            "step": v.manifest.step if v.manifest else None, "checksummed": v.checksummed,
+            "step": checkpoint_step(path, v.manifest) if real_dir else None, "checksummed": v.checksummed,
             "quarantined": reason is not None, "quarantine_reason": reason,
         }, indent=2))
     else:

@@ -133,6 +133,16 @@ class TestVerify:
         assert top_cli.main(["checkpoints", "verify", str(link)]) == 1
         assert "invalid: the checkpoint dir is a symlink" in capsys.readouterr().out
 
+    def test_json_step_is_the_one_list_shows(self, tmp_path, capsys):
+        """Without the reference trainer's manifest, verify --json said step null where list said 10 and 7."""
+        r = tmp_path / "ckpts"
+        write_checkpoint(r, 10, name="step-10", manifest=False)
+        write_checkpoint(r / "checkpoint_3", 0, name="pytorch_model_fsdp_0", manifest=False)
+        (r / "checkpoint_3" / "trainer_state.json").write_text('{"global_step": 7}')
+        for name, step in (("step-10", 10), ("checkpoint_3", 7)):
+            assert top_cli.main(["checkpoints", "verify", str(r / name), "--json"]) == 0
+            assert json.loads(capsys.readouterr().out)["step"] == step
+
     def test_quarantine_is_shown(self, root):
         """A quarantined checkpoint still verifies complete and shows the quarantine reason."""
         quarantine(root / "step_00000020", "crashed twice after load")

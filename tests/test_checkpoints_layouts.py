@@ -247,6 +247,20 @@ class TestNested:
         shutil.rmtree(acc_root / "checkpoint_2")
         assert [c.state for c in scan(acc_root)] == ["partial", "complete"]  # one save alone is a cut
 
+    def test_symlinked_member_is_invalid_not_a_cut_save(self, acc_root):
+        """A member that is a symlink to another save's member (deduplicated by hand) loads fine: it was
+        'missing' (partial), so the newest save was deleted after partial_max_age_s. Now invalid: kept."""
+        (acc_root / "checkpoint_2" / "optimizer_0").rename(acc_root.parent / "optimizer_0")
+        (acc_root / "checkpoint_2" / "optimizer_0").symlink_to("../checkpoint_1/optimizer_0")
+        for p in acc_root.rglob("*"):
+            os.utime(p, (0, 0), follow_symlinks=False)
+        newest = scan(acc_root)[0]
+        assert (newest.name, newest.state) == ("checkpoint_2", "invalid")
+        assert "optimizer_0 is a symlink" in newest.reason
+        plan = plan_retention(scan(acc_root), rules=RetentionRules(keep_last=1, partial_max_age_s=0),
+                              disk=DiskUsage(total_bytes=10 * GIB, free_bytes=10 * GIB), now=1e9)
+        assert "checkpoint_2" not in {Path(d.path).name for d in plan.deletions}
+
     def test_torn_member_makes_the_folder_torn(self, acc_root):
         """A short shard in one member: the folder is torn and the reason names member and shard."""
         shard = acc_root / "checkpoint_2" / "optimizer_0" / "__1_0.distcp"

@@ -53,6 +53,18 @@ class TestPin:
             pin(tmp_path / "link")
         assert not is_pinned(d)
 
+    @pytest.mark.parametrize("member", ["optimizer_0", "optim/fsdp"])
+    def test_member_of_a_nested_checkpoint_is_refused(self, tmp_path, member):
+        """Pinning `checkpoint_0/optimizer_0` said "pinned" and retention still deleted checkpoint_0."""
+        folder = tmp_path / "checkpoint_0"
+        write_checkpoint(folder, 0, name="pytorch_model_fsdp_0", manifest=False)
+        write_checkpoint(folder, 0, name=member, manifest=False)
+        with pytest.raises(CheckpointError, match="pin .*checkpoint_0 instead"):
+            pin(folder / member)
+        assert not is_pinned(folder / member)
+        pin(folder)
+        assert is_pinned(folder)
+
 
 class TestQuarantine:
     def test_reason_and_time_are_recorded(self, tmp_path):

@@ -17,6 +17,15 @@ class TestNameStep:
         """The trailing integer of a name is its step; a temp name's nonce is ignored."""
         assert name_step(name) == step
 
+    @pytest.mark.parametrize("name,step", [
+        ("backup-20241203", None), ("llama2-7b-chat-v2", None), ("pytorch_model_fsdp_0", None), ("export_3", None),
+        ("run1_step_120", 120), ("iter_0000120", 120), ("checkpoint-500", 500), ("1500", 1500),
+    ])
+    def test_only_a_checkpoint_word_or_a_bare_number_gives_a_step(self, name, step):
+        """A dated copy (`backup-20241203`) had step 20241203: it outranked the whole run, became the newest
+        complete and keep_last=1 deleted the real newest. Its step is unknown now (it ranks below stepped dirs)."""
+        assert name_step(name) == step
+
 
 class TestIsTemporary:
     def test_only_the_tmp_prefix_is_temporary(self):

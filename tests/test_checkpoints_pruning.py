@@ -114,8 +114,8 @@ class TestExecuteRetention:
         write_checkpoint(root, 1)
         (root / "step_00000001" / "sub").mkdir()
         (root / ".trash").mkdir()
-        (root / ".trash" / "left").mkdir()  # a legacy trash: migrated out of the root, then emptied
-        before = _tree(tmp_path) - {"root/.trash", "root/.trash/left"}
+        (root / ".trash" / "step_00000002.1").mkdir()  # a legacy trash: migrated out of the root, then emptied
+        before = _tree(tmp_path) - {"root/.trash", "root/.trash/step_00000002.1"}
         assert execute_retention(root, _plan(root / rel)) == []
         assert _tree(tmp_path) - {".root.fsdp-trash"} == before and outside.exists()
 
@@ -218,6 +218,18 @@ class TestTrash:
         (parked,) = os.listdir(_trash(root))
         assert os.listdir(root) == ["step_00000001"] and parked.startswith("step_00000007.123.")
         assert clear_trash(root) == 1 and os.listdir(_trash(root)) == []
+
+    def test_a_users_own_dot_trash_is_not_migrated(self, tmp_path):
+        """`<root>/.trash/notes/` (not `<name>.<time_ns>`) was moved out and deleted as a legacy trash."""
+        root = tmp_path / "root"
+        write_checkpoint(root, 1)
+        (root / ".trash" / "notes").mkdir(parents=True)
+        (root / ".trash" / "notes" / "todo.txt").write_text("keep me")
+        write_checkpoint(root / ".trash", 7, name="step_00000007.123")
+        assert migrate_legacy_trash(root) == 1
+        clear_trash(root)
+        assert (root / ".trash" / "notes" / "todo.txt").read_text() == "keep me"
+        assert os.listdir(root / ".trash") == ["notes"]
 
     def test_falls_back_to_the_callers_dir_when_the_parent_is_not_writable(self, tmp_path, monkeypatch):
         """Parent read-only: the trash goes into the fallback dir (the daemon's run dir) on the same file system."""

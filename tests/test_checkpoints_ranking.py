@@ -80,6 +80,15 @@ class TestScan:
         (info,) = scan(tmp_path)
         assert (info.state, info.step) == ("partial", 3)
 
+    def test_other_programs_tmp_dirs_are_foreign(self, tmp_path):
+        """`.tmp-notes/` (not `.tmp-step_<N>-<nonce>`) was 'temporary', partial, and deleted once idle; the
+        trainer's set-aside `.tmp-step_<N>-incomplete-<nonce>` is still temporary."""
+        (tmp_path / ".tmp-notes").mkdir()
+        (tmp_path / ".tmp-notes" / "todo.txt").write_text("keep me")
+        write_checkpoint(tmp_path, 4, name=".tmp-step_00000004-incomplete-abc")
+        states = {i.name: i.state for i in scan(tmp_path)}
+        assert states == {".tmp-notes": "foreign", ".tmp-step_00000004-incomplete-abc": "partial"}
+
     def test_trash_and_plain_files_are_skipped(self, tmp_path):
         """`.trash` and regular files in the root are not checkpoints."""
         write_checkpoint(tmp_path / LEGACY_TRASH_DIR, 99)

@@ -8,7 +8,8 @@ complete: `.metadata` parses safely and every storage file it references is a re
 partial:  no `.metadata` yet, a temporary `.tmp-` name, or a checkpoint-named folder with nothing in it
           yet: a save in flight or abandoned; for a nested folder also a member its newest sibling has.
 torn:     `.metadata` is fine but a shard is missing or short (or fails its checksum with --deep).
-invalid:  unparseable or unsafe metadata or manifest, a storage path escaping the dir, a symlink, or only
+invalid:  unparseable or unsafe metadata or manifest, a storage path escaping the dir, a symlink (a
+          nested folder's member too), or only
           rank-local `__<rank>.metadata` files (a save without rank coordination: nobody knows if all finished).
 foreign:  not a checkpoint at all (shapes.py): never counted, deleted or selected.
 
@@ -246,6 +247,9 @@ def verify(path: str | os.PathLike[str], *, deep: bool = False, shape: Shape | N
     if shape.kind == DCP:
         return _verify_dcp(directory, deep, directory.parent)
     if shape.kind == NESTED:
+        if shape.links:  # a member shared with another save by symlink: loads, but is not this save's own
+            return Verdict(INVALID, f"{', '.join(shape.links[:_MAX_REASONS])} is a symlink to a directory "
+                           "(a member borrowed from elsewhere?): left for a human", members=shape.members)
         return _verify_nested(directory, shape.members, deep)
     if shape.kind == DIRECTORY:
         return Verdict(FOREIGN, f"a directory of checkpoints ({', '.join(shape.series[:_MAX_REASONS])}), not one")

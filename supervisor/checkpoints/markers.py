@@ -16,6 +16,7 @@ import structlog
 
 from supervisor.atomic import write_atomic
 from supervisor.checkpoints._files import open_regular
+from supervisor.checkpoints.shapes import NESTED, identify
 from supervisor.layout import PIN_MARKER, QUARANTINE_MARKER
 from supervisor.errors import CheckpointError
 
@@ -55,9 +56,27 @@ def _remove_marker(directory: Path, name: str) -> bool:
     return True
 
 
+def _nested_owner(directory: Path) -> Path | None:
+    """The nested checkpoint (Accelerate's `checkpoint_N/`) that holds `directory` as a member, if any."""
+    for owner in (directory.parent, directory.parent.parent):
+        try:
+            relative = directory.relative_to(owner).as_posix()
+            if stat.S_ISDIR(os.lstat(owner).st_mode) and relative in identify(owner).members:
+                return owner
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 def pin(path: str | os.PathLike[str]) -> Path:
-    """Mark a checkpoint dir so that retention never deletes it; returns the dir."""
+    """Mark a checkpoint dir so that retention never deletes it; returns the dir.
+
+    A member of a nested checkpoint (`checkpoint_3/optimizer_0`) is refused: retention judges and deletes
+    the whole folder, so a pin inside a member protected nothing while it said "pinned"."""
     directory = _checkpoint_dir(path)
+    owner = _nested_owner(directory)
+    if owner is not None:
+        raise CheckpointError(f"{directory} is a part of the checkpoint {owner}: pin {owner} instead")
     _write_marker(directory, PIN_MARKER, {"time": time.time()})
     log.info("checkpoint_pinned", path=str(directory))
     return directory

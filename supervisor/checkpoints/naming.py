@@ -1,8 +1,10 @@
 """What a checkpoint dir's name says: its step or save ordinal, whether it is a temporary, a checkpoint name.
 
 The names the store knows (docs/checkpoints.md, "Layouts"):
-- `step_120`, `step-120`, `epoch_12`, `ckpt_000120`, `global_step120`: the trailing integer is the step
-  (the reference trainer's `step_<N>`, torchtitan's `step-<N>`, most user scripts);
+- `step_120`, `step-120`, `epoch_12`, `ckpt_000120`, `global_step120`, `iter_0000120`, `checkpoint-500`
+  (also after a prefix: `run1_step_120`), or a bare `1500`: the trailing integer is the step (the reference
+  trainer's `step_<N>`, torchtitan's `step-<N>`, most user scripts). A number after any other word
+  (`backup-20241203`) is not a step;
 - `epoch=1-step=500.ckpt` (Lightning, also with a `-v1` suffix): the step is the number after `step=`,
   not the epoch;
 - `checkpoint_3` (Accelerate's automatic naming): 3 is a *save ordinal*, not a training step. It ranks
@@ -16,7 +18,11 @@ from supervisor.layout import TMP_PREFIX
 
 __all__ = ["name_step", "name_ordinal", "is_temporary", "is_checkpoint_name"]
 
-_TRAILING_INT = re.compile(r"(\d+)$")
+# The step is a trailing integer that follows a checkpoint word (optionally after a prefix: `run1_step_120`), or
+# the whole name (`1500/`). Any other trailing number (`backup-20241203`, `llama2-7b-v2`) is no step: a dated
+# copy would otherwise outrank the whole run, be resumed from, and make keep_last delete the real newest.
+_TRAILING_STEP = re.compile(
+    r"(?:^|.*[-_.])?(?:step|epoch|ckpt|checkpoint|global_step|iter|iteration)[-_]?(\d+)|(\d+)", re.IGNORECASE)
 _LIGHTNING_STEP = re.compile(r"(?:^|[-_.])step=(\d+)")
 _ORDINAL = re.compile(r"checkpoint_(\d+)")
 # Names a training program gives a checkpoint dir; a folder holding dirs named like this is a checkpoint
@@ -49,8 +55,8 @@ def name_step(name: str) -> int | None:
     lightning = _LIGHTNING_STEP.search(name)
     if lightning:
         return int(lightning.group(1))
-    match = _TRAILING_INT.search(name)
-    return int(match.group(1)) if match else None
+    match = _TRAILING_STEP.fullmatch(name)
+    return int(match.group(1) or match.group(2)) if match else None
 
 
 def is_checkpoint_name(name: str) -> bool:

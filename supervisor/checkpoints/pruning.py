@@ -15,6 +15,7 @@ left inside the root by earlier versions is moved into the new trash on first us
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import time
@@ -33,6 +34,7 @@ __all__ = ["disk_usage", "execute_retention", "clear_trash", "trash_dir", "migra
 log = structlog.get_logger(__name__)
 PathLike = str | os.PathLike[str]
 _PARKED_NAME_BYTES = 200  # of a checkpoint's name kept in its trash name, before ".<time_ns>"
+_LEGACY_PARKED = re.compile(r".+\.\d+", re.DOTALL)  # what earlier versions parked in <root>/.trash: <name>.<time_ns>
 
 
 def disk_usage(root: PathLike) -> DiskUsage:
@@ -112,7 +114,8 @@ def _park(target: Path, trash: Path) -> Path:
 
 def migrate_legacy_trash(root: PathLike, fallback: PathLike | None = None) -> int:
     """Move what an earlier version left in `<root>/.trash` into the trash next to the root, then remove
-    `.trash`; returns how many entries moved. A `.trash` that is a symlink or a file is left alone."""
+    `.trash`; returns how many entries moved. A `.trash` that is a symlink or a file is left alone, and so is
+    every entry not named like one of ours (`<name>.<time_ns>`): a user's own `.trash/` is not ours to delete."""
     base = Path(os.path.abspath(root))
     legacy = base / LEGACY_TRASH_DIR
     try:
@@ -123,13 +126,19 @@ def migrate_legacy_trash(root: PathLike, fallback: PathLike | None = None) -> in
     except OSError as exc:
         raise CheckpointError(f"{legacy}: cannot read: {exc.strerror}") from None
     trash = trash_dir(base, fallback)
-    moved = 0
+    moved = kept = 0
     for entry in os.scandir(legacy):
+        if not _LEGACY_PARKED.fullmatch(entry.name):
+            kept += 1
+            continue
         try:
             _park(Path(entry.path), trash)
             moved += 1
         except OSError as exc:
             log.warning("trash_migrate_failed", path=entry.path, error=exc.strerror)
+    if kept:
+        log.debug("legacy_trash_kept", path=str(legacy), entries=kept)  # not ours: left where it is
+        return moved
     try:
         os.rmdir(legacy)
     except OSError as exc:

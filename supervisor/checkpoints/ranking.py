@@ -37,14 +37,15 @@ from supervisor.checkpoints.completeness import (
 )
 from supervisor.checkpoints.shapes import DIRECTORY, NESTED, CheckpointDirectoryError, Shape, identify
 from supervisor.checkpoints.shapes import FOREIGN as FOREIGN_SHAPE
-from supervisor.checkpoints.manifest import ManifestError, read_manifest
+from supervisor.checkpoints.manifest import Manifest, ManifestError, read_manifest
 from supervisor.checkpoints.markers import is_pinned, is_quarantined
 from supervisor.checkpoints.naming import is_temporary, name_ordinal, name_step
 from supervisor.checkpoints.sidecar import sidecar_step
 from supervisor.errors import CheckpointError
 from supervisor.layout import LEGACY_TRASH_DIR, METADATA_NAME, is_sidecar_name
 
-__all__ = ["UNVERIFIED", "CheckpointInfo", "age_order", "scan", "newest_complete", "judge", "check_root"]
+__all__ = ["UNVERIFIED", "CheckpointInfo", "age_order", "scan", "newest_complete", "judge", "check_root",
+           "checkpoint_step"]
 
 UNVERIFIED = "unverified"  # only from scan(verify_all=False): older than the newest complete
 
@@ -120,6 +121,15 @@ def _step_without_name(directory: Path) -> int | None:
     except ManifestError:
         return None
     return manifest.step if manifest else sidecar_step(directory)
+
+
+def checkpoint_step(directory: Path, manifest: Manifest | None) -> int | None:
+    """The training step `list` shows for a checkpoint dir: the manifest's, else the name's, else a JSON
+    sidecar's (Accelerate's `checkpoint_<N>` names a save ordinal, not a step), else None."""
+    if manifest is not None:
+        return manifest.step
+    step = name_step(directory.name)
+    return step if step is not None else sidecar_step(directory)
 
 
 def _list_root(root: str | os.PathLike[str]) -> tuple[Path, list[_Candidate]]:

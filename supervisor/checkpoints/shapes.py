@@ -7,8 +7,9 @@ dcp:        a DCP dir: `.metadata` or `*.distcp` files directly inside (the refe
             torchtitan's `step-N`, Lightning's `epoch=E-step=S.ckpt`, a user script's `epoch_N`, any name).
 nested:     a folder named like a checkpoint with no DCP files of its own but DCP dirs one or two levels
             down (Accelerate's `checkpoint_N/` holding `pytorch_model_fsdp_0/` and `optimizer_0/`); their
-            relative paths are its members. Any other name holding DCP dirs (`exports/`) is foreign.
-temporary:  the reference trainer's `.tmp-` save in flight.
+            relative paths are its members. Symlinks to directories at those levels are noted, never followed
+            (verify makes such a folder invalid: a member borrowed from another save is not "missing"). Any other name holding DCP dirs (`exports/`) is foreign.
+temporary:  the reference trainer's `.tmp-step_<N>-<nonce>` save in flight (any other `.tmp-` dir is foreign).
 unstarted:  a checkpoint name (`step-10`, `checkpoint_3`) with no file in it yet: a save that has only
             created its folders.
 foreign:    anything else (TensorBoard logs, an exported model, code, a copy of a checkpoint inside
@@ -25,12 +26,13 @@ Standard library only (the trainer imports completeness, which imports this).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from supervisor.checkpoints.naming import is_checkpoint_name, is_temporary
 from supervisor.errors import CheckpointError
-from supervisor.layout import METADATA_NAME
+from supervisor.layout import METADATA_NAME, TMP_PREFIX
 
 __all__ = ["DCP", "NESTED", "TEMPORARY", "UNSTARTED", "FOREIGN", "DIRECTORY", "MAX_ENTRIES", "Shape",
            "CheckpointDirectoryError", "identify"]
@@ -40,6 +42,7 @@ FOREIGN, DIRECTORY = "foreign", "directory"
 MAX_ENTRIES = 4096  # directory entries read per child of the root, at most
 SHARD_SUFFIX = ".distcp"  # DCP's FileSystemWriter storage files: `__<rank>_<n>.distcp`
 _SHOWN = 3  # names quoted in a message
+_TRAINER_TEMPORARY = re.compile(re.escape(TMP_PREFIX) + r"step_\d+-.+", re.DOTALL)  # layout.tmp_dir_name
 
 
 class CheckpointDirectoryError(CheckpointError):
@@ -65,6 +68,7 @@ class Shape:
     series: tuple[str, ...] = ()
     within: str = ""  # for directory: the folder below the child that holds the series ("" = the child)
     reason: str | None = None
+    links: tuple[str, ...] = ()  # for nested: symlinks to directories where a member could be (never followed)
 
     @property
     def ours(self) -> bool:
@@ -87,6 +91,7 @@ class _Listing:
     dirs: tuple[str, ...] = ()
     files: bool = False
     readable: bool = True
+    links: tuple[str, ...] = ()  # symlinks that point at a directory
 
 
 def _look(path: Path, budget: _Budget) -> _Listing:
@@ -94,6 +99,7 @@ def _look(path: Path, budget: _Budget) -> _Listing:
     if budget.take() and os.path.lexists(path / METADATA_NAME):
         return _Listing(dcp=True)
     dirs: list[str] = []
+    links: list[str] = []
     files = False
     try:
         with os.scandir(path) as it:
@@ -110,14 +116,25 @@ def _look(path: Path, budget: _Budget) -> _Listing:
                     dirs.append(entry.name)
                 else:
                     files = True  # a file, a symlink, anything that is not a plain subdirectory
+                    if entry.is_symlink() and _points_at_dir(entry):
+                        links.append(entry.name)
     except OSError:
         return _Listing(readable=False)
-    return _Listing(dirs=tuple(sorted(dirs)), files=files)
+    return _Listing(dirs=tuple(sorted(dirs)), files=files, links=tuple(sorted(links)))
 
 
-def _members(path: Path, top: _Listing, budget: _Budget) -> tuple[list[str], bool]:
-    """DCP dirs one or two levels below `path` (relative paths), and whether any file was seen on the way."""
+def _points_at_dir(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir()  # one stat through the link; the target is never walked
+    except OSError:
+        return False
+
+
+def _members(path: Path, top: _Listing, budget: _Budget) -> tuple[list[str], bool, list[str]]:
+    """DCP dirs one or two levels below `path` (relative paths), whether any file was seen on the way, and
+    the symlinks to directories seen at those levels (relative paths)."""
     members: list[str] = []
+    links = list(top.links)
     files = top.files
     for sub in top.dirs:
         below = _look(path / sub, budget)
@@ -125,12 +142,13 @@ def _members(path: Path, top: _Listing, budget: _Budget) -> tuple[list[str], boo
             members.append(sub)
             continue
         files = files or below.files
+        links += [f"{sub}/{link}" for link in below.links]
         for subsub in below.dirs:
             deeper = _look(path / sub / subsub, budget)
             if deeper.dcp:
                 members.append(f"{sub}/{subsub}")
             files = files or deeper.files or bool(deeper.dirs)
-    return members, files
+    return members, files, links
 
 
 def _shown(names: list[str]) -> str:
@@ -159,7 +177,12 @@ def identify(path: Path) -> Shape:
     """The shape of one child of the checkpoint root (a real directory, not a symlink)."""
     name = path.name
     if is_temporary(name):
-        return Shape(TEMPORARY)
+        if _TRAINER_TEMPORARY.fullmatch(name):
+            return Shape(TEMPORARY)
+        # Not the reference trainer's `.tmp-step_<N>-<nonce>` (nor its `-incomplete-<nonce>` set-aside): some
+        # other program's (or person's) `.tmp-` folder. Deleting it as an abandoned save would lose their data.
+        return Shape(FOREIGN, reason="a .tmp- dir not named by the reference trainer (.tmp-step_<N>-<nonce>): "
+                                     "not looked into")
     budget = _Budget(MAX_ENTRIES)
     top = _look(path, budget)
     if top.dcp:
@@ -167,7 +190,7 @@ def identify(path: Path) -> Shape:
     if not top.readable:
         # A checkpoint we may not read is judged (and shown invalid) by verify(); anything else is not ours.
         return Shape(DCP) if is_checkpoint_name(name) else Shape(FOREIGN, reason="cannot be read: not looked into")
-    members, files = _members(path, top, budget)
+    members, files, links = _members(path, top, budget)
     series = _series(members)
     if series is not None:
         return Shape(DIRECTORY, series=series[1], within=series[0])
@@ -183,7 +206,7 @@ def identify(path: Path) -> Shape:
         return Shape(FOREIGN, reason=f"holds DCP dirs ({_shown(sorted(members))}) but is not named like a "
                                      "checkpoint (checkpoint_N, step_N, ...): not looked into")
     if members:
-        return Shape(NESTED, members=frozenset(members))
+        return Shape(NESTED, members=frozenset(members), links=tuple(links))
     if is_checkpoint_name(name) and not files:
         return Shape(UNSTARTED)
     return Shape(FOREIGN, reason="not a checkpoint: no DCP dir (.metadata or *.distcp) in it or two levels down")
