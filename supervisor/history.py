@@ -177,11 +177,10 @@ def open_regular(path: str | os.PathLike[str], flags: int = os.O_RDONLY, mode: i
     return fd
 
 
-def parse_lines(data: bytes) -> tuple[list[dict[str, Any]], int]:
-    """(records, lines skipped): whole, valid JSON lines only."""
+def _collect(records: Iterable[dict[str, Any] | None]) -> tuple[list[dict[str, Any]], int]:
     out: list[dict[str, Any]] = []
     skipped = 0
-    for rec in iter_records(data):
+    for rec in records:
         if rec is None:
             skipped += 1
         else:
@@ -189,17 +188,15 @@ def parse_lines(data: bytes) -> tuple[list[dict[str, Any]], int]:
     return out, skipped
 
 
+def parse_lines(data: bytes) -> tuple[list[dict[str, Any]], int]:
+    """(records, lines skipped): whole, valid JSON lines only."""
+    return _collect(iter_records(data))
+
+
 def read_history(path: Path) -> tuple[list[dict[str, Any]], int]:
     """The records of a history file and how many lines were skipped; OSError when it cannot be read."""
-    out: list[dict[str, Any]] = []
-    skipped = 0
     with open(open_regular(path), "rb") as f:
-        for rec in iter_file_records(f):
-            if rec is None:
-                skipped += 1
-            else:
-                out.append(rec)
-    return out, skipped
+        return _collect(iter_file_records(f))
 
 
 def bucket_width(age_s: float) -> float:

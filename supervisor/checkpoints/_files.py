@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from supervisor.regularfile import open_regular as open_regular_file
 
-__all__ = ["open_regular", "sha256_file"]
+__all__ = ["open_regular", "read_small_json", "sha256_file"]
 
 
 def open_regular(path: Path, cap: int, error: type[Exception]) -> tuple[BinaryIO, os.stat_result]:
@@ -33,6 +34,22 @@ def open_regular(path: Path, cap: int, error: type[Exception]) -> tuple[BinaryIO
         f.close()
         raise error(f"{path.name} is {st.st_size} bytes, over the {cap} byte cap")
     return f, st
+
+
+def read_small_json(path: Path, cap: int) -> tuple[Any, os.stat_result] | None:
+    """The JSON document in `path` and the file's stat, or None: missing, not a regular file, over `cap`
+    bytes, or not JSON (any depth of nesting, bad bytes)."""
+    from supervisor.errors import CheckpointError
+
+    try:
+        f, st = open_regular(path, cap, CheckpointError)
+    except (FileNotFoundError, CheckpointError):
+        return None
+    with f:
+        try:
+            return json.loads(f.read(cap + 1)), st
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return None
 
 
 def sha256_file(path: Path) -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 
 from supervisor.atomic import write_atomic
-from supervisor.checkpoints._files import open_regular
+from supervisor.checkpoints._files import read_small_json
 from supervisor.errors import CheckpointError
 from supervisor.layout import IN_USE_SUFFIX, sidecar_name
 
@@ -98,15 +98,10 @@ def clear_in_use(root: PathLike, *, pid: int | None = None) -> bool:
 
 
 def _read(marker: Path) -> tuple[dict, float] | None:
-    try:
-        f, st = open_regular(marker, _MAX_BYTES, CheckpointError)
-    except (FileNotFoundError, CheckpointError):
+    read = read_small_json(marker, _MAX_BYTES)
+    if read is None:
         return None
-    with f:
-        try:
-            doc = json.loads(f.read(_MAX_BYTES + 1))
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            return None
+    doc, st = read
     return (doc, st.st_mtime) if isinstance(doc, dict) and isinstance(doc.get("path"), str) else None
 
 

@@ -8,12 +8,10 @@ order, holding an integer `global_step` (preferred) or `step`. Bounded: a few sm
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-from supervisor.checkpoints._files import open_regular
-from supervisor.errors import CheckpointError
+from supervisor.checkpoints._files import read_small_json
 
 __all__ = ["sidecar_step"]
 
@@ -38,15 +36,8 @@ def _json_names(directory: Path) -> list[str]:
 
 
 def _step_in(path: Path) -> int | None:
-    try:
-        f, _ = open_regular(path, _MAX_BYTES, CheckpointError)
-    except (FileNotFoundError, CheckpointError):
-        return None
-    with f:
-        try:
-            doc = json.loads(f.read(_MAX_BYTES + 1))
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            return None
+    read = read_small_json(path, _MAX_BYTES)
+    doc = read[0] if read is not None else None
     if not isinstance(doc, dict):
         return None
     for key in _KEYS:
