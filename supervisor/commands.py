@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 from supervisor.argtypes import non_negative_float, non_negative_int
 from supervisor.config import Config, load_config
@@ -163,13 +164,6 @@ def _current_job_log(run_dir: Path) -> Path | None:
     return max(numbered)[1] if numbered else None
 
 
-def _tail_lines(path: Path, n: int) -> list[str]:
-    """The last `n` lines, read from the end in bounded time (lines.tail_lines)."""
-    try:
-        with open_regular(path) as f:
-            return [line.decode("utf-8", "replace") for line in tail_lines(f, n)]
-    except OSError:
-        return []
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
@@ -179,15 +173,26 @@ def cmd_logs(args: argparse.Namespace) -> int:
     if path is None or not path.exists():
         print(f"no {'job output' if args.job else 'supervisor log'} in {cfg.run_dir} yet", file=sys.stderr)
         return EXIT_NOT_OK
-    for line in _tail_lines(path, args.lines):
-        print(render(line), flush=True)
-    if not args.follow:
+    try:
+        f = open_regular(path)
+    except OSError as exc:  # e.g. a FIFO planted under the name: nothing to show, and never a block
+        if args.follow:
+            print(f"cannot follow {path}: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_NOT_OK
         return EXIT_OK
-    return _follow(path, cfg.run_dir, args.job, render)
+    with f:
+        # The last lines, read in bounded time (lines.tail_lines), then -f goes on from the very offset they
+        # ended at: a line appended in between (a crash's traceback) is neither lost nor shown twice.
+        end = f.seek(0, 2)
+        for line in tail_lines(f, args.lines, end=end):
+            print(render(line.decode("utf-8", "replace")), flush=True)
+        if not args.follow:
+            return EXIT_OK
+        return _follow(f, end, path, cfg.run_dir, args.job, render)
 
 
-def _follow(path: Path, run_dir: Path, job: bool, render) -> int:  # type: ignore[no-untyped-def]
-    """Print lines appended to `path`; reopen on rotation (supervisor.log) or a new attempt (--job).
+def _follow(f: BinaryIO, offset: int, path: Path, run_dir: Path, job: bool, render) -> int:  # type: ignore[no-untyped-def]
+    """Print lines appended to `path` (open as `f`) from `offset`; reopen on rotation or a new attempt (--job).
 
     Read in bounded chunks through a LineSplitter, so a job writing megabytes without a newline costs
     neither memory nor quadratic time here. Before moving on to the next file, the old one is read to its
@@ -197,12 +202,7 @@ def _follow(path: Path, run_dir: Path, job: bool, render) -> int:  # type: ignor
         for line in lines:
             print(render(line.decode("utf-8", "replace")), flush=True)
 
-    try:
-        f = open_regular(path)
-    except OSError as exc:
-        print(f"cannot follow {path}: {exc.strerror or exc}", file=sys.stderr)
-        return EXIT_NOT_OK
-    f.seek(0, 2)
+    f.seek(offset)
     ino = os.fstat(f.fileno()).st_ino
     lines = LineSplitter()
     try:
@@ -249,7 +249,9 @@ def cmd_stop(args: argparse.Namespace) -> int:
             print(f"supervisor {pid}: force stop sent (the job is killed; a checkpoint being written is lost)")
         else:
             timeout = cfg.health.stop_timeout_s + 30 if args.timeout is None else args.timeout
-            if status is not None and status.state is State.STOPPING:
+            # Only the lock holder's own state counts: a SIGKILLed predecessor's `stopping` stays in state.json
+            # until the new supervisor has stopped its orphan and written its own, and nobody is stopping then.
+            if status is not None and status.state is State.STOPPING and status.pid == pid:
                 print(f"supervisor {pid} is already stopping; waiting for it (up to {timeout:g}s)")
             else:  # a repeat would do no harm either: the supervisor treats it as "still stopping"
                 os.kill(pid, signal.SIGTERM)

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from supervisor.checkpoints import RetentionRules
-from supervisor.contract import ENV_ATTEMPT, ENV_ERROR_FILE, ENV_HEARTBEAT, ENV_RUN_DIR
+from supervisor.contract import ENV_ATTEMPT, ENV_ERROR_FILE, ENV_HEARTBEAT, ENV_RUN_DIR, ENV_RUN_TOKEN
 from supervisor.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -45,7 +45,8 @@ CHECKPOINT_PLACEHOLDER = "{checkpoint}"
 STEP_PLACEHOLDER = "{step}"
 MAX_CONFIG_BYTES = 1024 * 1024  # a job.toml is a few hundred bytes; anything near this is not one
 MAX_GB = 1e15  # far past any disk; near 1e299 the byte arithmetic of retention overflows to inf
-_SET_BY_SUPERVISOR = frozenset({ENV_HEARTBEAT, ENV_ATTEMPT, ENV_RUN_DIR, ENV_ERROR_FILE})
+# The job contract's per-attempt variables: job_env sets them after `[job] env`, so a value here would be ignored.
+_SET_BY_SUPERVISOR = frozenset({ENV_HEARTBEAT, ENV_ATTEMPT, ENV_RUN_DIR, ENV_ERROR_FILE, ENV_RUN_TOKEN})
 
 
 def _path_text(v: Any) -> Any:

@@ -44,6 +44,9 @@ _SCAN_DEBOUNCE_S = 0.5
 _FRESH_PASS_S = 2.0  # a pass this recent, with no file event since it began, still tells the truth
 _LAUNCH_SCAN_TRIES = 3  # passes that could not read the root before a launch gives up (a blip may pass)
 _STOPPED = "stopped by signal"
+# A job may beat on every step, hundreds of times a second; each publish rewrites state.json with an fsync
+# (~5 ms on a plain disk). Beats publish at most this often (the latest one always lands), everything else at once.
+_BEAT_PUBLISH_S = 0.5
 
 
 class Timer(str, enum.Enum):
@@ -55,6 +58,7 @@ class Timer(str, enum.Enum):
     STOP_KILL = "stop_kill"  # stop_timeout_s after SIGTERM: SIGKILL
     SCAN = "scan"  # debounced file events under the checkpoint root
     RETENTION = "retention"  # periodic housekeeping pass
+    PUBLISH = "publish"  # the latest heartbeat's state.json write, held back by _BEAT_PUBLISH_S
 
 
 class Core:
@@ -85,6 +89,7 @@ class Core:
         self._choice_logged = False  # resume_choice_left_to_job is said once
         self._stop_reason = _STOPPED
         self._state_write_error: str | None = None  # the last state.json write failed with this
+        self._published_mono: float | None = None  # when state.json was last written
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     def begin(self, previous: Status | None) -> None:
@@ -144,6 +149,8 @@ class Core:
         self.log.error("gave_up", reason=reason, attempts=len(self.attempts))
 
     def _publish(self) -> None:
+        self.sys.timers.cancel(Timer.PUBLISH)  # this write carries whatever a held-back beat changed
+        self._published_mono = self.sys.monotonic()
         self.status.updated_at = self.sys.now()
         self.history.annotate(self.status)
         try:
@@ -509,6 +516,7 @@ class Core:
             Timer.STOP_KILL: self._on_stop_kill,
             Timer.SCAN: self._on_scan,
             Timer.RETENTION: self._on_retention,
+            Timer.PUBLISH: self._publish,
         }
         try:
             handler = handlers[Timer(name)]
@@ -585,4 +593,12 @@ class Core:
             job.max_step = beat.step if job.max_step is None else max(job.max_step, beat.step)
         self.history.beat(job.number, beat)
         self._arm_hang_timer()
-        self._publish()
+        self._publish_beat()
+
+    def _publish_beat(self) -> None:
+        """Publish a heartbeat's change now, or with the next write due within _BEAT_PUBLISH_S."""
+        due = None if self._published_mono is None else self._published_mono + _BEAT_PUBLISH_S
+        if due is None or self.sys.monotonic() >= due:
+            self._publish()
+        elif not self.sys.timers.pending(Timer.PUBLISH):
+            self.sys.timers.set(Timer.PUBLISH, due)

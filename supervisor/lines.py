@@ -61,15 +61,16 @@ class LineSplitter:
         return last_frame(self.partial)
 
 
-def tail_lines(f: BinaryIO, n: int) -> list[bytes]:
+def tail_lines(f: BinaryIO, n: int, end: int | None = None) -> list[bytes]:
     """The last `n` display lines of a seekable file, reading at most about `(n + 1) * MAX_LINE` bytes from its end.
 
-    A line that starts before what was read is shown from where reading began, marked with "...".
+    `end`: the offset to treat as the end (a follower that goes on from there sees every byte exactly once);
+    default: the file's size now. A line that starts before what was read is shown from where reading began,
+    marked with "...".
     """
     if n <= 0:
         return []
-    f.seek(0, 2)
-    pos = end = f.tell()
+    pos = end = f.seek(0, 2) if end is None else end
     budget = (n + 1) * MAX_LINE + _BLOCK
     blocks: list[bytes] = []
     newlines = 0

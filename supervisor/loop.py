@@ -195,6 +195,10 @@ class EventLoop:
             self.core.on_file_event(path)
         if self.echo is not None and (seen_log or self._echo_more):
             self._pump_echo(self.core.job.log_path if self.core.job else self.echo.path)
+        if self.core.job is None:
+            # No job yet: a stop must come before a pass's result, which may launch one (`begin` can be busy for
+            # a while stopping an orphan: a `stop` meanwhile launched a job only to stop it again).
+            self._take_signals()
         for done, result in self.sys.finished_work():  # store passes that ran off this thread
             done(result)
         for pid, code in procs.reap_any():
@@ -202,12 +206,7 @@ class EventLoop:
                 self._pump_echo(self.core.job.log_path)  # whatever it wrote last
             self.sys.forget(pid, code)
             self.core.on_job_exit(pid, code)
-        while self.signals:
-            s = self.signals.popleft()
-            if s == signal.SIGHUP:
-                self._on_hangup()
-            elif s != signal.SIGCHLD:
-                self.core.on_signal(s)
+        self._take_signals()  # with a job: after its exit, so that an exit and a stop at once is still a crash
         for name in self.sys.timers.pop_due(self.sys.monotonic()):
             if name.startswith("tick:"):
                 i = int(name[5:])
@@ -216,6 +215,14 @@ class EventLoop:
                 self.sys.timers.set(name, self.sys.monotonic() + interval)
             else:
                 self.core.on_timer(name)
+
+    def _take_signals(self) -> None:
+        while self.signals:
+            s = self.signals.popleft()
+            if s == signal.SIGHUP:
+                self._on_hangup()
+            elif s != signal.SIGCHLD:
+                self.core.on_signal(s)
 
     def _pump_echo(self, path: Path | None) -> None:
         assert self.echo is not None

@@ -2,11 +2,11 @@
 
 `load_config` checks what a config says; this module checks it against the filesystem. A run dir or
 checkpoint root that is a file, under a missing or unwritable parent, or on a read-only filesystem; a job
-directory that does not exist; a program that is missing, a directory or not executable; a checkpoint root
-that holds a whole checkpoint directory (set one level too high) — each is a ConfigError line naming the
-key, raised before the first directory is created, so a mistyped path leaves no trace behind. The
-directories are then created by `make_dirs`, whose failures (a race, a full or read-only disk seen only
-now) are config errors too.
+directory that does not exist; a program that is missing, a directory or not executable, or a script
+whose `#!` interpreter is; a checkpoint root that holds a whole checkpoint directory (set one level too
+high) — each is a ConfigError line naming the key, raised before the first directory is created, so a
+mistyped path leaves no trace behind. The directories are then created by `make_dirs`, whose failures (a
+race, a full or read-only disk seen only now) are config errors too.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from pathlib import Path
 
 from supervisor.config import Config
 from supervisor.errors import CheckpointError, ConfigError
+from supervisor.regularfile import open_regular
 
 __all__ = ["check_setup", "make_dirs"]
 
@@ -51,6 +52,28 @@ def _program(cfg: Config) -> str | None:
     return shutil.which(prog, path=cfg.job.env.get("PATH", os.environ.get("PATH")))
 
 
+def _interpreter_problem(program: str) -> str | None:
+    """Why the `#!` interpreter of a script cannot run, or None (not a script, or one the kernel can start).
+
+    exec reports a missing interpreter as ENOENT for the script itself, which reads as "no such file" for a
+    file that is there. Only an absolute interpreter is checked: that is the one the kernel runs as is.
+    """
+    try:
+        with open_regular(program) as f:
+            head = f.read(256)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    words = head[2:].split(b"\n", 1)[0].split()
+    interpreter = os.fsdecode(words[0]) if words else ""
+    if not os.path.isabs(interpreter):
+        return None
+    if os.path.isfile(interpreter) and os.access(interpreter, os.X_OK):
+        return None
+    return f"its #! interpreter {interpreter} is missing, not a file or not executable"
+
+
 def _check_root_layout(cfg: Config) -> None:
     """The store's judgement of the root itself: a root holding a checkpoint *directory* is set too high."""
     from supervisor.checkpoints import check_root  # here: the store's ranking is not needed before this
@@ -68,9 +91,13 @@ def check_setup(cfg: Config) -> None:
     cwd = cfg.job_cwd
     if not cwd.is_dir():
         raise ConfigError(f"{cfg.path}: [job.cwd] {cwd} is not a directory")
-    if _program(cfg) is None:
-        prog = cfg.job.command[0]
+    program = _program(cfg)
+    prog = cfg.job.command[0]
+    if program is None:
         raise ConfigError(f"{cfg.path}: [job.command] program {prog!r} not found, not a file or not executable")
+    problem = _interpreter_problem(program)
+    if problem:
+        raise ConfigError(f"{cfg.path}: [job.command] program {prog!r}: {problem}")
     for key, path in (("supervisor.run_dir", cfg.run_dir), ("checkpoints.dir", cfg.checkpoints.dir)):
         problem = _dir_problem(path)
         if problem:

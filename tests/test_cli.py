@@ -1,6 +1,7 @@
 """Tests for supervisor.cli across commands: odd input is one line and an exit code, a closed stdout is quiet."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -12,7 +13,7 @@ import pytest
 from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.errors import EXIT_BROKEN_PIPE
 from supervisor.runlock import LOCK_FILE
-from supervisor.state import Status, write_status
+from supervisor.state import State, Status, write_status
 from tests.helpers import REPO
 from tests.supervise import cli
 
@@ -130,3 +131,65 @@ class TestLogsJob:
         os.mkfifo(logs / "attempt-10001.log")
         r = cli("logs", "-c", str(project / "job.toml"), "--job", "-n", "1", timeout=30)
         assert r.returncode == 0 and r.stdout == "", r.stdout + r.stderr
+
+
+_HOLDER = """
+import signal, sys, time
+from pathlib import Path
+from supervisor.runlock import RunLock
+lock = RunLock(Path(sys.argv[1]))
+lock.acquire()
+def term(signum, frame):
+    Path(sys.argv[2]).write_text("term")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, term)
+print("locked", flush=True)
+time.sleep(60)
+"""
+
+
+class TestStop:
+    def test_stale_stopping_state_of_a_killed_supervisor_still_signals_the_live_one(self, project: Path) -> None:
+        """state.json says `stopping` for a SIGKILLed predecessor while a new supervisor (still starting, not yet
+        rewriting state.json) holds the lock: `stop` must signal the new one, not wait for a stop nobody began."""
+        run_dir = project / ".fsdp-supervisor"
+        write_status(run_dir, Status(pid=1, state=State.STOPPING, attempt=1))  # the killed one's last words
+        termed = project / "termed"
+        holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(run_dir), str(termed)], stdout=subprocess.PIPE,
+                                  text=True, cwd=REPO)
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+            r = cli("stop", "-c", str(project / "job.toml"), "--timeout", "10")
+            assert r.returncode == 0 and "already stopping" not in r.stdout, (r.stdout, r.stderr)
+            assert termed.read_text() == "term"
+        finally:
+            holder.kill()
+            holder.communicate()
+
+
+class TestLogsFollowLosesNothing:
+    def test_a_line_appended_between_the_tail_and_the_follow_is_shown_once(
+            self, project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        """`logs -f --job`: the follow goes on from where the tail ended, not from wherever the end is by then
+        (a crash's traceback written in that gap was lost)."""
+        from supervisor import commands
+
+        log = project / ".fsdp-supervisor" / "logs" / "attempt-0001.log"
+        log.parent.mkdir()
+        log.write_text("first\n")
+        real_tail = commands.tail_lines
+
+        def tail_then_append(*a, **kw):  # type: ignore[no-untyped-def]
+            out = real_tail(*a, **kw)
+            with open(log, "a") as f:
+                f.write("Traceback: last words\n")
+            return out
+
+        def stop_following(_s: float) -> None:
+            raise KeyboardInterrupt  # the user's Ctrl+C, once the follow has read what there was
+
+        monkeypatch.setattr(commands, "tail_lines", tail_then_append)
+        monkeypatch.setattr(commands.time, "sleep", stop_following)
+        args = argparse.Namespace(config=str(project / "job.toml"), job=True, follow=True, lines=50)
+        assert commands.cmd_logs(args) == 0
+        assert capsys.readouterr().out == "first\nTraceback: last words\n"

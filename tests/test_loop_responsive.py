@@ -119,6 +119,31 @@ class TestRealLoop:
         assert seen["state"] is State.STOPPING and seen["pass_held"], seen
         assert rc == 0 and core.status.state is State.STOPPED
 
+    def test_a_stop_that_came_while_begin_was_busy_launches_nothing(self, tmp_path: Path) -> None:
+        """A SIGTERM (or `stop --force`) that arrives while `begin` is still stopping a killed predecessor's orphan
+        is handled before the launch pass's result: before, the loop launched a job and killed it straight away."""
+        cfg_path = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--steps", "1000", "--step-s", "0.05"])
+        cfg = load_config(cfg_path)
+        for d in (cfg.run_dir, cfg.checkpoints.dir):
+            d.mkdir(parents=True, exist_ok=True)
+        system = RealSystem(prewarm=False)
+        log = RecordingLog()
+        core = Core(cfg, system, log)
+
+        def slow_begin() -> None:
+            core.begin(None)  # asks for the launch pass, off the loop
+            os.kill(os.getpid(), signal.SIGTERM)  # `stop` while begin is still busy (an orphan's long save)
+            deadline = time.monotonic() + 30
+            while system._finished.empty() and time.monotonic() < deadline:  # the pass is done by the time it returns
+                time.sleep(0.01)
+
+        try:
+            rc = EventLoop(core, system, watch=[(cfg.run_dir, False)]).run(slow_begin)
+        finally:
+            system.close()
+        assert rc == 0 and core.status.state is State.STOPPED, core.status
+        assert "job_started" not in log.names(), log.names()
+
 
 class TestWatchdogShutdownNoise:
     def test_the_inotify_stop_race_is_not_printed_other_watchdog_errors_are(self) -> None:

@@ -92,6 +92,29 @@ class TestProgram:
         (tmp_path / "conf" / "train.sh").write_text("#!/bin/sh\n")
         refused(config(tmp_path, command=["./train.sh"]), "[job.command]", "'./train.sh'")
 
+    @pytest.mark.parametrize("kind", ["missing", "not-executable", "directory"])
+    def test_script_whose_interpreter_cannot_run(self, tmp_path: Path, kind: str) -> None:
+        """An executable script whose `#!` names a missing or non-executable interpreter: exec fails with ENOENT or
+        EACCES naming the script, which read as "no such file" for a file that exists, and the run exited 3."""
+        (tmp_path / "conf").mkdir()
+        interpreter = str(tmp_path / "interp")
+        if kind == "not-executable":
+            (tmp_path / "interp").write_text("")
+        elif kind == "directory":
+            (tmp_path / "interp").mkdir()
+        script = tmp_path / "conf" / "train.sh"
+        script.write_text(f"#! {interpreter} -u\nprint('hi')\n")
+        script.chmod(0o755)
+        refused(config(tmp_path, command=["./train.sh"]), "[job.command]", "'./train.sh'", f"#! interpreter {interpreter}")
+
+    def test_script_with_a_working_interpreter_passes(self, tmp_path: Path) -> None:
+        """`#!/usr/bin/env python3` and `#!/bin/sh` scripts are fine."""
+        (tmp_path / "conf").mkdir()
+        for name, line in (("a.sh", "#!/bin/sh"), ("b.py", "#!/usr/bin/env python3")):
+            (tmp_path / "conf" / name).write_text(line + "\n")
+            (tmp_path / "conf" / name).chmod(0o755)
+            preflight.check_setup(config(tmp_path, command=[f"./{name}"]))
+
     def test_not_on_path(self, tmp_path: Path) -> None:
         """A bare name that PATH does not hold."""
         refused(config(tmp_path, command=["no-such-program-xyz"]), "[job.command]", "not found")
