@@ -88,6 +88,7 @@ class Core:
         self._unmarked: set[str] = set()  # quarantined here, but the marker could not be written
         self._choice_logged = False  # resume_choice_left_to_job is said once
         self._stop_reason = _STOPPED
+        self._orphans: tuple[str, tuple[int, float] | None] | None = None  # (token, recorded) while being stopped
         self._state_write_error: str | None = None  # the last state.json write failed with this
         self._published_mono: float | None = None  # when state.json was last written
 
@@ -97,7 +98,8 @@ class Core:
 
         The job is found by the run dir's token in its environment (supervisor/identity.py), so a `#!` script,
         a prewarmed job or a lost state.json hide nothing; state.json's pid and start time also catch a job
-        started before tokens existed.
+        started before tokens existed. It is stopped off the loop: its emergency save may take up to
+        stop_timeout_s, during which `stop` and `stop --force` must still work.
         """
         self.history.supervisor_start()
         token, error = run_token(self.run_dir, previous.run_token if previous is not None else None)
@@ -107,17 +109,31 @@ class Core:
         recorded = None
         if previous is not None and previous.job_pid and previous.job_create_time is not None:
             recorded = (previous.job_pid, previous.job_create_time)
-        stopped = self.sys.stop_orphans(token, self.run_dir, recorded, self.cfg.health.stop_timeout_s)
-        if stopped:
-            job_pid = recorded[0] if recorded is not None and recorded[0] in stopped else stopped[0]
-            self.log.warning("orphan_job_stopped", job_pid=job_pid, pids=stopped)
         if previous is not None:
             self.status.restarts = previous.restarts if not previous.state.final else 0
         # Attempt numbers continue so logs/attempt-NNNN.log and the history's attempts stay unique, even when
         # state.json was lost and only the history remembers them.
         self.status.attempt = max(previous.attempt if previous is not None else 0, self.history.last_attempt)
         self.sys.timers.set(Timer.RETENTION, self.sys.monotonic() + self.cfg.checkpoints.retention_interval_s)
-        self._request_launch()
+        self._orphans = (token, recorded)
+
+        def stop_orphans() -> list[int]:
+            return self.sys.stop_orphans(token, self.run_dir, recorded, self.cfg.health.stop_timeout_s)
+
+        self.sys.run_off_loop(stop_orphans, self._on_orphans_stopped)
+        self._publish()  # `status` shows this supervisor, starting, not the killed one's last words
+
+    def _on_orphans_stopped(self, outcome: list[int] | BaseException) -> None:
+        """The previous supervisor's job, if any, is gone (or we stop anyway): now launch."""
+        orphans, self._orphans = self._orphans, None
+        if isinstance(outcome, BaseException):  # e.g. /proc unreadable: launching beats never starting
+            self.log.error("orphan_stop_failed", error=f"{type(outcome).__name__}: {outcome}")
+        elif outcome:
+            recorded = orphans[1] if orphans is not None else None
+            job_pid = recorded[0] if recorded is not None and recorded[0] in outcome else outcome[0]
+            self.log.warning("orphan_job_stopped", job_pid=job_pid, pids=outcome)
+        if not self.done:
+            self._request_launch()
 
     @property
     def done(self) -> bool:
@@ -495,6 +511,10 @@ class Core:
                 self.sys.timers.cancel(t)
             self.sys.kill_job_tree(job.pid)
         elif self.ended is None:
+            if self._orphans is not None:  # a killed predecessor's job still saving: no grace left for it either
+                token, recorded = self._orphans
+                killed = self.sys.stop_orphans(token, self.run_dir, recorded, 0)
+                self.log.warning("orphan_job_killed", pids=killed)
             self._finish(State.STOPPED, self._stop_reason)
             return
         self._publish()

@@ -29,6 +29,7 @@ class FakeSystem:
     killed_trees: list[int] = field(default_factory=list)
     orphans_stopped: list[int] = field(default_factory=list)
     orphan_searches: list[tuple[str, Path, tuple[int, float] | None]] = field(default_factory=list)
+    orphan_timeouts: list[float] = field(default_factory=list)
     orphans: list[int] = field(default_factory=list)  # what the next orphan search finds (besides a recorded pid)
     jobs_stopped: list[int] = field(default_factory=list)  # stop_job (the supervisor failing)
     terminal: bool = False  # whether a SIGINT now counts as Ctrl+C in the supervisor's own terminal
@@ -94,6 +95,7 @@ class FakeSystem:
 
     def stop_orphans(self, token: str, run_dir: Path, recorded: tuple[int, float] | None, timeout: float) -> list[int]:
         self.orphan_searches.append((token, run_dir, recorded))
+        self.orphan_timeouts.append(timeout)
         found = ([recorded[0]] if recorded else []) + self.orphans
         self.orphans_stopped += found
         return found

@@ -99,6 +99,32 @@ class TestOrphansAreFoundByToken:
         assert events(log, "orphan_job_stopped")[0]["job_pid"] == 4242
         assert (core.run_dir / TOKEN_FILE).read_text().strip() == "a" * 32  # state.json's copy restores the file
 
+    def test_stopping_an_orphan_happens_off_the_loop_and_a_stop_meanwhile_launches_nothing(self, tmp_path: Path) -> None:
+        """The orphan's emergency save may take stop_timeout_s: meanwhile the loop runs, a SIGTERM stops the
+        supervisor without launching, and nothing is launched before the orphan is gone."""
+        import signal
+
+        core, fake, log = make_core(tmp_path)
+        fake.orphans, fake.defer_work = [777], True
+        core.begin(None)
+        assert fake.spawned == [] and fake.orphans_stopped == []  # still stopping it, off the loop
+        core.on_signal(signal.SIGTERM)
+        assert core.done and core.status.state is State.STOPPED
+        fake.finish_work()
+        assert fake.spawned == [] and fake.orphans_stopped == [777]
+
+    def test_stop_force_while_an_orphan_saves_kills_it_at_once(self, tmp_path: Path) -> None:
+        """`stop --force` during the orphan's grace: the orphan is stopped with no grace (timeout 0), then exit."""
+        from supervisor.signals import FORCE_STOP_SIGNAL
+
+        core, fake, log = make_core(tmp_path)
+        fake.orphans, fake.defer_work = [777], True
+        core.begin(None)
+        core.on_signal(FORCE_STOP_SIGNAL)
+        assert core.done and fake.orphan_timeouts == [0] and "orphan_job_killed" in log.names()
+        fake.finish_work()
+        assert fake.spawned == [] and fake.orphan_timeouts == [0, core.cfg.health.stop_timeout_s]
+
 
 class TestQuarantineNeedsEvidenceAndAFreshStartNeedsConsent:
     def test_silent_quick_failures_quarantine_nothing_and_keep_resuming(self, tmp_path: Path,
