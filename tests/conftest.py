@@ -9,6 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# CI machines are 2 busy cores: Hypothesis's timing health checks and per-example deadlines measure the
+# machine, not the code (performance is shown in bench/). Every property still runs its examples.
+settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("ci")
 
 _TEMPLATE_SCRIPT = """
 import sys, warnings

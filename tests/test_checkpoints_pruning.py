@@ -168,7 +168,7 @@ class TestDiskUsage:
 
 
 class TestEndToEnd:
-    @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
     @given(steps=st.sets(st.integers(1, 30), min_size=1, max_size=6), torn=st.integers(0, 5),
            pinned=st.integers(0, 5), keep_last=st.integers(0, 3))
     def test_real_root_keeps_its_invariants(self, tmp_path_factory, steps, torn, pinned, keep_last):
