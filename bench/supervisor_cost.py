@@ -97,7 +97,7 @@ RUN_IMPORTS = (
     "from supervisor import cli\n"
     "cli.build_parser()\n"
     "import supervisor.preflight, supervisor.procs, supervisor.core, supervisor.loop, supervisor.loopprobe, "
-    "supervisor.metrics, supervisor.notify, supervisor.system\n"
+    "supervisor.metrics, supervisor.notify, supervisor.system, supervisor.checkpoints.metadata_child\n"
 )
 # The third-party floor under it: the same libraries, one pydantic model, none of our code.
 LIBRARY_FLOOR = (

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from supervisor import procs
+from supervisor.checkpoints import metadata_child
 from supervisor.exits import read_oom_kills
 from supervisor.spares import Prewarmer
 
@@ -153,7 +154,9 @@ class RealSystem:
             self.prewarmer.close()
 
     def _keep(self) -> set[int]:
-        return self.prewarmer.spare_pids() if self.prewarmer is not None else set()
+        """Our own children that are not the job's: the idle spare, a `.metadata` parse (metadata_child)."""
+        spares = self.prewarmer.spare_pids() if self.prewarmer is not None else set()
+        return set(spares) | metadata_child.running_pids()
 
     def send_signal(self, pid: int, sig: int) -> None:
         try:

@@ -467,3 +467,45 @@ class TestCollectorPaused:
         assert meta.entries == 600
         root = roots[0]
         assert len(root.state_dict_metadata) == 0 and len(root.storage_data) == 0  # type: ignore[attr-defined]
+
+
+class TestIsolatedParse:
+    @pytest.fixture
+    def isolated(self):  # type: ignore[no-untyped-def]
+        from supervisor.checkpoints import metadata_child
+        metadata_child.isolate(0)
+        try:
+            yield metadata_child
+        finally:
+            metadata_child.isolate(None)
+
+    def test_a_child_gives_the_same_verdicts(self, isolated, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+        """The daemon's child parse answers exactly what an in-process parse does: a summary, or the refusal."""
+        good = tmp_path / "good.metadata"
+        good.write_bytes(dcp_metadata_bytes({"a": 10, "b": 6}, shards=2)[0])
+        bad = tmp_path / "bad.metadata"
+        bad.write_bytes(global_pickle("os", "system"))
+        with open(good, "rb") as f:
+            answer = isolated.parse_in_child(f, good.stat().st_size)
+        assert answer is not None and "summary" in answer  # it really ran in a child
+        isolated.isolate(None)
+        here = [summary(md.read_metadata(good, cached=False))]
+        with pytest.raises(md.MetadataError) as in_process:
+            md.read_metadata(bad, cached=False)
+        isolated.isolate(0)
+        md._cache.clear()
+        assert [summary(md.read_metadata(good, root=tmp_path.parent))] == here
+        with pytest.raises(md.MetadataError) as in_child:
+            md.read_metadata(bad, root=tmp_path.parent)
+        assert (type(in_child.value), str(in_child.value)) == (type(in_process.value), str(in_process.value))
+
+    def test_a_child_that_gives_no_answer_means_a_parse_here(self, isolated, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+        """Killed, crashed or garbage: the verdict comes from an in-process parse, never from the failure."""
+        good = tmp_path / "good.metadata"
+        good.write_bytes(dcp_metadata_bytes()[0])
+        monkeypatch.setattr(isolated.sys, "executable", "/bin/false")
+        with open(good, "rb") as f:
+            assert isolated.parse_in_child(f, good.stat().st_size) is None
+        md._cache.clear()
+        assert md.read_metadata(good, root=tmp_path.parent).entries > 0

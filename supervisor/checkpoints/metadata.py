@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from supervisor.checkpoints import metadata_cache
+from supervisor.checkpoints import metadata_cache, metadata_child
 from supervisor.checkpoints._files import open_regular
 from supervisor.checkpoints.metadata_allowlist import (
     ALLOWED_GLOBALS, DTYPE_NAMES, MetadataError, RefusedGlobalError, UnknownClassError, UnsafeMetadataError)
@@ -197,6 +197,21 @@ def _summary(s: dict[str, Any]) -> DcpMetadata:
     return DcpMetadata(version=s["version"], entries=s["entries"], storage=refs)
 
 
+def _from_child(f: BinaryIO, size: int) -> DcpMetadata | dict[str, Any] | None:
+    """The result from an isolated child (metadata_child), or None: parse here."""
+    answer = metadata_child.parse_in_child(f, size)
+    if answer is None:
+        return None
+    try:
+        if "summary" in answer:
+            return _summary(answer["summary"])
+        e = answer["error"]
+        _error(e)  # the shape a remembered error must have
+        return {"kind": e["kind"], "message": e["message"], "global": e["global"]}
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def _lookup(path: Path, f: BinaryIO, st: os.stat_result, root: Path | None) -> DcpMetadata | dict[str, Any]:
     """This file's result: from this process, from the disk cache, or parsed now (then remembered)."""
     key = (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
@@ -211,10 +226,12 @@ def _lookup(path: Path, f: BinaryIO, st: os.stat_result, root: Path | None) -> D
     else:
         COUNTS["parsed"] += 1
         racy = time.time_ns() - st.st_mtime_ns < RACY_NS
-        try:
-            found = _parse(f, st.st_size)
-        except MetadataError as exc:
-            found = _error_json(exc)
+        found = _from_child(f, st.st_size)
+        if found is None:
+            try:
+                found = _parse(f, st.st_size)
+            except MetadataError as exc:
+                found = _error_json(exc)
         if racy:
             return found
         metadata_cache.store(path, st, {"summary": _summary_json(found)} if isinstance(found, DcpMetadata)

@@ -1,0 +1,89 @@
+"""Parse a large `.metadata` in a child process, so that the daemon's event loop never waits for the GIL.
+
+The parse is pure Python. On a worker thread of the supervisor it holds the GIL for seconds, and every
+system call of the loop thread then gives it back for a switch interval: reaping a killed job's survivors
+(a few hundred /proc reads) took 250-350 ms instead of ~15 ms while a 70B x 256 checkpoint verified
+(docs/performance-scale.md, The loop). A child shares no GIL, and its memory is its own.
+
+Only `fsdp-supervisor run` turns this on (`isolate`); the CLI and the trainer parse in-process. The child
+gets the already-open file as its stdin (nothing can swap the file in between) and writes one JSON line:
+the summary or the error, in the disk cache's format. Any other outcome (killed, crashed, timed out,
+garbage) is None, and the caller parses in-process: isolation may be lost, a verdict never.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from typing import Any, BinaryIO
+
+__all__ = ["isolate", "running_pids", "parse_in_child"]
+
+_TIMEOUT_S = 900.0  # a 1 GiB file (the cap) parses in well under a minute; past this, something is wrong
+_MAX_ANSWER_BYTES = 1 << 24
+
+_min_bytes: int | None = None  # None: off
+_lock = threading.Lock()
+_running: set[int] = set()
+
+
+def isolate(min_bytes: int | None) -> None:
+    """Parse files of at least `min_bytes` in a child from now on (None: never)."""
+    global _min_bytes
+    _min_bytes = min_bytes
+
+
+def running_pids() -> frozenset[int]:
+    """Children parsing right now: never to be killed as a finished job's survivors."""
+    with _lock:
+        return frozenset(_running)
+
+
+def parse_in_child(f: BinaryIO, size: int) -> dict[str, Any] | None:
+    """{"summary": ...} or {"error": ...} from a child, or None when not isolating or the child gave no answer."""
+    if _min_bytes is None or size < _min_bytes:
+        return None
+    try:
+        os.lseek(f.fileno(), 0, os.SEEK_SET)
+        proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=f, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, close_fds=True)
+    except OSError:
+        return None
+    with _lock:
+        _running.add(proc.pid)
+    try:
+        out, _ = proc.communicate(timeout=_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return None
+    finally:
+        with _lock:
+            _running.discard(proc.pid)
+    # The exit status may be lost (the daemon's loop reaps every child): the answer line alone counts.
+    try:
+        answer = json.loads(out[:_MAX_ANSWER_BYTES])
+    except ValueError:
+        return None
+    if isinstance(answer, dict) and len(answer) == 1 and ("summary" in answer or "error" in answer):
+        return answer
+    return None
+
+
+def main() -> int:
+    """The child: parse stdin, print the answer (disk-cache format)."""
+    from supervisor.checkpoints import metadata
+
+    size = os.fstat(0).st_size
+    try:
+        answer: dict[str, Any] = {"summary": metadata._summary_json(metadata._parse(sys.stdin.buffer, size))}
+    except metadata.MetadataError as exc:
+        answer = {"error": metadata._error_json(exc)}
+    sys.stdout.write(json.dumps(answer) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
