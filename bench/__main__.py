@@ -40,6 +40,7 @@ GOALS: list[tuple[str, str, float]] = [
     ("discovery_ms.n1000", "<=", 200.0),
     ("throughput_ratio", ">=", 0.98),
     # The .metadata reader on Llama-3 70B FSDP2 checkpoints (bench.discovery.run_large).
+    ("discovery_ms.llama70b_r64", "<=", 1000.0),  # newest complete over a 70B x 64 save, nothing cached: under 1 s
     ("parse_vs_torch_ratio", "<=", 0.5),  # our parse / torch's own pickle.load, 64 ranks, same process
     ("metadata_parse.peak_rss_x", "<=", 3.0),  # parse's peak RSS growth / file size, 64 ranks
     ("metadata_parse.linearity", "<=", 1.5),  # worst / best ms per MB over 64, 256 and 1024 ranks
@@ -51,7 +52,7 @@ GOALS: list[tuple[str, str, float]] = [
 INFO = [
     "recovery_s.supervisor", "recovery_s.torchrun_restart", "recovery_s.naive_loop",
     "save_stall_s.sync", "save_stall_s.async", "save_stall_s.memcpy_floor", "save_stall_s.memcpy_clone",
-    "discovery_ms.llama70b_r64", "discovery_ms.llama70b_r256", "discovery_ms.llama70b_r1024",
+    "discovery_ms.llama70b_r256", "discovery_ms.llama70b_r1024",
     "metadata_parse.llama70b_r64.metadata_mb", "metadata_parse.llama70b_r256.metadata_mb",
     "metadata_parse.llama70b_r1024.metadata_mb", "metadata_parse.llama70b_r1024.generate_s",
     "write_gbps.checkpoint", "write_gbps.dd_fsync", "write_gbps.ratio_spread", "write_gbps_small.ratio",

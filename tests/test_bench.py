@@ -22,12 +22,12 @@ def _positive(x: object) -> bool:
 
 class TestGoals:
     def test_every_issue_key_is_gated(self) -> None:
-        """The table gates the nine goals of issue 7, the three of the metadata reader and three of issue 12."""
+        """The table gates the nine goals of issue 7, the three of the metadata reader and four of issue 12."""
         assert {k for k, _, _ in GOALS} == {
             "recovery_s.ratio", "save_stall_s.async_over_sync", "save_stall_s.async_over_memcpy", "write_gbps.ratio",
             "supervisor.rss_mb", "supervisor.idle_cpu_pct", "supervisor.import_s", "discovery_ms.n1000",
             "throughput_ratio", "parse_vs_torch_ratio", "metadata_parse.peak_rss_x", "metadata_parse.linearity",
-            "load_gbps.ratio", "loop_stall_ms_max", "signal_latency_during_verify_s"}
+            "load_gbps.ratio", "loop_stall_ms_max", "signal_latency_during_verify_s", "discovery_ms.llama70b_r64"}
 
     def test_met_missed_and_missing(self) -> None:
         """<= and >= goals are judged on the value; an absent value is neither met nor missed."""
