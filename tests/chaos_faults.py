@@ -69,14 +69,17 @@ def kill_during_save(c: ChaosRun, victim: str, delay_s: float) -> str:
     """SIGKILL a worker or the agent `delay_s` after a save's temporary dir appears, while it still exists."""
     attempt = c.attempt()
     c.wait_training(1)
-    for _ in range(4):  # a save that commits within the delay does not count: take the next one
+    # A save that commits within the delay does not count: take the next one, with half the delay (on a quiet
+    # machine a small save can be shorter than the seed's delay every time).
+    for attempt_no in range(8):
         seen = set(c.dirs.tmp_dirs())
         tmp = wait_for(lambda: [t for t in c.dirs.tmp_dirs() if t not in seen], 120, "a save in flight",
                        interval=0.005)[0]  # type: ignore[index]
         victim_proc = _target(c, victim)
-        time.sleep(delay_s)
+        time.sleep(delay_s / 2 ** attempt_no)
         if tmp.exists():
             victim_proc.kill()
+            delay_s /= 2 ** attempt_no
             break
     else:
         raise AssertionError("no save could be caught in flight")
