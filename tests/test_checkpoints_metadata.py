@@ -509,3 +509,54 @@ class TestIsolatedParse:
             assert isolated.parse_in_child(f, good.stat().st_size) is None
         md._cache.clear()
         assert md.read_metadata(good, root=tmp_path.parent).entries > 0
+
+    def test_a_supervisor_package_in_the_cwd_or_pythonpath_cannot_answer(  # type: ignore[no-untyped-def]
+            self, isolated, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The child runs our own module, whatever the daemon's cwd, PYTHONPATH or PYTHON* settings are."""
+        good = tmp_path / "good.metadata"
+        good.write_bytes(dcp_metadata_bytes({"a": 10}, shards=1)[0])
+        shadow = tmp_path / "shadow" / "supervisor" / "checkpoints"
+        shadow.mkdir(parents=True)
+        for init in (shadow.parent / "__init__.py", shadow / "__init__.py"):
+            init.write_text("")
+        (shadow / "metadata_child.py").write_text(
+            "print('{\"error\": {\"kind\": \"unsafe\", \"message\": \"forged\", \"global\": \"x.y\"}}')\n")
+        monkeypatch.chdir(shadow.parent.parent)
+        with open(good, "rb") as f:
+            assert isolated.parse_in_child(f, good.stat().st_size) == {"summary": md._summary_json(
+                md.read_metadata(good, cached=False))}
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.setenv("PYTHONPATH", str(shadow.parent.parent))
+        monkeypatch.setenv("PYTHONINSPECT", "1")
+        with open(good, "rb") as f:
+            answer = isolated.parse_in_child(f, good.stat().st_size)
+        assert answer is not None and "summary" in answer
+
+    def test_a_child_that_dies_mid_read_leaves_the_file_at_its_start(  # type: ignore[no-untyped-def]
+            self, isolated, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The child shares the file's offset: the parse here after a child that read part of it starts at 0."""
+        good = tmp_path / "good.metadata"
+        good.write_bytes(dcp_metadata_bytes({f"w{i}": 64 for i in range(400)}, shards=4)[0])
+        assert good.stat().st_size > 8192
+        here = summary(md.read_metadata(good, cached=False))
+        partial = tmp_path / "partial-python"
+        partial.write_text("#!/bin/sh\ndd bs=4096 count=1 of=/dev/null 2>/dev/null\n")
+        partial.chmod(0o755)
+        monkeypatch.setattr(isolated.sys, "executable", str(partial))
+        md._cache.clear()
+        assert summary(md.read_metadata(good, root=tmp_path.parent)) == here
+
+    def test_the_child_parses_the_size_that_was_stated(self, isolated, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+        """A file that grows after its stat: the child parses the same first `size` bytes as a parse here."""
+        data = dcp_metadata_bytes({"a": 10}, shards=1)[0]
+        growing = tmp_path / "growing.metadata"
+        growing.write_bytes(data[:len(data) // 2])
+        size = growing.stat().st_size
+        with open(growing, "rb") as f:
+            with open(growing, "ab") as grow:
+                grow.write(data[len(data) // 2:])
+            in_child = isolated.parse_in_child(f, size)
+            f.seek(0)
+            with pytest.raises(md.MetadataError) as here:
+                md._parse(f, size)
+        assert in_child == {"error": md._error_json(here.value)}

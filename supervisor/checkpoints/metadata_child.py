@@ -9,6 +9,12 @@ Only `fsdp-supervisor run` turns this on (`isolate`); the CLI and the trainer pa
 gets the already-open file as its stdin (nothing can swap the file in between) and writes one JSON line:
 the summary or the error, in the disk cache's format. Any other outcome (killed, crashed, timed out,
 garbage) is None, and the caller parses in-process: isolation may be lost, a verdict never.
+
+The child runs in isolated mode (-I: no PYTHON* variables, no cwd or user site on sys.path) with our own
+package root first on sys.path, so a `supervisor` package in the daemon's cwd or PYTHONPATH, or a
+PYTHONSTARTUP/PYTHONINSPECT from the user's shell, can never answer for it. It parses exactly the `size`
+bytes the caller stated (the file may have grown since), and the caller's file is back at its start
+afterwards: the child shares its offset, and a parse here after a child that died mid-read must start at 0.
 """
 from __future__ import annotations
 
@@ -17,12 +23,16 @@ import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Any, BinaryIO
 
 __all__ = ["isolate", "running_pids", "parse_in_child"]
 
 _TIMEOUT_S = 900.0  # a 1 GiB file (the cap) parses in well under a minute; past this, something is wrong
 _MAX_ANSWER_BYTES = 1 << 24
+_ROOT = str(Path(__file__).resolve().parents[2])  # the directory our `supervisor` package is in
+_BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); "
+         "from supervisor.checkpoints.metadata_child import main; sys.exit(main(int(sys.argv[2])))")
 
 _min_bytes: int | None = None  # None: off
 _lock = threading.Lock()
@@ -46,10 +56,11 @@ def parse_in_child(f: BinaryIO, size: int) -> dict[str, Any] | None:
     if _min_bytes is None or size < _min_bytes:
         return None
     try:
-        os.lseek(f.fileno(), 0, os.SEEK_SET)
-        proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=f, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, close_fds=True)
-    except OSError:
+        f.seek(0)
+        proc = subprocess.Popen([sys.executable, "-I", "-c", _BOOT, _ROOT, str(size)], stdin=f,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True)
+    except (OSError, ValueError, TypeError):  # no or odd sys.executable: parse here
+        f.seek(0)
         return None
     with _lock:
         _running.add(proc.pid)
@@ -62,6 +73,7 @@ def parse_in_child(f: BinaryIO, size: int) -> dict[str, Any] | None:
     finally:
         with _lock:
             _running.discard(proc.pid)
+        f.seek(0)  # the child moved the shared offset: a parse here starts at the beginning
     # The exit status may be lost (the daemon's loop reaps every child): the answer line alone counts.
     try:
         answer = json.loads(out[:_MAX_ANSWER_BYTES])
@@ -72,11 +84,10 @@ def parse_in_child(f: BinaryIO, size: int) -> dict[str, Any] | None:
     return None
 
 
-def main() -> int:
-    """The child: parse stdin, print the answer (disk-cache format)."""
+def main(size: int) -> int:
+    """The child: parse the first `size` bytes of stdin, print the answer (disk-cache format)."""
     from supervisor.checkpoints import metadata
 
-    size = os.fstat(0).st_size
     try:
         answer: dict[str, Any] = {"summary": metadata._summary_json(metadata._parse(sys.stdin.buffer, size))}
     except metadata.MetadataError as exc:
@@ -86,4 +97,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(int(sys.argv[1]) if len(sys.argv) > 1 else os.fstat(0).st_size))
