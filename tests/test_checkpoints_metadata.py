@@ -560,3 +560,34 @@ class TestIsolatedParse:
             with pytest.raises(md.MetadataError) as here:
                 md._parse(f, size)
         assert in_child == {"error": md._error_json(here.value)}
+
+    def test_a_child_dies_with_the_supervisor(self, tmp_path: Path) -> None:
+        """A supervisor that exits mid-parse leaves no child behind to finish a parse nobody waits for."""
+        import time
+
+        import psutil
+        import test_metadata_bombs
+
+        slow = tmp_path / "slow.metadata"
+        slow.write_bytes(test_metadata_bombs.BOMBS["dict grown by SETITEMS"]())
+        parent = subprocess.Popen([sys.executable, "-c", f"""
+import os, sys, threading, time
+from supervisor.checkpoints import metadata_child as mc
+mc.isolate(0)
+f = open({str(slow)!r}, "rb")
+threading.Thread(target=mc.parse_in_child, args=(f, os.fstat(f.fileno()).st_size), daemon=True).start()
+while not mc.running_pids():
+    time.sleep(0.01)
+print(*mc.running_pids(), flush=True)
+os._exit(0)
+"""], stdout=subprocess.PIPE, text=True, cwd=Path(md.__file__).parents[2])
+        out, _ = parent.communicate(timeout=60)
+        child = psutil.Process(int(out))
+        try:
+            gone, alive = psutil.wait_procs([child], timeout=0.5)
+            assert not alive or child.status() == psutil.STATUS_ZOMBIE
+        finally:
+            try:
+                child.kill()
+            except psutil.Error:
+                pass

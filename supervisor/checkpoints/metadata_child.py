@@ -32,7 +32,7 @@ _TIMEOUT_S = 900.0  # a 1 GiB file (the cap) parses in well under a minute; past
 _MAX_ANSWER_BYTES = 1 << 24
 _ROOT = str(Path(__file__).resolve().parents[2])  # the directory our `supervisor` package is in
 _BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); "
-         "from supervisor.checkpoints.metadata_child import main; sys.exit(main(int(sys.argv[2])))")
+         "from supervisor.checkpoints.metadata_child import main; sys.exit(main(int(sys.argv[2]), int(sys.argv[3])))")
 
 _min_bytes: int | None = None  # None: off
 _lock = threading.Lock()
@@ -57,7 +57,7 @@ def parse_in_child(f: BinaryIO, size: int) -> dict[str, Any] | None:
         return None
     try:
         f.seek(0)
-        proc = subprocess.Popen([sys.executable, "-I", "-c", _BOOT, _ROOT, str(size)], stdin=f,
+        proc = subprocess.Popen([sys.executable, "-I", "-c", _BOOT, _ROOT, str(size), str(os.getpid())], stdin=f,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True)
     except (OSError, ValueError, TypeError):  # no or odd sys.executable: parse here
         f.seek(0)
@@ -84,8 +84,21 @@ def parse_in_child(f: BinaryIO, size: int) -> dict[str, Any] | None:
     return None
 
 
-def main(size: int) -> int:
+def _die_with(parent: int) -> bool:
+    """Be killed when the thread that started us ends (the supervisor exited mid-pass); False: it is gone."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL (Linux)
+    except (OSError, AttributeError):
+        pass
+    return os.getppid() == parent
+
+
+def main(size: int, parent: int | None = None) -> int:
     """The child: parse the first `size` bytes of stdin, print the answer (disk-cache format)."""
+    if parent is not None and not _die_with(parent):
+        return 1
     from supervisor.checkpoints import metadata
 
     try:
