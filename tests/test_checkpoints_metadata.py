@@ -546,6 +546,19 @@ class TestIsolatedParse:
         md._cache.clear()
         assert summary(md.read_metadata(good, root=tmp_path.parent)) == here
 
+    def test_a_wrapper_for_python_that_forks_still_answers(  # type: ignore[no-untyped-def]
+            self, isolated, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """sys.executable may be a script that runs python as its own child: the child is then no orphan."""
+        good = tmp_path / "good.metadata"
+        good.write_bytes(dcp_metadata_bytes({"a": 10}, shards=1)[0])
+        wrapper = tmp_path / "python-wrapper"
+        wrapper.write_text(f'#!/bin/sh\n"{sys.executable}" "$@"\n')
+        wrapper.chmod(0o755)
+        monkeypatch.setattr(isolated.sys, "executable", str(wrapper))
+        with open(good, "rb") as f:
+            answer = isolated.parse_in_child(f, good.stat().st_size)
+        assert answer == {"summary": md._summary_json(md.read_metadata(good, cached=False))}
+
     def test_the_child_parses_the_size_that_was_stated(self, isolated, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
         """A file that grows after its stat: the child parses the same first `size` bytes as a parse here."""
         data = dcp_metadata_bytes({"a": 10}, shards=1)[0]
