@@ -604,3 +604,22 @@ os._exit(0)
                 child.kill()
             except psutil.Error:
                 pass
+
+    def test_a_hung_child_is_killed_after_a_time_sized_to_the_file(  # type: ignore[no-untyped-def]
+            self, isolated, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A launch waits for the pass: a hung child is given up on (and killed) long before 15 minutes."""
+        import psutil
+
+        assert isolated.timeout_s(1 << 20) <= 60 and isolated.timeout_s(100 << 20) <= 180
+        assert isolated.timeout_s(1 << 30) >= 600  # the cap, 1 GiB, still has a 20x margin over ~40 MB/s
+        good = tmp_path / "good.metadata"
+        good.write_bytes(dcp_metadata_bytes({"a": 10}, shards=1)[0])
+        hung = tmp_path / "hung-python"
+        hung.write_text("#!/bin/sh\nexec sleep 60\n")
+        hung.chmod(0o755)
+        monkeypatch.setattr(isolated.sys, "executable", str(hung))
+        monkeypatch.setattr(isolated, "_TIMEOUT_FLOOR_S", 0.3)
+        md._cache.clear()
+        assert md.read_metadata(good, root=tmp_path.parent).entries > 0
+        assert not isolated.running_pids()
+        assert not [p for p in psutil.Process().children() if p.status() != psutil.STATUS_ZOMBIE]

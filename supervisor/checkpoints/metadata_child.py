@@ -26,9 +26,14 @@ import threading
 from pathlib import Path
 from typing import Any, BinaryIO
 
-__all__ = ["isolate", "running_pids", "parse_in_child"]
+__all__ = ["isolate", "running_pids", "parse_in_child", "timeout_s"]
 
-_TIMEOUT_S = 900.0  # a 1 GiB file (the cap) parses in well under a minute; past this, something is wrong
+# A hung child holds up the pass, and a launch waits for the pass: the wait is sized to the file. The parse
+# runs at ~40 MB/s (391 MB in 10 s, docs/performance.md); 1 MiB/s plus a floor for the interpreter's
+# start is 40x slower than that, and a timed-out child only costs a parse here.
+_TIMEOUT_FLOOR_S = 30.0
+_TIMEOUT_BYTES_PER_S = 1 << 20
+_TIMEOUT_MAX_S = 900.0
 _MAX_ANSWER_BYTES = 1 << 24
 _ROOT = str(Path(__file__).resolve().parents[2])  # the directory our `supervisor` package is in
 _BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); "
@@ -51,6 +56,11 @@ def running_pids() -> frozenset[int]:
         return frozenset(_running)
 
 
+def timeout_s(size: int) -> float:
+    """How long a child may take over a file of `size` bytes before the parse happens here instead."""
+    return min(_TIMEOUT_MAX_S, _TIMEOUT_FLOOR_S + size / _TIMEOUT_BYTES_PER_S)
+
+
 def parse_in_child(f: BinaryIO, size: int) -> dict[str, Any] | None:
     """{"summary": ...} or {"error": ...} from a child, or None when not isolating or the child gave no answer."""
     if _min_bytes is None or size < _min_bytes:
@@ -65,7 +75,7 @@ def parse_in_child(f: BinaryIO, size: int) -> dict[str, Any] | None:
     with _lock:
         _running.add(proc.pid)
     try:
-        out, _ = proc.communicate(timeout=_TIMEOUT_S)
+        out, _ = proc.communicate(timeout=timeout_s(size))
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
