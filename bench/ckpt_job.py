@@ -201,6 +201,17 @@ class Bench:
         self._clear(path)
 
 
+def warmed_trainer(targs: argparse.Namespace, d: Any) -> Trainer:
+    """The reference trainer built and past two steps (optimizer state exists), its objects frozen out of the
+    cyclic GC as trainer.loop.run does before training: what a save in steady state looks like."""
+    trainer = Trainer(targs, d, GracefulStop(), Heartbeat(None))
+    trainer.build()
+    for _ in range(2):
+        trainer.train_step()
+    gc.freeze()
+    return trainer
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench.ckpt_job")
     p.add_argument("--dir", type=Path, required=True)
@@ -210,11 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     targs = build_parser().parse_args(["--checkpoint-dir", str(a.dir / "unused"), *trainer_flags])
     d = init_distributed(600)
     try:
-        trainer = Trainer(targs, d, GracefulStop(), Heartbeat(None))
-        trainer.build()
-        for _ in range(2):
-            trainer.train_step()
-        gc.freeze()  # as trainer.loop.run does before training
+        trainer = warmed_trainer(targs, d)
         bench = Bench(trainer, a.dir)
         step = 1000
         for r in range(a.repeats):

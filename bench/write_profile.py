@@ -13,7 +13,6 @@ not part of `make bench`:
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import os
@@ -30,13 +29,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from bench.ckpt_job import Bench
+from bench.ckpt_job import Bench, warmed_trainer
 from trainer import checkpoint as ck
 from trainer.args import build_parser
-from trainer.heartbeat import Heartbeat
-from trainer.loop import Trainer
 from trainer.parallel import init_distributed, shutdown
-from trainer.stopping import GracefulStop
 
 _DD_BLOCK = 4 * 2**20
 
@@ -172,12 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     targs = build_parser().parse_args(["--checkpoint-dir", str(a.dir / "unused"), *trainer_flags])
     d = init_distributed(600)
     try:
-        trainer = Trainer(targs, d, GracefulStop(), Heartbeat(None))
-        trainer.build()
-        for _ in range(2):
-            trainer.train_step()
-        gc.freeze()
-        prof = Profile(Bench(trainer, a.dir), a.dir)
+        prof = Profile(Bench(warmed_trainer(targs, d), a.dir), a.dir)
         prof.checkpointer()  # warm-up (first save pays for imports and plan caches); also sizes dd
         prof.samples.clear()
         table = configs(prof)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import errno
 import json
 import signal
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,6 +49,22 @@ def records(core: Core) -> list[dict]:
 
 def kinds(recs: list[dict]) -> list[str]:
     return [r["kind"] for r in recs if r["kind"] != "beat"]
+
+
+def hold_compaction(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Make the recorder's compaction wait on `gate` (set by the test); `started` is set once it runs."""
+    import supervisor.recorder as recorder_mod
+
+    gate, started = threading.Event(), threading.Event()
+    real = recorder_mod.compact_lines
+
+    def slow_compact(data: bytes, now: float) -> bytes:
+        started.set()
+        assert gate.wait(30)
+        return real(data, now)
+
+    monkeypatch.setattr(recorder_mod, "compact_lines", slow_compact)
+    return gate, started
 
 
 class TestCoreRecords:
@@ -273,19 +290,7 @@ class TestCompactionOffTheLoop:
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
         """Compaction runs on its own thread; records written meanwhile go to the old file, then follow the
         rewritten part of it in the new one."""
-        import threading
-
-        import supervisor.recorder as recorder_mod
-
-        gate, started = threading.Event(), threading.Event()
-        real = recorder_mod.compact_lines
-
-        def slow_compact(data: bytes, now: float) -> bytes:
-            started.set()
-            assert gate.wait(30)
-            return real(data, now)
-
-        monkeypatch.setattr(recorder_mod, "compact_lines", slow_compact)
+        gate, started = hold_compaction(monkeypatch)
         clock = [T0]
         rec = HistoryRecorder(tmp_path / HISTORY_FILE, now=lambda: clock[0], log=RecordingLog(), compact_bytes=2048)
         rec.supervisor_start()
@@ -391,19 +396,7 @@ class TestCompactionCrashSafety:
         """Records written while a compaction runs are on disk at once (a durable one used to wait in memory
         until the compaction ended); a supervisor killed before the rename leaves the old file whole and a temp
         file, which the next run removes."""
-        import threading
-
-        import supervisor.recorder as recorder_mod
-
-        gate, started = threading.Event(), threading.Event()
-        real = recorder_mod.compact_lines
-
-        def slow_compact(data: bytes, now: float) -> bytes:
-            started.set()
-            assert gate.wait(30)
-            return real(data, now)
-
-        monkeypatch.setattr(recorder_mod, "compact_lines", slow_compact)
+        gate, started = hold_compaction(monkeypatch)
         path = tmp_path / HISTORY_FILE
         rec = HistoryRecorder(path, now=lambda: T0, log=RecordingLog(), compact_bytes=2048)
         n = 0
