@@ -437,26 +437,6 @@ class TestCollectorPaused:
             md.parse_metadata(global_pickle("os", "system"))
         assert seen == [False, False] and gc.isenabled()
 
-    def test_overlapping_parses_turn_it_back_on_once_both_end(self) -> None:
-        """Two threads' parses overlap: the first to finish must not turn the collector back on under the other."""
-        import gc
-        with md._collector_paused():
-            with md._collector_paused():
-                assert not gc.isenabled()
-            assert not gc.isenabled()
-        assert gc.isenabled()
-
-    def test_a_collector_the_user_turned_off_stays_off(self) -> None:
-        """A program that disabled the collector itself does not find it enabled by our parse."""
-        import gc
-        gc.disable()
-        try:
-            with md._collector_paused():
-                pass
-            assert not gc.isenabled()
-        finally:
-            gc.enable()
-
     def test_the_scanned_graph_is_freed_in_slices(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """The parse empties the scanned containers itself (a slice at a time) rather than dropping the whole
         graph in one deallocation cascade, which held the GIL ~100 ms at 70B x 256."""

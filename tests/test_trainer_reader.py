@@ -100,6 +100,27 @@ class TestCheckpointReader:
         checkpoint.load_checkpoint(tmp_path / "c", target)
         assert torch.equal(target["w"], state["w"]) and [r.direct_items for r in used] == [1]
 
+    def test_load_checkpoint_pauses_the_collector(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The cyclic collector is off while the records are read (a full collection stalled a third of the
+        cold loads by 0.2-0.35 s) and back on afterwards, also when the load fails."""
+        import gc
+        seen: list[bool] = []
+        real_read = CheckpointReader.read_data
+
+        def spying_read(self, plan, planner):  # type: ignore[no-untyped-def]
+            seen.append(gc.isenabled())
+            return real_read(self, plan, planner)
+
+        monkeypatch.setattr(CheckpointReader, "read_data", spying_read)
+        state = {"w": torch.randn(16, 16)}
+        dcp.save(state, storage_writer=_Writer(tmp_path / "c"))
+        assert gc.isenabled()
+        checkpoint.load_checkpoint(tmp_path / "c", _zeros_like(state))
+        assert seen == [False] and gc.isenabled()
+        with pytest.raises(CheckpointException):
+            checkpoint.load_checkpoint(tmp_path / "c", {"missing": torch.zeros(2)})
+        assert gc.isenabled()
+
     def test_a_short_file_is_an_error(self, tmp_path: Path) -> None:
         """A record whose bytes end early raises instead of leaving part of the tensor unread."""
         (tmp_path / "f").write_bytes(b"x" * 100)

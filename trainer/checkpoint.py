@@ -35,6 +35,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 
+from supervisor.gcpause import collector_paused
 from supervisor.layout import step_dir_name, tmp_dir_name
 from trainer.commit import build_manifest, commit
 from trainer.reader import CheckpointReader
@@ -191,10 +192,15 @@ def save_checkpoint(root: str | os.PathLike, step: int, state: dict[str, Any], *
 
 def load_checkpoint(path: str | os.PathLike, state: dict[str, Any], *,
                     process_group: dist.ProcessGroup | None = None) -> None:
-    """Collective: load `path` into `state` in place (Stateful entries get `load_state_dict`); DCP reshards."""
+    """Collective: load `path` into `state` in place (Stateful entries get `load_state_dict`); DCP reshards.
+
+    The cyclic garbage collector is paused during the load: a full collection of a process that imported
+    torch held the GIL for 0.2-0.35 s in about one cold 1.2 GB load in three (docs/performance-scale.md).
+    """
     # Our reader: records that are exactly their destination are read in place (trainer/reader.py).
-    dcp.load(state, checkpoint_id=os.fspath(path), storage_reader=CheckpointReader(path),
-             process_group=process_group)
+    with collector_paused():
+        dcp.load(state, checkpoint_id=os.fspath(path), storage_reader=CheckpointReader(path),
+                 process_group=process_group)
 
 
 def resolve_resume(spec: str, root: str | os.PathLike, *,

@@ -22,11 +22,8 @@ with the bytes each must hold (from `storage_data`), the entry count and the ver
 """
 from __future__ import annotations
 
-import contextlib
-import gc
 import io
 import os
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -38,6 +35,7 @@ from supervisor.checkpoints._files import open_regular
 from supervisor.checkpoints.metadata_allowlist import (
     ALLOWED_GLOBALS, DTYPE_NAMES, MetadataError, RefusedGlobalError, UnknownClassError, UnsafeMetadataError)
 from supervisor.checkpoints.metadata_scan import Scanned, ScannedDict, StorageInfo, scan
+from supervisor.gcpause import collector_paused
 
 __all__ = [
     "MAX_METADATA_BYTES",
@@ -112,36 +110,6 @@ def _summarize(root: Any) -> DcpMetadata:
     )
 
 
-_collector_lock = threading.Lock()
-_collector_holds = 0  # parses in progress that asked for the cyclic collector to pause
-_collector_was_on = False
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Any:
-    """Pause the cyclic garbage collector while a parse builds its (acyclic) object graph.
-
-    A 70B x 64 `.metadata` is millions of small objects; every few thousand allocations the collector
-    rescans them all, holding the GIL throughout: measured, 202 collections in one parse, the longest
-    90 ms (395 ms at 70B x 256), each a stall of the event loop thread waiting for the GIL
-    (docs/performance-scale.md, The loop). Reference counting still frees everything; a hostile input that
-    builds cycles is bounded by the scanner's memory budget and collected once the collector is back.
-    """
-    global _collector_holds, _collector_was_on
-    with _collector_lock:
-        if _collector_holds == 0:
-            _collector_was_on = gc.isenabled()
-            gc.disable()
-        _collector_holds += 1
-    try:
-        yield
-    finally:
-        with _collector_lock:
-            _collector_holds -= 1
-            if _collector_holds == 0 and _collector_was_on:
-                gc.enable()
-
-
 def _dismantle(root: Any) -> None:
     """Free a scanned graph a slice at a time.
 
@@ -158,7 +126,8 @@ def _dismantle(root: Any) -> None:
 
 
 def _parse(f: BinaryIO, size: int) -> DcpMetadata:
-    with _collector_paused():
+    # The collector paused: a 70B x 64 parse made 202 collections, each stalling the loop thread.
+    with collector_paused():
         root = scan(f, size)
         try:
             return _summarize(root)
