@@ -6,8 +6,8 @@ loads its own shards (the time is the slowest rank's), the save through the trai
 tensors, as a resuming FSDP job does. Baselines: `dd if=/dev/zero bs=4M conv=fsync` of the same size
 into the same directory, and `dd if=FILE of=/dev/null bs=4M` over the checkpoint's files one after the
 other, cold like the load (how: `load_gbps.cache`). Each round runs one side right after the other
-(alternating which goes first; an even number of load rounds); `ratio` is the median of the rounds' own
-ratios:
+(alternating which goes first; twice as many load rounds as write rounds, an even count); `ratio` is
+the median of the rounds' own ratios:
 - `write_gbps = {checkpoint, dd_fsync, ratio, ratio_spread, rounds: [{checkpoint, dd_fsync, ratio}, ...]}`
 - `load_gbps = {checkpoint, dd, ratio, ratio_spread, cache, rounds: [{checkpoint, dd, ratio}, ...]}`
 The size is >= 1 GB so that what is measured is moving bytes: a save also has a fixed cost (state dict,
