@@ -165,7 +165,9 @@ class Housekeeper:
             self.log.warning(f.kind, message=f.message)
         for d in result.deleted:
             self.log.info("retention_deleted", path=str(d.path), reason=d.reason, size_bytes=d.size_bytes)
-        if result.deleted:
+        # The first pass also empties what a predecessor killed mid-delete left parked: waiting for the next
+        # deletion could hold a whole checkpoint's disk space for as long as nothing else is pruned.
+        if result.deleted or first:
             self.empty_trash()
         new = result.newest
         if new is None or not _newer(new, self._high):

@@ -170,6 +170,19 @@ class TestRetention:
         assert core.status.latest_checkpoint["step"] == 30
         assert core.status.checkpoint_bytes == sum(f.stat().st_size for f in (ck / "step_30").iterdir())
 
+    def test_a_predecessors_trash_is_emptied_by_the_first_pass(self, tmp_path: Path,
+                                                              make_checkpoint: Callable[[Path, str], Path]) -> None:
+        """A checkpoint a killed supervisor parked in the trash is removed by the next supervisor's first pass,
+        even when that pass deletes nothing (it held its disk space until the next deletion)."""
+        core, fake, log = make_core(tmp_path, checkpoints="keep_last = 2")
+        ck = core.cfg.checkpoints.dir
+        make_checkpoint(ck, "step_10")
+        parked = make_checkpoint(ck.parent / f".{ck.name}.fsdp-trash", "step_5.1733239812000000000")
+        core.begin(None)
+        core.house.wait_idle(30)
+        assert not parked.exists() and sorted(p.name for p in ck.iterdir()) == ["step_10"]
+        assert "retention_deleted" not in log.names()
+
 
 class TestInUseMarker:
     def test_written_at_launch_and_dropped_on_commit_and_exit(self, tmp_path: Path,
