@@ -166,8 +166,9 @@ class Housekeeper:
         for d in result.deleted:
             self.log.info("retention_deleted", path=str(d.path), reason=d.reason, size_bytes=d.size_bytes)
         # The first pass also empties what a predecessor killed mid-delete left parked: waiting for the next
-        # deletion could hold a whole checkpoint's disk space for as long as nothing else is pruned.
-        if result.deleted or first:
+        # deletion could hold a whole checkpoint's disk space for as long as nothing else is pruned. With
+        # `prune = false` nothing is ever deleted, leftovers included.
+        if result.deleted or (first and self.cfg.checkpoints.prune):
             self.empty_trash()
         new = result.newest
         if new is None or not _newer(new, self._high):

@@ -174,14 +174,15 @@ class TestRetention:
                                                               make_checkpoint: Callable[[Path, str], Path]) -> None:
         """A checkpoint a killed supervisor parked in the trash is removed by the next supervisor's first pass,
         even when that pass deletes nothing (it held its disk space until the next deletion)."""
-        core, fake, log = make_core(tmp_path, checkpoints="keep_last = 2")
-        ck = core.cfg.checkpoints.dir
-        make_checkpoint(ck, "step_10")
-        parked = make_checkpoint(ck.parent / f".{ck.name}.fsdp-trash", "step_5.1733239812000000000")
-        core.begin(None)
-        core.house.wait_idle(30)
-        assert not parked.exists() and sorted(p.name for p in ck.iterdir()) == ["step_10"]
-        assert "retention_deleted" not in log.names()
+        for prune in ("true", "false"):  # `prune = false`: nothing is deleted, leftovers included
+            core, fake, log = make_core(tmp_path / prune, checkpoints=f"keep_last = 2\nprune = {prune}")
+            ck = core.cfg.checkpoints.dir
+            make_checkpoint(ck, "step_10")
+            parked = make_checkpoint(ck.parent / f".{ck.name}.fsdp-trash", "step_5.1733239812000000000")
+            core.begin(None)
+            core.house.wait_idle(30)
+            assert parked.exists() == (prune == "false") and sorted(p.name for p in ck.iterdir()) == ["step_10"]
+            assert "retention_deleted" not in log.names()
 
 
 class TestInUseMarker:
