@@ -29,6 +29,7 @@ from supervisor.checkpoints import (
 from supervisor.checkpoints.retention import GIB
 from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.errors import CheckpointError
+from tests.fakes import RecordingLog
 
 
 def _plan(*paths: Path) -> RetentionPlan:
@@ -37,6 +38,9 @@ def _plan(*paths: Path) -> RetentionPlan:
 
 def _tree(path: Path) -> set[str]:
     return {str(p.relative_to(path)) for p in path.rglob("*")}
+
+
+NS = "1733239812000000000"  # a time_ns, as earlier versions named what they parked in <root>/.trash
 
 
 def _trash(root: Path) -> Path:
@@ -114,8 +118,8 @@ class TestExecuteRetention:
         write_checkpoint(root, 1)
         (root / "step_00000001" / "sub").mkdir()
         (root / ".trash").mkdir()
-        (root / ".trash" / "step_00000002.1").mkdir()  # a legacy trash: migrated out of the root, then emptied
-        before = _tree(tmp_path) - {"root/.trash", "root/.trash/step_00000002.1"}
+        (root / ".trash" / f"step_00000002.{NS}").mkdir()  # a legacy trash: migrated out of the root, then emptied
+        before = _tree(tmp_path) - {"root/.trash", f"root/.trash/step_00000002.{NS}"}
         assert execute_retention(root, _plan(root / rel)) == []
         assert _tree(tmp_path) - {".root.fsdp-trash"} == before and outside.exists()
 
@@ -213,10 +217,10 @@ class TestTrash:
         """A `<root>/.trash` from an earlier version: its entries move next to the root, then it is removed."""
         root = tmp_path / "root"
         write_checkpoint(root, 1)
-        write_checkpoint(root / ".trash", 7, name="step_00000007.123")
+        write_checkpoint(root / ".trash", 7, name=f"step_00000007.{NS}")
         assert migrate_legacy_trash(root) == 1
         (parked,) = os.listdir(_trash(root))
-        assert os.listdir(root) == ["step_00000001"] and parked.startswith("step_00000007.123.")
+        assert os.listdir(root) == ["step_00000001"] and parked.startswith(f"step_00000007.{NS}.")
         assert clear_trash(root) == 1 and os.listdir(_trash(root)) == []
 
     def test_a_users_own_dot_trash_is_not_migrated(self, tmp_path):
@@ -225,11 +229,63 @@ class TestTrash:
         write_checkpoint(root, 1)
         (root / ".trash" / "notes").mkdir(parents=True)
         (root / ".trash" / "notes" / "todo.txt").write_text("keep me")
-        write_checkpoint(root / ".trash", 7, name="step_00000007.123")
+        write_checkpoint(root / ".trash", 7, name=f"step_00000007.{NS}")
         assert migrate_legacy_trash(root) == 1
         clear_trash(root)
         assert (root / ".trash" / "notes" / "todo.txt").read_text() == "keep me"
         assert os.listdir(root / ".trash") == ["notes"]
+
+    def test_a_users_own_dot_trash_named_like_ours_is_not_migrated(self, tmp_path):
+        """`notes.1`, `backup.20240101/` and a link named like a parked dir were moved out and deleted: at every
+        start, since the first pass empties the trash. Only a dir named `<name>.<time_ns>` was ever ours."""
+        root, outside = tmp_path / "root", tmp_path / "outside"
+        write_checkpoint(root, 1)
+        outside.mkdir()
+        mine = root / ".trash"
+        (mine / "backup.20240101").mkdir(parents=True)
+        (mine / "notes.1").write_text("keep me")
+        (mine / "photo.1733239812").write_text("keep me")  # seconds, not nanoseconds
+        (mine / f"step_3.{NS}").symlink_to(outside)
+        assert migrate_legacy_trash(root) == 0 and clear_trash(root) == 0
+        assert sorted(os.listdir(mine)) == sorted(["backup.20240101", "notes.1", "photo.1733239812", f"step_3.{NS}"])
+        assert sorted(os.listdir(tmp_path)) == ["outside", "root"]  # nothing to move: no trash made either
+
+    def test_what_another_emptier_removes_meanwhile_is_no_failure(self, tmp_path, monkeypatch):
+        """Two emptiers of one trash race (a second supervisor's first pass, `checkpoints prune`): each entry or
+        file the other removed first was a `trash_clear_failed` warning and the rest of that entry stayed."""
+        root = tmp_path / "root"
+        write_checkpoint(root, 1)
+        trash = trash_dir(root)
+        for step in (5, 6):
+            write_checkpoint(trash, step, name=f"step_{step}.{NS}")
+        real, racing = os.scandir, [True]
+
+        class Listing(list):  # what os.scandir gives, listed before the other emptier takes its part
+            def __enter__(self) -> Listing:
+                return self
+
+            def __exit__(self, *_: object) -> None:
+                pass
+
+        def scandir(path):  # the other emptier removes the first entry of every listing, just after ours
+            with real(path) as it:
+                entries = Listing(it)
+            if racing[0] and entries:
+                racing[0] = False  # its own removal is not a race
+                first = entries[0]
+                if isinstance(path, int):
+                    os.unlink(first.name, dir_fd=path) if first.is_file() else None
+                else:
+                    pruning._remove(Path(first.path))
+                racing[0] = True
+            return entries
+
+        log = RecordingLog()
+        monkeypatch.setattr(pruning, "log", log)
+        monkeypatch.setattr(os, "scandir", scandir)
+        clear_trash(root)
+        monkeypatch.undo()
+        assert os.listdir(trash) == [] and log.events == []
 
     def test_falls_back_to_the_callers_dir_when_the_parent_is_not_writable(self, tmp_path, monkeypatch):
         """Parent read-only: the trash goes into the fallback dir (the daemon's run dir) on the same file system."""

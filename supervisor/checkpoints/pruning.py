@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import stat
+import sys
 import time
 from pathlib import Path
 
@@ -34,7 +35,9 @@ __all__ = ["disk_usage", "execute_retention", "clear_trash", "trash_dir", "migra
 log = structlog.get_logger(__name__)
 PathLike = str | os.PathLike[str]
 _PARKED_NAME_BYTES = 200  # of a checkpoint's name kept in its trash name, before ".<time_ns>"
-_LEGACY_PARKED = re.compile(r".+\.\d+", re.DOTALL)  # what earlier versions parked in <root>/.trash: <name>.<time_ns>
+# What earlier versions parked in <root>/.trash: a checkpoint dir renamed to <name>.<time_ns>. time_ns has had 19
+# digits since 2001; 16 leave room for a wrong clock but not for a user's `notes.1` or `backup.20240101`.
+_LEGACY_PARKED = re.compile(r".+\.\d{16,}", re.DOTALL)
 
 
 def disk_usage(root: PathLike) -> DiskUsage:
@@ -95,12 +98,27 @@ def trash_dir(root: PathLike, fallback: PathLike | None = None) -> Path:
                           "Make the root a subdirectory of a writable folder on the same file system")
 
 
+def _gone_is_fine(func: object, path: str, exc: BaseException | tuple[type, BaseException, object]) -> None:
+    """rmtree's error hook: what vanished meanwhile was removed by another emptier of the same trash (a second
+    supervisor on the root, `checkpoints prune`); anything else is raised."""
+    err = exc[1] if isinstance(exc, tuple) else exc
+    if not isinstance(err, FileNotFoundError):
+        raise err
+
+
 def _remove(path: Path) -> None:
-    st = os.lstat(path)
-    if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(path)  # rmtree never follows symlinks inside the tree
+    """Remove a parked entry; one that another emptier removed (or is removing) at the same time is no error."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):  # rmtree never follows symlinks inside the tree
+        if sys.version_info >= (3, 12):
+            shutil.rmtree(path, onexc=_gone_is_fine)
+        else:
+            shutil.rmtree(path, onerror=_gone_is_fine)
     else:
-        path.unlink()
+        path.unlink(missing_ok=True)
 
 
 def _park(target: Path, trash: Path) -> Path:
@@ -115,7 +133,8 @@ def _park(target: Path, trash: Path) -> Path:
 def migrate_legacy_trash(root: PathLike, fallback: PathLike | None = None) -> int:
     """Move what an earlier version left in `<root>/.trash` into the trash next to the root, then remove
     `.trash`; returns how many entries moved. A `.trash` that is a symlink or a file is left alone, and so is
-    every entry not named like one of ours (`<name>.<time_ns>`): a user's own `.trash/` is not ours to delete."""
+    every entry that is not a directory named like one of ours (`<name>.<time_ns>`): a user's own `.trash/` is
+    not ours to delete, and the first pass of every start empties what was moved."""
     base = Path(os.path.abspath(root))
     legacy = base / LEGACY_TRASH_DIR
     try:
@@ -125,15 +144,22 @@ def migrate_legacy_trash(root: PathLike, fallback: PathLike | None = None) -> in
         return 0
     except OSError as exc:
         raise CheckpointError(f"{legacy}: cannot read: {exc.strerror}") from None
-    trash = trash_dir(base, fallback)
+    trash: Path | None = None  # made only for something to move: a user's own .trash creates nothing
     moved = kept = 0
-    for entry in os.scandir(legacy):
-        if not _LEGACY_PARKED.fullmatch(entry.name):
+    try:
+        entries = list(os.scandir(legacy))
+    except FileNotFoundError:  # another supervisor on the root migrated it just now
+        return 0
+    for entry in entries:
+        if not (_LEGACY_PARKED.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False)):
             kept += 1
             continue
         try:
+            trash = trash or trash_dir(base, fallback)
             _park(Path(entry.path), trash)
             moved += 1
+        except FileNotFoundError:
+            continue  # moved by another supervisor on the root just now
         except OSError as exc:
             log.warning("trash_migrate_failed", path=entry.path, error=exc.strerror)
     if kept:
@@ -141,9 +167,11 @@ def migrate_legacy_trash(root: PathLike, fallback: PathLike | None = None) -> in
         return moved
     try:
         os.rmdir(legacy)
+    except FileNotFoundError:
+        pass
     except OSError as exc:
         log.warning("trash_migrate_failed", path=str(legacy), error=exc.strerror)
-    log.info("trash_migrated", root=str(base), trash=str(trash), entries=moved)
+    log.info("trash_migrated", root=str(base), trash=str(trash) if trash else None, entries=moved)
     return moved
 
 
