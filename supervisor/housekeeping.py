@@ -123,9 +123,13 @@ class Housekeeper:
                     self._more_trash = False
                 try:
                     store.clear_trash(self.root, fallback=self.cfg.run_dir)
-                    self.disk_free = store.disk_usage(self.root).free_bytes  # picked up by the next publish
                 except (CheckpointError, OSError) as exc:
                     self.log.warning("trash_clear_failed", root=str(self.root), error=str(exc))
+                    continue
+                try:  # picked up by the next publish
+                    self.disk_free = store.disk_usage(self.root).free_bytes
+                except CheckpointError:
+                    pass  # a root that is not there (yet): nothing to do with the trash; the next pass says
 
         self._emptier = threading.Thread(target=work, name="trash-emptier", daemon=True)
         self._emptier.start()

@@ -184,6 +184,18 @@ class TestRetention:
             assert parked.exists() == (prune == "false") and sorted(p.name for p in ck.iterdir()) == ["step_10"]
             assert "retention_deleted" not in log.names()
 
+    def test_the_first_pass_on_a_root_not_there_yet_warns_of_nothing(self, tmp_path: Path,
+                                                                      make_checkpoint: Callable[[Path, str], Path]) -> None:
+        """No root yet (removed, or a mount not up): the first pass still empties a predecessor's trash, and the
+        root's unreadable disk usage is no `trash_clear_failed` (it was one, at every such start)."""
+        core, fake, log = make_core(tmp_path, checkpoints="keep_last = 2")
+        ck = core.cfg.checkpoints.dir
+        ck.rmdir()
+        parked = make_checkpoint(ck.parent / f".{ck.name}.fsdp-trash", "step_5.1733239812000000000")
+        core.begin(None)
+        core.house.wait_idle(30)
+        assert not parked.exists() and [e for e in log.names() if "fail" in e] == []
+
 
 class TestInUseMarker:
     def test_written_at_launch_and_dropped_on_commit_and_exit(self, tmp_path: Path,
