@@ -116,12 +116,14 @@ class TestLoopProbe:
 
 @pytest.mark.integration
 class TestBenchmarksRun:
-    def test_recovery_all_variants(self) -> None:
-        """Each recovery variant recovers and reports a total and five non-negative phases."""
-        from bench.recovery import PHASES, VARIANTS, run
+    def test_recovery_variants(self) -> None:
+        """The two gated recovery variants recover and report a total and five non-negative phases. (The naive
+        loop, an ungated baseline, shares their measuring code and is left to `make bench`: ~17 s of CI.)"""
+        from bench.recovery import PHASES, run
 
-        r = run(repeats=1, kill_step=3, model=TINY)
-        for v in VARIANTS:
+        variants = ("supervisor", "torchrun_restart")
+        r = run(repeats=1, kill_step=3, model=TINY, variants=variants)
+        for v in variants:
             assert _positive(r[v]) and set(r["breakdown"][v]) == set(PHASES)
             assert all(x >= 0 for x in r["breakdown"][v].values())
         assert _positive(r["ratio"])
