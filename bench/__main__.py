@@ -157,7 +157,7 @@ def _sections(quick: bool, repeats: int | None, say: Callable[[str], None]) -> d
         from bench import checkpoint_io as cio
 
         if quick:
-            return cio.run(repeats=1, gb=0.02, d_model=128, ranks=1)
+            return cio.run(repeats=1, gb=0.02, d_model=128, ranks=1, settle_s=0.0)  # a smoke run: no figures
         return cio.run(repeats=repeats or 3)
 
     def loop_stall() -> dict[str, Any]:

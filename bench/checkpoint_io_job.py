@@ -13,7 +13,7 @@ count weighs both orders equally):
   file of the checkpoint, one after the other. Both start cold (`--cache`): `drop_caches` (sync, then
   `echo 3 > /proc/sys/vm/drop_caches`; needs root), else `fadvise` (fsync, then
   `posix_fadvise(POSIX_FADV_DONTNEED)` on every file: evicts clean pages of files we can open), else
-  `warm`; `auto` takes the first that works; then SETTLE_S of quiet.
+  `warm`; `auto` takes the first that works; then SETTLE_S (`--settle-s`) of quiet.
 Each time is the slowest rank's. Rank 0 writes JSON to --out. `--profile` compares loader and writer
 variants instead
 (docs/performance-scale.md).
@@ -41,9 +41,11 @@ from trainer.checkpoint import Checkpointer, _Writer, load_checkpoint
 from trainer.parallel import init_distributed, shutdown
 
 _DD_BLOCK = 4 * 2**20
-# After evicting: the kernel (and a VM's host) are still busy from the sync and the drop for a moment;
-# measured here, cold dd reads right after the drop spread 0.4-1.5 GB/s, 1 s later 0.64-0.83 GB/s.
-SETTLE_S = 1.0
+# After evicting, wait until the memory the drop freed is settled. This VM's balloon has free page
+# reporting: ~2 s after guest pages are freed the host takes them back, and a read into such pages runs at
+# about half the speed of one into pages the host still backs. Cold `dd` of the same 1.2 GB, 8 times
+# each: 0.2 s after the drop alternated 2.0 / 1.2 GB/s, 1 s after 1.0-1.6, 4 s after 0.73-1.0.
+SETTLE_S = 4.0
 CACHE_METHODS = ("drop_caches", "fadvise", "warm")
 
 
@@ -116,7 +118,7 @@ def make_cold(files: list[Path], method: str) -> str:
 
 
 class IoBench:
-    def __init__(self, root: Path, gb: float, d_model: int, cache: str) -> None:
+    def __init__(self, root: Path, gb: float, d_model: int, cache: str, settle_s: float = SETTLE_S) -> None:
         self.d = init_distributed(600)
         self.rank, self.group = self.d.rank, self.d.control
         self.mesh = init_device_mesh("cpu", (self.d.world_size,))
@@ -125,7 +127,7 @@ class IoBench:
         self.layers = layers_for(gb, d_model)
         self.source = build_state(self.layers, d_model, self.mesh, fill=True)
         self.target = build_state(self.layers, d_model, self.mesh, fill=False)
-        self.cache_wanted, self.cache = cache, "warm"
+        self.cache_wanted, self.cache, self.settle_s = cache, "warm", settle_s
         self.samples: dict[str, list[float]] = {k: [] for k in ("save_gbps", "dd_fsync_gbps", "save_s", "dd_fsync_s",
                                                                   "load_gbps", "dd_gbps", "load_s", "dd_s")}
         self.write_rounds: list[dict[str, float]] = []
@@ -180,7 +182,7 @@ class IoBench:
         if self.rank == 0:
             box = [make_cold(self.files(), self.cache_wanted)]
             if box[0] != "warm":
-                time.sleep(SETTLE_S)
+                time.sleep(self.settle_s)
         dist.broadcast_object_list(box, src=0, group=self.group)
         self.cache = box[0]
         dist.barrier(group=self.group)
@@ -288,6 +290,10 @@ class IoBench:
             self._record("save", self.write_rounds, ours, dd, "dd_fsync")
         # Loads: twice the write rounds. An even count, so that either order is half the rounds; and more of
         # them, because cold reads here spread more than writes (per-round ratios 0.76-2.03 within one run).
+        # First one round that is not counted: right after the write rounds, cold reads ran at twice their
+        # later speed (memory the writes freed that the host had not taken back yet; see SETTLE_S).
+        self.dd()
+        self.load(check=False)
         for r in range(2 * rounds):
             if r % 2 == 0:
                 dd = self.dd()
@@ -310,12 +316,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--d-model", type=int, default=1024)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--cache", choices=("auto", *CACHE_METHODS), default="auto")
+    p.add_argument("--settle-s", type=float, default=SETTLE_S, help="quiet after each eviction (see SETTLE_S)")
     p.add_argument("--profile", default="", help="comma-separated loader configurations to compare instead "
                    "(loads: dd, dd_parallel, raw_read, dcp_default, direct_<threads>; saves: dd_fsync, "
                    "checkpointer, save_trainer, save_crc, save_t<threads>, save_nofsync)")
     a = p.parse_args(argv)
     torch.manual_seed(0)
-    bench = IoBench(a.dir, a.gb, a.d_model, a.cache)
+    bench = IoBench(a.dir, a.gb, a.d_model, a.cache, a.settle_s)
     try:
         result = bench.profile(a.rounds, a.profile.split(",")) if a.profile else bench.run(a.rounds)
         if bench.rank == 0:
