@@ -51,16 +51,18 @@ def reduce(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(repeats: int = 3, gb: float = GB, d_model: int = 1024, cache: str = "auto", ranks: int = 2,
-        data_dir: Path | None = None, settle_s: float = 4.0) -> dict[str, Any]:
+        data_dir: Path | None = None, settle_s: float | None = None) -> dict[str, Any]:
     """Run the I/O job once (rounds inside it) and reduce its samples to `{"write_gbps", "load_gbps"}`.
 
     `ranks=1` runs the job as one plain process (no torchrun agent: a smoke run starts faster); `settle_s`:
-    the quiet after each eviction (bench/checkpoint_io_job.py, SETTLE_S)."""
+    the quiet after each eviction (default: bench/checkpoint_io_job.py's SETTLE_S)."""
     root = Path(data_dir) if data_dir else scratch("io")
     out = root / "result.json"
     launcher = torchrun_argv(ranks) if ranks > 1 else [PY]
     argv = [*launcher, "-m", "bench.checkpoint_io_job", "--dir", str(root), "--out", str(out), "--rounds",
-            str(repeats), "--gb", str(gb), "--d-model", str(d_model), "--cache", cache, "--settle-s", str(settle_s)]
+            str(repeats), "--gb", str(gb), "--d-model", str(d_model), "--cache", cache]
+    if settle_s is not None:
+        argv += ["--settle-s", str(settle_s)]
     try:
         with Tagged() as tagged:
             p = tagged.start(argv, log=root / "job.log", env=job_env())

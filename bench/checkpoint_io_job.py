@@ -4,8 +4,8 @@ Runs under torchrun. Every rank builds a transformer-shaped sharded state (per l
 weights, a norm, and AdamW's two moments for each, as DTensors sharded on dim 0 over all ranks, the
 layout FSDP2 saves), then runs `--rounds` write rounds and twice as many load rounds; within a round the
 two sides run back to back and which goes first alternates, so that a change of disk speed hits both
-sides of a round alike (cold reads here are faster first in a round about as often as second: an even
-count weighs both orders equally):
+sides of a round alike, and an even count weighs both orders equally (one uncounted load round comes
+first; SETTLE_S says why the order mattered here):
 - write: the trainer's `Checkpointer.save(blocking=True)` (DCP write, fsync, manifest, atomic rename)
   against rank 0's `dd if=/dev/zero bs=4M conv=fsync` of the same size into the same directory;
 - load: the trainer's `load_checkpoint` (DCP) into preallocated tensors of the same layout (the first
@@ -15,8 +15,7 @@ count weighs both orders equally):
   `posix_fadvise(POSIX_FADV_DONTNEED)` on every file: evicts clean pages of files we can open), else
   `warm`; `auto` takes the first that works; then SETTLE_S (`--settle-s`) of quiet.
 Each time is the slowest rank's. Rank 0 writes JSON to --out. `--profile` compares loader and writer
-variants instead
-(docs/performance-scale.md).
+variants instead (docs/performance-scale.md).
 
     torchrun --standalone --nproc-per-node=2 -m bench.checkpoint_io_job --dir D --out R.json [--gb 1.2]
 """
