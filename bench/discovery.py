@@ -29,8 +29,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from supervisor.checkpoints import metadata, newest_complete, scan
-from supervisor.checkpoints.metadata_cache import CACHE_ENV
+from supervisor.checkpoints import newest_complete, scan
+from supervisor.checkpoints.metadata import reader as metadata
+from supervisor.checkpoints.metadata.cache import CACHE_ENV
 from supervisor.checkpoints.testing import dcp_metadata_bytes, write_checkpoint
 
 __all__ = ["build_root", "run", "run_large", "LARGE_RANKS"]
@@ -124,7 +125,7 @@ def run(n: int = 1000, shards: int = 16, repeats: int = 7) -> dict[str, Any]:
 _PEAK = r"""
 import json, sys, time
 from pathlib import Path
-from supervisor.checkpoints import metadata
+from supervisor.checkpoints.metadata import reader as metadata
 
 def kib(field):
     return int(next(l for l in open("/proc/self/status") if l.startswith(field + ":")).split()[1])
@@ -142,7 +143,7 @@ _VERSUS_TORCH = r"""
 import gc, json, pickle, statistics, sys, time
 from pathlib import Path
 import torch, torch.distributed.checkpoint  # imported first: torch's load then costs only the load
-from supervisor.checkpoints import metadata
+from supervisor.checkpoints.metadata import reader as metadata
 
 path, repeats = Path(sys.argv[1]), int(sys.argv[2])
 times = {"ours_cpu": [], "torch_cpu": [], "ours_wall": [], "torch_wall": []}

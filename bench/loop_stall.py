@@ -2,7 +2,7 @@
 
 DESIGN.md invariant 8: a signal or a job exit is handled within half a second whatever is being
 verified. One repeat is one real `fsdp-supervisor run` of a torch-free fake job (tests/jobs/fakejob.py)
-with the loop probe on (supervisor/loopprobe.py: a 10 ms tick that records how late it ran), in which a
+with the loop probe on (supervisor/daemon/loopprobe.py: a 10 ms tick that records how late it ran), in which a
 copy of a large checkpoint (its `.metadata` and sparse shards) is renamed into the checkpoint root twice:
 1. while the first copy is being verified, the job is SIGKILLed: `job_exit_reaped_s` is kill -> the exit
    recorded in state.json (`last_exit.at`, written when the loop reaps it) and `job_exited_log_s` is
@@ -38,7 +38,7 @@ import psutil
 
 from bench.common import PY, REPO, Tagged, median, scratch, wait_until
 from supervisor.layout import METADATA_NAME, step_dir_name
-from supervisor.loopprobe import PROBE_ENV
+from supervisor.daemon.loopprobe import PROBE_ENV
 
 __all__ = ["run", "build_template", "SIZE", "QUICK_SIZE"]
 

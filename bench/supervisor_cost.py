@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 
 from bench.common import PY, REPO, median
-from supervisor.spares import is_spare_cmdline
+from supervisor.host.spares import is_spare_cmdline
 
 __all__ = ["Sampler", "import_seconds", "idle_spare", "idle_spare_ready", "spare_rss_mb", "RUN_IMPORTS"]
 
@@ -96,8 +96,8 @@ def spare_rss_mb(supervisor_pid: int, run_dir: Path) -> float | None:
 RUN_IMPORTS = (
     "from supervisor import cli\n"
     "cli.build_parser()\n"
-    "import supervisor.preflight, supervisor.procs, supervisor.core, supervisor.loop, supervisor.loopprobe, "
-    "supervisor.metrics, supervisor.notify, supervisor.system, supervisor.checkpoints.metadata_child\n"
+    "import supervisor.daemon.preflight, supervisor.host.procs, supervisor.daemon.core, supervisor.daemon.loop, supervisor.daemon.loopprobe, "
+    "supervisor.observe.metrics, supervisor.observe.notify, supervisor.daemon.system, supervisor.checkpoints.metadata.child\n"
 )
 # The third-party floor under it: the same libraries, one pydantic model, none of our code.
 LIBRARY_FLOOR = (
@@ -137,7 +137,7 @@ def import_seconds(repeats: int = 5) -> dict[str, Any]:
     ready = {
         "python_startup_s": "pass",
         "library_floor_s": LIBRARY_FLOOR,
-        "status_imports_s": "import supervisor.commands",
+        "status_imports_s": "import supervisor.cli.commands",
         "import_s": RUN_IMPORTS,
     }
     samples: dict[str, list[float]] = {k: [] for k in (*ready, "version_s")}

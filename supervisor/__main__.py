@@ -1,4 +1,4 @@
-from supervisor.cli import main
+from supervisor.cli.main import main
 import sys
 
 sys.exit(main())

@@ -6,7 +6,7 @@ that reach argv, the environment or the filesystem are checked here (no NUL byte
 and so is where the three directories sit relative to each other: the checkpoint root holds checkpoints
 only, never the config, the job's working directory or the supervisor's own files. Every error becomes
 one `ConfigError` line that names the file and the key. Whether the paths exist and are writable is
-checked by `supervisor.preflight` before `run` creates anything.
+checked by `supervisor.daemon.preflight` before `run` creates anything.
 """
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ class JobSection(_Section):
 class CheckpointsSection(RetentionRules):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    # Field descriptions render into docs/configuration.md (supervisor.configdoc); the placement rules are in
+    # Field descriptions render into docs/configuration.md (supervisor.cli.configdoc); the placement rules are in
     # _placement_error, the module docstring and that page's notes.
     dir: DirPath = Field(description="checkpoint root the job writes into (shared storage for multi-node)")
     prune: bool = Field(default=True, description="run retention from this supervisor (false on all but one node)")

@@ -45,7 +45,7 @@ ENV_HEARTBEAT = "FSDP_SUPERVISOR_HEARTBEAT"  # file the job may rewrite with a h
 ENV_ATTEMPT = "FSDP_SUPERVISOR_ATTEMPT"  # 1, 2, ...: which launch this is (continues across supervisor runs)
 ENV_RUN_DIR = "FSDP_SUPERVISOR_RUN_DIR"  # the supervisor's run dir (state.json, logs)
 ENV_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # torchrun's own: where `@record` writes the root-cause error
-# The run dir's random token (supervisor/identity.py): every process of the job inherits it, so a supervisor
+# The run dir's random token (supervisor/host/identity.py): every process of the job inherits it, so a supervisor
 # recognises a job its killed predecessor left running whatever argv the kernel shows for it.
 ENV_RUN_TOKEN = "FSDP_SUPERVISOR_RUN_TOKEN"
 

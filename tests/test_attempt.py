@@ -5,11 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.attempt import Job, apply_beat, hang_timeout, job_env, named_by_beat, read_beat
+from supervisor.policy.attempt import Job, apply_beat, hang_timeout, job_env, named_by_beat
+from supervisor.daemon.evidence import read_beat
 from supervisor.checkpoints import CheckpointInfo
 from supervisor.config import Config, HealthSection, load_config
 from supervisor.contract import ENV_ATTEMPT, ENV_HEARTBEAT, ENV_RUN_TOKEN, Beat
-from supervisor.state import Status
+from supervisor.policy.state import Status
 from tests.helpers import returns_despite_fifo
 
 

@@ -93,7 +93,7 @@ class TestHelpers:
 class TestLoopProbe:
     def test_records_lateness_and_writes_json(self, tmp_path: Path) -> None:
         """Each tick records how late it ran against the previous tick's deadline; the file holds them all."""
-        from supervisor.loopprobe import INTERVAL_S, LoopProbe
+        from supervisor.daemon.loopprobe import INTERVAL_S, LoopProbe
 
         now = [100.0]
         probe = LoopProbe(tmp_path / "p.json", clock=lambda: now[0])
@@ -107,7 +107,7 @@ class TestLoopProbe:
 
     def test_off_without_the_variable(self, tmp_path: Path) -> None:
         """Without FSDP_SUPERVISOR_LOOP_PROBE there is no probe; with it, one writing to that path."""
-        from supervisor.loopprobe import PROBE_ENV, LoopProbe
+        from supervisor.daemon.loopprobe import PROBE_ENV, LoopProbe
 
         assert LoopProbe.from_env({}) is None
         probe = LoopProbe.from_env({PROBE_ENV: str(tmp_path / "x.json")})
@@ -193,7 +193,7 @@ class TestBenchmarksRun:
         timed = subprocess.run([sys.executable, "-c", RUN_IMPORTS + show],
                                capture_output=True, text=True, timeout=60, check=True)
         ours = {m for m in real.stdout.split() if m.startswith("supervisor")}
-        assert {"supervisor.core", "supervisor.loop"} <= ours, real.stderr
+        assert {"supervisor.daemon.core", "supervisor.daemon.loop"} <= ours, real.stderr
         assert ours - set(timed.stdout.split()) == set()
         assert {"torch", "http.server"} & set(real.stdout.split()) == set()
 

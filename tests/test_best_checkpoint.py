@@ -13,9 +13,10 @@ import pytest
 
 from supervisor.checkpoints import KeepBest, quarantine, scan
 from supervisor.checkpoints.testing import write_checkpoint
-from supervisor.housekeeping import best_checkpoint
-from supervisor.state import State, Status, read_status, write_status
-from supervisor.statusview import render_status
+from supervisor.daemon.housekeeping import best_checkpoint
+from supervisor.policy.state import State, Status
+from supervisor.daemon.statefile import read_status, write_status
+from supervisor.observe.statusview import render_status
 from tests.supervise import Supervisors, cli, supervisors, write_config  # noqa: F401
 
 

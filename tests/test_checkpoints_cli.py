@@ -1,4 +1,4 @@
-"""Tests for supervisor.checkpoint_commands: the `checkpoints` commands, run as a real subprocess."""
+"""Tests for supervisor.cli.checkpoints: the `checkpoints` commands, run as a real subprocess."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import cli as top_cli
+from supervisor.cli import main as top_cli
 from supervisor.checkpoints import is_pinned, quarantine
 from supervisor.layout import tmp_dir_name
 from supervisor.checkpoints.testing import write_checkpoint
@@ -49,8 +49,8 @@ def root(tmp_path) -> Path:
 
 
 def test_checkpoints_module_is_registered():
-    """supervisor.cli dispatches to this module (otherwise `fsdp-supervisor checkpoints` does not exist)."""
-    assert "supervisor.checkpoint_commands" in top_cli.COMMAND_MODULES
+    """supervisor.cli.main dispatches to this module (otherwise `fsdp-supervisor checkpoints` does not exist)."""
+    assert "supervisor.cli.checkpoints" in top_cli.COMMAND_MODULES
 
 
 class TestList:
@@ -220,7 +220,7 @@ class TestOneLinePerFact:
 
     def test_prune_that_cannot_set_up_its_trash_is_one_line(self, root, monkeypatch, capsys):
         """Any OSError from the store's delete path (here: no permission for the trash) is exit 2, one line."""
-        from supervisor import checkpoint_commands
+        from supervisor.cli import checkpoints as checkpoint_commands
 
         def denied(root_dir, plan, **_kw):
             raise PermissionError(13, "Permission denied", str(root_dir.parent / f".{root_dir.name}.fsdp-trash"))

@@ -33,7 +33,7 @@ from supervisor.checkpoints import (
 from supervisor.checkpoints.naming import is_checkpoint_name, name_ordinal, name_step
 from supervisor.checkpoints.retention import GIB
 from supervisor.checkpoints.testing import write_checkpoint
-from supervisor.housekeeping import Housekeeper
+from supervisor.daemon.housekeeping import Housekeeper
 from tests.fakes import RecordingLog
 from tests.supervise import REPO
 

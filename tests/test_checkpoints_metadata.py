@@ -1,4 +1,4 @@
-"""Tests for supervisor.checkpoints.metadata: the allowlisting, torch-free, bounded-cost DCP metadata reader."""
+"""Tests for supervisor.checkpoints.metadata.reader: the allowlisting, torch-free, bounded-cost DCP metadata reader."""
 from __future__ import annotations
 
 import io
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import supervisor.checkpoints
-from supervisor.checkpoints import metadata as md
-from supervisor.checkpoints import metadata_scan
+from supervisor.checkpoints.metadata import reader as md
+from supervisor.checkpoints.metadata import scan as metadata_scan
 from supervisor.checkpoints.testing import dcp_metadata_bytes, storage_metadata_bytes, write_checkpoint
 
 from checkpoints_dcp_writer import run_writer

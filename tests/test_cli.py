@@ -1,4 +1,4 @@
-"""Tests for supervisor.cli across commands: odd input is one line and an exit code, a closed stdout is quiet."""
+"""Tests for supervisor.cli.main across commands: odd input is one line and an exit code, a closed stdout is quiet."""
 from __future__ import annotations
 
 import argparse
@@ -12,8 +12,9 @@ import pytest
 
 from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.errors import EXIT_BROKEN_PIPE
-from supervisor.runlock import LOCK_FILE
-from supervisor.state import State, Status, write_status
+from supervisor.host.runlock import LOCK_FILE
+from supervisor.policy.state import State, Status
+from supervisor.daemon.statefile import write_status
 from tests.helpers import REPO
 from tests.supervise import cli
 
@@ -136,7 +137,7 @@ class TestLogsJob:
 _HOLDER = """
 import signal, sys, time
 from pathlib import Path
-from supervisor.runlock import RunLock
+from supervisor.host.runlock import RunLock
 lock = RunLock(Path(sys.argv[1]))
 lock.acquire()
 def term(signum, frame):
@@ -172,7 +173,7 @@ class TestLogsFollowLosesNothing:
             self, project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
         """`logs -f --job`: the follow goes on from where the tail ended, not from wherever the end is by then
         (a crash's traceback written in that gap was lost)."""
-        from supervisor import commands
+        from supervisor.cli import commands
 
         log = project / ".fsdp-supervisor" / "logs" / "attempt-0001.log"
         log.parent.mkdir()

@@ -17,10 +17,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor.console import Console, Progress, progress_text, render_event
-from supervisor.lines import CUT_MARK, MAX_LINE, LineSplitter, last_frame, tail_lines
-from supervisor.loop import Echo
-from supervisor.state import State, Status
+from supervisor.observe.console import Console, Progress, progress_text, render_event
+from supervisor.observe.lines import CUT_MARK, MAX_LINE, LineSplitter, last_frame, tail_lines
+from supervisor.daemon.loop import Echo
+from supervisor.policy.state import State, Status
 from tests.helpers import returns_despite_fifo
 from tests.supervise import FAKEJOB, TAG_ENV, Supervisors, cli, launches, supervisors, wait_for, write_config  # noqa: F401
 
@@ -123,7 +123,7 @@ class TestWarnings:
 
         import structlog
 
-        from supervisor.eventlog import configure
+        from supervisor.observe.eventlog import configure
 
         con, read = file_console(tty=False)
         with warnings.catch_warnings():

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from supervisor.config import load_config
-from supervisor.core import Core
-from supervisor.state import State, Status, read_status
+from supervisor.daemon.core import Core
+from supervisor.policy.state import State, Status
+from supervisor.daemon.statefile import read_status
 from tests.fakes import FakeSystem, RecordingLog
 
 BASE = """
@@ -334,7 +335,7 @@ class TestBeatPublishing:
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
         """A job beating on every step (hundreds a second) cost an fsynced state.json write per beat (the loop was
         busy ~70% of the time at 250 beats/s); now at most one per _BEAT_PUBLISH_S, and the last beat lands."""
-        import supervisor.core as core_module
+        import supervisor.daemon.core as core_module
 
         writes: list[int | None] = []
         real = core_module.write_status

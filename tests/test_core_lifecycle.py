@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import core as core_module
+from supervisor.daemon import core as core_module
 from supervisor.checkpoints import markers
-from supervisor.core import Core, Timer
-from supervisor.identity import run_token, valid_token
-from supervisor.state import State, Status, read_status
+from supervisor.daemon.core import Core, Timer
+from supervisor.host.identity import run_token, valid_token
+from supervisor.policy.state import State, Status
+from supervisor.daemon.statefile import read_status
 from tests.fakes import FakeSystem, RecordingLog
 from tests.helpers import returns_despite_fifo
 from tests.test_core import beat, exit_job, make_core
@@ -74,7 +75,7 @@ class TestGracefulStopIsNeverEscalatedByAccident:
 class TestOrphansAreFoundByToken:
     def test_token_in_the_job_env_and_kept_in_the_run_dir(self, tmp_path: Path) -> None:
         """Every job carries the run dir's token; the next supervisor searches for it even without state.json."""
-        from supervisor.identity import TOKEN_FILE
+        from supervisor.host.identity import TOKEN_FILE
 
         core, fake, _ = make_core(tmp_path)
         core.begin(None)
@@ -89,7 +90,7 @@ class TestOrphansAreFoundByToken:
 
     def test_found_orphans_are_stopped_before_the_launch(self, tmp_path: Path) -> None:
         """Whatever the search finds is stopped first and logged with the recorded job's pid."""
-        from supervisor.identity import TOKEN_FILE
+        from supervisor.host.identity import TOKEN_FILE
 
         core, fake, log = make_core(tmp_path)
         fake.orphans = [777, 778]
@@ -115,7 +116,7 @@ class TestOrphansAreFoundByToken:
 
     def test_stop_force_while_an_orphan_saves_kills_it_at_once(self, tmp_path: Path) -> None:
         """`stop --force` during the orphan's grace: the orphan is stopped with no grace (timeout 0), then exit."""
-        from supervisor.signals import FORCE_STOP_SIGNAL
+        from supervisor.host.signals import FORCE_STOP_SIGNAL
 
         core, fake, log = make_core(tmp_path)
         fake.orphans, fake.defer_work = [777], True

@@ -19,7 +19,7 @@ from supervisor import checkpoints as store
 from supervisor.checkpoints import GIB, PARTIAL, DiskUsage, newest_complete, scan
 from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.config import load_config
-from supervisor.housekeeping import Housekeeper
+from supervisor.daemon.housekeeping import Housekeeper
 from tests.chaos import (STEPS, TIMEOUT, TORCHRUN, ChaosRun, assert_same_weights, export_weights, job_config, reference,
                          train_args)
 from tests.helpers import REPO, wait_for

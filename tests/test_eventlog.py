@@ -1,4 +1,4 @@
-"""Tests for supervisor.eventlog: where events go, under `run` and under the other commands."""
+"""Tests for supervisor.observe.eventlog: where events go, under `run` and under the other commands."""
 from __future__ import annotations
 
 import contextlib
@@ -13,7 +13,7 @@ import structlog
 
 from supervisor.checkpoints import pin
 from supervisor.checkpoints.testing import write_checkpoint
-from supervisor.eventlog import LOG_FILE, configure, configure_cli, get_logger
+from supervisor.observe.eventlog import LOG_FILE, configure, configure_cli, get_logger
 
 
 @pytest.fixture

@@ -22,7 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from supervisor.exits import RootCause, classify_exit, read_oom_kills, root_cause
+from supervisor.policy.exits import RootCause, classify_exit
+from supervisor.daemon.evidence import read_oom_kills, root_cause
 
 DATA = Path(__file__).parent / "data"
 OOM = "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"

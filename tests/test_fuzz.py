@@ -24,15 +24,17 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from supervisor import cli, preflight
+from supervisor.cli import main as cli
+from supervisor.daemon import preflight
 from supervisor.checkpoints import STATES, verify
 from supervisor.layout import MANIFEST_NAME, METADATA_NAME
-from supervisor.checkpoints.metadata import MetadataError, parse_metadata
+from supervisor.checkpoints.metadata.reader import MetadataError, parse_metadata
 from supervisor.checkpoints.testing import dcp_metadata_bytes
 from supervisor.config import Config, load_config
 from supervisor.errors import ConfigError
-from supervisor.metrics import listen_address
-from supervisor.state import Status, read_status, write_status
+from supervisor.observe.metrics import listen_address
+from supervisor.policy.state import Status
+from supervisor.daemon.statefile import read_status, write_status
 from tests.supervise import cli as run_cli
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -353,7 +355,7 @@ class TestStateFuzz:
         config = tmp_path / "job.toml"
         config.write_text('[job]\ncommand = ["x"]\n[checkpoints]\ndir = "ckpts"\n')
         write_status(run_dir, Status(pid=1, reason="x" * 100_000))  # big writes widen the window
-        loop = ("import sys; from pathlib import Path; from supervisor.state import Status, write_status\n"
+        loop = ("import sys; from pathlib import Path; from supervisor.daemon.statefile import Status, write_status\n"
                 "for i in range(10**9): write_status(Path(sys.argv[1]), Status(pid=i, reason='x' * 100_000))")
         for delay in (0.3, 0.31, 0.33, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8):
             p = subprocess.Popen([sys.executable, "-c", loop, str(run_dir)], start_new_session=True)

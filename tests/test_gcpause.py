@@ -1,4 +1,4 @@
-"""supervisor/gcpause.py: the cyclic collector paused around parses and loads, and put back as it was."""
+"""supervisor/host/gcpause.py: the cyclic collector paused around parses and loads, and put back as it was."""
 from __future__ import annotations
 
 import gc
@@ -6,7 +6,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from supervisor.gcpause import collector_paused
+from supervisor.host.gcpause import collector_paused
 
 
 class TestCollectorPaused:

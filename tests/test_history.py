@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from supervisor.config import load_config
-from supervisor.core import Core
-from supervisor.history import MAX_LINE, HISTORY_FILE, bucket_width, compact_lines, parse_lines, read_history, thin
-from supervisor.history_demo import month
-from supervisor.recorder import HistoryRecorder, NullHistory
-from supervisor.report import summarize
-from supervisor.state import State
+from supervisor.daemon.core import Core
+from supervisor.history.records import MAX_LINE, HISTORY_FILE, bucket_width, compact_lines, parse_lines, read_history, thin
+from tests.history_demo import month
+from supervisor.daemon.recorder import HistoryRecorder, NullHistory
+from supervisor.history.fold import summarize
+from supervisor.policy.state import State
 from tests.fakes import FakeSystem, RecordingLog
 from tests.test_core import BASE, exit_job
 
@@ -53,7 +53,7 @@ def kinds(recs: list[dict]) -> list[str]:
 
 def hold_compaction(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
     """Make the recorder's compaction wait on `gate` (set by the test); `started` is set once it runs."""
-    import supervisor.recorder as recorder_mod
+    import supervisor.daemon.recorder as recorder_mod
 
     gate, started = threading.Event(), threading.Event()
     real = recorder_mod.compact_lines
@@ -193,7 +193,7 @@ class TestCoreRecords:
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
         """Start-up folds the earlier runs' records outside any hook: an error there is logged (history_failed),
         and the run starts and records as usual."""
-        from supervisor.report import Fold
+        from supervisor.history.fold import Fold
 
         core, fake, _, history = make_core(tmp_path)
         core.begin(None)
@@ -373,8 +373,8 @@ class TestHostileFiles:
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
         """Start-up folds at most MAX_READ_BYTES (a line at a time), never cuts what it did not read, and does not
         compact a file that size (here the limit is 1 KB)."""
-        import supervisor.history as history_mod
-        import supervisor.recorder as recorder_mod
+        import supervisor.history.records as history_mod
+        import supervisor.daemon.recorder as recorder_mod
 
         monkeypatch.setattr(history_mod, "MAX_READ_BYTES", 1024)
         monkeypatch.setattr(recorder_mod, "MAX_READ_BYTES", 1024, raising=False)

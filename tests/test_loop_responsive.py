@@ -17,11 +17,11 @@ import psutil
 import pytest
 
 from supervisor.config import load_config
-from supervisor.core import Core
-from supervisor.housekeeping import PassResult
-from supervisor.loop import EventLoop
-from supervisor.state import State
-from supervisor.system import RealSystem
+from supervisor.daemon.core import Core
+from supervisor.daemon.housekeeping import PassResult
+from supervisor.daemon.loop import EventLoop
+from supervisor.policy.state import State
+from supervisor.daemon.system import RealSystem
 from tests.fakes import FakeSystem, RecordingLog
 from tests.supervise import FAKEJOB, write_config
 from tests.test_core import exit_job, make_core
@@ -151,7 +151,7 @@ class TestWatchdogShutdownNoise:
         dropped (it printed over the console as `run` exited); its other errors still get through."""
         import logging
 
-        import supervisor.loop  # noqa: F401  (installs the filter)
+        import supervisor.daemon.loop  # noqa: F401  (installs the filter)
         log = logging.getLogger("watchdog.observers.inotify")
 
         def record(msg: str) -> logging.LogRecord:

@@ -26,7 +26,7 @@ TIMEOUT_S = 60  # a kill switch, not a speed assertion: these parse in well unde
 _PROBE = r"""
 import json, resource, sys, time
 from pathlib import Path
-from supervisor.checkpoints import metadata as md
+from supervisor.checkpoints.metadata import reader as md
 limit = int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 start = time.process_time()

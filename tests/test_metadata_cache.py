@@ -1,4 +1,4 @@
-"""Tests for supervisor.checkpoints.metadata_cache: parsed `.metadata` summaries shared across processes."""
+"""Tests for supervisor.checkpoints.metadata.cache: parsed `.metadata` summaries shared across processes."""
 from __future__ import annotations
 
 import json
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.checkpoints import metadata as md
-from supervisor.checkpoints import metadata_cache
+from supervisor.checkpoints.metadata import reader as md
+from supervisor.checkpoints.metadata import cache as metadata_cache
 from supervisor.checkpoints.testing import write_checkpoint
 from tests.supervise import cli
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.checkpoints import metadata as md
+from supervisor.checkpoints.metadata import reader as md
 from supervisor.checkpoints.testing import dcp_metadata_bytes
 from tests.test_checkpoints_metadata import global_pickle, summary
 
@@ -16,7 +16,7 @@ from tests.test_checkpoints_metadata import global_pickle, summary
 class TestIsolatedParse:
     @pytest.fixture
     def isolated(self):  # type: ignore[no-untyped-def]
-        from supervisor.checkpoints import metadata_child
+        from supervisor.checkpoints.metadata import child as metadata_child
         metadata_child.isolate(0)
         try:
             yield metadata_child
@@ -129,7 +129,7 @@ class TestIsolatedParse:
         slow.write_bytes(test_metadata_bombs.BOMBS["dict grown by SETITEMS"]())
         parent = subprocess.Popen([sys.executable, "-c", f"""
 import os, sys, threading, time
-from supervisor.checkpoints import metadata_child as mc
+from supervisor.checkpoints.metadata import child as mc
 mc.isolate(0)
 f = open({str(slow)!r}, "rb")
 threading.Thread(target=mc.parse_in_child, args=(f, os.fstat(f.fileno()).st_size), daemon=True).start()

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from supervisor.checkpoints import metadata as md
-from supervisor.checkpoints import metadata_scan
+from supervisor.checkpoints.metadata import reader as md
+from supervisor.checkpoints.metadata import scan as metadata_scan
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "metadata"
 BASES = [(FIXTURES / n).read_bytes() for n in ("py3.11.7-torch2.13.0-fsdp2.metadata",

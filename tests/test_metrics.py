@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.errors import ConfigError
-from supervisor.metrics import CONTENT_TYPE, MetricsServer, parse_listen, render_metrics
-from supervisor.state import ExitInfo, State, Status
+from supervisor.observe.metrics import CONTENT_TYPE, MetricsServer, parse_listen, render_metrics
+from supervisor.policy.state import ExitInfo, State, Status
 from tests.supervise import REPO, FAKEJOB, Supervisors, cli, stop, supervisors, wait_for, write_config  # noqa: F401
 
 _SAMPLE = re.compile(r'^([a-z_]+)(\{[a-z_]+="(?:[^"\\]|\\.)*"(?:,[a-z_]+="(?:[^"\\]|\\.)*")*\})? (\S+)$')

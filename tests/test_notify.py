@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.notify import Notifier
-from supervisor.state import State, Status
+from supervisor.observe.notify import Notifier
+from supervisor.policy.state import State, Status
 from tests.supervise import FAKEJOB, Supervisors, launches, stop, supervisors, wait_for, write_config  # noqa: F401
 
 FAST = "\n[restart]\nbackoff_initial_s = 0.05\nbackoff_max_s = 0.2\n"

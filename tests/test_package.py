@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import supervisor
-from supervisor.configdoc import render_reference
+from supervisor.cli.configdoc import render_reference
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -18,21 +18,21 @@ class TestTorchFree:
         """Importing every supervisor module (and building the CLI) leaves torch out of sys.modules."""
         names = sorted(m.name for m in pkgutil.walk_packages(supervisor.__path__, "supervisor.")
                        if not m.name.endswith("__main__"))
-        assert "supervisor.core" in names and "supervisor.checkpoint_commands" in names
+        assert "supervisor.daemon.core" in names and "supervisor.cli.checkpoints" in names
         code = (f"import importlib, sys\nfor n in {names!r}: importlib.import_module(n)\n"
-                "from supervisor.cli import build_parser; build_parser()\nprint('torch' in sys.modules)")
+                "from supervisor.cli.main import build_parser; build_parser()\nprint('torch' in sys.modules)")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
         assert out.stdout.strip() == "False"
 
 
 class TestDocs:
     def test_config_reference_matches_the_models(self) -> None:
-        """docs/configuration.md's reference is exactly what `python -m supervisor.configdoc` renders."""
+        """docs/configuration.md's reference is exactly what `python -m supervisor.cli.configdoc` renders."""
         text = (REPO / "docs" / "configuration.md").read_text()
         start, end = "<!-- config-reference:start -->\n", "<!-- config-reference:end -->"
         assert start in text and end in text, "docs/configuration.md lacks the config-reference markers"
         embedded = text.split(start, 1)[1].split(end, 1)[0]
-        assert embedded == render_reference(), "config reference is stale: paste `python -m supervisor.configdoc`"
+        assert embedded == render_reference(), "config reference is stale: paste `python -m supervisor.cli.configdoc`"
 
     def test_module_map_matches_the_tree(self) -> None:
         """docs/design.md's module map names every module of supervisor/ and trainer/, and nothing else."""

@@ -1,4 +1,4 @@
-"""Tests for supervisor.preflight: `run` refuses unusable paths and programs before it creates or launches anything."""
+"""Tests for supervisor.daemon.preflight: `run` refuses unusable paths and programs before it creates or launches anything."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import supervisor.checkpoints
-from supervisor import preflight
+from supervisor.daemon import preflight
 from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.config import Config, load_config
 from supervisor.errors import CheckpointError, ConfigError

@@ -12,8 +12,8 @@ import psutil
 import pytest
 
 from supervisor.contract import ENV_RUN_DIR, ENV_RUN_TOKEN
-from supervisor.identity import TOKEN_FILE, run_token
-from supervisor.procs import find_orphans, stop_processes
+from supervisor.host.identity import TOKEN_FILE, run_token
+from supervisor.host.procs import find_orphans, stop_processes
 from tests.helpers import TAG_ENV, assert_no_orphans
 
 TOKEN = "0123456789abcdef" * 2

@@ -16,11 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.cli import main
-from supervisor.history import HISTORY_FILE, KINDS
-from supervisor.report import Fold, summarize
-from supervisor.report_html import render_html
-from supervisor.svg import time_ticks
+from supervisor.cli.main import main
+from supervisor.history.records import HISTORY_FILE, KINDS
+from supervisor.history.fold import Fold, summarize
+from supervisor.history.html import render_html
+from supervisor.history.svg import time_ticks
 from tests.supervise import REPO, write_config
 
 
@@ -112,7 +112,7 @@ NO_HEARTBEAT = [
         "sessions": 2}, id="two-histories-concatenated"),
 ])
 def test_summary_of_scripted_histories(records: list[dict[str, Any]], expected: dict[str, Any]) -> None:
-    """Each number is the documented function of the records (supervisor/report.py, docs/history.md)."""
+    """Each number is the documented function of the records (supervisor/history/fold.py, docs/history.md)."""
     got = summarize(records).to_json()
     for key, value in expected.items():
         assert got[key] == (pytest.approx(value, abs=1e-3) if isinstance(value, (int, float)) else value), key

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.history_demo import chromium, main
-from supervisor.report_html import REASON_COLORS
+from tests.history_demo import chromium, main
+from supervisor.history.html import REASON_COLORS
 from tests.test_report import marks
 
 pytestmark = pytest.mark.skipif(chromium() is None, reason="chromium is not installed (Debian: apt-get install chromium)")

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from supervisor.config import RestartSection
-from supervisor.restarts import Attempt, Finish, GiveUp, Restart, backoff_delay, decide, quarantine_candidate
+from supervisor.policy.restarts import Attempt, Finish, GiveUp, Restart, backoff_delay, decide, quarantine_candidate
 
 
 def fail(n: int, *, dur: float = 5.0, progressed: bool = False, resumed: str | None = None, step: int | None = None,

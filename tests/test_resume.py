@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.checkpoints import CheckpointInfo
-from supervisor.resume import Launch, Refuse, chooses_itself, plan_resume
+from supervisor.policy.resume import Launch, Refuse, chooses_itself, plan_resume
 
 DEFAULT = ["--resume", "{checkpoint}"]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.errors import LockedError
-from supervisor.runlock import LOCK_FILE, RunLock
+from supervisor.host.runlock import LOCK_FILE, RunLock
 from tests.helpers import returns_despite_fifo
 
 

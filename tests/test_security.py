@@ -26,8 +26,8 @@ from supervisor.checkpoints import DiskUsage, RetentionRules, clear_trash, execu
 from supervisor.layout import LEGACY_TRASH_DIR
 from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.errors import CheckpointError, ConfigError
-from supervisor.metrics import is_loopback, parse_listen
-from supervisor.redact import MASK, redact_argv
+from supervisor.observe.metrics import is_loopback, parse_listen
+from supervisor.observe.redact import MASK, redact_argv
 from tests.helpers import REPO, TAG_ENV
 from tests.supervise import FAKEJOB, Supervisors, cli, stop, supervisors, wait_for, write_config  # noqa: F401
 

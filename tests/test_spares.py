@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor.spares import SPARE_SCRIPT, Plan, is_spare_cmdline, plan
+from supervisor.host.spares import SPARE_SCRIPT, Plan, is_spare_cmdline, plan
 from tests.supervise import REPO, TAG_ENV, Supervisors, launches, stop, supervisors, wait_for  # noqa: F401
 
 JOB = REPO / "tests" / "jobs" / "attempt_job.py"

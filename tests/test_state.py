@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.humanize import human_age, human_bytes
-from supervisor.state import TRANSITIONS, ExitInfo, State, Status, read_status, write_status
+from supervisor.observe.humanize import human_age, human_bytes
+from supervisor.policy.state import TRANSITIONS, ExitInfo, State, Status
+from supervisor.daemon.statefile import read_status, write_status
 from tests.helpers import returns_despite_fifo
 
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.state import State, Status
-from supervisor.statusview import one_line, render_status, sparkline
+from supervisor.policy.state import State, Status
+from supervisor.observe.statusview import one_line, render_status, sparkline
 
 
 @pytest.mark.parametrize(("values", "expected"), [
@@ -42,7 +42,7 @@ def test_no_history_no_rows() -> None:
 class TestUntrustedText:
     def test_paths_and_reasons_from_disk_cannot_break_rows_or_drive_the_terminal(self) -> None:
         """A checkpoint named with a newline and an exit detail with an escape sequence are shown escaped."""
-        from supervisor.state import ExitInfo
+        from supervisor.policy.state import ExitInfo
         st = Status(state=State.BACKOFF, reason="crash\x1b[2J", resumed_from="/c/step_1\nFAKE: row",
                     latest_checkpoint={"step": 1, "path": "/c/step_1\nFAKE: row", "mtime": None},
                     last_exit=ExitInfo(code=1, signal=None, reason="crash", detail="boom\x1b]0;title\x07", at=0.0))

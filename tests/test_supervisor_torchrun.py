@@ -234,7 +234,7 @@ class TestHistory:
     def test_report_page_shows_the_restart_in_chromium(self, killed_then_stopped: Path, tmp_path: Path) -> None:
         """The page has both attempts on the timeline, a commit, the restart and the loss on both sides of it, and
         renders in headless Chromium (skipped only without Chromium)."""
-        from supervisor.history_demo import chromium, screenshot
+        from tests.history_demo import chromium, screenshot
         from tests.test_report import marks
         from tests.test_report_browser import assert_rendered
 

@@ -12,7 +12,7 @@ import pytest
 
 from supervisor.config import load_config
 from supervisor.errors import UsageError
-from supervisor.systemd import STOP_MARGIN_S, UnitOptions, render_unit, supervisor_command, unit_notes, unit_paths
+from supervisor.cli.systemd import STOP_MARGIN_S, UnitOptions, render_unit, supervisor_command, unit_notes, unit_paths
 from tests.supervise import REPO, cli, write_config
 
 TEMPLATE = REPO / "deploy" / "systemd" / "fsdp-supervisor@.service"

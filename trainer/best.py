@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from supervisor.atomic import temporaries, write_atomic
+from supervisor.host.atomic import temporaries, write_atomic
 from supervisor.checkpoints._files import open_regular
 
 __all__ = ["BEST_FILE", "WEIGHTS_FILE", "Best", "BestFileError", "parse_best", "read_best", "improves",

@@ -35,7 +35,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 
-from supervisor.gcpause import collector_paused
+from supervisor.host.gcpause import collector_paused
 from supervisor.layout import step_dir_name, tmp_dir_name
 from trainer.commit import build_manifest, commit
 from trainer.reader import CheckpointReader

@@ -11,7 +11,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from supervisor.atomic import fsync_dir
+from supervisor.host.atomic import fsync_dir
 from supervisor.checkpoints import verify
 from supervisor.checkpoints.manifest import build_manifest, write_manifest
 from supervisor.layout import METADATA_NAME, TMP_PREFIX

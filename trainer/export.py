@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from supervisor.atomic import replacing, temporaries, write_atomic
+from supervisor.host.atomic import replacing, temporaries, write_atomic
 from supervisor.errors import EXIT_USAGE, UsageError
 from trainer.args import OneLineParser, positive_float
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from supervisor.atomic import write_atomic
+from supervisor.host.atomic import write_atomic
 from supervisor.contract import ENV_HEARTBEAT, PHASES, heartbeat_record
 
 __all__ = ["Heartbeat", "HEARTBEAT_ENV", "PHASES"]

@@ -1,7 +1,7 @@
 """The spare torchrun agent: a process that has already imported torch and waits to become the next job.
 
 A supervisor relaunch would otherwise pay a fresh interpreter start plus `import torch` (2-3 s here) that
-torchrun's in-agent restart does not. The supervisor (supervisor/spares.py) starts this file with the
+torchrun's in-agent restart does not. The supervisor (supervisor/host/spares.py) starts this file with the
 job's own interpreter, in a session of its own and with the job's environment; it imports
 `torch.distributed.run` and then blocks reading its stdin. To launch, the supervisor writes one JSON object
 (`script`, `args`, `env`, `cwd`, `log_path`) and closes the pipe; the spare then takes the job's
@@ -61,7 +61,7 @@ def _wait_for_training(timeout: float) -> None:
     """
     try:  # stdlib only: cheap
         from supervisor.contract import ENV_HEARTBEAT, parse_heartbeat
-        from supervisor.regularfile import open_regular  # a FIFO under the heartbeat's name must not block us
+        from supervisor.host.regularfile import open_regular  # a FIFO under the heartbeat's name must not block us
     except ImportError:
         ENV_HEARTBEAT, parse_heartbeat, open_regular = None, None, None  # noqa: N806
     beat = os.environ.get(ENV_HEARTBEAT) if ENV_HEARTBEAT else None

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from supervisor.regularfile import open_regular as open_regular_file
+from supervisor.host.regularfile import open_regular as open_regular_file
 
 __all__ = ["open_regular", "read_small_json", "sha256_file"]
 

@@ -28,7 +28,7 @@ from supervisor.checkpoints._files import sha256_file
 from supervisor.checkpoints.shapes import DCP, DIRECTORY, NESTED, TEMPORARY, UNSTARTED, Shape, identify
 from supervisor.layout import METADATA_NAME, RANK_METADATA_NAME
 from supervisor.checkpoints.manifest import Manifest, ManifestError, read_manifest
-from supervisor.checkpoints.metadata import (
+from supervisor.checkpoints.metadata.reader import (
     DcpMetadata, MetadataError, UnknownClassError, UnsafeMetadataError, read_metadata)
 from supervisor.checkpoints.naming import name_step
 from supervisor.errors import CheckpointError

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psutil
 
-from supervisor.atomic import write_atomic
+from supervisor.host.atomic import write_atomic
 from supervisor.checkpoints._files import read_small_json
 from supervisor.errors import CheckpointError
 from supervisor.layout import IN_USE_SUFFIX, sidecar_name

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from supervisor.atomic import write_atomic
+from supervisor.host.atomic import write_atomic
 from supervisor.checkpoints._files import open_regular, sha256_file
 from supervisor.contract import MAX_MANIFEST_BYTES, Manifest, ManifestError, manifest_record, parse_manifest
 from supervisor.layout import MANIFEST_NAME

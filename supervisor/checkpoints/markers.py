@@ -14,7 +14,7 @@ from pathlib import Path
 
 import structlog
 
-from supervisor.atomic import write_atomic
+from supervisor.host.atomic import write_atomic
 from supervisor.checkpoints._files import open_regular
 from supervisor.checkpoints.shapes import NESTED, identify
 from supervisor.layout import PIN_MARKER, QUARANTINE_MARKER

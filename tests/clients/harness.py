@@ -62,7 +62,7 @@ class SupervisedClient:
             f"[checkpoints]\ndir = {_toml(str(checkpoint_dir))}\n" + extra_toml
         )
         self.proc: subprocess.Popen[bytes] | None = None
-        self.console = workdir / "supervisor.console"
+        self.console = workdir / "supervisor.observe.console"
 
     # ---- running ----------------------------------------------------------------------------------------------
     def start(self) -> SupervisedClient:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from marks import append_mark  # tests/jobs/marks.py: this script's directory is on sys.path
 
-from supervisor.atomic import write_atomic
+from supervisor.host.atomic import write_atomic
 from supervisor.contract import ENV_ATTEMPT, ENV_HEARTBEAT, heartbeat_record
 
 

@@ -1,0 +1,131 @@
+"""Parse a large `.metadata` in a child process, so that the daemon's event loop never waits for the GIL.
+
+The parse is pure Python. On a worker thread of the supervisor it holds the GIL for seconds, and every
+system call of the loop thread then gives it back for a switch interval: reaping a killed job's survivors
+(a few hundred /proc reads) took 250-350 ms instead of ~15 ms while a 70B x 256 checkpoint verified
+(docs/performance-scale.md, The loop). A child shares no GIL, and its memory is its own.
+
+Only `fsdp-supervisor run` turns this on (`isolate`); the CLI and the trainer parse in-process. The child
+gets the already-open file as its stdin (nothing can swap the file in between) and writes one JSON line:
+the summary or the error, in the disk cache's format. Any other outcome (killed, crashed, timed out,
+garbage) is None, and the caller parses in-process: isolation may be lost, a verdict never.
+
+The child runs in isolated mode (-I: no PYTHON* variables, no cwd or user site on sys.path) with our own
+package root first on sys.path, so a `supervisor` package in the daemon's cwd or PYTHONPATH, or a
+PYTHONSTARTUP/PYTHONINSPECT from the user's shell, can never answer for it. It parses exactly the `size`
+bytes the caller stated (the file may have grown since), and the caller's file is back at its start
+afterwards: the child shares its offset, and a parse here after a child that died mid-read must start at 0.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any, BinaryIO
+
+__all__ = ["isolate", "running_pids", "parse_in_child", "timeout_s"]
+
+# A hung child holds up the pass, and a launch waits for the pass: the wait is sized to the file. The parse
+# runs at ~40 MB/s (391 MB in 10 s, docs/performance.md); 1 MiB/s plus a floor for the interpreter's
+# start is 40x slower than that, and a timed-out child only costs a parse here.
+_TIMEOUT_FLOOR_S = 30.0
+_TIMEOUT_BYTES_PER_S = 1 << 20
+_TIMEOUT_MAX_S = 900.0
+_MAX_ANSWER_BYTES = 1 << 24
+_ROOT = str(Path(__file__).resolve().parents[2])  # the directory our `supervisor` package is in
+_BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); "
+         "from supervisor.checkpoints.metadata.child import main; sys.exit(main(int(sys.argv[2]), int(sys.argv[3])))")
+
+_min_bytes: int | None = None  # None: off
+_lock = threading.Lock()
+_running: set[int] = set()
+
+
+def isolate(min_bytes: int | None) -> None:
+    """Parse files of at least `min_bytes` in a child from now on (None: never)."""
+    global _min_bytes
+    _min_bytes = min_bytes
+
+
+def running_pids() -> frozenset[int]:
+    """Children parsing right now: never to be killed as a finished job's survivors."""
+    with _lock:
+        return frozenset(_running)
+
+
+def timeout_s(size: int) -> float:
+    """How long a child may take over a file of `size` bytes before the parse happens here instead."""
+    return min(_TIMEOUT_MAX_S, _TIMEOUT_FLOOR_S + size / _TIMEOUT_BYTES_PER_S)
+
+
+def parse_in_child(f: BinaryIO, size: int) -> dict[str, Any] | None:
+    """{"summary": ...} or {"error": ...} from a child, or None when not isolating or the child gave no answer."""
+    if _min_bytes is None or size < _min_bytes:
+        return None
+    try:
+        f.seek(0)
+        proc = subprocess.Popen([sys.executable, "-I", "-c", _BOOT, _ROOT, str(size), str(os.getpid())], stdin=f,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True)
+    except (OSError, ValueError, TypeError):  # no or odd sys.executable: parse here
+        f.seek(0)
+        return None
+    with _lock:
+        _running.add(proc.pid)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s(size))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return None
+    finally:
+        with _lock:
+            _running.discard(proc.pid)
+        f.seek(0)  # the child moved the shared offset: a parse here starts at the beginning
+    # The exit status may be lost (the daemon's loop reaps every child): the answer line alone counts.
+    try:
+        answer = json.loads(out[:_MAX_ANSWER_BYTES])
+    except ValueError:
+        return None
+    if isinstance(answer, dict) and len(answer) == 1 and ("summary" in answer or "error" in answer):
+        return answer
+    return None
+
+
+def _die_with(parent: int) -> bool:
+    """Be killed when the thread that started us ends (the supervisor exited mid-pass); False: it is gone."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL (Linux)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == parent:
+        return True
+    try:  # a wrapper for sys.executable that forks sits in between: is the supervisor still there?
+        os.kill(parent, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass
+    return True
+
+
+def main(size: int, parent: int | None = None) -> int:
+    """The child: parse the first `size` bytes of stdin, print the answer (disk-cache format)."""
+    if parent is not None and not _die_with(parent):
+        return 1
+    from supervisor.checkpoints.metadata import reader as metadata
+
+    try:
+        answer: dict[str, Any] = {"summary": metadata._summary_json(metadata._parse(sys.stdin.buffer, size))}
+    except metadata.MetadataError as exc:
+        answer = {"error": metadata._error_json(exc)}
+    sys.stdout.write(json.dumps(answer) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1]) if len(sys.argv) > 1 else os.fstat(0).st_size))

@@ -1,0 +1,214 @@
+"""`fsdp-supervisor checkpoints list|verify|prune|pin|unpin|unquarantine`.
+
+Exit codes: 0 ok; 1 `verify` found the dir not complete; 2 bad usage, a missing or unreadable root
+or path, a root one level too high (it holds a directory of checkpoints: nothing is listed or deleted),
+or nowhere to put the trash (one line on stderr, raised as SupervisorError and printed by supervisor.cli.main).
+
+`prune` protects the checkpoints that running jobs resumed from: those named by live in-use markers
+(whatever started the job, so with `--dir` too) and, with `-c`, the one in the run dir's state.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from supervisor.cli.argtypes import at_most, non_negative_int
+from supervisor.checkpoints.completeness import FOREIGN
+from supervisor.checkpoints.inuse import in_use
+from supervisor.checkpoints.markers import pin, quarantine_reason, unpin, unquarantine
+from supervisor.checkpoints.pruning import disk_usage, execute_retention
+from supervisor.checkpoints.ranking import CheckpointInfo, checkpoint_step, judge, scan
+from supervisor.checkpoints.retention import RetentionPlan, RetentionRules, plan_retention
+from supervisor.config import MAX_GB
+from supervisor.errors import EXIT_NOT_OK, EXIT_OK, CheckpointError
+from supervisor.observe.humanize import human_age, human_bytes, printable
+
+__all__ = ["register", "info_json"]
+
+
+def _root_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("-c", "--config", metavar="CONFIG", help="job.toml: use its [checkpoints] dir and retention rules")
+    g.add_argument("--dir", type=Path, metavar="DIR", help="checkpoint root")
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    top = sub.add_parser("checkpoints", help="list, verify, prune, pin and unpin checkpoints")
+    cmds = top.add_subparsers(dest="checkpoints_command", metavar="ACTION")
+    cmds.required = True
+
+    p = cmds.add_parser("list", help="every checkpoint under the root, newest first")
+    _root_args(p)
+    p.add_argument("--json", action="store_true", help="a JSON array instead of a table")
+    p.set_defaults(func=cmd_list)
+
+    p = cmds.add_parser("verify", help="exit 0 when PATH is a complete checkpoint, 1 when not")
+    p.add_argument("path", type=Path, metavar="PATH")
+    p.add_argument("--deep", action="store_true", help="also compare the manifest's sha256 checksums")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of a line")
+    p.set_defaults(func=cmd_verify)
+
+    p = cmds.add_parser("prune", help="apply retention now and print each deletion with its reason")
+    _root_args(p)
+    p.add_argument("--keep-last", type=non_negative_int, metavar="N", help="keep the N newest complete")
+    p.add_argument("--keep-every", type=non_negative_int, metavar="K", help="keep steps divisible by K")
+    p.add_argument("--min-free-gb", type=at_most(MAX_GB), metavar="G", help="free GiB to reach")
+    p.add_argument("--dry-run", action="store_true", help="print what would be deleted, delete nothing")
+    p.set_defaults(func=cmd_prune)
+
+    for name, func, text in (("pin", cmd_pin, "never let retention delete PATH"),
+                             ("unpin", cmd_unpin, "remove the pin from PATH"),
+                             ("unquarantine", cmd_unquarantine, "allow resuming from PATH again")):
+        p = cmds.add_parser(name, help=text)
+        p.add_argument("path", type=Path, metavar="PATH")
+        p.set_defaults(func=func)
+
+
+# ---- rendering ----------------------------------------------------------------------------------
+
+
+def info_json(c: CheckpointInfo) -> dict[str, Any]:
+    """The fixed `list --json` object (plus `state`, `metrics` and `ordinal`).
+
+    `step` is the training step when known; `ordinal` is the save number of an Accelerate `checkpoint_<N>`
+    (null otherwise). A `foreign` entry (not a checkpoint) has `size_bytes` 0: it is never walked.
+    """
+    return {
+        "name": c.name, "path": str(c.path), "step": c.step, "complete": c.complete,
+        "reason": None if c.complete else (c.reason or c.state), "size_bytes": c.size_bytes, "mtime": c.mtime,
+        "pinned": c.pinned, "quarantined": c.quarantined, "state": c.state, "metrics": c.metrics,
+        "ordinal": c.ordinal,
+    }
+
+
+
+def _step_text(c: CheckpointInfo) -> str:
+    if c.step is not None:
+        return str(c.step)
+    return f"save #{c.ordinal}" if c.ordinal is not None else "-"
+
+
+def _table(infos: list[CheckpointInfo], now: float) -> str:
+    rows = [("NAME", "STEP", "STATE", "SIZE", "AGE", "FLAGS", "REASON")]
+    for c in infos:
+        flags = ("P" if c.pinned else "") + ("Q" if c.quarantined else "")
+        reason = c.reason or ""
+        if c.quarantined:  # why it is skipped for resume is what an operator needs to see
+            reason = "; ".join(filter(None, [reason, f"quarantined: {quarantine_reason(c.path) or 'no reason recorded'}"]))
+        size = "-" if c.state == FOREIGN else human_bytes(c.size_bytes)
+        rows.append((printable(c.name), _step_text(c), c.state, size, human_age(now - c.mtime), flags or "-", printable(reason)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)) + "  " + r[-1] for r in rows)
+
+
+# ---- handlers -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Target:
+    root: Path
+    rules: RetentionRules
+    protect: tuple[Path, ...] = ()
+    run_dir: Path | None = None  # where the trash may go when the root's parent cannot hold it
+
+
+def _target(args: argparse.Namespace) -> _Target:
+    if args.dir is not None:
+        return _Target(Path(os.path.abspath(args.dir)), RetentionRules())
+    from supervisor.config import load_config  # here: only -c needs it
+    from supervisor.daemon.statefile import read_status
+
+    cfg = load_config(args.config)
+    status = read_status(cfg.run_dir)
+    # A running supervisor's job resumed from this one: a manual prune must not pull it from under it.
+    protect = (Path(status.resumed_from),) if status and status.resumed_from else ()
+    return _Target(cfg.checkpoints.dir, cfg.checkpoints, protect, cfg.run_dir)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    infos = scan(_target(args).root)
+    if args.json:
+        print(json.dumps([info_json(c) for c in infos], indent=2))
+    elif infos:
+        print(_table(infos, time.time()))
+    else:
+        print("no checkpoints", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    v = judge(args.path, deep=args.deep)
+    path = Path(os.path.abspath(args.path))
+    # lstat first: following a symlink into a folder we may not search raises PermissionError (not ignored by
+    # Path.is_dir), and a symlinked dir is never a checkpoint anyway.
+    real_dir = not path.is_symlink() and path.is_dir()
+    reason = quarantine_reason(path) if real_dir else None
+    if args.json:
+        print(json.dumps({
+            "name": path.name, "path": str(path), "complete": v.complete, "state": v.state, "reason": v.reason,
+            "step": checkpoint_step(path, v.manifest) if real_dir else None, "checksummed": v.checksummed,
+            "quarantined": reason is not None, "quarantine_reason": reason,
+        }, indent=2))
+    else:
+        line = printable(f"{path}: {v.state}" + (f": {v.reason}" if v.reason else ""))
+        if v.complete and args.deep:
+            line += " (checksums match)" if v.checksummed else " (no checksums in the manifest: sizes only)"
+        if reason is not None:
+            line += f" [quarantined: {reason}]"
+        print(line)
+    return EXIT_OK if v.complete else EXIT_NOT_OK
+
+
+def _rules_with_flags(rules: RetentionRules, args: argparse.Namespace) -> RetentionRules:
+    flags = {"keep_last": args.keep_last, "keep_every": args.keep_every, "min_free_gb": args.min_free_gb}
+    update = {k: v for k, v in flags.items() if v is not None}
+    return rules.model_copy(update=update) if update else rules
+
+
+def _print_plan(plan: RetentionPlan, done: set[Path] | None) -> None:
+    for d in plan.deletions:
+        verb = "would delete" if done is None else ("deleted" if d.path in done else "skipped")
+        print(printable(f"{verb} {d.name} ({human_bytes(d.size_bytes)}): {d.reason}"))
+    if not plan.deletions:
+        print("nothing to delete")
+    for f in plan.findings:
+        print(f"warning: {f.kind}: {f.message}", file=sys.stderr)
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    target = _target(args)
+    infos = scan(target.root)
+    protect = {*target.protect, *in_use(target.root)}  # jobs started by any supervisor, on any host
+    plan = plan_retention(infos, rules=_rules_with_flags(target.rules, args), disk=disk_usage(target.root),
+                          protect=protect, now=time.time())
+    if args.dry_run:
+        _print_plan(plan, None)
+        return EXIT_OK
+    try:
+        done = execute_retention(target.root, plan, fallback=target.run_dir)
+    except OSError as exc:  # e.g. no permission to create the trash: nothing was deleted
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise CheckpointError(f"checkpoint root {target.root}: cannot prune: {exc.strerror or exc}{where}") from None
+    _print_plan(plan, {d.path for d in done})
+    return EXIT_OK
+
+
+def cmd_pin(args: argparse.Namespace) -> int:
+    print(f"pinned {pin(args.path)}")
+    return EXIT_OK
+
+
+def cmd_unpin(args: argparse.Namespace) -> int:
+    print(f"unpinned {args.path}" if unpin(args.path) else f"{args.path} was not pinned")
+    return EXIT_OK
+
+
+def cmd_unquarantine(args: argparse.Namespace) -> int:
+    print(f"unquarantined {args.path}" if unquarantine(args.path) else f"{args.path} was not quarantined")
+    return EXIT_OK

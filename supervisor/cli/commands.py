@@ -1,0 +1,205 @@
+"""`run`, `status`, `logs`, `stop`: the supervisor's own commands (the checkpoint commands: checkpoint_commands.py)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import BinaryIO
+
+from supervisor.cli.argtypes import non_negative_float, non_negative_int
+from supervisor.config import load_config
+from supervisor.daemon.statefile import read_status
+from supervisor.errors import EXIT_NOT_OK, EXIT_OK, UsageError
+from supervisor.host.regularfile import open_regular
+from supervisor.host.runlock import RunLock
+from supervisor.observe.eventlog import LOG_FILE, render_line
+from supervisor.observe.lines import LineSplitter, tail_lines
+from supervisor.observe.statusview import render_status
+
+__all__ = ["register"]
+
+_FOLLOW_CHUNK = 1 << 20
+
+
+def _config_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-c", "--config", required=True, metavar="CONFIG", help="job.toml")
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("run", help="run the job under supervision (foreground)")
+    _config_arg(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("status", help="state, step, last checkpoint, restarts, free disk")
+    _config_arg(p)
+    p.add_argument("--json", action="store_true", help="print state.json plus supervisor_running")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("logs", help="the supervisor's structured log, or the job's output")
+    _config_arg(p)
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+    p.add_argument("-n", "--lines", type=non_negative_int, default=50, metavar="N", help="last N lines (default 50)")
+    p.add_argument("--job", action="store_true",
+                   help="the current attempt's job output instead (each line as a terminal shows it: its last \\r frame)")
+    p.set_defaults(func=cmd_logs)
+
+    p = sub.add_parser(
+        "stop", help="stop gracefully (the job writes an emergency checkpoint) and wait for the supervisor to exit",
+        description="Ask the running supervisor to stop: it sends SIGTERM to the job, which writes an emergency "
+        "checkpoint and exits, then the supervisor exits 0 without a restart (the next `run` resumes from that "
+        "checkpoint). A stop is never escalated by accident: running `stop` again, or another SIGTERM or SIGINT, "
+        "only waits for the stop already in progress. Only `stop --force` (SIGUSR2 to the supervisor), or a second "
+        "Ctrl+C typed in the supervisor's own terminal, kills the job at once; stop_timeout_s after the SIGTERM the "
+        "supervisor kills it anyway.",
+        epilog="exit codes: 0 the supervisor has exited (or none was running); 1 it is still stopping when --timeout "
+        "ran out (nothing was cut short: the job may still be writing its checkpoint; run `stop` again to keep "
+        "waiting); 2 usage or config error",
+    )
+    _config_arg(p)
+    p.add_argument("--timeout", type=non_negative_float, default=None, metavar="S",
+                   help="how long to wait (default: stop_timeout_s + 30; with --force: 30)")
+    p.add_argument("--force", action="store_true",
+                   help="kill the job now (SIGUSR2 to the supervisor): an emergency checkpoint being written is lost")
+    p.set_defaults(func=cmd_stop)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from supervisor.daemon.run import run  # here: `status`/`logs` stay light
+
+    return run(load_config(args.config))
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    status = read_status(cfg.run_dir)
+    holder = RunLock.holder(cfg.run_dir)
+    if args.json:
+        doc = status.to_json() if status else {}
+        doc["supervisor_running"] = holder is not None
+        print(json.dumps(doc, indent=2, sort_keys=True))
+        return EXIT_OK if status else EXIT_NOT_OK
+    if status is None:
+        print(f"no supervisor state in {cfg.run_dir} (never run here, or state.json unreadable)")
+        return EXIT_NOT_OK
+    tty = sys.stdout.isatty() and "utf" in (sys.stdout.encoding or "").lower()
+    print(render_status(status, running=holder is not None, now=time.time(), spark=tty))
+    return EXIT_OK
+
+
+def _current_job_log(run_dir: Path) -> Path | None:
+    """The newest attempt's log: by number, since attempt-10000.log sorts before attempt-9999.log as text."""
+    logs = (run_dir / "logs").glob("attempt-*.log")
+    numbered = [(int(p.name[8:-4]), p) for p in logs if p.name[8:-4].isdecimal()]
+    return max(numbered)[1] if numbered else None
+
+
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    path = _current_job_log(cfg.run_dir) if args.job else cfg.run_dir / LOG_FILE
+    render = (lambda s: s.rstrip("\n")) if args.job else render_line
+    if path is None or not path.exists():
+        print(f"no {'job output' if args.job else 'supervisor log'} in {cfg.run_dir} yet", file=sys.stderr)
+        return EXIT_NOT_OK
+    try:
+        f = open_regular(path)
+    except OSError as exc:  # e.g. a FIFO planted under the name: nothing to show, and never a block
+        if args.follow:
+            print(f"cannot follow {path}: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_NOT_OK
+        return EXIT_OK
+    with f:
+        # The last lines, read in bounded time (lines.tail_lines), then -f goes on from the very offset they
+        # ended at: a line appended in between (a crash's traceback) is neither lost nor shown twice.
+        end = f.seek(0, 2)
+        for line in tail_lines(f, args.lines, end=end):
+            print(render(line.decode("utf-8", "replace")), flush=True)
+        if not args.follow:
+            return EXIT_OK
+        return _follow(f, end, path, cfg.run_dir, args.job, render)
+
+
+def _follow(f: BinaryIO, offset: int, path: Path, run_dir: Path, job: bool, render) -> int:  # type: ignore[no-untyped-def]
+    """Print lines appended to `path` (open as `f`) from `offset`; reopen on rotation or a new attempt (--job).
+
+    Read in bounded chunks through a LineSplitter, so a job writing megabytes without a newline costs
+    neither memory nor quadratic time here. Before moving on to the next file, the old one is read to its
+    end: what a crashing job printed last (its traceback) comes right before the next attempt starts.
+    """
+    def show(lines: list[bytes]) -> None:
+        for line in lines:
+            print(render(line.decode("utf-8", "replace")), flush=True)
+
+    f.seek(offset)
+    ino = os.fstat(f.fileno()).st_ino
+    lines = LineSplitter()
+    try:
+        while True:
+            data = f.read(_FOLLOW_CHUNK)
+            if data:
+                show(lines.feed(data))
+                continue
+            time.sleep(0.25)
+            nxt = _current_job_log(run_dir) if job else path
+            try:
+                if nxt is not None and (nxt != path or os.stat(nxt).st_ino != ino):
+                    new = open_regular(nxt)
+                    while data := f.read(_FOLLOW_CHUNK):  # the rest of the old file first
+                        show(lines.feed(data))
+                    show([lines.frame] if lines.frame else [])
+                    f.close()
+                    path, f, lines = nxt, new, LineSplitter()
+                    ino = os.fstat(f.fileno()).st_ino
+            except OSError:
+                pass
+    except KeyboardInterrupt:
+        return EXIT_OK
+    finally:
+        f.close()
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from supervisor.host.signals import FORCE_STOP_SIGNAL
+    from supervisor.policy.state import State
+
+    cfg = load_config(args.config)
+    pid = RunLock.holder(cfg.run_dir)
+    if pid is None:
+        print(f"no supervisor is running on {cfg.run_dir}")
+        return EXIT_OK
+    if args.timeout is not None and not (args.timeout >= 0 and args.timeout != float("inf")):
+        raise UsageError(f"--timeout must be a finite number of seconds >= 0, got {args.timeout:g}")
+    status = read_status(cfg.run_dir)
+    try:
+        if args.force:
+            timeout = 30.0 if args.timeout is None else args.timeout
+            os.kill(pid, FORCE_STOP_SIGNAL)
+            print(f"supervisor {pid}: force stop sent (the job is killed; a checkpoint being written is lost)")
+        else:
+            timeout = cfg.health.stop_timeout_s + 30 if args.timeout is None else args.timeout
+            # Only the lock holder's own state counts: a SIGKILLed predecessor's `stopping` stays in state.json
+            # until the new supervisor has stopped its orphan and written its own, and nobody is stopping then.
+            if status is not None and status.state is State.STOPPING and status.pid == pid:
+                print(f"supervisor {pid} is already stopping; waiting for it (up to {timeout:g}s)")
+            else:  # a repeat would do no harm either: the supervisor treats it as "still stopping"
+                os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:  # it exited between the lock check and the signal
+        print(f"supervisor {pid} stopped")
+        return EXIT_OK
+    deadline = time.monotonic() + timeout
+    while True:
+        if RunLock.holder(cfg.run_dir) is None:
+            print(f"supervisor {pid} stopped")
+            return EXIT_OK
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    print(f"supervisor {pid} is still stopping after {timeout:g}s: the stop is in progress and nothing was cut short "
+          f"(the job may still be writing its emergency checkpoint); run `stop` again to keep waiting, or "
+          f"`stop --force` to kill the job now", file=sys.stderr)
+    return EXIT_NOT_OK

@@ -1,0 +1,81 @@
+"""`fsdp-supervisor` entry point: one argparse tree, each command group registered by its own module.
+
+Every failure a user can cause is one line on stderr and an exit code (supervisor.errors), never a
+traceback. A closed stdout (`status | head`) ends a command quietly with 141, the status a shell reports
+for a command killed by SIGPIPE, as `cat` or `git log` would end: a pipeline under `set -o pipefail`
+sees the same as with any other tool, and the code cannot be mistaken for one of ours (0-3).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+from supervisor import __version__
+from supervisor.errors import EXIT_BROKEN_PIPE, EXIT_USAGE, SupervisorError
+from supervisor.observe.eventlog import configure_cli
+
+__all__ = ["main", "build_parser"]
+
+# Each module has `register(subparsers)`, which adds its sub-command(s) and sets `func(args) -> int`.
+COMMAND_MODULES = [
+    "supervisor.cli.commands",
+    "supervisor.cli.checkpoints",
+    "supervisor.cli.systemd",
+    "supervisor.cli.report",
+]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse exits 2 on bad usage already; keep its one-line message, drop the full usage dump."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="fsdp-supervisor",
+        description="Keep a torchrun FSDP job alive: relaunch it from the newest complete DCP checkpoint, "
+        "stop it gracefully, keep disk use bounded.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # Nothing we create (run dir, logs, .trash, markers), nor anything the job creates, is world-writable,
+    # whatever umask we inherited: a world-writable run or checkpoint dir lets any local user poison it.
+    os.umask(os.umask(0) | 0o002)
+    configure_cli()  # `run` replaces this with its log file and console once its run dir exists
+    try:
+        args = build_parser().parse_args(argv)  # --help and --version print here
+        return int(args.func(args))
+    except SupervisorError as exc:
+        print(f"fsdp-supervisor: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's final flush does not fail on the closed pipe again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # not a real file (a test's StringIO): nothing will flush
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""`fsdp-supervisor systemd-unit`: render a systemd service unit for one job.toml.
+
+The unit is `Type=notify` (supervisor/observe/notify.py sends READY, STATUS, WATCHDOG, STOPPING) with
+`KillMode=mixed`, so `systemctl stop` sends SIGTERM to the supervisor alone: it stops the job gracefully
+(the emergency checkpoint) and systemd only SIGKILLs what is left after `TimeoutStopSec=`.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import shlex
+import shutil
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from supervisor.config import Config, load_config
+from supervisor.errors import EXIT_OK, UsageError
+
+__all__ = [
+    "UnitOptions", "render_unit", "supervisor_command", "unit_paths", "unit_notes", "register", "cmd_systemd_unit",
+]
+
+# systemd SIGKILLs the whole cgroup after TimeoutStopSec; the supervisor needs stop_timeout_s for the
+# job's emergency save, then a little for its own SIGKILL of the job tree, the survivor sweep and state.json.
+STOP_MARGIN_S = 30
+# Start-up may first stop a job orphaned by a SIGKILLed supervisor (up to stop_timeout_s) before READY=1.
+START_MARGIN_S = 60
+DEFAULT_WATCHDOG_S = 60
+DEFAULT_RESTART_S = 30
+_PRIVATE_TMP = (Path("/tmp"), Path("/var/tmp"))
+# The name also becomes a directory (CacheDirectory=) and a journal identifier: keep it plain.
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
+_USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}|[0-9]+")  # what systemd accepts in User=
+
+
+@dataclass(frozen=True)
+class UnitOptions:
+    """What the command line adds to the config: unit name, account, watchdog period."""
+
+    name: str
+    user: str | None = None
+    watchdog_s: int = DEFAULT_WATCHDOG_S
+    restart_s: int = DEFAULT_RESTART_S
+
+    def __post_init__(self) -> None:
+        if not _NAME_RE.fullmatch(self.name):
+            raise UsageError(f"--name {self.name!r}: letters, digits and _.@- only, at most 64, not starting with _.@-")
+        if self.user is not None and not _USER_RE.fullmatch(self.user):
+            raise UsageError(f"--user {self.user!r}: not a valid user name or uid")
+        if self.watchdog_s < 0:
+            raise UsageError(f"--watchdog-sec {self.watchdog_s}: must be >= 0")
+
+
+def supervisor_command(argv0: str | None = None, executable: str | None = None) -> list[str]:
+    """Absolute argv prefix that runs this installation's `fsdp-supervisor`.
+
+    Prefer the script we were started as, then the one installed next to this interpreter (a venv's
+    bin/), then PATH; else `python -m supervisor`. Paths are made absolute but symlinks are not
+    resolved: resolving a venv's python would escape the venv and lose its packages.
+    """
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    executable = sys.executable if executable is None else executable
+    candidates = []
+    if os.path.basename(argv0) == "fsdp-supervisor":
+        candidates.append(argv0)
+    if executable:
+        candidates.append(os.path.join(os.path.dirname(executable), "fsdp-supervisor"))
+    found = shutil.which("fsdp-supervisor")
+    if found:
+        candidates.append(found)
+    for c in candidates:
+        if os.path.isfile(c) and os.access(c, os.X_OK):
+            return [os.path.abspath(c)]
+    return [os.path.abspath(executable), "-m", "supervisor"]
+
+
+def _plain(value: str, what: str) -> str:
+    """A whole-line value (WorkingDirectory=, Description=): only `%` specifiers need escaping."""
+    if any(c in value for c in "\n\r\0"):
+        raise UsageError(f"{what} {value!r}: contains a newline or NUL, cannot go in a unit file")
+    return value.replace("%", "%%")
+
+
+def _escape(word: str, what: str, *, exec_line: bool = False) -> str:
+    """One word of a list (ExecStart=, ReadWritePaths=): quoted if it has blanks; `$` expands in ExecStart only."""
+    if "\\" in word or '"' in word:  # ExecStart= and ReadWritePaths= unescape differently: refuse both
+        raise UsageError(f"{what} {word!r}: contains a backslash or double quote, cannot go in a unit file")
+    word = _plain(word, what)
+    if exec_line:
+        word = word.replace("$", "$$")
+    return f'"{word}"' if any(c.isspace() or c in "';" for c in word) else word
+
+
+def unit_paths(cfg: Config) -> list[Path]:
+    """Paths the service must be able to write: the checkpoint root and the run dir (no nested duplicates)."""
+    paths: list[Path] = []
+    for p in (cfg.checkpoints.dir, cfg.run_dir):
+        if not any(p == q or q in p.parents for q in paths):
+            paths = [q for q in paths if p not in q.parents] + [p]
+    return paths
+
+
+def render_unit(cfg: Config, exec_prefix: Sequence[str], opts: UnitOptions) -> str:
+    """The unit file text for `cfg` (pure: no file system access)."""
+    stop_s = math.ceil(cfg.health.stop_timeout_s) + STOP_MARGIN_S
+    start_s = math.ceil(cfg.health.stop_timeout_s) + START_MARGIN_S
+    exec_start = " ".join(_escape(a, "ExecStart", exec_line=True) for a in [*exec_prefix, "run", "-c", str(cfg.path)])
+    rw = " ".join(_escape(str(p), "ReadWritePaths") for p in unit_paths(cfg))
+    name = opts.name
+    lines = [
+        "# Generated by `fsdp-supervisor systemd-unit`; regenerate after changing stop_timeout_s or paths.",
+        "[Unit]",
+        f"Description=fsdp-supervisor {name} ({_plain(str(cfg.path), 'config')})",
+        "After=network-online.target remote-fs.target",
+        "Wants=network-online.target",
+        "# Checkpoints on shared storage: start only once it is mounted.",
+        f"RequiresMountsFor={rw}",
+        "# A supervisor that dies at once five times in ten minutes is broken, not unlucky.",
+        "StartLimitIntervalSec=600",
+        "StartLimitBurst=5",
+        "",
+        "[Service]",
+        "Type=notify",
+        "NotifyAccess=main",
+        f"ExecStart={exec_start}",
+        f"WorkingDirectory={_plain(str(cfg.path.parent), 'WorkingDirectory')}",
+    ]
+    if opts.user:
+        lines.append(f"User={opts.user}")
+    lines += [
+        f"SyslogIdentifier={name}",
+        "Environment=PYTHONUNBUFFERED=1",
+        "# The job runs in this sandbox too: give caches (triton, HF, pip) a writable home.",
+        f"CacheDirectory=fsdp-supervisor/{name}",
+        f"Environment=XDG_CACHE_HOME=%C/fsdp-supervisor/{name} TRITON_CACHE_DIR=%C/fsdp-supervisor/{name}/triton",
+        "# Exit 3 = gave up (crash loop, budget) and 2 = bad config: a restart cannot help either.",
+        "Restart=on-failure",
+        "RestartPreventExitStatus=2 3",
+        f"RestartSec={opts.restart_s}",
+        "# SIGTERM to the supervisor only; it stops the job gracefully, systemd SIGKILLs leftovers later.",
+        "KillMode=mixed",
+        "KillSignal=SIGTERM",
+        f"TimeoutStartSec={start_s}",
+        f"TimeoutStopSec={stop_s}",
+        f"WatchdogSec={opts.watchdog_s}",
+        "# A rank killed by the OOM killer is the supervisor's to handle; the default policy stops the unit.",
+        "OOMPolicy=continue",
+        "# Many ranks x threads x data workers; NCCL/InfiniBand pin memory; DCP opens many files.",
+        "TasksMax=infinity",
+        "LimitNOFILE=1048576",
+        "LimitMEMLOCK=infinity",
+        "# Hardening that leaves GPUs (/dev), shared memory (/dev/shm) and JIT (W+X pages) alone.",
+        "NoNewPrivileges=yes",
+        "PrivateTmp=yes",
+        "ProtectSystem=strict",
+        "ProtectHome=read-only",
+        f"ReadWritePaths={rw}",
+        "ProtectKernelTunables=yes",
+        "ProtectKernelModules=yes",
+        "ProtectControlGroups=yes",
+        "RestrictSUIDSGID=yes",
+        "RestrictRealtime=yes",
+        "LockPersonality=yes",
+        "UMask=0027",
+        "",
+        "[Install]",
+        "WantedBy=multi-user.target",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("systemd-unit", help="print a systemd service unit for this config")
+    p.add_argument("-c", "--config", required=True, metavar="CONFIG", help="job.toml")
+    p.add_argument("--name", default=None, help="unit description and log identifier (default: config file stem)")
+    p.add_argument("--user", default=None, help="run as this user (default: none, i.e. root or the user manager)")
+    p.add_argument("--watchdog-sec", type=int, default=DEFAULT_WATCHDOG_S, metavar="S",
+                   help=f"WatchdogSec= (default {DEFAULT_WATCHDOG_S}; 0 = off)")
+    p.set_defaults(func=cmd_systemd_unit)
+
+
+def cmd_systemd_unit(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    opts = UnitOptions(name=args.name or cfg.path.stem, user=args.user, watchdog_s=args.watchdog_sec)
+    sys.stdout.write(render_unit(cfg, supervisor_command(), opts))
+    for note in unit_notes(cfg):
+        print(f"fsdp-supervisor: note: {note}", file=sys.stderr)
+    return EXIT_OK
+
+
+def unit_notes(cfg: Config) -> list[str]:
+    """Things that would make the rendered unit fail at start, for the user to fix on this machine."""
+    notes = []
+    # systemd cannot set up ReadWritePaths= for a path that does not exist: the unit would fail to start.
+    missing = [str(p) for p in unit_paths(cfg) if not p.exists()]
+    if missing:
+        notes.append(f"create these before starting the unit: mkdir -p {' '.join(map(shlex.quote, missing))}")
+    private = [str(p) for p in (cfg.path, *unit_paths(cfg)) if any(t in p.parents for t in _PRIVATE_TMP)]
+    if private:
+        hidden = ", ".join(private)
+        notes.append(f"PrivateTmp=yes gives the service its own /tmp and /var/tmp, so it cannot see {hidden}")
+    return notes

@@ -1,0 +1,628 @@
+"""The supervisor's brain: reacts to events (job exit, signal, file change, timer) through the `System` seam.
+
+The event loop (supervisor/daemon/loop.py) turns the OS into calls on `Core`; tests call the same methods with a
+fake `System` and replay histories. Restart decisions are delegated to the pure `restarts` module; the
+attempt's record and the decisions taken from it alone (its environment, heartbeat, hang allowance) to `attempt`.
+Checkpoint housekeeping is one pass (housekeeping.run_pass: scan, verify, prune) that runs off the loop
+through `System.run_off_loop`; its result comes back as an event (`_on_pass`). Whatever needs the
+checkpoint root's state waits for a pass: a launch (which checkpoint to resume, or whether to refuse a
+fresh start: supervisor/policy/resume.py), a job exit (did the attempt commit anything), a file event, the
+periodic retention timer. Requests made while a pass runs are coalesced into one more pass.
+
+Every write the supervisor makes (state.json, the attempt's log and error file, the heartbeat's removal,
+a quarantine marker, the job token) can fail on a full, read-only or vanishing file system: each failure is
+logged and survived, and `close()` makes sure state.json never claims a live supervisor after it exited.
+"""
+from __future__ import annotations
+
+import enum
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from supervisor.policy import restarts
+from supervisor.policy import resume
+from supervisor.policy.attempt import Ended, Job, apply_beat, hang_timeout, job_env, named_by_beat
+from supervisor.daemon.evidence import read_beat
+from supervisor.config import Config
+from supervisor.contract import HEARTBEAT_FILE, Beat
+from supervisor.errors import CheckpointError
+from supervisor.policy.exits import classify_exit, signal_name
+from supervisor.daemon.evidence import root_cause
+from supervisor.daemon.housekeeping import Housekeeper, PassResult
+from supervisor.host.identity import run_token
+from supervisor.daemon.recorder import NullHistory
+from supervisor.observe.redact import redact_argv, redact_env
+from supervisor.host.signals import FORCE_STOP_SIGNAL, STOP_SIGNALS
+from supervisor.policy.state import ExitInfo, State, Status
+from supervisor.daemon.statefile import STATE_FILE, write_status
+from supervisor.daemon.system import System
+
+__all__ = ["Core", "Timer", "EXIT_CODES"]
+
+EXIT_CODES = {State.COMPLETED: 0, State.STOPPED: 0, State.FAILED: 3}
+EXIT_SUPERVISOR_FAILED = 1  # `abandon`: the supervisor itself failed; unlike 2 and 3, systemd restarts it
+_SCAN_DEBOUNCE_S = 0.5
+_FRESH_PASS_S = 2.0  # a pass this recent, with no file event since it began, still tells the truth
+_LAUNCH_SCAN_TRIES = 3  # passes that could not read the root before a launch gives up (a blip may pass)
+_STOPPED = "stopped by signal"
+# A job may beat on every step, hundreds of times a second; each publish rewrites state.json with an fsync
+# (~5 ms on a plain disk). Beats publish at most this often (the latest one always lands), everything else at once.
+_BEAT_PUBLISH_S = 0.5
+
+
+class Timer(str, enum.Enum):
+    """The core's one-shot timers (System.timers keys)."""
+
+    LAUNCH = "launch"  # backoff over: launch the next attempt
+    HANG = "hang"  # no heartbeat progress within the allowance
+    HANG_TERM = "hang_term"  # stack dumps requested; now stop the hung job
+    STOP_KILL = "stop_kill"  # stop_timeout_s after SIGTERM: SIGKILL
+    SCAN = "scan"  # debounced file events under the checkpoint root
+    RETENTION = "retention"  # periodic housekeeping pass
+    PUBLISH = "publish"  # the latest heartbeat's state.json write, held back by _BEAT_PUBLISH_S
+
+
+class Core:
+    def __init__(self, cfg: Config, system: System, log: Any, notify: Any = None,
+                 history: NullHistory | None = None) -> None:
+        self.cfg, self.sys, self.log = cfg, system, log
+        self.notify = notify  # optional callable(status) for sd_notify STATUS= lines
+        self.history = history or NullHistory()  # run_dir/history.jsonl (supervisor.daemon.recorder)
+        self.run_dir = cfg.run_dir
+        self.heartbeat_path = self.run_dir / HEARTBEAT_FILE
+        self.status = Status(pid=os.getpid(), started_at=system.now(), config=str(cfg.path))
+        self.attempts: list[restarts.Attempt] = []
+        self.job: Job | None = None
+        self.ended: Ended | None = None
+        self.exit_code: int | None = None
+        self.high_water_step: int | None = None
+        self.house = Housekeeper(cfg, log, now=system.now)
+        self.in_use: Path | None = None  # the checkpoint the running attempt resumed from: never pruned
+        self._generation = 0  # file events under the checkpoint root so far
+        self._pass_running = False
+        self._pass_wanted = False
+        self._pass_prune = False  # whether the coalesced follow-up pass must prune
+        self._pass_done_mono: float | None = None
+        self._launch_pending = False
+        self._scan_failures = 0  # consecutive passes that could not read the root when a launch waited on them
+        self.token = ""  # the run dir's job token (supervisor/host/identity.py), set by `begin`
+        self._unmarked: set[str] = set()  # quarantined here, but the marker could not be written
+        self._choice_logged = False  # resume_choice_left_to_job is said once
+        self._stop_reason = _STOPPED
+        self._orphans: tuple[str, tuple[int, float] | None] | None = None  # (token, recorded) while being stopped
+        self._state_write_error: str | None = None  # the last state.json write failed with this
+        self._published_mono: float | None = None  # when state.json was last written
+
+    # ---- lifecycle -------------------------------------------------------------------------------------------
+    def begin(self, previous: Status | None) -> None:
+        """Stop any job a killed supervisor left running on this run dir, then launch the first attempt.
+
+        The job is found by the run dir's token in its environment (supervisor/host/identity.py), so a `#!` script,
+        a prewarmed job or a lost state.json hide nothing; state.json's pid and start time also catch a job
+        started before tokens existed. It is stopped off the loop: its emergency save may take up to
+        stop_timeout_s, during which `stop` and `stop --force` must still work.
+        """
+        self.history.supervisor_start()
+        token, error = run_token(self.run_dir, previous.run_token if previous is not None else None)
+        if error:
+            self.log.warning("run_dir_write_failed", what="job token", error=error)
+        self.token = self.status.run_token = token
+        recorded = None
+        if previous is not None and previous.job_pid and previous.job_create_time is not None:
+            recorded = (previous.job_pid, previous.job_create_time)
+        if previous is not None:
+            self.status.restarts = previous.restarts if not previous.state.final else 0
+        # Attempt numbers continue so logs/attempt-NNNN.log and the history's attempts stay unique, even when
+        # state.json was lost and only the history remembers them.
+        self.status.attempt = max(previous.attempt if previous is not None else 0, self.history.last_attempt)
+        self.sys.timers.set(Timer.RETENTION, self.sys.monotonic() + self.cfg.checkpoints.retention_interval_s)
+        self._orphans = (token, recorded)
+
+        def stop_orphans() -> list[int]:
+            return self.sys.stop_orphans(token, self.run_dir, recorded, self.cfg.health.stop_timeout_s)
+
+        self.sys.run_off_loop(stop_orphans, self._on_orphans_stopped)
+        self._publish()  # `status` shows this supervisor, starting, not the killed one's last words
+
+    def _on_orphans_stopped(self, outcome: list[int] | BaseException) -> None:
+        """The previous supervisor's job, if any, is gone (or we stop anyway): now launch."""
+        orphans, self._orphans = self._orphans, None
+        if isinstance(outcome, BaseException):  # e.g. /proc unreadable: launching beats never starting
+            self.log.error("orphan_stop_failed", error=f"{type(outcome).__name__}: {outcome}")
+        elif outcome:
+            recorded = orphans[1] if orphans is not None else None
+            job_pid = recorded[0] if recorded is not None and recorded[0] in outcome else outcome[0]
+            self.log.warning("orphan_job_stopped", job_pid=job_pid, pids=outcome)
+        if not self.done:
+            self._request_launch()
+
+    @property
+    def done(self) -> bool:
+        return self.exit_code is not None
+
+    def _finish(self, state: State, reason: str) -> None:
+        self.status.transition(state)
+        self.status.reason = reason
+        self.status.job_pid = None
+        self.status.next_launch_at = None
+        self.exit_code = EXIT_CODES[state]
+        self._launch_pending = False
+        for t in Timer:
+            self.sys.timers.cancel(t)
+        self.history.finish(state, reason)
+        self._publish()
+
+    def _sync_disk(self) -> None:
+        last = self.house.last
+        self.status.disk_free_bytes = self.house.disk_free
+        if last is not None and last.error is None:
+            self.status.checkpoint_bytes = last.checkpoint_bytes
+            self.status.quarantined = last.quarantined
+            self.status.best_checkpoint = self.house.best_json()
+        self.status.latest_checkpoint = self.house.latest_json()
+
+    def _give_up(self, reason: str) -> None:
+        self._finish(State.FAILED, reason)
+        self.log.error("gave_up", reason=reason, attempts=len(self.attempts))
+
+    def _publish(self) -> None:
+        self.sys.timers.cancel(Timer.PUBLISH)  # this write carries whatever a held-back beat changed
+        self._published_mono = self.sys.monotonic()
+        self.status.updated_at = self.sys.now()
+        self.history.annotate(self.status)
+        try:
+            write_status(self.run_dir, self.status)
+        except OSError as exc:  # full, read-only or gone: keep supervising; say so once, not on every beat
+            error = f"{exc.strerror or exc}"
+            if self._state_write_error != error:
+                self.log.error("state_write_failed", path=str(self.run_dir / STATE_FILE), error=error)
+            self._state_write_error = error
+        else:
+            if self._state_write_error is not None:
+                self.log.info("state_write_recovered", path=str(self.run_dir / STATE_FILE))
+            self._state_write_error = None
+        if self.notify is not None:
+            self.notify(self.status)
+
+    def _try(self, what: str, action: Callable[[], object]) -> bool:
+        """Run one run-dir file operation; a failure is logged, never raised (the job matters more)."""
+        try:
+            action()
+            return True
+        except OSError as exc:
+            self.log.warning("run_dir_write_failed", what=what, error=f"{exc.strerror or exc}",
+                             path=str(getattr(exc, "filename", None) or ""))
+            return False
+
+    # ---- leaving -----------------------------------------------------------------------------------------------
+    def abandon(self, error: BaseException) -> int:
+        """The event loop failed (a bug, or an error nothing else caught): stop the job, record why; the exit code.
+
+        The job is stopped as on SIGTERM (its emergency checkpoint gets stop_timeout_s), because no supervisor
+        will be watching it; the exit code is 1, which systemd's Restart=on-failure retries (2 and 3 it does not).
+        """
+        self.log.error("supervisor_failed", error=f"{type(error).__name__}: {error}", exc_info=error)
+        job, self.job = self.job, None
+        if job is not None:
+            stopped = self.sys.stop_job(job.pid, self.cfg.health.stop_timeout_s)
+            self.log.warning("job_stopped", attempt=job.number, pids=stopped, reason="supervisor failed")
+        stopping = self.status.state is State.STOPPING
+        if not self.status.state.final:
+            self.status.state = State.STOPPED if stopping else State.FAILED  # whatever the state machine was doing
+            self.status.reason = self._stop_reason if stopping else f"supervisor failed: {type(error).__name__}: {error}"
+        self.status.job_pid = self.status.job_create_time = self.status.job_cmdline = None
+        self.status.next_launch_at = None
+        self.exit_code = EXIT_CODES[State.STOPPED] if stopping else EXIT_SUPERVISOR_FAILED
+        self._publish()
+        return self.exit_code
+
+    def close(self) -> None:
+        """On the way out, whatever happened: state.json must not claim a supervisor that no longer runs.
+
+        If the last write failed, try once more; if that fails too, remove the file (`status` then says
+        "no state" rather than "running"); if even that fails the run lock, released by the kernel when
+        we exit, still tells `status` that nobody runs.
+        """
+        if self._state_write_error is None and self.status.state.final:
+            return
+        if not self.status.state.final:  # left without a verdict (e.g. interrupted before the loop ran)
+            self.status.state, self.status.reason = State.STOPPED, self.status.reason or "supervisor exited"
+            self.status.job_pid = self.status.job_create_time = self.status.job_cmdline = None
+        self._publish()
+        if self._state_write_error is not None:
+            path = self.run_dir / STATE_FILE
+            if self._try("remove stale state.json", lambda: path.unlink(missing_ok=True)):
+                self.log.warning("state_removed", path=str(path), reason="it could not be updated")
+
+    # ---- housekeeping passes ---------------------------------------------------------------------------------
+    def _request_pass(self, *, prune: bool = True) -> None:
+        """Run a housekeeping pass off the loop, or one more after the running one.
+
+        `prune=False` (file events): retention runs only if the pass finds a new commit.
+        """
+        if self._pass_running:
+            self._pass_wanted = True
+            self._pass_prune = self._pass_prune or prune
+            return
+        self._pass_running, self._pass_wanted, self._pass_prune = True, False, False
+        generation, protect = self._generation, [self.in_use] if self.in_use else []
+        known = self.house.latest.path if self.house.latest else None
+
+        def work() -> PassResult:
+            return self.house.run_pass(generation=generation, protect=protect, prune=prune, unless_newest=known)
+
+        self.sys.run_off_loop(work, self._on_pass)
+
+    def _fresh_pass(self) -> PassResult | None:
+        last, done = self.house.last, self._pass_done_mono
+        if last is None or done is None or self._pass_running or last.generation != self._generation:
+            return None
+        return last if self.sys.monotonic() - done <= _FRESH_PASS_S else None
+
+    def _on_pass(self, outcome: PassResult | BaseException) -> None:
+        """A pass finished (on the loop thread): note commits, then do what was waiting for it."""
+        self._pass_running = False
+        self._pass_done_mono = self.sys.monotonic()
+        if isinstance(outcome, BaseException):  # a bug in the store must cost a pass, not the supervisor
+            outcome = PassResult(self._generation, error=f"{type(outcome).__name__}: {outcome}")
+        if self.done:
+            return
+        if self.job is not None and outcome.disk_free is not None:
+            low = self.job.low_free
+            self.job.low_free = outcome.disk_free if low is None else min(low, outcome.disk_free)
+        new = self.house.absorb(outcome)
+        self.history.housekeeping(outcome, new)
+        if new is not None:
+            self.log.info("checkpoint_committed", path=str(new.path), step=new.step, size_bytes=new.size_bytes)
+            job = self.job or (self.ended.job if self.ended else None)
+            if job is not None:
+                job.new_checkpoint = True
+            if self.job is not None and self.in_use is not None and new.path != self.in_use:
+                self.in_use = None  # the attempt saved past its resume point: that one may go now
+                self.house.clear_in_use()
+        self._sync_disk()
+        if self.ended is not None:
+            self._judge_exit()
+        elif self._launch_pending and self.status.state in (State.STARTING, State.BACKOFF):
+            self._launch(outcome)
+        if self._pass_wanted and not self.done:
+            self._request_pass(prune=self._pass_prune)
+        if not self.done:
+            self._publish()
+
+    # ---- launching -------------------------------------------------------------------------------------------
+    def _request_launch(self) -> None:
+        """Launch as soon as a pass has said which checkpoint to resume from."""
+        self._launch_pending = True
+        fresh = self._fresh_pass()
+        if fresh is not None:
+            self._launch(fresh)
+        else:
+            self._request_pass()
+
+    def _plan(self, scan: PassResult) -> resume.Launch | resume.Refuse | None:
+        """What to launch with, a refusal, or None to look at the root again (it could not be read)."""
+        job, ck = self.cfg.job, self.cfg.checkpoints
+        if scan.error is not None and job.resume_args and not ck.allow_fresh_start:
+            self._scan_failures += 1
+            if self._scan_failures < _LAUNCH_SCAN_TRIES:
+                delay = max(1.0, self.cfg.restart.backoff_initial_s)
+                self.log.warning("launch_deferred", reason="checkpoint root unreadable", error=scan.error, retry_s=delay)
+                self.sys.timers.set(Timer.LAUNCH, self.sys.monotonic() + delay)
+                return None
+            return resume.Refuse(f"cannot tell whether {ck.dir} holds a checkpoint to resume from: {scan.error}")
+        self._scan_failures = 0
+        plan = resume.plan_resume(scan.checkpoints, resume_args=job.resume_args,
+                                  allow_fresh_start=ck.allow_fresh_start, skip=self._unmarked)
+        if isinstance(plan, resume.Launch) and resume.chooses_itself(job.resume_args) and not self._choice_logged:
+            self._choice_logged = True  # said once: the job, not the supervisor, decides what it loads
+            self.log.info("resume_choice_left_to_job", resume_args=list(job.resume_args), root=str(ck.dir))
+        return plan
+
+    def _prepare_files(self, error_file: Path, log_path: Path) -> Path | None:
+        """Clear the attempt's error file and the stale heartbeat, create its log; the log, or None if impossible."""
+        self._try("errors dir", lambda: error_file.parent.mkdir(parents=True, exist_ok=True))
+        self._try("error file", lambda: error_file.unlink(missing_ok=True))
+        self._try("heartbeat", lambda: self.heartbeat_path.unlink(missing_ok=True))  # a stale beat is no progress
+
+        def create_log() -> None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "ab"):
+                pass
+
+        return log_path if self._try("attempt log (the job's output goes to the supervisor's)", create_log) else None
+
+    def _launch(self, scan: PassResult) -> None:
+        self._launch_pending = False
+        plan = self._plan(scan)
+        if plan is None:
+            return
+        if isinstance(plan, resume.Refuse):
+            self._give_up(plan.reason)
+            return
+        number = self.status.attempt + 1
+        if self.status.state is State.BACKOFF:
+            self.status.transition(State.STARTING)
+        ckpt = plan.checkpoint
+        argv = [*self.cfg.job.command, *plan.args]
+        error_file = self.run_dir / "errors" / f"attempt-{number:04d}.json"
+        log_path = self.run_dir / "logs" / f"attempt-{number:04d}.log"
+        output = self._prepare_files(error_file, log_path)
+        oom_before = self.sys.oom_kills()
+        try:
+            env = job_env(self.cfg, os.environ, number=number, heartbeat=self.heartbeat_path, error_file=error_file,
+                          token=self.token)
+            pid, ctime = self.sys.spawn(argv, cwd=self.cfg.job_cwd, env=env, log_path=output)
+        except OSError as exc:
+            self.log.error("launch_failed", attempt=number, argv=redact_argv(argv), error=str(exc))
+            self._finish(State.FAILED, f"cannot launch {argv[0]!r}: {exc}")
+            return
+        now_m = self.sys.monotonic()
+        self.job = Job(
+            number=number, pid=pid, started_mono=now_m, resumed_from=str(ckpt.path) if ckpt else None,
+            resumed_step=ckpt.step if ckpt else None, error_file=error_file, log_path=log_path, oom_before=oom_before,
+        )
+        self.in_use = ckpt.path if ckpt else None
+        if ckpt is not None:  # visible to every prune of the root, not only to our own passes
+            self.house.mark_in_use(ckpt.path, pid, ctime)
+        st = self.status
+        st.attempt, st.job_pid, st.job_create_time, st.job_cmdline = number, pid, ctime, argv
+        st.resumed_from, st.next_launch_at = self.job.resumed_from, None
+        st.step, st.step_at, st.phase, st.loss, st.val_loss, st.rate_steps_per_s = None, None, None, None, None, None
+        self._sync_disk()
+        st.transition(State.RUNNING)
+        self.log.info(
+            "job_started", attempt=number, pid=pid, resumed_from=self.job.resumed_from,
+            resumed_step=self.job.resumed_step, argv=redact_argv(argv), env=redact_env(self.cfg.job.env),
+            log=str(log_path),
+        )
+        self.history.attempt_start(number, self.job.resumed_from, self.job.resumed_step)
+        self._arm_hang_timer(startup=True)
+        self._publish()
+
+    # ---- job exit --------------------------------------------------------------------------------------------
+    def on_job_exit(self, pid: int, returncode: int) -> None:
+        """The job's process ended: classify it now, judge it once a pass has looked at the checkpoints."""
+        job = self.job
+        if job is None or pid != job.pid:
+            return
+        self._on_heartbeat()  # its last beat, if the file watcher has not delivered it yet: the phase it died in
+        self.job, self.in_use = None, None  # the attempt is over: its resume point is no longer in use
+        self.house.clear_in_use()
+        for t in (Timer.HANG, Timer.HANG_TERM, Timer.STOP_KILL):
+            self.sys.timers.cancel(t)
+        survivors = self.sys.reap_survivors()
+        if survivors:
+            self.log.warning("survivors_killed", attempt=job.number, processes=[f"{p}:{n}" for p, n in survivors])
+        info = classify_exit(
+            returncode, at=self.sys.now(), we_stopped=job.stopping and not job.hang, hang=job.hang,
+            oom_before=job.oom_before, oom_after=self.sys.oom_kills() if returncode else None,
+            cause=root_cause(job.error_file, job.log_path) if returncode else None,
+        )
+        note = self.house.full_disk_note(job.low_free) if returncode else None
+        if note:  # the likeliest cause, whatever the job's own error says
+            info.detail = f"{info.detail}; {note}" if info.detail else note
+        self.status.last_exit = info
+        self.status.job_pid = self.status.job_create_time = self.status.job_cmdline = None
+        self.ended = Ended(job, returncode, info, self.sys.monotonic())
+        # A commit the file watcher missed (e.g. on NFS) still counts as progress; this pass is also the
+        # attempt's final retention pass, with its resume point no longer protected.
+        self._request_pass()
+        self._publish()
+
+    def _judge_exit(self) -> None:
+        assert self.ended is not None
+        ended, self.ended = self.ended, None
+        job, info = ended.job, ended.info
+        latest = self.house.latest_step()
+        progressed = job.new_checkpoint or (
+            job.max_step is not None and (self.high_water_step is None or job.max_step > self.high_water_step)
+        )
+        if job.max_step is not None:
+            self.high_water_step = max(job.max_step, self.high_water_step or job.max_step)
+        attempt = restarts.Attempt(
+            number=job.number, started_at=job.started_mono, ended_at=ended.ended_mono, succeeded=ended.returncode == 0,
+            reason=info.reason, resumed_from=job.resumed_from, resumed_step=job.resumed_step,
+            max_step=job.max_step, new_checkpoint=job.new_checkpoint, progressed=progressed,
+            last_phase=job.beat.phase if job.beat else None, beat=job.beat is not None,
+            beat_checkpoint=named_by_beat(job, self.house.last.checkpoints if self.house.last else []),
+        )
+        self.attempts.append(attempt)
+        self.history.attempt_exit(attempt, info)
+        self.log.info(
+            "job_exited", attempt=job.number, code=info.code, signal=info.signal, reason=info.reason,
+            detail=info.detail, duration_s=round(attempt.duration, 3), max_step=job.max_step,
+            latest_checkpoint_step=latest, progressed=progressed,
+        )
+        if self.status.state is State.STOPPING:
+            self._finish(State.STOPPED, self._stop_reason)
+            self.log.info("stopped", attempt=job.number, reason=info.reason)
+            return
+        self._maybe_quarantine()
+        decision = restarts.decide(self.attempts, self.cfg.restart, jitter=self.sys.random())
+        if isinstance(decision, restarts.Finish):
+            self._finish(State.COMPLETED, decision.reason)
+            self.log.info("completed", attempts=len(self.attempts))
+        elif isinstance(decision, restarts.GiveUp):
+            self._give_up(decision.reason)
+        else:
+            self.status.transition(State.BACKOFF)
+            self.status.restarts += 1
+            self.status.next_launch_at = self.sys.now() + decision.delay_s
+            self.sys.timers.set(Timer.LAUNCH, self.sys.monotonic() + decision.delay_s)
+            self.log.info("backoff", delay_s=round(decision.delay_s, 3), reason=decision.reason, restarts=self.status.restarts)
+
+    def _maybe_quarantine(self) -> None:
+        """Quarantine a checkpoint only on evidence that the failures are its own (restarts.quarantine_candidate)."""
+        found = restarts.quarantine_candidate(self.attempts, self.cfg.restart.quarantine_after)
+        if found is None or found.path in self.status.quarantined or found.path in self._unmarked:
+            return
+        path, reason = found.path, found.reason
+        self._unmarked.add(path)  # not resumed from again by this supervisor, whether or not the marker lands
+        self._generation += 1  # the root changed (or should have): the last pass no longer names the resume point
+        try:
+            self.house.quarantine(Path(path), reason)
+        except (CheckpointError, OSError) as exc:  # vanished, read-only, full: this run still avoids it
+            self.log.error("quarantine_failed", path=path, reason=reason, error=str(exc))
+            return
+        self._unmarked.discard(path)
+        self.status.quarantined = [*self.status.quarantined, path]
+        self.history.quarantined(path, reason)
+        self.log.error("quarantined", path=path, reason=reason)
+
+    # ---- signals ---------------------------------------------------------------------------------------------
+    def on_signal(self, signum: int) -> None:
+        """SIGTERM/SIGINT stop gracefully and a repeat waits; only a force kills (supervisor/host/signals.py)."""
+        if self.status.state.final:
+            return
+        if signum == FORCE_STOP_SIGNAL:
+            self._force_stop(signum, "stop --force")
+            return
+        if signum not in STOP_SIGNALS:
+            return
+        job_pid = self.job.pid if self.job else None
+        if self.status.state is State.STOPPING:
+            if signum == signal.SIGINT and self.sys.on_terminal():
+                self._force_stop(signum, "second Ctrl+C")
+            else:  # a retried `stop`, systemd or Slurm repeating SIGTERM: never a reason to lose the save
+                self.log.info("stop_in_progress", signal=signal_name(signum), job_pid=job_pid,
+                              force="fsdp-supervisor stop --force")
+            return
+        self.status.transition(State.STOPPING)
+        self.log.info("stopping", signal=signal_name(signum), job_pid=job_pid, grace_s=self.cfg.health.stop_timeout_s)
+        if self.job is not None:
+            self._terminate_job()
+        elif self.ended is None:  # in backoff or waiting to launch: nothing to stop
+            self._finish(State.STOPPED, self._stop_reason)
+            self.log.info("stopped", attempt=self.status.attempt, reason="no job running")
+            return
+        # else: the job just exited and is being judged; the judgement sees STOPPING and stops.
+        self._publish()
+
+    def _force_stop(self, signum: int, cause: str) -> None:
+        """Kill the job now (an emergency save in progress is lost), then exit 0 without a restart."""
+        if self.status.state is not State.STOPPING:
+            self.status.transition(State.STOPPING)
+        self._stop_reason = f"force-stopped ({cause})"
+        job = self.job
+        self.log.warning("stop_forced", signal=signal_name(signum), cause=cause, job_pid=job.pid if job else None)
+        if job is not None:
+            job.stopping = True
+            for t in (Timer.HANG, Timer.HANG_TERM, Timer.STOP_KILL):
+                self.sys.timers.cancel(t)
+            self.sys.kill_job_tree(job.pid)
+        elif self.ended is None:
+            if self._orphans is not None:  # a killed predecessor's job still saving: no grace left for it either
+                token, recorded = self._orphans
+                killed = self.sys.stop_orphans(token, self.run_dir, recorded, 0)
+                self.log.warning("orphan_job_killed", pids=killed)
+            self._finish(State.STOPPED, self._stop_reason)
+            return
+        self._publish()
+
+    def _terminate_job(self) -> None:
+        """SIGTERM the torchrun agent only (it forwards to workers once); SIGKILL after stop_timeout_s."""
+        assert self.job is not None
+        self.job.stopping = True
+        self.sys.timers.cancel(Timer.HANG)
+        self.sys.send_signal(self.job.pid, signal.SIGTERM)
+        self.sys.timers.set(Timer.STOP_KILL, self.sys.monotonic() + self.cfg.health.stop_timeout_s)
+
+    # ---- timers ----------------------------------------------------------------------------------------------
+    def on_timer(self, name: Timer | str) -> None:
+        handlers = {
+            Timer.LAUNCH: self._request_launch,
+            Timer.HANG: self._on_hang,
+            Timer.HANG_TERM: self._on_hang_term,
+            Timer.STOP_KILL: self._on_stop_kill,
+            Timer.SCAN: self._on_scan,
+            Timer.RETENTION: self._on_retention,
+            Timer.PUBLISH: self._publish,
+        }
+        try:
+            handler = handlers[Timer(name)]
+        except ValueError:
+            return
+        handler()
+
+    def _on_stop_kill(self) -> None:
+        if self.job is not None:
+            killed = self.sys.kill_job_tree(self.job.pid)
+            self.log.warning("job_killed", attempt=self.job.number, after_s=self.cfg.health.stop_timeout_s, processes=len(killed))
+
+    def _arm_hang_timer(self, startup: bool = False) -> None:
+        if self.job is None or self.job.stopping:
+            return
+        timeout = hang_timeout(self.cfg.health, self.job.beat, startup=startup)
+        if timeout is not None:
+            self.sys.timers.set(Timer.HANG, self.sys.monotonic() + timeout)
+        else:
+            self.sys.timers.cancel(Timer.HANG)
+
+    def _on_hang(self) -> None:
+        job = self.job
+        if job is None or job.stopping:
+            return
+        job.hang = True
+        idle = None if job.beat_mono is None else round(self.sys.monotonic() - job.beat_mono, 1)
+        beat = job.beat
+        self.log.error("hang_detected", attempt=job.number, step=beat.step if beat else None,
+                       phase=beat.phase if beat else None, idle_s=idle)
+        dumped = self.sys.signal_workers(job.pid, signal.SIGUSR1)
+        self.log.info("stack_dump_requested", workers=dumped, log=str(job.log_path))
+        self.sys.timers.set(Timer.HANG_TERM, self.sys.monotonic() + self.cfg.health.stack_dump_wait_s)
+
+    def _on_hang_term(self) -> None:
+        if self.job is not None and self.job.hang:
+            self._terminate_job()
+
+    def _on_scan(self) -> None:
+        self._request_pass(prune=False)
+
+    def _on_retention(self) -> None:
+        """Periodic pass: also catches commits inotify cannot see (network filesystems, other nodes)."""
+        self._request_pass()
+        self.sys.timers.set(Timer.RETENTION, self.sys.monotonic() + self.cfg.checkpoints.retention_interval_s)
+
+    # ---- files -----------------------------------------------------------------------------------------------
+    def on_file_event(self, path: Path) -> None:
+        if path == self.heartbeat_path:
+            self._on_heartbeat()
+        elif self.house.concerns(path):
+            self._generation += 1
+            if not self.sys.timers.pending(Timer.SCAN):
+                self.sys.timers.set(Timer.SCAN, self.sys.monotonic() + _SCAN_DEBOUNCE_S)
+
+    def _read_beat(self) -> Beat | None:
+        beat, problems = read_beat(self.heartbeat_path)
+        job = self.job
+        if problems and job is not None and not job.beat_warned:
+            job.beat_warned = True  # one warning per attempt: a bad writer beats every second
+            self.log.warning("heartbeat_invalid", attempt=job.number, problems=problems[:3])
+        return beat
+
+    def _on_heartbeat(self) -> None:
+        job = self.job
+        if job is None:
+            return
+        beat = self._read_beat()
+        if beat is None or beat == job.beat:
+            return
+        apply_beat(self.status, beat, self.sys.now())
+        job.beat, job.beat_mono = beat, self.sys.monotonic()
+        if beat.phase != "load":  # a load beat names the step being loaded, not one this attempt trained
+            job.max_step = beat.step if job.max_step is None else max(job.max_step, beat.step)
+        self.history.beat(job.number, beat)
+        self._arm_hang_timer()
+        self._publish_beat()
+
+    def _publish_beat(self) -> None:
+        """Publish a heartbeat's change now, or with the next write due within _BEAT_PUBLISH_S."""
+        due = None if self._published_mono is None else self._published_mono + _BEAT_PUBLISH_S
+        if due is None or self.sys.monotonic() >= due:
+            self._publish()
+        elif not self.sys.timers.pending(Timer.PUBLISH):
+            self.sys.timers.set(Timer.PUBLISH, due)

@@ -1,0 +1,239 @@
+"""The event loop: one thread, one `select`, no busy polling.
+
+Wake-ups come from a single pipe: signal handlers write to it (signal.set_wakeup_fd), and so does the
+watchdog observer thread for file events. Timers set the select timeout. Child exits are collected with
+waitpid(-1) after every wake-up (SIGCHLD wakes us; as a subreaper we also reap adopted orphans).
+
+SIGHUP (the terminal closed, an ssh session dropped) is a graceful stop, like SIGTERM: the job writes its
+emergency checkpoint, the supervisor exits 0, and the next `run` resumes from that step, so a job is never
+left running without its supervisor. A hangup never forces a stop already under way (only a second
+Ctrl+C or SIGTERM does), and a SIGHUP ignored by whoever started us (`nohup`) stays ignored: then the
+supervisor keeps going with its console silenced (see supervisor/observe/console.py).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import selectors
+import signal
+import warnings
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+
+from supervisor.host import procs
+from supervisor.observe.console import Console
+from supervisor.daemon.core import Core
+from supervisor.observe.humanize import human_bytes
+from supervisor.observe.lines import LineSplitter
+from supervisor.host.regularfile import open_regular
+from supervisor.host.signals import HANDLED
+from supervisor.policy.state import State
+from supervisor.daemon.system import RealSystem
+
+__all__ = ["EventLoop", "Echo"]
+
+
+def _not_the_stop_race(record: logging.LogRecord) -> bool:
+    """watchdog logs an ERROR when its inotify thread reads once more after `observer.stop()`: our own
+    shutdown, nothing lost; it printed a stray traceback-looking line over the console as `run` exited."""
+    return not str(record.msg).startswith("InotifyEmitter.queue_events() called when the thread is inactive")
+
+
+logging.getLogger("watchdog.observers.inotify").addFilter(_not_the_stop_race)
+
+_HANDLED = HANDLED  # stop, force stop, child exits (supervisor/host/signals.py)
+_MAX_WAIT_S = 3600.0
+
+
+class _Forward(FileSystemEventHandler):
+    def __init__(self, sink: queue.SimpleQueue[Path], wake: Callable[[], None]) -> None:
+        self.sink, self.wake = sink, wake
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        if event.event_type in ("opened", "closed_no_write"):
+            return
+        for p in (event.src_path, getattr(event, "dest_path", "")):
+            if p:
+                self.sink.put(Path(os.fsdecode(p)))
+        self.wake()
+
+
+class Echo:
+    """Show the current attempt's output on a terminal as `[job] ...` lines, a bounded chunk per call.
+
+    Whole lines are printed as a terminal would show them (their last `\\r` frame); the unfinished line, such
+    as a tqdm bar being redrawn, is the console's live `job` row. A backlog of more than `BEHIND` bytes
+    is skipped with a note: an echo minutes behind helps no one, and the log file has every byte.
+    """
+
+    CHUNK = 1 << 20
+    BEHIND = 8 << 20
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.path: Path | None = None
+        self.offset = 0
+        self.lines = LineSplitter()
+
+    def pump(self, path: Path | None) -> bool:
+        """Echo up to CHUNK new bytes of `path`; True when more is already waiting."""
+        if path is None or self.console.dead:
+            return False
+        if path != self.path:
+            self._end_line()
+            self.path, self.offset, self.lines = path, 0, LineSplitter()
+        try:
+            with open_regular(path) as f:  # the job may have put a FIFO there: never block the loop on it
+                size = os.fstat(f.fileno()).st_size
+                if size < self.offset:  # truncated under us: start over
+                    self.offset, self.lines = 0, LineSplitter()
+                skipped = max(0, size - self.CHUNK - self.offset) if size - self.offset > self.BEHIND else 0
+                self.offset += skipped
+                if skipped:
+                    self.lines = LineSplitter()
+                f.seek(self.offset)
+                data = f.read(self.CHUNK)
+        except OSError:
+            return False
+        self.offset += len(data)
+        out = [f"[job] ... {human_bytes(skipped)} of output not shown here (all of it is in {path})"] if skipped else []
+        out += [f"[job] {line.decode('utf-8', 'replace')}" for line in self.lines.feed(data)]
+        frame = self.lines.frame
+        self.console.show(out, job=f"[job] {frame.decode('utf-8', 'replace')}" if frame else None)
+        return self.offset < size
+
+    def drain(self, limit: int = 16) -> None:
+        """At exit: echo what is left (the backlog is bounded by BEHIND), and leave the last frame as a line."""
+        for _ in range(limit):
+            if not self.pump(self.path):
+                break
+        self._end_line()
+
+    def _end_line(self) -> None:
+        frame = self.lines.frame
+        if frame:
+            self.console.show([f"[job] {frame.decode('utf-8', 'replace')}"], job=None)
+            self.lines = LineSplitter()
+
+
+class EventLoop:
+    def __init__(self, core: Core, system: RealSystem, watch: list[tuple[Path, bool]], echo: Echo | None = None,
+                 ticks: list[tuple[float, Callable[[], None]]] | None = None) -> None:
+        self.core, self.sys, self.watch, self.echo = core, system, watch, echo
+        self.ticks = ticks or []  # periodic callbacks (e.g. sd_notify WATCHDOG=1), run from this loop only
+        self.signals: deque[int] = deque()
+        self.files: queue.SimpleQueue[Path] = queue.SimpleQueue()
+        self._echo_more = False  # the echo stopped at its chunk size with more to show
+
+    def _wake(self) -> None:  # from any thread
+        try:
+            os.write(self._wfd, b"\0")
+        except (BlockingIOError, OSError):
+            pass  # pipe full: a wake-up is already pending
+
+    def run(self, begin: Callable[[], None]) -> int:
+        rfd, self._wfd = os.pipe()
+        for fd in (rfd, self._wfd):
+            os.set_blocking(fd, False)
+        old_wakeup = signal.set_wakeup_fd(self._wfd, warn_on_full_buffer=False)
+        self.sys.waker = self._wake
+        handled = [*_HANDLED, *([signal.SIGHUP] if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN else [])]
+        old_handlers = {s: signal.signal(s, lambda n, _f: self.signals.append(n)) for s in handled}
+        # watchdog warns (to stderr, over the console) each time a renamed dir reuses an inotify watch, as every
+        # checkpoint commit does (`.tmp-step_N` -> `step_N`); nothing is wrong and the callback stays the same.
+        warnings.filterwarnings("ignore", message="Callback with id .* already exists for watch", category=RuntimeWarning)
+        observer = Observer()
+        handler = _Forward(self.files, self._wake)
+        for path, recursive in self.watch:
+            observer.schedule(handler, str(path), recursive=recursive)
+        observer.start()
+        sel = selectors.DefaultSelector()
+        sel.register(rfd, selectors.EVENT_READ)
+        for i, (interval, _) in enumerate(self.ticks):
+            self.sys.timers.set(f"tick:{i}", self.sys.monotonic() + interval)
+        try:
+            begin()
+            self._dispatch()
+            while not self.core.done:
+                deadline = self.sys.timers.next_deadline()
+                # Capped: epoll cannot wait ~25 days; a farther timer is simply looked at again later.
+                timeout = None if deadline is None else min(_MAX_WAIT_S, max(0.0, deadline - self.sys.monotonic()))
+                sel.select(timeout)
+                try:
+                    while os.read(rfd, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+                self._dispatch()
+            if self.echo is not None:
+                self.echo.drain()
+            return int(self.core.exit_code or 0)
+        finally:
+            observer.stop()
+            observer.join(timeout=5)
+            signal.set_wakeup_fd(old_wakeup)
+            for s, h in old_handlers.items():
+                signal.signal(s, h)
+            sel.close()
+            os.close(rfd)
+            os.close(self._wfd)
+
+    def _dispatch(self) -> None:
+        # File events first, so the echo of a job's last lines is not lost when its exit is handled below.
+        seen_log = False
+        while True:
+            try:
+                path = self.files.get_nowait()
+            except queue.Empty:
+                break
+            seen_log = seen_log or path.parent.name == "logs"
+            self.core.on_file_event(path)
+        if self.echo is not None and (seen_log or self._echo_more):
+            self._pump_echo(self.core.job.log_path if self.core.job else self.echo.path)
+        if self.core.job is None:
+            # No job yet: a stop must come before a pass's result, which may launch one (`begin` can be busy for
+            # a while stopping an orphan: a `stop` meanwhile launched a job only to stop it again).
+            self._take_signals()
+        for done, result in self.sys.finished_work():  # store passes that ran off this thread
+            done(result)
+        for pid, code in procs.reap_any():
+            if self.echo is not None and self.core.job is not None and pid == self.core.job.pid:
+                self._pump_echo(self.core.job.log_path)  # whatever it wrote last
+            self.sys.forget(pid, code)
+            self.core.on_job_exit(pid, code)
+        self._take_signals()  # with a job: after its exit, so that an exit and a stop at once is still a crash
+        for name in self.sys.timers.pop_due(self.sys.monotonic()):
+            if name.startswith("tick:"):
+                i = int(name[5:])
+                interval, fn = self.ticks[i]
+                fn()
+                self.sys.timers.set(name, self.sys.monotonic() + interval)
+            else:
+                self.core.on_timer(name)
+
+    def _take_signals(self) -> None:
+        while self.signals:
+            s = self.signals.popleft()
+            if s == signal.SIGHUP:
+                self._on_hangup()
+            elif s != signal.SIGCHLD:
+                self.core.on_signal(s)
+
+    def _pump_echo(self, path: Path | None) -> None:
+        assert self.echo is not None
+        self._echo_more = self.echo.pump(path)
+        if self._echo_more:
+            self._wake()  # the rest on the next turn, after signals and timers have been looked at
+
+    def _on_hangup(self) -> None:
+        """SIGHUP: stop gracefully, as for SIGTERM; never escalate a stop that is already under way."""
+        state = self.core.status.state
+        busy = state is State.STOPPING or state.final or self.core.done
+        self.core.log.warning("hangup", signal="SIGHUP", action="none, already stopping" if busy else "graceful stop")
+        if not busy:
+            self.core.on_signal(signal.SIGHUP)

@@ -1,0 +1,90 @@
+"""`fsdp-supervisor run`'s composition root: builds the supervisor's parts from a config and runs the loop.
+
+Everything with a lifetime (the run lock, the log, the prewarmed agent, the history writer, the metrics
+server) is created here, in order, and closed here, in reverse, whatever the loop's end.
+"""
+from __future__ import annotations
+
+import sys
+
+from supervisor.checkpoints.metadata import child as metadata_child
+from supervisor.config import Config
+from supervisor.daemon import preflight
+from supervisor.daemon.core import Core
+from supervisor.daemon.loop import Echo, EventLoop
+from supervisor.daemon.loopprobe import INTERVAL_S, LoopProbe
+from supervisor.daemon.recorder import HistoryRecorder
+from supervisor.daemon.statefile import read_status, remove_torn_writes
+from supervisor.daemon.system import RealSystem
+from supervisor.errors import ConfigError
+from supervisor.host import procs
+from supervisor.host.runlock import RunLock
+from supervisor.observe.console import TICK_S, Console, Progress
+from supervisor.observe.eventlog import configure, get_logger
+from supervisor.observe.metrics import listen_address, start_metrics
+from supervisor.observe.notify import Notifier
+
+__all__ = ["run"]
+
+
+def run(cfg: Config) -> int:
+    """Supervise `cfg`'s job until it completes, is stopped or is given up; the exit code of `run`."""
+    preflight.check_setup(cfg)  # config errors come before anything is created
+    listen_address(cfg)
+    preflight.make_dirs(cfg)
+    run_dir = cfg.run_dir
+    lock = RunLock(run_dir)
+    try:
+        lock.acquire()
+    except OSError as exc:  # e.g. something else planted under the lock's name
+        raise ConfigError(f"{cfg.path}: [supervisor.run_dir] cannot lock {run_dir}: {exc.strerror or exc}") from None
+    remove_torn_writes(run_dir)
+    try:
+        console = Console.for_stderr()
+        configure(run_dir, max_bytes=cfg.supervisor.log_max_bytes, backups=cfg.supervisor.log_backups, console=console)
+        log = get_logger().bind(run_dir=str(run_dir))
+        previous = read_status(run_dir)
+        system = RealSystem(prewarm=cfg.job.prewarm)
+        # The loop thread waits for the GIL up to one switch interval per system call while another thread
+        # computes (5 ms by default): a large .metadata is parsed in a child, which shares no GIL with the
+        # loop (metadata_child), and what other threads do (small parses, history compaction) yields within 1 ms.
+        sys.setswitchinterval(0.001)
+        metadata_child.isolate(min_bytes=1 << 20)
+        if not procs.set_child_subreaper():
+            log.warning("subreaper_unavailable")
+        notifier = Notifier.from_env()
+        history = HistoryRecorder.for_run_dir(run_dir, now=system.now, log=log)
+        core = Core(cfg, system, log, notify=notifier.status if notifier else None, history=history)
+        echo = Echo(console) if console.tty else None
+        # The job's output dir is watched only to echo it: each line the job logs would wake us otherwise.
+        watch = [(run_dir, False), *([(run_dir / "logs", False)] if echo else []), (cfg.checkpoints.dir, True)]
+        progress = Progress(console, lambda: core.status)  # a live row on a terminal, else a line every 10 s
+        ticks = [*(notifier.ticks(lambda: not core.done) if notifier else []), (TICK_S, progress.tick)]
+        probe = LoopProbe.from_env()  # a diagnostic for bench/loop_stall.py; None unless asked for
+        if probe is not None:
+            ticks.append((INTERVAL_S, probe.tick))
+        loop = EventLoop(core, system, watch, echo=echo, ticks=ticks)
+
+        def begin() -> None:
+            core.begin(previous)  # READY=1 follows from the first publish after the launch (Notifier.status)
+
+        metrics = start_metrics(cfg, lambda: core.status, log)  # reads the live Status from its own thread
+        try:
+            rc = loop.run(begin)
+        except Exception as exc:  # noqa: BLE001 - a bug, or an error nothing caught: stop the job, exit 1, never 2
+            rc = core.abandon(exc)
+        finally:
+            core.close()  # state.json never claims a supervisor that has exited
+            progress.finish()
+            system.close()
+            core.house.wait_idle(timeout=60)  # finish emptying .trash rather than leave it for the next run
+            history.close()
+            if metrics:
+                metrics.stop()
+            if probe is not None:
+                probe.write()
+        if notifier:
+            notifier.stopping()
+        return rc
+    finally:
+        lock.release()

@@ -1,0 +1,214 @@
+"""The one seam between the supervisor's core and the operating system: clock, randomness, processes, timers.
+
+`Core` only ever calls these methods; tests replace `RealSystem` with a fake that records calls and lets
+them advance time by hand. Files (checkpoints, heartbeat, state.json) are real files in both cases.
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+import queue
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from supervisor.host import procs
+from supervisor.checkpoints.metadata import child as metadata_child
+from supervisor.daemon.evidence import read_oom_kills
+from supervisor.host.spares import Prewarmer
+
+__all__ = ["System", "RealSystem", "Timers"]
+
+T = TypeVar("T")
+
+
+class Timers:
+    """Named one-shot deadlines on a monotonic clock; setting a name again replaces it.
+
+    Names are strings; a str-valued enum member (the core's `Timer`) is stored by its value, so
+    `pop_due` always returns plain strings.
+    """
+
+    def __init__(self) -> None:
+        self._deadlines: dict[str, float] = {}
+
+    def set(self, name: str, at: float) -> None:
+        self._deadlines[_key(name)] = at
+
+    def cancel(self, name: str) -> None:
+        self._deadlines.pop(_key(name), None)
+
+    def pending(self, name: str) -> bool:
+        return _key(name) in self._deadlines
+
+    def next_deadline(self) -> float | None:
+        return min(self._deadlines.values(), default=None)
+
+    def pop_due(self, now: float) -> list[str]:
+        due = sorted((at, n) for n, at in self._deadlines.items() if at <= now)
+        for _, n in due:
+            del self._deadlines[n]
+        return [n for _, n in due]
+
+
+def _key(name: str) -> str:
+    return str(getattr(name, "value", name))
+
+
+class System(Protocol):
+    timers: Timers
+
+    def run_off_loop(self, work: Callable[[], T], done: Callable[[T | BaseException], None]) -> None:
+        """Run `work` away from the event loop; later call `done(result or exception)` on the loop thread."""
+
+    def now(self) -> float: ...  # wall clock, for humans and files
+    def monotonic(self) -> float: ...  # durations and timers
+    def random(self) -> float: ...  # jitter in [0, 1)
+    def spawn(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_path: Path | None) -> tuple[int, float]:
+        """Start the job, its output appended to `log_path` (None: the supervisor's own); (pid, create_time)."""
+    def send_signal(self, pid: int, sig: int) -> None: ...
+    def signal_workers(self, pid: int, sig: int) -> list[int]: ...
+    def kill_job_tree(self, pid: int) -> list[tuple[int, str]]:
+        """SIGKILL the job's process group and every descendant."""
+    def reap_survivors(self) -> list[tuple[int, str]]:
+        """After an attempt: kill any descendant still alive; return what was killed."""
+    def oom_kills(self) -> int | None: ...
+    def stop_orphans(self, token: str, run_dir: Path, recorded: tuple[int, float] | None, timeout: float) -> list[int]:
+        """Stop every live process of a job this run dir's supervisor started (procs.find_orphans); their pids."""
+    def stop_job(self, pid: int, timeout: float) -> list[int]:
+        """Outside the event loop (the supervisor is failing): SIGTERM the job, wait, then kill what is left."""
+    def on_terminal(self) -> bool:
+        """Whether a SIGINT now can be a Ctrl+C typed at the supervisor (it leads its terminal's foreground)."""
+
+
+class RealSystem:
+    """The real thing. Exit statuses are delivered by the event loop's SIGCHLD handling, not here."""
+
+    def __init__(self, prewarm: bool = False) -> None:
+        self.timers = Timers()
+        self._popen: dict[int, subprocess.Popen[bytes]] = {}
+        if prewarm:
+            from supervisor.observe.eventlog import get_logger  # here: importing this module stays cheap
+
+            self.prewarmer: Prewarmer | None = Prewarmer(get_logger())
+        else:
+            self.prewarmer = None
+        self.waker: Callable[[], None] = lambda: None  # set by the event loop: wakes its select()
+        self._finished: queue.SimpleQueue[tuple[Callable[[Any], None], Any]] = queue.SimpleQueue()
+
+    def run_off_loop(self, work: Callable[[], T], done: Callable[[T | BaseException], None]) -> None:
+        def run() -> None:
+            try:
+                result: Any = work()
+            except BaseException as exc:  # noqa: BLE001 - handed to `done`, on the loop thread
+                result = exc
+            self._finished.put((done, result))
+            self.waker()
+
+        # A daemon thread: store work is renames and reads, safe to abandon when the supervisor exits.
+        threading.Thread(target=run, name="store-pass", daemon=True).start()
+
+    def finished_work(self) -> list[tuple[Callable[[Any], None], Any]]:
+        """Completions of `run_off_loop` work, for the event loop to deliver on its own thread."""
+        out = []
+        while True:
+            try:
+                out.append(self._finished.get_nowait())
+            except queue.Empty:
+                return out
+
+    def now(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def random(self) -> float:
+        return random.random()
+
+    def spawn(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_path: Path | None) -> tuple[int, float]:
+        # A spare opens the attempt log itself: without one (an unwritable run dir) the launch goes cold.
+        warm = self.prewarmer.launch(argv, cwd=cwd, env=env, log_path=log_path) if self.prewarmer and log_path else None
+        p = warm or procs.spawn(argv, cwd=cwd, env=env, log_path=log_path)
+        self._popen[p.pid] = p
+        if self.prewarmer is not None and log_path is not None:  # after the job, so that it gets the head start
+            self.prewarmer.refill(argv, cwd=cwd, env=env, log_dir=log_path.parent)
+        try:
+            import psutil
+
+            ctime = psutil.Process(p.pid).create_time()
+        except Exception:  # noqa: BLE001 - it may already have exited; identity is then moot
+            ctime = time.time()
+        return p.pid, ctime
+
+    def forget(self, pid: int, returncode: int) -> None:
+        """The loop reaped `pid` itself: tell Popen so it never waits on it again."""
+        p = self._popen.pop(pid, None)
+        if p is not None:
+            p.returncode = returncode
+        if self.prewarmer is not None:
+            self.prewarmer.forget(pid, returncode)
+
+    def close(self) -> None:
+        """The supervisor is exiting: the idle prewarm spare goes with it."""
+        if self.prewarmer is not None:
+            self.prewarmer.close()
+
+    def _keep(self) -> set[int]:
+        """Our own children that are not the job's: the idle spare, a `.metadata` parse (metadata_child)."""
+        spares = self.prewarmer.spare_pids() if self.prewarmer is not None else set()
+        return set(spares) | metadata_child.running_pids()
+
+    def send_signal(self, pid: int, sig: int) -> None:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def signal_workers(self, pid: int, sig: int) -> list[int]:
+        return procs.signal_children(pid, sig)
+
+    def kill_job_tree(self, pid: int) -> list[tuple[int, str]]:
+        try:
+            os.killpg(pid, signal.SIGKILL)  # the job leads its own session: pgid == pid
+        except (ProcessLookupError, PermissionError):
+            pass
+        return procs.kill_descendants(signal.SIGKILL, exclude=self._keep())
+
+    def reap_survivors(self) -> list[tuple[int, str]]:
+        return procs.kill_descendants(signal.SIGKILL, exclude=self._keep())
+
+    def oom_kills(self) -> int | None:
+        return read_oom_kills()
+
+    def stop_orphans(self, token: str, run_dir: Path, recorded: tuple[int, float] | None, timeout: float) -> list[int]:
+        found = procs.find_orphans(token, run_dir, recorded)
+        return procs.stop_processes(found, timeout) if found else []
+
+    def stop_job(self, pid: int, timeout: float) -> list[int]:
+        try:
+            import psutil
+
+            job = psutil.Process(pid)
+            tree = [job, *job.children(recursive=True)]
+        except Exception:  # noqa: BLE001 - gone already
+            return []
+        stopped = procs.stop_processes(tree, timeout)
+        procs.reap_any()
+        return stopped
+
+    def on_terminal(self) -> bool:
+        try:
+            fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC)  # ENXIO: no controlling terminal
+        except OSError:
+            return False
+        try:
+            return os.tcgetpgrp(fd) == os.getpgrp()
+        except OSError:
+            return False
+        finally:
+            os.close(fd)

@@ -1,0 +1,365 @@
+"""What a run's history adds up to: goodput, restart latency, steps lost (a pure fold over history records).
+
+`Fold` reads records one at a time (the schema is in supervisor.history.records); `summarize(records)` is the fold of a
+whole file. The daemon keeps one `Fold` up to date as it writes (status and metrics show its numbers) and
+`report` folds the file, so both say the same. Records that do not fit the schema (a hand edit, a newer
+version) are skipped field by field, never trusted.
+
+Definitions (docs/history.md has them with an example):
+
+- `attempts`: attempt_start records.
+- `failures`: attempt_exit records whose reason is neither `completed` nor `stopped`.
+- `wall_s`: time the supervisor ran: the sum over its sessions (supervisor_start to supervisor_end; a
+  supervisor killed without one ends at its last record; the running one at `now` when given). A record more
+  than a minute older than the session's newest is a clock stepped back (NTP): the session goes on from there.
+- `productive_s`: training time whose work was kept: the sum of the attempts' `train_s`, less, wherever an
+  attempt resumed behind the previous attempt's highest step, the time those steps took (steps behind times
+  the previous attempt's seconds per step, or the run's average when it trained none). Never negative.
+- `goodput`: productive_s / wall_s (null while wall_s is 0).
+- `restart_latency_s`: one entry per recovery: from the detection (attempt_exit `at`) of the first failure
+  since the job last trained a new step, to the next first_step (the relaunched job training again). A crash
+  loop that ends in a recovery is one entry, counted from its first failure; a recovery cut short by the end
+  of supervision (supervisor_end, or the next supervisor_start after a supervisor was killed) is none.
+- `steps_lost`: one entry per failure followed by a relaunch: the failed attempt's highest heartbeat step
+  minus the step the relaunch resumed from (0 when it resumed at or beyond it); none when the attempt never
+  reported a step.
+- `checkpoint_overhead_s`: the sum of the attempts' `save_s`: time the job said it was saving.
+- `exit_reasons`: attempt_exit reasons and how often each occurred.
+
+An attempt_start whose number is already taken (a run dir whose state.json was lost, two histories
+concatenated) begins a new attempt; records naming that number go to the newest. Integers beyond 2**63 and times
+outside 0..MAX_T (supervisor.history.records) count as missing.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from supervisor.history.records import is_failure, is_time
+
+__all__ = ["Fold", "AttemptView", "Sample", "Mark", "Summary", "summarize", "RECENT_LOSSES"]
+
+RECENT_LOSSES = 40  # samples behind `status`'s sparkline
+_CLOCK_STEP_S = 60.0  # records are written in time order give or take a heartbeat: further back, the clock stepped
+
+
+_MAX_INT = 2**63  # no step or attempt number is larger; a larger one would overflow every float it meets
+
+
+def _int(rec: dict[str, Any], key: str) -> int | None:
+    v = rec.get(key)
+    return v if type(v) is int and -_MAX_INT < v < _MAX_INT else None
+
+
+def _time(rec: dict[str, Any], key: str) -> float | None:
+    v = rec.get(key)
+    return float(v) if is_time(v) else None
+
+
+def _num(rec: dict[str, Any], key: str) -> float | None:
+    v = rec.get(key)
+    if type(v) is int:
+        return float(v) if -_MAX_INT < v < _MAX_INT else None
+    return v if type(v) is float and math.isfinite(v) else None
+
+
+def _str(rec: dict[str, Any], key: str) -> str | None:
+    v = rec.get(key)
+    return v if isinstance(v, str) else None
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One heartbeat sample of an attempt."""
+
+    t: float
+    step: int
+    loss: float | None
+    val_loss: float | None = None
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A point event on the timeline: a commit, a quarantine, a deletion."""
+
+    t: float
+    kind: str
+    path: str | None = None
+    step: int | None = None
+    detail: str | None = None
+
+
+@dataclass
+class AttemptView:
+    """One attempt as the history tells it."""
+
+    number: int
+    started: float
+    resumed_from: str | None = None
+    resumed_step: int | None = None
+    ended: float | None = None  # when the supervisor saw it end; None: running, or its supervisor was killed
+    reason: str | None = None
+    code: int | None = None
+    signal: str | None = None
+    detail: str | None = None
+    max_step: int | None = None
+    train_s: float = 0.0
+    save_s: float = 0.0
+    first_step_at: float | None = None
+    last_t: float = 0.0  # its last record
+    samples: list[Sample] = field(default_factory=list)
+
+    @property
+    def steps_trained(self) -> int:
+        return 0 if self.max_step is None else max(0, self.max_step - (self.resumed_step or 0))
+
+
+@dataclass(frozen=True)
+class Summary:
+    attempts: int
+    failures: int
+    wall_s: float
+    productive_s: float
+    goodput: float | None
+    restart_latency_s: list[float]
+    steps_lost: list[int]
+    checkpoint_overhead_s: float
+    exit_reasons: dict[str, int]
+    checkpoints_committed: int
+    quarantines: int
+    sessions: int
+    last_step: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "attempts": self.attempts,
+            "failures": self.failures,
+            "wall_s": round(self.wall_s, 3),
+            "productive_s": round(self.productive_s, 3),
+            "goodput": None if self.goodput is None else round(self.goodput, 4),
+            "restart_latency_s": [round(x, 3) for x in self.restart_latency_s],
+            "steps_lost": list(self.steps_lost),
+            "checkpoint_overhead_s": round(self.checkpoint_overhead_s, 3),
+            "exit_reasons": dict(sorted(self.exit_reasons.items())),
+            "checkpoints_committed": self.checkpoints_committed,
+            "quarantines": self.quarantines,
+            "sessions": self.sessions,
+            "last_step": self.last_step,
+        }
+
+
+class Fold:
+    """The running summary of a history; with `keep=True` it also keeps what the HTML page draws."""
+
+    def __init__(self, *, keep: bool = False) -> None:
+        self.keep = keep
+        self.attempts: list[AttemptView] = []
+        self._by_number: dict[int, AttemptView] = {}
+        self.sessions: list[list[float]] = []  # [start, end] of each supervisor run
+        self._open = False
+        self._wall = 0.0  # wall seconds up to the last record (the current session: to its last record)
+        self._session_t = 0.0  # the current session's newest record time (since the clock last stepped back)
+        self.first_t: float | None = None
+        self.last_t: float | None = None
+        self.failures = 0
+        self.exit_reasons: Counter[str] = Counter()
+        self.restart_latency_s: list[float] = []
+        self.steps_lost: list[int] = []
+        self.lost_s = 0.0
+        self.train_s = 0.0  # sum over attempts
+        self.save_s = 0.0
+        self._pending_failure_at: float | None = None  # detection of the first failure not yet recovered
+        self.commits = 0
+        self.quarantines = 0
+        self.last_step: int | None = None
+        self.recent_loss: deque[float] = deque(maxlen=RECENT_LOSSES)
+        self.marks: list[Mark] = []  # keep=True only
+        self.end_state: str | None = None
+        self.end_reason: str | None = None
+
+    # ---- reading records -------------------------------------------------------------------------------------
+    def add_all(self, records: Iterable[dict[str, Any]]) -> Fold:
+        for rec in records:
+            self.add(rec)
+        return self
+
+    def add(self, rec: dict[str, Any]) -> None:
+        """Take one record in (a record that is not a dict with a finite `t` and a `kind` is ignored)."""
+        t, kind = _time(rec, "t"), _str(rec, "kind")
+        if t is None or kind is None:
+            return
+        self.first_t = t if self.first_t is None else min(self.first_t, t)
+        self.last_t = t if self.last_t is None else max(self.last_t, t)
+        self._session(t, kind)
+        handler = self._HANDLERS.get(kind)
+        if handler is not None:
+            handler(self, t, rec)
+
+    def _session(self, t: float, kind: str) -> None:
+        if kind == "supervisor_start" or not self._open:
+            self.sessions.append([t, t])
+            self._open = True
+            self._pending_failure_at = None  # the supervisor that saw it is gone: its recovery was cut short
+            self._session_t = t
+        else:
+            self.sessions[-1][1] = max(self.sessions[-1][1], t)
+            if t > self._session_t:
+                self._wall += t - self._session_t
+            if t > self._session_t or t < self._session_t - _CLOCK_STEP_S:  # not just written a little late
+                self._session_t = t
+        if kind == "supervisor_end":
+            self._open = False
+
+    def _attempt(self, t: float, rec: dict[str, Any]) -> AttemptView | None:
+        number = _int(rec, "attempt")
+        if number is None:
+            return None
+        a = self._by_number.get(number)
+        if a is None:  # its start was never written (e.g. a disk that was full then): begin it here
+            a = self._new_attempt(number, t, None, None, boundary=False)
+        a.last_t = max(a.last_t, t)
+        return a
+
+    def _new_attempt(self, number: int, t: float, resumed_from: str | None, resumed_step: int | None,
+                     *, boundary: bool = True) -> AttemptView:
+        prev = self.attempts[-1] if self.attempts else None
+        a = AttemptView(number=number, started=t, resumed_from=resumed_from, resumed_step=resumed_step, last_t=t)
+        self.attempts.append(a)
+        self._by_number[number] = a
+        if boundary and prev is not None and prev.max_step is not None:
+            behind = max(0, prev.max_step - (resumed_step or 0))
+            if is_failure(prev.reason):
+                self.steps_lost.append(behind)
+            self.lost_s += behind * self._seconds_per_step(prev)
+        return a
+
+    def _seconds_per_step(self, a: AttemptView) -> float:
+        if a.steps_trained > 0:
+            return a.train_s / a.steps_trained
+        steps = sum(x.steps_trained for x in self.attempts)
+        return self.train_s / steps if steps > 0 else 0.0
+
+    def _on_start(self, t: float, rec: dict[str, Any]) -> None:
+        number = _int(rec, "attempt")
+        if number is not None:
+            self._new_attempt(number, t, _str(rec, "resumed_from"), _int(rec, "resumed_step"))
+
+    def _set_counters(self, a: AttemptView, rec: dict[str, Any]) -> None:
+        train, save = _num(rec, "train_s"), _num(rec, "save_s")
+        if train is not None and train >= a.train_s:
+            self.train_s += train - a.train_s
+            a.train_s = train
+        if save is not None and save >= a.save_s:
+            self.save_s += save - a.save_s
+            a.save_s = save
+
+    def _note_step(self, a: AttemptView, step: int | None) -> None:
+        if step is not None:
+            a.max_step = step if a.max_step is None else max(a.max_step, step)
+            self.last_step = step
+
+    def _on_beat(self, t: float, rec: dict[str, Any]) -> None:
+        a, step = self._attempt(t, rec), _int(rec, "step")
+        if a is None or step is None:
+            return
+        self._note_step(a, step)
+        self._set_counters(a, rec)
+        loss = _num(rec, "loss")
+        if loss is not None:
+            self.recent_loss.append(loss)
+        if self.keep:
+            a.samples.append(Sample(t, step, loss, _num(rec, "val_loss")))
+
+    def _on_first_step(self, t: float, rec: dict[str, Any]) -> None:
+        a = self._attempt(t, rec)
+        if a is None:
+            return
+        a.first_step_at = t if a.first_step_at is None else a.first_step_at
+        self._note_step(a, _int(rec, "step"))
+        if self._pending_failure_at is not None:
+            self.restart_latency_s.append(max(0.0, t - self._pending_failure_at))
+            self._pending_failure_at = None
+
+    def _on_exit(self, t: float, rec: dict[str, Any]) -> None:
+        a = self._attempt(t, rec)
+        if a is None or a.reason is not None:
+            return
+        at = _time(rec, "at")
+        a.ended = at if at is not None else t
+        a.reason = _str(rec, "reason") or "unknown"
+        a.code, a.signal, a.detail = _int(rec, "code"), _str(rec, "signal"), _str(rec, "detail")
+        self._note_step(a, _int(rec, "max_step"))
+        self._set_counters(a, rec)
+        self.exit_reasons[a.reason] += 1
+        if is_failure(a.reason):
+            self.failures += 1
+            if self._pending_failure_at is None:
+                self._pending_failure_at = a.ended
+
+    def _on_mark(self, t: float, rec: dict[str, Any]) -> None:
+        kind = rec["kind"]
+        if kind == "checkpoint_committed":
+            self.commits += 1
+        elif kind == "quarantined":
+            self.quarantines += 1
+        if self.keep:
+            self.marks.append(Mark(t, kind, _str(rec, "path"), _int(rec, "step"), _str(rec, "reason")))
+
+    def _on_end(self, t: float, rec: dict[str, Any]) -> None:
+        self.end_state, self.end_reason = _str(rec, "state"), _str(rec, "reason")
+        self._pending_failure_at = None  # supervision ended mid-recovery: nothing was waiting to recover
+
+    _HANDLERS = {
+        "attempt_start": _on_start,
+        "beat": _on_beat,
+        "first_step": _on_first_step,
+        "attempt_exit": _on_exit,
+        "checkpoint_committed": _on_mark,
+        "quarantined": _on_mark,
+        "retention_deleted": _on_mark,
+        "supervisor_end": _on_end,
+    }
+
+    # ---- the numbers -----------------------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        """The last session has no supervisor_end (running, or killed)."""
+        return self._open
+
+    def wall_s(self, now: float | None = None) -> float:
+        if self._open and now is not None and self.sessions:
+            return self._wall + max(0.0, now - self._session_t)
+        return self._wall
+
+    def productive_s(self) -> float:
+        return max(0.0, self.train_s - self.lost_s)
+
+    def goodput(self, now: float | None = None) -> float | None:
+        wall = self.wall_s(now)
+        return min(1.0, self.productive_s() / wall) if wall > 0 else None
+
+    def summary(self, now: float | None = None) -> Summary:
+        """The numbers as of the last record, or as of `now` for a session still running."""
+        return Summary(
+            attempts=len(self.attempts),
+            failures=self.failures,
+            wall_s=self.wall_s(now),
+            productive_s=self.productive_s(),
+            goodput=self.goodput(now),
+            restart_latency_s=list(self.restart_latency_s),
+            steps_lost=list(self.steps_lost),
+            checkpoint_overhead_s=self.save_s,
+            exit_reasons=dict(self.exit_reasons),
+            checkpoints_committed=self.commits,
+            quarantines=self.quarantines,
+            sessions=len(self.sessions),
+            last_step=self.last_step,
+        )
+
+
+def summarize(records: Iterable[dict[str, Any]], now: float | None = None) -> Summary:
+    """The summary of a whole history (see the module docstring for each number's definition)."""
+    return Fold().add_all(records).summary(now)

@@ -1,0 +1,226 @@
+"""Process plumbing: subreaper, spawning a job in its own session, reaping, and making sure nothing survives.
+
+Only the real `System` (supervisor/daemon/system.py) calls these; the core never touches processes directly.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+from collections.abc import Collection, Mapping, Sequence
+from pathlib import Path
+
+import psutil
+
+from supervisor.contract import ENV_RUN_DIR, ENV_RUN_TOKEN
+
+__all__ = [
+    "set_child_subreaper",
+    "spawn",
+    "descendants",
+    "kill_descendants",
+    "signal_children",
+    "find_orphans",
+    "stop_processes",
+    "reap_any",
+]
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def set_child_subreaper() -> bool:
+    """Adopt orphaned descendants (Linux prctl) so nothing the job forks can escape our reaping."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def spawn(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_path: Path | None) -> subprocess.Popen[bytes]:
+    """Start the job in a new session (its own process group), stdout+stderr appended to `log_path`.
+
+    No shell: argv is passed as a list. The log file is inherited by the job, so its output survives a
+    supervisor that is killed, and the job never dies of a broken pipe. With `log_path` None (the run dir
+    cannot take the file) the job writes to the supervisor's own stdout and stderr (the journal, the terminal).
+    """
+    if log_path is None:
+        return subprocess.Popen(list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
+                                start_new_session=True, close_fds=True)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab", buffering=0) as log:
+        return subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+
+
+def reap_any() -> list[tuple[int, int]]:
+    """waitpid(-1) without blocking until nothing is left: (pid, exit code or -signal) for each reaped child."""
+    out = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return out
+        if pid == 0:
+            return out
+        out.append((pid, os.waitstatus_to_exitcode(status)))
+
+
+def descendants(exclude: Collection[int] = ()) -> list[psutil.Process]:
+    """Every live descendant of this process (as a subreaper that includes re-parented orphans)."""
+    try:
+        return [p for p in psutil.Process().children(recursive=True)
+                if p.pid not in exclude and p.status() != psutil.STATUS_ZOMBIE]
+    except psutil.Error:
+        return []
+
+
+def kill_descendants(sig: int = signal.SIGKILL, exclude: Collection[int] = ()) -> list[tuple[int, str]]:
+    """Signal every live descendant but `exclude` (the idle prewarm spare); returns (pid, name) signalled."""
+    hit = []
+    for p in descendants(exclude):
+        try:
+            name = p.name()
+            p.send_signal(sig)
+            hit.append((p.pid, name))
+        except psutil.Error:
+            continue
+    return hit
+
+
+def signal_children(pid: int, sig: int) -> list[int]:
+    """Send `sig` to the direct children of `pid` (torchrun's workers), not to the agent itself."""
+    try:
+        kids = psutil.Process(pid).children()
+    except psutil.Error:
+        return []
+    sent = []
+    for k in kids:
+        try:
+            k.send_signal(sig)
+            sent.append(k.pid)
+        except psutil.Error:
+            continue
+    return sent
+
+
+def _ancestry() -> set[int]:
+    """This process and its ancestors: never an orphan, whatever their environment says."""
+    pids, p = set(), psutil.Process()
+    while p is not None:
+        pids.add(p.pid)
+        try:
+            p = p.parent()
+        except psutil.Error:
+            break
+    return pids
+
+
+def _same_dir(a: str | None, b: Path) -> bool:
+    return a is not None and os.path.realpath(a) == os.path.realpath(b)
+
+
+def find_orphans(token: str, run_dir: Path, recorded: tuple[int, float] | None = None) -> list[psutil.Process]:
+    """Live processes of a job this run dir's supervisor started: its token and run dir in their environment.
+
+    Every process of a job inherits both (the torchrun agent, its workers, a spare that became the job,
+    anything they fork), whatever argv the kernel shows for it. `recorded` is state.json's (pid, start time)
+    of the last job: it also matches a job started before tokens existed, but only when that pid still has
+    that start time (a reused pid has another) and leads its own session, as every job we start does, and
+    carries no other run dir's token. Oldest first, so the job's agent comes before its workers.
+    """
+    skip = _ancestry()
+    found: dict[int, psutil.Process] = {}
+    for p in psutil.process_iter():
+        if p.pid in skip:
+            continue
+        try:
+            env = p.environ()
+            if (env.get(ENV_RUN_TOKEN) == token and _same_dir(env.get(ENV_RUN_DIR), run_dir)
+                    and p.status() != psutil.STATUS_ZOMBIE):
+                found[p.pid] = p
+        except psutil.Error:  # gone, or another user's: not ours either way
+            continue
+    if recorded is not None and recorded[0] not in found and recorded[0] not in skip:
+        job = _recorded_job(*recorded, token)
+        if job is not None:
+            found[job.pid] = job
+            for child in _children(job):
+                found.setdefault(child.pid, child)
+    return sorted(found.values(), key=_started)
+
+
+def _recorded_job(pid: int, create_time: float, token: str) -> psutil.Process | None:
+    try:
+        p = psutil.Process(pid)
+        if abs(p.create_time() - create_time) > 0.05 or os.getsid(pid) != pid or p.status() == psutil.STATUS_ZOMBIE:
+            return None
+        other = p.environ().get(ENV_RUN_TOKEN)
+    except (psutil.Error, OSError):
+        return None
+    return p if other in (None, token) else None
+
+
+def _children(p: psutil.Process) -> list[psutil.Process]:
+    try:
+        return p.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _started(p: psutil.Process) -> float:
+    try:
+        return p.create_time()
+    except psutil.Error:
+        return 0.0
+
+
+def stop_processes(found: Sequence[psutil.Process], timeout: float) -> list[int]:
+    """Gracefully stop processes we did not start: SIGTERM the roots, wait, then SIGKILL all that is left.
+
+    The roots (those whose parent is not among `found`: the torchrun agent, a detached grandchild) get
+    SIGTERM, so torchrun forwards it once to its workers and they save, as on a normal stop; after `timeout`
+    every process, its descendants and its process group are killed. psutil refuses to signal a pid that
+    now belongs to another process (its start time differs), so nothing unrelated is hit.
+    """
+    pids = {p.pid for p in found}
+    roots = []
+    for p in found:
+        try:
+            if p.ppid() not in pids:
+                roots.append(p)
+        except psutil.Error:
+            continue
+    for p in roots:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(roots, timeout=timeout)
+    tree = {p.pid: p for p in found}
+    for p in found:
+        for child in _children(p):
+            tree.setdefault(child.pid, child)
+    own_group = os.getpgrp()
+    for p in tree.values():
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    for p in roots:
+        try:
+            if os.getpgid(p.pid) == p.pid != own_group:
+                os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    psutil.wait_procs(list(tree.values()), timeout=5)
+    return [p.pid for p in found]

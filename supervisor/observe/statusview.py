@@ -1,0 +1,109 @@
+"""Human renderings of `Status`: the `status` summary and the one-line form used for sd_notify STATUS=."""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from supervisor.observe.humanize import human_age, human_bytes, printable
+from supervisor.policy.state import State, Status
+
+__all__ = ["render_status", "one_line", "sparkline", "SPARK_BLOCKS"]
+
+SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: Sequence[float]) -> str:
+    """One block character per value, lowest ▁ to highest █ (all ▄ when they are equal)."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return ""
+    lo, hi = min(finite), max(finite)
+    top = len(SPARK_BLOCKS) - 1
+    if hi - lo <= 1e-12 * max(1.0, abs(hi)):
+        return SPARK_BLOCKS[top // 2] * len(finite)
+    return "".join(SPARK_BLOCKS[min(top, int((v - lo) / (hi - lo) * (top + 1)))] for v in finite)
+
+
+def _loss_row(st: Status, spark: bool) -> str | None:
+    recent = st.loss_recent
+    if not recent:
+        return None if st.loss is None else f"{st.loss:.4g}"
+    text = f"{recent[-1]:.4g}"
+    if spark:
+        text = f"{sparkline(recent)} {text}"
+    else:
+        text += f" (last {len(recent)} samples: min {min(recent):.4g}, max {max(recent):.4g})"
+    return text + (f", val_loss {st.val_loss:.4g}" if st.val_loss is not None else "")
+
+
+def _goodput_row(st: Status) -> str | None:
+    if st.goodput is None:
+        return None
+    parts = [f"{st.goodput:.1%}"]
+    if st.restart_latency_s:
+        parts.append(f"last restart latency {st.restart_latency_s[-1]:.1f}s")
+    if st.steps_lost:
+        parts.append(f"{sum(st.steps_lost)} steps lost in {len(st.steps_lost)} failures")
+    return ", ".join(parts)
+
+
+def one_line(st: Status) -> str:
+    """State, step, last checkpoint, restarts: short enough for `systemctl status`."""
+    parts = [st.state.value]
+    if st.attempt:
+        parts.append(f"attempt {st.attempt}")
+    if st.step is not None:
+        rate = f" ({st.rate_steps_per_s:.2f} step/s)" if st.rate_steps_per_s else ""
+        parts.append(f"step {st.step}{rate}")
+    ck = st.latest_checkpoint
+    parts.append(f"ckpt step {ck.get('step')}" if ck else "no checkpoint")
+    parts.append(f"restarts {st.restarts}")
+    if st.last_exit is not None and st.state is not State.RUNNING:
+        parts.append(f"last exit {st.last_exit.reason}")
+    return printable(", ".join(parts))
+
+
+def render_status(st: Status, *, running: bool, now: float, spark: bool = False) -> str:
+    """The `status` table; `spark`: draw the loss sparkline (a terminal that shows Unicode blocks)."""
+    rows: list[tuple[str, str]] = []
+    state = st.state.value if running or st.state.final else f"{st.state.value} (supervisor not running: stale state)"
+    rows.append(("state", state))
+    if st.reason:
+        rows.append(("reason", st.reason))
+    rows.append(("supervisor", f"pid {st.pid}, up {human_age(now - st.started_at)}" if running else "not running"))
+    if st.job_pid:
+        rows.append(("job", f"pid {st.job_pid}, attempt {st.attempt}"))
+    if st.step is not None:
+        rate = f", {st.rate_steps_per_s:.2f} step/s" if st.rate_steps_per_s else ""
+        age = f", {human_age(now - st.step_at)} ago" if st.step_at else ""
+        rows.append(("step", f"{st.step} ({st.phase or '?'}{rate}{age})"))
+    loss = _loss_row(st, spark)
+    if loss is not None:
+        rows.append(("loss", loss))
+    goodput = _goodput_row(st)
+    if goodput is not None:
+        rows.append(("goodput", goodput))
+    ck = st.latest_checkpoint
+    if ck:
+        age = f", {human_age(now - ck['mtime'])} old" if ck.get("mtime") else ""
+        rows.append(("last checkpoint", f"step {ck.get('step')} {ck.get('path')}{age}"))
+    else:
+        rows.append(("last checkpoint", "none"))
+    best = st.best_checkpoint
+    if best:
+        rows.append(("best checkpoint", f"step {best.get('step')} {best.get('metric')} {best.get('value'):.4g} "
+                                        f"{best.get('path')}"))
+    if st.resumed_from:
+        rows.append(("resumed from", st.resumed_from))
+    ex = st.last_exit
+    last = f", last exit: {ex.reason} (code {ex.code}, signal {ex.signal})" if ex else ""
+    if ex and ex.detail:
+        last += f" {ex.detail}"
+    rows.append(("restarts", f"{st.restarts}{last}"))
+    if st.next_launch_at and st.state is State.BACKOFF:
+        rows.append(("next launch", f"in {human_age(st.next_launch_at - now)}"))
+    if st.quarantined:
+        rows.append(("quarantined", ", ".join(st.quarantined)))
+    rows.append(("free disk", human_bytes(st.disk_free_bytes)))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:>{width}}: {printable(v)}" for k, v in rows)

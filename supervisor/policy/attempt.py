@@ -1,0 +1,123 @@
+"""One attempt of the job: what the core remembers about it, and the decisions that need only that.
+
+`Core` (supervisor/daemon/core.py) owns the events and the side effects; this module holds the attempt's record
+(`Job`, then `Ended` once its exit is known) and the small pure decisions taken from it: the environment it
+is launched with (the job contract, supervisor/contract.py), how its heartbeat moves `status`, how long it
+may stay silent before it counts as hung, and which checkpoint a job that picks its own was loading.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from supervisor.checkpoints import CheckpointInfo
+from supervisor.checkpoints.naming import is_temporary
+from supervisor.config import Config, HealthSection
+from supervisor.contract import (
+    ENV_ATTEMPT,
+    ENV_ERROR_FILE,
+    ENV_HEARTBEAT,
+    ENV_RUN_DIR,
+    ENV_RUN_TOKEN,
+    SLOW_PHASES,
+    Beat,
+)
+from supervisor.policy.state import ExitInfo, Status
+
+__all__ = ["Job", "Ended", "job_env", "apply_beat", "hang_timeout", "named_by_beat"]
+
+
+@dataclass
+class Job:
+    """The attempt in flight."""
+
+    number: int
+    pid: int
+    started_mono: float
+    resumed_from: str | None
+    resumed_step: int | None
+    error_file: Path
+    log_path: Path
+    oom_before: int | None
+    max_step: int | None = None
+    new_checkpoint: bool = False
+    hang: bool = False
+    stopping: bool = False
+    beat_mono: float | None = None
+    beat: Beat | None = None
+    beat_warned: bool = False
+    low_free: int | None = None  # least free bytes on the checkpoint file system seen during the attempt
+
+
+@dataclass
+class Ended:
+    """An attempt whose exit is known but not yet judged: a pass must first say what it committed."""
+
+    job: Job
+    returncode: int
+    info: ExitInfo
+    ended_mono: float
+
+
+def job_env(cfg: Config, environ: Mapping[str, str], *, number: int, heartbeat: Path, error_file: Path,
+            token: str) -> dict[str, str]:
+    """The attempt's environment: ours, then the config's `[job] env`, then the job contract's variables."""
+    env = dict(environ)
+    # torchrun SIGKILLs workers 30 s after forwarding SIGTERM unless told otherwise; an emergency save must
+    # get the whole stop_timeout_s the user granted (an explicit setting in env or --shutdown-timeout wins).
+    # Whole seconds: torchrun parses it with int() when it starts, so "90.5" or "1e+06" failed every launch.
+    grace = str(math.ceil(cfg.health.stop_timeout_s))
+    env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT") or grace
+    # torchrun's rendezvous store shared with the workers keeps the previous round's keys: restarted workers
+    # of a multi-node job then hang in init_process_group (pytorch/pytorch#135712; docs/operations.md, More
+    # than one node).
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    env.update(cfg.job.env)
+    env.update({
+        ENV_HEARTBEAT: str(heartbeat),
+        ENV_ATTEMPT: str(number),
+        ENV_RUN_DIR: str(cfg.run_dir),
+        ENV_ERROR_FILE: str(error_file),
+        ENV_RUN_TOKEN: token,
+    })
+    return env
+
+
+def apply_beat(status: Status, beat: Beat, now: float) -> None:
+    """Move `status` to a new beat: step, phase, losses and a smoothed steps/s rate."""
+    step = beat.step
+    if status.step is not None and status.step_at is not None and step > status.step and now > status.step_at:
+        rate = (step - status.step) / (now - status.step_at)
+        prev = status.rate_steps_per_s
+        status.rate_steps_per_s = rate if prev is None else 0.7 * prev + 0.3 * rate
+    if status.step != step:
+        status.step, status.step_at = step, now
+    status.phase, status.loss = beat.phase, beat.loss
+    if beat.val_loss is not None:
+        status.val_loss = beat.val_loss
+
+
+def hang_timeout(health: HealthSection, beat: Beat | None, *, startup: bool) -> float | None:
+    """Seconds of silence before the attempt counts as hung, or None when hang detection is off.
+
+    Until its first beat the job gets startup_timeout_s; a load or save gets save_timeout_s; otherwise
+    hang_timeout_s. hang_timeout_s = 0 turns off all but the startup allowance.
+    """
+    if startup:
+        timeout = health.startup_timeout_s
+    elif beat is not None and beat.phase in SLOW_PHASES:
+        timeout = health.save_timeout_s
+    else:
+        timeout = health.hang_timeout_s
+    return timeout if timeout > 0 and (startup or health.hang_timeout_s > 0) else None
+
+
+def named_by_beat(job: Job, checkpoints: Sequence[CheckpointInfo]) -> str | None:
+    """The checkpoint a job that picks its own was loading when it ended: its `load` beat's step, if one matches."""
+    beat = job.beat
+    if job.resumed_from is not None or beat is None or beat.phase != "load" or beat.step <= 0:
+        return None  # told what to load, or no sign of a load: step 0 is a beat before the job chose
+    named = [c for c in checkpoints if c.step == beat.step and not is_temporary(c.name)]
+    return str(named[0].path) if len(named) == 1 else None

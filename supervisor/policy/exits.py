@@ -1,0 +1,202 @@
+"""Why did an attempt end? Exit code, signal, OOM, and the failing worker's rank and exception, in one `ExitInfo`.
+
+torchrun's agent (wrapped in `record`) copies the root-cause worker's error to TORCHELASTIC_ERROR_FILE, but
+that JSON has no rank; the rank and the worker's exit code come from the "Root Cause" block torchrun prints
+at the end of its output, so both are read. Most trainers (torchtitan, plain user scripts) never write the
+error file: then the exception is the worker's last Python traceback in the attempt log. torchrun prefixes
+worker lines with `[default1]:` (or `[<role>1]:`) when it tees them, torch prints a worker's uncaught
+exception as `[rank1]: ...`, and torchrun ends its own output with a traceback of `ChildFailedError`,
+which is the agent's and is skipped.
+
+Job output is untrusted and can be huge: only the last `_TAIL_BYTES` are read, line by line, in one pass
+with no backtracking pattern (`supervisor.daemon.evidence` reads the files: only the tail of the output, and
+the error file only when it is a regular file of bounded size).
+"""
+from __future__ import annotations
+
+import signal as _signal
+from collections.abc import Iterable
+
+from supervisor.policy.state import ExitInfo
+
+__all__ = ["classify_exit", "signal_name", "RootCause", "scan_job_output"]
+
+_ROOT_CAUSE = "Root Cause (first observed failure):"
+_TRACEBACK = "Traceback (most recent call last):"
+_AGENT_EXCEPTION = "ChildFailedError"  # torchrun's own footer: names no worker's error
+_MAX_PREFIX = 80  # `[<role><rank>]:`; torchrun's roles are short names
+_MAX_DETAIL = 300
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return _signal.Signals(signum).name
+    except ValueError:
+        return f"SIG{signum}"
+
+
+class RootCause:
+    """The first failing worker: rank, its exit code, and its exception message (error file or job output)."""
+
+    def __init__(self, rank: int | None, exitcode: int | None, message: str | None) -> None:
+        self.rank, self.exitcode, self.message = rank, exitcode, message
+
+    def describe(self) -> str | None:
+        parts = []
+        if self.rank is not None:
+            parts.append(f"rank {self.rank}")
+        if self.exitcode is not None:
+            parts.append(f"exitcode {self.exitcode}" + (f" ({signal_name(-self.exitcode)})" if self.exitcode < 0 else ""))
+        lines = self.message.strip().splitlines() if self.message else []
+        if lines:
+            parts.append(lines[-1].strip()[:_MAX_DETAIL])
+        return ": ".join(parts) if parts else None
+
+
+def _strip_prefix(line: str) -> tuple[str, str] | None:
+    """(`rank1`, rest) for a line starting with `[rank1]:` (one space after it dropped), else None."""
+    if line.startswith("["):
+        end = line.find("]:", 1, _MAX_PREFIX + 2)
+        if end > 1:
+            rest = line[end + 2:]
+            return line[1:end], rest[1:] if rest.startswith(" ") else rest
+    return None
+
+
+def _split_prefix(line: str) -> tuple[str, int | None, str]:
+    """(source, its rank, the rest); ("", None, line) for lines nobody prefixed.
+
+    torchrun's tee writes `[default1]:` (or `[<role><n>]:`); torch itself prints a worker's uncaught exception
+    as `[rank1]: ...`; the two can stack. The outermost prefix names the source.
+    """
+    first = _strip_prefix(line)
+    if first is None:
+        return "", None, line
+    source, body = first
+    inner = _strip_prefix(body)
+    if inner is not None:
+        body = inner[1]
+    digits = len(source) - len(source.rstrip("0123456789"))
+    rank = int(source[len(source) - digits:]) if 0 < digits <= 9 else None
+    return source, rank, body
+
+
+def _exception_line(body: str) -> str | None:
+    """`pkg.Error: message` or `KeyboardInterrupt` as Python prints it after a traceback, else None."""
+    if not body or body[0].isspace():
+        return None
+    name, sep, message = body.partition(":")
+    if not all(part.isidentifier() for part in name.split(".")):
+        return None
+    short = name.rsplit(".", 1)[-1]
+    return f"{short}: {message.strip()}" if sep and message.strip() else short
+
+
+def _field(line: str, key: str) -> int | None:
+    """The integer of a Root Cause field line such as `  exitcode  : 1 (pid: 3723)`."""
+    name, sep, value = line.partition(":")
+    words = value.split(maxsplit=1)
+    if not sep or name.strip() != key or not words:
+        return None
+    try:
+        return int(words[0])
+    except ValueError:
+        return None
+
+
+def _local_rank(line: str) -> int | None:
+    """The `local_rank` of `  rank      : 9 (local_rank: 1)`: what torchrun's default line prefix numbers."""
+    _, sep, rest = line.partition("(local_rank:")
+    return _field("local_rank:" + rest.split(")", 1)[0], "local_rank") if sep else None
+
+
+class _OutputScan:
+    """What one pass over the job's output found: the Root Cause block and each source's last exception."""
+
+    def __init__(self) -> None:
+        self.rank: int | None = None
+        self.local_rank: int | None = None
+        self.exitcode: int | None = None
+        self.exceptions: dict[str, str] = {}  # source -> its last exception line (insertion = first failure order)
+        self.ranks: dict[str, int | None] = {}
+        self._in_root = False
+        self._open: set[str] = set()  # sources inside a traceback, waiting for its exception line
+
+    def feed(self, line: str) -> None:
+        line = line.rstrip("\r")
+        if line.strip() == _ROOT_CAUSE:
+            self.rank = self.local_rank = self.exitcode = None
+            self._in_root = True
+            return
+        if self._in_root:
+            if line.startswith("==="):
+                self._in_root = False
+            elif self.rank is None and (rank := _field(line, "rank")) is not None:
+                self.rank, self.local_rank = rank, _local_rank(line)
+            elif self.exitcode is None and (code := _field(line, "exitcode")) is not None:
+                self.exitcode = code
+            return
+        source, rank, body = _split_prefix(line)
+        if body == _TRACEBACK:
+            self._open.add(source)
+            return
+        if source not in self._open:
+            return
+        exc = _exception_line(body)
+        if exc is None:  # a frame, a caret line, or another process's line in between
+            return
+        self._open.discard(source)
+        if exc.split(":", 1)[0] == _AGENT_EXCEPTION:
+            return
+        self.ranks.setdefault(source, rank)
+        self.exceptions[source] = exc
+
+    def worker_exception(self) -> str | None:
+        """The root-cause worker's last exception, else the first failing source's last one.
+
+        torchrun's default prefix numbers the local rank (`[default1]:`); a `${rank}` template, the global one.
+        """
+        for wanted in (self.local_rank, self.rank):
+            for source, number in self.ranks.items():
+                if wanted is not None and number == wanted:
+                    return self.exceptions[source]
+        return next(iter(self.exceptions.values()), None)
+
+
+def scan_job_output(lines: Iterable[str]) -> RootCause:
+    """Rank and exit code from torchrun's Root Cause block and the worker's exception, in one linear pass."""
+    scan = _OutputScan()
+    for line in lines:
+        scan.feed(line)
+    return RootCause(scan.rank, scan.exitcode, scan.worker_exception())
+
+
+def classify_exit(
+    returncode: int,
+    *,
+    at: float,
+    we_stopped: bool = False,
+    hang: bool = False,
+    oom_before: int | None = None,
+    oom_after: int | None = None,
+    cause: RootCause | None = None,
+) -> ExitInfo:
+    """Turn a Popen returncode plus what the supervisor knows into the reason shown in logs and status."""
+    code = returncode if returncode >= 0 else None
+    sig = signal_name(-returncode) if returncode < 0 else None
+    worker_sig = cause.exitcode if cause and cause.exitcode is not None and cause.exitcode < 0 else None
+    killed = returncode == -_signal.SIGKILL or worker_sig == -_signal.SIGKILL
+    if hang:
+        reason = "hang"
+    elif we_stopped:
+        reason = "stopped"
+    elif returncode == 0:
+        reason = "completed"
+    elif killed and oom_before is not None and oom_after is not None and oom_after > oom_before:
+        reason = "oom"
+    elif returncode < 0 or worker_sig is not None:
+        reason = "signal"
+    else:
+        reason = "crash"
+    detail = cause.describe() if cause else None
+    return ExitInfo(code=code, signal=sig, reason=reason, at=at, detail=detail)
