@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from supervisor.vocabulary import Vocabulary
+
 __all__ = [
     "ENV_HEARTBEAT",
     "ENV_ATTEMPT",
@@ -26,6 +28,7 @@ __all__ = [
     "ENV_RUN_TOKEN",
     "HEARTBEAT_FILE",
     "PHASES",
+    "Phase",
     "SLOW_PHASES",
     "MAX_HEARTBEAT_BYTES",
     "MAX_STEP",
@@ -51,8 +54,17 @@ ENV_RUN_TOKEN = "FSDP_SUPERVISOR_RUN_TOKEN"
 
 # ---- heartbeat ----------------------------------------------------------------------------------------
 HEARTBEAT_FILE = "heartbeat.json"  # inside the run dir
-PHASES = ("load", "train", "eval", "save")
-SLOW_PHASES = frozenset({"load", "save"})  # judged by save_timeout_s rather than hang_timeout_s
+class Phase(Vocabulary):
+    """What the job is doing, as its heartbeat says (the `phase` field)."""
+
+    LOAD = "load"
+    TRAIN = "train"
+    EVAL = "eval"
+    SAVE = "save"
+
+
+PHASES = tuple(p.value for p in Phase)  # the words on the wire, for writers that hold plain strings
+SLOW_PHASES = frozenset({Phase.LOAD, Phase.SAVE})  # judged by save_timeout_s rather than hang_timeout_s
 MAX_HEARTBEAT_BYTES = 64 * 1024  # a beat is ~100 bytes; anything larger is not one
 MAX_STEP = 2**53 - 1  # every JSON reader keeps integers up to here exact
 _MAX_LOSS = 1e30  # finite and still meaningful in a plot; beyond is a diverged or garbage value
@@ -64,7 +76,7 @@ class Beat:
 
     step: int
     time: float | None = None
-    phase: str | None = None
+    phase: Phase | None = None
     loss: float | None = None
     val_loss: float | None = None
 
@@ -104,6 +116,8 @@ def parse_heartbeat(data: bytes) -> tuple[Beat | None, list[str]]:
     if phase is not None and phase not in PHASES:
         problems.append(f"phase {_show(phase)} dropped (not one of {', '.join(PHASES)})")
         phase = None
+    elif phase is not None:
+        phase = Phase(phase)
     losses: dict[str, float | None] = {}
     for key in ("loss", "val_loss"):
         value = raw.get(key)

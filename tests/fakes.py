@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from supervisor.daemon.system import Timers
+from supervisor.daemon.timers import Timers
 
 
 @dataclass

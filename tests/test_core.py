@@ -315,7 +315,7 @@ class TestStopAndHang:
 
 class TestStatusFile:
     def test_state_json_fields(self, tmp_path: Path) -> None:
-        """state.json is written on each change (a beat's within _BEAT_PUBLISH_S) and carries the documented fields."""
+        """state.json is written on each change (a beat's within BEAT_PUBLISH_S) and carries the documented fields."""
         core, fake, _ = make_core(tmp_path)
         core.begin(None)
         beat(core, 7)
@@ -334,12 +334,12 @@ class TestBeatPublishing:
     def test_a_burst_of_beats_writes_state_json_once_then_the_latest(self, tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
         """A job beating on every step (hundreds a second) cost an fsynced state.json write per beat (the loop was
-        busy ~70% of the time at 250 beats/s); now at most one per _BEAT_PUBLISH_S, and the last beat lands."""
-        import supervisor.daemon.core as core_module
+        busy ~70% of the time at 250 beats/s); now at most one per BEAT_PUBLISH_S, and the last beat lands."""
+        import supervisor.daemon.publisher as publisher_module
 
         writes: list[int | None] = []
-        real = core_module.write_status
-        monkeypatch.setattr(core_module, "write_status", lambda d, st: (writes.append(st.step), real(d, st)))
+        real = publisher_module.write_status
+        monkeypatch.setattr(publisher_module, "write_status", lambda d, st: (writes.append(st.step), real(d, st)))
         core, fake, _ = make_core(tmp_path)
         core.begin(None)
         fake.advance(1, core)

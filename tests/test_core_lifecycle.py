@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.daemon import core as core_module
+from supervisor.daemon import publisher as publisher_module
 from supervisor.checkpoints import markers
-from supervisor.daemon.core import Core, Timer
+from supervisor.daemon.core import Core
+from supervisor.daemon.timers import Timer
 from supervisor.host.identity import run_token, valid_token
 from supervisor.policy.state import State, Status
 from supervisor.daemon.statefile import read_status
@@ -271,12 +272,12 @@ class TestEveryWriteCanFail:
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
         """ENOSPC on every state.json write: the job is still supervised (beats, exit, relaunch); one error line."""
         core, fake, log = make_core(tmp_path)
-        real = core_module.write_status
+        real = publisher_module.write_status
 
         def full(*_a: object) -> None:
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(core_module, "write_status", full)
+        monkeypatch.setattr(publisher_module, "write_status", full)
         core.begin(None)
         for step in (1, 2, 3):
             beat(core, step)
@@ -284,7 +285,7 @@ class TestEveryWriteCanFail:
         fake.advance(100, core)
         assert len(fake.spawned) == 2 and core.status.state is State.RUNNING
         assert log.names().count("state_write_failed") == 1
-        monkeypatch.setattr(core_module, "write_status", real)
+        monkeypatch.setattr(publisher_module, "write_status", real)
         beat(core, 4)
         assert "state_write_recovered" in log.names()
         st = read_status(core.run_dir)
@@ -306,7 +307,7 @@ class TestEveryWriteCanFail:
         core, fake, _ = make_core(tmp_path)
         core.begin(None)
         assert read_status(core.run_dir).state is State.RUNNING  # type: ignore[union-attr]
-        monkeypatch.setattr(core_module, "write_status", lambda *_a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+        monkeypatch.setattr(publisher_module, "write_status", lambda *_a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
         core.on_signal(signal.SIGTERM)
         exit_job(core, fake, 0)
         assert core.exit_code == 0

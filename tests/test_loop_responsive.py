@@ -22,6 +22,7 @@ from supervisor.daemon.housekeeping import PassResult
 from supervisor.daemon.loop import EventLoop
 from supervisor.policy.state import State
 from supervisor.daemon.system import RealSystem
+from supervisor.daemon.timers import Timer
 from tests.fakes import FakeSystem, RecordingLog
 from tests.supervise import FAKEJOB, write_config
 from tests.test_core import exit_job, make_core
@@ -58,7 +59,7 @@ class TestWithFakeSystem:
         core.begin(None)
         fake.defer_work = True
         for _ in range(3):
-            core.on_timer("scan")
+            core.on_timer(Timer.SCAN)
         assert len(fake.pending_work) == 1
         assert fake.finish_work() == 2
 

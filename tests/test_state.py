@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.daemon.statefile import read_status, write_status
 from supervisor.observe.humanize import human_age, human_bytes
 from supervisor.policy.state import TRANSITIONS, ExitInfo, State, Status
-from supervisor.daemon.statefile import read_status, write_status
 from tests.helpers import returns_despite_fifo
 
 
@@ -23,6 +23,26 @@ class TestTransitions:
         st = Status(state=State.STOPPED)
         with pytest.raises(RuntimeError, match="stopped -> running"):
             st.transition(State.RUNNING)
+
+    @pytest.mark.parametrize("start", [State.STARTING, State.RUNNING, State.BACKOFF, State.STOPPING])
+    @pytest.mark.parametrize("end", [State.STOPPED, State.FAILED])
+    def test_an_abrupt_end_leaves_any_unfinished_state(self, start: State, end: State) -> None:
+        """The supervisor leaving without a verdict (abandon, close) ends any unfinished state, through transition()."""
+        st = Status(state=start)
+        st.transition(end, abrupt=True)
+        assert st.state is end
+
+    @pytest.mark.parametrize("start", [State.COMPLETED, State.STOPPED, State.FAILED])
+    def test_an_abrupt_end_never_rewrites_a_verdict(self, start: State) -> None:
+        """A final state stays final: an abrupt end after a verdict is still an illegal transition."""
+        other = State.FAILED if start is not State.FAILED else State.STOPPED
+        with pytest.raises(RuntimeError):
+            Status(state=start).transition(other, abrupt=True)
+
+    def test_an_abrupt_end_goes_nowhere_but_stopped_or_failed(self) -> None:
+        """`abrupt` is no back door to other states (running -> completed without a judgement)."""
+        with pytest.raises(RuntimeError):
+            Status(state=State.STARTING).transition(State.COMPLETED, abrupt=True)
 
     def test_every_state_reachable_from_starting(self) -> None:
         """The documented graph reaches every state."""

@@ -23,6 +23,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from supervisor.checkpoints._files import sha256_file
 from supervisor.checkpoints.shapes import DCP, DIRECTORY, NESTED, TEMPORARY, UNSTARTED, Shape, identify
@@ -32,10 +33,24 @@ from supervisor.checkpoints.metadata.reader import (
     DcpMetadata, MetadataError, UnknownClassError, UnsafeMetadataError, read_metadata)
 from supervisor.checkpoints.naming import name_step
 from supervisor.errors import CheckpointError
+from supervisor.vocabulary import Vocabulary
 
-__all__ = ["COMPLETE", "PARTIAL", "TORN", "INVALID", "FOREIGN", "STATES", "Verdict", "verify", "against_reference"]
+__all__ = ["CheckpointState", "MetadataKind", "COMPLETE", "PARTIAL", "TORN", "INVALID", "FOREIGN", "STATES", "Verdict", "verify", "against_reference"]
 
-COMPLETE, PARTIAL, TORN, INVALID, FOREIGN = "complete", "partial", "torn", "invalid", "foreign"
+class CheckpointState(Vocabulary):
+    """What a dir of the root is (`checkpoints list`'s STATE column, `Verdict.state`, `CheckpointInfo.state`)."""
+
+    COMPLETE = "complete"
+    PARTIAL = "partial"  # still being written, or abandoned mid-write: never resumed, deleted only when stale
+    TORN = "torn"  # its metadata names files that are missing or short
+    INVALID = "invalid"  # unreadable, unsafe or not DCP: never resumed
+    FOREIGN = "foreign"  # not a checkpoint (TensorBoard dirs, exports, code): never touched
+    UNVERIFIED = "unverified"  # scan(verify_all=False) only: older than the newest complete, not looked at
+
+
+COMPLETE, PARTIAL, TORN, INVALID, FOREIGN = (CheckpointState.COMPLETE, CheckpointState.PARTIAL, CheckpointState.TORN,
+                                             CheckpointState.INVALID, CheckpointState.FOREIGN)
+MetadataKind = Literal["unsafe", "unknown_class", "bad_metadata"]
 STATES = (COMPLETE, PARTIAL, TORN, INVALID, FOREIGN)
 _SEVERITY = {COMPLETE: 0, PARTIAL: 1, TORN: 2, INVALID: 3}  # a nested folder is as bad as its worst member
 _MAX_REASONS = 3
@@ -45,13 +60,13 @@ _MAX_REASONS = 3
 class Verdict:
     """The outcome of verifying one dir: a state, a human reason when not complete, what was read."""
 
-    state: str
+    state: CheckpointState
     reason: str | None = None
     manifest: Manifest | None = None
     metadata: DcpMetadata | None = None
     checksummed: bool = False  # True only when --deep compared every sha256 the manifest carries
     members: frozenset[str] = frozenset()  # a nested folder's DCP dirs (relative paths); empty for a flat one
-    kind: str | None = None  # for .metadata verdicts: "unsafe", "unknown_class" or "bad_metadata"
+    kind: MetadataKind | None = None  # for verdicts decided by .metadata
 
     @property
     def complete(self) -> bool:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Protocol
 
 from supervisor.checkpoints.completeness import (
+    CheckpointState,
     COMPLETE,
     FOREIGN,
     INVALID,
@@ -47,7 +48,7 @@ from supervisor.layout import LEGACY_TRASH_DIR, METADATA_NAME, is_sidecar_name
 __all__ = ["UNVERIFIED", "CheckpointInfo", "age_order", "scan", "newest_complete", "judge", "check_root",
            "checkpoint_step"]
 
-UNVERIFIED = "unverified"  # only from scan(verify_all=False): older than the newest complete
+UNVERIFIED = CheckpointState.UNVERIFIED  # only from scan(verify_all=False): older than the newest complete
 
 
 class _Dated(Protocol):
@@ -70,7 +71,7 @@ class CheckpointInfo:
     name: str
     path: Path  # absolute, not resolved: a symlinked child stays the symlink
     step: int | None  # the training step, when known
-    state: str  # complete | partial | torn | invalid | foreign (| unverified, see scan)
+    state: CheckpointState  # unverified only from scan(verify_all=False)
     reason: str | None
     size_bytes: int  # 0 for foreign entries: they are never walked
     mtime: float

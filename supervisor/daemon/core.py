@@ -15,7 +15,6 @@ logged and survived, and `close()` makes sure state.json never claims a live sup
 """
 from __future__ import annotations
 
-import enum
 import os
 import signal
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from supervisor.policy import resume
 from supervisor.policy.attempt import Ended, Job, apply_beat, hang_timeout, job_env, named_by_beat
 from supervisor.daemon.evidence import read_beat
 from supervisor.config import Config
-from supervisor.contract import HEARTBEAT_FILE, Beat
+from supervisor.contract import HEARTBEAT_FILE, Beat, Phase
 from supervisor.errors import CheckpointError
 from supervisor.policy.exits import classify_exit, signal_name
 from supervisor.daemon.evidence import root_cause
@@ -36,8 +35,11 @@ from supervisor.host.identity import run_token
 from supervisor.daemon.recorder import NullHistory
 from supervisor.observe.redact import redact_argv, redact_env
 from supervisor.host.signals import FORCE_STOP_SIGNAL, STOP_SIGNALS
-from supervisor.policy.state import ExitInfo, State, Status
-from supervisor.daemon.statefile import STATE_FILE, write_status
+from supervisor.policy.state import State, Status
+from supervisor.daemon.passes import PassScheduler
+from supervisor.daemon.publisher import StatePublisher
+from supervisor.daemon.statefile import STATE_FILE
+from supervisor.daemon.timers import Timer, TimerKey
 from supervisor.daemon.system import System
 
 __all__ = ["Core", "Timer", "EXIT_CODES"]
@@ -45,24 +47,8 @@ __all__ = ["Core", "Timer", "EXIT_CODES"]
 EXIT_CODES = {State.COMPLETED: 0, State.STOPPED: 0, State.FAILED: 3}
 EXIT_SUPERVISOR_FAILED = 1  # `abandon`: the supervisor itself failed; unlike 2 and 3, systemd restarts it
 _SCAN_DEBOUNCE_S = 0.5
-_FRESH_PASS_S = 2.0  # a pass this recent, with no file event since it began, still tells the truth
 _LAUNCH_SCAN_TRIES = 3  # passes that could not read the root before a launch gives up (a blip may pass)
 _STOPPED = "stopped by signal"
-# A job may beat on every step, hundreds of times a second; each publish rewrites state.json with an fsync
-# (~5 ms on a plain disk). Beats publish at most this often (the latest one always lands), everything else at once.
-_BEAT_PUBLISH_S = 0.5
-
-
-class Timer(str, enum.Enum):
-    """The core's one-shot timers (System.timers keys)."""
-
-    LAUNCH = "launch"  # backoff over: launch the next attempt
-    HANG = "hang"  # no heartbeat progress within the allowance
-    HANG_TERM = "hang_term"  # stack dumps requested; now stop the hung job
-    STOP_KILL = "stop_kill"  # stop_timeout_s after SIGTERM: SIGKILL
-    SCAN = "scan"  # debounced file events under the checkpoint root
-    RETENTION = "retention"  # periodic housekeeping pass
-    PUBLISH = "publish"  # the latest heartbeat's state.json write, held back by _BEAT_PUBLISH_S
 
 
 class Core:
@@ -81,11 +67,8 @@ class Core:
         self.high_water_step: int | None = None
         self.house = Housekeeper(cfg, log, now=system.now)
         self.in_use: Path | None = None  # the checkpoint the running attempt resumed from: never pruned
-        self._generation = 0  # file events under the checkpoint root so far
-        self._pass_running = False
-        self._pass_wanted = False
-        self._pass_prune = False  # whether the coalesced follow-up pass must prune
-        self._pass_done_mono: float | None = None
+        self.passes = PassScheduler(self.house, system, self._on_pass)
+        self.publisher = StatePublisher(self.run_dir, system, log, self.history, notify)
         self._launch_pending = False
         self._scan_failures = 0  # consecutive passes that could not read the root when a launch waited on them
         self.token = ""  # the run dir's job token (supervisor/host/identity.py), set by `begin`
@@ -93,8 +76,6 @@ class Core:
         self._choice_logged = False  # resume_choice_left_to_job is said once
         self._stop_reason = _STOPPED
         self._orphans: tuple[str, tuple[int, float] | None] | None = None  # (token, recorded) while being stopped
-        self._state_write_error: str | None = None  # the last state.json write failed with this
-        self._published_mono: float | None = None  # when state.json was last written
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     def begin(self, previous: Status | None) -> None:
@@ -169,23 +150,7 @@ class Core:
         self.log.error("gave_up", reason=reason, attempts=len(self.attempts))
 
     def _publish(self) -> None:
-        self.sys.timers.cancel(Timer.PUBLISH)  # this write carries whatever a held-back beat changed
-        self._published_mono = self.sys.monotonic()
-        self.status.updated_at = self.sys.now()
-        self.history.annotate(self.status)
-        try:
-            write_status(self.run_dir, self.status)
-        except OSError as exc:  # full, read-only or gone: keep supervising; say so once, not on every beat
-            error = f"{exc.strerror or exc}"
-            if self._state_write_error != error:
-                self.log.error("state_write_failed", path=str(self.run_dir / STATE_FILE), error=error)
-            self._state_write_error = error
-        else:
-            if self._state_write_error is not None:
-                self.log.info("state_write_recovered", path=str(self.run_dir / STATE_FILE))
-            self._state_write_error = None
-        if self.notify is not None:
-            self.notify(self.status)
+        self.publisher.publish(self.status)
 
     def _try(self, what: str, action: Callable[[], object]) -> bool:
         """Run one run-dir file operation; a failure is logged, never raised (the job matters more)."""
@@ -211,7 +176,7 @@ class Core:
             self.log.warning("job_stopped", attempt=job.number, pids=stopped, reason="supervisor failed")
         stopping = self.status.state is State.STOPPING
         if not self.status.state.final:
-            self.status.state = State.STOPPED if stopping else State.FAILED  # whatever the state machine was doing
+            self.status.transition(State.STOPPED if stopping else State.FAILED, abrupt=True)  # whatever it was doing
             self.status.reason = self._stop_reason if stopping else f"supervisor failed: {type(error).__name__}: {error}"
         self.status.job_pid = self.status.job_create_time = self.status.job_cmdline = None
         self.status.next_launch_at = None
@@ -226,55 +191,35 @@ class Core:
         "no state" rather than "running"); if even that fails the run lock, released by the kernel when
         we exit, still tells `status` that nobody runs.
         """
-        if self._state_write_error is None and self.status.state.final:
+        if self.publisher.write_error is None and self.status.state.final:
             return
         if not self.status.state.final:  # left without a verdict (e.g. interrupted before the loop ran)
-            self.status.state, self.status.reason = State.STOPPED, self.status.reason or "supervisor exited"
+            self.status.transition(State.STOPPED, abrupt=True)
+            self.status.reason = self.status.reason or "supervisor exited"
             self.status.job_pid = self.status.job_create_time = self.status.job_cmdline = None
         self._publish()
-        if self._state_write_error is not None:
+        if self.publisher.write_error is not None:
             path = self.run_dir / STATE_FILE
             if self._try("remove stale state.json", lambda: path.unlink(missing_ok=True)):
                 self.log.warning("state_removed", path=str(path), reason="it could not be updated")
 
     # ---- housekeeping passes ---------------------------------------------------------------------------------
     def _request_pass(self, *, prune: bool = True) -> None:
-        """Run a housekeeping pass off the loop, or one more after the running one.
+        self.passes.request(self._protected(), prune=prune)
 
-        `prune=False` (file events): retention runs only if the pass finds a new commit.
-        """
-        if self._pass_running:
-            self._pass_wanted = True
-            self._pass_prune = self._pass_prune or prune
-            return
-        self._pass_running, self._pass_wanted, self._pass_prune = True, False, False
-        generation, protect = self._generation, [self.in_use] if self.in_use else []
-        known = self.house.latest.path if self.house.latest else None
-
-        def work() -> PassResult:
-            return self.house.run_pass(generation=generation, protect=protect, prune=prune, unless_newest=known)
-
-        self.sys.run_off_loop(work, self._on_pass)
-
-    def _fresh_pass(self) -> PassResult | None:
-        last, done = self.house.last, self._pass_done_mono
-        if last is None or done is None or self._pass_running or last.generation != self._generation:
-            return None
-        return last if self.sys.monotonic() - done <= _FRESH_PASS_S else None
+    def _protected(self) -> list[Path]:
+        return [self.in_use] if self.in_use else []
 
     def _on_pass(self, outcome: PassResult | BaseException) -> None:
         """A pass finished (on the loop thread): note commits, then do what was waiting for it."""
-        self._pass_running = False
-        self._pass_done_mono = self.sys.monotonic()
-        if isinstance(outcome, BaseException):  # a bug in the store must cost a pass, not the supervisor
-            outcome = PassResult(self._generation, error=f"{type(outcome).__name__}: {outcome}")
+        result = self.passes.finished(outcome)
         if self.done:
             return
-        if self.job is not None and outcome.disk_free is not None:
+        if self.job is not None and result.disk_free is not None:
             low = self.job.low_free
-            self.job.low_free = outcome.disk_free if low is None else min(low, outcome.disk_free)
-        new = self.house.absorb(outcome)
-        self.history.housekeeping(outcome, new)
+            self.job.low_free = result.disk_free if low is None else min(low, result.disk_free)
+        new = self.house.absorb(result)
+        self.history.housekeeping(result, new)
         if new is not None:
             self.log.info("checkpoint_committed", path=str(new.path), step=new.step, size_bytes=new.size_bytes)
             job = self.job or (self.ended.job if self.ended else None)
@@ -287,9 +232,9 @@ class Core:
         if self.ended is not None:
             self._judge_exit()
         elif self._launch_pending and self.status.state in (State.STARTING, State.BACKOFF):
-            self._launch(outcome)
-        if self._pass_wanted and not self.done:
-            self._request_pass(prune=self._pass_prune)
+            self._launch(result)
+        if not self.done:
+            self.passes.follow_up(self._protected())
         if not self.done:
             self._publish()
 
@@ -297,7 +242,7 @@ class Core:
     def _request_launch(self) -> None:
         """Launch as soon as a pass has said which checkpoint to resume from."""
         self._launch_pending = True
-        fresh = self._fresh_pass()
+        fresh = self.passes.fresh()
         if fresh is not None:
             self._launch(fresh)
         else:
@@ -462,7 +407,7 @@ class Core:
             return
         path, reason = found.path, found.reason
         self._unmarked.add(path)  # not resumed from again by this supervisor, whether or not the marker lands
-        self._generation += 1  # the root changed (or should have): the last pass no longer names the resume point
+        self.passes.changed()  # the root changed (or should have): the last pass no longer names the resume point
         try:
             self.house.quarantine(Path(path), reason)
         except (CheckpointError, OSError) as exc:  # vanished, read-only, full: this run still avoids it
@@ -532,7 +477,7 @@ class Core:
         self.sys.timers.set(Timer.STOP_KILL, self.sys.monotonic() + self.cfg.health.stop_timeout_s)
 
     # ---- timers ----------------------------------------------------------------------------------------------
-    def on_timer(self, name: Timer | str) -> None:
+    def on_timer(self, key: TimerKey) -> None:
         handlers = {
             Timer.LAUNCH: self._request_launch,
             Timer.HANG: self._on_hang,
@@ -542,11 +487,9 @@ class Core:
             Timer.RETENTION: self._on_retention,
             Timer.PUBLISH: self._publish,
         }
-        try:
-            handler = handlers[Timer(name)]
-        except ValueError:
-            return
-        handler()
+        handler = handlers.get(key) if isinstance(key, Timer) else None
+        if handler is not None:
+            handler()
 
     def _on_stop_kill(self) -> None:
         if self.job is not None:
@@ -592,7 +535,7 @@ class Core:
         if path == self.heartbeat_path:
             self._on_heartbeat()
         elif self.house.concerns(path):
-            self._generation += 1
+            self.passes.changed()
             if not self.sys.timers.pending(Timer.SCAN):
                 self.sys.timers.set(Timer.SCAN, self.sys.monotonic() + _SCAN_DEBOUNCE_S)
 
@@ -613,16 +556,11 @@ class Core:
             return
         apply_beat(self.status, beat, self.sys.now())
         job.beat, job.beat_mono = beat, self.sys.monotonic()
-        if beat.phase != "load":  # a load beat names the step being loaded, not one this attempt trained
+        if beat.phase != Phase.LOAD:  # a load beat names the step being loaded, not one this attempt trained
             job.max_step = beat.step if job.max_step is None else max(job.max_step, beat.step)
         self.history.beat(job.number, beat)
         self._arm_hang_timer()
         self._publish_beat()
 
     def _publish_beat(self) -> None:
-        """Publish a heartbeat's change now, or with the next write due within _BEAT_PUBLISH_S."""
-        due = None if self._published_mono is None else self._published_mono + _BEAT_PUBLISH_S
-        if due is None or self.sys.monotonic() >= due:
-            self._publish()
-        elif not self.sys.timers.pending(Timer.PUBLISH):
-            self.sys.timers.set(Timer.PUBLISH, due)
+        self.publisher.publish_beat(self.status)

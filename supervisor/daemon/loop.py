@@ -33,6 +33,7 @@ from supervisor.observe.lines import LineSplitter
 from supervisor.host.regularfile import open_regular
 from supervisor.host.signals import HANDLED
 from supervisor.policy.state import State
+from supervisor.daemon.timers import Tick
 from supervisor.daemon.system import RealSystem
 
 __all__ = ["EventLoop", "Echo"]
@@ -155,7 +156,7 @@ class EventLoop:
         sel = selectors.DefaultSelector()
         sel.register(rfd, selectors.EVENT_READ)
         for i, (interval, _) in enumerate(self.ticks):
-            self.sys.timers.set(f"tick:{i}", self.sys.monotonic() + interval)
+            self.sys.timers.set(Tick(i), self.sys.monotonic() + interval)
         try:
             begin()
             self._dispatch()
@@ -207,14 +208,13 @@ class EventLoop:
             self.sys.forget(pid, code)
             self.core.on_job_exit(pid, code)
         self._take_signals()  # with a job: after its exit, so that an exit and a stop at once is still a crash
-        for name in self.sys.timers.pop_due(self.sys.monotonic()):
-            if name.startswith("tick:"):
-                i = int(name[5:])
-                interval, fn = self.ticks[i]
+        for key in self.sys.timers.pop_due(self.sys.monotonic()):
+            if isinstance(key, Tick):
+                interval, fn = self.ticks[key.index]
                 fn()
-                self.sys.timers.set(name, self.sys.monotonic() + interval)
+                self.sys.timers.set(key, self.sys.monotonic() + interval)
             else:
-                self.core.on_timer(name)
+                self.core.on_timer(key)
 
     def _take_signals(self) -> None:
         while self.signals:

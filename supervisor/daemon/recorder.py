@@ -27,11 +27,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from supervisor import __version__
-from supervisor.host.atomic import TMP_SUFFIX
-from supervisor.contract import Beat
-from supervisor.history.records import (COMPACT_BYTES, HISTORY_FILE, MAX_LINE, MAX_READ_BYTES, SAMPLE_S, VERSION,
-                                compact_lines, iter_file_records, open_regular)
+from supervisor.contract import Beat, Phase
 from supervisor.history.fold import Fold
+from supervisor.history.records import (
+    COMPACT_BYTES,
+    HISTORY_FILE,
+    MAX_LINE,
+    MAX_READ_BYTES,
+    SAMPLE_S,
+    VERSION,
+    compact_lines,
+    iter_file_records,
+    open_regular,
+)
+from supervisor.host.atomic import TMP_SUFFIX
 from supervisor.policy.state import ExitInfo, State, Status
 
 if TYPE_CHECKING:
@@ -154,7 +163,7 @@ class HistoryRecorder(NullHistory):
         try:
             for tmp in self.path.parent.glob(f".{self.path.name}.*{TMP_SUFFIX}"):
                 tmp.unlink(missing_ok=True)
-            f = open(open_regular(self.path), "rb")
+            f = open(open_regular(self.path), "rb")  # noqa: SIM115 - entered below: only the open's errors are caught here
         except FileNotFoundError:
             return
         except OSError as exc:
@@ -334,11 +343,11 @@ class HistoryRecorder(NullHistory):
             return
         if live.prev is not None:
             dt = max(0.0, t - live.prev[0])
-            if live.prev[2] == "save":
+            if live.prev[2] == Phase.SAVE:
                 live.save_s += dt
-            elif live.prev[2] in (None, "train") and beat.step > live.prev[1]:
+            elif live.prev[2] in (None, Phase.TRAIN) and beat.step > live.prev[1]:
                 live.train_s += dt
-        began = beat.phase in (None, "train") and not live.began  # the resume point, for the loss chart
+        began = beat.phase in (None, Phase.TRAIN) and not live.began  # the resume point, for the loss chart
         live.began = live.began or began
         live.prev = (t, beat.step, beat.phase)
         rec: dict[str, Any] = {"attempt": number, "step": beat.step, "phase": beat.phase, "loss": _short(beat.loss),

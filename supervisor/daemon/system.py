@@ -19,44 +19,12 @@ from typing import Any, Protocol, TypeVar
 from supervisor.host import procs
 from supervisor.checkpoints.metadata import child as metadata_child
 from supervisor.daemon.evidence import read_oom_kills
+from supervisor.daemon.timers import Timers
 from supervisor.host.spares import Prewarmer
 
 __all__ = ["System", "RealSystem", "Timers"]
 
 T = TypeVar("T")
-
-
-class Timers:
-    """Named one-shot deadlines on a monotonic clock; setting a name again replaces it.
-
-    Names are strings; a str-valued enum member (the core's `Timer`) is stored by its value, so
-    `pop_due` always returns plain strings.
-    """
-
-    def __init__(self) -> None:
-        self._deadlines: dict[str, float] = {}
-
-    def set(self, name: str, at: float) -> None:
-        self._deadlines[_key(name)] = at
-
-    def cancel(self, name: str) -> None:
-        self._deadlines.pop(_key(name), None)
-
-    def pending(self, name: str) -> bool:
-        return _key(name) in self._deadlines
-
-    def next_deadline(self) -> float | None:
-        return min(self._deadlines.values(), default=None)
-
-    def pop_due(self, now: float) -> list[str]:
-        due = sorted((at, n) for n, at in self._deadlines.items() if at <= now)
-        for _, n in due:
-            del self._deadlines[n]
-        return [n for _, n in due]
-
-
-def _key(name: str) -> str:
-    return str(getattr(name, "value", name))
 
 
 class System(Protocol):

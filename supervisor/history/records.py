@@ -55,6 +55,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from supervisor.policy.state import ExitReason
+
 __all__ = [
     "HISTORY_FILE",
     "VERSION",
@@ -92,7 +94,7 @@ COMPACT_BYTES = 4 * 2**20  # the file is thinned when it grows past this (or twi
 MAX_READ_BYTES = 256 * 2**20  # a reader stops here: a history is a few MB, anything larger is not ours
 MAX_LINE = 64 * 1024  # longer than any record the recorder writes (an exit's detail is cut to 1,000 characters)
 MAX_T = 1e11  # unix seconds (year 5138): a record time beyond it (or before 1970) is not one a clock wrote
-FAILURE_REASONS_EXCLUDED = frozenset({"completed", "stopped"})
+FAILURE_REASONS_EXCLUDED = frozenset({ExitReason.COMPLETED.value, ExitReason.STOPPED.value})
 
 
 def is_failure(reason: object) -> bool:

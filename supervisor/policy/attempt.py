@@ -23,6 +23,7 @@ from supervisor.contract import (
     ENV_RUN_TOKEN,
     SLOW_PHASES,
     Beat,
+    Phase,
 )
 from supervisor.policy.state import ExitInfo, Status
 
@@ -117,7 +118,7 @@ def hang_timeout(health: HealthSection, beat: Beat | None, *, startup: bool) -> 
 def named_by_beat(job: Job, checkpoints: Sequence[CheckpointInfo]) -> str | None:
     """The checkpoint a job that picks its own was loading when it ended: its `load` beat's step, if one matches."""
     beat = job.beat
-    if job.resumed_from is not None or beat is None or beat.phase != "load" or beat.step <= 0:
+    if job.resumed_from is not None or beat is None or beat.phase != Phase.LOAD or beat.step <= 0:
         return None  # told what to load, or no sign of a load: step 0 is a beat before the job chose
     named = [c for c in checkpoints if c.step == beat.step and not is_temporary(c.name)]
     return str(named[0].path) if len(named) == 1 else None

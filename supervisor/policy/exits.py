@@ -17,7 +17,7 @@ from __future__ import annotations
 import signal as _signal
 from collections.abc import Iterable
 
-from supervisor.policy.state import ExitInfo
+from supervisor.policy.state import ExitInfo, ExitReason
 
 __all__ = ["classify_exit", "signal_name", "RootCause", "scan_job_output"]
 
@@ -187,16 +187,16 @@ def classify_exit(
     worker_sig = cause.exitcode if cause and cause.exitcode is not None and cause.exitcode < 0 else None
     killed = returncode == -_signal.SIGKILL or worker_sig == -_signal.SIGKILL
     if hang:
-        reason = "hang"
+        reason = ExitReason.HANG
     elif we_stopped:
-        reason = "stopped"
+        reason = ExitReason.STOPPED
     elif returncode == 0:
-        reason = "completed"
+        reason = ExitReason.COMPLETED
     elif killed and oom_before is not None and oom_after is not None and oom_after > oom_before:
-        reason = "oom"
+        reason = ExitReason.OOM
     elif returncode < 0 or worker_sig is not None:
-        reason = "signal"
+        reason = ExitReason.SIGNAL
     else:
-        reason = "crash"
+        reason = ExitReason.CRASH
     detail = cause.describe() if cause else None
     return ExitInfo(code=code, signal=sig, reason=reason, at=at, detail=detail)

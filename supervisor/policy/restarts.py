@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from supervisor.config import RestartSection
+from supervisor.contract import Phase
+from supervisor.policy.state import ExitReason
 
 __all__ = ["Attempt", "Restart", "GiveUp", "Finish", "Decision", "Quarantine", "decide", "backoff_delay",
            "quarantine_candidate"]
@@ -22,7 +24,7 @@ class Attempt:
     started_at: float  # monotonic seconds
     ended_at: float
     succeeded: bool  # exit code 0
-    reason: str  # classification, e.g. "completed", "crash", "signal", "oom", "hang"
+    reason: ExitReason  # the exit's classification (policy/exits.py)
     resumed_from: str | None = None  # checkpoint path passed via resume_args ({checkpoint} or {step}); else None
     resumed_step: int | None = None
     max_step: int | None = None  # highest heartbeat step seen during the attempt
@@ -96,7 +98,7 @@ def decide(history: Sequence[Attempt], cfg: RestartSection, *, jitter: float = 0
     last = history[-1]
     restarts_so_far = len(history) - 1
     if last.succeeded and cfg.policy != "always":
-        return Finish("completed")
+        return Finish(ExitReason.COMPLETED)
     if not last.succeeded and cfg.policy == "never":
         return GiveUp(f"job failed ({last.reason}) and restart policy is 'never'")
     if restarts_so_far >= cfg.max_restarts:
@@ -107,7 +109,7 @@ def decide(history: Sequence[Attempt], cfg: RestartSection, *, jitter: float = 0
             f"crash loop: {streak} consecutive failed attempts without progress "
             f"(max_no_progress_restarts={cfg.max_no_progress_restarts}); last: {last.reason}"
         )
-    return Restart(backoff_delay(history, cfg, jitter), reason="completed" if last.succeeded else last.reason)
+    return Restart(backoff_delay(history, cfg, jitter), reason=ExitReason.COMPLETED if last.succeeded else last.reason)
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,7 @@ def quarantine_candidate(history: Sequence[Attempt], quarantine_after: int) -> Q
         return None
     if any(a.progressed and _loading(a) == path for a in earlier):
         return None  # it loaded and trained before: what fails now is not the checkpoint
-    if all(a.last_phase == "load" for a in tail):
+    if all(a.last_phase == Phase.LOAD for a in tail):
         return Quarantine(path, f"{quarantine_after} consecutive attempts died while loading it (heartbeat phase load)")
     loads_others = any(a.progressed and a.resumed_from not in (None, path) for a in earlier)
     if loads_others and all(not a.beat and a.resumed_from == path for a in tail):

@@ -9,6 +9,10 @@ strings. Allowed transitions (anything else is a bug and raises):
        │  └────────────────> failed  (launch error)
        └──> stopping ─────────────────────────────> stopped
     backoff ──> stopping | failed
+
+The supervisor leaving without a verdict (its loop failed, or it was interrupted before the loop ran) ends
+any state that is not final as `stopped` or `failed`: `Status.transition(new, abrupt=True)`, never a bare
+assignment.
 """
 from __future__ import annotations
 
@@ -19,7 +23,9 @@ import typing
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["State", "ExitInfo", "Status", "TRANSITIONS"]
+from supervisor.vocabulary import Vocabulary
+
+__all__ = ["State", "ExitReason", "ExitInfo", "Status", "TRANSITIONS", "ABRUPT_ENDS"]
 
 
 
@@ -47,12 +53,25 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     State.FAILED: frozenset(),
 }
 
+class ExitReason(Vocabulary):
+    """Why an attempt ended (`ExitInfo.reason`; `job_exited`'s `reason`; the history's attempts)."""
+
+    COMPLETED = "completed"  # exit 0, not asked to stop
+    STOPPED = "stopped"  # we asked it to stop (a signal to the supervisor, an orphan stop)
+    CRASH = "crash"  # a non-zero exit code
+    SIGNAL = "signal"  # killed by a signal (the agent or a worker)
+    OOM = "oom"  # SIGKILLed while the cgroup's OOM-kill counter rose
+    HANG = "hang"  # stopped by us after its heartbeat stalled
+
+
+ABRUPT_ENDS = frozenset({State.STOPPED, State.FAILED})  # where `transition(..., abrupt=True)` may go
+
 
 @dataclass
 class ExitInfo:
     code: int | None
     signal: str | None
-    reason: str
+    reason: ExitReason
     at: float
     detail: str | None = None  # root-cause rank and exception from torchrun's error file, if any
 
@@ -94,7 +113,11 @@ class Status:
     config: str | None = None
     updated_at: float = 0.0
 
-    def transition(self, new: State) -> None:
+    def transition(self, new: State, *, abrupt: bool = False) -> None:
+        """Move to `new` along TRANSITIONS; `abrupt`: the supervisor is leaving, any unfinished state may end."""
+        if abrupt and not self.state.final and new in ABRUPT_ENDS:
+            self.state = new
+            return
         if new is not self.state and new not in TRANSITIONS[self.state]:
             raise RuntimeError(f"illegal state transition {self.state.value} -> {new.value}")
         self.state = new
@@ -113,7 +136,11 @@ class Status:
         known = _typed(cls, d)
         known["state"] = State(known.get("state", "starting"))
         if isinstance(known.get("last_exit"), dict):
-            known["last_exit"] = ExitInfo(**_typed(ExitInfo, known["last_exit"], every=True))
+            last = dict(known["last_exit"])
+            if last.get("reason") not in _EXIT_REASONS:
+                raise ValueError("state.json: last_exit.reason is not an exit reason")
+            last["reason"] = ExitReason(last["reason"])
+            known["last_exit"] = ExitInfo(**_typed(ExitInfo, last, every=True))
         ck = known.get("latest_checkpoint")  # a dict by now; `status` does arithmetic on its fields
         if ck is not None and not all(_conforms(ck.get(k), t) for k, t in _CHECKPOINT_FIELDS.items()):
             raise ValueError("state.json: latest_checkpoint is not {path, step, mtime}")
@@ -133,6 +160,7 @@ def _finite_only(value: Any) -> Any:
     return value
 
 
+_EXIT_REASONS = frozenset(r.value for r in ExitReason)
 _CHECKPOINT_FIELDS: dict[str, Any] = {"path": str | None, "step": int | None, "mtime": float | None}
 _BEST_FIELDS: dict[str, Any] = {"path": str, "step": int | None, "metric": str, "value": float}
 

@@ -1,0 +1,70 @@
+"""When housekeeping passes run: one at a time, requests during one coalesced into one more, results dated.
+
+A pass (scan, verify, retention) runs off the loop; whatever needs the root's state waits for one. The
+scheduler owns the bookkeeping that makes that safe: the root's *generation* (file events and our own
+changes so far), whether a pass is running and whether another is wanted after it (and whether that one must
+prune), and when the last one finished, so that a launch may reuse a pass that still tells the truth.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from supervisor.daemon.housekeeping import Housekeeper, PassResult
+from supervisor.daemon.system import System
+
+__all__ = ["PassScheduler", "FRESH_PASS_S"]
+
+FRESH_PASS_S = 2.0  # a pass this recent, with no file event since it began, still tells the truth
+
+
+class PassScheduler:
+    def __init__(self, house: Housekeeper, system: System, on_done: Callable[[PassResult | BaseException], None]) -> None:
+        self.house, self.sys, self._on_done = house, system, on_done
+        self.generation = 0  # file events under the checkpoint root so far (and changes we made there)
+        self.running = False
+        self._wanted = False
+        self._prune = False  # whether the coalesced follow-up pass must prune
+        self._done_mono: float | None = None
+
+    def changed(self) -> None:
+        """The root changed (a file event, a quarantine): the last pass no longer describes it."""
+        self.generation += 1
+
+    def request(self, protect: Sequence[Path], *, prune: bool = True) -> None:
+        """Run a pass off the loop, or one more after the running one.
+
+        `prune=False` (file events): retention runs only if the pass finds a new commit.
+        """
+        if self.running:
+            self._wanted = True
+            self._prune = self._prune or prune
+            return
+        self.running, self._wanted, self._prune = True, False, False
+        generation, protect = self.generation, list(protect)
+        known = self.house.latest.path if self.house.latest else None
+
+        def work() -> PassResult:
+            return self.house.run_pass(generation=generation, protect=protect, prune=prune, unless_newest=known)
+
+        self.sys.run_off_loop(work, self._on_done)
+
+    def finished(self, outcome: PassResult | BaseException) -> PassResult:
+        """Note that the running pass ended; a crashed pass becomes a failed result (it costs a pass, no more)."""
+        self.running = False
+        self._done_mono = self.sys.monotonic()
+        if isinstance(outcome, BaseException):  # a bug in the store must cost a pass, not the supervisor
+            return PassResult(self.generation, error=f"{type(outcome).__name__}: {outcome}")
+        return outcome
+
+    def follow_up(self, protect: Sequence[Path]) -> None:
+        """Run the pass that was asked for while the last one ran, if any."""
+        if self._wanted:
+            self.request(protect, prune=self._prune)
+
+    def fresh(self) -> PassResult | None:
+        """The last pass, if it still tells the truth: finished within FRESH_PASS_S, no change since it began."""
+        last, done = self.house.last, self._done_mono
+        if last is None or done is None or self.running or last.generation != self.generation:
+            return None
+        return last if self.sys.monotonic() - done <= FRESH_PASS_S else None
