@@ -23,7 +23,7 @@ from typing import Any
 
 from supervisor.policy import restarts
 from supervisor.policy import resume
-from supervisor.policy.attempt import Ended, Job, apply_beat, hang_timeout, job_env, named_by_beat
+from supervisor.policy.attempt import Job, apply_beat, hang_timeout, job_env, named_by_beat
 from supervisor.daemon.evidence import read_beat
 from supervisor.config import Config
 from supervisor.contract import HEARTBEAT_FILE, Beat, Phase
@@ -62,7 +62,7 @@ class Core:
         self.status = Status(pid=os.getpid(), started_at=system.now(), config=str(cfg.path))
         self.attempts: list[restarts.Attempt] = []
         self.job: Job | None = None
-        self.ended: Ended | None = None
+        self.ended: Job | None = None  # the attempt that exited, until a pass lets it be judged
         self.exit_code: int | None = None
         self.high_water_step: int | None = None
         self.house = Housekeeper(cfg, log, now=system.now)
@@ -222,7 +222,7 @@ class Core:
         self.history.housekeeping(result, new)
         if new is not None:
             self.log.info("checkpoint_committed", path=str(new.path), step=new.step, size_bytes=new.size_bytes)
-            job = self.job or (self.ended.job if self.ended else None)
+            job = self.job or self.ended
             if job is not None:
                 job.new_checkpoint = True
             if self.job is not None and self.in_use is not None and new.path != self.in_use:
@@ -352,29 +352,25 @@ class Core:
             info.detail = f"{info.detail}; {note}" if info.detail else note
         self.status.last_exit = info
         self.status.job_pid = self.status.job_create_time = self.status.job_cmdline = None
-        self.ended = Ended(job, returncode, info, self.sys.monotonic())
+        job.end(returncode, info, self.sys.monotonic())
+        self.ended = job
         # A commit the file watcher missed (e.g. on NFS) still counts as progress; this pass is also the
         # attempt's final retention pass, with its resume point no longer protected.
         self._request_pass()
         self._publish()
 
     def _judge_exit(self) -> None:
-        assert self.ended is not None
-        ended, self.ended = self.ended, None
-        job, info = ended.job, ended.info
+        job, self.ended = self.ended, None
+        assert job is not None and job.info is not None
+        info = job.info
         latest = self.house.latest_step()
         progressed = job.new_checkpoint or (
             job.max_step is not None and (self.high_water_step is None or job.max_step > self.high_water_step)
         )
         if job.max_step is not None:
             self.high_water_step = max(job.max_step, self.high_water_step or job.max_step)
-        attempt = restarts.Attempt(
-            number=job.number, started_at=job.started_mono, ended_at=ended.ended_mono, succeeded=ended.returncode == 0,
-            reason=info.reason, resumed_from=job.resumed_from, resumed_step=job.resumed_step,
-            max_step=job.max_step, new_checkpoint=job.new_checkpoint, progressed=progressed,
-            last_phase=job.beat.phase if job.beat else None, beat=job.beat is not None,
-            beat_checkpoint=named_by_beat(job, self.house.last.checkpoints if self.house.last else []),
-        )
+        attempt = job.judged(progressed=progressed,
+                             beat_checkpoint=named_by_beat(job, self.house.last.checkpoints if self.house.last else []))
         self.attempts.append(attempt)
         self.history.attempt_exit(attempt, info)
         self.log.info(

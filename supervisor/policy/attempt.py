@@ -1,7 +1,8 @@
 """One attempt of the job: what the core remembers about it, and the decisions that need only that.
 
 `Core` (supervisor/daemon/core.py) owns the events and the side effects; this module holds the attempt's record
-(`Job`, then `Ended` once its exit is known) and the small pure decisions taken from it: the environment it
+(`Job`, one record from the launch to the judgement, which builds the restart policy's frozen `Attempt`) and
+the small pure decisions taken from it: the environment it
 is launched with (the job contract, supervisor/contract.py), how its heartbeat moves `status`, how long it
 may stay silent before it counts as hung, and which checkpoint a job that picks its own was loading.
 """
@@ -25,14 +26,15 @@ from supervisor.contract import (
     Beat,
     Phase,
 )
+from supervisor.policy.restarts import Attempt
 from supervisor.policy.state import ExitInfo, Status
 
-__all__ = ["Job", "Ended", "job_env", "apply_beat", "hang_timeout", "named_by_beat"]
+__all__ = ["Job", "job_env", "apply_beat", "hang_timeout", "named_by_beat"]
 
 
 @dataclass
 class Job:
-    """The attempt in flight."""
+    """One attempt's record, from its launch to its judgement (then `judged()` is what the policy keeps)."""
 
     number: int
     pid: int
@@ -50,16 +52,24 @@ class Job:
     beat: Beat | None = None
     beat_warned: bool = False
     low_free: int | None = None  # least free bytes on the checkpoint file system seen during the attempt
+    # Set by `end`: the exit is known, but it is judged only once a pass has said what the attempt committed.
+    returncode: int | None = None
+    info: ExitInfo | None = None
+    ended_mono: float | None = None
 
+    def end(self, returncode: int, info: ExitInfo, at_mono: float) -> None:
+        self.returncode, self.info, self.ended_mono = returncode, info, at_mono
 
-@dataclass
-class Ended:
-    """An attempt whose exit is known but not yet judged: a pass must first say what it committed."""
-
-    job: Job
-    returncode: int
-    info: ExitInfo
-    ended_mono: float
+    def judged(self, *, progressed: bool, beat_checkpoint: str | None) -> Attempt:
+        """The ended attempt as the restart policy sees it (built once, here)."""
+        assert self.info is not None and self.ended_mono is not None, "judged before it ended"
+        return Attempt(
+            number=self.number, started_at=self.started_mono, ended_at=self.ended_mono,
+            succeeded=self.returncode == 0, reason=self.info.reason, resumed_from=self.resumed_from,
+            resumed_step=self.resumed_step, max_step=self.max_step, new_checkpoint=self.new_checkpoint,
+            progressed=progressed, last_phase=self.beat.phase if self.beat else None, beat=self.beat is not None,
+            beat_checkpoint=beat_checkpoint,
+        )
 
 
 def job_env(cfg: Config, environ: Mapping[str, str], *, number: int, heartbeat: Path, error_file: Path,

@@ -31,7 +31,7 @@ class Attempt:
     new_checkpoint: bool = False  # a newer complete checkpoint appeared during the attempt
     progressed: bool = False  # a step beyond every earlier attempt, or a new checkpoint
     beat: bool = False  # the attempt wrote at least one valid heartbeat
-    last_phase: str | None = None  # the phase of its last heartbeat ("load" at exit: it died loading)
+    last_phase: Phase | None = None  # the phase of its last heartbeat (LOAD at exit: it died loading)
     beat_checkpoint: str | None = None  # a job picking its own: the checkpoint its `load` beat's step names
 
     @property
