@@ -34,7 +34,7 @@ from supervisor.daemon.housekeeping import Housekeeper, PassResult
 from supervisor.host.identity import run_token
 from supervisor.daemon.recorder import NullHistory
 from supervisor.observe.redact import redact_argv, redact_env
-from supervisor.host.signals import FORCE_STOP_SIGNAL, STOP_SIGNALS
+from supervisor.policy.stopping import STOPPED_BY_SIGNAL, StopAction, on_stop_signal
 from supervisor.policy.state import State, Status
 from supervisor.daemon.passes import PassScheduler
 from supervisor.daemon.publisher import StatePublisher
@@ -48,7 +48,6 @@ EXIT_CODES = {State.COMPLETED: 0, State.STOPPED: 0, State.FAILED: 3}
 EXIT_SUPERVISOR_FAILED = 1  # `abandon`: the supervisor itself failed; unlike 2 and 3, systemd restarts it
 _SCAN_DEBOUNCE_S = 0.5
 _LAUNCH_SCAN_TRIES = 3  # passes that could not read the root before a launch gives up (a blip may pass)
-_STOPPED = "stopped by signal"
 
 
 class Core:
@@ -74,7 +73,7 @@ class Core:
         self.token = ""  # the run dir's job token (supervisor/host/identity.py), set by `begin`
         self._unmarked: set[str] = set()  # quarantined here, but the marker could not be written
         self._choice_logged = False  # resume_choice_left_to_job is said once
-        self._stop_reason = _STOPPED
+        self._stop_reason = STOPPED_BY_SIGNAL
         self._orphans: tuple[str, tuple[int, float] | None] | None = None  # (token, recorded) while being stopped
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
@@ -416,31 +415,27 @@ class Core:
 
     # ---- signals ---------------------------------------------------------------------------------------------
     def on_signal(self, signum: int) -> None:
-        """SIGTERM/SIGINT stop gracefully and a repeat waits; only a force kills (supervisor/host/signals.py)."""
-        if self.status.state.final:
+        """Carry out what policy/stopping.py decides for this signal."""
+        decision = on_stop_signal(signum, state=self.status.state, job_running=self.job is not None,
+                                  exit_pending=self.ended is not None, on_terminal=self.sys.on_terminal)
+        action, job_pid = decision.action, self.job.pid if self.job else None
+        if action is StopAction.IGNORE:
             return
-        if signum == FORCE_STOP_SIGNAL:
-            self._force_stop(signum, "stop --force")
+        if action is StopAction.FORCE:
+            self._force_stop(signum, decision.cause or "stop --force")
             return
-        if signum not in STOP_SIGNALS:
-            return
-        job_pid = self.job.pid if self.job else None
-        if self.status.state is State.STOPPING:
-            if signum == signal.SIGINT and self.sys.on_terminal():
-                self._force_stop(signum, "second Ctrl+C")
-            else:  # a retried `stop`, systemd or Slurm repeating SIGTERM: never a reason to lose the save
-                self.log.info("stop_in_progress", signal=signal_name(signum), job_pid=job_pid,
-                              force="fsdp-supervisor stop --force")
+        if action is StopAction.WAIT:
+            self.log.info("stop_in_progress", signal=signal_name(signum), job_pid=job_pid,
+                          force="fsdp-supervisor stop --force")
             return
         self.status.transition(State.STOPPING)
         self.log.info("stopping", signal=signal_name(signum), job_pid=job_pid, grace_s=self.cfg.health.stop_timeout_s)
-        if self.job is not None:
+        if action is StopAction.TERMINATE:
             self._terminate_job()
-        elif self.ended is None:  # in backoff or waiting to launch: nothing to stop
+        elif action is StopAction.FINISH:
             self._finish(State.STOPPED, self._stop_reason)
             self.log.info("stopped", attempt=self.status.attempt, reason="no job running")
             return
-        # else: the job just exited and is being judged; the judgement sees STOPPING and stops.
         self._publish()
 
     def _force_stop(self, signum: int, cause: str) -> None:
