@@ -1,6 +1,6 @@
 """The supervisor's event loop while a large checkpoint is being verified: stalls, signal and exit latency.
 
-DESIGN.md invariant 8: a signal or a job exit is handled within half a second whatever is being
+The loop never blocks on store work (docs/design.md): a signal or a job exit is handled within half a second whatever is being
 verified. One repeat is one real `fsdp-supervisor run` of a torch-free fake job (tests/jobs/fakejob.py)
 with the loop probe on (supervisor/daemon/loopprobe.py: a 10 ms tick that records how late it ran), in which a
 copy of a large checkpoint (its `.metadata` and sparse shards) is renamed into the checkpoint root twice:
@@ -37,8 +37,8 @@ from typing import Any
 import psutil
 
 from bench.common import PY, REPO, Tagged, median, scratch, wait_until
-from supervisor.layout import METADATA_NAME, step_dir_name
 from supervisor.daemon.loopprobe import PROBE_ENV
+from supervisor.layout import METADATA_NAME, step_dir_name
 
 __all__ = ["run", "build_template", "SIZE", "QUICK_SIZE"]
 

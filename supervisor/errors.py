@@ -6,6 +6,7 @@ __all__ = [
     "EXIT_NOT_OK",
     "EXIT_USAGE",
     "EXIT_GAVE_UP",
+    "EXIT_SUPERVISOR_FAILED",
     "EXIT_BROKEN_PIPE",
     "SupervisorError",
     "ConfigError",
@@ -18,6 +19,7 @@ EXIT_OK = 0  # job completed, or stopped gracefully by a signal
 EXIT_NOT_OK = 1  # a query answered "no" (e.g. `checkpoints verify` of an incomplete dir)
 EXIT_USAGE = 2  # usage or config error: nothing was launched, nothing was deleted
 EXIT_GAVE_UP = 3  # the supervisor gave up (budget, crash loop, policy "never"); do not restart/requeue
+EXIT_SUPERVISOR_FAILED = 1  # `run`: the supervisor itself failed (a bug); unlike 2 and 3, systemd restarts it
 EXIT_BROKEN_PIPE = 141  # stdout was closed (`status | head`): 128 + SIGPIPE, what a shell reports for `cat`
 
 

@@ -1,6 +1,6 @@
 """The event loop never waits on store work: a signal and a job exit are handled while a pass still runs.
 
-DESIGN.md invariant 8. The housekeeping pass (scan, verify, prune) runs off the loop thread; here it is
+The loop never blocks on store work (docs/design.md, "One event loop"). The housekeeping pass (scan, verify, prune) runs off the loop thread; here it is
 held on a gate, as a 70B-class `.metadata` being parsed would hold it, and the test checks the order of
 events rather than timings: the job is signalled, exits and is reaped while the pass has not finished.
 """
@@ -20,10 +20,10 @@ from supervisor.config import load_config
 from supervisor.daemon.core import Core
 from supervisor.daemon.housekeeping import PassResult
 from supervisor.daemon.loop import EventLoop
-from supervisor.policy.state import State
 from supervisor.daemon.system import RealSystem
 from supervisor.daemon.timers import Timer
-from tests.fakes import FakeSystem, RecordingLog
+from supervisor.policy.state import State
+from tests.fakes import RecordingLog
 from tests.supervise import FAKEJOB, write_config
 from tests.test_core import exit_job, make_core
 

@@ -1,6 +1,6 @@
 """Heartbeat file for the supervisor: `{"step", "time", "phase", "loss", "val_loss"}`, rewritten atomically.
 
-The supervisor judges liveness by this file (DESIGN.md, hang detection); the record's schema and its
+The supervisor judges liveness by this file (docs/design.md, the job contract); the record's schema and its
 validation live in `supervisor.contract`. One rank per node writes it (local rank 0: every node runs its own
 supervisor). Use it from your own loop::
 
@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from supervisor.host.atomic import write_atomic
 from supervisor.contract import ENV_HEARTBEAT, PHASES, heartbeat_record
+from supervisor.host.atomic import write_atomic
 
 __all__ = ["Heartbeat", "HEARTBEAT_ENV", "PHASES"]
 
@@ -36,7 +36,7 @@ class Heartbeat:
 
     def __init__(
         self,
-        path: str | os.PathLike | None,
+        path: str | os.PathLike[str] | None,
         *,
         min_interval_s: float = 1.0,
         clock: Callable[[], float] = time.time,

@@ -27,7 +27,7 @@ from supervisor.policy.attempt import Job, apply_beat, hang_timeout, job_env, na
 from supervisor.daemon.evidence import read_beat
 from supervisor.config import Config
 from supervisor.contract import HEARTBEAT_FILE, Beat, Phase
-from supervisor.errors import CheckpointError
+from supervisor.errors import EXIT_GAVE_UP, EXIT_OK, EXIT_SUPERVISOR_FAILED, CheckpointError
 from supervisor.policy.exits import classify_exit, signal_name
 from supervisor.daemon.evidence import root_cause
 from supervisor.daemon.housekeeping import Housekeeper, PassResult
@@ -44,8 +44,7 @@ from supervisor.daemon.system import System
 
 __all__ = ["Core", "Timer", "EXIT_CODES"]
 
-EXIT_CODES = {State.COMPLETED: 0, State.STOPPED: 0, State.FAILED: 3}
-EXIT_SUPERVISOR_FAILED = 1  # `abandon`: the supervisor itself failed; unlike 2 and 3, systemd restarts it
+EXIT_CODES = {State.COMPLETED: EXIT_OK, State.STOPPED: EXIT_OK, State.FAILED: EXIT_GAVE_UP}  # `run`'s, by final state
 _SCAN_DEBOUNCE_S = 0.5
 _LAUNCH_SCAN_TRIES = 3  # passes that could not read the root before a launch gives up (a blip may pass)
 

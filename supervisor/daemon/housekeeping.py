@@ -2,8 +2,8 @@
 
 `run_pass` does the store work (listing, verifying, planning and executing retention) and touches no
 supervisor state, so the event loop runs it on a worker thread: a large `.metadata` being verified never
-delays a signal or a job exit (DESIGN.md invariant 8). The loop hands the `PassResult` back to
-`Housekeeper.absorb`, which remembers the newest complete checkpoint and says whether a new one was
+delays a signal or a job exit (the loop never blocks on store work: docs/design.md). The loop hands the
+`PassResult` back to `Housekeeper.absorb`, which remembers the newest complete checkpoint and says whether a new one was
 committed since the last pass. All judgement lives in `supervisor.checkpoints` (complete, ranking,
 retention plan).
 

@@ -34,7 +34,7 @@ from supervisor.host.regularfile import open_regular
 from supervisor.host.signals import HANDLED
 from supervisor.policy.state import State
 from supervisor.daemon.timers import Tick
-from supervisor.daemon.system import RealSystem
+from supervisor.daemon.system import LoopSystem
 
 __all__ = ["EventLoop", "Echo"]
 
@@ -123,7 +123,7 @@ class Echo:
 
 
 class EventLoop:
-    def __init__(self, core: Core, system: RealSystem, watch: list[tuple[Path, bool]], echo: Echo | None = None,
+    def __init__(self, core: Core, system: LoopSystem, watch: list[tuple[Path, bool]], echo: Echo | None = None,
                  ticks: list[tuple[float, Callable[[], None]]] | None = None) -> None:
         self.core, self.sys, self.watch, self.echo = core, system, watch, echo
         self.ticks = ticks or []  # periodic callbacks (e.g. sd_notify WATCHDOG=1), run from this loop only

@@ -1,6 +1,6 @@
 """A diagnostic, off by default: how late the event loop runs a 10 ms tick, written to a file at exit.
 
-DESIGN.md invariant 8 says the loop never blocks on store work. To measure it (bench/loop_stall.py), set
+The loop never blocks on store work (docs/design.md, "One event loop"). To measure it (bench/loop_stall.py), set
 `FSDP_SUPERVISOR_LOOP_PROBE=/path/probe.json` in the environment of `fsdp-supervisor run`: the loop then
 also runs a tick every 10 ms and records how late each one ran (a tick that runs 80 ms after its deadline
 means the loop could not react to anything for 80 ms). At exit the file gets

@@ -6,23 +6,23 @@ them advance time by hand. Files (checkpoints, heartbeat, state.json) are real f
 from __future__ import annotations
 
 import os
+import queue
 import random
 import signal
 import subprocess
-import time
-import queue
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from supervisor.host import procs
 from supervisor.checkpoints.metadata import child as metadata_child
 from supervisor.daemon.evidence import read_oom_kills
 from supervisor.daemon.timers import Timers
+from supervisor.host import procs
 from supervisor.host.spares import Prewarmer
 
-__all__ = ["System", "RealSystem", "Timers"]
+__all__ = ["System", "LoopSystem", "RealSystem"]
 
 T = TypeVar("T")
 
@@ -51,6 +51,17 @@ class System(Protocol):
         """Outside the event loop (the supervisor is failing): SIGTERM the job, wait, then kill what is left."""
     def on_terminal(self) -> bool:
         """Whether a SIGINT now can be a Ctrl+C typed at the supervisor (it leads its terminal's foreground)."""
+
+
+class LoopSystem(System, Protocol):
+    """What the event loop needs beyond Core's seam: its wake-up, the finished off-loop work, reaped children."""
+
+    waker: Callable[[], None]  # set by the loop: wakes its select() from another thread
+
+    def finished_work(self) -> list[tuple[Callable[[Any], None], Any]]:
+        """The `done` callbacks of off-loop work that finished, with their results (to call on the loop)."""
+    def forget(self, pid: int, returncode: int) -> None:
+        """A child the loop reaped: drop what was kept for it."""
 
 
 class RealSystem:
