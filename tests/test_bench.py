@@ -187,7 +187,7 @@ class TestBenchmarksRun:
 
         cfg = write_config(tmp_path, [sys.executable, "-c", "pass"])
         show = "\nimport sys\nprint(' '.join(sorted(sys.modules)))\n"
-        real = subprocess.run([sys.executable, "-c", "from supervisor import cli\n"
+        real = subprocess.run([sys.executable, "-c", "from supervisor.cli import main as cli\n"
                                f"assert cli.main(['run', '-c', {str(cfg)!r}]) == 0" + show],
                               capture_output=True, text=True, timeout=60, check=True)
         timed = subprocess.run([sys.executable, "-c", RUN_IMPORTS + show],
