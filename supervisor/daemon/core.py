@@ -30,10 +30,11 @@ from supervisor.contract import HEARTBEAT_FILE, Beat, Phase
 from supervisor.errors import EXIT_GAVE_UP, EXIT_OK, EXIT_SUPERVISOR_FAILED, CheckpointError
 from supervisor.policy.exits import classify_exit, signal_name
 from supervisor.daemon.evidence import root_cause
+from supervisor.daemon.events import Events
 from supervisor.daemon.housekeeping import Housekeeper, PassResult
 from supervisor.host.identity import run_token
 from supervisor.daemon.recorder import NullHistory
-from supervisor.observe.redact import redact_argv, redact_env
+from supervisor.observe.redact import redact_argv
 from supervisor.policy.stopping import STOPPED_BY_SIGNAL, StopAction, on_stop_signal
 from supervisor.policy.state import State, Status
 from supervisor.daemon.passes import PassScheduler
@@ -66,6 +67,7 @@ class Core:
         self.house = Housekeeper(cfg, log, now=system.now)
         self.in_use: Path | None = None  # the checkpoint the running attempt resumed from: never pruned
         self.passes = PassScheduler(self.house, system, self._on_pass)
+        self.events = Events(log, self.history)
         self.publisher = StatePublisher(self.run_dir, system, log, self.history, notify)
         self._launch_pending = False
         self._scan_failures = 0  # consecutive passes that could not read the root when a launch waited on them
@@ -217,9 +219,8 @@ class Core:
             low = self.job.low_free
             self.job.low_free = result.disk_free if low is None else min(low, result.disk_free)
         new = self.house.absorb(result)
-        self.history.housekeeping(result, new)
+        self.events.pass_done(result, new)
         if new is not None:
-            self.log.info("checkpoint_committed", path=str(new.path), step=new.step, size_bytes=new.size_bytes)
             job = self.job or self.ended
             if job is not None:
                 job.new_checkpoint = True
@@ -317,12 +318,7 @@ class Core:
         st.step, st.step_at, st.phase, st.loss, st.val_loss, st.rate_steps_per_s = None, None, None, None, None, None
         self._sync_disk()
         st.transition(State.RUNNING)
-        self.log.info(
-            "job_started", attempt=number, pid=pid, resumed_from=self.job.resumed_from,
-            resumed_step=self.job.resumed_step, argv=redact_argv(argv), env=redact_env(self.cfg.job.env),
-            log=str(log_path),
-        )
-        self.history.attempt_start(number, self.job.resumed_from, self.job.resumed_step)
+        self.events.attempt_started(self.job, argv, self.cfg.job.env)
         self._arm_hang_timer(startup=True)
         self._publish()
 
@@ -370,12 +366,7 @@ class Core:
         attempt = job.judged(progressed=progressed,
                              beat_checkpoint=named_by_beat(job, self.house.last.checkpoints if self.house.last else []))
         self.attempts.append(attempt)
-        self.history.attempt_exit(attempt, info)
-        self.log.info(
-            "job_exited", attempt=job.number, code=info.code, signal=info.signal, reason=info.reason,
-            detail=info.detail, duration_s=round(attempt.duration, 3), max_step=job.max_step,
-            latest_checkpoint_step=latest, progressed=progressed,
-        )
+        self.events.attempt_exited(job, attempt, info, latest_step=latest)
         if self.status.state is State.STOPPING:
             self._finish(State.STOPPED, self._stop_reason)
             self.log.info("stopped", attempt=job.number, reason=info.reason)
@@ -409,8 +400,7 @@ class Core:
             return
         self._unmarked.discard(path)
         self.status.quarantined = [*self.status.quarantined, path]
-        self.history.quarantined(path, reason)
-        self.log.error("quarantined", path=path, reason=reason)
+        self.events.quarantined(path, reason)
 
     # ---- signals ---------------------------------------------------------------------------------------------
     def on_signal(self, signum: int) -> None:

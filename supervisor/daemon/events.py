@@ -1,0 +1,49 @@
+"""The run's events, each said once to both of its sinks: the structured log and `history.jsonl`.
+
+Core calls one method per event; what goes to which sink, and in what order, lives here. (state.json is not an
+event sink: it is a snapshot of `Status` that Core publishes after a change, daemon/publisher.py.)
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from supervisor.checkpoints import CheckpointInfo
+from supervisor.daemon.housekeeping import PassResult
+from supervisor.daemon.recorder import NullHistory
+from supervisor.observe.redact import redact_argv, redact_env
+from supervisor.policy.attempt import Job
+from supervisor.policy.restarts import Attempt
+from supervisor.policy.state import ExitInfo
+
+__all__ = ["Events"]
+
+
+class Events:
+    def __init__(self, log: Any, history: NullHistory) -> None:
+        self.log, self.history = log, history
+
+    def attempt_started(self, job: Job, argv: Sequence[str], env: Mapping[str, str]) -> None:
+        self.log.info(
+            "job_started", attempt=job.number, pid=job.pid, resumed_from=job.resumed_from,
+            resumed_step=job.resumed_step, argv=redact_argv(argv), env=redact_env(env), log=str(job.log_path),
+        )
+        self.history.attempt_start(job.number, job.resumed_from, job.resumed_step)
+
+    def attempt_exited(self, job: Job, attempt: Attempt, info: ExitInfo, *, latest_step: int | None) -> None:
+        self.history.attempt_exit(attempt, info)
+        self.log.info(
+            "job_exited", attempt=job.number, code=info.code, signal=info.signal, reason=info.reason,
+            detail=info.detail, duration_s=round(attempt.duration, 3), max_step=job.max_step,
+            latest_checkpoint_step=latest_step, progressed=attempt.progressed,
+        )
+
+    def pass_done(self, result: PassResult, committed: CheckpointInfo | None) -> None:
+        self.history.housekeeping(result, committed)
+        if committed is not None:
+            self.log.info("checkpoint_committed", path=str(committed.path), step=committed.step,
+                          size_bytes=committed.size_bytes)
+
+    def quarantined(self, path: str, reason: str) -> None:
+        self.history.quarantined(path, reason)
+        self.log.error("quarantined", path=path, reason=reason)
