@@ -1,10 +1,11 @@
-# Two commands matter: `make test` and `make run`. Both bootstrap .venv on first use.
+# Two commands matter: `make test` and `make run`. Both bootstrap .venv on first use. `make test` runs the
+# static gate (`make lint`: ruff, mypy, lint-imports; configured in pyproject.toml) before the suite.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test unit integration run bench clean test-clients
+.PHONY: test lint unit integration run bench clean test-clients
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -12,14 +13,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-test: $(STAMP)
+test: lint  # tests/unit, tests/integration and tests/clients' reproductions (the real clients skip without their venv)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -ra tests
 
-unit: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not integration" tests
+lint: $(STAMP)
+	$(VENV)/bin/ruff check
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+unit: $(STAMP)  # no torch, no subprocess: also runs in a venv without torch (docs/development.md)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests/unit
 
 integration: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m integration tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests/integration
 
 run: $(STAMP)
 	@echo "watch it from another shell:"
@@ -49,4 +55,5 @@ bench: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m bench
 
 clean:
-	rm -rf $(VENV) $(CLIENTS_VENV) deploy/examples/ckpts deploy/examples/.fsdp-supervisor .pytest_cache bench-results.json
+	rm -rf $(VENV) $(CLIENTS_VENV) deploy/examples/ckpts deploy/examples/.fsdp-supervisor .pytest_cache bench-results.json \
+		.ruff_cache .mypy_cache .import_linter_cache

@@ -1,7 +1,7 @@
 """The supervisor's event loop while a large checkpoint is being verified: stalls, signal and exit latency.
 
-The loop never blocks on store work (docs/design.md): a signal or a job exit is handled within half a second whatever is being
-verified. One repeat is one real `fsdp-supervisor run` of a torch-free fake job (tests/jobs/fakejob.py)
+The loop never blocks on store work (docs/design.md): a signal or a job exit is handled within half a second
+whatever is being verified. One repeat is one real `fsdp-supervisor run` of a torch-free fake job (tests/jobs/fakejob.py)
 with the loop probe on (supervisor/daemon/loopprobe.py: a 10 ms tick that records how late it ran), in which a
 copy of a large checkpoint (its `.metadata` and sparse shards) is renamed into the checkpoint root twice:
 1. while the first copy is being verified, the job is SIGKILLed: `job_exit_reaped_s` is kill -> the exit

@@ -90,7 +90,8 @@ class _Run:
         for p in procs:
             try:
                 cmd = p.cmdline()
-                if "-u" in cmd and "trainer" in cmd and "torch.distributed.run" not in cmd and p.status() != psutil.STATUS_ZOMBIE:
+                if ("-u" in cmd and "trainer" in cmd and "torch.distributed.run" not in cmd
+                        and p.status() != psutil.STATUS_ZOMBIE):
                     out.append(p)
             except psutil.Error:
                 continue

@@ -69,7 +69,6 @@ def reduce(raw: dict[str, Any]) -> dict[str, Any]:
 def verify_seconds(path: Path, repeats: int = 3) -> float | None:
     """What the supervisor spends on each new checkpoint: `verify()` with its metadata cache cleared."""
     from supervisor.checkpoints import verify
-
     from supervisor.checkpoints.metadata import reader as metadata
     times = []
     for _ in range(repeats):

@@ -92,9 +92,9 @@ def spare_rss_mb(supervisor_pid: int, run_dir: Path) -> float | None:
 
 
 # What `fsdp-supervisor run` imports before it loads the config: the CLI with every command group
-# registered, then `cmd_run`'s own imports. tests/test_bench.py checks a real `run` imports nothing else.
+# registered, then `cmd_run`'s own imports. tests/integration/test_bench.py checks a real `run` imports nothing else.
 RUN_IMPORTS = (
-    "from supervisor.cli import main as cli\n"
+    "from supervisor.cli import app as cli\n"
     "cli.build_parser()\n"
     "import supervisor.daemon.preflight, supervisor.host.procs, supervisor.daemon.core, supervisor.daemon.loop, "
     "supervisor.daemon.loopprobe, supervisor.observe.metrics, supervisor.observe.notify, supervisor.daemon.system, "

@@ -82,8 +82,14 @@ def build_metadata(model: ModelShape, ranks: int, checkpoint_id: Path) -> tuple[
     import torch
     from torch.distributed.checkpoint.filesystem import _StorageInfo
     from torch.distributed.checkpoint.metadata import (
-        BytesStorageMetadata, ChunkStorageMetadata, Metadata, MetadataIndex, StorageMeta, TensorProperties,
-        TensorStorageMetadata)
+        BytesStorageMetadata,
+        ChunkStorageMetadata,
+        Metadata,
+        MetadataIndex,
+        StorageMeta,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
 
     files = [f"__{r}_0.distcp" for r in range(ranks)]  # one str object per rank, as each rank's results share it
     ends = [0] * ranks

@@ -4,9 +4,9 @@ Runs under torchrun (2 ranks, like bench/ckpt_job.py) and times, in rounds that 
 configuration in the same directory: `dd` (rank 0, `bs=4M conv=fsync`, the checkpoint's size), `raw`
 (each rank writes its local tensors' bytes to one file and fsyncs it: the floor without serialization),
 and DCP saves with `_Writer` variants (thread count, one file per rank or per item, fsync on/off, the
-CRC32 switch), plus the benchmarked `Checkpointer.save` split into phases. Each time is the slowest rank's. Prints a table (configuration -> GB/s,
-median of the rounds) and writes the samples as JSON to --out. A diagnostic for docs/performance-scale.md,
-not part of `make bench`:
+CRC32 switch), plus the benchmarked `Checkpointer.save` split into phases. Each time is the slowest rank's.
+Prints a table (configuration -> GB/s, median of the rounds) and writes the samples as JSON to --out. A
+diagnostic for docs/performance-scale.md, not part of `make bench`:
 
     torchrun --standalone --nproc-per-node=2 -m bench.write_profile --dir D --out R.json [--rounds 3]
 """
@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -40,7 +40,7 @@ _DD_BLOCK = 4 * 2**20
 class _Phases(ck._Writer):
     """The trainer's writer, timing its phases (plan, write, finish) on this rank."""
 
-    log: dict[str, float] = {}
+    log: ClassVar[dict[str, float]] = {}  # one save at a time: the phases of the last one
 
     def prepare_local_plan(self, plan: Any) -> Any:
         _Phases.log["plan_start"] = time.perf_counter()

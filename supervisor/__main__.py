@@ -1,4 +1,5 @@
-from supervisor.cli.main import main
 import sys
+
+from supervisor.cli import main
 
 sys.exit(main())

@@ -19,8 +19,8 @@ from typing import Any
 import psutil
 
 from supervisor.checkpoints import TORN, scan, verify
-from supervisor.layout import MANIFEST_NAME, TRASH_SUFFIX, sidecar_name
 from supervisor.checkpoints.naming import is_temporary, name_step
+from supervisor.layout import MANIFEST_NAME, TRASH_SUFFIX, sidecar_name
 from tests.chaos import SAVE_EVERY, ChaosRun
 from tests.helpers import wait_for
 
@@ -73,7 +73,7 @@ def kill_during_save(c: ChaosRun, victim: str, delay_s: float) -> str:
     # machine a small save can be shorter than the seed's delay every time).
     for attempt_no in range(8):
         seen = set(c.dirs.tmp_dirs())
-        tmp = wait_for(lambda: [t for t in c.dirs.tmp_dirs() if t not in seen], 120, "a save in flight",
+        tmp = wait_for(lambda: [t for t in c.dirs.tmp_dirs() if t not in seen], 120, "a save in flight",  # noqa: B023
                        interval=0.005)[0]  # type: ignore[index]
         victim_proc = _target(c, victim)
         time.sleep(delay_s / 2 ** attempt_no)

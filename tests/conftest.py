@@ -1,4 +1,10 @@
-"""Shared fixtures. The supervisor's tests never import torch in-process: real DCP files come from a subprocess."""
+"""Shared fixtures, and the tiers. The supervisor's tests never import torch in-process: real DCP files come from a
+subprocess.
+
+A test's tier is its folder: everything under tests/unit/ (no torch, no subprocess, fast: runs in a venv without
+torch) is unmarked, everything under tests/integration/ is marked `integration` here; tests/clients/ is the
+opt-in tier (`make test-clients`) and keeps its own marks. A test file anywhere else fails collection.
+"""
 from __future__ import annotations
 
 import os
@@ -15,6 +21,37 @@ from hypothesis import HealthCheck, settings
 # machine, not the code (performance is shown in bench/). Every property still runs its examples.
 settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci")
+
+TESTS = Path(__file__).resolve().parent
+UNIT, INTEGRATION, CLIENTS = TESTS / "unit", TESTS / "integration", TESTS / "clients"
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark everything under tests/integration/ `integration`; refuse a test outside the tiers or marked against its
+    folder (a test under tests/unit/ that says `integration` belongs in tests/integration/)."""
+    wrong = []
+    for item in items:
+        path = Path(item.path).resolve()
+        if path.is_relative_to(INTEGRATION):
+            item.add_marker(pytest.mark.integration)
+            if item.get_closest_marker("integration") is None:
+                wrong.append(f"{item.nodeid}: under tests/integration/ but not marked integration")
+        elif path.is_relative_to(UNIT):
+            if item.get_closest_marker("integration") is not None:
+                wrong.append(f"{item.nodeid}: marked integration under tests/unit/ (move it to tests/integration/)")
+        elif not path.is_relative_to(CLIENTS):
+            wrong.append(f"{item.nodeid}: outside tests/unit/ and tests/integration/ (a test's folder is its tier)")
+    if wrong:
+        raise pytest.UsageError("tests in the wrong tier:\n  " + "\n  ".join(wrong))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A session of tests/unit alone must not have imported torch (tests/unit runs in a venv without it)."""
+    if session.items and all(Path(i.path).resolve().is_relative_to(UNIT) for i in session.items) and "torch" in sys.modules:
+        raise pytest.UsageError("collecting tests/unit imported torch: a test module there, or a module it imports, "
+                                "imports torch (tests/unit/test_torch_free.py names it)")
+
 
 _TEMPLATE_SCRIPT = """
 import sys, warnings

@@ -29,6 +29,7 @@ __all__ = [
 REPO = Path(__file__).resolve().parent.parent
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 RC_ENTRY = REPO / "tests" / "trainer_rc.py"
+HOOKED_ENTRY = REPO / "tests" / "jobs" / "hooked_trainer.py"  # RC_ENTRY with the test hooks (its docstring)
 TAG_ENV = "FSDP_TEST_TAG"
 
 
@@ -167,15 +168,18 @@ class Launcher:
         self.jobs.append(job)
         return job
 
-    def torchrun(self, args: Sequence[str], *, nproc: int = 2, env: dict[str, str] | None = None) -> Job:
-        """`torchrun --standalone --nproc-per-node=N trainer ARGS` (no restarts: the tests relaunch)."""
+    def torchrun(self, args: Sequence[str], *, nproc: int = 2, env: dict[str, str] | None = None,
+                 hooked: bool = False) -> Job:
+        """`torchrun --standalone --nproc-per-node=N trainer ARGS` (no restarts: the tests relaunch); `hooked`:
+        through tests/jobs/hooked_trainer.py, whose hooks `env` sets."""
         argv = [str(TORCHRUN), "--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0",
-                str(RC_ENTRY), *map(str, args)]
+                str(HOOKED_ENTRY if hooked else RC_ENTRY), *map(str, args)]
         return self._start(argv, env, "torchrun")
 
-    def single(self, args: Sequence[str], *, env: dict[str, str] | None = None) -> Job:
-        """`python -m trainer ARGS` as one process (a world of one, no torchrun)."""
-        return self._start([sys.executable, "-m", "trainer", *map(str, args)], env, "single")
+    def single(self, args: Sequence[str], *, env: dict[str, str] | None = None, hooked: bool = False) -> Job:
+        """`python -m trainer ARGS` as one process (a world of one, no torchrun); `hooked`: as in `torchrun`."""
+        entry = [str(HOOKED_ENTRY)] if hooked else ["-m", "trainer"]
+        return self._start([sys.executable, *entry, *map(str, args)], env, "single")
 
     def run(self, args: Sequence[str], *, timeout: float = 180, nproc: int | None = 2,
             env: dict[str, str] | None = None) -> Job:

@@ -5,8 +5,8 @@
 
 The demo is a 4-hour run with the failures the supervisor exists for (a killed rank, a hang, a checkpoint that
 crashes the job on load and is quarantined, a stop and a resume the next morning); the month is 30 days of
-training with a failure every two days and a checkpoint every 10 minutes. Tests use both (tests/test_history.py,
-tests/test_report_browser.py). `screenshot` renders a page in headless Chromium.
+training with a failure every two days and a checkpoint every 10 minutes. Tests use both (tests/unit/test_history.py,
+tests/integration/test_report_browser.py). `screenshot` renders a page in headless Chromium.
 """
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from supervisor.contract import Beat
-from supervisor.history.records import HISTORY_FILE, read_history
 from supervisor.daemon.recorder import HistoryRecorder
 from supervisor.history.fold import Fold
+from supervisor.history.records import HISTORY_FILE, read_history
 from supervisor.policy.restarts import Attempt
 from supervisor.policy.state import ExitInfo, State
 
@@ -236,7 +236,8 @@ def render_report(history: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.history_demo", description=__doc__.split("\n")[0])
-    p.add_argument("--out", type=Path, default=None, help="directory for history.jsonl and report.html (default: a new temp dir)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="directory for history.jsonl and report.html (default: a new temp dir)")
     p.add_argument("--png", type=Path, default=None, help="also screenshot the page here (needs chromium)")
     p.add_argument("--month", action="store_true", help="simulate 30 days and print the history's size")
     p.add_argument("--beat-s", type=float, default=1.0, help="--month: seconds between heartbeats (default 1)")

@@ -11,7 +11,8 @@ def main() -> int:
     args = parse_args()
     from trainer.loop import run
 
-    return run(args)
+    code = run(args)  # torch's @record types the wrapped function's result as optional
+    return 0 if code is None else code
 
 
 if __name__ == "__main__":

@@ -25,24 +25,21 @@ import fcntl
 import json
 import math
 import os
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from supervisor.checkpoints import open_regular
 from supervisor.host.atomic import temporaries, write_atomic
-from supervisor.checkpoints._files import open_regular
 
 __all__ = ["BEST_FILE", "WEIGHTS_FILE", "Best", "BestFileError", "parse_best", "read_best", "improves",
-           "missed_export", "write_best", "remove_leftovers", "STALL_ENV"]
+           "missed_export", "write_best", "remove_leftovers"]
 
 BEST_FILE = "best.json"
 WEIGHTS_FILE = "model.safetensors"
 _MAX_BYTES = 64 * 1024  # a best.json is ~150 bytes
-# Test hook: stall between the weights and best.json of this step, so a test can kill the job right there.
-STALL_ENV = "FSDP_TRAINER_TEST_STALL_BEST_STEP"
 
 
 @dataclass(frozen=True)
@@ -74,14 +71,14 @@ def parse_best(data: bytes) -> Best:
     step, val, ckpt = raw.get("step"), raw.get("val_loss"), raw.get("checkpoint")
     if type(step) is not int or step < 0:
         raise BestFileError(f"step {step!r:.40} is not a non-negative integer")
-    if type(val) not in (int, float) or not math.isfinite(val):
+    if not (type(val) is int or type(val) is float) or not math.isfinite(val):  # not a bool, not a str
         raise BestFileError(f"val_loss {val!r:.40} is not a finite number")
     if not isinstance(ckpt, str) or not ckpt:
         raise BestFileError(f"checkpoint {ckpt!r:.40} is not a path")
     return Best(step, float(val), ckpt)
 
 
-def read_best(directory: str | os.PathLike) -> tuple[Best | None, str | None]:
+def read_best(directory: str | os.PathLike[str]) -> tuple[Best | None, str | None]:
     """(the best so far, None), (None, None) when there is none yet, or (None, why it is ignored)."""
     directory = Path(directory)
     try:
@@ -115,7 +112,7 @@ def missed_export(best: Best | None, step: int, val_loss: float | None, eval_eve
     return eval_every > 0 and step > 0 and step % eval_every == 0 and improves(best, val_loss)
 
 
-def write_best(directory: str | os.PathLike, weights: Mapping[str, Any], best: Best) -> Best:
+def write_best(directory: str | os.PathLike[str], weights: Mapping[str, Any], best: Best) -> Best:
     """Unless DIR already holds a lower val_loss, write the weights, then best.json, each atomically; DIR locked.
 
     Returns the best now in DIR: `best`, or the better one another run sharing DIR wrote. OSError when a
@@ -130,13 +127,11 @@ def write_best(directory: str | os.PathLike, weights: Mapping[str, Any], best: B
         if current is not None and not improves(current, best.val_loss):
             return current
         write_safetensors(weights, directory / WEIGHTS_FILE)
-        if os.environ.get(STALL_ENV) == str(best.step):
-            time.sleep(3600)
         write_atomic(directory / BEST_FILE, json.dumps(best.to_json(), indent=1, sort_keys=True).encode() + b"\n")
     return best
 
 
-def remove_leftovers(directory: str | os.PathLike) -> None:
+def remove_leftovers(directory: str | os.PathLike[str]) -> None:
     """Remove the temporaries of a write killed midway (a restarted run calls it; so does every write)."""
     with _locked(Path(directory)):
         _remove_leftovers(Path(directory))

@@ -28,7 +28,7 @@ import secrets
 import time
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -44,20 +44,14 @@ from trainer.staging import CachedStager
 __all__ = ["Checkpointer", "save_checkpoint", "load_checkpoint", "resolve_resume", "SaveResult",
            "broadcast_from_rank0"]
 
-# Test hook: rank 0 stalls before committing this step, so a test can kill it mid-save deterministically.
-STALL_COMMIT_ENV = "FSDP_TRAINER_TEST_STALL_COMMIT_STEP"
-# Test hook: every rank holds the save of HOLD_SAVE_STEP (once the previous save is committed, before writing
-# anything) until the file HOLD_SAVE_UNTIL exists, so a test can act between two saves (e.g. fill the disk).
-HOLD_SAVE_STEP_ENV = "FSDP_TRAINER_TEST_HOLD_SAVE_STEP"
-HOLD_SAVE_UNTIL_ENV = "FSDP_TRAINER_TEST_HOLD_SAVE_UNTIL"
-_HOLD_MAX_S = 600.0
-
-
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def broadcast_from_rank0(value: Any, group: dist.ProcessGroup | None) -> Any:
+_T = TypeVar("_T")
+
+
+def broadcast_from_rank0(value: _T, group: dist.ProcessGroup | None) -> _T:
     """Collective: rank 0's `value` (any picklable object), on every rank."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return value
@@ -89,7 +83,7 @@ class SaveResult:
 
     def __init__(self, step: int, tmp: Path, final: Path, metrics: dict[str, Any], started: float) -> None:
         self.step, self.tmp, self.final, self.metrics, self.started = step, tmp, final, metrics, started
-        self.future: Future | None = None
+        self.future: Future[None] | None = None
         self.created: bool | None = None  # rank 0 after commit: False if an existing `final` won
         self.seconds: float | None = None
 
@@ -99,7 +93,7 @@ class Checkpointer:
 
     def __init__(
         self,
-        root: str | os.PathLike,
+        root: str | os.PathLike[str],
         *,
         process_group: dist.ProcessGroup | None = None,
         control_group: dist.ProcessGroup | None = None,
@@ -121,7 +115,6 @@ class Checkpointer:
              blocking: bool | None = None) -> SaveResult:
         """Collective: write `state` as step `step`; blocks until committed unless saving asynchronously."""
         self.wait()  # never two saves in flight
-        _hold_for_test(step)
         tmp = self.root / tmp_dir_name(step, self.nonce)
         result = SaveResult(step, tmp, self.root / step_dir_name(step), dict(metrics or {}), time.monotonic())
         writer = _Writer(tmp)
@@ -132,7 +125,8 @@ class Checkpointer:
             response = dcp.async_save(state, storage_writer=writer, process_group=self.group,
                                       async_stager=self._stager)
             # A Future with the default stager; newer stagers return an AsyncSaveResponse instead.
-            result.future = getattr(response, "upload_completion", response)
+            # Either way a Future[None] here; torch types the call's result as the union.
+            result.future = cast("Future[None]", getattr(response, "upload_completion", response))
             self.pending = result
             return result
         dcp.save(state, storage_writer=writer, process_group=self.group)
@@ -159,8 +153,6 @@ class Checkpointer:
         # Rank 0's DCP call returns only after its coordinator step wrote `.metadata`, which needs every
         # rank's write results first: no extra barrier is needed before the rename.
         if _rank() == 0:
-            if os.environ.get(STALL_COMMIT_ENV) == str(result.step):
-                time.sleep(3600)
             manifest = build_manifest(
                 result.tmp,
                 step=result.step,
@@ -174,15 +166,7 @@ class Checkpointer:
         self.last = result
 
 
-def _hold_for_test(step: int) -> None:
-    until = os.environ.get(HOLD_SAVE_UNTIL_ENV)
-    if until and os.environ.get(HOLD_SAVE_STEP_ENV) == str(step):
-        deadline = time.monotonic() + _HOLD_MAX_S
-        while not os.path.exists(until) and time.monotonic() < deadline:
-            time.sleep(0.05)
-
-
-def save_checkpoint(root: str | os.PathLike, step: int, state: dict[str, Any], *,
+def save_checkpoint(root: str | os.PathLike[str], step: int, state: dict[str, Any], *,
                     metrics: dict[str, Any] | None = None,
                     process_group: dist.ProcessGroup | None = None) -> Path:
     """Collective, synchronous: save and commit `<root>/step_<N>`; returns its path."""
@@ -190,7 +174,7 @@ def save_checkpoint(root: str | os.PathLike, step: int, state: dict[str, Any], *
     return saver.save(step, state, metrics=metrics, blocking=True).final
 
 
-def load_checkpoint(path: str | os.PathLike, state: dict[str, Any], *,
+def load_checkpoint(path: str | os.PathLike[str], state: dict[str, Any], *,
                     process_group: dist.ProcessGroup | None = None) -> None:
     """Collective: load `path` into `state` in place (Stateful entries get `load_state_dict`); DCP reshards.
 
@@ -203,7 +187,7 @@ def load_checkpoint(path: str | os.PathLike, state: dict[str, Any], *,
                  process_group=process_group)
 
 
-def resolve_resume(spec: str, root: str | os.PathLike, *,
+def resolve_resume(spec: str, root: str | os.PathLike[str], *,
                    group: dist.ProcessGroup | None = None) -> Path | None:
     """Collective: the checkpoint to resume from: `"none"`, `"auto"` (newest complete under `root`) or a path.
 

@@ -11,9 +11,9 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from supervisor.host.atomic import fsync_dir
 from supervisor.checkpoints import verify
 from supervisor.checkpoints.manifest import build_manifest, write_manifest
+from supervisor.host.atomic import fsync_dir
 from supervisor.layout import METADATA_NAME, TMP_PREFIX
 
 __all__ = ["build_manifest", "fsync_tree", "commit"]

@@ -50,7 +50,7 @@ class MarkovData:
 class FileData:
     """Random windows of `bytes[start:stop]` of a file; the window of sample `index` depends only on (seed, index)."""
 
-    def __init__(self, path: str | os.PathLike, seed: int, seq_len: int, *, start: int = 0, stop: int | None = None,
+    def __init__(self, path: str | os.PathLike[str], seed: int, seq_len: int, *, start: int = 0, stop: int | None = None,
                  stream: int = _SAMPLE) -> None:
         self.seed, self.seq_len, self.stream = seed, seq_len, stream
         self.bytes = np.fromfile(path, dtype=np.uint8)[start:stop]
@@ -75,7 +75,7 @@ def split_point(n_bytes: int, seq_len: int) -> int:
     return n_bytes - max(n_bytes // HELD_OUT_FRACTION, seq_len + 2)
 
 
-def datasets(seed: int, seq_len: int, path: str | os.PathLike | None = None, *,
+def datasets(seed: int, seq_len: int, path: str | os.PathLike[str] | None = None, *,
              held_out: bool = False) -> tuple[Data, Data | None]:
     """(training data, validation data or None); with `held_out` False the training data holds everything."""
     if path is None:

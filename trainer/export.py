@@ -26,8 +26,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from supervisor.host.atomic import replacing, temporaries, write_atomic
 from supervisor.errors import EXIT_USAGE, UsageError
+from supervisor.host.atomic import replacing, temporaries, write_atomic
 from trainer.args import OneLineParser, positive_float
 
 __all__ = ["load_model_weights", "export", "main", "unshared", "plan_shards", "shard_file_names", "index_name",
@@ -41,7 +41,7 @@ _SAFETENSORS_TMP = re.compile(r"\.tmp[A-Za-z0-9]{6}")  # safetensors (Rust tempf
 _MAX_SHARD_GIB = 2**30  # an exbibyte: any limit above it means one file anyway (and never overflows an int)
 
 
-def load_model_weights(checkpoint_dir: str | os.PathLike) -> dict:
+def load_model_weights(checkpoint_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Read only the model entries of a DCP checkpoint into full (unsharded) CPU tensors."""
     import torch
     from torch.distributed.checkpoint.api import CheckpointException
@@ -148,7 +148,7 @@ def _save_file(tensors: Mapping[str, Any], path: Path) -> None:
         os.chmod(tmp, mode)  # safetensors writes its own file with 0o600
 
 
-def write_safetensors(weights: Mapping[str, Any], out: str | os.PathLike, *,
+def write_safetensors(weights: Mapping[str, Any], out: str | os.PathLike[str], *,
                       max_shard_bytes: int | None = None) -> list[Path]:
     """Write `weights` as one safetensors file, or as hub-style shards plus an index; returns the files written."""
     out = Path(out)
@@ -176,7 +176,7 @@ def _remove(paths: Sequence[Path]) -> None:
         path.unlink(missing_ok=True)
 
 
-def _cast(weights: dict, dtype: str | None) -> dict:
+def _cast(weights: dict[str, Any], dtype: str | None) -> dict[str, Any]:
     """Floating-point tensors in `dtype`; UsageError when a finite value would become inf (float16 tops at 65504)."""
     import torch
 
@@ -196,7 +196,7 @@ def _cast(weights: dict, dtype: str | None) -> dict:
     return out
 
 
-def export(checkpoint_dir: str | os.PathLike, out: str | os.PathLike, *, dtype: str | None = None,
+def export(checkpoint_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, dtype: str | None = None,
            max_shard_bytes: int | None = None) -> tuple[int, list[Path]]:
     """Write the weights of `checkpoint_dir` to `out` atomically; returns (number of tensors, files written)."""
     import torch

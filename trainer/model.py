@@ -38,7 +38,8 @@ class Block(nn.Module):
         q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.n_heads, d // self.n_heads).unbind(2)
         att = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
         x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
-        return x + self.mlp(self.norm2(x))
+        out: torch.Tensor = x + self.mlp(self.norm2(x))  # nn.Module.__call__ is typed as returning Any
+        return out
 
 
 class TinyLM(nn.Module):
@@ -59,7 +60,8 @@ class TinyLM(nn.Module):
         x = self.tok(tokens) + self.pos(pos)
         for block in self.blocks:
             x = block(x)
-        return self.head(self.norm(x))
+        logits: torch.Tensor = self.head(self.norm(x))  # nn.Module.__call__ is typed as returning Any
+        return logits
 
 
 def lm_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:

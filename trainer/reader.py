@@ -22,7 +22,7 @@ import stat
 import sys
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import IO, Any, cast
 
 import torch
 from torch.distributed.checkpoint.filesystem import FileSystemReader
@@ -80,7 +80,8 @@ class _LayoutUnpickler(pickle.Unpickler):
 def record_layout(record: io.IOBase) -> RecordLayout | None:
     """The layout of a `torch.save` record holding one tensor with one storage; None for anything else."""
     try:
-        reader = torch._C.PyTorchFileReader(record)
+        # Its stub names str or IO[bytes]; any object with read/seek/tell does (a RawIOBase view here).
+        reader = torch._C.PyTorchFileReader(cast(IO[bytes], record))
         if [r for r in reader.get_all_records() if r.startswith("data/")] != ["data/0"]:
             return None
         pickled = reader.get_record("data.pkl")
@@ -95,8 +96,9 @@ def record_layout(record: io.IOBase) -> RecordLayout | None:
         # torch.load refuses a storage whose record is not exactly its size; so do we (no reading past it).
         if reader.get_record_size("data/0") != numel * dtype.itemsize:
             return None
-        order = reader.get_record("byteorder") if reader.has_record("byteorder") else b"little"
-        offset = reader.get_record_offset("data/0")
+        # has_record and get_record_offset are bound by pybind but missing from torch/_C/__init__.pyi.
+        order = reader.get_record("byteorder") if reader.has_record("byteorder") else b"little"  # type: ignore[attr-defined]
+        offset = reader.get_record_offset("data/0")  # type: ignore[attr-defined]
     except (RuntimeError, pickle.UnpicklingError, ValueError, TypeError, EOFError, IndexError, AttributeError):
         return None
     return RecordLayout(offset, dtype, size, stride, storage_offset, numel, order == b"little")
@@ -112,7 +114,7 @@ def _pread_into(fd: int, buf: memoryview, offset: int) -> None:
         got += n
 
 
-def _open_regular(path: str | os.PathLike) -> int:
+def _open_regular(path: str | os.PathLike[str]) -> int:
     """A read fd for the shard file `path`; OSError if it is not a regular file (a FIFO would block forever)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # non-blocking: opening a FIFO returns at once
     if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -157,7 +159,7 @@ class CheckpointReader(FileSystemReader):
     destinations are resolved and committed on the calling thread.
     """
 
-    def __init__(self, path: str | os.PathLike, *, direct: bool = True, threads: int = READ_THREADS) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, direct: bool = True, threads: int = READ_THREADS) -> None:
         super().__init__(path)
         self.direct, self.threads = direct, max(1, threads)
         self.direct_items = 0  # how many items the last read_data read in place (the rest: DCP's path)
@@ -220,5 +222,5 @@ class CheckpointReader(FileSystemReader):
                 or layout.storage_numel != dest.numel() or layout.data_offset + nbytes > info.length):
             return False
         if nbytes:
-            _pread_into(fd, memoryview(dest.reshape(-1).view(torch.uint8).numpy()), info.offset + layout.data_offset)
+            _pread_into(fd, dest.reshape(-1).view(torch.uint8).numpy().data, info.offset + layout.data_offset)
         return True

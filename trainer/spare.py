@@ -59,17 +59,19 @@ def _wait_for_training(timeout: float) -> None:
     restart here). A job without a heartbeat, or an interpreter without this package (so without the
     contract's reader), just waits out `timeout`.
     """
+    beat: str | None
     try:  # stdlib only: cheap
         from supervisor.contract import ENV_HEARTBEAT, parse_heartbeat
         from supervisor.host.regularfile import open_regular  # a FIFO under the heartbeat's name must not block us
     except ImportError:
-        ENV_HEARTBEAT, parse_heartbeat, open_regular = None, None, None  # noqa: N806
-    beat = os.environ.get(ENV_HEARTBEAT) if ENV_HEARTBEAT else None
+        beat = None  # no reader for it: the names above stay unbound and unused
+    else:
+        beat = os.environ.get(ENV_HEARTBEAT)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if select.select([sys.stdin], [], [], 0.25)[0]:
             return
-        if not beat or open_regular is None or parse_heartbeat is None:
+        if not beat:
             continue
         try:
             with open_regular(beat) as fh:
@@ -109,7 +111,7 @@ def _import_torchrun_at_idle_priority() -> Any:
     return box["module"]
 
 
-def _take_over(spec: dict, module_file: str) -> None:
+def _take_over(spec: dict[str, Any], module_file: str) -> None:
     """Become the job: its directory, environment and output; no tie to the supervisor's life any more."""
     os.chdir(spec["cwd"])
     os.environ.clear()

@@ -72,7 +72,8 @@ class CachedStager(AsyncStager):
 
     def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         """A training-safe CPU copy of `state_dict` (reusing the buffers of the previous save)."""
-        return self._stage(state_dict, ())
+        staged: dict[str, Any] = self._stage(state_dict, ())  # a dict in, a dict out
+        return staged
 
     def synchronize_staging(self) -> None:
         """Nothing to wait for: `stage` copies synchronously."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pickle
 import random
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -112,4 +112,6 @@ def full_model_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     # 2.13, gloo): there every rank gathers the (already CPU) full model instead, and only rank 0 uses it.
     on_cpu = next(model.parameters()).device.type == "cpu"
     offload = not (isinstance(model, FullyShardedDataParallel) and on_cpu)
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=offload))
+    weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=offload))
+    # Typed for any state dict (ints, lists, nested dicts); a model's full one maps names to tensors.
+    return cast("dict[str, torch.Tensor]", weights)

@@ -26,16 +26,22 @@ from pathlib import Path
 from typing import Literal
 
 from supervisor.checkpoints._files import sha256_file
-from supervisor.checkpoints.shapes import DCP, DIRECTORY, NESTED, TEMPORARY, UNSTARTED, Shape, identify
-from supervisor.layout import METADATA_NAME, RANK_METADATA_NAME
 from supervisor.checkpoints.manifest import Manifest, ManifestError, read_manifest
 from supervisor.checkpoints.metadata.reader import (
-    DcpMetadata, MetadataError, UnknownClassError, UnsafeMetadataError, read_metadata)
+    DcpMetadata,
+    MetadataError,
+    UnknownClassError,
+    UnsafeMetadataError,
+    read_metadata,
+)
 from supervisor.checkpoints.naming import name_step
+from supervisor.checkpoints.shapes import DCP, DIRECTORY, NESTED, TEMPORARY, UNSTARTED, Shape, identify
 from supervisor.errors import CheckpointError
+from supervisor.layout import METADATA_NAME, RANK_METADATA_NAME
 from supervisor.vocabulary import Vocabulary
 
-__all__ = ["CheckpointState", "MetadataKind", "COMPLETE", "PARTIAL", "TORN", "INVALID", "FOREIGN", "STATES", "Verdict", "verify", "against_reference"]
+__all__ = ["CheckpointState", "MetadataKind", "COMPLETE", "PARTIAL", "TORN", "INVALID", "FOREIGN", "STATES", "Verdict",
+           "verify", "against_reference"]
 
 class CheckpointState(Vocabulary):
     """What a dir of the root is (`checkpoints list`'s STATE column, `Verdict.state`, `CheckpointInfo.state`)."""

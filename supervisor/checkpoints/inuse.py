@@ -22,12 +22,13 @@ import socket
 import stat
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
-from supervisor.host.atomic import write_atomic
 from supervisor.checkpoints._files import read_small_json
 from supervisor.errors import CheckpointError
+from supervisor.host.atomic import write_atomic
 from supervisor.layout import IN_USE_SUFFIX, sidecar_name
 
 __all__ = ["IN_USE_MAX_AGE_S", "in_use_dir", "mark_in_use", "refresh_in_use", "clear_in_use", "in_use"]
@@ -97,7 +98,7 @@ def clear_in_use(root: PathLike, *, pid: int | None = None) -> bool:
     return True
 
 
-def _read(marker: Path) -> tuple[dict, float] | None:
+def _read(marker: Path) -> tuple[dict[str, Any], float] | None:
     read = read_small_json(marker, _MAX_BYTES)
     if read is None:
         return None
@@ -105,7 +106,7 @@ def _read(marker: Path) -> tuple[dict, float] | None:
     return (doc, st.st_mtime) if isinstance(doc, dict) and isinstance(doc.get("path"), str) else None
 
 
-def _live(doc: dict, mtime: float, host: str, now: float) -> bool:
+def _live(doc: dict[str, Any], mtime: float, host: str, now: float) -> bool:
     if doc.get("host") != host:
         stamp = doc.get("time")
         written = max(mtime, stamp) if isinstance(stamp, (int, float)) else mtime

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from supervisor.host.atomic import write_atomic
 from supervisor.checkpoints._files import open_regular, sha256_file
 from supervisor.contract import MAX_MANIFEST_BYTES, Manifest, ManifestError, manifest_record, parse_manifest
+from supervisor.host.atomic import write_atomic
 from supervisor.layout import MANIFEST_NAME
 
 __all__ = ["MAX_MANIFEST_BYTES", "ManifestError", "Manifest", "parse_manifest", "read_manifest", "build_manifest",

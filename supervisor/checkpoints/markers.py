@@ -11,14 +11,15 @@ import os
 import stat
 import time
 from pathlib import Path
+from typing import Any
 
 import structlog
 
-from supervisor.host.atomic import write_atomic
 from supervisor.checkpoints._files import open_regular
-from supervisor.checkpoints.shapes import NESTED, identify
-from supervisor.layout import PIN_MARKER, QUARANTINE_MARKER
+from supervisor.checkpoints.shapes import identify
 from supervisor.errors import CheckpointError
+from supervisor.host.atomic import write_atomic
+from supervisor.layout import PIN_MARKER, QUARANTINE_MARKER
 
 __all__ = ["pin", "unpin", "is_pinned", "quarantine", "unquarantine", "is_quarantined", "quarantine_reason"]
 
@@ -39,7 +40,7 @@ def _checkpoint_dir(path: str | os.PathLike[str]) -> Path:
     return directory
 
 
-def _write_marker(directory: Path, name: str, payload: dict) -> None:
+def _write_marker(directory: Path, name: str, payload: dict[str, Any]) -> None:
     try:
         write_atomic(directory / name, json.dumps(payload).encode())  # a reader sees no marker or a whole one
     except OSError as exc:

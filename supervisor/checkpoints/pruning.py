@@ -25,8 +25,8 @@ from pathlib import Path
 import structlog
 
 from supervisor.checkpoints.markers import is_pinned
-from supervisor.checkpoints.shapes import identify
 from supervisor.checkpoints.retention import Deletion, DiskUsage, RetentionPlan
+from supervisor.checkpoints.shapes import identify
 from supervisor.errors import CheckpointError
 from supervisor.layout import LEGACY_TRASH_DIR, TRASH_SUFFIX, is_sidecar_name, sidecar_name
 

@@ -22,25 +22,24 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from supervisor.checkpoints.completeness import (
-    CheckpointState,
     COMPLETE,
     FOREIGN,
     INVALID,
+    CheckpointState,
     Verdict,
     against_reference,
     verify,
 )
-from supervisor.checkpoints.shapes import DIRECTORY, NESTED, CheckpointDirectoryError, Shape, identify
-from supervisor.checkpoints.shapes import FOREIGN as FOREIGN_SHAPE
 from supervisor.checkpoints.manifest import Manifest, ManifestError, read_manifest
 from supervisor.checkpoints.markers import is_pinned, is_quarantined
 from supervisor.checkpoints.naming import is_temporary, name_ordinal, name_step
+from supervisor.checkpoints.shapes import DIRECTORY, NESTED, CheckpointDirectoryError, Shape, identify
+from supervisor.checkpoints.shapes import FOREIGN as FOREIGN_SHAPE
 from supervisor.checkpoints.sidecar import sidecar_step
 from supervisor.errors import CheckpointError
 from supervisor.layout import LEGACY_TRASH_DIR, METADATA_NAME, is_sidecar_name
@@ -51,10 +50,13 @@ __all__ = ["UNVERIFIED", "CheckpointInfo", "age_order", "scan", "newest_complete
 UNVERIFIED = CheckpointState.UNVERIFIED  # only from scan(verify_all=False): older than the newest complete
 
 
-class _Dated(Protocol):
-    step: int | None
-    ordinal: int | None
-    mtime: float
+class _Dated(Protocol):  # read-only members: CheckpointInfo is a frozen dataclass
+    @property
+    def step(self) -> int | None: ...
+    @property
+    def ordinal(self) -> int | None: ...
+    @property
+    def mtime(self) -> float: ...
 
 
 def age_order(c: _Dated) -> tuple[bool, int, float]:
@@ -97,7 +99,7 @@ class _Candidate:
     inode: int = 0
 
 
-def _open_root(root: str | os.PathLike[str]) -> tuple[Path, Iterator[os.DirEntry[str]]]:
+def _open_root(root: str | os.PathLike[str]) -> tuple[Path, os._ScandirIterator[str]]:
     path = Path(os.path.abspath(root))
     try:
         return path, os.scandir(path)
@@ -207,6 +209,7 @@ def _info(c: _Candidate, verdict: Verdict | None) -> CheckpointInfo:
         return _foreign(c, verdict.reason)
     size, newest = _usage(c.path)
     manifest = verdict.manifest if verdict else None
+    reason: str | None
     if verdict is None:
         state, reason = UNVERIFIED, "not verified: older than the newest complete checkpoint"
     else:

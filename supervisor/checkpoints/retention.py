@@ -196,13 +196,13 @@ def plan_retention(
     findings: list[Finding] = []
     by_age = iter([c for c in cps if c.path in kept and c.path not in guards])  # oldest rule-kept first
     while (unmet := _disk_message(free, total, rules)) is not None:
-        c = next(by_age, None)
-        if c is None:
+        victim = next(by_age, None)
+        if victim is None:
             msg, need = unmet
             findings.append(Finding("disk_pressure", f"{msg}; nothing left that may be deleted "
                                     f"({len(guards)} guarded: newest complete, in use, pinned, in flight)", need))
             break
-        del kept[c.path]
-        deletions.append(Deletion(c.path, c.name, f"disk: {unmet[0]}", c.size_bytes, c.inode))
-        free, total = free + c.size_bytes, total - c.size_bytes
+        del kept[victim.path]
+        deletions.append(Deletion(victim.path, victim.name, f"disk: {unmet[0]}", victim.size_bytes, victim.inode))
+        free, total = free + victim.size_bytes, total - victim.size_bytes
     return RetentionPlan(deletions, findings, kept)

@@ -8,7 +8,8 @@ dcp:        a DCP dir: `.metadata` or `*.distcp` files directly inside (the refe
 nested:     a folder named like a checkpoint with no DCP files of its own but DCP dirs one or two levels
             down (Accelerate's `checkpoint_N/` holding `pytorch_model_fsdp_0/` and `optimizer_0/`); their
             relative paths are its members. Symlinks to directories at those levels are noted, never followed
-            (verify makes such a folder invalid: a member borrowed from another save is not "missing"). Any other name holding DCP dirs (`exports/`) is foreign.
+            (verify makes such a folder invalid: a member borrowed from another save is not "missing"). Any
+            other name holding DCP dirs (`exports/`) is foreign.
 temporary:  the reference trainer's `.tmp-step_<N>-<nonce>` save in flight (any other `.tmp-` dir is foreign).
 unstarted:  a checkpoint name (`step-10`, `checkpoint_3`) with no file in it yet: a save that has only
             created its folders.

@@ -2,7 +2,7 @@
 
 The `.metadata` written here is byte-for-byte the shape torch's FileSystemWriter pickles (protocol 4,
 NEWOBJ + BUILD for the dataclasses, REDUCE for torch.Size, dtypes by name), so real torch loads it
-too (`tests/test_checkpoints_testing.py` checks that in a subprocess). Shards hold zeros.
+too (`tests/integration/test_checkpoints_testing.py` checks that in a subprocess). Shards hold zeros.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import os
 import pickle
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from supervisor.checkpoints.manifest import build_manifest
 from supervisor.checkpoints.manifest import write_manifest as _write_manifest
@@ -45,7 +45,21 @@ class _Call:
         self.func, self.args = func, args
 
 
-class _Pickler(pickle._Pickler):  # type: ignore[name-defined]  # the pure pickler lets us emit opcodes
+if TYPE_CHECKING:
+    class _PurePickler(pickle._Pickler):
+        """The pure pickler's undocumented internals that _Pickler uses (typeshed declares only the public API)."""
+
+        memo: dict[int, tuple[int, Any]]
+
+        def write(self, data: bytes) -> None: ...
+        def get(self, i: int) -> bytes: ...
+        def memoize(self, obj: Any) -> None: ...
+        def save(self, obj: Any, save_persistent_id: bool = True) -> None: ...
+else:
+    _PurePickler = pickle._Pickler
+
+
+class _Pickler(_PurePickler):  # the pure pickler lets us emit opcodes
     def _memoized(self, obj: Any) -> bool:
         hit = self.memo.get(id(obj))
         if hit is not None:

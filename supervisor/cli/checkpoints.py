@@ -2,7 +2,7 @@
 
 Exit codes: 0 ok; 1 `verify` found the dir not complete; 2 bad usage, a missing or unreadable root
 or path, a root one level too high (it holds a directory of checkpoints: nothing is listed or deleted),
-or nowhere to put the trash (one line on stderr, raised as SupervisorError and printed by supervisor.cli.main).
+or nowhere to put the trash (one line on stderr, raised as SupervisorError and printed by supervisor.cli.app).
 
 `prune` protects the checkpoints that running jobs resumed from: those named by live in-use markers
 (whatever started the job, so with `--dir` too) and, with `-c`, the one in the run dir's state.json.
@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from supervisor.cli.argtypes import at_most, non_negative_int
 from supervisor.checkpoints.completeness import FOREIGN
 from supervisor.checkpoints.inuse import in_use
 from supervisor.checkpoints.markers import pin, quarantine_reason, unpin, unquarantine
 from supervisor.checkpoints.pruning import disk_usage, execute_retention
 from supervisor.checkpoints.ranking import CheckpointInfo, checkpoint_step, judge, scan
 from supervisor.checkpoints.retention import RetentionPlan, RetentionRules, plan_retention
+from supervisor.cli.argtypes import at_most, non_negative_int
 from supervisor.config import MAX_GB
 from supervisor.errors import EXIT_NOT_OK, EXIT_OK, CheckpointError
 from supervisor.observe.humanize import human_age, human_bytes, printable
@@ -102,7 +102,8 @@ def _table(infos: list[CheckpointInfo], now: float) -> str:
         if c.quarantined:  # why it is skipped for resume is what an operator needs to see
             reason = "; ".join(filter(None, [reason, f"quarantined: {quarantine_reason(c.path) or 'no reason recorded'}"]))
         size = "-" if c.state == FOREIGN else human_bytes(c.size_bytes)
-        rows.append((printable(c.name), _step_text(c), c.state, size, human_age(now - c.mtime), flags or "-", printable(reason)))
+        rows.append((printable(c.name), _step_text(c), c.state, size, human_age(now - c.mtime), flags or "-",
+                     printable(reason)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)) + "  " + r[-1] for r in rows)
 

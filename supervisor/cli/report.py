@@ -17,11 +17,11 @@ import sys
 import time
 from pathlib import Path
 
-from supervisor.host.atomic import write_atomic
 from supervisor.config import load_config
 from supervisor.errors import EXIT_NOT_OK, EXIT_OK, UsageError
-from supervisor.history.records import HISTORY_FILE, MAX_READ_BYTES, iter_file_records, open_regular
 from supervisor.history.fold import Fold
+from supervisor.history.records import HISTORY_FILE, MAX_READ_BYTES, iter_file_records, open_regular
+from supervisor.host.atomic import write_atomic
 from supervisor.host.runlock import RunLock
 
 __all__ = ["register", "REPORT_FILE"]

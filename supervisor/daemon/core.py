@@ -21,27 +21,25 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from supervisor.policy import restarts
-from supervisor.policy import resume
-from supervisor.policy.attempt import Job, apply_beat, hang_timeout, job_env, named_by_beat
-from supervisor.daemon.evidence import read_beat
 from supervisor.config import Config
 from supervisor.contract import HEARTBEAT_FILE, Beat, Phase
-from supervisor.errors import EXIT_GAVE_UP, EXIT_OK, EXIT_SUPERVISOR_FAILED, CheckpointError
-from supervisor.policy.exits import classify_exit, signal_name
-from supervisor.daemon.evidence import root_cause
 from supervisor.daemon.events import Events
+from supervisor.daemon.evidence import read_beat, root_cause
 from supervisor.daemon.housekeeping import Housekeeper, PassResult
-from supervisor.host.identity import run_token
-from supervisor.daemon.recorder import NullHistory
-from supervisor.observe.redact import redact_argv
-from supervisor.policy.stopping import STOPPED_BY_SIGNAL, StopAction, on_stop_signal
-from supervisor.policy.state import State, Status
 from supervisor.daemon.passes import PassScheduler
 from supervisor.daemon.publisher import StatePublisher
+from supervisor.daemon.recorder import NullHistory
 from supervisor.daemon.statefile import STATE_FILE
-from supervisor.daemon.timers import Timer, TimerKey
 from supervisor.daemon.system import System
+from supervisor.daemon.timers import Timer, TimerKey
+from supervisor.errors import EXIT_GAVE_UP, EXIT_OK, EXIT_SUPERVISOR_FAILED, CheckpointError
+from supervisor.host.identity import run_token
+from supervisor.observe.redact import redact_argv
+from supervisor.policy import restarts, resume
+from supervisor.policy.attempt import Job, apply_beat, hang_timeout, job_env, named_by_beat
+from supervisor.policy.exits import classify_exit, signal_name
+from supervisor.policy.state import State, Status
+from supervisor.policy.stopping import STOPPED_BY_SIGNAL, StopAction, on_stop_signal
 
 __all__ = ["Core", "Timer", "EXIT_CODES"]
 
@@ -383,7 +381,8 @@ class Core:
             self.status.restarts += 1
             self.status.next_launch_at = self.sys.now() + decision.delay_s
             self.sys.timers.set(Timer.LAUNCH, self.sys.monotonic() + decision.delay_s)
-            self.log.info("backoff", delay_s=round(decision.delay_s, 3), reason=decision.reason, restarts=self.status.restarts)
+            self.log.info("backoff", delay_s=round(decision.delay_s, 3), reason=decision.reason,
+                          restarts=self.status.restarts)
 
     def _maybe_quarantine(self) -> None:
         """Quarantine a checkpoint only on evidence that the failures are its own (restarts.quarantine_candidate)."""
@@ -474,7 +473,8 @@ class Core:
     def _on_stop_kill(self) -> None:
         if self.job is not None:
             killed = self.sys.kill_job_tree(self.job.pid)
-            self.log.warning("job_killed", attempt=self.job.number, after_s=self.cfg.health.stop_timeout_s, processes=len(killed))
+            self.log.warning("job_killed", attempt=self.job.number, after_s=self.cfg.health.stop_timeout_s,
+                             processes=len(killed))
 
     def _arm_hang_timer(self, startup: bool = False) -> None:
         if self.job is None or self.job.stopping:

@@ -25,16 +25,16 @@ from pathlib import Path
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
-from supervisor.host import procs
-from supervisor.observe.console import Console
 from supervisor.daemon.core import Core
-from supervisor.observe.humanize import human_bytes
-from supervisor.observe.lines import LineSplitter
+from supervisor.daemon.system import LoopSystem
+from supervisor.daemon.timers import Tick
+from supervisor.host import procs
 from supervisor.host.regularfile import open_regular
 from supervisor.host.signals import HANDLED
+from supervisor.observe.console import Console
+from supervisor.observe.humanize import human_bytes
+from supervisor.observe.lines import LineSplitter
 from supervisor.policy.state import State
-from supervisor.daemon.timers import Tick
-from supervisor.daemon.system import LoopSystem
 
 __all__ = ["EventLoop", "Echo"]
 

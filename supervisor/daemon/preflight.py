@@ -83,7 +83,8 @@ def _check_root_layout(cfg: Config) -> None:
     except CheckpointError as exc:
         raise ConfigError(f"{cfg.path}: [checkpoints.dir] {exc}") from None
     except OSError as exc:  # a root we may not list
-        raise ConfigError(f"{cfg.path}: [checkpoints.dir] cannot read {cfg.checkpoints.dir}: {exc.strerror or exc}") from None
+        raise ConfigError(
+            f"{cfg.path}: [checkpoints.dir] cannot read {cfg.checkpoints.dir}: {exc.strerror or exc}") from None
 
 
 def check_setup(cfg: Config) -> None:

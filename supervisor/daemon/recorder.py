@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from supervisor import __version__
 from supervisor.contract import Beat, Phase
@@ -179,7 +179,7 @@ class HistoryRecorder(NullHistory):
         if self.fold.attempts:
             self._last_attempt = max(a.number for a in self.fold.attempts)
 
-    def _cut_torn_tail(self, f: Any) -> int:
+    def _cut_torn_tail(self, f: BinaryIO) -> int:
         """The file's size once a torn last line is cut off; a tail longer than any record is not ours to cut:
         it stays, and the next record starts on a fresh line."""
         size = os.fstat(f.fileno()).st_size

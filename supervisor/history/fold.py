@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from supervisor.history.records import is_failure, is_time
 
@@ -312,7 +312,7 @@ class Fold:
         self.end_state, self.end_reason = _str(rec, "state"), _str(rec, "reason")
         self._pending_failure_at = None  # supervision ended mid-recovery: nothing was waiting to recover
 
-    _HANDLERS = {
+    _HANDLERS: ClassVar[dict[str, Callable[[Fold, float, dict[str, Any]], None]]] = {
         "attempt_start": _on_start,
         "beat": _on_beat,
         "first_step": _on_first_step,

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 
-from supervisor.observe.humanize import human_age
 from supervisor.history.fold import AttemptView, Fold, Summary
 from supervisor.history.svg import Linear, esc, fmt_num, fmt_time, nice_ticks, polyline, svg, tag, text, time_ticks
+from supervisor.observe.humanize import human_age
 
 __all__ = ["render_html", "REASON_COLORS"]
 
@@ -121,7 +121,9 @@ def _split_lost(a: AttemptView, resumed: int | None) -> tuple[list[tuple[float, 
     """(kept, lost) loss points of attempt `a` when the next attempt resumed from step `resumed`; both meet at
     the resume step (interpolated between samples), so the dashed part starts where the work was lost."""
     pts = [(float(s.step), s.loss) for s in a.samples if s.loss is not None]
-    cut = len(pts) if resumed is None else next((i for i, (step, _) in enumerate(pts) if step > resumed), len(pts))
+    if resumed is None:
+        return pts, []
+    cut = next((i for i, (step, _) in enumerate(pts) if step > resumed), len(pts))
     if cut == len(pts):
         return pts, []
     if cut == 0:
@@ -241,8 +243,8 @@ def _legend(fold: Fold) -> str:
 
 
 def _attempts_table(fold: Fold, t1: float) -> str:
-    head = "<tr><th>#</th><th>started</th><th>ran</th><th>resumed from</th><th>max step</th><th>exit</th>" \
-           "<th>code / signal</th><th>detail</th></tr>"
+    head = ("<tr><th>#</th><th>started</th><th>ran</th><th>resumed from</th><th>max step</th><th>exit</th>"
+            "<th>code / signal</th><th>detail</th></tr>")
     shown = fold.attempts[-MAX_TABLE_ROWS:]
     rows = []
     for a in shown:
@@ -271,15 +273,15 @@ def render_html(fold: Fold, summary: Summary, *, source: str, generated: float, 
         "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">",
         f"<title>fsdp-supervisor report: {esc(source)}</title><style>{_CSS}</style></head><body>",
         f"<h1>fsdp-supervisor report</h1><p class=\"meta\">{esc(source)}</p>",
-        f"<p class=\"meta\">{esc(_utc(t0))} to {esc(_utc(t1))}, {len(fold.sessions)} supervisor run(s), "
-        f"{esc(state)}; generated {esc(_utc(generated))}</p>",
+        (f"<p class=\"meta\">{esc(_utc(t0))} to {esc(_utc(t1))}, {len(fold.sessions)} supervisor run(s), "
+         f"{esc(state)}; generated {esc(_utc(generated))}</p>"),
         _summary_table(summary),
         "<h2>Attempts</h2>", _legend(fold), _timeline(fold, t0, t1),
         "<h2>Loss</h2>",
-        '<p class="legend"><span><i class="line" style="background:#1565c0"></i>loss</span>'
-        '<span><i class="line" style="background:#9aa9b4"></i>work lost to a failure</span>'
-        '<span><i class="line" style="background:#ef6c00"></i>val_loss</span>'
-        '<span><i class="line" style="background:#c62828"></i>restart (resume step)</span></p>',
+        ('<p class="legend"><span><i class="line" style="background:#1565c0"></i>loss</span>'
+         '<span><i class="line" style="background:#9aa9b4"></i>work lost to a failure</span>'
+         '<span><i class="line" style="background:#ef6c00"></i>val_loss</span>'
+         '<span><i class="line" style="background:#c62828"></i>restart (resume step)</span></p>'),
         _loss_chart(fold),
         "<h2>Step rate</h2>", _rate_chart(fold, t0, t1),
         "<h2>Attempt details</h2>", _attempts_table(fold, t1),

@@ -53,7 +53,7 @@ import re
 import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeGuard
 
 from supervisor.policy.state import ExitReason
 
@@ -102,7 +102,7 @@ def is_failure(reason: object) -> bool:
     return isinstance(reason, str) and reason not in FAILURE_REASONS_EXCLUDED
 
 
-def is_time(v: object) -> bool:
+def is_time(v: object) -> TypeGuard[int | float]:
     """A plausible unix time (int or float within 0..MAX_T): what the charts and durations can take."""
     return type(v) in (int, float) and 0 <= v <= MAX_T  # type: ignore[operator]
 
@@ -215,7 +215,7 @@ def _keep(entries: list[tuple[bool, Any, bool, float]], now: float) -> list[bool
     """The thinning rule over (is_beat, attempt, carries val_loss, t) in file order: which entries stay."""
     last_beat = {attempt: i for i, (beat, attempt, _, _) in enumerate(entries) if beat}
     keep_last = set(last_beat.values())
-    seen: set[tuple[Any, bool, float, float]] = set()
+    seen: set[tuple[Any, bool, float, int]] = set()  # (attempt, val, width, bucket: an int from math.floor)
     keep = []
     for i, (beat, attempt, val, t) in enumerate(entries):
         if beat and i not in keep_last:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import secrets
 from pathlib import Path
+from typing import TypeGuard
 
 from supervisor.host.atomic import write_atomic
 from supervisor.host.regularfile import open_regular
@@ -24,7 +25,7 @@ TOKEN_FILE = "job.token"
 _TOKEN = re.compile(r"[0-9a-f]{32}")
 
 
-def valid_token(text: str | None) -> bool:
+def valid_token(text: str | None) -> TypeGuard[str]:
     return text is not None and _TOKEN.fullmatch(text) is not None
 
 
@@ -41,7 +42,7 @@ def run_token(run_dir: Path, recorded: str | None = None) -> tuple[str, str | No
     except (OSError, UnicodeDecodeError):
         text = None
     if valid_token(text):
-        return text, None  # type: ignore[return-value]
+        return text, None
     token = recorded if valid_token(recorded) else secrets.token_hex(16)
     try:
         write_atomic(path, f"{token}\n".encode(), mode=0o600)

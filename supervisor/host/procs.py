@@ -33,7 +33,8 @@ def set_child_subreaper() -> bool:
     """Adopt orphaned descendants (Linux prctl) so nothing the job forks can escape our reaping."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        rc: int = libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # ctypes: an untyped foreign call
+        return rc == 0
     except (OSError, AttributeError):
         return False
 
@@ -64,7 +65,7 @@ def spawn(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_path: P
 
 def reap_any() -> list[tuple[int, int]]:
     """waitpid(-1) without blocking until nothing is left: (pid, exit code or -signal) for each reaped child."""
-    out = []
+    out: list[tuple[int, int]] = []
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -115,7 +116,8 @@ def signal_children(pid: int, sig: int) -> list[int]:
 
 def _ancestry() -> set[int]:
     """This process and its ancestors: never an orphan, whatever their environment says."""
-    pids, p = set(), psutil.Process()
+    pids: set[int] = set()
+    p: psutil.Process | None = psutil.Process()
     while p is not None:
         pids.add(p.pid)
         try:

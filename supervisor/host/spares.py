@@ -27,7 +27,10 @@ __all__ = ["Plan", "Prewarmer", "plan", "is_spare_cmdline", "SPARE_SCRIPT", "PRE
 
 # Job-side code (it becomes the torchrun agent, torch and all), so it lives with the trainer; the supervisor
 # only runs it by path and never imports it (find_spec imports the `trainer` package, which imports nothing).
-SPARE_SCRIPT = Path(str(importlib.util.find_spec("trainer.spare").origin))
+_SPARE_SPEC = importlib.util.find_spec("trainer.spare")
+if _SPARE_SPEC is None or _SPARE_SPEC.origin is None:  # the two packages ship together: a broken install
+    raise ImportError("trainer.spare is not installed beside supervisor")
+SPARE_SCRIPT = Path(_SPARE_SPEC.origin)
 PREWARM_LOG = "prewarm.log"  # the spares' own output before they become a job (import errors, readiness)
 # Set per attempt by the core and read by torchrun only at run time, so a spare started with the previous
 # attempt's values is still exactly the next job once the hand-off replaces its environment.

@@ -50,7 +50,8 @@ _FIELDS: dict[str, tuple[str, ...]] = {
     "prewarm_handoff": ("pid",),
     "python_warning": ("category", "where", "message"),
 }
-_NEVER = frozenset({"run_dir", "argv", "env", "ts", "level", "event", "timestamp", "logger", "exc_info", "exception", "stack"})
+_NEVER = frozenset({"run_dir", "argv", "env", "ts", "level", "event", "timestamp", "logger", "exc_info", "exception",
+                    "stack"})
 _MAX_FIELDS = 4
 _MAX_VALUE = 100
 

@@ -19,6 +19,7 @@ import logging.handlers
 import os
 import sys
 import warnings
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +88,7 @@ def _warning_event(message: Warning | str, category: type[Warning], filename: st
                          where=f"{os.path.basename(filename)}:{lineno}")
 
 
-def _warning_line(_logger: Any, method: str, event: dict[str, Any]) -> str:
+def _warning_line(_logger: Any, method: str, event: MutableMapping[str, Any]) -> str:
     fields = " ".join(f"{k}={v}" for k, v in event.items() if k != "event" and v is not None)
     return f"{method}: {event.get('event', '')} {fields}".rstrip()
 
@@ -116,5 +117,6 @@ def render_line(line: str) -> str:
     if not isinstance(d, dict):
         return line.rstrip("\n")
     ts, level, event = d.pop("ts", ""), d.pop("level", ""), d.pop("event", "")
-    fields = " ".join(f"{k}={json.dumps(v) if not isinstance(v, str) or ' ' in v else v}" for k, v in d.items() if v is not None)
+    fields = " ".join(f"{k}={json.dumps(v) if not isinstance(v, str) or ' ' in v else v}"
+                      for k, v in d.items() if v is not None)
     return f"{ts} {level:<7} {event:<22} {fields}".rstrip()

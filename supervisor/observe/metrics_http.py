@@ -18,12 +18,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     server: Server
     timeout = 10  # a client that never finishes its request must not hold a thread forever
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_GET(self) -> None:  # http.server's naming
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
             try:
                 body, ctype, code = self.server.render().encode(), self.server.content_type, 200
-            except Exception as exc:  # a rendering bug must cost one scrape, not a traceback per request
+            except Exception as exc:  # noqa: BLE001 - a rendering bug must cost one scrape, not a traceback per request
                 body, ctype, code = f"cannot render metrics: {exc!r}\n".encode(), "text/plain; charset=utf-8", 500
         elif path == "/":
             body, ctype, code = b"fsdp-supervisor: see /metrics\n", "text/plain; charset=utf-8", 200
@@ -35,7 +35,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - scrapes are not events worth logging
+    def log_message(self, format: str, *args: Any) -> None:  # scrapes are not events worth logging
         pass
 
 

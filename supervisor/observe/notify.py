@@ -8,8 +8,8 @@ import os
 import socket
 from collections.abc import Callable
 
-from supervisor.policy.state import State, Status
 from supervisor.observe.statusview import one_line
+from supervisor.policy.state import State, Status
 
 __all__ = ["Notifier"]
 

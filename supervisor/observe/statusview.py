@@ -91,8 +91,8 @@ def render_status(st: Status, *, running: bool, now: float, spark: bool = False)
         rows.append(("last checkpoint", "none"))
     best = st.best_checkpoint
     if best:
-        rows.append(("best checkpoint", f"step {best.get('step')} {best.get('metric')} {best.get('value'):.4g} "
-                                        f"{best.get('path')}"))
+        rows.append(("best checkpoint", (f"step {best.get('step')} {best.get('metric')} {best.get('value'):.4g} "
+                                         f"{best.get('path')}")))
     if st.resumed_from:
         rows.append(("resumed from", st.resumed_from))
     ex = st.last_exit

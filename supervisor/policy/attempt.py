@@ -27,7 +27,7 @@ from supervisor.contract import (
     Phase,
 )
 from supervisor.policy.restarts import Attempt
-from supervisor.policy.state import ExitInfo, Status
+from supervisor.policy.state import ExitInfo, ExitReason, Status
 
 __all__ = ["Job", "job_env", "apply_beat", "hang_timeout", "named_by_beat"]
 
@@ -65,7 +65,7 @@ class Job:
         assert self.info is not None and self.ended_mono is not None, "judged before it ended"
         return Attempt(
             number=self.number, started_at=self.started_mono, ended_at=self.ended_mono,
-            succeeded=self.returncode == 0, reason=self.info.reason, resumed_from=self.resumed_from,
+            succeeded=self.returncode == 0, reason=ExitReason(self.info.reason), resumed_from=self.resumed_from,
             resumed_step=self.resumed_step, max_step=self.max_step, new_checkpoint=self.new_checkpoint,
             progressed=progressed, last_phase=self.beat.phase if self.beat else None, beat=self.beat is not None,
             beat_checkpoint=beat_checkpoint,

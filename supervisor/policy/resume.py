@@ -4,8 +4,8 @@
 its step (torchtitan's `--checkpoint.load_step {step}`). The choice is the newest complete checkpoint that is
 not quarantined (nor one the supervisor failed to mark as quarantined).
 
-Never a silent fresh start (`allow_fresh_start`, docs/configuration.md): when there is nothing to resume from but the root holds
-something that was once a checkpoint - a complete one that is quarantined, a torn one, one whose `.metadata`
+Never a silent fresh start (`allow_fresh_start`, docs/configuration.md): when there is nothing to resume from but
+the root holds something that was once a checkpoint - a complete one that is quarantined, a torn one, one whose `.metadata`
 exists but cannot be used (unsafe, unreadable, an unknown class from a newer torch) - the job is not launched
 without `resume_args`: it could overwrite or outlive the only copy of weeks of training. The supervisor gives
 up instead (exit 3) naming the dirs, unless `[checkpoints] allow_fresh_start = true`. A root that is empty or

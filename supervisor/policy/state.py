@@ -16,7 +16,6 @@ assignment.
 """
 from __future__ import annotations
 
-import enum
 import math
 import types
 import typing
@@ -29,7 +28,7 @@ __all__ = ["State", "ExitReason", "ExitInfo", "Status", "TRANSITIONS", "ABRUPT_E
 
 
 
-class State(str, enum.Enum):
+class State(Vocabulary):
     STARTING = "starting"
     RUNNING = "running"
     BACKOFF = "backoff"
@@ -71,7 +70,7 @@ ABRUPT_ENDS = frozenset({State.STOPPED, State.FAILED})  # where `transition(...,
 class ExitInfo:
     code: int | None
     signal: str | None
-    reason: ExitReason
+    reason: ExitReason | str  # str: a word this version does not know (state.json of a newer release), kept
     at: float
     detail: str | None = None  # root-cause rank and exception from torchrun's error file, if any
 
@@ -124,7 +123,7 @@ class Status:
 
     def to_json(self) -> dict[str, Any]:
         """A strict-JSON dict: a non-finite float (which no validated input should produce) becomes null."""
-        d = _finite_only(asdict(self))
+        d: dict[str, Any] = _finite_only(asdict(self))
         d["state"] = self.state.value
         return d
 
@@ -137,9 +136,8 @@ class Status:
         known["state"] = State(known.get("state", "starting"))
         if isinstance(known.get("last_exit"), dict):
             last = dict(known["last_exit"])
-            if last.get("reason") not in _EXIT_REASONS:
-                raise ValueError("state.json: last_exit.reason is not an exit reason")
-            last["reason"] = ExitReason(last["reason"])
+            if isinstance(last.get("reason"), str) and last["reason"] in _EXIT_REASONS:
+                last["reason"] = ExitReason(last["reason"])
             known["last_exit"] = ExitInfo(**_typed(ExitInfo, last, every=True))
         ck = known.get("latest_checkpoint")  # a dict by now; `status` does arithmetic on its fields
         if ck is not None and not all(_conforms(ck.get(k), t) for k, t in _CHECKPOINT_FIELDS.items()):

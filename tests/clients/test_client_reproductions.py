@@ -19,8 +19,7 @@ import pytest
 
 from supervisor.checkpoints import scan, verify
 from tests.clients.harness import SupervisedClient
-from tests.clients.layouts import (ACCELERATE_ENTRY, ACCELERATE_FILES, TITAN_ENTRY, TITAN_FILES, layout_problems,
-                                   tree)
+from tests.clients.layouts import ACCELERATE_ENTRY, ACCELERATE_FILES, TITAN_ENTRY, TITAN_FILES, layout_problems, tree
 from tests.supervise import REPO, Supervisors, launches, supervisors  # noqa: F401
 
 TITAN = REPO / "tests" / "jobs" / "titan_like.py"

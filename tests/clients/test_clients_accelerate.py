@@ -22,9 +22,9 @@ import pytest
 
 pytest.importorskip("accelerate", reason="real-client tier: run `make test-clients`")
 
-from tests.clients.harness import CLIENTS, TORCHRUN, SupervisedClient, run_plain  # noqa: E402
-from tests.clients.layouts import ACCELERATE_ENTRY, ACCELERATE_FILES, layout_problems  # noqa: E402
-from tests.supervise import Supervisors, assert_no_orphans, supervisors  # noqa: E402,F401
+from tests.clients.harness import CLIENTS, TORCHRUN, SupervisedClient, run_plain
+from tests.clients.layouts import ACCELERATE_ENTRY, ACCELERATE_FILES, layout_problems
+from tests.supervise import Supervisors, assert_no_orphans, supervisors  # noqa: F401
 
 pytestmark = [pytest.mark.clients, pytest.mark.timeout(900)]
 

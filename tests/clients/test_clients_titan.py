@@ -16,10 +16,10 @@ import pytest
 
 pytest.importorskip("torchtitan", reason="real-client tier: run `make test-clients`")
 
-from tests.clients.assets import write_titan_assets  # noqa: E402
-from tests.clients.harness import CLIENTS, TORCHRUN, SupervisedClient, run_plain  # noqa: E402
-from tests.clients.layouts import TITAN_ENTRY, TITAN_FILES, layout_problems  # noqa: E402
-from tests.supervise import Supervisors, assert_no_orphans, supervisors  # noqa: E402,F401
+from tests.clients.assets import write_titan_assets
+from tests.clients.harness import CLIENTS, TORCHRUN, SupervisedClient, run_plain
+from tests.clients.layouts import TITAN_ENTRY, TITAN_FILES, layout_problems
+from tests.supervise import Supervisors, assert_no_orphans, supervisors  # noqa: F401
 
 pytestmark = [pytest.mark.clients, pytest.mark.timeout(1500)]
 

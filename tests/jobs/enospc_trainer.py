@@ -1,6 +1,6 @@
 """TEST-ONLY torchrun entry: the reference trainer, but one checkpoint write fails with ENOSPC (no disk needed).
 
-Used by tests/test_diskfull.py when the test cannot mount a small tmpfs (not root). Environment:
+Used by tests/integration/test_diskfull.py when the test cannot mount a small tmpfs (not root). Environment:
 FSDP_TEST_ENOSPC_STEP=N     the save of step N fails on rank FSDP_TEST_ENOSPC_RANK (default 1) ...
 FSDP_TEST_ENOSPC_MARKER=F   ... once: the first failure creates F, later attempts write normally.
 The failure is raised where DCP calls the storage writer, so DCP propagates it to every rank like a real one.

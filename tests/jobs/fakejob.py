@@ -11,8 +11,8 @@ from pathlib import Path
 
 from marks import append_mark  # tests/jobs/marks.py: this script's directory is on sys.path
 
-from supervisor.host.atomic import write_atomic
 from supervisor.contract import ENV_ATTEMPT, ENV_HEARTBEAT, heartbeat_record
+from supervisor.host.atomic import write_atomic
 
 
 def beat(step: int, phase: str = "train", val_loss: float | None = None) -> None:

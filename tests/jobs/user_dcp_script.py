@@ -41,7 +41,8 @@ def main() -> int:
             state = {"model": model.state_dict(), "epoch": 0}
             dcp.load(state, checkpoint_id=str(a.resume_from))
             model.load_state_dict(state["model"])
-            optim = load_sharded_optimizer_state_dict(model.state_dict(), "optimizer", dcp.FileSystemReader(str(a.resume_from)))
+            optim = load_sharded_optimizer_state_dict(model.state_dict(), "optimizer",
+                                                      dcp.FileSystemReader(str(a.resume_from)))
             opt.load_state_dict(FSDP.optim_state_dict_to_load(model, opt, optim["optimizer"]))
             start = state["epoch"] + 1
         for epoch in range(start, a.epochs):

@@ -17,9 +17,10 @@ FSDP1 saves), and `tests/fixtures/metadata/` holds `.metadata` written under CPy
 """
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 __all__ = [
+    "MetadataKind",
     "MetadataError",
     "RefusedGlobalError",
     "UnsafeMetadataError",
@@ -36,10 +37,14 @@ __all__ = [
 ]
 
 
+# What kind of refusal an error is (a Verdict's `kind`, which the daemon acts on).
+MetadataKind = Literal["unsafe", "unknown_class", "bad_metadata"]
+
+
 class MetadataError(Exception):
     """`.metadata` could not be read or does not have DCP's shape; the message says why."""
 
-    kind: ClassVar[str] = "bad_metadata"
+    kind: ClassVar[MetadataKind] = "bad_metadata"
 
 
 class RefusedGlobalError(MetadataError):
@@ -53,13 +58,13 @@ class RefusedGlobalError(MetadataError):
 class UnsafeMetadataError(RefusedGlobalError):
     """The refused global could run code, or is no DCP name at all: treat the file as hostile."""
 
-    kind: ClassVar[str] = "unsafe"
+    kind: ClassVar[MetadataKind] = "unsafe"
 
 
 class UnknownClassError(RefusedGlobalError):
     """The refused global is a torch name we do not know: most likely written by a newer torch."""
 
-    kind: ClassVar[str] = "unknown_class"
+    kind: ClassVar[MetadataKind] = "unknown_class"
 
 
 class _Inert:

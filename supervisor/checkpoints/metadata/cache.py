@@ -68,9 +68,9 @@ def _entries_dir(metadata_path: Path, create: bool, root: Path | None) -> Path |
     if base is None:
         return None
     root_dir = os.path.dirname(os.path.dirname(os.path.abspath(metadata_path))) if root is None else root
-    root = os.path.realpath(root_dir)
+    real_root = os.path.realpath(root_dir)
     real = os.path.realpath(base)
-    if real == root or real.startswith(root.rstrip("/") + "/"):
+    if real == real_root or real.startswith(real_root.rstrip("/") + "/"):
         return None  # never write into the checkpoint root (it would look like a foreign dir there)
     entries = base / _SUBDIR
     try:

@@ -26,6 +26,8 @@ import threading
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import supervisor
+
 __all__ = ["isolate", "running_pids", "parse_in_child", "timeout_s"]
 
 # A hung child holds up the pass, and a launch waits for the pass: the wait is sized to the file. The parse
@@ -35,7 +37,7 @@ _TIMEOUT_FLOOR_S = 30.0
 _TIMEOUT_BYTES_PER_S = 1 << 20
 _TIMEOUT_MAX_S = 900.0
 _MAX_ANSWER_BYTES = 1 << 24
-_ROOT = str(Path(__file__).resolve().parents[2])  # the directory our `supervisor` package is in
+_ROOT = str(Path(supervisor.__file__).resolve().parent.parent)  # the directory our `supervisor` package is in
 _BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); "
          "from supervisor.checkpoints.metadata.child import main; sys.exit(main(int(sys.argv[2]), int(sys.argv[3])))")
 

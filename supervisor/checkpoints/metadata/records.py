@@ -18,14 +18,16 @@ from __future__ import annotations
 import operator
 import re
 import struct
+from collections.abc import Callable
 from typing import Any
 
 from supervisor.checkpoints.metadata.allowlist import INERT, SIZE, ClassStandIn
 
 __all__ = ["StorageInfo", "Records"]
 
-_U32 = struct.Struct("<I").unpack_from
-_I32 = struct.Struct("<i").unpack_from
+# One int each (typeshed's unpack_from returns tuple[Any, ...]).
+_U32: Callable[[bytes, int], tuple[int]] = struct.Struct("<I").unpack_from
+_I32: Callable[[bytes, int], tuple[int]] = struct.Struct("<i").unpack_from
 
 _REF = rb"(?:h.|j....)"  # BINGET / LONG_BINGET
 _LONG1 = rb"\x8a(?:\x00|\x01.|\x02..|\x03.{3}|\x04.{4}|\x05.{5}|\x06.{6}|\x07.{7}|\x08.{8}|\x09.{9})"
@@ -56,7 +58,9 @@ class StorageInfo:
     No __init__ on purpose (a Python-level one costs a tenth of the fast path): `empty()` for BUILD.
     """
 
-    __slots__ = ("relative_path", "end")
+    __slots__ = ("end", "relative_path")
+    relative_path: str | None  # None only as built by empty(), until BUILD sets it
+    end: int
 
     @classmethod
     def empty(cls) -> StorageInfo:

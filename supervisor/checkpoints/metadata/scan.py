@@ -31,7 +31,15 @@ import struct
 from typing import Any, BinaryIO
 
 from supervisor.checkpoints.metadata.allowlist import (
-    INERT, SIZE, CallStandIn, ClassStandIn, MetadataError, UnsafeMetadataError, find_global, printable)
+    INERT,
+    SIZE,
+    CallStandIn,
+    ClassStandIn,
+    MetadataError,
+    UnsafeMetadataError,
+    find_global,
+    printable,
+)
 from supervisor.checkpoints.metadata.records import Records, StorageInfo
 
 __all__ = ["MEMORY_FACTOR", "MEMORY_SLACK", "MAX_DEPTH", "MAX_STACK", "Scanned", "ScannedDict", "StorageInfo", "scan"]
@@ -52,10 +60,11 @@ _U64 = struct.Struct("<Q").unpack_from
 _LONG_ARGS = {0x58: 4, 0x8D: 8, 0x42: 4, 0x8E: 8, 0x43: 1, 0x96: 8, 0x8B: 4}
 
 
-class ScannedDict(list):  # type: ignore[type-arg]
+class ScannedDict(list[Any]):
     """A pickled dict as [k0, v0, k1, v1, ...]: no hashing of hostile keys; `slot` is its memo index."""
 
     __slots__ = ("slot",)
+    slot: int
 
 
 class Scanned:

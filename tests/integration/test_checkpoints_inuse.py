@@ -1,0 +1,94 @@
+"""Tests for supervisor.checkpoints.inuse: in-use markers next to the root, honoured by every prune."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from supervisor.checkpoints import clear_in_use, in_use, mark_in_use
+from tests.integration.test_checkpoints_cli import fsup
+from tests.unit.test_checkpoints_inuse import (
+    _markers,
+    root,  # noqa: F401  (a fixture, taken as an argument)
+)
+
+
+@pytest.fixture
+def job() -> Iterator[subprocess.Popen[bytes]]:
+    """A live process standing in for a job that resumed from a checkpoint; killed at the end."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+class TestMarkers:
+    def test_written_next_to_the_root_with_its_fields(self, root, job):
+        """`<parent>/.<root>.fsdp-inuse/<host>-<pid>.json` holds path, pid, host, start_time and time."""
+        marker = mark_in_use(root, root / "step_00000010", pid=job.pid)
+        host = socket.gethostname()
+        assert marker == root.parent / ".ckpts.fsdp-inuse" / f"{host}-{job.pid}.json"
+        doc = json.loads(marker.read_text())
+        assert doc["path"] == str(root / "step_00000010") and (doc["pid"], doc["host"]) == (job.pid, host)
+        assert isinstance(doc["start_time"], float) and abs(doc["time"] - time.time()) < 60
+        assert sorted(os.listdir(root)) == ["step_00000010", "step_00000020", "step_00000030"]
+
+    def test_live_while_its_process_runs_then_stale_and_removed(self, root, job):
+        """A marker counts while its process lives; once it is gone the reader ignores and removes it."""
+        mark_in_use(root, root / "step_00000010", pid=job.pid)
+        assert in_use(root) == {root / "step_00000010"}
+        job.kill()
+        job.wait()
+        assert in_use(root) == set() and _markers(root) == []
+
+    def test_a_reused_pid_is_not_the_same_process(self, root, job):
+        """Same pid, another start time: stale."""
+        mark_in_use(root, root / "step_00000010", pid=job.pid, start_time=1.0)
+        assert in_use(root) == set()
+
+    def test_clear_removes_only_that_pid(self, root, job):
+        """clear_in_use drops the marker of one process and says whether there was one."""
+        mark_in_use(root, root / "step_00000010", pid=job.pid)
+        mark_in_use(root, root / "step_00000020")  # this test process
+        assert clear_in_use(root, pid=job.pid) and not clear_in_use(root, pid=job.pid)
+        assert in_use(root) == {root / "step_00000020"}
+        assert clear_in_use(root)
+
+    def test_seen_whichever_way_the_root_is_spelled(self, root, job, tmp_path):
+        """A marker written through a symlinked root (the daemon's config) protects the checkpoint from a
+        prune that names the real root, and the other way round; so does one written through a symlinked parent."""
+        link = tmp_path / "data" / "ckpts"
+        link.parent.mkdir()
+        link.symlink_to(root)
+        alias = tmp_path / "alias"
+        alias.symlink_to(tmp_path)
+        mark_in_use(link, link / "step_00000010", pid=job.pid)
+        mark_in_use(alias / "ckpts", alias / "ckpts" / "step_00000020")  # this test process
+        assert in_use(root) == {root / "step_00000010", root / "step_00000020"}
+        assert in_use(link) == {link / "step_00000010", link / "step_00000020"}
+        assert clear_in_use(root)
+        mark_in_use(root, root / "step_00000030", pid=job.pid)
+        assert in_use(link) == {link / "step_00000030"}
+
+
+class TestPrune:
+    def test_prune_dir_keeps_a_live_jobs_resume_point(self, root, job):
+        """`prune --dir --keep-last 1` leaves the checkpoint a running job resumed from, until the job is gone."""
+        mark_in_use(root, root / "step_00000010", pid=job.pid)
+        r = fsup("checkpoints", "prune", "--dir", root, "--keep-last", "1")
+        assert r.returncode == 0, r.stderr
+        assert "deleted step_00000020" in r.stdout and "step_00000010" not in r.stdout
+        assert (root / "step_00000010").is_dir()
+        job.kill()
+        job.wait()
+        r = fsup("checkpoints", "prune", "--dir", root, "--keep-last", "1")
+        assert r.returncode == 0 and "deleted step_00000010" in r.stdout
+        assert sorted(os.listdir(root)) == ["step_00000030"] and _markers(root) == []

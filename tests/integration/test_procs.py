@@ -1,0 +1,88 @@
+"""Orphan identity against real processes: found by the run dir's token, never by argv or a reused pid."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from supervisor.contract import ENV_RUN_DIR, ENV_RUN_TOKEN
+from supervisor.host.procs import find_orphans, stop_processes
+from tests.helpers import TAG_ENV, assert_no_orphans
+
+TOKEN = "0123456789abcdef" * 2
+# A sleeper that reports SIGTERM by writing a file (its argv says nothing about any job).
+SLEEPER = ("import signal, sys, time\n"
+           "signal.signal(signal.SIGTERM, lambda *_: (open(sys.argv[1], 'w').write('term'), sys.exit(0)))\n"
+           "print('ready', flush=True)\n"
+           "time.sleep(120)\n")
+
+
+class Sleepers:
+    def __init__(self, tag: str) -> None:
+        self.tag, self.procs = tag, []  # type: ignore[var-annotated]
+
+    def start(self, env: dict[str, str], trap: Path) -> subprocess.Popen[str]:
+        p = subprocess.Popen([sys.executable, "-c", SLEEPER, str(trap)], stdout=subprocess.PIPE, text=True,
+                             start_new_session=True, env={**os.environ, TAG_ENV: self.tag, **env})
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        self.procs.append(p)
+        return p
+
+
+@pytest.fixture
+def sleepers() -> Iterator[Sleepers]:
+    s = Sleepers(os.urandom(8).hex())
+    try:
+        yield s
+    finally:
+        for p in s.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+            if p.stdout:
+                p.stdout.close()
+        assert_no_orphans(s.tag)
+
+
+class TestFindOrphans:
+    def test_found_by_token_and_run_dir_only(self, tmp_path: Path, sleepers: Sleepers) -> None:
+        """The token and this run dir: found; the same token under another run dir (a copy) or none: not."""
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        ours = sleepers.start({ENV_RUN_TOKEN: TOKEN, ENV_RUN_DIR: str(run_dir)}, tmp_path / "t1")
+        copy = sleepers.start({ENV_RUN_TOKEN: TOKEN, ENV_RUN_DIR: str(tmp_path / "copy")}, tmp_path / "t2")
+        other = sleepers.start({}, tmp_path / "t3")
+        found = {p.pid for p in find_orphans(TOKEN, run_dir)}
+        assert ours.pid in found and copy.pid not in found and other.pid not in found
+
+    def test_recorded_pid_needs_its_start_time_and_session(self, tmp_path: Path, sleepers: Sleepers) -> None:
+        """A job without a token (an older supervisor's) is found by pid and start time; a reused pid is not."""
+        old = sleepers.start({}, tmp_path / "t")
+        created = psutil.Process(old.pid).create_time()
+        assert [p.pid for p in find_orphans(TOKEN, tmp_path, (old.pid, created))] == [old.pid]
+        assert find_orphans(TOKEN, tmp_path, (old.pid, created - 5.0)) == []  # same pid, another process
+        mine = os.getpid()
+        assert find_orphans(TOKEN, tmp_path, (mine, psutil.Process(mine).create_time())) == []  # never ourselves
+
+    def test_another_run_dirs_job_is_never_taken_for_the_recorded_one(self, tmp_path: Path, sleepers: Sleepers) -> None:
+        """The recorded pid now carries another token: not ours, whatever its start time says."""
+        theirs = sleepers.start({ENV_RUN_TOKEN: "f" * 32, ENV_RUN_DIR: str(tmp_path)}, tmp_path / "t")
+        created = psutil.Process(theirs.pid).create_time()
+        assert find_orphans(TOKEN, tmp_path, (theirs.pid, created)) == []
+
+    def test_stop_processes_terms_then_kills(self, tmp_path: Path, sleepers: Sleepers) -> None:
+        """SIGTERM first (the job may save), SIGKILL for one that ignores it."""
+        env = {ENV_RUN_TOKEN: TOKEN, ENV_RUN_DIR: str(tmp_path)}
+        polite = sleepers.start(env, tmp_path / "polite")
+        stubborn = sleepers.start(env, tmp_path / "stubborn")
+        os.kill(stubborn.pid, signal.SIGSTOP)  # a stopped process never runs its SIGTERM handler
+        stopped = stop_processes(find_orphans(TOKEN, tmp_path), timeout=2)
+        assert sorted(stopped) == sorted([polite.pid, stubborn.pid])
+        assert (tmp_path / "polite").read_text() == "term" and not (tmp_path / "stubborn").exists()
+        assert not psutil.pid_exists(stubborn.pid) or psutil.Process(stubborn.pid).status() == psutil.STATUS_ZOMBIE

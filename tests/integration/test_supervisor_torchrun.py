@@ -1,0 +1,252 @@
+"""The supervisor driving the real reference trainer under torchrun (2 CPU ranks): the faults it exists for.
+
+Every scenario ends with the job finished by the supervisor (exit 0), and, where the world size and seed are
+unchanged, exported weights bit-identical to one uninterrupted run.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from supervisor.checkpoints import newest_complete, scan
+from tests.supervise import Supervisors, cli, stop, supervisors, wait_for, write_config  # noqa: F401
+
+STEPS, SAVE_EVERY, SEED = 40, 5, 3
+TRAIN = ["-m", "trainer", "--checkpoint-dir", "ckpts", "--steps", str(STEPS), "--save-every", str(SAVE_EVERY),
+         "--seed", str(SEED), "--log-every", "5"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=0"]
+FAST = "\n[restart]\nbackoff_initial_s = 0.2\nbackoff_max_s = 1\n[health]\nstop_timeout_s = 20\n"
+TIMEOUT = 300
+
+
+def state(tmp_path: Path) -> dict:
+    try:
+        return json.loads((tmp_path / ".fsdp-supervisor" / "state.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def latest_step(tmp_path: Path) -> int:
+    return ((state(tmp_path).get("latest_checkpoint") or {}).get("step")) or 0
+
+
+def export(ckpt: Path, out: Path) -> dict:
+    subprocess.run([sys.executable, "-m", "trainer.export", str(ckpt), str(out)], check=True, timeout=120,
+                   capture_output=True)
+    import torch
+
+    return torch.load(out, weights_only=True)
+
+
+def assert_same(a: dict, b: dict) -> None:
+    import torch
+
+    assert a.keys() == b.keys()
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Weights of one uninterrupted supervised run (same seed, same world size)."""
+    tmp = tmp_path_factory.mktemp("reference")
+    s = Supervisors()
+    try:
+        p = s.start(write_config(tmp, TORCHRUN + TRAIN, FAST))
+        out, _ = p.communicate(timeout=TIMEOUT)
+        assert p.returncode == 0, out[-3000:]
+    finally:
+        s.cleanup()
+    final = newest_complete(tmp / "ckpts")
+    assert final is not None and final.step == STEPS
+    return export(final.path, tmp / "ref.pt")
+
+
+def job_workers(tmp_path: Path) -> list[psutil.Process]:
+    pid = state(tmp_path).get("job_pid")
+    try:
+        return psutil.Process(pid).children() if pid else []
+    except psutil.Error:
+        return []
+
+
+def attempts(tmp_path: Path) -> list[str]:
+    return sorted(p.name for p in (tmp_path / ".fsdp-supervisor" / "logs").glob("attempt-*.log"))
+
+
+def finish_and_compare(tmp_path: Path, p, reference: dict) -> None:  # type: ignore[no-untyped-def]
+    out, _ = p.communicate(timeout=TIMEOUT)
+    assert p.returncode == 0, out[-3000:]
+    st = state(tmp_path)
+    assert st["state"] == "completed", st
+    final = newest_complete(tmp_path / "ckpts")
+    assert final is not None and final.step == STEPS
+    assert_same(export(final.path, tmp_path / "out.pt"), reference)
+
+
+class TestCrashRecovery:
+    def test_sigkill_worker_then_agent_relaunch_from_newest_complete(self, tmp_path: Path, supervisors: Supervisors,
+                                                                       reference: dict) -> None:
+        """SIGKILL a worker, later the torchrun agent: each time a relaunch from the newest complete checkpoint,
+        the agent's orphaned workers are swept, and the run ends bit-identical to an uninterrupted one."""
+        p = supervisors.start(write_config(tmp_path, TORCHRUN + TRAIN, FAST))
+        wait_for(lambda: latest_step(tmp_path) >= 10, TIMEOUT, "a checkpoint at step >= 10")
+        victim = wait_for(lambda: job_workers(tmp_path), 30, "workers")[-1]
+        resumable = newest_complete(tmp_path / "ckpts")
+        victim.kill()
+        wait_for(lambda: state(tmp_path).get("attempt") == 2 and state(tmp_path).get("state") == "running", 120,
+                 "attempt 2")
+        st = state(tmp_path)
+        assert st["last_exit"]["reason"] == "signal" and "SIGKILL" in (st["last_exit"]["detail"] or "")
+        assert st["resumed_from"] is not None and Path(st["resumed_from"]).name >= resumable.path.name
+
+        resumed_step = int(Path(st["resumed_from"]).name.split("_")[1])
+        wait_for(lambda: latest_step(tmp_path) > resumed_step, TIMEOUT, "a checkpoint committed by attempt 2")
+        workers = wait_for(lambda: job_workers(tmp_path), 30, "workers")
+        psutil.Process(state(tmp_path)["job_pid"]).kill()
+        _, alive = psutil.wait_procs(workers, timeout=30)
+        assert not alive, "the dead agent's workers were not swept"
+        finish_and_compare(tmp_path, p, reference)
+        assert len(attempts(tmp_path)) == 3
+
+
+class TestStopAndResume:
+    def test_sigint_emergency_checkpoint_then_next_run_resumes(self, tmp_path: Path, supervisors: Supervisors,
+                                                                reference: dict) -> None:
+        """SIGINT: the job saves the current step, the supervisor exits 0 'stopped'; the next run resumes there."""
+        cfg = write_config(tmp_path, TORCHRUN + TRAIN, FAST)
+        p = supervisors.start(cfg)
+        wait_for(lambda: (state(tmp_path).get("step") or 0) >= 7 and state(tmp_path).get("phase") == "train",
+                 TIMEOUT, "step 7")
+        rc, out = stop(p, signal.SIGINT, timeout=120)
+        assert rc == 0, out[-3000:]
+        st = state(tmp_path)
+        assert st["state"] == "stopped" and st["restarts"] == 0
+        saved = newest_complete(tmp_path / "ckpts")
+        assert saved is not None and saved.step % SAVE_EVERY != 0, f"no emergency save: newest is {saved}"
+        p2 = supervisors.start(cfg)
+        finish_and_compare(tmp_path, p2, reference)
+        assert state(tmp_path)["resumed_from"] == str(saved.path)
+        assert attempts(tmp_path) == ["attempt-0001.log", "attempt-0002.log"]  # numbering continues across runs
+
+    def test_sigstopped_worker_is_a_hang(self, tmp_path: Path, supervisors: Supervisors, reference: dict) -> None:
+        """A SIGSTOPped worker stops the heartbeat: hang detected, stacks requested, job replaced, run finishes."""
+        extra = FAST.replace("stop_timeout_s = 20", "stop_timeout_s = 5\nhang_timeout_s = 4\nstack_dump_wait_s = 1")
+        p = supervisors.start(write_config(tmp_path, TORCHRUN + TRAIN, extra))
+        wait_for(lambda: latest_step(tmp_path) >= 5 and state(tmp_path).get("phase") == "train", TIMEOUT, "training")
+        victim = wait_for(lambda: job_workers(tmp_path), 30, "workers")[-1]
+        victim.suspend()
+        try:
+            wait_for(lambda: state(tmp_path).get("attempt") == 2, 120, "attempt 2")
+        finally:
+            try:
+                victim.resume()
+            except psutil.Error:
+                pass
+        assert state(tmp_path)["last_exit"]["reason"] == "hang"
+        log = (tmp_path / ".fsdp-supervisor" / "supervisor.log").read_text()
+        assert "hang_detected" in log and "stack_dump_requested" in log
+        finish_and_compare(tmp_path, p, reference)
+
+
+class TestQuarantine:
+    def test_poisoned_newest_checkpoint_is_quarantined(self, tmp_path: Path, supervisors: Supervisors) -> None:
+        """A newest checkpoint that looks complete but crashes the job on load is quarantined; the one before is used."""
+        first = ["--steps", "10"]
+        cfg = write_config(tmp_path, TORCHRUN + TRAIN + first, FAST)
+        p = supervisors.start(cfg)
+        out, _ = p.communicate(timeout=TIMEOUT)
+        assert p.returncode == 0, out[-3000:]
+        newest = newest_complete(tmp_path / "ckpts")
+        assert newest is not None and newest.step == 10
+        for shard in newest.path.glob("*.distcp"):  # same size, garbage bytes: complete by every file check
+            shard.write_bytes(b"\0" * shard.stat().st_size)
+        cfg2 = write_config(tmp_path, TORCHRUN + TRAIN + ["--steps", "15"], FAST)  # quarantine_after = 2 (default)
+        p = supervisors.start(cfg2)
+        out, _ = p.communicate(timeout=TIMEOUT)
+        assert p.returncode == 0, out[-3000:]
+        st = state(tmp_path)
+        assert st["quarantined"] == [str(newest.path)]
+        assert (st["resumed_from"] == str(tmp_path / "ckpts" / "step_00000005")
+                and st["attempt"] == 4)  # 1 + 3 (numbering continues)
+        infos = {c.name: c for c in scan(tmp_path / "ckpts")}
+        assert infos[newest.path.name].quarantined and infos["step_00000015"].complete
+        assert ("quarantined: 2 consecutive attempts died while loading it"
+                in cli("checkpoints", "list", "-c", str(cfg2)).stdout)
+
+
+class TestUserScript:
+    def test_plain_dcp_script_with_resume_from(self, tmp_path: Path, supervisors: Supervisors) -> None:
+        """A tutorial-style FSDP1 script saving epoch_<N>/ and taking --resume-from is supervisable as is."""
+        script = Path(__file__).parents[1] / "jobs" / "user_dcp_script.py"
+        record = tmp_path / "record.txt"
+        cmd = TORCHRUN + [str(script), "--ckpt-dir", str(tmp_path / "ckpts"), "--epochs", "6", "--save-every", "2",
+                          "--crash-at-epoch", "3", "--record", str(record)]
+        text = write_config(tmp_path, cmd, FAST).read_text().replace('"--resume"', '"--resume-from"')
+        (tmp_path / "job.toml").write_text(text)
+        p = supervisors.start(tmp_path / "job.toml")
+        out, _ = p.communicate(timeout=TIMEOUT)
+        assert p.returncode == 0, out[-3000:]
+        assert record.read_text().strip() == f"start=3 resume={tmp_path / 'ckpts' / 'epoch_2'} attempt=2"
+        assert state(tmp_path)["last_exit"]["reason"] == "completed"
+
+
+@pytest.fixture(scope="module")
+def killed_then_stopped(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A supervised run whose worker is SIGKILLed after a checkpoint, relaunched, and stopped once it trains
+    again; returns its config (the history is in its run dir)."""
+    tmp = tmp_path_factory.mktemp("history")
+    cfg = write_config(tmp, TORCHRUN + TRAIN + ["--steps", "1000"], FAST)
+    s = Supervisors()
+    try:
+        p = s.start(cfg)
+        # Long enough for a few heartbeat samples (the trainer beats once a second) on each side of the restart.
+        wait_for(lambda: latest_step(tmp) >= 20 and (state(tmp).get("step") or 0) >= 23, TIMEOUT, "steps past a checkpoint")
+        wait_for(lambda: job_workers(tmp), 30, "workers")[-1].kill()
+        wait_for(lambda: state(tmp).get("attempt") == 2 and state(tmp).get("restart_latency_s"), 120, "attempt 2 training")
+        resumed = int(Path(state(tmp)["resumed_from"]).name.split("_")[1])
+        wait_for(lambda: (state(tmp).get("step") or 0) >= resumed + 12, 120, "attempt 2 twelve steps on")
+        rc, out = stop(p, signal.SIGINT, timeout=120)
+        assert rc == 0, out[-3000:]
+    finally:
+        s.cleanup()
+    return cfg
+
+
+class TestHistory:
+    def test_report_json_after_a_killed_worker_and_a_stop(self, killed_then_stopped: Path) -> None:
+        """2 attempts, 1 failure, one restart latency, one steps-lost value, goodput strictly between 0 and 1."""
+        r = cli("report", "-c", str(killed_then_stopped), "--json")
+        assert r.returncode == 0, r.stderr
+        s = json.loads(r.stdout)
+        # The failure's name depends on which rank torchrun saw fail first (the killed one, or one it then stopped).
+        assert (s["attempts"], s["failures"], s["exit_reasons"].pop("stopped")) == (2, 1, 1)
+        assert list(s["exit_reasons"].values()) == [1] and set(s["exit_reasons"]) <= {"signal", "crash"}
+        assert len(s["restart_latency_s"]) == 1 and 0 < s["restart_latency_s"][0] < 120
+        assert len(s["steps_lost"]) == 1 and s["steps_lost"][0] >= 0
+        assert 0 < s["goodput"] < 1 and s["checkpoint_overhead_s"] > 0
+
+    def test_report_page_shows_the_restart_in_chromium(self, killed_then_stopped: Path, tmp_path: Path) -> None:
+        """The page has both attempts on the timeline, a commit, the restart and the loss on both sides of it, and
+        renders in headless Chromium (skipped only without Chromium)."""
+        from tests.history_demo import chromium, screenshot
+        from tests.integration.test_report_browser import assert_rendered
+        from tests.unit.test_report import marks
+
+        page = tmp_path / "report.html"
+        r = cli("report", "-c", str(killed_then_stopped), "-o", str(page))
+        assert r.returncode == 0, r.stderr
+        failed = next(r for r in json.loads(cli("report", "-c", str(killed_then_stopped), "--json").stdout)["exit_reasons"]
+                      if r != "stopped")
+        m = marks(page.read_text())
+        assert m.classes["attempt"] == 2 and m.classes[f"reason-{failed}"] == 1 and m.classes["reason-stopped"] == 1
+        assert m.classes["commit"] >= 1 and m.classes["restart"] >= 2 and m.classes["loss"] >= 2
+        if chromium() is None:
+            pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+        screenshot(page, tmp_path / "report.png")
+        assert_rendered(page, tmp_path / "report.png", [failed, "stopped"])

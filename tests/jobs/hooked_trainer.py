@@ -1,0 +1,77 @@
+"""TEST-ONLY trainer entry: the reference trainer with hooks that stop it at an exact point, set by environment.
+
+The production trainer has no test code paths; tests that must act at one precise moment of a save launch this
+script instead of `-m trainer` (`torchrun ... tests/jobs/hooked_trainer.py ARGS`, or `python
+tests/jobs/hooked_trainer.py ARGS` for one process). It wraps the trainer's functions, then runs
+tests/trainer_rc.py, which runs `python -m trainer` in-process (and records the exit code where a test asks).
+Each hook is inert unless its variable is set:
+
+FSDP_TRAINER_TEST_STALL_COMMIT_STEP=N   rank 0 sleeps before committing the save of step N (DCP wrote it all,
+                                        no manifest, no rename), so a test can kill it mid-save.
+FSDP_TRAINER_TEST_HOLD_SAVE_STEP=N      every rank holds the save of step N (once the previous save committed,
+FSDP_TRAINER_TEST_HOLD_SAVE_UNTIL=F     before writing anything) until the file F exists (at most 600 s), so a
+                                        test can act between two saves (fill the disk).
+FSDP_TRAINER_TEST_STALL_BEST_STEP=N     the best model of step N stalls between its weights and its best.json.
+"""
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import time
+from pathlib import Path
+from typing import Any
+
+STALL_COMMIT_ENV = "FSDP_TRAINER_TEST_STALL_COMMIT_STEP"
+HOLD_SAVE_STEP_ENV = "FSDP_TRAINER_TEST_HOLD_SAVE_STEP"
+HOLD_SAVE_UNTIL_ENV = "FSDP_TRAINER_TEST_HOLD_SAVE_UNTIL"
+STALL_BEST_ENV = "FSDP_TRAINER_TEST_STALL_BEST_STEP"
+HOLD_MAX_S = 600.0
+STALL_S = 3600.0  # "forever": the test kills the process
+HERE = Path(__file__).resolve()
+RC_ENTRY = HERE.parents[1] / "trainer_rc.py"
+
+
+def _hold(step: int) -> None:
+    until = os.environ.get(HOLD_SAVE_UNTIL_ENV)
+    if until and os.environ.get(HOLD_SAVE_STEP_ENV) == str(step):
+        deadline = time.monotonic() + HOLD_MAX_S
+        while not os.path.exists(until) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def install() -> None:
+    """Wrap the trainer's save, commit and best-model write with the hooks (imports torch)."""
+    import trainer.best
+    import trainer.checkpoint
+    from trainer.checkpoint import Checkpointer, SaveResult
+
+    save, commit = Checkpointer.save, Checkpointer._commit
+
+    def held_save(self: Checkpointer, step: int, state: dict[str, Any], **kwargs: Any) -> SaveResult:
+        self.wait()  # the previous save commits first (save's own first step, a no-op when repeated)
+        _hold(step)
+        return save(self, step, state, **kwargs)
+
+    def stalled_commit(self: Checkpointer, result: SaveResult) -> None:
+        if trainer.checkpoint._rank() == 0 and os.environ.get(STALL_COMMIT_ENV) == str(result.step):
+            time.sleep(STALL_S)
+        commit(self, result)
+
+    Checkpointer.save = held_save  # type: ignore[method-assign]
+    Checkpointer._commit = stalled_commit  # type: ignore[method-assign]
+
+    write_atomic = trainer.best.write_atomic
+
+    def stalled_write_atomic(path: Path, data: bytes, *args: Any, **kwargs: Any) -> Any:
+        # write_best's last write: best.json, after the weights are in place
+        if path.name == trainer.best.BEST_FILE and os.environ.get(STALL_BEST_ENV) == str(json.loads(data)["step"]):
+            time.sleep(STALL_S)
+        return write_atomic(path, data, *args, **kwargs)
+
+    trainer.best.write_atomic = stalled_write_atomic  # type: ignore[assignment]
+
+
+if __name__ == "__main__":
+    install()
+    runpy.run_path(str(RC_ENTRY), run_name="__main__")

@@ -1,0 +1,18 @@
+"""tests/unit: no torch, no subprocess, fast (tests/conftest.py marks the tiers by folder)."""
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _no_torch_in_process() -> Iterator[None]:
+    """A unit test that imports torch (even lazily, through the code it calls) fails: it belongs in tests/integration/.
+    Only seen where nothing imported torch before (`make unit`, the venv without torch); test_torch_free.py checks
+    the imports statically everywhere."""
+    before = "torch" in sys.modules
+    yield
+    if not before and "torch" in sys.modules:
+        pytest.fail("this test imported torch: tests/unit runs without it, move the test to tests/integration/")

@@ -1,0 +1,93 @@
+"""The attempt's pure decisions: its environment, how a beat moves status, the hang allowance, the named load."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from supervisor.checkpoints import CheckpointInfo
+from supervisor.config import Config, HealthSection, load_config
+from supervisor.contract import ENV_ATTEMPT, ENV_HEARTBEAT, ENV_RUN_TOKEN, Beat
+from supervisor.daemon.evidence import read_beat
+from supervisor.policy.attempt import Job, apply_beat, hang_timeout, job_env, named_by_beat
+from supervisor.policy.state import Status
+from tests.helpers import returns_despite_fifo
+
+
+def config(tmp_path: Path, extra: str = "") -> Config:
+    path = tmp_path / "job.toml"
+    path.write_text(f'[job]\ncommand = ["torchrun", "-m", "trainer"]\n{extra}\n[checkpoints]\ndir = "c"\n')
+    return load_config(path)
+
+
+class TestJobEnv:
+    @pytest.mark.parametrize(("stop_timeout_s", "grace"), [("90.5", "91"), ("1e6", "1000000"), ("0.25", "1"), ("30", "30")])
+    def test_torchrun_grace_is_whole_seconds(self, tmp_path: Path, stop_timeout_s: str, grace: str) -> None:
+        """torchrun int()s TORCH_ELASTIC_SHUTDOWN_TIMEOUT at start: a fractional or huge stop_timeout_s is rounded up."""
+        cfg = config(tmp_path, f"[health]\nstop_timeout_s = {stop_timeout_s}")
+        env = job_env(cfg, {}, number=1, heartbeat=tmp_path / "hb", error_file=tmp_path / "e", token="t")
+        assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == grace
+
+    def test_contract_wins_over_config_and_user_grace_wins_over_ours(self, tmp_path: Path) -> None:
+        """A stale contract variable in our own environment is replaced; [job] env is applied; a user's grace stays."""
+        cfg = config(tmp_path, 'env = { FOO = "bar" }')
+        env = job_env(cfg, {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "7", ENV_ATTEMPT: "99"}, number=3, heartbeat=tmp_path / "hb",
+                      error_file=tmp_path / "e", token="tok")
+        assert (env[ENV_ATTEMPT], env["FOO"], env[ENV_RUN_TOKEN]) == ("3", "bar", "tok")
+        assert env[ENV_HEARTBEAT] == str(tmp_path / "hb") and env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "7"
+
+
+class TestBeats:
+    def test_rate_is_smoothed_and_step_time_moves_only_with_the_step(self) -> None:
+        """Two beats 10 s apart, 10 steps: 1 step/s; a later 3 steps/s moves the rate 30% of the way."""
+        st = Status()
+        apply_beat(st, Beat(step=0, phase="train", loss=2.0), now=100.0)
+        apply_beat(st, Beat(step=10, phase="train", loss=1.5), now=110.0)
+        assert (st.step, st.step_at, st.rate_steps_per_s, st.loss) == (10, 110.0, 1.0, 1.5)
+        apply_beat(st, Beat(step=10, phase="save"), now=115.0)
+        assert (st.step_at, st.phase, st.rate_steps_per_s) == (110.0, "save", 1.0)
+        apply_beat(st, Beat(step=40, phase="train", val_loss=0.5), now=120.0)
+        assert st.rate_steps_per_s == pytest.approx(0.7 * 1.0 + 0.3 * 3.0) and st.val_loss == 0.5
+
+    def test_read_beat_of_missing_fifo_or_garbage(self, tmp_path: Path) -> None:
+        """Missing or a FIFO: no beat, no problem (never blocks); garbage: no beat and a problem to warn about."""
+        import os
+        hb = tmp_path / "heartbeat.json"
+        assert read_beat(hb) == (None, [])
+        os.mkfifo(hb)
+        assert returns_despite_fifo(hb, lambda: read_beat(hb)) == (None, [])
+        hb.unlink()
+        hb.write_text("{not json")
+        beat, problems = read_beat(hb)
+        assert beat is None and problems
+
+
+class TestHangTimeout:
+    @pytest.mark.parametrize(("startup", "phase", "hang", "expected"), [
+        (True, None, 60, 600), (False, "train", 60, 60), (False, "save", 60, 900), (False, "load", 60, 900),
+        (False, "eval", 60, 60), (False, None, 60, 60), (False, "train", 0, None), (False, "save", 0, None),
+        (True, None, 0, 600),
+    ])
+    def test_table(self, startup: bool, phase: str | None, hang: float, expected: float | None) -> None:
+        """Startup, slow phases and the rest get their own allowance; hang_timeout_s = 0 leaves only startup's."""
+        health = HealthSection(startup_timeout_s=600, hang_timeout_s=hang, save_timeout_s=900)
+        beat = Beat(step=1, phase=phase) if phase else None
+        assert hang_timeout(health, beat, startup=startup) == expected
+
+
+class TestNamedByBeat:
+    def test_only_a_load_beat_naming_one_checkpoint(self, tmp_path: Path) -> None:
+        """A load beat at step 20 names step_20; not when told what to load, not at step 0, not when ambiguous."""
+        def info(name: str, step: int) -> CheckpointInfo:
+            return CheckpointInfo(name=name, path=tmp_path / name, step=step, state="complete", reason=None,
+                                  size_bytes=0, mtime=0.0)
+
+        def job(beat: Beat | None, resumed: str | None = None) -> Job:
+            return Job(1, 1, 0.0, resumed, None, tmp_path / "e", tmp_path / "l", None, beat=beat)
+
+        cks = [info("step_10", 10), info("step_20", 20)]
+        assert named_by_beat(job(Beat(step=20, phase="load")), cks) == str(tmp_path / "step_20")
+        assert named_by_beat(job(Beat(step=20, phase="train")), cks) is None
+        assert named_by_beat(job(Beat(step=0, phase="load")), cks) is None
+        assert named_by_beat(job(Beat(step=20, phase="load"), resumed="x"), cks) is None
+        assert named_by_beat(job(Beat(step=20, phase="load")), [*cks, info("step-20", 20)]) is None

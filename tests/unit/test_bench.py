@@ -1,0 +1,108 @@
+"""Smoke tests of the benchmarks (issues 7 and 12): each one runs at a tiny size and returns the documented keys.
+
+Benchmarks report timings; these tests never judge a timing, only shapes, signs and the goal arithmetic.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.__main__ import GOALS, evaluate, main, render
+from bench.common import train_lines, trainer_argv
+from bench.save_stall import reduce
+
+
+class TestGoals:
+    def test_every_issue_key_is_gated(self) -> None:
+        """The table gates the nine goals of issue 7, the three of the metadata reader and four of issue 12."""
+        assert {k for k, _, _ in GOALS} == {
+            "recovery_s.ratio", "save_stall_s.async_over_sync", "save_stall_s.async_over_memcpy", "write_gbps.ratio",
+            "supervisor.rss_mb", "supervisor.idle_cpu_pct", "supervisor.import_s", "discovery_ms.n1000",
+            "throughput_ratio", "parse_vs_torch_ratio", "metadata_parse.peak_rss_x", "metadata_parse.linearity",
+            "load_gbps.ratio", "loop_stall_ms_max", "signal_latency_during_verify_s", "discovery_ms.llama70b_r64"}
+
+    def test_met_missed_and_missing(self) -> None:
+        """<= and >= goals are judged on the value; an absent value is neither met nor missed."""
+        got = evaluate({"recovery_s": {"ratio": 1.2}, "write_gbps": {"ratio": 0.9}, "throughput_ratio": 0.97})
+        assert got["recovery_s.ratio"]["met"] is False and got["write_gbps.ratio"]["met"] is True
+        assert got["throughput_ratio"]["met"] is False and got["supervisor.rss_mb"]["met"] is None
+        table = render({"recovery_s": {"ratio": 1.2, "supervisor": 3.5}})
+        assert "MISSED" in table and "n/a" in table and "recovery_s.supervisor" in table
+
+    def test_unknown_section_is_a_usage_error(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """--only with a name that is no benchmark exits 2 naming it, before running anything."""
+        with pytest.raises(SystemExit) as exc:
+            main(["--only", "recovery,warp", "--out", "/nonexistent/x.json"])
+        assert exc.value.code == 2 and "warp" in capsys.readouterr().err
+
+
+class TestHelpers:
+    def test_trainer_argv_and_progress_lines(self) -> None:
+        """Flags become trainer options (True: a bare switch); rank-0 progress lines parse to (step, tokens/s)."""
+        argv = trainer_argv(Path("/c"), steps=5, async_save=True, resume=None)
+        assert argv == ["-m", "trainer", "--checkpoint-dir", "/c", "--steps", "5", "--async-save"]
+        text = ("ts level=info event=train rank=0 step=10 loss=5.1 tokens_per_s=900 s_per_step=0.1\n"
+                "ts level=info event=train rank=1 step=10 loss=5.1 tokens_per_s=1 s_per_step=0.1\n")
+        assert train_lines(text) == [(10, 900)]
+
+    def test_save_stall_reduce(self) -> None:
+        """Medians and ratios come out of the job's samples as documented; write speed is judged per round."""
+        samples = {"sync": [2.0, 1.0, 3.0], "async": [0.2] * 3, "memcpy": [0.1] * 3, "clone": [0.3] * 3,
+                   "async_write": [2.5] * 3, "async_extra": [0.4] * 3, "full": [4.0] * 3,
+                   "checkpoint_gbps": [0.5, 0.3, 0.6], "dd_gbps": [1.0, 0.3, 0.5]}
+        rounds = [{"checkpoint": c, "dd_fsync": d, "ratio": round(c / d, 4)}
+                  for c, d in zip(samples["checkpoint_gbps"], samples["dd_gbps"])]
+        r = reduce({"samples": samples, "write_rounds": rounds, "checkpoint_bytes": 10, "state_bytes": 2**20,
+                    "params": 7, "step_s": 0.1, "repeats": 3})
+        assert r["save_stall_s"]["async_over_sync"] == 0.1 and r["save_stall_s"]["async_over_memcpy"] == 2.0
+        # the median of the rounds' own ratios (1.0), not the ratio of the medians (0.5 / 0.5)
+        w = r["write_gbps_small"]
+        assert w["ratio"] == 1.0 and w["ratio_spread"] == [0.5, 1.2] and w["rounds"] == rounds
+        assert (w["checkpoint"], w["dd_fsync"]) == (0.5, 0.5)
+        assert r["dcp_vs_torch_save"]["torch_save_over_dcp"] == 2.0
+        assert r["save_samples"] == samples  # every sample reaches the JSON, not only the medians
+
+    def test_checkpoint_io_reduce(self) -> None:
+        """write_gbps and load_gbps: medians, the median of the rounds' ratios and its spread, the cold method."""
+        from bench.checkpoint_io import reduce as io_reduce
+
+        writes = [{"checkpoint": 0.5, "dd_fsync": 1.0, "ratio": 0.5},
+                  {"checkpoint": 0.6, "dd_fsync": 0.6, "ratio": 1.0},
+                  {"checkpoint": 0.4, "dd_fsync": 0.5, "ratio": 0.8}]
+        loads = [{"checkpoint": 1.0, "dd": 2.0, "ratio": 0.5}, {"checkpoint": 0.9, "dd": 1.0, "ratio": 0.9},
+                 {"checkpoint": 0.8, "dd": 1.0, "ratio": 0.8}]
+        samples = {"save_gbps": [0.5, 0.6, 0.4], "dd_fsync_gbps": [1.0, 0.6, 0.5], "save_s": [1, 2, 3],
+                   "dd_fsync_s": [1, 1, 1], "load_gbps": [1.0, 0.9, 0.8], "dd_gbps": [2.0, 1.0, 1.0],
+                   "load_s": [1, 2, 3], "dd_s": [1, 1, 2]}
+        r = io_reduce({"samples": samples, "write_rounds": writes, "load_rounds": loads, "cache": "fadvise",
+                       "bytes": 5, "save_bytes": 6, "files": 3, "tensors_per_rank": 4, "world_size": 2})
+        w, ld = r["write_gbps"], r["load_gbps"]
+        assert (w["checkpoint"], w["dd_fsync"], w["ratio"], w["ratio_spread"]) == (0.5, 0.6, 0.8, [0.5, 1.0])
+        assert (ld["checkpoint"], ld["dd"], ld["ratio"], ld["cache"]) == (0.9, 1.0, 0.8, "fadvise")
+        assert w["rounds"] == writes and ld["rounds"] == loads and ld["ranks"] == 2 and w["bytes"] == 6
+
+
+class TestLoopProbe:
+    def test_records_lateness_and_writes_json(self, tmp_path: Path) -> None:
+        """Each tick records how late it ran against the previous tick's deadline; the file holds them all."""
+        from supervisor.daemon.loopprobe import INTERVAL_S, LoopProbe
+
+        now = [100.0]
+        probe = LoopProbe(tmp_path / "p.json", clock=lambda: now[0])
+        for late in (None, 0.0, 0.25, 0.002):
+            if late is not None:
+                now[0] += INTERVAL_S + late
+            probe.tick()
+        probe.write()
+        doc = json.loads((tmp_path / "p.json").read_text())
+        assert doc["max_late_s"] == 0.25 and [round(x, 3) for _, x in doc["samples"]] == [0.0, 0.25, 0.002]
+
+    def test_off_without_the_variable(self, tmp_path: Path) -> None:
+        """Without FSDP_SUPERVISOR_LOOP_PROBE there is no probe; with it, one writing to that path."""
+        from supervisor.daemon.loopprobe import PROBE_ENV, LoopProbe
+
+        assert LoopProbe.from_env({}) is None
+        probe = LoopProbe.from_env({PROBE_ENV: str(tmp_path / "x.json")})
+        assert probe is not None and probe.path == tmp_path / "x.json"

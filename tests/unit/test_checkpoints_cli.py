@@ -1,0 +1,72 @@
+"""Tests for supervisor.cli.checkpoints: the `checkpoints` commands, run as a real subprocess."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from supervisor.checkpoints.testing import write_checkpoint
+from supervisor.cli import app as top_cli
+from supervisor.layout import tmp_dir_name
+
+
+@pytest.fixture
+def root(tmp_path) -> Path:
+    """A root with complete steps 10 and 20 (loss metrics), a torn step 30 and an in-flight temp dir."""
+    r = tmp_path / "ckpts"
+    write_checkpoint(r, 10, metrics={"loss": 2.0})
+    write_checkpoint(r, 20, metrics={"loss": 1.0})
+    (write_checkpoint(r, 30) / "__1_0.distcp").unlink()
+    write_checkpoint(r, 40, name=tmp_dir_name(40, "abc"))
+    return r
+
+
+def test_checkpoints_module_is_registered():
+    """supervisor.cli.app dispatches to this module (otherwise `fsdp-supervisor checkpoints` does not exist)."""
+    assert "supervisor.cli.checkpoints" in top_cli.COMMAND_MODULES
+
+
+class TestVerify:
+    def test_symlink_into_a_folder_we_may_not_search_is_invalid(self, root, monkeypatch, capsys):
+        """verify of a symlink whose target cannot be stat()ed (another user's folder): invalid, exit 1."""
+        link = root.parent / "link"
+        link.symlink_to(root / "step_00000020")
+        real_stat = os.stat
+
+        def stat(path, *args, **kwargs):
+            if os.fspath(path) == str(link) and kwargs.get("follow_symlinks", True):
+                raise PermissionError(13, "Permission denied", str(path))
+            return real_stat(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "stat", stat)
+        assert top_cli.main(["checkpoints", "verify", str(link)]) == 1
+        assert "invalid: the checkpoint dir is a symlink" in capsys.readouterr().out
+
+    def test_json_step_is_the_one_list_shows(self, tmp_path, capsys):
+        """Without the reference trainer's manifest, verify --json said step null where list said 10 and 7."""
+        r = tmp_path / "ckpts"
+        write_checkpoint(r, 10, name="step-10", manifest=False)
+        write_checkpoint(r / "checkpoint_3", 0, name="pytorch_model_fsdp_0", manifest=False)
+        (r / "checkpoint_3" / "trainer_state.json").write_text('{"global_step": 7}')
+        for name, step in (("step-10", 10), ("checkpoint_3", 7)):
+            assert top_cli.main(["checkpoints", "verify", str(r / name), "--json"]) == 0
+            assert json.loads(capsys.readouterr().out)["step"] == step
+
+
+class TestOneLinePerFact:
+    """The CLI prints what it did; the store's own events are not echoed next to it (issue 13 class 10)."""
+
+    def test_prune_that_cannot_set_up_its_trash_is_one_line(self, root, monkeypatch, capsys):
+        """Any OSError from the store's delete path (here: no permission for the trash) is exit 2, one line."""
+        from supervisor.cli import checkpoints as checkpoint_commands
+
+        def denied(root_dir, plan, **_kw):
+            raise PermissionError(13, "Permission denied", str(root_dir.parent / f".{root_dir.name}.fsdp-trash"))
+
+        monkeypatch.setattr(checkpoint_commands, "execute_retention", denied)
+        rc = top_cli.main(["checkpoints", "prune", "--dir", str(root), "--keep-last", "1"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and "cannot prune: Permission denied" in err[0], err
+        assert (root / "step_00000010").exists()

@@ -1,0 +1,76 @@
+"""Tests for supervisor.cli.app across commands: odd input is one line and an exit code, a closed stdout is quiet."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from supervisor.checkpoints.testing import write_checkpoint
+from supervisor.daemon.statefile import write_status
+from supervisor.policy.state import Status
+
+CONFIG = '[job]\ncommand = ["true"]\n[checkpoints]\ndir = "ckpts"\n'
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A config with state.json, a supervisor.log and one checkpoint, as after a run."""
+    (tmp_path / "job.toml").write_text(CONFIG)
+    run_dir = tmp_path / ".fsdp-supervisor"
+    run_dir.mkdir()
+    write_status(run_dir, Status(pid=1, attempt=1, step=10))
+    line = {"ts": "2026-01-01T00:00:00Z", "level": "info", "event": "job_started", "attempt": 1}
+    (run_dir / "supervisor.log").write_text((json.dumps(line) + "\n") * 100)
+    write_checkpoint(tmp_path / "ckpts", 10)
+    return tmp_path
+
+
+class TestLogsFollowLosesNothing:
+    def test_a_line_appended_between_the_tail_and_the_follow_is_shown_once(
+            self, project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        """`logs -f --job`: the follow goes on from where the tail ended, not from wherever the end is by then
+        (a crash's traceback written in that gap was lost)."""
+        from supervisor.cli import commands
+
+        log = project / ".fsdp-supervisor" / "logs" / "attempt-0001.log"
+        log.parent.mkdir()
+        log.write_text("first\n")
+        real_tail = commands.tail_lines
+
+        def tail_then_append(*a, **kw):  # type: ignore[no-untyped-def]
+            out = real_tail(*a, **kw)
+            with open(log, "a") as f:
+                f.write("Traceback: last words\n")
+            return out
+
+        def stop_following(_s: float) -> None:
+            raise KeyboardInterrupt  # the user's Ctrl+C, once the follow has read what there was
+
+        monkeypatch.setattr(commands, "tail_lines", tail_then_append)
+        monkeypatch.setattr(commands.time, "sleep", stop_following)
+        args = argparse.Namespace(config=str(project / "job.toml"), job=True, follow=True, lines=50)
+        assert commands.cmd_logs(args) == 0
+        assert capsys.readouterr().out == "first\nTraceback: last words\n"
+
+
+class TestEntryPoint:
+    def test_the_console_script_target_is_callable(self) -> None:
+        """pyproject's `fsdp-supervisor = "supervisor.cli:main"` names a function, as every release's scripts do.
+
+        Console scripts written by an earlier install say `from supervisor.cli import main`: when `main` became a
+        module in the package move, they failed with "'module' object is not callable".
+        """
+        import importlib
+        import re
+
+        from tests.helpers import REPO
+
+        target = re.search(r'^fsdp-supervisor = "([\w.]+):(\w+)"$', (REPO / "pyproject.toml").read_text(), re.M)
+        assert target is not None, "pyproject.toml names no fsdp-supervisor script"
+        main = getattr(importlib.import_module(target[1]), target[2])
+        assert callable(main) and not isinstance(main, type(importlib))
+        from supervisor.cli import main as imported
+
+        assert imported is main

@@ -1,0 +1,41 @@
+"""Disk full: a save into a full file system fails, the supervisor classifies it, frees space, and the job resumes.
+
+The checkpoint root lives on a small tmpfs mounted by the test (we run as root in CI; `FSDP_DISKFULL_MODE=inject`
+forces the fallback). Mid-run, another writer fills the file system, so the next save dies with ENOSPC (the trainer
+holds the save of FAIL_AT until the test has filled it: tests/jobs/hooked_trainer.py's HOLD_SAVE hook). Without
+the permission to mount, tests/jobs/enospc_trainer.py injects the same ENOSPC into the trainer's storage writer
+instead (then there is no real pressure for retention to relieve, so that part is not checked).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from supervisor import checkpoints as store
+from supervisor.checkpoints import DiskUsage
+from supervisor.checkpoints.testing import write_checkpoint
+from supervisor.config import load_config
+from supervisor.daemon.housekeeping import Housekeeper
+from tests.chaos import (
+    job_config,
+)
+
+
+class TestFullDiskNote:
+    @pytest.mark.parametrize(("free", "noted"), [(0, True), (10, True), (10**12, False)])
+    def test_note_only_when_another_checkpoint_cannot_fit(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          free: int, noted: bool) -> None:
+        """A failed attempt gets "checkpoint disk full" only when free space is below one checkpoint's size."""
+        write_checkpoint(tmp_path / "ckpts", 5)
+        cfg = job_config(tmp_path, "")
+        house = Housekeeper(load_config(cfg), log=None, now=lambda: 0.0)
+        house.absorb(house.run_pass(generation=0, protect=()))
+        monkeypatch.setattr(store, "disk_usage", lambda root: DiskUsage(total_bytes=10**12, free_bytes=free))
+        note = house.full_disk_note()
+        assert (note is not None and "checkpoint disk full" in note) == noted, note
+
+    def test_no_note_without_a_checkpoint(self, tmp_path: Path) -> None:
+        """With no checkpoint yet there is no size to compare with: no note."""
+        house = Housekeeper(load_config(job_config(tmp_path, "")), log=None, now=lambda: 0.0)
+        assert house.full_disk_note() is None

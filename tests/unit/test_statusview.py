@@ -1,0 +1,54 @@
+"""`status` renderings: the loss sparkline and the goodput row come from `Status`, like every other row."""
+from __future__ import annotations
+
+import pytest
+
+from supervisor.observe.statusview import one_line, render_status, sparkline
+from supervisor.policy.state import State, Status
+
+
+@pytest.mark.parametrize(("values", "expected"), [
+    ([1, 2, 3, 4, 5, 6, 7, 8], "▁▂▃▄▅▆▇█"),
+    ([8.0, 1.0], "█▁"),
+    ([2.5, 2.5, 2.5], "▄▄▄"),
+    ([], ""),
+    ([1.0, float("nan"), 3.0], "▁█"),
+])
+def test_sparkline(values: list[float], expected: str) -> None:
+    """Lowest value ▁, highest █, equal values mid-height, non-finite values left out."""
+    assert sparkline(values) == expected
+
+
+def status() -> Status:
+    return Status(state=State.RUNNING, pid=1, attempt=2, step=120, loss=2.0, val_loss=2.25, goodput=0.8731,
+                  loss_recent=[4.0, 3.0, 2.5, 2.0], restart_latency_s=[12.34], steps_lost=[7])
+
+
+def test_goodput_and_loss_rows() -> None:
+    """A terminal gets the sparkline; a pipe the same numbers in words; goodput with its latency and loss."""
+    tty = render_status(status(), running=True, now=0.0, spark=True)
+    assert "loss: █▅▃▁ 2, val_loss 2.25" in tty
+    assert "goodput: 87.3%, last restart latency 12.3s, 7 steps lost in 1 failures" in tty
+    plain = render_status(status(), running=True, now=0.0)
+    assert "▁" not in plain and "loss: 2 (last 4 samples: min 2, max 4), val_loss 2.25" in plain
+
+
+def test_no_history_no_rows() -> None:
+    """Before any history (or from an older state.json) there is no goodput row and the loss is the heartbeat's."""
+    text = render_status(Status(state=State.RUNNING, loss=1.5), running=True, now=0.0, spark=True)
+    assert "goodput" not in text and "loss: 1.5" in text
+
+
+class TestUntrustedText:
+    def test_paths_and_reasons_from_disk_cannot_break_rows_or_drive_the_terminal(self) -> None:
+        """A checkpoint named with a newline and an exit detail with an escape sequence are shown escaped."""
+        from supervisor.policy.state import ExitInfo
+        st = Status(state=State.BACKOFF, reason="crash\x1b[2J", resumed_from="/c/step_1\nFAKE: row",
+                    latest_checkpoint={"step": 1, "path": "/c/step_1\nFAKE: row", "mtime": None},
+                    last_exit=ExitInfo(code=1, signal=None, reason="crash", detail="boom\x1b]0;title\x07", at=0.0))
+        text = render_status(st, running=False, now=0.0)
+        assert "\x1b" not in text and "\x07" not in text and "FAKE: row" in text
+        assert not any(line.startswith("FAKE") for line in text.splitlines())
+        assert "\\n" in text and "\\x1b" in text
+        line = one_line(st)
+        assert "\n" not in line and "\x1b" not in line
