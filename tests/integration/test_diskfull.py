@@ -28,7 +28,7 @@ from tests.chaos import (
     train_args,
 )
 from tests.helpers import HOOKED_ENTRY, REPO, wait_for
-from tests.jobs.hooked_trainer import HOLD_SAVE_STEP_ENV, HOLD_SAVE_UNTIL_ENV
+from tests.jobs.hooked_trainer import HOLD_SAVE_STEP_ENV, HOLD_SAVE_UNTIL_ENV, PACE_SAVES_ENV
 from tests.supervise import Supervisors, supervisors  # noqa: F401
 
 MIB = 2**20
@@ -88,7 +88,9 @@ def _config(tmp_path: Path, disk: Path | None) -> tuple[Path, Path]:
     if disk is not None:
         root = disk / "ckpts"
         entry = [*TORCHRUN, str(HOOKED_ENTRY)] + train_args(str(root))[2:]
-        env = {HOLD_SAVE_STEP_ENV: str(FAIL_AT), HOLD_SAVE_UNTIL_ENV: str(tmp_path / "filled")}
+        # Each save also waits until the supervisor has seen the last commit: the resumed job (50 ms steps here)
+        # otherwise saves faster than a pass can prune behind it and runs out of space again (attempt 3).
+        env = {HOLD_SAVE_STEP_ENV: str(FAIL_AT), HOLD_SAVE_UNTIL_ENV: str(tmp_path / "filled"), PACE_SAVES_ENV: "1"}
         return job_config(tmp_path, CONFIG, root=root, command=entry, env=env), root
     root = tmp_path / "ckpts"
     entry = [*TORCHRUN, str(REPO / "tests" / "jobs" / "enospc_trainer.py")] + train_args(str(root))[2:]

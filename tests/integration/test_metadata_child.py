@@ -9,6 +9,7 @@ import pytest
 
 from supervisor.checkpoints.metadata import reader as md
 from supervisor.checkpoints.testing import dcp_metadata_bytes
+from tests.helpers import REPO
 from tests.unit.test_checkpoints_metadata import global_pickle, summary
 
 
@@ -121,7 +122,8 @@ class TestIsolatedParse:
         """A supervisor that exits mid-parse leaves no child behind to finish a parse nobody waits for."""
 
         import psutil
-        import test_metadata_bombs
+
+        from tests.unit import test_metadata_bombs
 
         slow = tmp_path / "slow.metadata"
         slow.write_bytes(test_metadata_bombs.BOMBS["dict grown by SETITEMS"]())
@@ -135,7 +137,7 @@ while not mc.running_pids():
     time.sleep(0.01)
 print(*mc.running_pids(), flush=True)
 os._exit(0)
-"""], stdout=subprocess.PIPE, text=True, cwd=Path(md.__file__).parents[2])
+"""], stdout=subprocess.PIPE, text=True, cwd=REPO)
         out, _ = parent.communicate(timeout=60)
         try:
             child = psutil.Process(int(out))

@@ -12,11 +12,17 @@ FSDP_TRAINER_TEST_HOLD_SAVE_STEP=N      every rank holds the save of step N (onc
 FSDP_TRAINER_TEST_HOLD_SAVE_UNTIL=F     before writing anything) until the file F exists (at most 600 s), so a
                                         test can act between two saves (fill the disk).
 FSDP_TRAINER_TEST_STALL_BEST_STEP=N     the best model of step N stalls between its weights and its best.json.
+FSDP_TRAINER_TEST_PACE_SAVES=1          every save waits (at most 60 s) until the supervisor's state.json names the
+                                        newest checkpoint committed in the root: its pass (and retention) has
+                                        seen the last save. A job saving faster than a pass can prune behind it
+                                        (50 ms steps here) would race retention; this one still runs out of
+                                        space if retention does not free what it should.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import runpy
 import time
 from pathlib import Path
@@ -26,6 +32,9 @@ STALL_COMMIT_ENV = "FSDP_TRAINER_TEST_STALL_COMMIT_STEP"
 HOLD_SAVE_STEP_ENV = "FSDP_TRAINER_TEST_HOLD_SAVE_STEP"
 HOLD_SAVE_UNTIL_ENV = "FSDP_TRAINER_TEST_HOLD_SAVE_UNTIL"
 STALL_BEST_ENV = "FSDP_TRAINER_TEST_STALL_BEST_STEP"
+PACE_SAVES_ENV = "FSDP_TRAINER_TEST_PACE_SAVES"
+PACE_MAX_S = 60.0
+_COMMITTED = re.compile(r"step_(\d{8})")  # the reference trainer's committed name (supervisor/layout.py)
 HOLD_MAX_S = 600.0
 STALL_S = 3600.0  # "forever": the test kills the process
 HERE = Path(__file__).resolve()
@@ -40,6 +49,26 @@ def _hold(step: int) -> None:
             time.sleep(0.05)
 
 
+def _seen_step(run_dir: Path) -> int:
+    try:
+        latest = json.loads((run_dir / "state.json").read_text()).get("latest_checkpoint") or {}
+    except (OSError, ValueError):
+        return -1
+    return latest.get("step") if isinstance(latest.get("step"), int) else -1
+
+
+def _pace(root: Path) -> None:
+    """Wait until the supervisor has seen the newest checkpoint committed in `root` (see PACE_SAVES)."""
+    run_dir = os.environ.get("FSDP_SUPERVISOR_RUN_DIR")
+    if not os.environ.get(PACE_SAVES_ENV) or not run_dir:
+        return
+    names = [m for e in (os.listdir(root) if root.is_dir() else []) if (m := _COMMITTED.fullmatch(e))]
+    newest = max((int(m[1]) for m in names), default=-1)
+    deadline = time.monotonic() + PACE_MAX_S
+    while _seen_step(Path(run_dir)) < newest and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def install() -> None:
     """Wrap the trainer's save, commit and best-model write with the hooks (imports torch)."""
     import trainer.best
@@ -51,6 +80,7 @@ def install() -> None:
     def held_save(self: Checkpointer, step: int, state: dict[str, Any], **kwargs: Any) -> SaveResult:
         self.wait()  # the previous save commits first (save's own first step, a no-op when repeated)
         _hold(step)
+        _pace(self.root)
         return save(self, step, state, **kwargs)
 
     def stalled_commit(self: Checkpointer, result: SaveResult) -> None:
