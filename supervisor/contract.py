@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
+from supervisor.errors import ManifestError
 from supervisor.vocabulary import Vocabulary
 
 __all__ = [
@@ -37,7 +38,6 @@ __all__ = [
     "heartbeat_record",
     "MANIFEST_FORMAT",
     "MAX_MANIFEST_BYTES",
-    "ManifestError",
     "Manifest",
     "parse_manifest",
     "manifest_record",
@@ -150,10 +150,6 @@ def heartbeat_record(step: int, phase: str, *, time: float, loss: float | None =
 # ---- checkpoint manifest (the reference trainer's; optional for other jobs) ------------------------------
 MANIFEST_FORMAT = "fsdp-supervisor/1"
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
-
-
-class ManifestError(Exception):
-    """`manifest.json` exists but is unreadable or malformed; the message says which field."""
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
 """The small error vocabulary of the supervisor and the exit codes users and scripts rely on."""
 from __future__ import annotations
 
+from typing import ClassVar, Literal
+
 __all__ = [
     "EXIT_OK",
     "EXIT_NOT_OK",
@@ -13,6 +15,14 @@ __all__ = [
     "UsageError",
     "CheckpointError",
     "LockedError",
+    "MetadataKind",
+    "MetadataError",
+    "RefusedGlobalError",
+    "UnsafeMetadataError",
+    "UnknownClassError",
+    "ManifestError",
+    "CheckpointIOError",
+    "BestFileError",
 ]
 
 EXIT_OK = 0  # job completed, or stopped gracefully by a signal
@@ -43,3 +53,49 @@ class CheckpointError(SupervisorError):
 
 class LockedError(SupervisorError):
     """Another supervisor already owns the run dir; the message names its pid."""
+
+
+# The errors below are not SupervisorErrors: each is caught where it arises and becomes something else (a verdict
+# on a checkpoint, a job's exit, a file the trainer ignores), never a command's exit code.
+
+
+# What kind of refusal a .metadata error is (a Verdict's `kind`, which the daemon acts on).
+MetadataKind = Literal["unsafe", "unknown_class", "bad_metadata"]
+
+
+class MetadataError(Exception):
+    """`.metadata` could not be read or does not have DCP's shape; the message says why."""
+
+    kind: ClassVar[MetadataKind] = "bad_metadata"
+
+
+class RefusedGlobalError(MetadataError):
+    """`.metadata` names a global outside the allowlist; `global_name` is the (sanitized) dotted name."""
+
+    def __init__(self, message: str, global_name: str) -> None:
+        super().__init__(message)
+        self.global_name = global_name
+
+
+class UnsafeMetadataError(RefusedGlobalError):
+    """The refused global could run code, or is no DCP name at all: treat the file as hostile."""
+
+    kind: ClassVar[MetadataKind] = "unsafe"
+
+
+class UnknownClassError(RefusedGlobalError):
+    """The refused global is a torch name we do not know: most likely written by a newer torch."""
+
+    kind: ClassVar[MetadataKind] = "unknown_class"
+
+
+class ManifestError(Exception):
+    """`manifest.json` exists but is unreadable or malformed; the message says which field."""
+
+
+class CheckpointIOError(RuntimeError):
+    """A DCP save or load failed on some rank; the message carries every rank's error (last line: the cause)."""
+
+
+class BestFileError(ValueError):
+    """best.json exists but cannot be trusted; the message says why (the trainer logs it and ignores the file)."""

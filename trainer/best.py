@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.checkpoints import open_regular
+from supervisor.errors import BestFileError
 from supervisor.host.atomic import temporaries, write_atomic
 
 __all__ = ["BEST_FILE", "WEIGHTS_FILE", "Best", "BestFileError", "parse_best", "read_best", "improves",
@@ -52,10 +53,6 @@ class Best:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-class BestFileError(ValueError):
-    """best.json exists but cannot be trusted; the message says why (the trainer logs it and ignores the file)."""
 
 
 def parse_best(data: bytes) -> Best:

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from supervisor.errors import CheckpointIOError
 from supervisor.layout import step_dir_name
 from trainer.best import Best, improves, missed_export, read_best, remove_leftovers, write_best
 from trainer.checkpoint import Checkpointer, broadcast_from_rank0, load_checkpoint, resolve_resume
@@ -36,10 +37,6 @@ from trainer.state import ModelState, OptimizerState, Progress, RngState, full_m
 from trainer.stopping import GracefulStop
 
 __all__ = ["Trainer", "run", "CheckpointIOError"]
-
-
-class CheckpointIOError(RuntimeError):
-    """A DCP save or load failed on some rank; the message carries every rank's error (last line: the cause)."""
 
 
 class Trainer:
@@ -278,7 +275,8 @@ class Trainer:
 
 def _manifest_val_loss(path: Path) -> float | None:
     """The `val_loss` a checkpoint's manifest recorded, or None (no manifest, no value, unreadable)."""
-    from supervisor.checkpoints.manifest import ManifestError, read_manifest
+    from supervisor.checkpoints.manifest import read_manifest
+    from supervisor.errors import ManifestError
 
     try:
         manifest = read_manifest(path)

@@ -23,24 +23,24 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from supervisor.checkpoints._files import sha256_file
-from supervisor.checkpoints.manifest import Manifest, ManifestError, read_manifest
-from supervisor.checkpoints.metadata.reader import (
-    DcpMetadata,
-    MetadataError,
-    UnknownClassError,
-    UnsafeMetadataError,
-    read_metadata,
-)
+from supervisor.checkpoints.manifest import Manifest, read_manifest
+from supervisor.checkpoints.metadata.reader import DcpMetadata, read_metadata
 from supervisor.checkpoints.naming import name_step
 from supervisor.checkpoints.shapes import DCP, DIRECTORY, NESTED, TEMPORARY, UNSTARTED, Shape, identify
-from supervisor.errors import CheckpointError
+from supervisor.errors import (
+    CheckpointError,
+    ManifestError,
+    MetadataError,
+    MetadataKind,
+    UnknownClassError,
+    UnsafeMetadataError,
+)
 from supervisor.layout import METADATA_NAME, RANK_METADATA_NAME
 from supervisor.vocabulary import Vocabulary
 
-__all__ = ["CheckpointState", "MetadataKind", "COMPLETE", "PARTIAL", "TORN", "INVALID", "FOREIGN", "STATES", "Verdict",
+__all__ = ["CheckpointState", "COMPLETE", "PARTIAL", "TORN", "INVALID", "FOREIGN", "STATES", "Verdict",
            "verify", "against_reference"]
 
 class CheckpointState(Vocabulary):
@@ -56,7 +56,6 @@ class CheckpointState(Vocabulary):
 
 COMPLETE, PARTIAL, TORN, INVALID, FOREIGN = (CheckpointState.COMPLETE, CheckpointState.PARTIAL, CheckpointState.TORN,
                                              CheckpointState.INVALID, CheckpointState.FOREIGN)
-MetadataKind = Literal["unsafe", "unknown_class", "bad_metadata"]
 STATES = (COMPLETE, PARTIAL, TORN, INVALID, FOREIGN)
 _SEVERITY = {COMPLETE: 0, PARTIAL: 1, TORN: 2, INVALID: 3}  # a nested folder is as bad as its worst member
 _MAX_REASONS = 3

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.checkpoints._files import open_regular, sha256_file
-from supervisor.contract import MAX_MANIFEST_BYTES, Manifest, ManifestError, manifest_record, parse_manifest
+from supervisor.contract import MAX_MANIFEST_BYTES, Manifest, manifest_record, parse_manifest
+from supervisor.errors import ManifestError
 from supervisor.host.atomic import write_atomic
 from supervisor.layout import MANIFEST_NAME
 

@@ -35,13 +35,13 @@ from supervisor.checkpoints.completeness import (
     against_reference,
     verify,
 )
-from supervisor.checkpoints.manifest import Manifest, ManifestError, read_manifest
+from supervisor.checkpoints.manifest import Manifest, read_manifest
 from supervisor.checkpoints.markers import is_pinned, is_quarantined
 from supervisor.checkpoints.naming import is_temporary, name_ordinal, name_step
 from supervisor.checkpoints.shapes import DIRECTORY, NESTED, CheckpointDirectoryError, Shape, identify
 from supervisor.checkpoints.shapes import FOREIGN as FOREIGN_SHAPE
 from supervisor.checkpoints.sidecar import sidecar_step
-from supervisor.errors import CheckpointError
+from supervisor.errors import CheckpointError, ManifestError
 from supervisor.layout import LEGACY_TRASH_DIR, METADATA_NAME, is_sidecar_name
 
 __all__ = ["UNVERIFIED", "CheckpointInfo", "age_order", "scan", "newest_complete", "judge", "check_root",

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from supervisor.checkpoints.manifest import ManifestError, parse_manifest, read_manifest
+from supervisor.checkpoints.manifest import parse_manifest, read_manifest
+from supervisor.errors import ManifestError
 from supervisor.layout import MANIFEST_FORMAT, MANIFEST_NAME
 
 

@@ -13,12 +13,12 @@ from supervisor.contract import (
     MAX_STEP,
     PHASES,
     Beat,
-    ManifestError,
     heartbeat_record,
     manifest_record,
     parse_heartbeat,
     parse_manifest,
 )
+from supervisor.errors import ManifestError
 
 
 def beat(text: str) -> tuple[Beat | None, list[str]]:

@@ -23,12 +23,12 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from supervisor.checkpoints import STATES, verify
-from supervisor.checkpoints.metadata.reader import MetadataError, parse_metadata
+from supervisor.checkpoints.metadata.reader import parse_metadata
 from supervisor.checkpoints.testing import dcp_metadata_bytes
 from supervisor.cli import app as cli
 from supervisor.config import Config, load_config
 from supervisor.daemon import preflight
-from supervisor.errors import ConfigError
+from supervisor.errors import ConfigError, MetadataError
 from supervisor.layout import MANIFEST_NAME, METADATA_NAME
 from supervisor.observe.metrics import listen_address
 from supervisor.policy.state import Status

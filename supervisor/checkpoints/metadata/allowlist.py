@@ -17,14 +17,9 @@ FSDP1 saves), and `tests/fixtures/metadata/` holds `.metadata` written under CPy
 """
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from supervisor.errors import MetadataError, RefusedGlobalError, UnknownClassError, UnsafeMetadataError
 
 __all__ = [
-    "MetadataKind",
-    "MetadataError",
-    "RefusedGlobalError",
-    "UnsafeMetadataError",
-    "UnknownClassError",
     "INERT",
     "SIZE",
     "GETATTR",
@@ -35,36 +30,6 @@ __all__ = [
     "find_global",
     "printable",
 ]
-
-
-# What kind of refusal an error is (a Verdict's `kind`, which the daemon acts on).
-MetadataKind = Literal["unsafe", "unknown_class", "bad_metadata"]
-
-
-class MetadataError(Exception):
-    """`.metadata` could not be read or does not have DCP's shape; the message says why."""
-
-    kind: ClassVar[MetadataKind] = "bad_metadata"
-
-
-class RefusedGlobalError(MetadataError):
-    """`.metadata` names a global outside the allowlist; `global_name` is the (sanitized) dotted name."""
-
-    def __init__(self, message: str, global_name: str) -> None:
-        super().__init__(message)
-        self.global_name = global_name
-
-
-class UnsafeMetadataError(RefusedGlobalError):
-    """The refused global could run code, or is no DCP name at all: treat the file as hostile."""
-
-    kind: ClassVar[MetadataKind] = "unsafe"
-
-
-class UnknownClassError(RefusedGlobalError):
-    """The refused global is a torch name we do not know: most likely written by a newer torch."""
-
-    kind: ClassVar[MetadataKind] = "unknown_class"
 
 
 class _Inert:

@@ -33,15 +33,9 @@ from typing import Any, BinaryIO
 from supervisor.checkpoints._files import open_regular
 from supervisor.checkpoints.metadata import cache as metadata_cache
 from supervisor.checkpoints.metadata import child as metadata_child
-from supervisor.checkpoints.metadata.allowlist import (
-    ALLOWED_GLOBALS,
-    DTYPE_NAMES,
-    MetadataError,
-    RefusedGlobalError,
-    UnknownClassError,
-    UnsafeMetadataError,
-)
+from supervisor.checkpoints.metadata.allowlist import ALLOWED_GLOBALS, DTYPE_NAMES
 from supervisor.checkpoints.metadata.scan import Scanned, ScannedDict, StorageInfo, scan
+from supervisor.errors import MetadataError, RefusedGlobalError, UnknownClassError, UnsafeMetadataError
 from supervisor.host.gcpause import collector_paused
 
 __all__ = [

@@ -30,17 +30,9 @@ from __future__ import annotations
 import struct
 from typing import Any, BinaryIO
 
-from supervisor.checkpoints.metadata.allowlist import (
-    INERT,
-    SIZE,
-    CallStandIn,
-    ClassStandIn,
-    MetadataError,
-    UnsafeMetadataError,
-    find_global,
-    printable,
-)
+from supervisor.checkpoints.metadata.allowlist import INERT, SIZE, CallStandIn, ClassStandIn, find_global, printable
 from supervisor.checkpoints.metadata.records import Records, StorageInfo
+from supervisor.errors import MetadataError, UnsafeMetadataError
 
 __all__ = ["MEMORY_FACTOR", "MEMORY_SLACK", "MAX_DEPTH", "MAX_STACK", "Scanned", "ScannedDict", "StorageInfo", "scan"]
 
