@@ -20,6 +20,7 @@ from tests.unit.test_checkpoints_metadata import (
     FIXTURES,
     _Evil,
     global_pickle,
+    metadata_dir,
     summary,
 )
 
@@ -81,10 +82,7 @@ class TestAllowlistAgainstInstalledTorch:
 
 class TestVerdictKinds:
     def _dir(self, tmp_path: Path, data: bytes) -> Path:
-        d = write_checkpoint(tmp_path, 5, shards=1)
-        (d / ".metadata").write_bytes(data)
-        (d / "manifest.json").unlink()
-        return d
+        return metadata_dir(tmp_path, data)
 
     def test_list_shows_both_reasons(self, tmp_path):
         """`checkpoints list` prints the unsafe and the unknown-class reasons differently."""

@@ -1,8 +1,6 @@
-"""Tests for the layouts the store knows (shapes.py, naming.py, ranking.py): what is a checkpoint, what is not.
+"""The layouts the store knows, on crafted files: names and steps (naming.py) and foreign folders (shapes.py).
 
-Where each on-disk layout comes from is said per test: the real DCP `.metadata` of the session fixture
-`dcp_template` (a real `dcp.save`), or tests/jobs/accelerate_like.py, the torch-free reproduction of
-Accelerate 1.16.0's `save_state()` that tests/clients checks against the real library's output.
+Real DCP layouts (a real `dcp.save`, the Accelerate reproduction): tests/integration/test_checkpoints_layouts.py.
 """
 from __future__ import annotations
 

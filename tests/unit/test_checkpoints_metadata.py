@@ -180,12 +180,17 @@ class TestRefusedGlobals:
                 md.parse_metadata(data)
 
 
+def metadata_dir(tmp_path: Path, data: bytes) -> Path:
+    """A one-shard checkpoint whose `.metadata` is `data` and which has no manifest (the metadata decides)."""
+    d = write_checkpoint(tmp_path, 5, shards=1)
+    (d / ".metadata").write_bytes(data)
+    (d / "manifest.json").unlink()
+    return d
+
+
 class TestVerdictKinds:
     def _dir(self, tmp_path: Path, data: bytes) -> Path:
-        d = write_checkpoint(tmp_path, 5, shards=1)
-        (d / ".metadata").write_bytes(data)
-        (d / "manifest.json").unlink()
-        return d
+        return metadata_dir(tmp_path, data)
 
     def test_unsafe_metadata_verdict(self, tmp_path):
         """verify(): a code-running global is `invalid`, kind "unsafe", reason naming it and saying why."""

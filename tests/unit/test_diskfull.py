@@ -1,10 +1,6 @@
-"""Disk full: a save into a full file system fails, the supervisor classifies it, frees space, and the job resumes.
+"""Disk full, the pure part: when the supervisor adds "checkpoint disk full" to a failed attempt's reason.
 
-The checkpoint root lives on a small tmpfs mounted by the test (we run as root in CI; `FSDP_DISKFULL_MODE=inject`
-forces the fallback). Mid-run, another writer fills the file system, so the next save dies with ENOSPC (the trainer
-holds the save of FAIL_AT until the test has filled it: tests/jobs/hooked_trainer.py's HOLD_SAVE hook). Without
-the permission to mount, tests/jobs/enospc_trainer.py injects the same ENOSPC into the trainer's storage writer
-instead (then there is no real pressure for retention to relieve, so that part is not checked).
+The real ENOSPC mid-save, the classified crash, retention and the resume: tests/integration/test_diskfull.py.
 """
 from __future__ import annotations
 

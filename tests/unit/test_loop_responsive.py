@@ -1,9 +1,6 @@
-"""The event loop never waits on store work: a signal and a job exit are handled while a pass still runs.
-
-The loop never blocks on store work (docs/design.md, "One event loop"). The housekeeping pass (scan, verify,
-prune) runs off the loop thread; here it is held on a gate, as a 70B-class `.metadata` being parsed would hold
-it, and the test checks the order of events rather than timings: the job is signalled, exits and is reaped
-while the pass has not finished.
+"""The event loop never waits on store work, replayed through a fake System: what waits for a pass, what
+coalesces, and the watchdog noise filter. The real loop with a pass held on a gate:
+tests/integration/test_loop_responsive.py.
 """
 from __future__ import annotations
 
