@@ -192,7 +192,13 @@ class TestUserScript:
         p = supervisors.start(tmp_path / "job.toml")
         out, _ = p.communicate(timeout=TIMEOUT)
         assert p.returncode == 0, out[-3000:]
-        assert record.read_text().strip() == f"start=3 resume={tmp_path / 'ckpts' / 'epoch_2'} attempt=2"
+        first, *later = record.read_text().strip().splitlines()
+        assert first == f"start=3 resume={tmp_path / 'ckpts' / 'epoch_2'} attempt=2"
+        # Now and then (2 runs in 15, on b733b05 too) a rank of this FSDP1/gloo script aborts in torch's teardown
+        # after its record is written ("terminate called without an active exception", SIGABRT): one more attempt,
+        # which must resume from the newest checkpoint, never from scratch.
+        for n, line in enumerate(later, start=3):
+            assert line == f"start=5 resume={tmp_path / 'ckpts' / 'epoch_4'} attempt={n}", record.read_text()
         assert state(tmp_path)["last_exit"]["reason"] == "completed"
 
 
