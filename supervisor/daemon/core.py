@@ -1,8 +1,9 @@
 """The supervisor's brain: reacts to events (job exit, signal, file change, timer) through the `System` seam.
 
 The event loop (supervisor/daemon/loop.py) turns the OS into calls on `Core`; tests call the same methods with a
-fake `System` and replay histories. Restart decisions are delegated to the pure `restarts` module; the
-attempt's record and the decisions taken from it alone (its environment, heartbeat, hang allowance) to `attempt`.
+fake `System` and replay histories. Decisions are the pure policy modules' (`restarts`, `resume`, `stopping`,
+`exits`; the attempt's record and its own rules: `attempt`); Core's small parts own their state: when passes run
+(`passes`), how `Status` is published (`publisher`), where each event is said (`events`).
 Checkpoint housekeeping is one pass (housekeeping.run_pass: scan, verify, prune) that runs off the loop
 through `System.run_off_loop`; its result comes back as an event (`_on_pass`). Whatever needs the
 checkpoint root's state waits for a pass: a launch (which checkpoint to resume, or whether to refuse a
@@ -41,7 +42,7 @@ from supervisor.policy.exits import classify_exit, signal_name
 from supervisor.policy.state import State, Status
 from supervisor.policy.stopping import STOPPED_BY_SIGNAL, StopAction, on_stop_signal
 
-__all__ = ["Core", "Timer", "EXIT_CODES"]
+__all__ = ["Core", "EXIT_CODES"]
 
 EXIT_CODES = {State.COMPLETED: EXIT_OK, State.STOPPED: EXIT_OK, State.FAILED: EXIT_GAVE_UP}  # `run`'s, by final state
 _SCAN_DEBOUNCE_S = 0.5
@@ -49,10 +50,9 @@ _LAUNCH_SCAN_TRIES = 3  # passes that could not read the root before a launch gi
 
 
 class Core:
-    def __init__(self, cfg: Config, system: System, log: Any, notify: Any = None,
+    def __init__(self, cfg: Config, system: System, log: Any, notify: Callable[[Status], object] | None = None,
                  history: NullHistory | None = None) -> None:
         self.cfg, self.sys, self.log = cfg, system, log
-        self.notify = notify  # optional callable(status) for sd_notify STATUS= lines
         self.history = history or NullHistory()  # run_dir/history.jsonl (supervisor.daemon.recorder)
         self.run_dir = cfg.run_dir
         self.heartbeat_path = self.run_dir / HEARTBEAT_FILE
