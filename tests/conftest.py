@@ -46,6 +46,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError("tests in the wrong tier:\n  " + "\n  ".join(wrong))
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    """Keep each phase's report on the item (`item.rep_call`): a fixture's teardown can tell the test failed."""
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """A session of tests/unit alone must not have imported torch (tests/unit runs in a venv without it)."""
     if session.items and all(Path(i.path).resolve().is_relative_to(UNIT) for i in session.items) and "torch" in sys.modules:

@@ -64,13 +64,21 @@ class Supervisors:
         self.procs: list[subprocess.Popen[str]] = []
         self.extra_pids: set[int] = set()
         self.tag = uuid.uuid4().hex  # inherited by every descendant: how leftovers are found
+        self.configs: list[Path] = []
 
     def start(self, config: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
         p = subprocess.Popen([sys.executable, "-m", "supervisor", "run", "-c", str(config), *args], cwd=REPO,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
                              env={**os.environ, TAG_ENV: self.tag, **(env or {})})
         self.procs.append(p)
+        self.configs.append(config)
         return p
+
+    def print_logs(self, lines: int = 40) -> None:
+        """The tail of each started supervisor's event log: a failing test shows what the daemon decided."""
+        for log in sorted({log for c in self.configs for log in c.parent.glob("*/supervisor.log")}):
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            print(f"--- {log} (last {len(tail)} lines)", *tail, sep="\n")
 
     def track(self, pid: int) -> None:
         self.extra_pids.add(pid)
@@ -89,12 +97,15 @@ class Supervisors:
 
 
 @pytest.fixture
-def supervisors() -> Iterator[Supervisors]:
+def supervisors(request: pytest.FixtureRequest) -> Iterator[Supervisors]:
     s = Supervisors()
     try:
         yield s
     finally:
         s.cleanup()
+        report = getattr(request.node, "rep_call", None)
+        if report is not None and report.failed:
+            s.print_logs()
         assert_no_orphans(s.tag)
 
 

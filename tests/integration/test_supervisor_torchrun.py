@@ -135,8 +135,12 @@ class TestStopAndResume:
         assert attempts(tmp_path) == ["attempt-0001.log", "attempt-0002.log"]  # numbering continues across runs
 
     def test_sigstopped_worker_is_a_hang(self, tmp_path: Path, supervisors: Supervisors, reference: dict) -> None:
-        """A SIGSTOPped worker stops the heartbeat: hang detected, stacks requested, job replaced, run finishes."""
-        extra = FAST.replace("stop_timeout_s = 20", "stop_timeout_s = 5\nhang_timeout_s = 4\nstack_dump_wait_s = 1")
+        """A SIGSTOPped worker stops the heartbeat: hang detected, stacks requested, job replaced, run finishes.
+
+        The stop may land while rank 0 says `save` (a save every 5 steps, and state.json's phase lags): the save
+        allowance is shortened too, or a stop there waits out the 1800 s default."""
+        extra = FAST.replace("stop_timeout_s = 20", "stop_timeout_s = 5\nhang_timeout_s = 4\nsave_timeout_s = 8\n"
+                                                    "stack_dump_wait_s = 1")
         p = supervisors.start(write_config(tmp_path, TORCHRUN + TRAIN, extra))
         wait_for(lambda: latest_step(tmp_path) >= 5 and state(tmp_path).get("phase") == "train", TIMEOUT, "training")
         victim = wait_for(lambda: job_workers(tmp_path), 30, "workers")[-1]
