@@ -55,5 +55,6 @@ bench: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m bench
 
 clean:
-	rm -rf $(VENV) $(CLIENTS_VENV) deploy/examples/ckpts deploy/examples/.fsdp-supervisor .pytest_cache bench-results.json \
+	rm -rf $(VENV) $(CLIENTS_VENV) deploy/examples/ckpts deploy/examples/.fsdp-supervisor deploy/examples/best \
+		deploy/examples/demo .pytest_cache bench-results.json \
 		.ruff_cache .mypy_cache .import_linter_cache

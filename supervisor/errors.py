@@ -10,6 +10,7 @@ __all__ = [
     "EXIT_GAVE_UP",
     "EXIT_SUPERVISOR_FAILED",
     "EXIT_BROKEN_PIPE",
+    "EXIT_NOT_RUNNING",
     "SupervisorError",
     "ConfigError",
     "UsageError",
@@ -30,6 +31,7 @@ EXIT_NOT_OK = 1  # a query answered "no" (e.g. `checkpoints verify` of an incomp
 EXIT_USAGE = 2  # usage or config error: nothing was launched, nothing was deleted
 EXIT_GAVE_UP = 3  # the supervisor gave up (budget, crash loop, policy "never"); do not restart/requeue
 EXIT_SUPERVISOR_FAILED = 1  # `run`: the supervisor itself failed (a bug); unlike 2 and 3, systemd restarts it
+EXIT_NOT_RUNNING = 3  # `status`: no supervisor is running on the run dir (systemctl status's "not running")
 EXIT_BROKEN_PIPE = 141  # stdout was closed (`status | head`): 128 + SIGPIPE, what a shell reports for `cat`
 
 

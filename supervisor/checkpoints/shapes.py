@@ -36,13 +36,17 @@ from supervisor.errors import CheckpointError
 from supervisor.layout import METADATA_NAME, TMP_PREFIX
 
 __all__ = ["DCP", "NESTED", "TEMPORARY", "UNSTARTED", "FOREIGN", "DIRECTORY", "MAX_ENTRIES", "Shape",
-           "CheckpointDirectoryError", "identify"]
+           "CheckpointDirectoryError", "identify", "EXPORT_REASON"]
 
 DCP, NESTED, TEMPORARY, UNSTARTED = "dcp", "nested", "temporary", "unstarted"
 FOREIGN, DIRECTORY = "foreign", "directory"
 MAX_ENTRIES = 4096  # directory entries read per child of the root, at most
 SHARD_SUFFIX = ".distcp"  # DCP's FileSystemWriter storage files: `__<rank>_<n>.distcp`
 _SHOWN = 3  # names quoted in a message
+# The reference trainer's `--export-best DIR` (trainer/best.py), often put inside the root as `ckpts/best`:
+# listed as what it is, not as an unknown folder, and like every foreign entry never touched.
+_EXPORT_FILES = ("best.json", "model.safetensors")
+EXPORT_REASON = "the trainer's best-model export (best.json, model.safetensors): not a checkpoint, never touched"
 _TRAINER_TEMPORARY = re.compile(re.escape(TMP_PREFIX) + r"step_\d+-.+", re.DOTALL)  # layout.tmp_dir_name
 
 
@@ -210,4 +214,6 @@ def identify(path: Path) -> Shape:
         return Shape(NESTED, members=frozenset(members), links=tuple(links))
     if is_checkpoint_name(name) and not files:
         return Shape(UNSTARTED)
+    if all(os.path.isfile(path / f) for f in _EXPORT_FILES):
+        return Shape(FOREIGN, reason=EXPORT_REASON)
     return Shape(FOREIGN, reason="not a checkpoint: no DCP dir (.metadata or *.distcp) in it or two levels down")

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from supervisor import __version__
+from supervisor.cli.argtypes import default_config
 from supervisor.errors import EXIT_BROKEN_PIPE, EXIT_USAGE, SupervisorError
 from supervisor.observe.eventlog import configure_cli
 
@@ -55,7 +56,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.umask(os.umask(0) | 0o002)
     configure_cli()  # `run` replaces this with its log file and console once its run dir exists
     try:
-        args = build_parser().parse_args(argv)  # --help and --version print here
+        parser = build_parser()
+        if not (sys.argv[1:] if argv is None else argv):  # a bare `fsdp-supervisor`: what it can do
+            parser.print_help()
+            return EXIT_USAGE
+        args = parser.parse_args(argv)  # --help and --version print here
+        if getattr(args, "config", "") is None and getattr(args, "dir", None) is None:
+            args.config = default_config(os.environ)  # -c not given: $FSDP_SUPERVISOR_CONFIG, else ./job.toml
         return int(args.func(args))
     except SupervisorError as exc:
         print(f"fsdp-supervisor: error: {exc}", file=sys.stderr)

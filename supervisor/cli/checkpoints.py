@@ -24,6 +24,7 @@ from supervisor.checkpoints.markers import pin, quarantine_reason, unpin, unquar
 from supervisor.checkpoints.pruning import disk_usage, execute_retention
 from supervisor.checkpoints.ranking import CheckpointInfo, checkpoint_step, judge, scan
 from supervisor.checkpoints.retention import RetentionPlan, RetentionRules, plan_retention
+from supervisor.checkpoints.shapes import EXPORT_REASON
 from supervisor.cli.argtypes import at_most, non_negative_int
 from supervisor.config import MAX_GB
 from supervisor.errors import EXIT_NOT_OK, EXIT_OK, CheckpointError
@@ -33,8 +34,10 @@ __all__ = ["register", "info_json"]
 
 
 def _root_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("-c", "--config", metavar="CONFIG", help="job.toml: use its [checkpoints] dir and retention rules")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("-c", "--config", metavar="CONFIG",
+                   help="job.toml: use its [checkpoints] dir and retention rules (default without --dir: "
+                        "$FSDP_SUPERVISOR_CONFIG, else ./job.toml)")
     g.add_argument("--dir", type=Path, metavar="DIR", help="checkpoint root")
 
 
@@ -94,15 +97,22 @@ def _step_text(c: CheckpointInfo) -> str:
     return f"save #{c.ordinal}" if c.ordinal is not None else "-"
 
 
-def _table(infos: list[CheckpointInfo], now: float) -> str:
-    rows = [("NAME", "STEP", "STATE", "SIZE", "AGE", "FLAGS", "REASON")]
+def _metric_text(value: float | None) -> str:
+    return "-" if value is None else f"{value:.6g}"
+
+
+def _table(infos: list[CheckpointInfo], now: float, metrics: tuple[str, ...] = ()) -> str:
+    """The `list` table; `metrics`: the manifest metrics the retention rules rank by, one column each."""
+    rows = [("NAME", "STEP", "STATE", *(printable(m).upper() for m in metrics), "SIZE", "AGE", "FLAGS", "REASON")]
     for c in infos:
         flags = ("P" if c.pinned else "") + ("Q" if c.quarantined else "")
         reason = c.reason or ""
         if c.quarantined:  # why it is skipped for resume is what an operator needs to see
             reason = "; ".join(filter(None, [reason, f"quarantined: {quarantine_reason(c.path) or 'no reason recorded'}"]))
+        state = "export" if c.state == FOREIGN and reason == EXPORT_REASON else str(c.state)
         size = "-" if c.state == FOREIGN else human_bytes(c.size_bytes)
-        rows.append((printable(c.name), _step_text(c), c.state, size, human_age(now - c.mtime), flags or "-",
+        values = (_metric_text(c.metrics.get(m)) for m in metrics)
+        rows.append((printable(c.name), _step_text(c), state, *values, size, human_age(now - c.mtime), flags or "-",
                      printable(reason)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)) + "  " + r[-1] for r in rows)
@@ -133,11 +143,13 @@ def _target(args: argparse.Namespace) -> _Target:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    infos = scan(_target(args).root)
+    target = _target(args)
+    infos = scan(target.root)
+    best = target.rules.keep_best
     if args.json:
         print(json.dumps([info_json(c) for c in infos], indent=2))
     elif infos:
-        print(_table(infos, time.time()))
+        print(_table(infos, time.time(), (best.metric,) if best and best.k else ()))
     else:
         print("no checkpoints", file=sys.stderr)
     return EXIT_OK

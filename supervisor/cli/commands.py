@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
-from supervisor.cli.argtypes import non_negative_float, non_negative_int
+from supervisor.cli.argtypes import add_config_arg, non_negative_float, non_negative_int
 from supervisor.config import load_config
 from supervisor.daemon.statefile import read_status
-from supervisor.errors import EXIT_NOT_OK, EXIT_OK, UsageError
+from supervisor.errors import EXIT_NOT_OK, EXIT_NOT_RUNNING, EXIT_OK, UsageError
 from supervisor.host.regularfile import open_regular
 from supervisor.host.runlock import RunLock
 from supervisor.observe.eventlog import LOG_FILE, render_line
@@ -26,7 +26,7 @@ _FOLLOW_CHUNK = 1 << 20
 
 
 def _config_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-c", "--config", required=True, metavar="CONFIG", help="job.toml")
+    add_config_arg(p)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -34,7 +34,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     _config_arg(p)
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("status", help="state, step, last checkpoint, restarts, free disk")
+    p = sub.add_parser(
+        "status", help="state, step, last checkpoint, restarts, free disk",
+        epilog="exit codes (systemctl status's): 0 a supervisor is running on the run dir; 3 none is (the run "
+        "completed, stopped, failed or never ran here: --json's `state` says which); 2 usage or config error")
     _config_arg(p)
     p.add_argument("--json", action="store_true", help="print state.json plus supervisor_running")
     p.set_defaults(func=cmd_status)
@@ -77,17 +80,18 @@ def cmd_status(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     status = read_status(cfg.run_dir)
     holder = RunLock.holder(cfg.run_dir)
+    rc = EXIT_OK if holder is not None else EXIT_NOT_RUNNING  # systemctl's codes: 0 running, 3 not running
     if args.json:
         doc = status.to_json() if status else {}
         doc["supervisor_running"] = holder is not None
         print(json.dumps(doc, indent=2, sort_keys=True))
-        return EXIT_OK if status else EXIT_NOT_OK
+        return rc
     if status is None:
         print(f"no supervisor state in {cfg.run_dir} (never run here, or state.json unreadable)")
-        return EXIT_NOT_OK
+        return rc
     tty = sys.stdout.isatty() and "utf" in (sys.stdout.encoding or "").lower()
     print(render_status(status, running=holder is not None, now=time.time(), spark=tty))
-    return EXIT_OK
+    return rc
 
 
 def _current_job_log(run_dir: Path) -> Path | None:

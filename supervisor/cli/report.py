@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from supervisor.cli.argtypes import add_config_arg
 from supervisor.config import load_config
 from supervisor.errors import EXIT_NOT_OK, EXIT_OK, UsageError
 from supervisor.history.fold import Fold
@@ -31,7 +32,7 @@ REPORT_FILE = "report.html"
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("report", help="goodput, restart latency, steps lost; an HTML page of the run's history")
-    p.add_argument("-c", "--config", required=True, metavar="CONFIG", help="job.toml")
+    add_config_arg(p)
     p.add_argument("-o", "--output", metavar="PATH", default=None,
                    help=f"write the HTML page here, - for stdout (default: RUN_DIR/{REPORT_FILE}; with --json only "
                         "when given)")

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from supervisor.cli.argtypes import add_config_arg
 from supervisor.config import Config, load_config
 from supervisor.errors import EXIT_OK, UsageError
 
@@ -176,7 +177,7 @@ def render_unit(cfg: Config, exec_prefix: Sequence[str], opts: UnitOptions) -> s
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("systemd-unit", help="print a systemd service unit for this config")
-    p.add_argument("-c", "--config", required=True, metavar="CONFIG", help="job.toml")
+    add_config_arg(p)
     p.add_argument("--name", default=None, help="unit description and log identifier (default: config file stem)")
     p.add_argument("--user", default=None, help="run as this user (default: none, i.e. root or the user manager)")
     p.add_argument("--watchdog-sec", type=int, default=DEFAULT_WATCHDOG_S, metavar="S",

@@ -13,13 +13,14 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 from supervisor.config import Config
 from supervisor.errors import CheckpointError, ConfigError
 from supervisor.host.regularfile import open_regular
 
-__all__ = ["check_setup", "make_dirs"]
+__all__ = ["check_setup", "make_dirs", "command_warnings"]
 
 
 def _dir_problem(path: Path) -> str | None:
@@ -72,6 +73,31 @@ def _interpreter_problem(program: str) -> str | None:
     if os.path.isfile(interpreter) and os.access(interpreter, os.X_OK):
         return None
     return f"its #! interpreter {interpreter} is missing, not a file or not executable"
+
+
+def _is_torchrun(command: Sequence[str]) -> bool:
+    """`torchrun ...`, or `python -m torch.distributed.run ...` (pure)."""
+    if not command:
+        return False
+    if os.path.basename(command[0]) == "torchrun":
+        return True
+    return any(a == "-m" and b == "torch.distributed.run" for a, b in zip(command, command[1:]))
+
+
+def command_warnings(command: Sequence[str]) -> list[str]:
+    """What `run` warns about once at start-up in a command that will run (pure).
+
+    torchrun's own restarts (`--max-restarts`, default 0 in today's torch but not in every release or wrapper)
+    would restart the workers behind the supervisor's back, from no checkpoint the supervisor chose: the
+    README says to always pass it; a command without it gets one warning.
+    """
+    if not _is_torchrun(command):
+        return []
+    flags = {a.split("=", 1)[0] for a in command[1:]}
+    if flags & {"--max-restarts", "--max_restarts"}:
+        return []
+    return [("torchrun without --max-restarts: pass it explicitly (--max-restarts=0 lets the supervisor decide "
+             "every restart)")]
 
 
 def _check_root_layout(cfg: Config) -> None:

@@ -43,6 +43,8 @@ def run(cfg: Config) -> int:
         console = Console.for_stderr()
         configure(run_dir, max_bytes=cfg.supervisor.log_max_bytes, backups=cfg.supervisor.log_backups, console=console)
         log = get_logger().bind(run_dir=str(run_dir))
+        for warning in preflight.command_warnings(cfg.job.command):
+            log.warning("config_warning", key="job.command", detail=warning)
         previous = read_status(run_dir)
         system = RealSystem(prewarm=cfg.job.prewarm)
         # The loop thread waits for the GIL up to one switch interval per system call while another thread

@@ -156,7 +156,7 @@ class TestCommands:
         doc = json.loads(r.stdout)
         assert r.returncode == 0 and doc["state"] == "running" and doc["supervisor_running"] is True
         r = cli("status", "-c", str(cfg))
-        assert "state: running" in r.stdout and "step" in r.stdout and "free disk" in r.stdout
+        assert r.returncode == 0 and "state: running" in r.stdout and "step" in r.stdout and "free disk" in r.stdout
         r = cli("logs", "-c", str(cfg), "-n", "5")
         assert "job_started" in r.stdout
         r = cli("stop", "-c", str(cfg), "--timeout", "30")
@@ -165,6 +165,9 @@ class TestCommands:
         assert p.returncode == 0
         r = cli("status", "-c", str(cfg))
         assert "stopped" in r.stdout and "not running" in r.stdout
+        assert r.returncode == 3, "systemctl's code for 'not running'"
+        r = cli("status", "-c", str(cfg), "--json")
+        assert r.returncode == 3 and json.loads(r.stdout)["state"] == "stopped"
 
     @pytest.mark.parametrize(
         ("extra", "needle"),
