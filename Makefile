@@ -27,11 +27,14 @@ unit: $(STAMP)  # no torch, no subprocess: also runs in a venv without torch (do
 integration: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests/integration
 
+RUN_CONFIG ?= deploy/examples/demo.toml
+# deploy/foreground.py hands the terminal to the supervisor: Ctrl+C stops the job gracefully and `make run`
+# exits with the supervisor's status (0), not make's "Interrupt" (130).
 run: $(STAMP)
 	@echo "watch it from another shell:"
-	@echo "  $(VENV)/bin/fsdp-supervisor status -c deploy/examples/demo.toml"
-	@echo "  $(VENV)/bin/fsdp-supervisor logs -c deploy/examples/demo.toml -f"
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/fsdp-supervisor run -c deploy/examples/demo.toml
+	@echo "  $(VENV)/bin/fsdp-supervisor status -c $(RUN_CONFIG)"
+	@echo "  $(VENV)/bin/fsdp-supervisor logs -c $(RUN_CONFIG) -f"
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) deploy/foreground.py $(VENV)/bin/fsdp-supervisor run -c $(RUN_CONFIG)
 
 # Opt-in tier, not part of `make test`: the real torchtitan and Accelerate under the supervisor (docs/clients.md).
 # Their own venv, so `make test` never installs them; torch pinned first (and again beside them) so that

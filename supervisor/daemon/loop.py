@@ -34,6 +34,7 @@ from supervisor.host.signals import HANDLED
 from supervisor.observe.console import Console
 from supervisor.observe.humanize import human_bytes
 from supervisor.observe.lines import LineSplitter
+from supervisor.observe.tracefold import TracebackFold
 from supervisor.policy.state import State
 
 __all__ = ["EventLoop", "Echo"]
@@ -80,6 +81,7 @@ class Echo:
         self.path: Path | None = None
         self.offset = 0
         self.lines = LineSplitter()
+        self.fold = TracebackFold()  # torchrun's SignalException traceback on a stop: one line, not 27
 
     def pump(self, path: Path | None) -> bool:
         """Echo up to CHUNK new bytes of `path`; True when more is already waiting."""
@@ -103,7 +105,7 @@ class Echo:
             return False
         self.offset += len(data)
         out = [f"[job] ... {human_bytes(skipped)} of output not shown here (all of it is in {path})"] if skipped else []
-        out += [f"[job] {line.decode('utf-8', 'replace')}" for line in self.lines.feed(data)]
+        out += [f"[job] {line}" for line in self.fold.feed([b.decode("utf-8", "replace") for b in self.lines.feed(data)])]
         frame = self.lines.frame
         self.console.show(out, job=f"[job] {frame.decode('utf-8', 'replace')}" if frame else None)
         return self.offset < size
@@ -116,6 +118,9 @@ class Echo:
         self._end_line()
 
     def _end_line(self) -> None:
+        held = self.fold.flush()
+        if held:
+            self.console.show([f"[job] {line}" for line in held], job=None)
         frame = self.lines.frame
         if frame:
             self.console.show([f"[job] {frame.decode('utf-8', 'replace')}"], job=None)

@@ -96,7 +96,9 @@ def render_status(st: Status, *, running: bool, now: float, spark: bool = False)
     if st.resumed_from:
         rows.append(("resumed from", st.resumed_from))
     ex = st.last_exit
-    last = f", last exit: {ex.reason} (code {ex.code}, signal {ex.signal})" if ex else ""
+    how = ", ".join([*([f"code {ex.code}"] if ex and ex.code is not None else []),
+                     *([f"signal {ex.signal}"] if ex and ex.signal else [])])
+    last = f", last exit: {ex.reason}" + (f" ({how})" if how else "") if ex else ""
     if ex and ex.detail:
         last += f" {ex.detail}"
     rows.append(("restarts", f"{st.restarts}{last}"))

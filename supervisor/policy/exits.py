@@ -24,6 +24,8 @@ __all__ = ["classify_exit", "signal_name", "RootCause", "scan_job_output"]
 _ROOT_CAUSE = "Root Cause (first observed failure):"
 _TRACEBACK = "Traceback (most recent call last):"
 _AGENT_EXCEPTION = "ChildFailedError"  # torchrun's own footer: names no worker's error
+# torchrun's agent re-raises a SIGTERM/SIGINT it received (after forwarding it to the workers) as this, and exits 1
+AGENT_SIGNAL_EXCEPTION = "SignalException"
 _MAX_PREFIX = 80  # `[<role><rank>]:`; torchrun's roles are short names
 _MAX_DETAIL = 300
 
@@ -171,6 +173,12 @@ def scan_job_output(lines: Iterable[str]) -> RootCause:
     return RootCause(scan.rank, scan.exitcode, scan.worker_exception())
 
 
+def _agent_relayed_stop(returncode: int, cause: RootCause | None) -> bool:
+    """torchrun's exit 1 after a signal it received and forwarded: no worker failed (no Root Cause block)."""
+    return (returncode == 1 and cause is not None and cause.rank is None and cause.exitcode is None
+            and (cause.message or "").split(":", 1)[0] == AGENT_SIGNAL_EXCEPTION)
+
+
 def classify_exit(
     returncode: int,
     *,
@@ -186,6 +194,10 @@ def classify_exit(
     sig = signal_name(-returncode) if returncode < 0 else None
     worker_sig = cause.exitcode if cause and cause.exitcode is not None and cause.exitcode < 0 else None
     killed = returncode == -_signal.SIGKILL or worker_sig == -_signal.SIGKILL
+    if we_stopped and not hang and _agent_relayed_stop(returncode, cause):
+        # The stop we asked for, as torchrun ends it: its agent forwarded our SIGTERM to the workers, waited for
+        # them (their emergency checkpoint), then raised SignalException and exited 1. Not a failure code.
+        return ExitInfo(code=None, signal=None, reason=ExitReason.STOPPED, at=at, detail=None)
     if hang:
         reason = ExitReason.HANG
     elif we_stopped:

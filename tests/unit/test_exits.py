@@ -3,7 +3,8 @@
 The torchrun samples in tests/data are real output of `torchrun --standalone --nproc-per-node=2
 --max-restarts=0 [--tee 3 [--role rank]] tests/data/torchrun_failing_worker.py` (torch 2.13, CPU), where rank 1
 raises and rank 0 is torn down; torchrun_two_ranks.log ran torchrun_two_ranks_worker.py (both ranks fail,
-rank 0 with a chained exception) with `--monitor-interval 5`; torchrun_filtered.log adds
+rank 0 with a chained exception) with `--monitor-interval 5`; torchrun_stopped.log is torchrun SIGTERMed while both
+workers trap SIGTERM and exit 0 (torchrun then exits 1 with its SignalException traceback); torchrun_filtered.log adds
 `--local-ranks-filter 0` (torchtitan's launcher), which hides the failing rank's output; python_single.log is
 the worker run alone with RANK=1. torchtitan_checkpoint_exception.log is the failing part of an attempt log
 of the real torchtitan (CPU shims, `make test-clients`, test_titan_self_resume_is_not_claimed_and_torn_newest_
@@ -62,6 +63,26 @@ class TestClassify:
         info = classify_exit(rc, at=1.0, **kw)
         assert (info.reason, info.signal) == (reason, sig)
         assert info.code == (rc if rc >= 0 else None)
+
+
+class TestGracefulStop:
+    def test_torchruns_signal_exception_after_our_stop_is_a_stop_without_a_failure_code(self) -> None:
+        """torchrun exits 1 with SignalException after forwarding our SIGTERM: recorded as `stopped`, no code."""
+        cause = root_cause(None, DATA / "torchrun_stopped.log")
+        assert cause.message and cause.message.startswith("SignalException")
+        info = classify_exit(1, at=1.0, we_stopped=True, cause=cause)
+        assert (info.reason, info.code, info.signal, info.detail) == ("stopped", None, None, None)
+
+    @pytest.mark.parametrize("kw", [{"we_stopped": False}, {"we_stopped": True, "hang": True}])
+    def test_the_same_exit_not_asked_for_keeps_its_code(self, kw: dict) -> None:
+        """Somebody else's SIGTERM to torchrun (or our hang kill) keeps code 1 and the SignalException detail."""
+        info = classify_exit(1, at=1.0, cause=root_cause(None, DATA / "torchrun_stopped.log"), **kw)
+        assert info.code == 1 and info.reason != "stopped" and "SignalException" in (info.detail or "")
+
+    def test_a_worker_failure_during_the_stop_keeps_its_code(self) -> None:
+        """A Root Cause block (a worker failed while stopping) is never folded into a clean stop."""
+        info = classify_exit(1, at=1.0, we_stopped=True, cause=RootCause(1, 1, "SignalException: x"))
+        assert (info.reason, info.code) == ("stopped", 1)
 
 
 class TestRootCause:

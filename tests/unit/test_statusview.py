@@ -52,3 +52,17 @@ class TestUntrustedText:
         assert "\\n" in text and "\\x1b" in text
         line = one_line(st)
         assert "\n" not in line and "\x1b" not in line
+
+
+@pytest.mark.parametrize(("code", "sig", "shown"), [
+    (None, None, "last exit: stopped\n"),            # a graceful stop: no code, and never "signal None"
+    (1, None, "last exit: crash (code 1)"),
+    (None, "SIGKILL", "last exit: signal (signal SIGKILL)"),
+])
+def test_last_exit_shows_only_what_is_known(code: int | None, sig: str | None, shown: str) -> None:
+    from supervisor.policy.state import ExitInfo
+
+    reason = {None: "stopped", 1: "crash"}.get(code, "signal") if sig is None else "signal"
+    st = Status(state=State.STOPPED, last_exit=ExitInfo(code=code, signal=sig, reason=reason, at=0.0))
+    text = render_status(st, running=False, now=0.0) + "\n"
+    assert shown in text and "None" not in text, text
