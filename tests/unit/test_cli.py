@@ -55,6 +55,24 @@ class TestLogsFollowLosesNothing:
         assert capsys.readouterr().out == "first\nTraceback: last words\n"
 
 
+class TestLogsJobControlSequences:
+    @pytest.mark.parametrize("tty", [False, True])
+    def test_shown_not_executed(self, project: Path, tty: bool, monkeypatch: pytest.MonkeyPatch,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+        """`logs --job` prints a clipboard write, a title set and a screen clear as text; colors only on a tty."""
+        from supervisor.cli import commands
+
+        monkeypatch.delenv("NO_COLOR", raising=False)
+        monkeypatch.setattr(commands.sys.stdout, "isatty", lambda: tty)
+        log = project / ".fsdp-supervisor" / "logs" / "attempt-0001.log"
+        log.parent.mkdir()
+        log.write_bytes(b"\x1b]52;c;aGk=\x07\x1b]0;t\x07\x1b[2J\x1b[32mok\x1b[0m\n")
+        args = argparse.Namespace(config=str(project / "job.toml"), job=True, follow=False, lines=5)
+        assert commands.cmd_logs(args) == 0
+        colored = "\x1b[32mok\x1b[0m\x1b[0m" if tty else "ok"
+        assert capsys.readouterr().out == f"^[]52;c;aGk=^G^[]0;t^G^[[2J{colored}\n"
+
+
 class TestEntryPoint:
     def test_the_console_script_target_is_callable(self) -> None:
         """pyproject's `fsdp-supervisor = "supervisor.cli:main"` names a function, as every release's scripts do.
