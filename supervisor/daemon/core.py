@@ -280,23 +280,29 @@ class Core:
         return log_path if self._try("attempt log (the job's output goes to the supervisor's)", create_log) else None
 
     def bound_output(self) -> None:
-        """Keep the running attempt's log under `job_log_max_bytes` (supervisor/host/joblog.py); called every tick."""
+        """Keep the running attempt's log under `job_log_max_bytes` (supervisor/host/joblog.py); called every tick.
+
+        The copy into the `.1` segment runs off the loop (it is up to half the cap of file I/O), one at a time.
+        """
         job = self.job
-        if job is None:
+        if job is None or job.rotating:
             return
         cap = self.cfg.supervisor.job_log_max_bytes
         try:
-            if not joblog.needs_rotation(os.stat(job.log_path).st_size, cap):
-                return
-            error = joblog.rotate(job.log_path, cap)
-        except FileNotFoundError:  # no log this attempt (the job writes to the supervisor's output)
+            due = joblog.needs_rotation(os.stat(job.log_path).st_size, cap)
+        except OSError:  # no log this attempt (the job writes to the supervisor's output), or it vanished
             return
-        except OSError as exc:
-            error = exc
-        if error is not None and not job.log_warned:
-            job.log_warned = True  # once per attempt: a full disk fails every rotation
-            self.log.warning("run_dir_write_failed", what="attempt log segment", error=f"{error.strerror or error}",
-                             path=str(job.log_path))
+        if due:
+            job.rotating = True
+            self.sys.run_off_loop(lambda: joblog.rotate(job.log_path, cap), lambda out: self._on_rotated(job, out))
+
+    def _on_rotated(self, job: Job, outcome: OSError | BaseException | None) -> None:
+        """A rotation finished: a failure to write the segment (a full disk) is said once per attempt."""
+        job.rotating = False
+        if outcome is not None and not job.log_warned:
+            job.log_warned = True
+            error = outcome.strerror if isinstance(outcome, OSError) and outcome.strerror else str(outcome)
+            self.log.warning("run_dir_write_failed", what="attempt log segment", error=error, path=str(job.log_path))
 
     def _launch(self, scan: PassResult) -> None:
         self._launch_pending = False

@@ -55,7 +55,10 @@ def rotate(path: Path, max_bytes: int) -> OSError | None:
             os.replace(tmp, segment)
         except OSError as exc:
             error = exc
-            tmp.unlink(missing_ok=True)
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass  # not a file of ours (a folder planted there): the next rotation fails the same way
         live.truncate(0)
     return error
 

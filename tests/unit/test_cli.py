@@ -55,6 +55,26 @@ class TestLogsFollowLosesNothing:
         assert capsys.readouterr().out == "first\nTraceback: last words\n"
 
 
+class TestLogsFollowRotation:
+    def test_a_live_log_truncated_by_its_rotation_is_followed_from_its_start(
+            self, project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        """`logs -f --job`: the cap truncates the live attempt log in place; what the job writes next is shown."""
+        from supervisor.cli import commands
+
+        log = project / ".fsdp-supervisor" / "logs" / "attempt-0001.log"
+        log.parent.mkdir()
+        log.write_text("a long line before the rotation\n")
+        sleeps = iter([lambda: log.write_text("after\n")])  # the rotation: same file, truncated, then written
+
+        def sleep(_s: float) -> None:
+            next(sleeps, lambda: (_ for _ in ()).throw(KeyboardInterrupt))()
+
+        monkeypatch.setattr(commands.time, "sleep", sleep)
+        args = argparse.Namespace(config=str(project / "job.toml"), job=True, follow=True, lines=50)
+        assert commands.cmd_logs(args) == 0
+        assert capsys.readouterr().out == "a long line before the rotation\nafter\n"
+
+
 class TestLogsJobControlSequences:
     @pytest.mark.parametrize("tty", [False, True])
     def test_shown_not_executed(self, project: Path, tty: bool, monkeypatch: pytest.MonkeyPatch,

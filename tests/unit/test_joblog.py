@@ -80,3 +80,18 @@ class TestCore:
         kept = {p.name for p in logs.iterdir()}
         assert kept == {"attempt-0004.log", "attempt-0005.log", core.job.log_path.name}
         assert {p.name for p in errors.iterdir()} == {"attempt-0004.json", "attempt-0005.json"}
+
+    def test_a_segment_that_cannot_be_written_is_said_once_and_the_log_still_shrinks(self, tmp_path: Path) -> None:
+        """The `.1` segment cannot be written (here: a folder in its place): truncate anyway, warn once per attempt."""
+        core, _, log = make_core(tmp_path, health="[supervisor]\njob_log_max_bytes = 65536")
+        core.begin(None)
+        assert core.job is not None
+        live = core.job.log_path
+        (live.parent / f".{live.name}.1.tmp").mkdir()  # where the segment is written first
+        for _ in range(2):
+            with open(live, "ab") as f:
+                f.write(b"x" * (1 << 20))
+            core.bound_output()
+            assert live.stat().st_size == 0
+        assert [e for e in log.names() if e == "run_dir_write_failed"] == ["run_dir_write_failed"]
+        assert core.job is not None and not core.job.rotating
