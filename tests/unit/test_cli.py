@@ -93,6 +93,17 @@ class TestLogsJobControlSequences:
         assert capsys.readouterr().out == f"^[]52;c;aGk=^G^[]0;t^G^[[2J{colored}\n"
 
 
+    def test_the_supervisor_log_shows_them_too(self, project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """`logs`: an event field holding the job's text (a root cause) prints its escapes as text."""
+        from supervisor.cli import commands
+
+        line = {"ts": "2026-01-01T00:00:00Z", "level": "error", "event": "job_exited", "detail": "\x1b]0;t\x07\x1b[2J"}
+        (project / ".fsdp-supervisor" / "supervisor.log").write_text(json.dumps(line) + "\n")
+        args = argparse.Namespace(config=str(project / "job.toml"), job=False, follow=False, lines=5)
+        assert commands.cmd_logs(args) == 0
+        out = capsys.readouterr().out
+        assert "detail=^[]0;t^G^[[2J" in out and "\x1b" not in out and "\x07" not in out
+
 class TestEntryPoint:
     def test_the_console_script_target_is_callable(self) -> None:
         """pyproject's `fsdp-supervisor = "supervisor.cli:main"` names a function, as every release's scripts do.
