@@ -195,6 +195,11 @@ class SupervisorSection(_Section):
     )
     log_max_bytes: int = Field(default=10 * 2**20, gt=0, description="supervisor.log rotation size")
     log_backups: int = Field(default=3, ge=0, le=1000, description="rotated supervisor.log files kept")
+    job_log_max_bytes: int = Field(
+        default=64 * 2**20, ge=2**16,
+        description="cap on one attempt's output on disk: attempt-NNNN.log plus its .1 segment (the tail is kept)",
+    )
+    job_logs_kept: int = Field(default=20, ge=1, description="attempts whose logs and error files are kept")
 
 
 class MetricsSection(_Section):

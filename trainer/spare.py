@@ -116,7 +116,7 @@ def _take_over(spec: dict[str, Any], module_file: str) -> None:
     os.chdir(spec["cwd"])
     os.environ.clear()
     os.environ.update(spec["env"])
-    out = os.open(spec["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    out = os.open(spec["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     null = os.open(os.devnull, os.O_RDONLY)
     for fd, target in ((null, 0), (out, 1), (out, 2)):
         os.dup2(fd, target)

@@ -18,6 +18,7 @@ from supervisor.host.regularfile import open_regular
 from supervisor.host.runlock import RunLock
 from supervisor.observe.eventlog import LOG_FILE, render_line
 from supervisor.observe.lines import LineSplitter, tail_lines
+from supervisor.observe.sanitize import visible
 from supervisor.observe.statusview import render_status
 
 __all__ = ["register"]
@@ -106,7 +107,11 @@ def _current_job_log(run_dir: Path) -> Path | None:
 def cmd_logs(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     path = _current_job_log(cfg.run_dir) if args.job else cfg.run_dir / LOG_FILE
-    render = (lambda s: s.rstrip("\n")) if args.job else render_line
+    colors = sys.stdout.isatty() and not os.environ.get("NO_COLOR")  # the job's colors, never its other controls
+
+    def render(line: str) -> str:
+        return visible(line.rstrip("\n"), colors=colors) if args.job else visible(render_line(line), colors=False)
+
     if path is None or not path.exists():
         print(f"no {'job output' if args.job else 'supervisor log'} in {cfg.run_dir} yet", file=sys.stderr)
         return EXIT_NOT_OK
@@ -147,6 +152,9 @@ def _follow(f: BinaryIO, offset: int, path: Path, run_dir: Path, job: bool, rend
             data = f.read(_FOLLOW_CHUNK)
             if data:
                 show(lines.feed(data))
+                continue
+            if os.fstat(f.fileno()).st_size < f.tell():  # truncated in place: the live attempt log was rotated
+                f.seek(0)
                 continue
             time.sleep(0.25)
             nxt = _current_job_log(run_dir) if job else path

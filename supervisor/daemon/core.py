@@ -34,6 +34,7 @@ from supervisor.daemon.statefile import STATE_FILE
 from supervisor.daemon.system import System
 from supervisor.daemon.timers import Timer, TimerKey
 from supervisor.errors import EXIT_GAVE_UP, EXIT_OK, EXIT_SUPERVISOR_FAILED, CheckpointError
+from supervisor.host import joblog
 from supervisor.host.identity import run_token
 from supervisor.observe.redact import redact_argv
 from supervisor.policy import restarts, resume
@@ -266,16 +267,42 @@ class Core:
 
     def _prepare_files(self, error_file: Path, log_path: Path) -> Path | None:
         """Clear the attempt's error file and the stale heartbeat, create its log; the log, or None if impossible."""
-        self._try("errors dir", lambda: error_file.parent.mkdir(parents=True, exist_ok=True))
+        self._try("errors dir", lambda: error_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True))
         self._try("error file", lambda: error_file.unlink(missing_ok=True))
         self._try("heartbeat", lambda: self.heartbeat_path.unlink(missing_ok=True))  # a stale beat is no progress
+        kept = self.cfg.supervisor.job_logs_kept - 1  # this attempt's files are about to be the newest
+        self._try("old attempt logs", lambda: joblog.prune([log_path.parent, error_file.parent], max(kept, 0), None))
 
         def create_log() -> None:
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(log_path, "ab"):
-                pass
+            log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.close(joblog.open_log(log_path))
 
         return log_path if self._try("attempt log (the job's output goes to the supervisor's)", create_log) else None
+
+    def bound_output(self) -> None:
+        """Keep the running attempt's log under `job_log_max_bytes` (supervisor/host/joblog.py); called every tick.
+
+        The copy into the `.1` segment runs off the loop (it is up to half the cap of file I/O), one at a time.
+        """
+        job = self.job
+        if job is None or job.rotating:
+            return
+        cap = self.cfg.supervisor.job_log_max_bytes
+        try:
+            due = joblog.needs_rotation(os.stat(job.log_path).st_size, cap)
+        except OSError:  # no log this attempt (the job writes to the supervisor's output), or it vanished
+            return
+        if due:
+            job.rotating = True
+            self.sys.run_off_loop(lambda: joblog.rotate(job.log_path, cap), lambda out: self._on_rotated(job, out))
+
+    def _on_rotated(self, job: Job, outcome: OSError | BaseException | None) -> None:
+        """A rotation finished: a failure to write the segment (a full disk) is said once per attempt."""
+        job.rotating = False
+        if outcome is not None and not job.log_warned:
+            job.log_warned = True
+            error = outcome.strerror if isinstance(outcome, OSError) and outcome.strerror else str(outcome)
+            self.log.warning("run_dir_write_failed", what="attempt log segment", error=error, path=str(job.log_path))
 
     def _launch(self, scan: PassResult) -> None:
         self._launch_pending = False

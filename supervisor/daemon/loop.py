@@ -34,6 +34,7 @@ from supervisor.host.signals import HANDLED
 from supervisor.observe.console import Console
 from supervisor.observe.humanize import human_bytes
 from supervisor.observe.lines import LineSplitter
+from supervisor.observe.sanitize import visible
 from supervisor.observe.tracefold import TracebackFold
 from supervisor.policy.state import State
 
@@ -82,6 +83,7 @@ class Echo:
         self.offset = 0
         self.lines = LineSplitter()
         self.fold = TracebackFold()  # torchrun's SignalException traceback on a stop: one line, not 27
+        self.colors = console.tty and not os.environ.get("NO_COLOR")  # the job's own colors; nothing else of it
 
     def pump(self, path: Path | None) -> bool:
         """Echo up to CHUNK new bytes of `path`; True when more is already waiting."""
@@ -105,10 +107,14 @@ class Echo:
             return False
         self.offset += len(data)
         out = [f"[job] ... {human_bytes(skipped)} of output not shown here (all of it is in {path})"] if skipped else []
-        out += [f"[job] {line}" for line in self.fold.feed([b.decode("utf-8", "replace") for b in self.lines.feed(data)])]
+        out += [self._line(t) for t in self.fold.feed([b.decode("utf-8", "replace") for b in self.lines.feed(data)])]
         frame = self.lines.frame
-        self.console.show(out, job=f"[job] {frame.decode('utf-8', 'replace')}" if frame else None)
+        self.console.show(out, job=self._line(frame.decode("utf-8", "replace")) if frame else None)
         return self.offset < size
+
+    def _line(self, text: str) -> str:
+        """A job line as the console may print it: its control sequences shown, not executed (observe/sanitize)."""
+        return f"[job] {visible(text, colors=self.colors)}"
 
     def drain(self, limit: int = 16) -> None:
         """At exit: echo what is left (the backlog is bounded by BEHIND), and leave the last frame as a line."""
@@ -120,10 +126,10 @@ class Echo:
     def _end_line(self) -> None:
         held = self.fold.flush()
         if held:
-            self.console.show([f"[job] {line}" for line in held], job=None)
+            self.console.show([self._line(line) for line in held], job=None)
         frame = self.lines.frame
         if frame:
-            self.console.show([f"[job] {frame.decode('utf-8', 'replace')}"], job=None)
+            self.console.show([self._line(frame.decode("utf-8", "replace"))], job=None)
             self.lines = LineSplitter()
 
 

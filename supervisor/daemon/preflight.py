@@ -142,18 +142,29 @@ def _missing(path: Path) -> list[Path]:
     return out[::-1]
 
 
+def _owner_only(d: Path) -> None:
+    """Take group and other access off a run-dir folder of ours that an earlier version made 0750/0755."""
+    try:
+        st = os.lstat(d)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o077:
+            os.chmod(d, stat.S_IMODE(st.st_mode) & 0o700)
+    except OSError:
+        pass  # missing (errors/ before the first attempt), or not ours to change: nothing to tighten
+
+
 def make_dirs(cfg: Config) -> None:
-    """Create the run dir, its logs/ and the checkpoint root (not world-writable); ConfigError naming the key.
+    """Create the run dir and logs/ (owner-only) and the checkpoint root (not world-writable); ConfigError naming the key.
 
     On failure the directories this call created are removed again: a failed start leaves nothing behind.
     """
     created: list[Path] = []
     try:
-        for key, path in (("supervisor.run_dir", cfg.run_dir), ("supervisor.run_dir", cfg.run_dir / "logs"),
-                          ("checkpoints.dir", cfg.checkpoints.dir)):
+        for key, path, mode in (("supervisor.run_dir", cfg.run_dir, 0o700),
+                                ("supervisor.run_dir", cfg.run_dir / "logs", 0o700),
+                                ("checkpoints.dir", cfg.checkpoints.dir, 0o750)):
             for d in _missing(path):
                 try:
-                    d.mkdir(mode=0o750)
+                    d.mkdir(mode=mode if d == path else 0o750)
                 except FileExistsError:
                     continue
                 except OSError as exc:
@@ -161,6 +172,8 @@ def make_dirs(cfg: Config) -> None:
                 created.append(d)
             if not path.is_dir():
                 raise ConfigError(f"{cfg.path}: [{key}] {path} is not a directory")
+        for d in (cfg.run_dir, cfg.run_dir / "logs", cfg.run_dir / "errors"):
+            _owner_only(d)
     except ConfigError:
         for d in reversed(created):
             try:

@@ -256,7 +256,7 @@ class HistoryRecorder(NullHistory):
                     data = f.read(MAX_READ_BYTES)
                 covered = data.rfind(b"\n") + 1
                 kept = compact_lines(data, now)  # its last line, if torn, is not kept (nor covered)
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
                 try:
                     with open(fd, "wb", closefd=False) as out:
                         out.write(kept)

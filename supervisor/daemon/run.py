@@ -61,7 +61,8 @@ def run(cfg: Config) -> int:
         # The job's output dir is watched only to echo it: each line the job logs would wake us otherwise.
         watch = [(run_dir, False), *([(run_dir / "logs", False)] if echo else []), (cfg.checkpoints.dir, True)]
         progress = Progress(console, lambda: core.status)  # a live row on a terminal, else a line every 10 s
-        ticks = [*(notifier.ticks(lambda: not core.done) if notifier else []), (TICK_S, progress.tick)]
+        ticks = [*(notifier.ticks(lambda: not core.done) if notifier else []), (TICK_S, progress.tick),
+                 (TICK_S, core.bound_output)]
         probe = LoopProbe.from_env()  # a diagnostic for bench/loop_stall.py; None unless asked for
         if probe is not None:
             ticks.append((INTERVAL_S, probe.tick))

@@ -162,7 +162,7 @@ def iter_file_records(f: IO[bytes], limit: int | None = None) -> Iterator[dict[s
             yield _record(line)
 
 
-def open_regular(path: str | os.PathLike[str], flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
+def open_regular(path: str | os.PathLike[str], flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
     """`os.open` for a history file, refusing anything but a regular file (OSError EINVAL).
 
     A FIFO in its place would block the opener forever (it is opened non-blocking, then checked), /dev/zero

@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 
 from supervisor.contract import ENV_RUN_DIR, ENV_RUN_TOKEN
+from supervisor.host import joblog
 
 __all__ = [
     "set_child_subreaper",
@@ -49,8 +50,8 @@ def spawn(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_path: P
     if log_path is None:
         return subprocess.Popen(list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
                                 start_new_session=True, close_fds=True)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab", buffering=0) as log:
+    log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with open(joblog.open_log(log_path), "ab", buffering=0) as log:
         return subprocess.Popen(
             list(argv),
             cwd=cwd,

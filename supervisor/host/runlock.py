@@ -23,7 +23,7 @@ class RunLock:
 
     def acquire(self) -> None:
         """Take the lock or raise LockedError naming the holder; OSError if the lock file cannot be one."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o640)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):  # something else planted under the lock's name
                 raise OSError(errno.EINVAL, "not a regular file", str(self.path))

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.contract import ENV_ATTEMPT, ENV_ERROR_FILE
+from supervisor.host import joblog
 
 __all__ = ["Plan", "Prewarmer", "plan", "is_spare_cmdline", "SPARE_SCRIPT", "PREWARM_LOG", "VOLATILE_ENV"]
 
@@ -135,7 +136,7 @@ class Prewarmer:
         if len(spec) > _MAX_SPEC_BYTES:
             self._discard(spare, "environment too large for the hand-off pipe")
             return None
-        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
             assert spare.proc.stdin is not None
             fd = spare.proc.stdin.fileno()
@@ -158,9 +159,9 @@ class Prewarmer:
             self._spare = self._start(p, cwd=cwd, env=env, log_dir=log_dir)
 
     def _start(self, p: Plan, *, cwd: Path, env: Mapping[str, str], log_dir: Path) -> _Spare | None:
-        log_dir.mkdir(parents=True, exist_ok=True)
+        log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
-            with open(log_dir / PREWARM_LOG, "ab", buffering=0) as out:
+            with open(joblog.open_log(log_dir / PREWARM_LOG), "ab", buffering=0) as out:
                 proc = subprocess.Popen(
                     [p.interpreter, str(SPARE_SCRIPT), str(os.getpid())], cwd=cwd, env=dict(env),
                     stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,

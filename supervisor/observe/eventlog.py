@@ -13,6 +13,7 @@ shows only its warnings, one line each on stderr.
 """
 from __future__ import annotations
 
+import io
 import json
 import logging
 import logging.handlers
@@ -47,6 +48,14 @@ class _ConsoleHandler(logging.Handler):
             pass
 
 
+class _OwnerOnlyFile(logging.handlers.RotatingFileHandler):
+    """supervisor.log and its rotations are created 0600, whatever the umask: the run dir is owner-only."""
+
+    def _open(self) -> io.TextIOWrapper:
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        return io.TextIOWrapper(io.FileIO(fd, "a"), encoding=self.encoding, errors=self.errors, write_through=True)
+
+
 def configure(run_dir: Path, *, max_bytes: int, backups: int, console: Console | None = None) -> None:
     """Route structlog through stdlib logging: one JSON file handler plus, if given, the console."""
     shared: list[Any] = [
@@ -64,7 +73,7 @@ def configure(run_dir: Path, *, max_bytes: int, backups: int, console: Console |
     logger.handlers.clear()
     logger.setLevel(logging.INFO)
     logger.propagate = False
-    file_handler = logging.handlers.RotatingFileHandler(run_dir / LOG_FILE, maxBytes=max_bytes, backupCount=backups)
+    file_handler = _OwnerOnlyFile(run_dir / LOG_FILE, maxBytes=max_bytes, backupCount=backups)
     file_handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,

@@ -51,6 +51,8 @@ class Job:
     beat_mono: float | None = None
     beat: Beat | None = None
     beat_warned: bool = False
+    log_warned: bool = False  # a failed rotation of its log was said (once per attempt)
+    rotating: bool = False  # a rotation of its log is running off the loop
     low_free: int | None = None  # least free bytes on the checkpoint file system seen during the attempt
     # Set by `end`: the exit is known, but it is judged only once a pass has said what the attempt committed.
     returncode: int | None = None

@@ -76,6 +76,26 @@ class TestFileModes:
         assert stat.S_IMODE((run_dir / "state.json").stat().st_mode) & 0o077 == 0  # owner only: it holds argv
         assert stat.S_IMODE(run_dir.stat().st_mode) & 0o007 == 0
 
+    def test_run_dir_is_owner_only_even_when_an_older_version_made_it(self, tmp_path: Path,
+                                                                        supervisors: Supervisors) -> None:
+        """A run dir left 0750 (logs/ 0755) by an earlier version: afterwards every folder of it is 0700 and every
+        file the supervisor wrote 0600 (the job's heartbeat is the job's own, inside the owner-only run dir)."""
+        cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--steps", "3", "--exit", "1"],
+                           FAST + "max_no_progress_restarts = 1\n")
+        run_dir = tmp_path / ".fsdp-supervisor"
+        (run_dir / "logs").mkdir(parents=True)
+        run_dir.chmod(0o750)
+        (run_dir / "logs").chmod(0o755)
+        p = supervisors.start(cfg)
+        out, _ = p.communicate(timeout=60)
+        assert p.returncode == 3, out  # gave up after two crashes: errors/ and two attempt logs exist
+        made = [run_dir, *run_dir.rglob("*")]
+        assert {"state.json", "supervisor.log", "supervisor.lock", "errors", "logs", "attempt-0001.log",
+                "attempt-0002.log", "history.jsonl", "job.token"} <= {m.name for m in made}
+        loose = [f"{m.relative_to(tmp_path)} {stat.filemode(m.stat().st_mode)}" for m in made
+                 if m.name != "heartbeat.json" and stat.S_IMODE(m.stat().st_mode) & 0o077]
+        assert loose == []
+
 
 # ---- metrics listener --------------------------------------------------------------------------------------------
 def _listening(pid: int) -> list[str]:

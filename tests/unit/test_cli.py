@@ -55,6 +55,55 @@ class TestLogsFollowLosesNothing:
         assert capsys.readouterr().out == "first\nTraceback: last words\n"
 
 
+class TestLogsFollowRotation:
+    def test_a_live_log_truncated_by_its_rotation_is_followed_from_its_start(
+            self, project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        """`logs -f --job`: the cap truncates the live attempt log in place; what the job writes next is shown."""
+        from supervisor.cli import commands
+
+        log = project / ".fsdp-supervisor" / "logs" / "attempt-0001.log"
+        log.parent.mkdir()
+        log.write_text("a long line before the rotation\n")
+        sleeps = iter([lambda: log.write_text("after\n")])  # the rotation: same file, truncated, then written
+
+        def sleep(_s: float) -> None:
+            next(sleeps, lambda: (_ for _ in ()).throw(KeyboardInterrupt))()
+
+        monkeypatch.setattr(commands.time, "sleep", sleep)
+        args = argparse.Namespace(config=str(project / "job.toml"), job=True, follow=True, lines=50)
+        assert commands.cmd_logs(args) == 0
+        assert capsys.readouterr().out == "a long line before the rotation\nafter\n"
+
+
+class TestLogsJobControlSequences:
+    @pytest.mark.parametrize("tty", [False, True])
+    def test_shown_not_executed(self, project: Path, tty: bool, monkeypatch: pytest.MonkeyPatch,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+        """`logs --job` prints a clipboard write, a title set and a screen clear as text; colors only on a tty."""
+        from supervisor.cli import commands
+
+        monkeypatch.delenv("NO_COLOR", raising=False)
+        monkeypatch.setattr(commands.sys.stdout, "isatty", lambda: tty)
+        log = project / ".fsdp-supervisor" / "logs" / "attempt-0001.log"
+        log.parent.mkdir()
+        log.write_bytes(b"\x1b]52;c;aGk=\x07\x1b]0;t\x07\x1b[2J\x1b[32mok\x1b[0m\n")
+        args = argparse.Namespace(config=str(project / "job.toml"), job=True, follow=False, lines=5)
+        assert commands.cmd_logs(args) == 0
+        colored = "\x1b[32mok\x1b[0m\x1b[0m" if tty else "ok"
+        assert capsys.readouterr().out == f"^[]52;c;aGk=^G^[]0;t^G^[[2J{colored}\n"
+
+
+    def test_the_supervisor_log_shows_them_too(self, project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """`logs`: an event field holding the job's text (a root cause) prints its escapes as text."""
+        from supervisor.cli import commands
+
+        line = {"ts": "2026-01-01T00:00:00Z", "level": "error", "event": "job_exited", "detail": "\x1b]0;t\x07\x1b[2J"}
+        (project / ".fsdp-supervisor" / "supervisor.log").write_text(json.dumps(line) + "\n")
+        args = argparse.Namespace(config=str(project / "job.toml"), job=False, follow=False, lines=5)
+        assert commands.cmd_logs(args) == 0
+        out = capsys.readouterr().out
+        assert "detail=^[]0;t^G^[[2J" in out and "\x1b" not in out and "\x07" not in out
+
 class TestEntryPoint:
     def test_the_console_script_target_is_callable(self) -> None:
         """pyproject's `fsdp-supervisor = "supervisor.cli:main"` names a function, as every release's scripts do.

@@ -215,3 +215,16 @@ class TestEcho:
             pass
         out = read()
         assert "of output not shown here" in out and out.endswith("[job] old\n[job] new\n") and len(out) < 5 << 20
+
+    def test_control_sequences_are_shown_not_executed(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A title set, a screen clear and a bell reach the terminal as text; the job's colors stay, reset after."""
+        monkeypatch.delenv("NO_COLOR", raising=False)
+        log = tmp_path / "attempt-0001.log"
+        log.write_bytes(b"\x1b]0;owned\x07\x1b[2J\x1b[31mred\x1b[0m\x07\n\x1b[Hframe")
+        con, read = file_console(tty=True)
+        echo = Echo(con)
+        echo.pump(log)
+        echo.drain()
+        out = read()
+        assert "[job] ^[]0;owned^G^[[2J\x1b[31mred\x1b[0m^G\x1b[0m\n" in out
+        assert "[job] ^[[Hframe" in out and "\x1b]" not in out and "\x1b[2J" not in out and "\x07" not in out

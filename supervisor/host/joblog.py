@@ -1,0 +1,93 @@
+"""Attempt logs in bounded space: a capped live log, one older segment, the last attempts only.
+
+The job writes its output straight into `logs/attempt-NNNN.log` (opened with O_APPEND and inherited, so it never
+blocks on a pipe of ours and survives a killed supervisor). The supervisor bounds it from outside, the way
+logrotate's `copytruncate` does: once the live log passes half of `[supervisor] job_log_max_bytes`, its last
+half-cap bytes are copied to `attempt-NNNN.log.1` (replacing the previous segment) and the live log is truncated
+to zero; the job's next write lands at the new end because of O_APPEND. What the job writes during the copy
+itself can be lost, and between two checks (one a second) a job can write past the cap. Logs and error files of
+attempts older than the last `[supervisor] job_logs_kept` are deleted.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["SEGMENT_SUFFIX", "LOG_MODE", "open_log", "needs_rotation", "rotate", "attempt_number", "stale", "prune"]
+
+SEGMENT_SUFFIX = ".1"  # `attempt-NNNN.log.1`: the tail of the output before the last rotation
+LOG_MODE = 0o600  # owner-only, like everything in the run dir
+_PREFIX, _LOG, _ERR = "attempt-", ".log", ".json"
+
+
+def open_log(path: Path) -> int:
+    """An owner-only, append-only descriptor for an attempt log (created if missing)."""
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, LOG_MODE)
+
+
+def needs_rotation(size: int, max_bytes: int) -> bool:
+    """Is a live log of `size` bytes due for rotation under a cap of `max_bytes` (live + segment)?"""
+    return size > max_bytes // 2
+
+
+def rotate(path: Path, max_bytes: int) -> OSError | None:
+    """Copy the live log's last half-cap to its `.1` segment, then truncate it; the copy's error, if any.
+
+    The truncation happens even when the copy fails (a full disk): freeing the space is the point.
+    """
+    keep = max_bytes // 2
+    segment = path.with_name(path.name + SEGMENT_SUFFIX)
+    tmp = path.with_name(f".{path.name}{SEGMENT_SUFFIX}.tmp")
+    error: OSError | None = None
+    with open(path, "r+b", buffering=0) as live:
+        size = os.fstat(live.fileno()).st_size
+        try:
+            out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, LOG_MODE)
+            try:
+                start = max(0, size - keep)
+                while start < size:
+                    sent = os.sendfile(out, live.fileno(), start, size - start)
+                    if sent == 0:
+                        break
+                    start += sent
+            finally:
+                os.close(out)
+            os.replace(tmp, segment)
+        except OSError as exc:
+            error = exc
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass  # not a file of ours (a folder planted there): the next rotation fails the same way
+        live.truncate(0)
+    return error
+
+
+def attempt_number(name: str) -> int | None:
+    """The attempt number in `attempt-NNNN.log`, `attempt-NNNN.log.1` or `attempt-NNNN.json`; None otherwise."""
+    for suffix in (_LOG + SEGMENT_SUFFIX, _LOG, _ERR):
+        if name.startswith(_PREFIX) and name.endswith(suffix):
+            digits = name[len(_PREFIX):-len(suffix)]
+            return int(digits) if digits.isdecimal() else None
+    return None
+
+
+def stale(names: list[str], keep: int, current: int | None) -> list[str]:
+    """Which of `names` belong to attempts older than the `keep` newest (never `current`'s)."""
+    numbers = sorted({n for n in map(attempt_number, names) if n is not None}, reverse=True)
+    kept = set(numbers[:keep]) | ({current} if current is not None else set())
+    return sorted(name for name in names if (n := attempt_number(name)) is not None and n not in kept)
+
+
+def prune(dirs: list[Path], keep: int, current: int | None) -> list[Path]:
+    """Delete the logs and error files of attempts older than the `keep` newest; what was deleted."""
+    gone: list[Path] = []
+    for d in dirs:
+        try:
+            names = os.listdir(d)
+        except FileNotFoundError:
+            continue
+        for name in stale(names, keep, current):
+            (d / name).unlink(missing_ok=True)
+            gone.append(d / name)
+    return gone
