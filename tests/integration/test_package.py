@@ -167,3 +167,29 @@ class TestDaemonOnlyInstall:
         assert re.match(r"python3 -m venv (\S+) && \1/bin/pip install \. ", daemon), daemon
         assert re.match(r"pip install torch==2\.13\.0 && pip install '\.\[trainer\]' ", full), full
         assert "pip install --progress-bar on torch==2.13.0" in (REPO / "Makefile").read_text()
+
+
+def _fake_distribution(root: Path, name: str, version: str) -> Path:
+    """A distribution `name` that installed a package `name` (what pip leaves: the package and its dist-info)."""
+    (root / name).mkdir(parents=True)
+    (root / name / "__init__.py").write_text("# someone else's package\n")
+    info = root / f"{name}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "top_level.txt").write_text(f"{name}\n")
+    (info / "RECORD").write_text(f"{name}/__init__.py,,\n{info.name}/METADATA,,\n")
+    return root
+
+
+class TestImportNameClash:
+    @pytest.mark.parametrize(("name", "version"), [("supervisor", "4.2.5"), ("trainer", "0.0.36")])
+    def test_console_script_names_the_other_distribution_exit_2(self, daemon_venv: DaemonVenv, tmp_path: Path,
+                                                                name: str, version: str) -> None:
+        """supervisord's `supervisor` or Coqui's `trainer` first on sys.path: the installed `fsdp-supervisor` exits 2
+        with one line naming that distribution and the fix, not an ImportError traceback (or their code)."""
+        fake = _fake_distribution(tmp_path / "site", name, version)
+        r = subprocess.run([str(daemon_venv.bin / "fsdp-supervisor"), "--version"], capture_output=True, text=True,
+                           timeout=60, cwd=tmp_path, env=_clean_env(PYTHONPATH=str(fake)))
+        assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+        assert len(r.stderr.splitlines()) == 1, r.stderr
+        assert f"distribution {name}" in r.stderr and "venv of its own" in r.stderr, r.stderr
