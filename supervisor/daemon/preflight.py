@@ -24,7 +24,7 @@ from supervisor.config import Config
 from supervisor.errors import CheckpointError, ConfigError
 from supervisor.host.regularfile import open_regular
 
-__all__ = ["check_setup", "make_dirs", "trainer_module", "trainer_problem"]
+__all__ = ["check_setup", "job_program", "make_dirs", "trainer_module", "trainer_problem"]
 
 DIST = "fsdp-supervisor"
 # The first line of trainer/__init__.py's docstring says this (tests/unit/test_preflight_trainer.py checks it).
@@ -65,8 +65,9 @@ def _dir_problem(path: Path) -> str | None:
     return None
 
 
-def _program(cfg: Config) -> str | None:
-    """The executable `[job] command` names, found like the job's exec will find it; None when it cannot run."""
+def job_program(cfg: Config) -> str | None:
+    """The executable `[job] command` names, found like the job's exec will find it (a bare name on the job's
+    `PATH`, else ours, as the shell does); None when it cannot run. `systemd-unit` finds it the same way."""
     prog = cfg.job.command[0]
     if os.sep in prog:
         candidate = str(cfg.job_cwd / prog)
@@ -171,7 +172,7 @@ def check_setup(cfg: Config) -> None:
     cwd = cfg.job_cwd
     if not cwd.is_dir():
         raise ConfigError(f"{cfg.path}: [job.cwd] {cwd} is not a directory")
-    program = _program(cfg)
+    program = job_program(cfg)
     prog = cfg.job.command[0]
     if program is None:
         raise ConfigError(f"{cfg.path}: [job.command] program {prog!r} not found, not a file or not executable")
