@@ -9,8 +9,9 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet torch==2.13.0   # explicit pin first: a bare "torch" can pull a multi-GB CUDA build
-	$(PY) -m pip install --quiet -e '.[dev]'
+	@echo "torch==2.13.0 first: the tested version, so .[dev] keeps it (CPU-only where pip's index has a CPU wheel, else the CUDA build, ~3 GB)"
+	$(PY) -m pip install --progress-bar on torch==2.13.0
+	$(PY) -m pip install --progress-bar on -e '.[dev]'   # dev includes the trainer extra (torch, numpy, safetensors, tqdm)
 	touch $(STAMP)
 
 test: lint  # tests/unit, tests/integration and tests/clients' reproductions (the real clients skip without their venv)
@@ -38,7 +39,7 @@ run: $(STAMP)
 
 # Opt-in tier, not part of `make test`: the real torchtitan and Accelerate under the supervisor (docs/clients.md).
 # Their own venv, so `make test` never installs them; torch pinned first (and again beside them) so that
-# neither pulls a multi-GB CUDA torch.
+# neither moves torch off the tested version.
 CLIENTS_VENV ?= .venv-clients
 CLIENTS_PY := $(CLIENTS_VENV)/bin/python
 CLIENTS_STAMP := $(CLIENTS_VENV)/.installed
@@ -46,9 +47,9 @@ CLIENT_PACKAGES := torchtitan==0.3.0 accelerate==1.16.0
 
 $(CLIENTS_STAMP): pyproject.toml
 	test -x $(CLIENTS_PY) || $(PYTHON) -m venv $(CLIENTS_VENV)
-	$(CLIENTS_PY) -m pip install --quiet torch==2.13.0
-	$(CLIENTS_PY) -m pip install --quiet torch==2.13.0 $(CLIENT_PACKAGES)
-	$(CLIENTS_PY) -m pip install --quiet -e '.[dev]'
+	$(CLIENTS_PY) -m pip install --progress-bar on torch==2.13.0
+	$(CLIENTS_PY) -m pip install --progress-bar on torch==2.13.0 $(CLIENT_PACKAGES)
+	$(CLIENTS_PY) -m pip install --progress-bar on -e '.[dev]'
 	touch $(CLIENTS_STAMP)
 
 test-clients: $(CLIENTS_STAMP)

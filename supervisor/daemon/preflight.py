@@ -3,16 +3,20 @@
 `load_config` checks what a config says; this module checks it against the filesystem. A run dir or
 checkpoint root that is a file, under a missing or unwritable parent, or on a read-only filesystem; a job
 directory that does not exist; a program that is missing, a directory or not executable, or a script
-whose `#!` interpreter is; a checkpoint root that holds a whole checkpoint directory (set one level too
-high) — each is a ConfigError line naming the key, raised before the first directory is created, so a
-mistyped path leaves no trace behind. The directories are then created by `make_dirs`, whose failures (a
-race, a full or read-only disk seen only now) are config errors too.
+whose `#!` interpreter is; a `-m trainer` job whose Python resolves `trainer` to another distribution's
+package (Coqui's); a checkpoint root that holds a whole checkpoint directory (set one level too high) —
+each is a ConfigError line naming the key, raised before the first directory is created, so a mistyped
+path leaves no trace behind. The directories are then created by `make_dirs`, whose failures (a race, a
+full or read-only disk seen only now) are config errors too.
 """
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import stat
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,7 +24,24 @@ from supervisor.config import Config
 from supervisor.errors import CheckpointError, ConfigError
 from supervisor.host.regularfile import open_regular
 
-__all__ = ["check_setup", "make_dirs", "command_warnings"]
+__all__ = ["check_setup", "command_warnings", "job_program", "make_dirs", "trainer_module", "trainer_problem"]
+
+DIST = "fsdp-supervisor"
+# The first line of trainer/__init__.py's docstring says this (tests/unit/test_preflight_trainer.py checks it).
+TRAINER_MARK = "Reference FSDP trainer for fsdp-supervisor"
+_PROBE_TIMEOUT_S = 10
+# Run by the job's Python in the job's cwd and environment: where `trainer` resolves, who installed it.
+_PROBE = """
+import importlib.metadata, importlib.util, json, sys
+spec = importlib.util.find_spec(sys.argv[1])
+origin = spec.origin if spec is not None and spec.origin and spec.origin.endswith(".py") else None
+head = ""
+if origin:
+    with open(origin, errors="replace") as f:
+        head = f.read(4096)
+owners = importlib.metadata.packages_distributions().get(sys.argv[1], [])
+print(json.dumps({"origin": origin, "owners": owners, "head": head}))
+"""
 
 
 def _dir_problem(path: Path) -> str | None:
@@ -44,8 +65,9 @@ def _dir_problem(path: Path) -> str | None:
     return None
 
 
-def _program(cfg: Config) -> str | None:
-    """The executable `[job] command` names, found like the job's exec will find it; None when it cannot run."""
+def job_program(cfg: Config) -> str | None:
+    """The executable `[job] command` names, found like the job's exec will find it (a bare name on the job's
+    `PATH`, else ours, as the shell does); None when it cannot run. `systemd-unit` finds it the same way."""
     prog = cfg.job.command[0]
     if os.sep in prog:
         candidate = str(cfg.job_cwd / prog)
@@ -100,6 +122,63 @@ def command_warnings(command: Sequence[str]) -> list[str]:
              "every restart)")]
 
 
+def trainer_module(command: Sequence[str]) -> str | None:
+    """The top-level module after `-m`/`--module` when it is `trainer` (python's `-m trainer`, torchrun's
+    `-m trainer`), else None (pure)."""
+    for flag, word in zip(command, command[1:]):
+        if flag in ("-m", "--module") and word.split(".")[0] == "trainer":
+            return "trainer"
+    return None
+
+
+def trainer_problem(python: str, origin: str | None, owners: Sequence[str], head: str) -> str | None:
+    """Why the `trainer` that `python` imports is not our reference trainer, or None (pure).
+
+    `origin`: its `__init__.py` (None: not importable, which the job itself reports); `owners`: the
+    distributions that installed it; `head`: the start of that file.
+    """
+    others = sorted({o for o in owners if re.sub(r"[-_.]+", "-", o).lower() != DIST})
+    fix = "run the job from a venv without it (README, Install)"
+    if others:
+        return (f"-m trainer: {python} imports `trainer` from the distribution {', '.join(others)} ({origin}), "
+                f"not fsdp-supervisor's reference trainer; {fix}")
+    if origin is not None and TRAINER_MARK not in head:
+        return f"-m trainer: {python} imports `trainer` from {origin}, not fsdp-supervisor's reference trainer; {fix}"
+    return None
+
+
+def _job_python(cfg: Config, program: str) -> str | None:
+    """The Python that will import the job's `-m` module: the program itself, or its `#!` interpreter (torchrun)."""
+    if os.path.basename(program).startswith("python"):
+        return program
+    try:
+        with open_regular(program) as f:
+            head = f.read(256)
+    except OSError:
+        return None
+    words = [os.fsdecode(w) for w in head[2:].split(b"\n", 1)[0].split()] if head.startswith(b"#!") else []
+    if len(words) >= 2 and os.path.basename(words[0]) == "env":  # #!/usr/bin/env python3
+        return shutil.which(words[1], path=cfg.job.env.get("PATH", os.environ.get("PATH")))
+    return words[0] if words and os.path.basename(words[0]).startswith("python") else None
+
+
+def _check_trainer(cfg: Config, program: str) -> None:
+    """A `-m trainer` job: the job's Python must import our trainer, not Coqui's (one short subprocess)."""
+    module = trainer_module(cfg.job.command)
+    python = _job_python(cfg, program) if module else None
+    if module is None or python is None:
+        return
+    try:
+        out = subprocess.run([python, "-c", _PROBE, module], capture_output=True, text=True, cwd=cfg.job_cwd,
+                             env={**os.environ, **cfg.job.env}, timeout=_PROBE_TIMEOUT_S, check=True)
+        found = json.loads(out.stdout)
+        problem = trainer_problem(python, found["origin"], list(found["owners"]), str(found["head"]))
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError):
+        return  # could not tell: the job's own start-up will say what is wrong
+    if problem:
+        raise ConfigError(f"{cfg.path}: [job.command] {problem}")
+
+
 def _check_root_layout(cfg: Config) -> None:
     """The store's judgement of the root itself: a root holding a checkpoint *directory* is set too high."""
     from supervisor.checkpoints import check_root  # here: the store's ranking is not needed before this
@@ -118,13 +197,14 @@ def check_setup(cfg: Config) -> None:
     cwd = cfg.job_cwd
     if not cwd.is_dir():
         raise ConfigError(f"{cfg.path}: [job.cwd] {cwd} is not a directory")
-    program = _program(cfg)
+    program = job_program(cfg)
     prog = cfg.job.command[0]
     if program is None:
         raise ConfigError(f"{cfg.path}: [job.command] program {prog!r} not found, not a file or not executable")
     problem = _interpreter_problem(program)
     if problem:
         raise ConfigError(f"{cfg.path}: [job.command] program {prog!r}: {problem}")
+    _check_trainer(cfg, program)
     for key, path in (("supervisor.run_dir", cfg.run_dir), ("checkpoints.dir", cfg.checkpoints.dir)):
         problem = _dir_problem(path)
         if problem:

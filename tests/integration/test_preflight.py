@@ -34,3 +34,49 @@ class TestThroughTheCli:
         lines = out.stderr.strip().splitlines()
         assert out.returncode == 2 and len(lines) == 1 and key in lines[0], out.stderr
         assert sorted(os.listdir(conf)) == ["job.toml"] and not (tmp_path / "launched").exists()
+
+
+class TestTrainerClash:
+    """A `-m trainer` job whose Python imports another distribution's `trainer` (Coqui's) is refused before launch."""
+
+    @staticmethod
+    def coqui(root: Path) -> Path:
+        (root / "trainer").mkdir(parents=True)
+        (root / "trainer" / "__init__.py").write_text("from trainer.trainer import Trainer  # Coqui's\n")
+        info = root / "trainer-0.0.36.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: trainer\nVersion: 0.0.36\n")
+        (info / "top_level.txt").write_text("trainer\n")
+        return root
+
+    @staticmethod
+    def write(tmp_path: Path, command: list[str], pythonpath: str) -> Path:
+        conf = tmp_path / "conf"
+        conf.mkdir(exist_ok=True)
+        (conf / "job.toml").write_text(f"[job]\ncommand = {json.dumps(command)}\n"
+                                       f"env = {{ PYTHONPATH = {json.dumps(pythonpath)} }}\n"
+                                       '[checkpoints]\ndir = "ckpts"\n')
+        return conf / "job.toml"
+
+    @pytest.mark.parametrize("launcher", ["python", "torchrun"])
+    def test_coqui_trainer_first_exit_2_naming_it(self, tmp_path: Path, launcher: str) -> None:
+        """python -m trainer and torchrun -m trainer (its `#!` Python): exit 2, one line naming the distribution."""
+        from tests.helpers import TORCHRUN
+
+        prefix = [sys.executable] if launcher == "python" else [str(TORCHRUN), "--standalone", "--nproc-per-node=1"]
+        config = self.write(tmp_path, [*prefix, "-m", "trainer", "--steps", "2"], str(self.coqui(tmp_path / "site")))
+        out = cli("run", "-c", str(config))
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1, out.stderr
+        assert "[job.command]" in lines[0] and "distribution trainer" in lines[0] and "venv without it" in lines[0]
+        assert sorted(os.listdir(config.parent)) == ["job.toml"]
+
+    @pytest.mark.parametrize("launcher", ["python", "torchrun"])
+    def test_our_trainer_passes(self, tmp_path: Path, launcher: str) -> None:
+        """Control: the same commands with this checkout's trainer first pass the check (in-process, no launch)."""
+        from supervisor.config import load_config
+        from supervisor.daemon.preflight import check_setup
+        from tests.helpers import REPO, TORCHRUN
+
+        prefix = [sys.executable] if launcher == "python" else [str(TORCHRUN), "--standalone", "--nproc-per-node=1"]
+        check_setup(load_config(self.write(tmp_path, [*prefix, "-m", "trainer", "--steps", "2"], str(REPO))))

@@ -1,17 +1,22 @@
-"""`fsdp-supervisor systemd-unit` and the shipped template unit, checked by `systemd-analyze verify`."""
+"""`fsdp-supervisor systemd-unit` and the shipped template unit, checked by `systemd-analyze verify`, and the
+generated unit's ExecStart run the way systemd runs it (an empty environment plus the unit's `Environment=`)."""
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from supervisor.checkpoints import newest_complete
 from supervisor.cli.systemd import UnitOptions, render_unit, supervisor_command
 from supervisor.config import load_config
-from tests.supervise import cli, write_config
+from tests.supervise import TAG_ENV, Supervisors, cli, supervisors, wait_for, write_config  # noqa: F401
 from tests.unit.test_systemd import (
     TEMPLATE,
     config,  # noqa: F401  (a fixture, taken as an argument)
@@ -24,6 +29,40 @@ needs_analyze = pytest.mark.skipif(
 )
 
 
+VENV_BIN = Path(sys.executable).parent
+
+
+def activated(**extra: str) -> dict[str, str]:
+    """This environment as the user's shell has it after activating the venv: its bin/ first on PATH."""
+    return {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', os.defpath)}", **extra}
+
+
+def _specifiers(value: str, cache: Path) -> str:
+    """The unit's `%` specifiers as systemd expands them for a system service (%C: the cache root)."""
+    return re.sub(r"%(.)", lambda m: {"%": "%", "C": str(cache)}[m.group(1)], value)
+
+
+def service_exec(unit: str, cache: Path) -> tuple[list[str], dict[str, str], Path]:
+    """ExecStart's argv, the service's whole environment (only the `Environment=` lines: no User=, so no HOME
+    either) and its WorkingDirectory=, as systemd would start it; CacheDirectory= is created under `cache`."""
+    argv: list[str] = []
+    env: dict[str, str] = {}
+    cwd = Path("/")
+    for line in unit.splitlines():
+        key, _, value = line.partition("=")
+        if key == "ExecStart":
+            argv = [_specifiers(w, cache).replace("$$", "$") for w in shlex.split(value)]
+        elif key == "Environment":
+            for word in shlex.split(value):
+                name, _, val = _specifiers(word, cache).partition("=")
+                env[name] = val
+        elif key == "WorkingDirectory":
+            cwd = Path(_specifiers(value, cache))
+        elif key == "CacheDirectory":
+            (cache / _specifiers(value, cache)).mkdir(parents=True, exist_ok=True)
+    return argv, env, cwd
+
+
 def verify(unit_file: Path) -> subprocess.CompletedProcess[str]:
     assert SYSTEMD_ANALYZE is not None
     # Offline verification: no running systemd needed; still loads every key and checks ExecStart exists.
@@ -33,10 +72,30 @@ def verify(unit_file: Path) -> subprocess.CompletedProcess[str]:
 
 class TestCommand:
     def test_prints_unit_exit_0(self, config: Path) -> None:
-        """The command prints the unit on stdout and notes missing ReadWritePaths dirs on stderr."""
-        r = cli("systemd-unit", "-c", str(config), "--name", "llm")
+        """The command prints the unit on stdout, missing ReadWritePaths dirs noted in it as `# warning:` (what
+        `| sudo tee` installs) and on stderr, and the venv's bin/, where `torchrun` is, first on its PATH."""
+        r = cli("systemd-unit", "-c", str(config), "--name", "llm", env=activated())
         assert r.returncode == 0, r.stderr
         assert "Description=fsdp-supervisor llm" in r.stdout and "mkdir -p" in r.stderr
+        assert any(line.startswith("# warning: create these") for line in r.stdout.splitlines()), r.stdout
+        assert f"Environment=PATH={VENV_BIN}:" in r.stdout
+
+    def test_syslog_identifier_is_the_jobs_directory_for_a_job_toml(self, tmp_path: Path) -> None:
+        """Without --name, /srv/llm/job.toml logs as `llm`, not `job` like every other job.toml."""
+        (tmp_path / "llm").mkdir()
+        config = write_config(tmp_path / "llm", ["true"])
+        r = cli("systemd-unit", "-c", str(config), env=activated())
+        assert r.returncode == 0, r.stderr
+        assert "SyslogIdentifier=llm" in r.stdout.splitlines()
+
+    def test_program_not_found_exit_2(self, config: Path) -> None:
+        """`torchrun` not on the shell's PATH (venv not activated): exit 2, one line naming it, no unit."""
+        path = "/usr/bin:/bin"
+        if shutil.which("torchrun", path=path):
+            pytest.skip(f"a torchrun is installed in {path}")
+        r = cli("systemd-unit", "-c", str(config), env={**os.environ, "PATH": path})
+        assert (r.returncode, r.stdout) == (2, ""), r.stdout + r.stderr
+        assert len(r.stderr.splitlines()) == 1 and "'torchrun' not found" in r.stderr, r.stderr
 
     def test_missing_config_exit_2(self, tmp_path: Path) -> None:
         """A missing config is one line naming the file and exit 2."""
@@ -45,7 +104,7 @@ class TestCommand:
 
     def test_bad_name_exit_2(self, config: Path) -> None:
         """A bad --name is exit 2 with one line, no traceback."""
-        r = cli("systemd-unit", "-c", str(config), "--name", "a b")
+        r = cli("systemd-unit", "-c", str(config), "--name", "a b", env=activated())
         assert r.returncode == 2 and "--name" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -60,7 +119,7 @@ class TestSystemdAnalyze:
 
     def test_generated_unit_verifies_clean(self, config: Path, tmp_path: Path) -> None:
         """`systemd-analyze verify` on a generated unit exits 0 and prints nothing on stderr."""
-        r = cli("systemd-unit", "-c", str(config), "--user", "root")
+        r = cli("systemd-unit", "-c", str(config), "--user", "root", env=activated())
         assert r.returncode == 0, r.stderr
         unit = tmp_path / "fsdp-job.service"
         unit.write_text(r.stdout)
@@ -85,3 +144,66 @@ class TestSystemdAnalyze:
         (tmp_path / TEMPLATE.name).write_text(text.replace("/opt/fsdp-supervisor/bin/fsdp-supervisor", binary))
         v = verify(tmp_path / "fsdp-supervisor@demo.service")
         assert (v.returncode, v.stderr) == (0, ""), v.stderr
+
+
+TRAIN = ["torchrun", "--standalone", "--nproc-per-node=1", "--max-restarts=0", "-m", "trainer",
+         "--checkpoint-dir", "ckpts", "--steps", "100000", "--save-every", "2", "--log-every", "1"]
+FAST = "\n[restart]\nbackoff_initial_s = 0.2\nbackoff_max_s = 1\n[health]\nstop_timeout_s = 30\n"
+
+
+class TestServiceEnvironment:
+    """The generated unit's ExecStart under `env -i` plus the unit's own `Environment=` lines, in its
+    `WorkingDirectory=`: the README's `torchrun ...` (a bare program name, found in the venv) must start there.
+
+    Two things are added for the test's own sake, not systemd's: the orphan tag, and PYTHONPATH when the suite
+    runs with one (a worktree), so that the code under test is the code that runs."""
+
+    def unit_for(self, tmp_path: Path) -> tuple[Path, str]:
+        job = tmp_path / "llm"
+        job.mkdir()
+        config = write_config(job, TRAIN, FAST)
+        r = cli("systemd-unit", "-c", str(config), env=activated())
+        assert r.returncode == 0, r.stderr
+        for mkdir in re.findall(r"^# warning: create these before starting the unit: (mkdir -p .*)$", r.stdout, re.M):
+            subprocess.run(mkdir, shell=True, check=True)  # what the unit's warning asks of the operator
+        return config, r.stdout
+
+    def start(self, supervisors: Supervisors, unit: str, cache: Path) -> subprocess.Popen[str]:
+        argv, env, cwd = service_exec(unit, cache)
+        env[TAG_ENV] = supervisors.tag
+        if os.environ.get("PYTHONPATH"):
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        p = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+        supervisors.procs.append(p)
+        return p
+
+    def test_trains_and_stops_on_sigterm_exit_0(self, tmp_path: Path, supervisors: Supervisors) -> None:
+        """Under the unit's environment the job trains (checkpoints appear), and SIGTERM to the supervisor alone
+        (KillMode=mixed) stops it gracefully: exit 0."""
+        config, unit = self.unit_for(tmp_path)
+        supervisors.configs.append(config)
+        p = self.start(supervisors, unit, tmp_path / "cache")
+
+        def trained() -> bool:
+            if p.poll() is not None:
+                raise AssertionError(f"exit {p.returncode}: {p.communicate()[0][-3000:]}")
+            ckpt = newest_complete(config.parent / "ckpts")
+            return ckpt is not None and ckpt.step >= 4
+
+        wait_for(trained, 240, "two checkpoints under the unit's environment", interval=0.5)
+        p.send_signal(signal.SIGTERM)
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0, out[-3000:]
+        assert "stopped" in out, out[-3000:]
+
+    def test_without_the_units_path_the_job_cannot_start(self, tmp_path: Path, supervisors: Supervisors) -> None:
+        """Control: the same ExecStart without the unit's `Environment=PATH=` line is what systemd ran before:
+        `torchrun` not found, exit 2. (So the emulation above really hides the venv.)"""
+        if shutil.which("torchrun", path=os.defpath):
+            pytest.skip(f"a torchrun is installed in {os.defpath}")
+        _, unit = self.unit_for(tmp_path)
+        without = "\n".join(line for line in unit.splitlines() if not line.startswith("Environment=PATH="))
+        p = self.start(supervisors, without, tmp_path / "cache")
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 2 and "'torchrun' not found" in out, out[-3000:]

@@ -6,7 +6,18 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.cli.systemd import STOP_MARGIN_S, UnitOptions, render_unit, supervisor_command, unit_notes, unit_paths
+from supervisor.cli.systemd import (
+    SERVICE_PATH,
+    STOP_MARGIN_S,
+    UnitOptions,
+    default_name,
+    private_tmp_paths,
+    render_unit,
+    supervisor_command,
+    unit_notes,
+    unit_path,
+    unit_paths,
+)
 from supervisor.config import load_config
 from supervisor.errors import UsageError
 from tests.supervise import REPO, write_config
@@ -64,9 +75,28 @@ class TestRenderUnit:
         assert int(k["TimeoutStopSec"][0]) >= 200 + STOP_MARGIN_S
         assert int(k["WatchdogSec"][0]) > 0 and int(k["RestartSec"][0]) > 0
         assert k["StartLimitIntervalSec"] and k["StartLimitBurst"]
-        assert k["NoNewPrivileges"] == ["yes"] and k["PrivateTmp"] == ["yes"] and k["ProtectSystem"] == ["strict"]
+        assert k["NoNewPrivileges"] == ["yes"] and k["ProtectSystem"] == ["strict"]
+        assert k["PrivateTmp"] == ["no" if Path("/tmp") in config.parents else "yes"]  # TestPrivateTmp
         assert k["ReadWritePaths"][0].split() == [str(config.parent / "ckpts"), str(config.parent / ".fsdp-supervisor")]
         assert k["OOMPolicy"] == ["continue"]
+        assert k["SyslogIdentifier"] == ["job"]
+
+    def test_path_has_the_programs_dir_first(self, config: Path) -> None:
+        """systemd's environment has no venv on PATH: the unit's PATH starts with the job's program's directory,
+        then the usual system directories."""
+        k = keys(render_unit(load_config(config), ["/x"], UnitOptions(name="job", program_dir="/opt/train/bin")))
+        assert [e for e in k["Environment"] if "PATH=" in e] == [f"PATH=/opt/train/bin:{SERVICE_PATH}"]
+
+    def test_warnings_are_comments_before_the_unit(self, config: Path) -> None:
+        """Warnings go into the unit as `# warning:` comments (so `| sudo tee` keeps them), before `[Unit]`."""
+        unit = render_unit(load_config(config), ["/x"], UnitOptions(name="job", warnings=("mkdir -p /a", "b")))
+        head = unit[:unit.index("[Unit]")].splitlines()
+        assert [line for line in head if line.startswith("# warning:")] == ["# warning: mkdir -p /a", "# warning: b"]
+
+    def test_warning_with_a_newline_refused(self, config: Path) -> None:
+        """A warning cannot smuggle a line into the unit."""
+        with pytest.raises(UsageError, match="newline"):
+            render_unit(load_config(config), ["/x"], UnitOptions(name="job", warnings=("a\nExecStartPre=/bin/sh",)))
 
     def test_paths_with_blanks_and_specifiers_are_escaped(self, tmp_path: Path) -> None:
         """Under 'my runs/100%$x': quoted, `%` doubled everywhere, `$` doubled only where systemd expands it."""
@@ -112,6 +142,53 @@ class TestRenderUnit:
             UnitOptions(name="job", user=user)
 
 
+class TestUnitPath:
+    @pytest.mark.parametrize(("program_dir", "expected"), [
+        (None, SERVICE_PATH),
+        ("/opt/train/bin", "/opt/train/bin:" + SERVICE_PATH),
+        ("/usr/bin", "/usr/bin:" + SERVICE_PATH.replace(":/usr/bin", "")),  # moved first, not repeated
+    ])
+    def test_table(self, program_dir: str | None, expected: str) -> None:
+        """The program's directory first, then systemd's own default PATH, each directory once."""
+        assert unit_path(program_dir) == expected
+
+    def test_colon_refused(self) -> None:
+        """A directory with ':' cannot be one entry of PATH: a usage error, not a broken PATH."""
+        with pytest.raises(UsageError, match="':'"):
+            unit_path("/opt/a:b/bin")
+
+
+class TestDefaultName:
+    @pytest.mark.parametrize(("config", "name"), [
+        ("/srv/llm/job.toml", "llm"),       # the generic name: its directory says which job it is
+        ("/srv/llm/demo.toml", "demo"),
+        ("/srv/my runs/job.toml", "job"),   # a directory name that cannot be a unit name
+        ("/job.toml", "job"),
+    ])
+    def test_table(self, config: str, name: str) -> None:
+        """SyslogIdentifier= and CacheDirectory= without --name: not `job` for every job.toml."""
+        assert default_name(Path(config)) == name
+
+
+class TestPrivateTmp:
+    @pytest.mark.parametrize(("paths", "hidden"), [
+        (["/srv/llm/job.toml", "/srv/llm/ckpts"], []),
+        (["/tmp/x/job.toml", "/srv/ckpts"], ["/tmp/x/job.toml"]),
+        (["/srv/job.toml", "/var/tmp/ckpts"], ["/var/tmp/ckpts"]),
+        (["/tmpfoo/job.toml", "/tmp"], []),  # only what is inside /tmp
+    ])
+    def test_table(self, paths: list[str], hidden: list[str]) -> None:
+        """The paths PrivateTmp=yes would hide from the service."""
+        assert private_tmp_paths([Path(p) for p in paths]) == hidden
+
+    def test_unit_under_tmp_says_private_tmp_no(self, tmp_path: Path) -> None:
+        """A config under /tmp gets PrivateTmp=no (and a comment why), not a unit that cannot see its config."""
+        if Path("/tmp") not in tmp_path.parents:
+            pytest.skip("pytest's tmp_path is not under /tmp here")
+        unit = render_unit(load_config(write_config(tmp_path, ["true"])), ["/x"], UnitOptions(name="job"))
+        assert keys(unit)["PrivateTmp"] == ["no"] and f"must see {tmp_path}/job.toml" in unit
+
+
 class TestCommand:
     def test_notes_on_what_would_fail_at_start(self, tmp_path: Path) -> None:
         """Missing ReadWritePaths dirs and paths hidden by PrivateTmp are named; existing dirs elsewhere are not."""
@@ -123,12 +200,34 @@ class TestCommand:
         cfg.run_dir.mkdir()
         assert not any("mkdir" in n for n in unit_notes(cfg))
 
+    def test_notes_for_a_user(self, tmp_path: Path) -> None:
+        """With --user: the dirs to create are chowned to it, and a user this machine lacks is named (217/USER)."""
+        cfg = load_config(write_config(tmp_path, ["true"]))
+        notes = unit_notes(cfg, user="no-such-user-fsdp")
+        assert any("chown no-such-user-fsdp" in n for n in notes)
+        assert any("User=no-such-user-fsdp does not exist" in n for n in notes)
+        assert not any("does not exist" in n for n in unit_notes(cfg, user="root"))
+
     def test_template_keys_match_generator(self, config: Path) -> None:
         """The template sets the same service keys as a generated unit, apart from the per-config ones."""
         generated = keys(render_unit(load_config(config), ["/x"], UnitOptions(name="job")))
         template = keys(TEMPLATE.read_text())
+        # PrivateTmp: `no` only for a config under /tmp (TestPrivateTmp); the template's paths are not.
         per_config = {"Description", "ExecStart", "WorkingDirectory", "SyslogIdentifier", "CacheDirectory",
-                      "Environment", "ReadWritePaths", "RequiresMountsFor", "TimeoutStartSec", "TimeoutStopSec"}
+                      "Environment", "ReadWritePaths", "RequiresMountsFor", "TimeoutStartSec", "TimeoutStopSec",
+                      "PrivateTmp"}
         for key, values in generated.items():
             if key not in per_config:
                 assert template.get(key) == values, key
+        assert template["PrivateTmp"] == ["yes"]
+
+    def test_template_installs_what_exists(self) -> None:
+        """The template's install line installs this project from a checkout or its wheel (it is not on the
+        package index) without torch (the daemon's venv needs none), and says how the job's program is found."""
+        text = TEMPLATE.read_text()
+        install = [line for line in text.splitlines() if "/bin/pip install" in line]
+        assert len(install) == 1, install
+        words = install[0].split("pip install", 1)[1].split("#")[0].split()
+        assert "torch" not in install[0] and "fsdp-supervisor" not in words, install[0]
+        assert any(w.startswith(("/", ".")) for w in words), install[0]
+        assert "Environment=PATH=" in text, "the header must say how to put the job's venv on PATH"
