@@ -66,4 +66,4 @@ class TestStateFuzz:
                 p.wait()
             assert read_status(run_dir) is not None
         rc, text = _status(config)
-        assert rc == 0 and "state" in text, text
+        assert rc == 3 and "state" in text, text  # readable; 3 like systemctl: no supervisor runs

@@ -3,6 +3,7 @@ first block (`make test`, `make run`) here. A new command block in README fails 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ def test_make_run_trains_and_stops_gracefully(tmp_path: Path) -> None:
     work = tmp_path / "repo"
     (work / "deploy" / "examples").mkdir(parents=True)
     (work / "deploy" / "examples" / "demo.toml").write_text((demo / "demo.toml").read_text())
+    shutil.copy(REPO / "deploy" / "foreground.py", work / "deploy" / "foreground.py")
     makefile = (REPO / "Makefile").read_text().replace("$(VENV)/bin", f"{Path(sys.executable).parent}")
     (work / "Makefile").write_text(makefile.replace("run: $(STAMP)", "run:"))
     out = tmp_path / "make-run.out"
@@ -31,7 +33,7 @@ def test_make_run_trains_and_stops_gracefully(tmp_path: Path) -> None:
                              start_new_session=True)
     sup.procs.append(p)
     try:
-        ckpts = work / "deploy" / "examples" / "ckpts"
+        ckpts = work / "deploy" / "examples" / "demo" / "ckpts"
         wait_for(lambda: (p.poll() is None and any(ckpts.glob("step_*"))) or p.poll() is not None, 240,
                  "the demo's first checkpoint")
         assert p.poll() is None, out.read_text()[-3000:]
@@ -40,7 +42,7 @@ def test_make_run_trains_and_stops_gracefully(tmp_path: Path) -> None:
         assert p.wait(120) in (0, -signal.SIGINT), out.read_text()[-3000:]
         text = out.read_text()
         assert "progress step=" in text and "stopped" in text, text[-3000:]
-        state = (work / "deploy" / "examples" / ".fsdp-supervisor" / "state.json").read_text()
+        state = (work / "deploy" / "examples" / "demo" / ".fsdp-supervisor" / "state.json").read_text()
         assert '"state": "stopped"' in state
     finally:
         sup.cleanup()

@@ -65,7 +65,7 @@ class Walkthrough:
         return self.cwd / "deploy" / "examples"
 
     def attempt_log(self, n: int) -> str:
-        return (self.examples / ".fsdp-supervisor" / "logs" / f"attempt-{n:04d}.log").read_text()
+        return (self.examples / "best" / ".fsdp-supervisor" / "logs" / f"attempt-{n:04d}.log").read_text()
 
 
 def _env(tag: str) -> dict[str, str]:
