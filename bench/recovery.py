@@ -80,22 +80,39 @@ class _Run:
         except OSError:
             return ""
 
-    def workers(self) -> list[psutil.Process]:
-        """Live trainer worker processes of this run (`python -u -m trainer ...` under torchrun)."""
-        out = []
+    def _agents(self) -> list[psutil.Process]:
+        """The running torchrun agent(s): the supervisor's job (state.json), else the torchrun under our process."""
         try:
-            procs = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.Error:
-            return out
-        for p in procs:
+            if self.variant == "supervisor":
+                pid = json.loads((self.run_dir / "state.json").read_text()).get("job_pid")
+                return [psutil.Process(pid)] if pid else []
+            top = psutil.Process(self.proc.pid)
+            return [p for p in (top, *top.children(recursive=True)) if "torch.distributed.run" in p.cmdline()]
+        except (OSError, ValueError, psutil.Error):
+            return []
+
+    def workers(self) -> list[psutil.Process]:
+        """Live worker processes of this run: the running agent's children (cold `python -u -m trainer ...`, or
+        warm workers that took that argv; an idle spare's warm workers are not the job's)."""
+        out = []
+        for agent in self._agents():
             try:
-                cmd = p.cmdline()
-                if ("-u" in cmd and "trainer" in cmd and "torch.distributed.run" not in cmd
-                        and p.status() != psutil.STATUS_ZOMBIE):
-                    out.append(p)
+                out += [p for p in agent.children() if p.status() != psutil.STATUS_ZOMBIE]
             except psutil.Error:
                 continue
         return out
+
+    def rank_of(self, p: psutil.Process, attempt: int) -> int | None:
+        """A worker's RANK: from its environment (cold), else the agent's `warm_handoff` line (a warm worker's
+        /proc environ is the one it was started with)."""
+        try:
+            rank = p.environ().get("RANK")
+        except psutil.Error:
+            return None
+        if rank is not None:
+            return int(rank)
+        found = re.search(rf"event=warm_handoff pid={p.pid} local_rank=\S+ rank=(\d+)", self.text(attempt))
+        return int(found.group(1)) if found else None
 
     def steady(self) -> bool:
         steps = [int(s) for s in _steps(self.text())]
@@ -145,9 +162,9 @@ def measure_once(variant: str, *, kill_step: int = 12, model: dict[str, Any] | N
         run = _Run(variant, root, tagged, kill_step, model or {})
         wait_until(run.steady, TIMEOUT, f"{variant}: steady state", interval=0.1)
         old = run.workers()
-        victim = next(p for p in old if p.environ().get("RANK") == "1")
-        run.heartbeat.unlink(missing_ok=True)
         attempt = 2 if variant == "supervisor" else 1
+        victim = next(p for p in old if run.rank_of(p, 1) == 1)
+        run.heartbeat.unlink(missing_ok=True)
         offset = len(run.text(attempt)) if attempt == 1 else 0
         t0, t0_wall = time.monotonic(), time.time()
         victim.kill()

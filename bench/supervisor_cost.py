@@ -72,14 +72,26 @@ def idle_spare(supervisor_pid: int, run_dir: Path) -> psutil.Process | None:
     return None
 
 
+def _warm_workers_on(spare: psutil.Process) -> bool:
+    """Whether the supervisor asked this spare for warm workers (its OPTIONS argument, supervisor/host/spares.py)."""
+    try:
+        options = json.loads(spare.cmdline()[3])
+    except (psutil.Error, IndexError, ValueError):
+        return False
+    return bool(options.get("workers"))
+
+
 def idle_spare_ready(supervisor_pid: int, run_dir: Path) -> bool:
-    """Whether the idle spare has imported torch: its own ready line (the job's former spare wrote one too)."""
+    """Whether the idle spare has imported torch and, when it keeps warm workers, those have answered too: its own
+    lines (the job's former spare wrote some too)."""
     spare = idle_spare(supervisor_pid, run_dir)
     try:
         ready = (run_dir / "logs" / "prewarm.log").read_text()
     except OSError:
         return False
-    return spare is not None and f"event=prewarm_ready pid={spare.pid} " in ready
+    if spare is None or f"event=prewarm_ready pid={spare.pid} " not in ready:
+        return False
+    return not _warm_workers_on(spare) or f"event=warm_workers_ready pid={spare.pid} " in ready
 
 
 def spare_rss_mb(supervisor_pid: int, run_dir: Path) -> float | None:

@@ -19,14 +19,18 @@ Two things differ on purpose:
 
 Until the hand-off it dies with the supervisor (PR_SET_PDEATHSIG; EOF on stdin means "not needed").
 
-Run as a plain file (`python .../trainer/spare.py PARENT_PID`), standard library only until the
+With warm workers on (the supervisor's OPTIONS argument, `[job] prewarm_workers`), the spare also starts one
+warm worker per local rank once its own import is done (trainer/warm_pool.py, trainer/warm.py), and hands
+torchrun's first round of ranks to them.
+
+Run as a plain file (`python .../trainer/spare.py PARENT_PID OPTIONS`), standard library only until the
 import it exists for: the job's interpreter need not have this package installed. The supervisor itself
 never imports this module.
 """
 from __future__ import annotations
 
 import atexit
-import ctypes
+import importlib.util
 import json
 import os
 import select
@@ -38,17 +42,23 @@ import traceback
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-__all__ = ["main"]
+__all__ = ["main", "run_then_exit"]
 
-_PR_SET_PDEATHSIG = 1
 _IMPORT_AFTER_S = 60.0
 
 
-def _pdeathsig(sig: int) -> None:
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # not Linux: the EOF on stdin still ends an unneeded spare
+def _sibling(name: str) -> Any:
+    """Load `trainer/<name>.py` by path (this file runs by path; its directory is never put on sys.path)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_fsdp_supervisor_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+_pdeathsig = _sibling("warm").pdeathsig  # not Linux: the EOF on stdin still ends an unneeded spare
 
 
 def _wait_for_training(timeout: float) -> None:
@@ -167,8 +177,38 @@ def run_then_exit(fn: Callable[[], object]) -> NoReturn:
     os._exit(status)
 
 
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _warm_pool(options: dict[str, Any]) -> Any:
+    """Start the warm workers `options` ask for (trainer/warm_pool.py); the pool, or None."""
+    if not options.get("workers"):
+        return None
+    pools = _sibling("warm_pool")
+    plan = pools.plan_workers(options.get("args", []), env=os.environ, cwd=os.getcwd())
+    if isinstance(plan, str):
+        _say(f"event=warm_workers_off pid={os.getpid()} reason={json.dumps(plan)}")
+        return None
+    pool = pools.WarmPool(plan, os.getcwd(), list(options.get("modules", [])), frozenset(options.get("volatile", [])),
+                          _say)
+    pool.start()
+    return pool
+
+
+def _wait_for_handoff(pool: Any) -> None:
+    """Block until the supervisor writes the launch (or closes the pipe); meanwhile note which workers are ready."""
+    while True:
+        waiting = pool.sockets() if pool is not None else []
+        readable, _, _ = select.select([sys.stdin, *waiting], [], [])
+        if sys.stdin in readable:
+            return
+        pool.collect()
+
+
 def main() -> int:
     parent = int(sys.argv[1])
+    options: dict[str, Any] = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
     _pdeathsig(signal.SIGKILL)
     if os.getppid() != parent:  # the supervisor died before the line above took effect
         return 0
@@ -179,12 +219,20 @@ def main() -> int:
         torchrun = _import_torchrun_at_idle_priority()
     except Exception:  # noqa: BLE001 - a broken install: fail as the job would, in its own log
         return _fail_as_the_job(traceback.format_exc())
-    print(f"event=prewarm_ready pid={os.getpid()} import_s={time.monotonic() - started:.3f}",
-          file=sys.stderr, flush=True)
+    _say(f"event=prewarm_ready pid={os.getpid()} import_s={time.monotonic() - started:.3f}")
+    # A spare handed its launch at once (the first attempt) gets no warm workers: too late to help, and they
+    # would compete with the job's own start.
+    pool = None if select.select([sys.stdin], [], [], 0)[0] else _warm_pool(options)
+    _wait_for_handoff(pool)
     data = sys.stdin.buffer.read()
     if not data:
         return 0
     _take_over(json.loads(data), torchrun.__file__)
+    if pool is not None:
+        problem = pool.install()
+        if problem is not None:
+            _say(f"event=warm_workers_off pid={os.getpid()} reason={json.dumps(problem)}")
+            pool.release()
     run_then_exit(torchrun.main)
 
 

@@ -46,7 +46,8 @@ def run(cfg: Config) -> int:
         for warning in preflight.command_warnings(cfg.job.command):
             log.warning("config_warning", key="job.command", detail=warning)
         previous = read_status(run_dir)
-        system = RealSystem(prewarm=cfg.job.prewarm)
+        system = RealSystem(prewarm=cfg.job.prewarm, warm_workers=cfg.job.prewarm_workers,
+                            warm_modules=cfg.job.prewarm_modules)
         # The loop thread waits for the GIL up to one switch interval per system call while another thread
         # computes (5 ms by default): a large .metadata is parsed in a child, which shares no GIL with the
         # loop (metadata_child), and what other threads do (small parses, history compaction) yields within 1 ms.
