@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from supervisor.checkpoints import RetentionRules
-from supervisor.contract import ENV_ATTEMPT, ENV_ERROR_FILE, ENV_HEARTBEAT, ENV_RUN_DIR, ENV_RUN_TOKEN
+from supervisor.contract import ENV_ATTEMPT, ENV_ERROR_FILE, ENV_HEARTBEAT, ENV_LOCAL_DIR, ENV_RUN_DIR, ENV_RUN_TOKEN
 from supervisor.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -50,7 +50,7 @@ MAX_GB = 1e15  # far past any disk; near 1e299 the byte arithmetic of retention 
 # torch's own modules that every FSDP + DCP job imports (0.6 s per rank here): no GPU, no environment at import.
 DEFAULT_PREWARM_MODULES = ("torch.distributed.checkpoint", "torch.distributed.fsdp")
 _MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", re.ASCII)
-_SET_BY_SUPERVISOR = frozenset({ENV_HEARTBEAT, ENV_ATTEMPT, ENV_RUN_DIR, ENV_ERROR_FILE, ENV_RUN_TOKEN})
+_SET_BY_SUPERVISOR = frozenset({ENV_HEARTBEAT, ENV_ATTEMPT, ENV_RUN_DIR, ENV_ERROR_FILE, ENV_RUN_TOKEN, ENV_LOCAL_DIR})
 
 
 def _path_text(v: Any) -> Any:
@@ -156,6 +156,18 @@ class CheckpointsSection(RetentionRules):
         "(exit 3) naming it. An empty root, or one with only partial saves, always starts fresh",
     )
     retention_interval_s: float = Field(default=300, gt=0, description="periodic retention pass, seconds")
+    local_dir: DirPath | None = Field(
+        default=None,
+        description="node-local checkpoint tier (tmpfs, a local NVMe) for saves between durable ones: the job gets "
+        "it as FSDP_SUPERVISOR_LOCAL_DIR (the reference trainer saves there every --local-save-every K steps); a "
+        "resume takes the newest complete checkpoint of either root, the local copy at equal steps. Single-node "
+        "jobs only (docs/checkpoints.md, The local tier)",
+    )
+    local_keep: int = Field(
+        default=1, ge=1, le=1000,
+        description="complete checkpoints kept in local_dir (besides the one a running job resumed from, pinned ones "
+        "and saves in flight)",
+    )
 
     @model_validator(mode="after")
     def _sizes_in_range(self) -> CheckpointsSection:
@@ -260,21 +272,53 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def _placement_error(cfg: Config) -> str | None:
-    """Why the checkpoint root overlaps what it must not, or None (paths compared with symlinks resolved)."""
-    root = os.path.realpath(cfg.checkpoints.dir)
-    hint = "give [checkpoints] dir a folder of its own, e.g. a 'checkpoints' subfolder"
+def _root_error(cfg: Config, key: str, given: Path) -> str | None:
+    """Why one checkpoint root overlaps what it must not, or None (paths compared with symlinks resolved)."""
+    root = os.path.realpath(given)
+    hint = f"give [checkpoints] {key} a folder of its own, e.g. a 'checkpoints' subfolder"
     if _inside(os.path.realpath(cfg.path), root):
-        return f"[checkpoints.dir] {cfg.checkpoints.dir} contains this config file; {hint}"
+        return f"[checkpoints.{key}] {given} contains this config file; {hint}"
     if _inside(os.path.realpath(cfg.job_cwd), root):
-        return f"[checkpoints.dir] {cfg.checkpoints.dir} contains the job's working directory {cfg.job_cwd}; {hint}"
+        return f"[checkpoints.{key}] {given} contains the job's working directory {cfg.job_cwd}; {hint}"
     run_dir = os.path.realpath(cfg.run_dir)
     if _inside(run_dir, root):
         where = "is" if run_dir == root else "is inside"
-        return (f"[supervisor.run_dir] {cfg.run_dir} {where} the checkpoint root {cfg.checkpoints.dir}: trainers that "
+        return (f"[supervisor.run_dir] {cfg.run_dir} {where} the checkpoint root {given}: trainers that "
                 f"list the root would see the supervisor's files; put the run dir next to it (the default "
                 f"'.fsdp-supervisor' beside the config file is fine)")
     return None
+
+
+def _torchrun_nnodes(command: list[str]) -> str | None:
+    """The value of torchrun's --nnodes in `command`, if it passes one."""
+    for i, arg in enumerate(command):
+        if arg == "--nnodes" and i + 1 < len(command):
+            return command[i + 1]
+        if arg.startswith("--nnodes="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _local_tier_error(cfg: Config) -> str | None:
+    """Why `[checkpoints] local_dir` cannot be used with this config, or None."""
+    local = cfg.checkpoints.local_dir
+    if local is None:
+        return None
+    durable, here = os.path.realpath(cfg.checkpoints.dir), os.path.realpath(local)
+    if _inside(here, durable) or _inside(durable, here):
+        return (f"[checkpoints.local_dir] {local} and [checkpoints.dir] {cfg.checkpoints.dir} overlap: each tier is a "
+                "root of its own, neither inside the other")
+    nnodes = _torchrun_nnodes(cfg.job.command)
+    if nnodes is not None and nnodes not in ("1", "1:1"):
+        return (f"[checkpoints.local_dir] the local tier is for single-node jobs, and this job runs torchrun "
+                f"--nnodes {nnodes}: a resume could pick a step that another node's tier lacks; remove local_dir "
+                "(docs/checkpoints.md, The local tier)")
+    return _root_error(cfg, "local_dir", local)
+
+
+def _placement_error(cfg: Config) -> str | None:
+    """Why a checkpoint root overlaps what it must not, or None (paths compared with symlinks resolved)."""
+    return _root_error(cfg, "dir", cfg.checkpoints.dir) or _local_tier_error(cfg)
 
 
 def _error_line(path: Path, exc: ValidationError) -> str:
@@ -301,8 +345,9 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         missing = "job" if not isinstance(raw.get("job"), dict) else "checkpoints"
         raise ConfigError(f"{p}: [{missing}] section is missing")
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
-    if "dir" in raw["checkpoints"]:
-        raw["checkpoints"]["dir"] = _resolve(base, raw["checkpoints"]["dir"])
+    for key in ("dir", "local_dir"):
+        if key in raw["checkpoints"]:
+            raw["checkpoints"][key] = _resolve(base, raw["checkpoints"][key])
     if "cwd" in raw["job"]:
         raw["job"]["cwd"] = _resolve(base, raw["job"]["cwd"])
     sup = raw.setdefault("supervisor", {})

@@ -11,6 +11,10 @@ The Housekeeper also keeps the in-use marker of the running attempt (`mark_in_us
 by the core where it sets and clears its resume point): a file next to the checkpoint root that every
 prune honours, the daemon's own passes included, and that each pass refreshes. The trash goes next to the
 root, or into the run dir when the root's parent cannot hold it.
+
+With `[checkpoints] local_dir` a pass looks at both tiers (supervisor/checkpoints/tiers.py): the checkpoints it
+reports, and the newest, are both roots' in one order; retention runs on each root by its own rules; the in-use
+marker goes next to the root that holds the resume point.
 """
 from __future__ import annotations
 
@@ -26,6 +30,9 @@ from supervisor.errors import CheckpointError
 from supervisor.layout import MANIFEST_NAME, METADATA_NAME
 
 __all__ = ["Housekeeper", "PassResult", "best_checkpoint"]
+
+
+_Prunable = tuple[Path, list[store.CheckpointInfo], store.RetentionRules, store.DiskUsage]  # root, entries, rules, disk
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,7 @@ class PassResult:
 class Housekeeper:
     def __init__(self, cfg: Config, log: Any, now: Callable[[], float]) -> None:
         self.root = cfg.checkpoints.dir
+        self.local_root = cfg.checkpoints.local_dir  # the node-local tier, if any
         self.cfg, self.log, self.now = cfg, log, now
         self.latest: store.CheckpointInfo | None = None  # newest complete, non-quarantined: the resume point
         self._high: store.CheckpointInfo | None = None  # newest ever seen: a fallback after quarantine is no commit
@@ -58,13 +66,17 @@ class Housekeeper:
         self._trash_lock = threading.Lock()
         self._more_trash = False  # something was parked since the emptier last looked
         self._emptying = False
-        self._marker: tuple[Path, int] | None = None  # the running attempt's in-use marker and job pid
+        self._marker: tuple[Path, int, Path] | None = None  # the running attempt's in-use marker, job pid, its root
 
     def concerns(self, path: Path) -> bool:
         """Is this file event a possible checkpoint commit (a top-level rename/create, or DCP's .metadata)?"""
-        try:
-            rel = path.relative_to(self.root)
-        except ValueError:
+        for root in filter(None, (self.root, self.local_root)):
+            try:
+                rel = path.relative_to(root)
+                break
+            except ValueError:
+                continue
+        else:
             return False
         # A JSON file in a checkpoint folder may be the sidecar that says an Accelerate checkpoint's step.
         return len(rel.parts) == 1 or rel.name in (METADATA_NAME, MANIFEST_NAME) or (
@@ -86,25 +98,40 @@ class Housekeeper:
             store.refresh_in_use(marker[0])
         try:
             usage = store.disk_usage(self.root)
-            found = store.scan(self.root, verify_all=True)
+            durable = store.scan(self.root, verify_all=True)
+            local = store.scan_local(self.local_root)
+            found = store.merged(durable, local)
             usable = [c for c in found if c.complete and not c.quarantined]
-            newest = usable[0] if usable else None  # scan() sorts newest first
-            plan = store.RetentionPlan()
+            newest = usable[0] if usable else None  # newest first, the local copy first at equal steps
             committed = newest is not None and newest.path != unless_newest
+            deleted: list[store.Deletion] = []
+            findings: list[store.Finding] = []
             if self.cfg.checkpoints.prune and (prune or committed):
                 store.migrate_legacy_trash(self.root, fallback=self.cfg.run_dir)
-                plan = store.plan_retention(found, rules=self.cfg.checkpoints, disk=usage,
-                                            protect={*protect, *store.in_use(self.root)}, now=self.now())
-            deleted = (store.execute_retention(self.root, plan, empty_trash=False, fallback=self.cfg.run_dir)
-                       if plan.deletions else [])
+                for root, entries, rules, disk in self._tiers(durable, local, usage):
+                    plan = store.plan_retention(entries, rules=rules, disk=disk,
+                                                protect={*protect, *store.in_use(root)}, now=self.now())
+                    findings += plan.findings
+                    deleted += (store.execute_retention(root, plan, empty_trash=False, fallback=self.cfg.run_dir)
+                                if plan.deletions else [])
         except (CheckpointError, OSError) as exc:
             return PassResult(generation, error=str(exc))
         gone = {d.path for d in deleted}
         return PassResult(
             generation, checkpoints=[c for c in found if c.path not in gone], newest=newest, deleted=deleted,
-            findings=plan.findings, disk_free=usage.free_bytes,
-            checkpoint_bytes=sum(c.size_bytes for c in found if c.complete and c.path not in gone),
+            findings=findings, disk_free=usage.free_bytes,
+            checkpoint_bytes=sum(c.size_bytes for c in durable if c.complete and c.path not in gone),
         )
+
+    def _tiers(self, durable: list[store.CheckpointInfo], local: list[store.CheckpointInfo],
+               usage: store.DiskUsage) -> list[_Prunable]:
+        """Each root to prune with its entries, rules and disk: the durable root, then the local tier (if it exists)."""
+        tiers: list[_Prunable] = [(self.root, durable, self.cfg.checkpoints, usage)]
+        local_root = self.local_root
+        if local_root is not None and local_root.is_dir():
+            rules = store.local_rules(self.cfg.checkpoints, self.cfg.checkpoints.local_keep)
+            tiers.append((local_root, local, rules, store.disk_usage(local_root)))
+        return tiers
 
     def empty_trash(self) -> None:
         """Remove trash contents on a worker thread: a slow rmtree must not stall the loop (or its watchdog)."""
@@ -122,7 +149,8 @@ class Housekeeper:
                         return
                     self._more_trash = False
                 try:
-                    store.clear_trash(self.root, fallback=self.cfg.run_dir)
+                    for root in filter(None, (self.root, self.local_root)):
+                        store.clear_trash(root, fallback=self.cfg.run_dir)
                 except (CheckpointError, OSError) as exc:
                     self.log.warning("trash_clear_failed", root=str(self.root), error=str(exc))
                     continue
@@ -136,10 +164,10 @@ class Housekeeper:
 
     # ---- in-use marker ------------------------------------------------------------------------------------
     def mark_in_use(self, path: Path, pid: int, start_time: float | None) -> None:
-        """The attempt `pid` (started at `start_time`) resumed from `path`: tell every prune of the root."""
+        """The attempt `pid` (started at `start_time`) resumed from `path`: tell every prune of its root (either tier)."""
         self.clear_in_use()
         try:
-            self._marker = (store.mark_in_use(self.root, path, pid=pid, start_time=start_time), pid)
+            self._marker = (store.mark_in_use(path.parent, path, pid=pid, start_time=start_time), pid, path.parent)
         except CheckpointError as exc:  # the daemon's own retention still protects it (core's in_use)
             self.log.warning("in_use_marker_failed", path=str(path), error=str(exc))
 
@@ -148,7 +176,7 @@ class Housekeeper:
         marker, self._marker = self._marker, None
         if marker is not None:
             try:
-                store.clear_in_use(self.root, pid=marker[1])
+                store.clear_in_use(marker[2], pid=marker[1])
             except CheckpointError as exc:
                 self.log.warning("in_use_marker_failed", path=str(marker[0]), error=str(exc))
 

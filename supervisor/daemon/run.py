@@ -60,7 +60,9 @@ def run(cfg: Config) -> int:
         core = Core(cfg, system, log, notify=notifier.status if notifier else None, history=history)
         echo = Echo(console) if console.tty else None
         # The job's output dir is watched only to echo it: each line the job logs would wake us otherwise.
-        watch = [(run_dir, False), *([(run_dir / "logs", False)] if echo else []), (cfg.checkpoints.dir, True)]
+        local = cfg.checkpoints.local_dir  # the node-local tier's commits are progress too
+        watch = [(run_dir, False), *([(run_dir / "logs", False)] if echo else []), (cfg.checkpoints.dir, True),
+                 *([(local, True)] if local is not None else [])]
         progress = Progress(console, lambda: core.status)  # a live row on a terminal, else a line every 10 s
         ticks = [*(notifier.ticks(lambda: not core.done) if notifier else []), (TICK_S, progress.tick),
                  (TICK_S, core.bound_output)]

@@ -131,7 +131,7 @@ class TestWarmResume:
                  f"step {held} held and warm workers ready")
         victim = next(w for w in _job_workers(tmp_path) if w.environ().get("RANK") == "1")
         victim.kill()
-        go.touch()
+        go.with_name(f"go.{held}").touch()
         assert p.wait(timeout=JOB_TIMEOUT) == 0, supervisors.print_logs()
         assert len(_handoffs(tmp_path, 2)) == 2, f"held={held}: attempt 2 did not run in warm workers"
         ours, theirs = complete_steps(root), complete_steps(reference)

@@ -12,9 +12,9 @@ FSDP_TRAINER_TEST_HOLD_SAVE_STEP=N      every rank holds the save of step N (onc
 FSDP_TRAINER_TEST_HOLD_SAVE_UNTIL=F     before writing anything) until the file F exists (at most 600 s), so a
                                         test can act between two saves (fill the disk).
 FSDP_TRAINER_TEST_STALL_BEST_STEP=N     the best model of step N stalls between its weights and its best.json.
-FSDP_TRAINER_TEST_HOLD_TRAIN_STEP=N     every rank holds after step N (its save, if any, committed), before the
-FSDP_TRAINER_TEST_HOLD_TRAIN_UNTIL=F    next step, until the file F exists (at most 600 s): a test can kill a
-                                        rank at a known step (warm workers).
+FSDP_TRAINER_TEST_HOLD_TRAIN_STEP=N,M   every rank holds after step N (its save, if any, committed), before the
+FSDP_TRAINER_TEST_HOLD_TRAIN_UNTIL=F    next step, until the file F.N exists (at most 600 s), and so on for each
+                                        listed step: a test can kill a rank at known steps (warm workers, tiers).
 FSDP_TRAINER_TEST_PACE_SAVES=1          every save waits (at most 60 s) until the supervisor's state.json names the
                                         newest checkpoint committed in the root: its pass (and retention) has
                                         seen the last save. A job saving faster than a pass can prune behind it
@@ -46,9 +46,9 @@ HERE = Path(__file__).resolve()
 RC_ENTRY = HERE.parents[1] / "trainer_rc.py"
 
 
-def _hold(step: int, step_env: str = HOLD_SAVE_STEP_ENV, until_env: str = HOLD_SAVE_UNTIL_ENV) -> None:
-    until = os.environ.get(until_env)
-    if until and os.environ.get(step_env) == str(step):
+def _hold(step: int) -> None:
+    until = os.environ.get(HOLD_SAVE_UNTIL_ENV)
+    if until and os.environ.get(HOLD_SAVE_STEP_ENV) == str(step):
         deadline = time.monotonic() + HOLD_MAX_S
         while not os.path.exists(until) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -97,7 +97,11 @@ def install() -> None:
     train_step = trainer.loop.Trainer.train_step
 
     def held_train_step(self: trainer.loop.Trainer) -> float:
-        _hold(self.progress.step, HOLD_TRAIN_STEP_ENV, HOLD_TRAIN_UNTIL_ENV)
+        step, until = self.progress.step, os.environ.get(HOLD_TRAIN_UNTIL_ENV)
+        if until and str(step) in os.environ.get(HOLD_TRAIN_STEP_ENV, "").split(","):
+            deadline = time.monotonic() + HOLD_MAX_S
+            while not os.path.exists(f"{until}.{step}") and time.monotonic() < deadline:
+                time.sleep(0.05)
         return train_step(self)
 
     trainer.loop.Trainer.train_step = held_train_step  # type: ignore[method-assign]

@@ -1,0 +1,102 @@
+"""The node-local tier under the real supervisor and trainer: the newest step of either root is resumed (the local
+copy when it is the newest), a torn local copy falls back to the durable root, the result is bit-exact, and a
+multi-node config is refused."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from supervisor.checkpoints import scan
+from tests.helpers import Launcher, logged_steps, module_torchrun  # noqa: F401
+from tests.integration.test_trainer_runs import (
+    JOB_TIMEOUT,
+    assert_same_rng_and_progress,
+    assert_same_weights,
+    complete_steps,
+)
+from tests.integration.test_warm_workers import HOOKED, TORCHRUN, _job_workers, _run_dir
+from tests.jobs.hooked_trainer import HOLD_TRAIN_STEP_ENV, HOLD_TRAIN_UNTIL_ENV
+from tests.supervise import REPO, Supervisors, cli, supervisors, wait_for  # noqa: F401
+
+STEPS, SAVE_EVERY, LOCAL_EVERY = 24, 8, 2
+ARGS = ["--steps", STEPS, "--save-every", SAVE_EVERY, "--local-save-every", LOCAL_EVERY, "--log-every", 1, "--seed", 7]
+
+
+def _config(tmp_path: Path, command: list[str], env: dict[str, str], extra: str = "") -> Path:
+    table = ", ".join(f"{k} = {json.dumps(v)}" for k, v in {"OMP_NUM_THREADS": "1", **env}.items())
+    cfg = tmp_path / "job.toml"
+    cfg.write_text(f"[job]\ncommand = {json.dumps(command)}\ncwd = {json.dumps(str(REPO))}\nenv = {{ {table} }}\n\n"
+                   f"[checkpoints]\ndir = \"ckpts\"\nlocal_dir = \"shm/ckpts\"\nkeep_last = 10\n\n"
+                   f"[restart]\nhealthy_restart_delay_s = 3\n[health]\nstop_timeout_s = 20\n{extra}")
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def reference(module_torchrun: Launcher, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same job uninterrupted, without the local tier, saving every step it will be compared at."""
+    root = tmp_path_factory.mktemp("reference") / "ckpts"
+    args = ["--steps", STEPS, "--save-every", LOCAL_EVERY, "--log-every", 1, "--seed", 7, "--checkpoint-dir", root]
+    job = module_torchrun.run(args, timeout=JOB_TIMEOUT)
+    assert job.proc.returncode == 0, job.text()[-3000:]
+    return root
+
+
+def _started(tmp_path: Path) -> dict[int, str | None]:
+    lines = (_run_dir(tmp_path) / "supervisor.log").read_text().splitlines()
+    return {e["attempt"]: e["resumed_from"] for e in map(json.loads, lines) if e.get("event") == "job_started"}
+
+
+def _kill_rank1_holding(tmp_path: Path, attempt: int, step: int) -> None:
+    log = _run_dir(tmp_path) / "logs" / f"attempt-{attempt:04d}.log"
+    wait_for(lambda: log.exists() and step in logged_steps(log.read_text()), 180, f"attempt {attempt} at step {step}")
+    victim = next(w for w in _job_workers(tmp_path) if _rank(w, log) == 1)
+    victim.kill()
+
+
+def _rank(worker, log: Path) -> int | None:  # type: ignore[no-untyped-def]
+    rank = worker.environ().get("RANK")
+    if rank is None:  # a warm worker: the agent's hand-off line says which rank it runs
+        for line in log.read_text().splitlines():
+            if f"event=warm_handoff pid={worker.pid} " in line:
+                rank = line.rsplit("rank=", 1)[1]
+    return None if rank is None else int(rank)
+
+
+class TestResumeAcrossTiers:
+    def test_the_newest_tier_is_resumed_a_torn_local_one_is_not_and_the_end_is_bit_exact(
+            self, tmp_path: Path, supervisors: Supervisors, reference: Path) -> None:
+        """Killed at 13 (durable 8, local 12): attempt 2 resumes the local 12. Killed at 19 (durable 16, local 18)
+        with the local 18 torn before the relaunch: attempt 3 resumes the durable 16. The run ends with the
+        uninterrupted run's weights, RNG and progress; the local tier kept its newest and the durable root every save."""
+        go = tmp_path / "go"
+        durable, local = tmp_path / "ckpts", tmp_path / "shm" / "ckpts"
+        command = [*TORCHRUN, str(HOOKED), *map(str, ARGS), "--checkpoint-dir", str(durable)]
+        p = supervisors.start(_config(tmp_path, command, {HOLD_TRAIN_STEP_ENV: "13,19", HOLD_TRAIN_UNTIL_ENV: str(go)}))
+        _kill_rank1_holding(tmp_path, 1, 13)
+        go.with_name("go.13").touch()
+        _kill_rank1_holding(tmp_path, 2, 19)
+        shard = next((local / "step_00000018").glob("*.distcp"))
+        shard.write_bytes(shard.read_bytes()[:8])  # torn: the shard is shorter than .metadata says
+        go.with_name("go.19").touch()
+        assert p.wait(timeout=JOB_TIMEOUT) == 0, supervisors.print_logs()
+        started = _started(tmp_path)
+        assert started[2] == str(local / "step_00000012") and started[3] == str(durable / "step_00000016"), started
+        ours, theirs = complete_steps(durable), complete_steps(reference)
+        assert sorted(ours) == [8, 16, 24]  # the durable root: --save-every and the last step, never the local ones
+        for step in ours:
+            assert_same_weights(ours[step], theirs[step], f"step {step}")
+        assert_same_rng_and_progress(ours[24], theirs[24], "final")
+        kept = [c.name for c in scan(local) if c.complete]
+        assert kept == ["step_00000022"], kept  # local_keep = 1 (the last step itself goes to the durable root)
+
+
+class TestMultiNode:
+    def test_run_refuses_the_local_tier_for_several_nodes(self, tmp_path: Path) -> None:
+        """`run` with torchrun --nnodes=2 and local_dir: exit 2, one line saying why, nothing started."""
+        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", "-m", "trainer"]
+        r = cli("run", "-c", str(_config(tmp_path, command, {})))
+        assert r.returncode == 2 and "single-node" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert not (tmp_path / "ckpts").exists() and not (tmp_path / "shm").exists()
