@@ -31,10 +31,10 @@ from typing import Any
 import psutil
 
 from bench.common import PY, REPO, Tagged, job_env, median, scratch, torchrun_argv, trainer_argv, wait_until
-from bench.supervisor_cost import idle_spare_ready
+from bench.supervisor_cost import idle_spare_ready, warm_workers_memory
 from supervisor.contract import ENV_HEARTBEAT, HEARTBEAT_FILE
 
-__all__ = ["run", "measure_once", "VARIANTS"]
+__all__ = ["run", "measure_once", "warm_workers", "VARIANTS", "PHASES"]
 
 VARIANTS = ("supervisor", "torchrun_restart", "naive_loop")
 PHASES = ("teardown", "relaunch", "worker_init", "load", "first_step")
@@ -46,13 +46,15 @@ TIMEOUT = 180.0
 class _Run:
     """One launched variant: where its job output and heartbeat are, and how to find its processes."""
 
-    def __init__(self, variant: str, root: Path, tagged: Tagged, kill_step: int, model: dict[str, Any]) -> None:
+    def __init__(self, variant: str, root: Path, tagged: Tagged, kill_step: int, model: dict[str, Any],
+                 flags: dict[str, Any] | None = None, local: Path | None = None) -> None:
         self.variant, self.root, self.tagged, self.kill_step = variant, root, tagged, kill_step
         self.ckpts = root / "ckpts"
+        self.local = local  # the supervisor's [checkpoints] local_dir (bench/local_tier.py), or None
         self.run_dir = root / ".fsdp-supervisor"
         self.heartbeat = (self.run_dir if variant == "supervisor" else root) / HEARTBEAT_FILE
         self.log = root / "job.log"
-        flags = dict(steps=10**6, save_every=SAVE_EVERY, log_every=1, **model)
+        flags = {"steps": 10**6, "save_every": SAVE_EVERY, "log_every": 1, **model, **(flags or {})}
         env = job_env({ENV_HEARTBEAT: str(self.heartbeat)})
         if variant == "supervisor":
             self.proc = tagged.start([PY, "-m", "supervisor", "run", "-c", str(self._config(flags))],
@@ -67,8 +69,9 @@ class _Run:
     def _config(self, flags: dict[str, Any]) -> Path:
         command = torchrun_argv() + trainer_argv(self.ckpts, **flags)
         path = self.root / "job.toml"
+        local = f"local_dir = {json.dumps(str(self.local))}\n" if self.local else ""
         path.write_text(f"[job]\ncommand = {json.dumps(command)}\ncwd = {json.dumps(str(REPO))}\n\n"
-                        f"[checkpoints]\ndir = {json.dumps(str(self.ckpts))}\n")
+                        f"[checkpoints]\ndir = {json.dumps(str(self.ckpts))}\n{local}")
         return path
 
     def job_log(self, attempt: int) -> Path:
@@ -116,7 +119,8 @@ class _Run:
 
     def steady(self) -> bool:
         steps = [int(s) for s in _steps(self.text())]
-        if not steps or steps[-1] < self.kill_step or not any(self.ckpts.glob("step_*")):
+        saved = any(self.ckpts.glob("step_*")) or (self.local is not None and any(self.local.glob("step_*")))
+        if not steps or steps[-1] < self.kill_step or not saved:
             return False
         if self.variant != "supervisor":
             return True
@@ -154,13 +158,17 @@ def _supervisor_events(run: _Run, since_wall: float) -> dict[str, float]:
     return out
 
 
-def measure_once(variant: str, *, kill_step: int = 12, model: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Launch `variant`, kill rank 1 in steady state, time the recovery; returns total and phase seconds."""
+def measure_once(variant: str, *, kill_step: int = 12, model: dict[str, Any] | None = None,
+                 flags: dict[str, Any] | None = None, local: Path | None = None) -> dict[str, Any]:
+    """Launch `variant`, kill rank 1 in steady state, time the recovery; returns total and phase seconds, and the
+    steps lost (the last step trained before the kill minus the step resumed). `flags` add trainer flags; `local`
+    gives the supervisor a node-local tier there."""
     root = scratch(f"recovery-{variant}")
     tagged = Tagged()
     try:
-        run = _Run(variant, root, tagged, kill_step, model or {})
+        run = _Run(variant, root, tagged, kill_step, model or {}, flags, local)
         wait_until(run.steady, TIMEOUT, f"{variant}: steady state", interval=0.1)
+        warm = warm_workers_memory(run.proc.pid, run.run_dir) if variant == "supervisor" else None
         old = run.workers()
         attempt = 2 if variant == "supervisor" else 1
         victim = next(p for p in old if run.rank_of(p, 1) == 1)
@@ -192,9 +200,17 @@ def measure_once(variant: str, *, kill_step: int = 12, model: dict[str, Any] | N
             at = marks.get(name, prev)
             phases[name] = round(max(0.0, at - prev), 3)
             prev = max(prev, at)
-        result = {"total": round(marks["first_step"], 3), "phases": phases}
+        after = run.text(attempt)[offset:]
+        resumed = re.search(r"event=loaded rank=0 path=(\S+) step=(\d+)", after)
+        # Before the kill: attempt 1's log (the same log up to the resumed run's load, for torchrun's own restart).
+        before = run.text(1) if attempt == 2 else run.text(1)[:offset] + after.split("event=loaded", 1)[0]
+        trained = max(map(int, _steps(before)), default=0)
+        result = {"total": round(marks["first_step"], 3), "phases": phases,
+                  "steps_lost": trained - int(resumed.group(2)) if resumed else None,
+                  "resumed_from": resumed.group(1) if resumed else None}
         if variant == "supervisor":
             result["supervisor_events"] = _supervisor_events(run, t0_wall)
+            result["warm_workers"] = warm
         return result
     finally:
         tagged.close()
@@ -220,9 +236,18 @@ def run(repeats: int = 4, kill_step: int = 12, model: dict[str, Any] | None = No
         result["round_ratios"] = [round(s["total"] / t["total"], 3)
                                   for s, t in zip(runs["supervisor"], runs["torchrun_restart"])]
     result["breakdown"] = {v: {ph: median(x["phases"][ph] for x in runs[v]) for ph in PHASES} for v in variants}
+    result["steps_lost"] = {v: median(x["steps_lost"] for x in runs[v]) for v in variants}
     result["runs"] = runs
     result["repeats"] = repeats
     return result
+
+
+def warm_workers(result: dict[str, Any]) -> dict[str, Any] | None:
+    """`warm_workers`: the idle warm workers' memory at the supervisor rounds' steady state (medians)."""
+    seen = [x["warm_workers"] for x in result.get("runs", {}).get("supervisor", []) if x.get("warm_workers")]
+    if not seen:
+        return None
+    return {key: median(x[key] for x in seen) for key in ("idle_rss_mb", "idle_uss_mb", "workers", "per_worker_rss_mb")}
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ import psutil
 from bench.common import PY, REPO, median
 from supervisor.host.spares import is_spare_cmdline
 
-__all__ = ["Sampler", "import_seconds", "idle_spare", "idle_spare_ready", "spare_rss_mb", "RUN_IMPORTS"]
+__all__ = ["Sampler", "import_seconds", "idle_spare", "idle_spare_ready", "spare_rss_mb", "warm_workers_memory",
+           "RUN_IMPORTS"]
 
 
 class Sampler:
@@ -101,6 +102,21 @@ def spare_rss_mb(supervisor_pid: int, run_dir: Path) -> float | None:
         return round(spare.memory_info().rss / 2**20, 1) if spare is not None else None
     except psutil.Error:
         return None
+
+
+def warm_workers_memory(supervisor_pid: int, run_dir: Path) -> dict[str, Any] | None:
+    """Memory of the idle spare's warm workers (its children): RSS and USS (the pages only they hold), in MB."""
+    spare = idle_spare(supervisor_pid, run_dir)
+    try:
+        workers = spare.children() if spare is not None else []
+        mem = [w.memory_full_info() for w in workers]
+    except psutil.Error:
+        return None
+    if not mem:
+        return None
+    rss, uss = [m.rss / 2**20 for m in mem], [m.uss / 2**20 for m in mem]
+    return {"idle_rss_mb": round(sum(rss), 1), "idle_uss_mb": round(sum(uss), 1), "workers": len(mem),
+            "per_worker_rss_mb": round(max(rss), 1)}
 
 
 # What `fsdp-supervisor run` imports before it loads the config: the CLI with every command group
