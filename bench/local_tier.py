@@ -8,8 +8,8 @@
   K; lost = the last step trained before the kill - the step resumed. Also the recovery's total, its phases and
   which tier each round resumed from.
 - `load_speedup`: a cold load of the same 1.2 GB checkpoint from the durable root (a disk, `FSDP_BENCH_DIR`) /
-  from the local tier, through the trainer's `load_checkpoint` (bench/local_tier_job.py), median of per-round
-  ratios.
+  from the local tier, through the trainer's `load_checkpoint` (bench/checkpoint_io_job.py `--local-dir`), median
+  of per-round ratios.
 
     python -m bench.local_tier        # prints the result of run() as JSON
 """
@@ -136,13 +136,13 @@ def recovery_rounds(repeats: int, *, k: int = K, model: dict[str, Any] | None = 
 
 
 def load_speedup(repeats: int, *, gb: float = 1.2, d_model: int = 1024, ranks: int = 2) -> dict[str, Any]:
-    """Cold load from the durable root / from the local tier (bench/local_tier_job.py), median per-round ratio."""
+    """Cold load from the durable root / from the local tier (bench/checkpoint_io_job.py), median per-round ratio."""
     from bench.common import PY
 
     root, tier = scratch("tier-load"), _tier_dir("tier-load")
     out = root / "result.json"
     launcher = torchrun_argv(ranks) if ranks > 1 else [PY]
-    argv = [*launcher, "-m", "bench.local_tier_job", "--dir", str(root), "--local-dir", str(tier), "--out", str(out),
+    argv = [*launcher, "-m", "bench.checkpoint_io_job", "--dir", str(root), "--local-dir", str(tier), "--out", str(out),
             "--rounds", str(repeats), "--gb", str(gb), "--d-model", str(d_model)]
     try:
         with Tagged() as tagged:
