@@ -1,8 +1,10 @@
 """The node-local checkpoint tier: what its saves cost while training, what it saves on a failure, how fast it loads.
 
 - `throughput_ratio`: tokens/s of bare torchrun training with local saves every K steps (async, into /dev/shm) /
-  the same without; the throughput job and window of bench/throughput.py, runs interleaved. `cpu_per_step_ratio`
-  gives the same comparison in CPU seconds per step (less sensitive to other load on the machine).
+  the same without: bench/throughput.py's job, over the same steps K/2 .. K/2 + 2K in both (a window in steps, not
+  seconds, so that it holds two saves and their aftermath however loaded the machine is), runs interleaved,
+  the median of the rounds' own ratios. `cpu_per_step_ratio` gives the same comparison in the workers' CPU
+  seconds per step (less sensitive to other load on the machine).
 - `steps_lost_median`: recovery rounds of bench/recovery.py (same job, same kill) under the supervisor with
   `[checkpoints] local_dir` on /dev/shm, the durable root saving every DURABLE_EVERY steps and the local tier every
   K; lost = the last step trained before the kill - the step resumed. Also the recovery's total, its phases and
@@ -21,7 +23,6 @@ import random
 import re
 import shutil
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,6 @@ __all__ = ["run", "K", "DURABLE_EVERY", "TIER_BASE"]
 # its 0.1 s steps: K = 200 keeps that near 1.5% (a job with second-long steps gets the same cost at K of a few).
 K = 200
 DURABLE_EVERY = 2000  # the durable root's --save-every in the recovery rounds: rarely, as it would be with a tier
-WINDOW_S = 24.0  # long enough to hold a local save or two at K
 TIER_BASE = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())  # a tmpfs where there is one
 TIMEOUT = 180.0
 
@@ -59,10 +59,12 @@ def _workers_cpu(agent: psutil.Process) -> float:
     return total
 
 
-def _training_once(local: bool, *, k: int, window_s: float, warmup_s: float, model: dict[str, Any]) -> dict[str, Any]:
-    """One bare torchrun run: tokens/s and CPU seconds per step in the window, with or without local saves."""
+def _training_once(local: bool, *, k: int, saves: int, model: dict[str, Any]) -> dict[str, Any]:
+    """One bare torchrun run: tokens/s and CPU seconds per step over steps k/2 .. k/2 + saves*k (the same steps with
+    or without local saves: with them, exactly `saves` saves fall inside, each with k/2 steps of its aftermath)."""
     root, tier = scratch("tier-train"), _tier_dir("tier-train")
     extra = {"local_save_every": k, "local_checkpoint_dir": tier} if local else {}
+    first, last = k // 2, k // 2 + saves * k
     try:
         with Tagged() as tagged:
             cmd = torchrun_argv() + trainer_argv(root / "ckpts", steps=10**6, save_every=SAVE_EVERY, log_every=LOG_EVERY,
@@ -70,35 +72,36 @@ def _training_once(local: bool, *, k: int, window_s: float, warmup_s: float, mod
             log = root / "job.log"
             agent = psutil.Process(tagged.start(cmd, log=log, env=job_env()).pid)
 
-            def text() -> str:
-                return log.read_text(errors="replace") if log.exists() else ""
+            def reached(step: int) -> float | None:
+                text = log.read_text(errors="replace") if log.exists() else ""
+                if agent.status() == psutil.STATUS_ZOMBIE:
+                    raise RuntimeError(f"the training job exited early:\n{text[-3000:]}")
+                lines = train_lines(text)
+                return _workers_cpu(agent) if lines and lines[-1][0] >= step else None
 
-            wait_until(lambda: train_lines(text()), TIMEOUT, "first progress line", interval=0.1)
-            time.sleep(warmup_s)
-            first, cpu0 = train_lines(text()), _workers_cpu(agent)
-            time.sleep(window_s)
-            lines, cpu1 = train_lines(text()), _workers_cpu(agent)
-            window = lines[len(first) - 1:]
-            steps = window[-1][0] - window[0][0]
+            cpu0 = wait_until(lambda: reached(first), TIMEOUT + first, f"step {first}", interval=0.05)
+            cpu1 = wait_until(lambda: reached(last), TIMEOUT + 2 * last, f"step {last}", interval=0.05)
+            text = log.read_text(errors="replace")
+            window = [(s, t) for s, t in train_lines(text) if first <= s <= last]
             tokens = _tokens_per_s(window, 2 * model["batch_size"] * model["seq_len"])
             saved = [int(m) for m in re.findall(rf"event=checkpoint_saved rank=0 step=(\d+) path={re.escape(str(tier))}",
-                                                text())]
+                                                text)]
+            steps = window[-1][0] - window[0][0]
             return {"tokens_per_s": tokens, "cpu_per_step": round((cpu1 - cpu0) / steps, 5) if steps else None,
-                    "steps": steps, "local_saves": sum(window[0][0] < s <= window[-1][0] for s in saved)}
+                    "steps": steps, "local_saves": sum(first < s <= last for s in saved)}
     finally:
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(tier, ignore_errors=True)
 
 
-def throughput(repeats: int, *, k: int = K, window_s: float = WINDOW_S, warmup_s: float = 4.0,
-               model: dict[str, Any] | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """`throughput_ratio` and `cpu_per_step_ratio` (medians of interleaved runs) with local saves every `k`."""
+def throughput(repeats: int, *, k: int = K, saves: int = 2, model: dict[str, Any] | None = None,
+               progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """`throughput_ratio` and `cpu_per_step_ratio` (medians of interleaved rounds' own ratios), local saves every `k`."""
     model = {**MODEL, **(model or {})}
     runs: dict[str, list[dict[str, Any]]] = {"local": [], "off": []}
     for r in range(repeats):
         for variant in (("local", "off") if r % 2 == 0 else ("off", "local")):
-            runs[variant].append(_training_once(variant == "local", k=k, window_s=window_s, warmup_s=warmup_s,
-                                                model=model))
+            runs[variant].append(_training_once(variant == "local", k=k, saves=saves, model=model))
             if progress:
                 progress(f"local tier throughput {variant} #{r + 1}: {runs[variant][-1]['tokens_per_s']:.0f} tokens/s")
     pairs = list(zip(runs["local"], runs["off"]))  # each round's two runs ran back to back: the same machine load
@@ -166,8 +169,7 @@ def run(repeats: int = 3, *, quick: bool = False, progress: Callable[[str], None
     k = 5 if quick else K
     tiny = {"d_model": 32, "n_layers": 1, "n_heads": 2, "seq_len": 16, "batch_size": 2} if quick else None
     result: dict[str, Any] = {"k": k, "durable_every": DURABLE_EVERY}
-    result.update(throughput(repeats, k=k, window_s=3 if quick else WINDOW_S, warmup_s=1 if quick else 4, model=tiny,
-                             progress=progress))
+    result.update(throughput(repeats, k=k, model=tiny, progress=progress))
     result.update(recovery_rounds(repeats, k=k, model=tiny, progress=progress))
     result.update(load_speedup(repeats + 1, gb=0.02 if quick else 1.2, d_model=128 if quick else 1024))
     return result

@@ -17,9 +17,12 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from supervisor.checkpoints.ranking import CheckpointInfo, Tier, newest_complete, scan
-from supervisor.checkpoints.retention import RetentionRules
+
+if TYPE_CHECKING:  # retention needs pydantic: the trainer's `--resume auto` (newest_across) must not pay for it
+    from supervisor.checkpoints.retention import RetentionRules
 
 __all__ = ["Tier", "tier_order", "tagged", "merged", "scan_local", "scan_tiers", "newest_across", "local_rules"]
 
@@ -69,5 +72,7 @@ def newest_across(durable: PathLike, local: PathLike | None) -> CheckpointInfo |
 
 def local_rules(base: RetentionRules, keep: int) -> RetentionRules:
     """The local tier's retention: its `keep` newest complete checkpoints; debris after `partial_max_age_s`."""
+    from supervisor.checkpoints.retention import RetentionRules
+
     return RetentionRules(keep_last=keep, partial_max_age_s=base.partial_max_age_s)
 

@@ -4,6 +4,7 @@ multi-node config is refused."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -100,3 +101,13 @@ class TestMultiNode:
         r = cli("run", "-c", str(_config(tmp_path, command, {})))
         assert r.returncode == 2 and "single-node" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert not (tmp_path / "ckpts").exists() and not (tmp_path / "shm").exists()
+
+
+class TestCheapResumeChoice:
+    def test_the_choice_across_tiers_imports_no_pydantic(self, tmp_path: Path) -> None:
+        """Every rank's `--resume auto` runs newest_across before training: it stays on the store's light modules
+        (retention's pydantic models would cost each rank ~0.2 s of a recovery)."""
+        code = ("import sys\nfrom supervisor.checkpoints import newest_across\n"
+                f"newest_across({str(tmp_path)!r}, {str(tmp_path / 'local')!r})\nprint('pydantic' in sys.modules)")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
