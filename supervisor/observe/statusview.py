@@ -102,10 +102,12 @@ def render_status(st: Status, *, running: bool, now: float, spark: bool = False)
     if ex and ex.detail:
         last += f" {ex.detail}"
     rows.append(("restarts", f"{st.restarts}{last}"))
+    if ex:  # the failure's own words, as the job printed them (torchrun's report left out)
+        rows += [("last output" if i == 0 else "", line) for i, line in enumerate(ex.output_beyond_detail())]
     if st.next_launch_at and st.state is State.BACKOFF:
         rows.append(("next launch", f"in {human_age(st.next_launch_at - now)}"))
     if st.quarantined:
         rows.append(("quarantined", ", ".join(st.quarantined)))
     rows.append(("free disk", human_bytes(st.disk_free_bytes)))
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:>{width}}: {printable(v)}" for k, v in rows)
+    return "\n".join(f"{k:>{width}}{':' if k else ' '} {printable(v)}" for k, v in rows)

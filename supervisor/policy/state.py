@@ -24,7 +24,7 @@ from typing import Any
 
 from supervisor.vocabulary import Vocabulary
 
-__all__ = ["State", "ExitReason", "ExitInfo", "Status", "TRANSITIONS", "ABRUPT_ENDS"]
+__all__ = ["State", "ExitReason", "ExitInfo", "Status", "TRANSITIONS", "ABRUPT_ENDS", "output_beyond"]
 
 
 
@@ -73,6 +73,17 @@ class ExitInfo:
     reason: ExitReason | str  # str: a word this version does not know (state.json of a newer release), kept
     at: float
     detail: str | None = None  # root-cause rank and exception from torchrun's error file, if any
+    last_output: list[str] | None = None  # a failure's last lines of job output (torchrun's own left out)
+
+    def output_beyond_detail(self) -> list[str]:
+        return output_beyond(self.detail, self.last_output)
+
+
+def output_beyond(detail: str | None, lines: list[str] | None) -> list[str]:
+    """A failure's last output lines, unless they are only the line its `detail` already ends with."""
+    if lines and len(lines) == 1 and detail and detail.endswith(lines[0].strip()):
+        return []
+    return lines or []
 
 
 @dataclass

@@ -66,3 +66,16 @@ def test_last_exit_shows_only_what_is_known(code: int | None, sig: str | None, s
     st = Status(state=State.STOPPED, last_exit=ExitInfo(code=code, signal=sig, reason=reason, at=0.0))
     text = render_status(st, running=False, now=0.0) + "\n"
     assert shown in text and "None" not in text, text
+
+
+def test_a_failures_last_output_is_shown_under_its_exit() -> None:
+    """The job's last lines, one row each, under the last exit; not when they only repeat the detail."""
+    from supervisor.policy.state import ExitInfo
+
+    ex = ExitInfo(code=1, signal=None, reason="crash", at=0.0, detail="rank 0: exitcode 2: fatal: no data",
+                  last_output=["loading", "fatal: no data"])
+    text = render_status(Status(state=State.FAILED, last_exit=ex), running=False, now=0.0)
+    assert "restarts: 0, last exit: crash (code 1) rank 0: exitcode 2: fatal: no data\n" in text
+    assert "last output: loading\n                 fatal: no data\n" in text
+    ex.last_output = ["fatal: no data"]
+    assert "last output" not in render_status(Status(state=State.FAILED, last_exit=ex), running=False, now=0.0)
