@@ -116,7 +116,9 @@ class Status:
     next_launch_at: float | None = None
     reason: str | None = None  # why the supervisor ended (gave up, completed, stopped)
     # From the run's history (supervisor.history.fold has the definitions):
-    goodput: float | None = None  # productive training time / supervisor wall time
+    goodput: float | None = None  # productive training time / supervisor wall time; None: unknown (no steps)
+    # wall_s and where it went: productive_s, startup_s, restart_s, lost_s, checkpoint_overhead_s, other_s
+    goodput_parts: dict[str, float] = field(default_factory=dict)
     loss_recent: list[float] = field(default_factory=list)  # the last sampled losses, oldest first
     restart_latency_s: list[float] = field(default_factory=list)  # per recovery: failure seen -> training again
     steps_lost: list[int] = field(default_factory=list)  # per failure followed by a relaunch
