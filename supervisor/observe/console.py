@@ -52,7 +52,7 @@ _FIELDS: dict[str, tuple[str, ...]] = {
     "stopped": ("reason",),
     "hang_detected": ("attempt", "step", "phase", "idle_s"),
     "stack_dump_requested": ("workers", "log"),
-    "prewarm_handoff": ("pid",),
+    "prewarm_handoff": ("pid", "note"),
     "python_warning": ("category", "where", "message"),
 }
 _OFF_TTY: dict[str, tuple[str, ...]] = {"job_started": ("log",)}  # where the output the echo would show is
