@@ -60,19 +60,24 @@ _NEVER = frozenset({"run_dir", "argv", "env", "ts", "level", "event", "timestamp
                     "stack"})
 _MAX_FIELDS = 4
 _MAX_VALUE = 100
-_WHOLE = frozenset({"reason", "detail"})  # why it gave up, the root cause: never cut (bounded where they are made)
+# Never cut: why it gave up, the root cause (both bounded where they are made), and paths (a cut one opens nothing)
+_WHOLE = frozenset({"reason", "detail"})
+
+
+def _is_path(key: str) -> bool:
+    return key in ("path", "log", "resumed_from") or key.endswith("_path")
 
 
 def _value(key: str, v: Any, cwd: str) -> str:
     if key.endswith("_bytes") and isinstance(v, int):
         return human_bytes(v).replace(" ", "")
-    if isinstance(v, str) and (key in ("path", "log", "resumed_from") or key.endswith("_path")):
+    if isinstance(v, str) and _is_path(key):
         v = os.path.relpath(v, cwd) if v.startswith(cwd + os.sep) else v
     if isinstance(v, float):
         v = round(v, 3)
     text = v if isinstance(v, str) and _PLAIN.fullmatch(v) else json.dumps(v, default=str, ensure_ascii=False)
     text = _ESCAPES.sub("", text)
-    return text if len(text) <= _MAX_VALUE or key in _WHOLE else text[:_MAX_VALUE - 1] + "…"
+    return text if len(text) <= _MAX_VALUE or key in _WHOLE or _is_path(key) else text[:_MAX_VALUE - 1] + "…"
 
 
 def _label(key: str) -> str:

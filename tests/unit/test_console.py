@@ -254,6 +254,11 @@ class TestOffATerminal:
               "log": "/w/.fsdp-supervisor/logs/attempt-0001.log"}
         assert render_event(ev, tty=False, cwd="/w").endswith("pid=7 log=.fsdp-supervisor/logs/attempt-0001.log")
 
+    def test_a_long_path_is_never_cut(self) -> None:
+        log = "/very/long/" + "d" * 120 + "/.fsdp-supervisor/logs/attempt-0001.log"
+        ev = {"event": "job_started", "level": "info", "ts": "2026-01-02T03:04:05Z", "attempt": 1, "pid": 7, "log": log}
+        assert render_event(ev, tty=False, cwd="/w").endswith(f"log={log}")
+
     def test_a_reason_or_a_root_cause_is_never_cut(self) -> None:
         reason = "crash loop: 3 consecutive failed attempts without progress (max_no_progress_restarts=3); last: crash"
         ev = {"event": "gave_up", "level": "error", "ts": "2026-01-02T03:04:05Z", "reason": reason, "attempts": 3,
