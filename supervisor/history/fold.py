@@ -193,7 +193,7 @@ class Fold:
         self.quarantines = 0
         self.last_step: int | None = None
         self.recent_loss: deque[float] = deque(maxlen=RECENT_LOSSES)
-        self._recent_at: tuple[int, int] | None = None  # (attempt, step) of the newest loss in recent_loss
+        self._recent_step: int | None = None  # the step of the newest loss in recent_loss
         self.marks: list[Mark] = []  # keep=True only
         self.end_state: str | None = None
         self.end_reason: str | None = None
@@ -292,11 +292,13 @@ class Fold:
         if a.trained_at is None and step > (a.resumed_step or 0) and rec.get("phase") != "load":
             a.trained_at = t
         loss = _num(rec, "loss")
-        if loss is not None:  # one per step: the eval and save beats of a step repeat its training loss
-            if self._recent_at == (a.number, step):
+        # One per step: a step's eval and save beats repeat its loss, and so does a resumed attempt's first beat at the
+        # step it resumed (a load beat's loss is the checkpoint's, nothing measured now).
+        if loss is not None and rec.get("phase") != "load":
+            if self._recent_step == step:
                 self.recent_loss.pop()
             self.recent_loss.append(loss)
-            self._recent_at = (a.number, step)
+            self._recent_step = step
         if self.keep:
             a.samples.append(Sample(t, step, loss, _num(rec, "val_loss")))
 

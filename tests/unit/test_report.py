@@ -338,11 +338,14 @@ class TestCommand:
 
 
 def test_recent_losses_are_one_per_step() -> None:
-    """A step's train, eval and save beats carry the same loss: `loss_recent` holds it once (it held it thrice)."""
+    """A step's train, eval and save beats carry the same loss, and a resume's load and first beat repeat the
+    checkpoint's: `loss_recent` holds each step once (it held step 20 four times). A resume behind shows the jump."""
     records = [rec(0, "supervisor_start"), start(0, 1), beat(1, 1, 10, loss=3.0), beat(2, 1, 10, phase="eval", loss=3.0),
                beat(3, 1, 10, phase="save", loss=3.0), beat(4, 1, 20, loss=2.5), beat(5, 1, 20, phase="eval", loss=2.5),
-               end(6, 1, "crash", 20), start(7, 2, 10), beat(8, 2, 10, phase="load", loss=3.0), beat(9, 2, 11, loss=2.9)]
-    assert list(Fold().add_all(records).recent_loss) == [3.0, 2.5, 3.0, 2.9]
+               end(6, 1, "stopped", 20), start(7, 2, 20), beat(8, 2, 20, phase="load", loss=2.5), beat(9, 2, 20, loss=2.5),
+               beat(10, 2, 30, loss=2.0), end(11, 2, "crash", 30), start(12, 3, 20),
+               beat(13, 3, 20, phase="load", loss=2.5), beat(14, 3, 20, loss=2.5), beat(15, 3, 21, loss=2.4)]
+    assert list(Fold().add_all(records).recent_loss) == [3.0, 2.5, 2.0, 2.5, 2.4]
 
 
 def test_no_none_on_the_page() -> None:
