@@ -13,6 +13,7 @@ defaulting like every `-c`, or `--dir`): PATH, or the NAME `list` shows. Anythin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -24,6 +25,7 @@ from typing import Any
 from supervisor.checkpoints.completeness import FOREIGN
 from supervisor.checkpoints.inuse import in_use
 from supervisor.checkpoints.markers import checkpoint_in_root, pin, quarantine_reason, unpin, unquarantine
+from supervisor.checkpoints.metadata.reader import fresh
 from supervisor.checkpoints.pruning import disk_usage, execute_retention
 from supervisor.checkpoints.ranking import CheckpointInfo, checkpoint_step, judge, scan
 from supervisor.checkpoints.retention import RetentionPlan, RetentionRules, plan_retention
@@ -57,6 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = cmds.add_parser("verify", help="exit 0 when PATH is a complete checkpoint, 1 when not")
     p.add_argument("path", type=Path, metavar="PATH")
     p.add_argument("--deep", action="store_true", help="also compare the manifest's sha256 checksums")
+    p.add_argument("--no-cache", action="store_true",
+                   help="parse every .metadata again, ignoring the metadata cache (and refresh its entries)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of a line")
     p.set_defaults(func=cmd_verify)
 
@@ -161,7 +165,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    v = judge(args.path, deep=args.deep)
+    with fresh() if args.no_cache else contextlib.nullcontext():
+        v = judge(args.path, deep=args.deep)
     path = Path(os.path.abspath(args.path))
     # lstat first: following a symlink into a folder we may not search raises PermissionError (not ignored by
     # Path.is_dir), and a symlinked dir is never a checkpoint anyway.
