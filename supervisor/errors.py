@@ -24,6 +24,7 @@ __all__ = [
     "ManifestError",
     "CheckpointIOError",
     "BestFileError",
+    "ExportConflictError",
 ]
 
 EXIT_OK = 0  # job completed, or stopped gracefully by a signal
@@ -101,3 +102,8 @@ class CheckpointIOError(RuntimeError):
 
 class BestFileError(ValueError):
     """best.json exists but cannot be trusted; the message says why (the trainer logs it and ignores the file)."""
+
+
+class ExportConflictError(UsageError):
+    """An export would delete, replace or mix with a file it cannot prove an earlier export of ours wrote (a
+    downloaded model's shards beside OUT): refused, naming the file, before anything is written (exit 2)."""
