@@ -23,7 +23,7 @@ from supervisor.errors import ConfigError, SidecarError
 from supervisor.host import procs
 from supervisor.host.runlock import RunLock
 from supervisor.observe.console import TICK_S, Console, Progress
-from supervisor.observe.eventlog import configure, get_logger
+from supervisor.observe.eventlog import configure, get_logger, reopen_file
 from supervisor.observe.metrics import listen_address, start_metrics
 from supervisor.observe.notify import Notifier
 
@@ -78,6 +78,7 @@ def run(cfg: Config) -> int:
 
         def keep_run_dir() -> None:  # a run dir removed under us: made again, locked again
             if lock.restore():
+                reopen_file()
                 core.run_dir_restored()
 
         ticks = [*(notifier.ticks(lambda: not core.done) if notifier else []), (TICK_S, progress.tick),
