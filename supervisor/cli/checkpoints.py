@@ -2,7 +2,9 @@
 
 Exit codes: 0 ok; 1 `verify` found the dir not complete; 2 bad usage, a missing or unreadable root
 or path, a root one level too high (it holds a directory of checkpoints: nothing is listed or deleted),
-or nowhere to put the trash (one line on stderr, raised as SupervisorError and printed by supervisor.cli.app).
+nowhere to put the trash, or a trash or in-use folder next to the root that is not ours (another user's, a
+symlink, group- or world-writable: SidecarError; nothing is deleted) - one line on stderr, raised as
+SupervisorError and printed by supervisor.cli.app.
 
 `pin`, `unpin` and `unquarantine` act only on a checkpoint directly under the root (`-c`'s `[checkpoints] dir`,
 defaulting like every `-c`, or `--dir`): PATH, or the NAME `list` shows. Anything else is exit 2, nothing written.
@@ -64,7 +66,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--json", action="store_true", help="one JSON object instead of a line")
     p.set_defaults(func=cmd_verify)
 
-    p = cmds.add_parser("prune", help="apply retention now and print each deletion with its reason")
+    p = cmds.add_parser(
+        "prune", help="apply retention now and print each deletion with its reason",
+        epilog="exit codes: 0 done (or nothing to delete); 2 usage or config error, a root that cannot be read or "
+        "is set too high, nowhere to park a deletion, or a trash or in-use folder next to the root that is not "
+        "yours (another user's, a symlink, writable by group or others): nothing was deleted")
     _root_args(p)
     p.add_argument("--keep-last", type=non_negative_int, metavar="N", help="keep the N newest complete")
     p.add_argument("--keep-every", type=non_negative_int, metavar="K", help="keep steps divisible by K")
