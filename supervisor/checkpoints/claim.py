@@ -59,6 +59,7 @@ _MAX_BYTES = 16 * 1024
 _MAX_REFRESH_S = 86400.0  # a holder's refresh_s is believed up to a day
 _START_SLACK_S = 0.05
 _LOCK_WAIT_S = 5.0
+_CHECK_WAIT_S = 0.2
 PathLike = str | os.PathLike[str]
 
 
@@ -173,11 +174,11 @@ def live_holders(root: PathLike) -> list[Holder]:
 
 
 @contextlib.contextmanager
-def _locked(folder: Path) -> Iterator[None]:
-    """Serialize claim-takers on the folder's `.lock` (a few ms each); after _LOCK_WAIT_S go on without it."""
+def _locked(folder: Path, wait: float = _LOCK_WAIT_S) -> Iterator[None]:
+    """Serialize claim-takers on the folder's `.lock` (a few ms each); after `wait` seconds go on without it."""
     fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
-        deadline = time.monotonic() + _LOCK_WAIT_S
+        deadline = time.monotonic() + wait
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -239,7 +240,7 @@ class RootClaim:
             return None
         try:
             _open_home(self.root, self.path.parent, self.path.parent == claim_homes(self.root)[0])
-            with _locked(self.path.parent):
+            with _locked(self.path.parent, wait=_CHECK_WAIT_S):  # on the event loop: never wait long
                 others, _ = self._look()
                 if others:
                     return self._refusal(others)

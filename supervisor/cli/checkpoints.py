@@ -32,6 +32,7 @@ from supervisor.checkpoints.pruning import disk_usage, execute_retention
 from supervisor.checkpoints.ranking import CheckpointInfo, checkpoint_step, judge, scan
 from supervisor.checkpoints.retention import RetentionPlan, RetentionRules, plan_retention
 from supervisor.checkpoints.shapes import EXPORT_REASON
+from supervisor.checkpoints.sidecars import resolved
 from supervisor.cli.argtypes import at_most, non_negative_int
 from supervisor.config import MAX_GB
 from supervisor.errors import EXIT_NOT_OK, EXIT_OK, CheckpointError
@@ -145,8 +146,8 @@ class _Target:
 
 
 def _target(args: argparse.Namespace) -> _Target:
-    if args.dir is not None:
-        return _Target(Path(os.path.abspath(args.dir)), RetentionRules())
+    if args.dir is not None:  # the root's one identity (sidecars.py): what a daemon on it resolved too
+        return _Target(resolved(args.dir), RetentionRules())
     from supervisor.config import load_config  # here: only -c needs it
     from supervisor.daemon.statefile import read_status
 
@@ -154,7 +155,7 @@ def _target(args: argparse.Namespace) -> _Target:
     status = read_status(cfg.run_dir)
     # A running supervisor's job resumed from this one: a manual prune must not pull it from under it.
     protect = (Path(status.resumed_from),) if status and status.resumed_from else ()
-    return _Target(cfg.checkpoints.dir, cfg.checkpoints, protect, cfg.run_dir)
+    return _Target(resolved(cfg.checkpoints.dir), cfg.checkpoints, protect, cfg.run_dir)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
