@@ -5,8 +5,8 @@ with the same `[checkpoints] dir`, a `run_dir` edited in a running job's config,
 running supervisor), and two jobs on one root prune each other's checkpoints and resume from each
 other's saves. So every supervisor also claims the root it resolved:
 
-    <parent>/.<root-name>.fsdp-claim/<host>-<pid>.json
-        {job, pid, host, start_time, config, run_dir, time, refresh_s}
+    <parent>/.<root-name>.fsdp-claim/<host>-<pid>-<pid namespace>.json
+        {job, pid, host, pidns, start_time, config, run_dir, time, refresh_s}
 
 an owner-only sidecar (sidecars.py), next to the root like the in-use markers, so that it survives the
 root's deletion and every spelling of the root meets it. `pid`/`start_time` are the supervisor's own.
@@ -18,8 +18,9 @@ the root, but supervisors on other hosts cannot see it. Every reader looks in bo
 - **Who may share.** The supervisors of one multi-node job (one per node) share the root: their `job` is
   the same rendezvous (daemon/preflight.rendezvous_key). A single-node job has `job = null` and shares
   with nobody.
-- **Live or stale** (`holder_state`, pure). On this host: live while process `pid` exists with that start
-  time. From another host: live until `max(CLAIM_MAX_AGE_S, 3 * refresh_s)` after its last write (its
+- **Live or stale** (`holder_state`, pure). On this host (same host name and pid namespace: containers
+  sharing a host name do not share pids): live while process `pid` exists with that start time. From
+  another host: live until `max(CLAIM_MAX_AGE_S, 3 * refresh_s)` after its last write (its
   supervisor refreshes it at every housekeeping pass, at least every `retention_interval_s`); a time
   further in the future than sidecars.CLOCK_SKEW_S is not trusted. A stale claim is taken over with a
   warning; a live one of another job refuses the start (ClaimedError, exit 2) naming its holder.
@@ -76,14 +77,17 @@ class Holder:
     run_dir: str
     written: float | None  # the claim's last write, as far as it can be trusted
     refresh_s: float
+    pidns: int | None = None  # the holder's pid namespace (inode of /proc/self/ns/pid), when known
 
     def describe(self) -> str:
         return f"supervisor pid {self.pid} on {self.host}, config {self.config} (run dir {self.run_dir})"
 
 
-def holder_state(h: Holder, *, host: str, now: float, started: Callable[[int], float | None]) -> str | None:
-    """Why the claim `h` is stale, or None while it is live (pure; `started(pid)` is a process's start time)."""
-    if h.host == host:
+def holder_state(h: Holder, *, host: str, now: float, started: Callable[[int], float | None],
+                 pidns: int | None = None) -> str | None:
+    """Why the claim `h` is stale, or None while it is live (pure; `started(pid)` is a process's start time in
+    our pid namespace `pidns`; a holder in another one is judged as from another host)."""
+    if h.host == host and (h.pidns is None or pidns is None or h.pidns == pidns):
         actual = started(h.pid)
         if actual is None:
             return f"its supervisor (pid {h.pid}) is gone"
@@ -126,6 +130,13 @@ def _started(pid: int) -> float | None:
         return None
 
 
+def _pidns() -> int | None:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
 def _number(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
@@ -142,7 +153,8 @@ def _holder(path: Path, now: float) -> Holder | None:
     return Holder(path=path, job=job if isinstance(job, str) else None, pid=doc["pid"], host=doc["host"],
                   start_time=_number(doc.get("start_time")), config=str(doc.get("config", "?")),
                   run_dir=str(doc.get("run_dir", "?")), written=written_at((st.st_mtime, _number(doc.get("time"))), now),
-                  refresh_s=min(max(refresh, 0.0), _MAX_REFRESH_S))
+                  refresh_s=min(max(refresh, 0.0), _MAX_REFRESH_S),
+                  pidns=doc["pidns"] if isinstance(doc.get("pidns"), int) else None)
 
 
 def _read_all(folder: Path, now: float) -> list[Holder]:
@@ -168,9 +180,9 @@ def _readable(root: PathLike) -> list[Path]:
 
 def live_holders(root: PathLike) -> list[Holder]:
     """The live claims on `root` (read only: nothing is created, stale ones are left for `run` to take over)."""
-    host, now = socket.gethostname(), time.time()
+    host, now, pidns = socket.gethostname(), time.time(), _pidns()
     found = [h for folder in _readable(root) for h in _read_all(folder, now)]
-    return [h for h in found if holder_state(h, host=host, now=now, started=_started) is None]
+    return [h for h in found if holder_state(h, host=host, now=now, started=_started, pidns=pidns) is None]
 
 
 @contextlib.contextmanager
@@ -201,8 +213,8 @@ class RootClaim:
                  refresh_s: float) -> None:
         self.root, self.job, self.refresh_s = resolved(root), job, refresh_s
         self.config, self.run_dir = str(config), str(run_dir)
-        self.host, self.pid = socket.gethostname(), os.getpid()
-        self.name = f"{self.host}-{self.pid}.json"
+        self.host, self.pid, self.pidns = socket.gethostname(), os.getpid(), _pidns()
+        self.name = f"{self.host}-{self.pid}{f'-{self.pidns}' if self.pidns else ''}.json"
         self.path: Path | None = None  # our claim file, once taken
         self.held = False
 
@@ -267,9 +279,9 @@ class RootClaim:
         now, live, stale = time.time(), [], []
         for folder in _readable(self.root):
             for h in _read_all(folder, now):
-                if h.host == self.host and h.pid == self.pid:
+                if h.path == self.path:
                     continue
-                why = holder_state(h, host=self.host, now=now, started=_started)
+                why = holder_state(h, host=self.host, now=now, started=_started, pidns=self.pidns)
                 if why is None:
                     live.append(h)
                     continue
@@ -287,6 +299,7 @@ class RootClaim:
 
     def _write(self) -> None:
         assert self.path is not None
-        doc = {"job": self.job, "pid": self.pid, "host": self.host, "start_time": _started(self.pid),
-               "config": self.config, "run_dir": self.run_dir, "time": time.time(), "refresh_s": self.refresh_s}
+        doc = {"job": self.job, "pid": self.pid, "host": self.host, "pidns": self.pidns,
+               "start_time": _started(self.pid), "config": self.config, "run_dir": self.run_dir, "time": time.time(),
+               "refresh_s": self.refresh_s}
         write_atomic(self.path, json.dumps(doc).encode(), durable=False, mode=0o600)

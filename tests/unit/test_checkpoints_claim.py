@@ -98,7 +98,8 @@ class TestRootClaim:
         link.symlink_to(root)
         c = claim(link)
         assert c.acquire() == []
-        assert c.path == root.parent / ".ckpts.fsdp-claim" / f"{socket.gethostname()}-{os.getpid()}.json"
+        assert c.path is not None and c.path.parent == root.parent / ".ckpts.fsdp-claim"
+        assert c.path.name.startswith(f"{socket.gethostname()}-{os.getpid()}")
         assert (os.stat(c.path.parent).st_mode & 0o777, os.stat(c.path).st_mode & 0o777) == (0o700, 0o600)
         doc = json.loads(c.path.read_text())
         assert doc["pid"] == os.getpid() and doc["config"] == "/me/job.toml" and doc["job"] is None
@@ -164,3 +165,12 @@ class TestRootClaim:
         assert [e for e, _ in notes] == ["root_claim_elsewhere"] and "belongs to uid 65534" in notes[0][1]
         assert c.path is not None and c.path.parent == claim_homes(root)[1] and os.listdir(theirs) == []
         assert [h.pid for h in live_holders(root)] == [os.getpid()]  # `status` and the next `run` look there too
+
+
+def test_a_holder_in_another_pid_namespace_is_judged_by_age() -> None:
+    """A container sharing our host name but not our pids: its pid means nothing here, so its claim lives by its
+    refreshes (as from another host), not by whether some process of ours has that number."""
+    h = Holder(path=Path("x.json"), job=None, pid=44, host=HOST, start_time=5.0, config="c", run_dir="r",
+               written=NOW - 60, refresh_s=300, pidns=111)
+    assert holder_state(h, host=HOST, now=NOW, started=started, pidns=222) is None
+    assert holder_state(h, host=HOST, now=NOW, started=started, pidns=111) == "its supervisor (pid 44) is gone"
