@@ -14,9 +14,9 @@ from supervisor.checkpoints import IN_USE_MAX_AGE_S, in_use, mark_in_use
 from supervisor.checkpoints.pruning import clear_trash, execute_retention, parking_problem
 from supervisor.checkpoints.retention import Deletion, RetentionPlan
 from supervisor.checkpoints.sidecars import CLOCK_SKEW_S, sidecar_problem, written_at
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.cli import app as top_cli
 from supervisor.errors import SidecarError
+from tests.unit.test_checkpoints_inuse import root  # noqa: F401  (fixture: complete steps 10, 20 and 30)
 
 NOW = 1_700_000_000.0
 ME = os.geteuid()
@@ -51,14 +51,6 @@ def _st(mode: int, uid: int) -> os.stat_result:
 def test_sidecar_problem(mode: int, uid: int, problem: str | None) -> None:
     found = sidecar_problem(Path("/p/.ckpts.fsdp-trash"), _st(mode, uid), {ME})
     assert found is None if problem is None else problem in (found or "")
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    r = tmp_path / "ckpts"
-    for step in (10, 20, 30):
-        write_checkpoint(r, step)
-    return r
 
 
 def _plan(*paths: Path) -> RetentionPlan:
