@@ -16,6 +16,8 @@ __all__ = [
     "UsageError",
     "CheckpointError",
     "LockedError",
+    "ClaimedError",
+    "SidecarError",
     "MetadataKind",
     "MetadataError",
     "RefusedGlobalError",
@@ -56,6 +58,15 @@ class CheckpointError(SupervisorError):
 
 class LockedError(SupervisorError):
     """Another supervisor already owns the run dir; the message names its pid."""
+
+
+class ClaimedError(SupervisorError):
+    """Another job holds the checkpoint root (its claim, supervisor/checkpoints/claim.py); the message names it."""
+
+
+class SidecarError(CheckpointError):
+    """A folder we keep next to the checkpoint root (trash, in-use markers, the claim) cannot be used: not
+    ours, writable by others, or nowhere to put it. Retention stops; discovery and resume go on."""
 
 
 # The errors below are not SupervisorErrors: each is caught where it arises and becomes something else (a verdict

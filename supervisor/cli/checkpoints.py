@@ -2,7 +2,9 @@
 
 Exit codes: 0 ok; 1 `verify` found the dir not complete; 2 bad usage, a missing or unreadable root
 or path, a root one level too high (it holds a directory of checkpoints: nothing is listed or deleted),
-or nowhere to put the trash (one line on stderr, raised as SupervisorError and printed by supervisor.cli.app).
+nowhere to put the trash, or a trash or in-use folder next to the root that is not ours (another user's, a
+symlink, group- or world-writable: SidecarError; nothing is deleted) - one line on stderr, raised as
+SupervisorError and printed by supervisor.cli.app.
 
 `pin`, `unpin` and `unquarantine` act only on a checkpoint directly under the root (`-c`'s `[checkpoints] dir`,
 defaulting like every `-c`, or `--dir`): PATH, or the NAME `list` shows. Anything else is exit 2, nothing written.
@@ -30,6 +32,7 @@ from supervisor.checkpoints.pruning import disk_usage, execute_retention
 from supervisor.checkpoints.ranking import CheckpointInfo, checkpoint_step, judge, scan
 from supervisor.checkpoints.retention import RetentionPlan, RetentionRules, plan_retention
 from supervisor.checkpoints.shapes import EXPORT_REASON
+from supervisor.checkpoints.sidecars import resolved
 from supervisor.cli.argtypes import at_most, non_negative_int
 from supervisor.config import MAX_GB
 from supervisor.errors import EXIT_NOT_OK, EXIT_OK, CheckpointError
@@ -64,7 +67,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--json", action="store_true", help="one JSON object instead of a line")
     p.set_defaults(func=cmd_verify)
 
-    p = cmds.add_parser("prune", help="apply retention now and print each deletion with its reason")
+    p = cmds.add_parser(
+        "prune", help="apply retention now and print each deletion with its reason",
+        epilog="exit codes: 0 done (or nothing to delete); 2 usage or config error, a root that cannot be read or "
+        "is set too high, nowhere to park a deletion, or a trash or in-use folder next to the root that is not "
+        "yours (another user's, a symlink, writable by group or others): nothing was deleted")
     _root_args(p)
     p.add_argument("--keep-last", type=non_negative_int, metavar="N", help="keep the N newest complete")
     p.add_argument("--keep-every", type=non_negative_int, metavar="K", help="keep steps divisible by K")
@@ -139,8 +146,8 @@ class _Target:
 
 
 def _target(args: argparse.Namespace) -> _Target:
-    if args.dir is not None:
-        return _Target(Path(os.path.abspath(args.dir)), RetentionRules())
+    if args.dir is not None:  # the root's one identity (sidecars.py): what a daemon on it resolved too
+        return _Target(resolved(args.dir), RetentionRules())
     from supervisor.config import load_config  # here: only -c needs it
     from supervisor.daemon.statefile import read_status
 
@@ -148,7 +155,7 @@ def _target(args: argparse.Namespace) -> _Target:
     status = read_status(cfg.run_dir)
     # A running supervisor's job resumed from this one: a manual prune must not pull it from under it.
     protect = (Path(status.resumed_from),) if status and status.resumed_from else ()
-    return _Target(cfg.checkpoints.dir, cfg.checkpoints, protect, cfg.run_dir)
+    return _Target(resolved(cfg.checkpoints.dir), cfg.checkpoints, protect, cfg.run_dir)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
