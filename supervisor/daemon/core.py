@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from supervisor.checkpoints.claim import RootClaim
 from supervisor.config import Config
 from supervisor.contract import HEARTBEAT_FILE, Beat, Phase
 from supervisor.daemon.events import Events
@@ -52,7 +53,7 @@ _LAUNCH_SCAN_TRIES = 3  # passes that could not read the root before a launch gi
 
 class Core:
     def __init__(self, cfg: Config, system: System, log: Any, notify: Callable[[Status], object] | None = None,
-                 history: NullHistory | None = None) -> None:
+                 history: NullHistory | None = None, claim: RootClaim | None = None) -> None:
         self.cfg, self.sys, self.log = cfg, system, log
         self.history = history or NullHistory()  # run_dir/history.jsonl (supervisor.daemon.recorder)
         self.run_dir = cfg.run_dir
@@ -64,6 +65,9 @@ class Core:
         self.exit_code: int | None = None
         self.high_water_step: int | None = None
         self.house = Housekeeper(cfg, log, now=system.now)
+        self.claim = self.house.claim = claim  # this job's claim on the checkpoint root (checkpoints/claim.py)
+        self._root_id: tuple[int, int] | None = None  # the root the passes look at (re-created: a new one)
+        self.watch_stale = False  # the root was replaced: the loop watches it anew (and clears this)
         self.in_use: Path | None = None  # the checkpoint the running attempt resumed from: never pruned
         self.passes = PassScheduler(self.house, system, self._on_pass)
         self.events = Events(log, self.history)
@@ -143,6 +147,7 @@ class Core:
             self.status.quarantined = last.quarantined
             self.status.best_checkpoint = self.house.best_json()
         self.status.latest_checkpoint = self.house.latest_json()
+        self.status.retention_stopped = self.house.retention_stopped
 
     def _give_up(self, reason: str) -> None:
         self._finish(State.FAILED, reason)
@@ -218,6 +223,7 @@ class Core:
             low = self.job.low_free
             self.job.low_free = result.disk_free if low is None else min(low, result.disk_free)
         new = self.house.absorb(result)
+        self._note_root(result.root_id)
         self.events.pass_done(result, new)
         if new is not None:
             job = self.job or self.ended
@@ -236,6 +242,28 @@ class Core:
         if not self.done:
             self._publish()
 
+    def _note_root(self, root_id: tuple[int, int] | None) -> None:
+        """A pass found the root re-created in place (a new inode): say so, and have the loop watch the new one."""
+        if root_id is None:
+            return
+        if self._root_id is not None and root_id != self._root_id:
+            self.log.warning("checkpoint_root_replaced", root=str(self.house.root), action="watching the new one")
+            self.watch_stale = True
+        self._root_id = root_id
+
+    def run_dir_restored(self) -> None:
+        """The run dir was removed under us and is back, locked again (host/runlock.py): write state.json anew."""
+        self.log.warning("run_dir_restored", run_dir=str(self.run_dir),
+                         detail="it was removed while the supervisor ran; made again and locked")
+        self._publish()
+
+    def on_watch_restored(self, path: Path) -> None:
+        """The loop watches `path` again after it was deleted or replaced: look at what happened meanwhile."""
+        self.log.warning("watch_restored", path=str(path))
+        if path == self.house.root:
+            self.passes.changed()
+            self._request_pass(prune=False)
+
     # ---- launching -------------------------------------------------------------------------------------------
     def _request_launch(self) -> None:
         """Launch as soon as a pass has said which checkpoint to resume from."""
@@ -249,7 +277,9 @@ class Core:
     def _plan(self, scan: PassResult) -> resume.Launch | resume.Refuse | None:
         """What to launch with, a refusal, or None to look at the root again (it could not be read)."""
         job, ck = self.cfg.job, self.cfg.checkpoints
-        if scan.error is not None and job.resume_args and not ck.allow_fresh_start:
+        # A failed look is never a result (invariant 11): whatever the root holds decides the launch, unless the
+        # job picks its own checkpoint. allow_fresh_start is about checkpoints seen to be unusable, not unseen ones.
+        if scan.error is not None and not resume.chooses_itself(job.resume_args):
             self._scan_failures += 1
             if self._scan_failures < _LAUNCH_SCAN_TRIES:
                 delay = max(1.0, self.cfg.restart.backoff_initial_s)
@@ -311,6 +341,10 @@ class Core:
             return
         if isinstance(plan, resume.Refuse):
             self._give_up(plan.reason)
+            return
+        held = self.claim.check() if self.claim is not None else None  # one job per root, checked every launch
+        if held is not None:
+            self._give_up(held)
             return
         number = self.status.attempt + 1
         if self.status.state is State.BACKOFF:

@@ -113,6 +113,7 @@ class Status:
     disk_free_bytes: int | None = None
     checkpoint_bytes: int | None = None  # bytes in complete checkpoints under the root
     quarantined: list[str] = field(default_factory=list)
+    retention_stopped: str | None = None  # why retention deletes nothing (no usable trash next to the root)
     next_launch_at: float | None = None
     reason: str | None = None  # why the supervisor ended (gave up, completed, stopped)
     # From the run's history (supervisor.history.fold has the definitions):
