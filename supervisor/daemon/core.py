@@ -151,7 +151,7 @@ class Core:
 
     def _give_up(self, reason: str) -> None:
         self._finish(State.FAILED, reason)
-        self.log.error("gave_up", reason=reason, attempts=len(self.attempts))
+        self.log.error("gave_up", reason=reason, attempts=self.status.attempt)  # the run's, not this session's
 
     def _publish(self) -> None:
         self.publisher.publish(self.status)
@@ -405,6 +405,7 @@ class Core:
             info.detail = f"{info.detail}; {note}" if info.detail else note
         self.status.last_exit = info
         self.status.job_pid = self.status.job_create_time = self.status.job_cmdline = None
+        self.status.rate_steps_per_s = None  # nothing trains now: a rate would be the dead attempt's
         job.end(returncode, info, self.sys.monotonic())
         self.ended = job
         # A commit the file watcher missed (e.g. on NFS) still counts as progress; this pass is also the
@@ -434,7 +435,7 @@ class Core:
         decision = restarts.decide(self.attempts, self.cfg.restart, jitter=self.sys.random())
         if isinstance(decision, restarts.Finish):
             self._finish(State.COMPLETED, decision.reason)
-            self.log.info("completed", attempts=len(self.attempts))
+            self.log.info("completed", attempts=self.status.attempt)  # the run's attempts, earlier sessions too
         elif isinstance(decision, restarts.GiveUp):
             self._give_up(decision.reason)
         else:
@@ -595,7 +596,7 @@ class Core:
         beat = self._read_beat()
         if beat is None or beat == job.beat:
             return
-        apply_beat(self.status, beat, self.sys.now())
+        apply_beat(self.status, beat, self.sys.now(), job.rate)
         job.beat, job.beat_mono = beat, self.sys.monotonic()
         if beat.phase != Phase.LOAD:  # a load beat names the step being loaded, not one this attempt trained
             job.max_step = beat.step if job.max_step is None else max(job.max_step, beat.step)
