@@ -131,8 +131,8 @@ class TestNodeConfigs:
         assert r.returncode == 0, r.stderr
 
     def test_each_node_gets_a_valid_config(self, tmp_path: Path, slurm_tag: str) -> None:
-        """Same c10d endpoint (the head node's NodeAddr, a port from the job id), node 0 hosts the store and is the
-        one pruner, a rendezvous id new for each allocation, an own run dir per node."""
+        """Same c10d endpoint (the head node's NodeAddr, a port from the job id) and id (the job's), node 0 hosts the
+        store and is the one pruner, an own run dir per node."""
         argv, env = fake_slurm(tmp_path, ("0", "0"), slurm_tag)
         r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
@@ -144,7 +144,7 @@ class TestNodeConfigs:
         for n, host in zip(nodes, ("1", "0"), strict=True):
             cmd = n["command"]
             assert "--rdzv-endpoint=10.9.8.7:24242" in cmd and "--rdzv-backend=c10d" in cmd  # 20000 + 4242 % 10000
-            assert f"--rdzv-conf=is_host={host}" in cmd and "--rdzv-id=fsdp-4242-0" in cmd
+            assert f"--rdzv-conf=is_host={host}" in cmd and "--rdzv-id=fsdp-4242" in cmd
             assert cmd[cmd.index("--resume") + 1] == "auto"
         assert not requeues(tmp_path)
 
