@@ -126,7 +126,7 @@ class SlurmJob:
         limit = [f"TimeLimit={time_limit_min}"] if time_limit_min else []
         self.cluster.run("scontrol", "update", f"JobId={self.id}", "StartTime=now", *limit)
 
-    def near_time_limit(self, left_s: tuple[int, int] = (60, 120)) -> None:
+    def near_time_limit(self, left_s: tuple[int, int] = (90, 150)) -> None:
         """Set the time limit (whole minutes) so that between left_s[0] and left_s[1] seconds remain: the script's
         pre-timeout signal is then due, and Slurm sends it at its next look (every 30 s)."""
         elapsed = _seconds(self.show()["RunTime"])
