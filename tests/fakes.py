@@ -32,6 +32,7 @@ class FakeSystem:
     orphan_timeouts: list[float] = field(default_factory=list)
     orphans: list[int] = field(default_factory=list)  # what the next orphan search finds (besides a recorded pid)
     jobs_stopped: list[int] = field(default_factory=list)  # stop_job (the supervisor failing)
+    left_behind: list[tuple[int, str]] = field(default_factory=list)  # live descendants after the agent's exit
     terminal: bool = False  # whether a SIGINT now counts as Ctrl+C in the supervisor's own terminal
     next_pid: int = 100
     defer_work: bool = False  # True: off-loop work waits for `finish_work()` (a pass "still running")
@@ -87,8 +88,12 @@ class FakeSystem:
         self.killed_trees.append(pid)
         return [(pid, "torchrun")]
 
+    def survivors(self) -> list[tuple[int, str]]:
+        return list(self.left_behind)
+
     def reap_survivors(self) -> list[tuple[int, str]]:
-        return []
+        killed, self.left_behind = self.left_behind, []
+        return killed
 
     def oom_kills(self) -> int | None:
         return self.oom

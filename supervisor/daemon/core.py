@@ -175,7 +175,9 @@ class Core:
         """
         self.log.error("supervisor_failed", error=f"{type(error).__name__}: {error}", exc_info=error)
         job, self.job = self.job, None
-        if job is not None:
+        if job is not None and job.agent_exit is not None:  # only the workers its agent left: nobody would reap them
+            self.sys.reap_survivors()
+        elif job is not None:
             stopped = self.sys.stop_job(job.pid, self.cfg.health.stop_timeout_s)
             self.log.warning("job_stopped", attempt=job.number, pids=stopped, reason="supervisor failed")
         stopping = self.status.state is State.STOPPING
@@ -383,12 +385,32 @@ class Core:
 
     # ---- job exit --------------------------------------------------------------------------------------------
     def on_job_exit(self, pid: int, returncode: int) -> None:
-        """The job's process ended: classify it now, judge it once a pass has looked at the checkpoints."""
+        """The job's process ended: classify it now, judge it once a pass has looked at the checkpoints.
+
+        During a graceful stop the agent can end before its workers: Slurm signals every process of a step, and
+        torchrun, signalled two or three times, stops waiting for its workers and exits. Whatever it left keeps the
+        rest of stop_timeout_s to finish the emergency save; the attempt ends when the last of them has exited
+        (every exit of an adopted process comes here too), or when Timer.STOP_KILL kills them.
+        """
         job = self.job
-        if job is None or pid != job.pid:
+        if job is None:
+            return
+        if pid != job.pid:
+            if job.agent_exit is not None and not self.sys.survivors():
+                self._end_attempt(job, job.agent_exit)
             return
         self._on_heartbeat()  # its last beat, if the file watcher has not delivered it yet: the phase it died in
-        self.job, self.in_use = None, None  # the attempt is over: its resume point is no longer in use
+        left = self.sys.survivors() if job.stopping and not job.hang and self.sys.timers.pending(Timer.STOP_KILL) else []
+        if left:
+            job.agent_exit = returncode
+            self.log.warning("waiting_for_workers", attempt=job.number, code=returncode,
+                             processes=[f"{p}:{n}" for p, n in left])
+            return
+        self._end_attempt(job, returncode)
+
+    def _end_attempt(self, job: Job, returncode: int) -> None:
+        """The attempt is over (its agent exited, and any worker it left has exited or was killed)."""
+        self.job, self.in_use = None, None  # its resume point is no longer in use
         self.house.clear_in_use()
         for t in (Timer.HANG, Timer.HANG_TERM, Timer.STOP_KILL):
             self.sys.timers.cancel(t)
@@ -499,6 +521,9 @@ class Core:
             job.stopping = True
             for t in (Timer.HANG, Timer.HANG_TERM, Timer.STOP_KILL):
                 self.sys.timers.cancel(t)
+            if job.agent_exit is not None:  # only the workers it left are still saving: no exit of the agent to wait for
+                self._end_attempt(job, job.agent_exit)  # which kills them
+                return
             self.sys.kill_job_tree(job.pid)
         elif self.ended is None:
             if self._orphans is not None:  # a killed predecessor's job still saving: no grace left for it either
@@ -533,10 +558,15 @@ class Core:
             handler()
 
     def _on_stop_kill(self) -> None:
-        if self.job is not None:
-            killed = self.sys.kill_job_tree(self.job.pid)
-            self.log.warning("job_killed", attempt=self.job.number, after_s=self.cfg.health.stop_timeout_s,
-                             processes=len(killed))
+        job = self.job
+        if job is None:
+            return
+        if job.agent_exit is not None:  # the agent is gone (its pid may be reused): kill what it left, end the attempt
+            self.log.warning("job_killed", attempt=job.number, after_s=self.cfg.health.stop_timeout_s)
+            self._end_attempt(job, job.agent_exit)
+            return
+        killed = self.sys.kill_job_tree(job.pid)
+        self.log.warning("job_killed", attempt=job.number, after_s=self.cfg.health.stop_timeout_s, processes=len(killed))
 
     def _arm_hang_timer(self, startup: bool = False) -> None:
         if self.job is None or self.job.stopping:

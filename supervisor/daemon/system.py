@@ -42,6 +42,8 @@ class System(Protocol):
     def signal_workers(self, pid: int, sig: int) -> list[int]: ...
     def kill_job_tree(self, pid: int) -> list[tuple[int, str]]:
         """SIGKILL the job's process group and every descendant."""
+    def survivors(self) -> list[tuple[int, str]]:
+        """Descendants still alive (the job's, not our own helpers): (pid, name) of each, untouched."""
     def reap_survivors(self) -> list[tuple[int, str]]:
         """After an attempt: kill any descendant still alive; return what was killed."""
     def oom_kills(self) -> int | None: ...
@@ -157,6 +159,9 @@ class RealSystem:
         except (ProcessLookupError, PermissionError):
             pass
         return procs.kill_descendants(signal.SIGKILL, exclude=self._keep())
+
+    def survivors(self) -> list[tuple[int, str]]:
+        return procs.named(procs.descendants(self._keep()))
 
     def reap_survivors(self) -> list[tuple[int, str]]:
         return procs.kill_descendants(signal.SIGKILL, exclude=self._keep())

@@ -20,6 +20,7 @@ __all__ = [
     "set_child_subreaper",
     "spawn",
     "descendants",
+    "named",
     "kill_descendants",
     "signal_children",
     "find_orphans",
@@ -86,17 +87,23 @@ def descendants(exclude: Collection[int] = ()) -> list[psutil.Process]:
         return []
 
 
-def kill_descendants(sig: int = signal.SIGKILL, exclude: Collection[int] = ()) -> list[tuple[int, str]]:
-    """Signal every live descendant but `exclude` (the idle prewarm spare); returns (pid, name) signalled."""
-    hit = []
-    for p in descendants(exclude):
+def named(found: Sequence[psutil.Process], sig: int | None = None) -> list[tuple[int, str]]:
+    """(pid, name) of each process still there, after sending it `sig` if one is given."""
+    out = []
+    for p in found:
         try:
             name = p.name()
-            p.send_signal(sig)
-            hit.append((p.pid, name))
+            if sig is not None:
+                p.send_signal(sig)
+            out.append((p.pid, name))
         except psutil.Error:
             continue
-    return hit
+    return out
+
+
+def kill_descendants(sig: int = signal.SIGKILL, exclude: Collection[int] = ()) -> list[tuple[int, str]]:
+    """Signal every live descendant but `exclude` (the idle prewarm spare); returns (pid, name) signalled."""
+    return named(descendants(exclude), sig)
 
 
 def signal_children(pid: int, sig: int) -> list[int]:

@@ -84,6 +84,7 @@ class Job:
     rotating: bool = False  # a rotation of its log is running off the loop
     low_free: int | None = None  # least free bytes on the checkpoint file system seen during the attempt
     rate: StepRate = field(default_factory=StepRate)  # steps per second over its recent steps
+    agent_exit: int | None = None  # the agent's exit code while workers it left finish a graceful stop (Core)
     # Set by `end`: the exit is known, but it is judged only once a pass has said what the attempt committed.
     returncode: int | None = None
     info: ExitInfo | None = None
