@@ -46,6 +46,12 @@ class Events:
             **({"hung_ranks": [r for r, _ in job.hung_ranks]} if job.hung_ranks else {}),
         )
 
+    def hang(self, job: Job, *, idle_s: float | None) -> None:
+        """The hung attempt's record: when it was seen, the ranks named, where its stack dumps are."""
+        assert job.detected_at is not None
+        self.history.hang(job.number, at=job.detected_at, step=job.max_step, idle_s=idle_s, ranks=job.hung_ranks,
+                          stacks=job.stacks)
+
     def straggler(self, job: Job, change: StragglerChange) -> None:
         self.history.straggler(job.number, change)
         fields = {"attempt": job.number, "rank": change.rank, "step_s": _round(change.step_s),

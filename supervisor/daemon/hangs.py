@@ -215,10 +215,7 @@ class Hangs:
         self.sys.send_signal(job.pid, signal.SIGTERM)
         grace = self.cfg.health.hang_kill_grace_s
         self.sys.timers.set(Timer.HANG_KILL, self.sys.monotonic() + grace)
-        assert job.detected_at is not None
-        self.events.history.hang(job.number, at=job.detected_at, step=job.max_step,
-                                 idle_s=(self.status.last_hang or {}).get("idle_s"), ranks=job.hung_ranks,
-                                 stacks=job.stacks)
+        self.events.hang(job, idle_s=(self.status.last_hang or {}).get("idle_s"))
         if self.status.last_hang is not None:
             self.status.last_hang["stacks"] = job.stacks
         self.log.warning("hang_stopping", attempt=job.number, kill_after_s=grace, stacks=job.stacks)
