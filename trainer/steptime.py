@@ -25,24 +25,20 @@ class StepTimer:
 
     def start(self) -> None:
         """The step begins."""
-        if self.cuda:
-            import torch
-
-            self._start = torch.cuda.Event(enable_timing=True)
-            self._start.record()
-        else:
-            self._start = time.perf_counter()
-        self._end = None
+        self._start, self._end = self._mark(), None
 
     def arrived(self) -> None:
         """This rank reached the step's closing collective."""
-        if self.cuda:
-            import torch
+        self._end = self._mark()
 
-            self._end = torch.cuda.Event(enable_timing=True)
-            self._end.record()
-        else:
-            self._end = time.perf_counter()
+    def _mark(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     def seconds(self) -> float | None:
         """Start to arrival, once both happened (and, on a GPU, completed); else None."""
