@@ -117,7 +117,7 @@ class Hangs:
             changed = self.seen(job, rank, beat) or changed
         if changed and None not in self.watch.sources:  # no node file: the ranks' beats are the job's step
             top = max(got.beats.values(), key=lambda b: b.step)
-            apply_beat(self.status, top, self.sys.now())
+            apply_beat(self.status, top, self.sys.now(), job.rate)
         return changed
 
     def _show(self) -> None:
