@@ -40,6 +40,8 @@ class System(Protocol):
         """Start the job, its output appended to `log_path` (None: the supervisor's own); (pid, create_time)."""
     def send_signal(self, pid: int, sig: int) -> None: ...
     def signal_workers(self, pid: int, sig: int) -> list[int]: ...
+    def worker_states(self, pid: int) -> dict[int, tuple[int, str]]:
+        """The job's workers by rank: (pid, psutil status such as "running", "sleeping", "stopped")."""
     def kill_job_tree(self, pid: int) -> list[tuple[int, str]]:
         """SIGKILL the job's process group and every descendant."""
     def survivors(self) -> list[tuple[int, str]]:
@@ -152,6 +154,9 @@ class RealSystem:
 
     def signal_workers(self, pid: int, sig: int) -> list[int]:
         return procs.signal_children(pid, sig)
+
+    def worker_states(self, pid: int) -> dict[int, tuple[int, str]]:
+        return procs.worker_states(pid)
 
     def kill_job_tree(self, pid: int) -> list[tuple[int, str]]:
         try:

@@ -23,6 +23,7 @@ __all__ = [
     "named",
     "kill_descendants",
     "signal_children",
+    "worker_states",
     "find_orphans",
     "stop_processes",
     "reap_any",
@@ -120,6 +121,26 @@ def signal_children(pid: int, sig: int) -> list[int]:
         except psutil.Error:
             continue
     return sent
+
+
+def worker_states(pid: int) -> dict[int, tuple[int, str]]:
+    """torchrun's workers (the direct children of `pid`) by the `RANK` in their environment: (pid, psutil status).
+
+    A child without a readable RANK (not a torchrun worker, or gone) is left out.
+    """
+    try:
+        kids = psutil.Process(pid).children()
+    except psutil.Error:
+        return {}
+    out: dict[int, tuple[int, str]] = {}
+    for k in kids:
+        try:
+            rank = k.environ().get("RANK", "")
+            if rank.isdecimal() and len(rank) <= 7:
+                out[int(rank)] = (k.pid, k.status())
+        except psutil.Error:
+            continue
+    return out
 
 
 def _ancestry() -> set[int]:
