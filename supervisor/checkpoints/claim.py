@@ -23,7 +23,9 @@ the root, but supervisors on other hosts cannot see it. Every reader looks in bo
   another host: live until `max(CLAIM_MAX_AGE_S, 3 * refresh_s)` after its last write (its
   supervisor refreshes it at every housekeeping pass, at least every `retention_interval_s`); a time
   further in the future than sidecars.CLOCK_SKEW_S is not trusted. A stale claim is taken over with a
-  warning; a live one of another job refuses the start (ClaimedError, exit 2) naming its holder.
+  warning; a live one of another job refuses the start (ClaimedError, exit 2) naming its holder. A claim of
+  this host whose supervisor is gone (SIGKILL, OOM) still holds the root while its job runs on (in its own
+  session, found by its run dir in its environment: procs.job_of): only that run dir's next `run` takes over.
 - **Checked before every launch** (`RootClaim.check`): a claim file removed meanwhile is written again,
   and a live claim of another job that appeared meanwhile stops the launch.
 
@@ -33,6 +35,7 @@ same moment cannot both win.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -50,6 +53,7 @@ from supervisor.checkpoints._files import read_small_json
 from supervisor.checkpoints.metadata.cache import cache_dir
 from supervisor.checkpoints.sidecars import open_sidecar, resolved, sidecar_path, trusted_owners, written_at
 from supervisor.errors import ClaimedError, SidecarError
+from supervisor.host import procs
 from supervisor.host.atomic import write_atomic
 from supervisor.layout import CLAIM_SUFFIX
 
@@ -78,9 +82,13 @@ class Holder:
     written: float | None  # the claim's last write, as far as it can be trusted
     refresh_s: float
     pidns: int | None = None  # the holder's pid namespace (inode of /proc/self/ns/pid), when known
+    orphan: int | None = None  # its supervisor is gone, but this process of its job still runs here
 
     def describe(self) -> str:
-        return f"supervisor pid {self.pid} on {self.host}, config {self.config} (run dir {self.run_dir})"
+        who = f"supervisor pid {self.pid} on {self.host}"
+        if self.orphan is not None:
+            who += f" (killed, but its job still runs: pid {self.orphan})"
+        return f"{who}, config {self.config} (run dir {self.run_dir})"
 
 
 def holder_state(h: Holder, *, host: str, now: float, started: Callable[[int], float | None],
@@ -285,17 +293,34 @@ class RootClaim:
                 if why is None:
                     live.append(h)
                     continue
+                orphan = self._orphan_job(h)
+                if orphan is not None:  # the job of a killed supervisor still trains on this root
+                    live.append(dataclasses.replace(h, orphan=orphan))
+                    continue
                 with contextlib.suppress(OSError):
                     os.unlink(h.path)
                 stale.append(f"{h.describe()}: {why}")
         return conflicts(self.job, live), stale
 
+    def _orphan_job(self, h: Holder) -> int | None:
+        """A live process of the job of `h`, a claim of this host whose supervisor is gone (SIGKILL, OOM): its job
+        runs on in its own session and still trains on the root. Our own run dir's is ours to stop (Core.begin)."""
+        if h.host != self.host or (h.pidns is not None and self.pidns is not None and h.pidns != self.pidns):
+            return None
+        if h.run_dir in ("", "?") or os.path.realpath(h.run_dir) == os.path.realpath(self.run_dir):
+            return None
+        try:
+            return procs.job_of(Path(h.run_dir))
+        except (psutil.Error, OSError):
+            return None
+
     def _refusal(self, others: Sequence[Holder]) -> str:
         h = others[0]
         more = f" (and {len(others) - 1} more)" if len(others) > 1 else ""
+        remedy = (f"run it again (fsdp-supervisor run -c {h.config}) to take over and stop its job, or kill pid "
+                  f"{h.orphan}" if h.orphan is not None else f"stop that one first (fsdp-supervisor stop -c {h.config})")
         return (f"checkpoint root {self.root} is held by another job: {h.describe()}{more}. One job per checkpoint "
-                f"root: stop that one first (fsdp-supervisor stop -c {h.config}), or give this config its own "
-                f"[checkpoints] dir")
+                f"root: {remedy}, or give this config its own [checkpoints] dir")
 
     def _write(self) -> None:
         assert self.path is not None

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from supervisor.checkpoints.testing import write_checkpoint
@@ -163,6 +164,30 @@ class TestOneJobPerRoot:
         assert cli("stop", "-c", str(a)).returncode == 0
         first.communicate(timeout=60)
         assert first.returncode == 0 and len(launches(marker)) == 1
+
+
+    def test_the_job_of_a_killed_supervisor_still_holds_the_root(self, tmp_path: Path,
+                                                                   supervisors: Supervisors) -> None:
+        """Supervisor A is SIGKILLed; its job runs on (its own session) and keeps training on the root. A second
+        config on the root is refused (exit 2) naming that job, not let in to run a second job beside it; `run -c
+        A` again takes over as before (stops the orphan, then launches)."""
+        marker = tmp_path / "launches"
+        a, b = two_configs(tmp_path, marker)
+        first = supervisors.start(a)
+        job = wait_for(lambda: launches(marker)[:1], 20, "job A")[0]  # type: ignore[index]
+        supervisors.track(job["pid"])
+        first.kill()
+        first.communicate(timeout=30)
+        second = supervisors.start(b)
+        out, _ = second.communicate(timeout=60)
+        assert second.returncode == 2, out
+        assert f"its job still runs: pid {job['pid']}" in out and f"config {a}" in out, out
+        assert len(launches(marker)) == 1
+        again = supervisors.start(a)
+        wait_for(lambda: launches(marker)[1:2], 60, "A again: the orphan stopped, then a launch")
+        assert not psutil.pid_exists(job["pid"]) or psutil.Process(job["pid"]).status() == psutil.STATUS_ZOMBIE
+        rc, out = stop(again)
+        assert rc == 0 and "orphan_job_stopped" in out, out
 
 
 class TestRootChangesMidRun:
