@@ -166,6 +166,33 @@ class TestOneJobPerRoot:
         assert first.returncode == 0 and len(launches(marker)) == 1
 
 
+    def test_one_root_bind_mounted_at_two_paths_is_one_claim(self, tmp_path: Path, supervisors: Supervisors,
+                                                             mounts: list[Path]) -> None:
+        """`mount --bind data/ckpts view`, config A on one path, B on the other: one directory, so B is refused
+        (exit 2 naming A). Each path has its own folder next to it; they meet in the claim's identity home."""
+        if os.geteuid() != 0:
+            pytest.skip("a bind mount needs root (a real mount, not simulated)")
+        (tmp_path / "data" / "ckpts").mkdir(parents=True)
+        (tmp_path / "view").mkdir()
+        r = subprocess.run(["mount", "--bind", str(tmp_path / "data" / "ckpts"), str(tmp_path / "view")],
+                           capture_output=True, text=True)
+        if r.returncode:
+            pytest.skip(f"cannot bind-mount here: {r.stderr.strip()}")
+        mounts.append(tmp_path / "view")
+        marker = tmp_path / "launches"
+        a = write_config(tmp_path, sleeper(tmp_path, marker), FAST + '\n[supervisor]\nrun_dir = "run-a"\n', name="a.toml")
+        b = write_config(tmp_path, sleeper(tmp_path, marker), FAST + '\n[supervisor]\nrun_dir = "run-b"\n', name="b.toml")
+        a.write_text(a.read_text().replace('dir = "ckpts"', 'dir = "data/ckpts"'))
+        b.write_text(b.read_text().replace('dir = "ckpts"', 'dir = "view"'))
+        first = supervisors.start(a)
+        wait_for(lambda: launches(marker), 20, "job A")
+        second = supervisors.start(b)
+        out, _ = second.communicate(timeout=60)
+        assert second.returncode == 2 and f"supervisor pid {first.pid}" in out and f"config {a}" in out, out
+        assert len(launches(marker)) == 1
+        rc, out = stop(first)
+        assert rc == 0, out
+
     def test_the_job_of_a_killed_supervisor_still_holds_the_root(self, tmp_path: Path,
                                                                    supervisors: Supervisors) -> None:
         """Supervisor A is SIGKILLed; its job runs on (its own session) and keeps training on the root. A second
