@@ -118,6 +118,36 @@ class TestRootOnAnotherFileSystem:
         assert sorted(os.listdir(root)) == ["step_00000010", "step_00000020", "step_00000030"]
 
 
+    def test_a_bind_mounted_root_on_the_same_file_system_stops_retention_once(
+            self, tmp_path: Path, supervisors: Supervisors, mounts: list[Path]) -> None:
+        """`ckpts` is a bind mount of another folder of the same file system: same device as its parent, yet every
+        rename out of it fails (EXDEV). Retention stops, said once at start-up (not a failed rename per doomed
+        checkpoint at every pass), and the job still resumes; `prune` exits 2 having deleted nothing."""
+        if os.geteuid() != 0:
+            pytest.skip("a bind mount needs root (a real mount, not simulated)")
+        source, root = tmp_path / "data", tmp_path / "ckpts"
+        for step in (10, 20, 30):
+            write_checkpoint(source, step)
+        root.mkdir()
+        r = subprocess.run(["mount", "--bind", str(source), str(root)], capture_output=True, text=True)
+        if r.returncode:
+            pytest.skip(f"cannot bind-mount here: {r.stderr.strip()}")
+        mounts.append(root)
+        marker = tmp_path / "launches"
+        p = supervisors.start(write_config(tmp_path, sleeper(tmp_path, marker), "keep_last = 1\n" + FAST))
+        first = wait_for(lambda: launches(marker)[:1], 20, "the first launch")[0]  # type: ignore[index]
+        assert first["argv"][-2:] == ["--resume", str(root / "step_00000030")]
+        commit(root, 40)
+        wait_for(lambda: latest_step(tmp_path / ".fsdp-supervisor") == 40, 20, "the commit")
+        assert "nowhere to park deletions" in (state(tmp_path / ".fsdp-supervisor").get("retention_stopped") or "")
+        prune = cli("checkpoints", "prune", "--dir", str(root), "--keep-last", "1")
+        assert prune.returncode == 2 and "nowhere to park deletions" in prune.stderr, prune.stdout + prune.stderr
+        rc, out = stop(p)
+        assert rc == 0, out
+        assert out.count("retention_stopped") == 1 and "retention_rename_failed" not in out, out
+        assert sorted(os.listdir(source)) == [f"step_{s:08d}" for s in (10, 20, 30, 40)]
+
+
 def two_configs(tmp_path: Path, marker: Path) -> tuple[Path, Path]:
     """a.toml and b.toml: the same [checkpoints] dir, each its own run dir."""
     a = write_config(tmp_path, sleeper(tmp_path, marker), FAST + '\n[supervisor]\nrun_dir = "run-a"\n', name="a.toml")
