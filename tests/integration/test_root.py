@@ -261,6 +261,32 @@ class TestRootChangesMidRun:
         rc, out = stop(p)
         assert rc == 0 and "watch_restored" in out, out
 
+    def test_a_bind_mount_over_the_root_is_no_fresh_start(self, tmp_path: Path, supervisors: Supervisors,
+                                                          mounts: list[Path]) -> None:
+        """An empty folder of the same file system is bind-mounted over the running root (same device, the
+        checkpoints hidden, not gone): the relaunch after a crash must not start from scratch there. Passes fail
+        naming the mount, and the run gives up (exit 3) - as for a share that came unmounted."""
+        if os.geteuid() != 0:
+            pytest.skip("a bind mount needs root (a real mount, not simulated)")
+        root = tmp_path / "ckpts"
+        write_checkpoint(root, 10)
+        (tmp_path / "empty").mkdir()
+        marker = tmp_path / "launches"
+        p = supervisors.start(write_config(tmp_path, sleeper(tmp_path, marker), FAST))
+        first = wait_for(lambda: launches(marker)[:1], 20, "the first launch")[0]  # type: ignore[index]
+        assert first["argv"][-2:] == ["--resume", str(root / "step_00000010")]
+        r = subprocess.run(["mount", "--bind", str(tmp_path / "empty"), str(root)], capture_output=True, text=True)
+        if r.returncode:
+            pytest.skip(f"cannot bind-mount here: {r.stderr.strip()}")
+        mounts.append(root)
+        os.kill(first["pid"], signal.SIGKILL)
+        out, _ = p.communicate(timeout=90)
+        assert p.returncode == 3 and "gave_up" in out, out
+        assert "is on another mount than when the supervisor started" in (
+            tmp_path / ".fsdp-supervisor" / "supervisor.log").read_text()
+        assert len(launches(marker)) == 1
+
+
     def test_a_backup_copy_inside_the_root_changes_nothing(self, tmp_path: Path, supervisors: Supervisors) -> None:
         """A user copies checkpoints into `ckpts/backup/` mid-run: ignored for ranking, never deleted, passes go on
         (a commit after it is seen) and the relaunch resumes from the run's own newest checkpoint."""
