@@ -122,10 +122,19 @@ def conflicts(job: str | None, live: Sequence[Holder]) -> list[Holder]:
     return [h for h in live if job is None or h.job != job]
 
 
+def _cache(root: PathLike) -> Path | None:
+    """This user's cache dir, unless it lies inside the (resolved) root: nothing of ours goes there."""
+    cache = cache_dir()
+    if cache is None:
+        return None
+    real, base = os.path.realpath(cache), str(resolved(root))
+    return None if real == base or real.startswith(base.rstrip("/") + "/") else cache
+
+
 def claim_homes(root: PathLike) -> list[Path]:
     """Where claims on `root` may be: next to the resolved root, then this user's cache dir."""
     homes = [sidecar_path(root, CLAIM_SUFFIX)]
-    cache = cache_dir()
+    cache = _cache(root)
     if cache is not None:
         homes.append(cache / "claims" / hashlib.sha256(os.fsencode(resolved(root))).hexdigest()[:32])
     return homes
@@ -143,7 +152,7 @@ def identity_home(root: PathLike) -> tuple[Path, tuple[int, int]] | None:
     """This user's folder of claims on the directory `root` is, whoever's path reached it: (folder, (st_dev,
     st_ino)) of the root. A bind mount (or a second mount of one share) gives one root two paths, hence two
     folders next to it; on this host both paths meet here. None without a cache dir or a root."""
-    cache, ident = cache_dir(), _identity(root)
+    cache, ident = _cache(root), _identity(root)
     if cache is None or ident is None:
         return None
     return cache / "claims" / f"id-{hashlib.sha256(f'{ident[0]}:{ident[1]}'.encode()).hexdigest()[:32]}", ident

@@ -186,6 +186,13 @@ class TestRootClaim:
         assert c.path.exists() and c.id_path.exists()
         assert [h.pid for h in live_holders(root)] == [os.getpid()]
 
+    def test_a_cache_dir_inside_the_root_holds_no_claim(self, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """`FSDP_SUPERVISOR_CACHE_DIR=ckpts/.cache`: the claim stays next to the root, nothing goes inside it."""
+        monkeypatch.setenv("FSDP_SUPERVISOR_CACHE_DIR", str(root / ".cache"))
+        c = claim(root)
+        assert c.acquire() == [] and c.id_path is None and claim_homes(root) == [root.parent / ".ckpts.fsdp-claim"]
+        assert os.listdir(root) == []
+
     @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the folder to another user")
     def test_a_folder_not_ours_moves_the_claim_to_the_cache_dir(self, root: Path, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
