@@ -25,6 +25,7 @@ __all__ = [
     "signal_children",
     "worker_states",
     "find_orphans",
+    "job_of",
     "stop_processes",
     "reap_any",
 ]
@@ -170,17 +171,7 @@ def find_orphans(token: str, run_dir: Path, recorded: tuple[int, float] | None =
     carries no other run dir's token. Oldest first, so the job's agent comes before its workers.
     """
     skip = _ancestry()
-    found: dict[int, psutil.Process] = {}
-    for p in psutil.process_iter():
-        if p.pid in skip:
-            continue
-        try:
-            env = p.environ()
-            if (env.get(ENV_RUN_TOKEN) == token and _same_dir(env.get(ENV_RUN_DIR), run_dir)
-                    and p.status() != psutil.STATUS_ZOMBIE):
-                found[p.pid] = p
-        except psutil.Error:  # gone, or another user's: not ours either way
-            continue
+    found = {p.pid: p for p in _started_from(run_dir, token, skip)}
     if recorded is not None and recorded[0] not in found and recorded[0] not in skip:
         job = _recorded_job(*recorded, token)
         if job is not None:
@@ -188,6 +179,29 @@ def find_orphans(token: str, run_dir: Path, recorded: tuple[int, float] | None =
             for child in _children(job):
                 found.setdefault(child.pid, child)
     return sorted(found.values(), key=_started)
+
+
+def _started_from(run_dir: Path, token: str | None, skip: Collection[int]) -> list[psutil.Process]:
+    """Live processes whose environment names `run_dir` (and `token`, unless None) as their supervisor's."""
+    found = []
+    for p in psutil.process_iter():
+        if p.pid in skip:
+            continue
+        try:
+            env = p.environ()
+            if ((token is None or env.get(ENV_RUN_TOKEN) == token) and _same_dir(env.get(ENV_RUN_DIR), run_dir)
+                    and p.status() != psutil.STATUS_ZOMBIE):
+                found.append(p)
+        except psutil.Error:  # gone, or another user's: not ours either way
+            continue
+    return found
+
+
+def job_of(run_dir: Path) -> int | None:
+    """The oldest live process of a job a supervisor of `run_dir` started (any token), or None: a job whose
+    supervisor was killed still runs on its checkpoint root (checkpoints/claim.py)."""
+    found = _started_from(run_dir, None, _ancestry())
+    return min(found, key=_started).pid if found else None
 
 
 def _recorded_job(pid: int, create_time: float, token: str) -> psutil.Process | None:
