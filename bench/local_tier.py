@@ -7,7 +7,8 @@
   seconds per step (less sensitive to other load on the machine).
 - `steps_lost_median`: recovery rounds of bench/recovery.py (same job, same kill) under the supervisor with
   `[checkpoints] local_dir` on /dev/shm, the durable root saving every DURABLE_EVERY steps and the local tier every
-  K; lost = the last step trained before the kill - the step resumed. Also the recovery's total, its phases and
+  K; lost = the last step trained before the kill - the step resumed (the job's own log, as bench/recovery.py
+  reads it). Also the recovery's total, its phases and
   which tier each round resumed from.
 - `load_speedup`: a cold load of the same 1.2 GB checkpoint from the durable root (a disk, `FSDP_BENCH_DIR`) /
   from the local tier, through the trainer's `load_checkpoint` (bench/checkpoint_io_job.py `--local-dir`), median
@@ -130,9 +131,9 @@ def recovery_rounds(repeats: int, *, k: int = K, model: dict[str, Any] | None = 
         out["kill_step"] = kill
         rounds.append(out)
         if progress:
-            progress(f"local tier recovery #{r + 1}: {out['total']} s, lost {out['steps_lost']} steps "
+            progress(f"local tier recovery #{r + 1}: {out['total']} s, lost {out['steps_lost']['true']} steps "
                      f"(resumed from the {out['resumed_tier']} tier)")
-    return {"steps_lost_median": median(x["steps_lost"] for x in rounds),
+    return {"steps_lost_median": median(x["steps_lost"]["true"] for x in rounds),
             "recovery_s": median(x["total"] for x in rounds),
             "breakdown": {ph: median(x["phases"][ph] for x in rounds) for ph in recovery.PHASES},
             "recovery_runs": rounds}

@@ -1,4 +1,5 @@
-"""Recovery time: SIGKILL one worker of the reference trainer -> its first completed step after resuming.
+"""Recovery time: SIGKILL (or SIGSTOP: a hang) of one worker of the reference trainer -> its first completed step
+after resuming.
 
 Three ways to bring the job back, interleaved and repeated:
 - `supervisor`: `fsdp-supervisor run` with its defaults (torchrun `--max-restarts=0`; the supervisor
@@ -11,7 +12,12 @@ The fault is injected once the job is in steady state: a checkpoint exists, trai
 splits the time into phases: `teardown` (kill -> the surviving worker is gone), `relaunch` (-> new
 worker processes exist: agent exit, supervisor decision, agent start or hand-off, agent rendezvous),
 `worker_init` (-> rank 0's heartbeat after init_process_group: interpreter, `import torch`, process
-group), `load` (-> the trainer's `loaded` line: resume choice, model build, DCP load) and `first_step`.
+group), `load` (-> the trainer's `loaded` line: resume choice, model build, DCP load) and `first_step`. With
+`fault="stop"` (a hang, bench/hangs.py) the first phase is `detection` (-> the supervisor's `hang_detected`;
+torchrun has none: its wait is in `teardown`).
+
+Under the supervisor each round also checks its loss accounting: the steps lost it reports (state.json) against
+the truth from the job's own log (`--log-every 1`: the last step rank 0 logged, minus the step it resumed from).
 
     python -m bench.recovery        # prints the result of run() as JSON
 """
@@ -34,10 +40,11 @@ from bench.common import PY, REPO, Tagged, job_env, median, scratch, torchrun_ar
 from bench.supervisor_cost import idle_spare_ready, warm_workers_memory
 from supervisor.contract import ENV_HEARTBEAT, HEARTBEAT_FILE
 
-__all__ = ["run", "measure_once", "warm_workers", "VARIANTS", "PHASES"]
+__all__ = ["run", "measure_once", "steps_lost_errors", "warm_workers", "VARIANTS", "PHASES", "HANG_PHASES"]
 
 VARIANTS = ("supervisor", "torchrun_restart", "naive_loop")
 PHASES = ("teardown", "relaunch", "worker_init", "load", "first_step")
+HANG_PHASES = ("detection", *PHASES)
 SAVE_EVERY = 10
 NAIVE_MAX_REPEATS = 3  # the naive loop is context, not a gated figure: fewer rounds keep make bench short
 TIMEOUT = 180.0
@@ -47,8 +54,8 @@ class _Run:
     """One launched variant: where its job output and heartbeat are, and how to find its processes."""
 
     def __init__(self, variant: str, root: Path, tagged: Tagged, kill_step: int, model: dict[str, Any],
-                 flags: dict[str, Any] | None = None, local: Path | None = None) -> None:
-        self.variant, self.root, self.tagged, self.kill_step = variant, root, tagged, kill_step
+                 health: str = "", flags: dict[str, Any] | None = None, local: Path | None = None) -> None:
+        self.variant, self.root, self.tagged, self.kill_step, self.health = variant, root, tagged, kill_step, health
         self.ckpts = root / "ckpts"
         self.local = local  # the supervisor's [checkpoints] local_dir (bench/local_tier.py), or None
         self.run_dir = root / ".fsdp-supervisor"
@@ -71,7 +78,8 @@ class _Run:
         path = self.root / "job.toml"
         local = f"local_dir = {json.dumps(str(self.local))}\n" if self.local else ""
         path.write_text(f"[job]\ncommand = {json.dumps(command)}\ncwd = {json.dumps(str(REPO))}\n\n"
-                        f"[checkpoints]\ndir = {json.dumps(str(self.ckpts))}\n{local}")
+                        f"[checkpoints]\ndir = {json.dumps(str(self.ckpts))}\n{local}"
+                        + (f"\n[health]\n{self.health}\n" if self.health else ""))
         return path
 
     def job_log(self, attempt: int) -> Path:
@@ -83,39 +91,22 @@ class _Run:
         except OSError:
             return ""
 
-    def _agents(self) -> list[psutil.Process]:
-        """The running torchrun agent(s): the supervisor's job (state.json), else the torchrun under our process."""
-        try:
-            if self.variant == "supervisor":
-                pid = json.loads((self.run_dir / "state.json").read_text()).get("job_pid")
-                return [psutil.Process(pid)] if pid else []
-            top = psutil.Process(self.proc.pid)
-            return [p for p in (top, *top.children(recursive=True)) if "torch.distributed.run" in p.cmdline()]
-        except (OSError, ValueError, psutil.Error):
-            return []
-
     def workers(self) -> list[psutil.Process]:
-        """Live worker processes of this run: the running agent's children (cold `python -u -m trainer ...`, or
-        warm workers that took that argv; an idle spare's warm workers are not the job's)."""
+        """Live trainer worker processes of this run (`python -u -m trainer ...` under torchrun)."""
         out = []
-        for agent in self._agents():
+        try:
+            procs = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            return out
+        for p in procs:
             try:
-                out += [p for p in agent.children() if p.status() != psutil.STATUS_ZOMBIE]
+                cmd = p.cmdline()
+                if ("-u" in cmd and "trainer" in cmd and "torch.distributed.run" not in cmd
+                        and p.status() != psutil.STATUS_ZOMBIE):
+                    out.append(p)
             except psutil.Error:
                 continue
         return out
-
-    def rank_of(self, p: psutil.Process, attempt: int) -> int | None:
-        """A worker's RANK: from its environment (cold), else the agent's `warm_handoff` line (a warm worker's
-        /proc environ is the one it was started with)."""
-        try:
-            rank = p.environ().get("RANK")
-        except psutil.Error:
-            return None
-        if rank is not None:
-            return int(rank)
-        found = re.search(rf"event=warm_handoff pid={p.pid} local_rank=\S+ rank=(\d+)", self.text(attempt))
-        return int(found.group(1)) if found else None
 
     def steady(self) -> bool:
         steps = [int(s) for s in _steps(self.text())]
@@ -126,6 +117,12 @@ class _Run:
             return True
         # In a real run the idle spare is ready seconds after training starts, long before any fault.
         return idle_spare_ready(self.proc.pid, self.run_dir)
+
+
+    def between_saves(self) -> bool:
+        """The last step logged is a few steps past a save and a few before the next one."""
+        steps = _steps(self.text())
+        return bool(steps) and 2 <= int(steps[-1]) % SAVE_EVERY <= SAVE_EVERY // 2
 
 
 def _steps(text: str) -> list[str]:
@@ -142,8 +139,11 @@ def _alive(procs: list[psutil.Process]) -> bool:
     return False
 
 
+_EVENTS = ("hang_detected", "hang_stopping", "job_killed", "job_exited", "backoff", "prewarm_handoff", "job_started")
+
+
 def _supervisor_events(run: _Run, since_wall: float) -> dict[str, float]:
-    """Seconds after the kill of the supervisor's own events (job_exited, backoff, job_started) for attempt 2."""
+    """Seconds after the fault of the supervisor's own events (hang_detected ... job_started) for attempt 2."""
     out: dict[str, float] = {}
     try:
         lines = (run.run_dir / "supervisor.log").read_text().splitlines()
@@ -151,31 +151,48 @@ def _supervisor_events(run: _Run, since_wall: float) -> dict[str, float]:
         return out
     for line in lines:
         e = json.loads(line)
-        if e.get("event") in ("job_exited", "backoff", "prewarm_handoff", "job_started") and e["event"] not in out:
+        if e.get("event") in _EVENTS and e["event"] not in out:
             at = datetime.fromisoformat(e["ts"].replace("Z", "+00:00")).timestamp()
             if at >= since_wall:
                 out[e["event"]] = round(at - since_wall, 3)
     return out
 
 
-def measure_once(variant: str, *, kill_step: int = 12, model: dict[str, Any] | None = None,
-                 flags: dict[str, Any] | None = None, local: Path | None = None) -> dict[str, Any]:
-    """Launch `variant`, kill rank 1 in steady state, time the recovery; returns total and phase seconds, and the
-    steps lost (the last step trained before the kill minus the step resumed). `flags` add trainer flags; `local`
-    gives the supervisor a node-local tier there."""
+def _steps_lost(run: _Run) -> dict[str, int | None]:
+    """What the supervisor reported as the steps lost, and the truth from the job's own log (supervisor only)."""
+    def reported() -> Any:
+        try:
+            return json.loads((run.run_dir / "state.json").read_text()).get("steps_lost")
+        except (OSError, ValueError):
+            return None
+
+    lost = wait_until(reported, 10, "the steps lost in state.json", interval=0.05)  # a beat's write is held 0.5 s
+    reached = [int(s) for s in _steps(run.text(1))]
+    resumed = re.search(r"event=loaded .*?step=(\d+)", run.text(2))
+    truth = reached[-1] - int(resumed[1]) if reached and resumed else None
+    return {"reported": lost[-1], "true": truth, "error": None if truth is None else lost[-1] - truth}
+
+
+def measure_once(variant: str, *, kill_step: int = 12, model: dict[str, Any] | None = None, fault: str = "kill",
+                 health: str = "", flags: dict[str, Any] | None = None, local: Path | None = None) -> dict[str, Any]:
+    """Launch `variant`, SIGKILL (fault="kill") or SIGSTOP (fault="stop") rank 1 in steady state, time the recovery;
+    returns total and phase seconds (and, under the supervisor, its steps lost against the job's log and the idle
+    warm workers' memory). `flags` add trainer flags; `local` gives the supervisor a node-local tier there."""
     root = scratch(f"recovery-{variant}")
     tagged = Tagged()
     try:
-        run = _Run(variant, root, tagged, kill_step, model or {}, flags, local)
+        run = _Run(variant, root, tagged, kill_step, model or {}, health, flags, local)
         wait_until(run.steady, TIMEOUT, f"{variant}: steady state", interval=0.1)
         warm = warm_workers_memory(run.proc.pid, run.run_dir) if variant == "supervisor" else None
+        if fault == "stop":  # a rank stopped inside a save gets save_timeout_s (30 min): stop it while training
+            wait_until(run.between_saves, TIMEOUT, f"{variant}: a step between two saves", interval=0.01)
         old = run.workers()
-        attempt = 2 if variant == "supervisor" else 1
-        victim = next(p for p in old if run.rank_of(p, 1) == 1)
+        victim = next(p for p in old if p.environ().get("RANK") == "1")
         run.heartbeat.unlink(missing_ok=True)
+        attempt = 2 if variant == "supervisor" else 1
         offset = len(run.text(attempt)) if attempt == 1 else 0
         t0, t0_wall = time.monotonic(), time.time()
-        victim.kill()
+        victim.kill() if fault == "kill" else victim.suspend()
         marks: dict[str, float] = {}
 
         def poll() -> bool:
@@ -195,22 +212,21 @@ def measure_once(variant: str, *, kill_step: int = 12, model: dict[str, Any] | N
             return False
 
         wait_until(poll, TIMEOUT, f"{variant}: first step after resume")
+        events = _supervisor_events(run, t0_wall) if variant == "supervisor" else {}
+        if "hang_detected" in events:
+            marks["detection"] = events["hang_detected"]
         phases, prev = {}, 0.0
-        for name in PHASES:  # a phase seen late by the poller never counts negative
+        for name in HANG_PHASES if fault == "stop" else PHASES:  # a phase seen late by the poller never counts negative
             at = marks.get(name, prev)
             phases[name] = round(max(0.0, at - prev), 3)
             prev = max(prev, at)
-        after = run.text(attempt)[offset:]
-        resumed = re.search(r"event=loaded rank=0 path=(\S+) step=(\d+)", after)
-        # Before the kill: attempt 1's log (the same log up to the resumed run's load, for torchrun's own restart).
-        before = run.text(1) if attempt == 2 else run.text(1)[:offset] + after.split("event=loaded", 1)[0]
-        trained = max(map(int, _steps(before)), default=0)
-        result = {"total": round(marks["first_step"], 3), "phases": phases,
-                  "steps_lost": trained - int(resumed.group(2)) if resumed else None,
-                  "resumed_from": resumed.group(1) if resumed else None}
+        result: dict[str, Any] = {"total": round(marks["first_step"], 3), "phases": phases}
         if variant == "supervisor":
-            result["supervisor_events"] = _supervisor_events(run, t0_wall)
+            result["supervisor_events"] = events
+            result["steps_lost"] = _steps_lost(run)
             result["warm_workers"] = warm
+            resumed = re.search(r"event=loaded rank=0 path=(\S+)", run.text(2))
+            result["resumed_from"] = resumed.group(1) if resumed else None
         return result
     finally:
         tagged.close()
@@ -236,10 +252,15 @@ def run(repeats: int = 4, kill_step: int = 12, model: dict[str, Any] | None = No
         result["round_ratios"] = [round(s["total"] / t["total"], 3)
                                   for s, t in zip(runs["supervisor"], runs["torchrun_restart"])]
     result["breakdown"] = {v: {ph: median(x["phases"][ph] for x in runs[v]) for ph in PHASES} for v in variants}
-    result["steps_lost"] = {v: median(x["steps_lost"] for x in runs[v]) for v in variants}
+    result["steps_lost_errors"] = steps_lost_errors(runs.get("supervisor", []))
     result["runs"] = runs
     result["repeats"] = repeats
     return result
+
+
+def steps_lost_errors(runs: list[dict[str, Any]]) -> list[int | None]:
+    """Each supervised round's reported - true steps lost (None where the truth could not be read)."""
+    return [r["steps_lost"]["error"] for r in runs if "steps_lost" in r]
 
 
 def warm_workers(result: dict[str, Any]) -> dict[str, Any] | None:

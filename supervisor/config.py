@@ -19,7 +19,15 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from supervisor.checkpoints import RetentionRules
-from supervisor.contract import ENV_ATTEMPT, ENV_ERROR_FILE, ENV_HEARTBEAT, ENV_LOCAL_DIR, ENV_RUN_DIR, ENV_RUN_TOKEN
+from supervisor.contract import (
+    ENV_ATTEMPT,
+    ENV_ERROR_FILE,
+    ENV_HEARTBEAT,
+    ENV_HEARTBEAT_DIR,
+    ENV_LOCAL_DIR,
+    ENV_RUN_DIR,
+    ENV_RUN_TOKEN,
+)
 from supervisor.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -46,12 +54,13 @@ CHECKPOINT_PLACEHOLDER = "{checkpoint}"
 STEP_PLACEHOLDER = "{step}"
 MAX_CONFIG_BYTES = 1024 * 1024  # a job.toml is a few hundred bytes; anything near this is not one
 MAX_GB = 1e15  # far past any disk; near 1e299 the byte arithmetic of retention overflows to inf
-# The job contract's per-attempt variables: job_env sets them after `[job] env`, so a value here would be ignored.
 # torch's own modules that every FSDP + DCP job imports, DCP and FSDP at its start and torch._dynamo at its first
 # fully_shard (together ~1.5 s per rank here, ~80 MB): none touches a GPU or reads a per-rank variable at import.
 DEFAULT_PREWARM_MODULES = ("torch.distributed.checkpoint", "torch.distributed.fsdp", "torch._dynamo")
 _MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", re.ASCII)
-_SET_BY_SUPERVISOR = frozenset({ENV_HEARTBEAT, ENV_ATTEMPT, ENV_RUN_DIR, ENV_ERROR_FILE, ENV_RUN_TOKEN, ENV_LOCAL_DIR})
+# The job contract's per-attempt variables: job_env sets them after `[job] env`, so a value here would be ignored.
+_SET_BY_SUPERVISOR = frozenset({ENV_HEARTBEAT, ENV_HEARTBEAT_DIR, ENV_ATTEMPT, ENV_RUN_DIR, ENV_ERROR_FILE, ENV_RUN_TOKEN,
+                                ENV_LOCAL_DIR})
 
 
 def _path_text(v: Any) -> Any:
@@ -94,7 +103,8 @@ class JobSection(_Section):
     prewarm: bool = Field(
         default=True,
         description="keep one spare torchrun agent with torch already imported, so that a relaunch skips the "
-        "interpreter start and `import torch` (only for `torchrun ...` / `python -m torch.distributed.run ...`)",
+        "interpreter start and `import torch` (only for `torchrun ...` / `python -m torch.distributed.run ...`); "
+        "the agent that takes a launch (`prewarm_handoff` in the log) shows in `ps` as `torchrun ARGS...`",
     )
     prewarm_workers: bool = Field(
         default=True,
@@ -222,8 +232,33 @@ class HealthSection(_Section):
     startup_timeout_s: float = Field(
         default=0, ge=0, description="0 = off; no first heartbeat this long after launch = hang"
     )
-    stop_timeout_s: float = Field(default=120, gt=0, description="grace after SIGTERM before SIGKILL")
-    stack_dump_wait_s: float = Field(default=5, ge=0, description="wait after SIGUSR1 stack dumps before stopping")
+    stop_timeout_s: float = Field(
+        default=120, gt=0,
+        description="grace after SIGTERM before SIGKILL when a stop is requested (Ctrl+C, systemd, Slurm): the "
+                    "emergency checkpoint's time",
+    )
+    stack_dump_wait_s: float = Field(
+        default=5, ge=0,
+        description="after a hang, the longest wait for the workers' SIGUSR1 stack dumps (it ends as soon as every "
+                    "worker that can run has written one)",
+    )
+    hang_kill_grace_s: float = Field(
+        default=2, ge=0,
+        description="after a hang's stack dumps: SIGTERM, then SIGKILL of the whole job this much later (a rank "
+                    "stuck in a collective cannot save; stop_timeout_s is not waited)",
+    )
+    straggler_factor: float = Field(
+        default=1.5, ge=0,
+        description="0 = off; a rank whose own step time stays above this times the other ranks' median (3 looks, "
+                    "a second apart) is flagged as a straggler in status, metrics and the report",
+    )
+
+    @field_validator("straggler_factor")
+    @classmethod
+    def _factor(cls, v: float) -> float:
+        if 0 < v <= 1:
+            raise ValueError("must be 0 (off) or above 1: a factor of 1 or less flags ranks that are not slower")
+        return v
 
 
 class SupervisorSection(_Section):

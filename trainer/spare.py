@@ -17,7 +17,10 @@ Two things differ on purpose:
   an interpreter that imported torch otherwise spends about a second tearing itself down before its
   parent learns that the job failed.
 
-Until the hand-off it dies with the supervisor (PR_SET_PDEATHSIG; EOF on stdin means "not needed").
+Until the hand-off it dies with the supervisor (PR_SET_PDEATHSIG; EOF on stdin means "not needed"). At the
+hand-off it takes torchrun's name, so that `ps` and `pgrep -f torchrun` show the job where people look for it: its
+command line becomes `torchrun ARGS...` (written over its own argv in memory, as setproctitle does, cut to the
+length of the spare's own command line). Its comm becomes torch's `pt_elastic` as a cold agent's does.
 
 With warm workers on (the supervisor's OPTIONS argument, `[job] prewarm_workers`), the spare also starts one
 warm worker per local rank once its own import is done (trainer/warm_pool.py, trainer/warm.py), and hands
@@ -58,7 +61,9 @@ def _sibling(name: str) -> Any:
     return module
 
 
-_pdeathsig = _sibling("warm").pdeathsig  # not Linux: the EOF on stdin still ends an unneeded spare
+_WARM = _sibling("warm")
+_pdeathsig = _WARM.pdeathsig  # not Linux: the EOF on stdin still ends an unneeded spare
+_set_title = _WARM.set_title
 
 
 def _wait_for_training(timeout: float) -> None:
@@ -138,6 +143,7 @@ def _take_over(spec: dict[str, Any], module_file: str) -> None:
     script = spec["script"]
     sys.argv = [script or module_file, *spec["args"]]
     sys.path.insert(0, os.path.dirname(script) if script else os.getcwd())
+    _set_title(" ".join(["torchrun", *spec["args"]]))
 
 
 def _exit_status(exc: SystemExit) -> int:

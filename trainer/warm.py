@@ -36,7 +36,7 @@ import time
 import types
 from typing import Any
 
-__all__ = ["main", "pdeathsig", "READY", "UNUSABLE", "MAX_SPEC_BYTES"]
+__all__ = ["main", "pdeathsig", "set_title", "READY", "UNUSABLE", "MAX_SPEC_BYTES"]
 
 _PR_SET_PDEATHSIG = 1
 READY = b"ready"
@@ -50,6 +50,23 @@ def pdeathsig(sig: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
     except (OSError, AttributeError):
         pass  # not Linux: EOF on the socket still ends an unneeded worker
+
+
+def set_title(title: str) -> None:
+    """Show as `title` in ps (/proc/self/cmdline); anything that fails leaves the old one (it is cosmetic)."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: stat's fields 48 and 49
+    except (OSError, ValueError, IndexError):
+        return
+    # The title, a NUL, and padding that is not NUL: the kernel then shows the argv area up to that first NUL
+    # (setproctitle's convention), with no trailing empty arguments. Python keeps its own copy of argv.
+    room = end - start
+    if room < 2:
+        return
+    text = title.encode("utf-8", "replace")[:room - 2] + b"\0"
+    ctypes.memmove(start, text + b" " * (room - len(text)), room)
 
 
 def _import(modules: list[str]) -> str | None:
@@ -98,6 +115,8 @@ def _become(spec: dict[str, Any], fds: list[int]) -> None:
     os.environ.clear()
     os.environ.update(spec["env"])
     pdeathsig(0)
+    # `ps`, `pgrep -f` and py-spy find the rank by the command a cold rank has (cut to our own argv's length).
+    set_title(" ".join([spec["argv0"], *spec["argv"]]))
 
 
 def _run_script(path: str, main: types.ModuleType) -> None:

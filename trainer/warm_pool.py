@@ -164,7 +164,7 @@ class WarmPool:
         w = next((w for w in self.workers if w.state == "ready"), None)
         if w is None:
             return None
-        spec = json.dumps({"argv": list(args[1:]), "env": dict(env), "cwd": os.getcwd()}).encode()
+        spec = json.dumps({"argv0": args[0], "argv": list(args[1:]), "env": dict(env), "cwd": os.getcwd()}).encode()
         try:
             socket.send_fds(w.sock, [spec], list(streams))
         except OSError as exc:

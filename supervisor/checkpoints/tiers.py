@@ -21,10 +21,12 @@ from typing import TYPE_CHECKING
 
 from supervisor.checkpoints.ranking import CheckpointInfo, Tier, newest_complete, scan
 
-if TYPE_CHECKING:  # retention needs pydantic: the trainer's `--resume auto` (newest_across) must not pay for it
+if TYPE_CHECKING:  # retention needs pydantic, claims psutil: the trainer's `--resume auto` must not pay for them
+    from supervisor.checkpoints.claim import RootClaim
     from supervisor.checkpoints.retention import RetentionRules
 
-__all__ = ["Tier", "tier_order", "tagged", "merged", "scan_local", "scan_tiers", "newest_across", "local_rules"]
+__all__ = ["Tier", "TierClaims", "tier_order", "tagged", "merged", "scan_local", "scan_tiers", "newest_across",
+           "local_rules"]
 
 PathLike = str | os.PathLike[str]
 
@@ -76,3 +78,39 @@ def local_rules(base: RetentionRules, keep: int) -> RetentionRules:
 
     return RetentionRules(keep_last=keep, partial_max_age_s=base.partial_max_age_s)
 
+
+
+class TierClaims:
+    """One job's claims on each of its roots (the durable root, the local tier): used wherever one RootClaim is.
+
+    Two jobs on one local tier would prune and resume each other's checkpoints as surely as on one durable root,
+    so the local tier is claimed like it (checkpoints/claim.py). Taking them is all or nothing.
+    """
+
+    def __init__(self, claims: Sequence[RootClaim]) -> None:
+        self.claims = list(claims)
+        self.root = self.claims[0].root  # the durable root: what the logs name
+
+    def acquire(self) -> list[tuple[str, str]]:
+        notes: list[tuple[str, str]] = []
+        taken: list[RootClaim] = []
+        try:
+            for claim in self.claims:
+                notes += claim.acquire()
+                taken.append(claim)
+        except BaseException:
+            for claim in taken:
+                claim.release()
+            raise
+        return notes
+
+    def check(self) -> str | None:
+        return next(filter(None, (claim.check() for claim in self.claims)), None)
+
+    def refresh(self) -> None:
+        for claim in self.claims:
+            claim.refresh()
+
+    def release(self) -> None:
+        for claim in self.claims:
+            claim.release()

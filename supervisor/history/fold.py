@@ -15,14 +15,27 @@ Definitions (docs/history.md has them with an example):
 - `productive_s`: training time whose work was kept: the sum of the attempts' `train_s`, less, wherever an
   attempt resumed behind the previous attempt's highest step, the time those steps took (steps behind times
   the previous attempt's seconds per step, or the run's average when it trained none). Never negative.
-- `goodput`: productive_s / wall_s (null while wall_s is 0).
+- `goodput`: productive_s / wall_s (null while wall_s is 0, and for a job that never reported a step: its training
+  time is unknown, not zero).
+- Where the rest of `wall_s` went: `startup_s`, each attempt's launch to its first new step (or to its end when it
+  never got there); `restart_s`, a failed attempt's end to the next launch in the same supervisor run (teardown,
+  backoff); `lost_s`, training time whose steps were redone after a failure (part of the attempts' `train_s`:
+  productive_s + lost_s is all of it); `checkpoint_overhead_s`; and `other_s`, what is left (evaluation, the
+  supervisor's own start, a backoff still under way).
 - `restart_latency_s`: one entry per recovery: from the detection (attempt_exit `at`) of the first failure
   since the job last trained a new step, to the next first_step (the relaunched job training again). A crash
   loop that ends in a recovery is one entry, counted from its first failure; a recovery cut short by the end
   of supervision (supervisor_end, or the next supervisor_start after a supervisor was killed) is none.
-- `steps_lost`: one entry per failure followed by a relaunch: the failed attempt's highest heartbeat step
-  minus the step the relaunch resumed from (0 when it resumed at or beyond it); none when the attempt never
-  reported a step.
+- `steps_lost`: one entry per failure followed by a relaunch: the step the failed attempt reached (its
+  attempt_exit `max_step`: the job's own record, every rank's step by its per-rank heartbeat) minus the step the
+  relaunch resumed from (its attempt_start `resumed_step`; for a job that picks its own checkpoint, its
+  first_step's `from_step`, the step of its `load` heartbeat), 0 when it resumed at or beyond it; none when
+  the attempt never reported a step or the relaunch's resume point never became known.
+- `losses`: one entry per failure followed by a relaunch: the steps above, the hung ranks, and the time it
+  cost split into `detection` (the step last advancing -> the failure seen: its exit, or its hang detected),
+  `stop` (hang detected -> the job gone), `relaunch` (-> the next attempt started), `worker_start` (-> its
+  first heartbeat), `load` (-> its first step beyond the resume point) and `redo` (the steps lost times the
+  failed attempt's seconds per step). A part that cannot be known is null. `time_lost_s`: their sums.
 - `checkpoint_overhead_s`: the sum of the attempts' `save_s`: time the job said it was saving.
 - `exit_reasons`: attempt_exit reasons and how often each occurred.
 
@@ -38,11 +51,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from supervisor.history.losses import LOSS_PARTS, Ledger, Loss
 from supervisor.history.records import is_failure, is_time
 
-__all__ = ["Fold", "AttemptView", "Sample", "Mark", "Summary", "summarize", "RECENT_LOSSES"]
+__all__ = ["Fold", "AttemptView", "Sample", "Mark", "Summary", "Loss", "summarize", "RECENT_LOSSES", "LOSS_PARTS"]
 
 RECENT_LOSSES = 40  # samples behind `status`'s sparkline
+_MAX_STRAGGLER_MARKS = 200  # straggler records kept for the report (a flapping rank writes many)
 _CLOCK_STEP_S = 60.0  # records are written in time order give or take a heartbeat: further back, the clock stepped
 
 
@@ -109,6 +124,12 @@ class AttemptView:
     train_s: float = 0.0
     save_s: float = 0.0
     first_step_at: float | None = None
+    trained_at: float | None = None  # its first beat beyond the resume point (start-up ends there or at first_step)
+    first_beat_at: float | None = None  # its first heartbeat: its workers are up
+    progress_at: float | None = None  # its step last advanced (attempt_exit)
+    detected_at: float | None = None  # its hang was detected (attempt_exit)
+    hung_ranks: list[int] = field(default_factory=list)
+    stacks: str | None = None  # where its hang's stack dumps were kept
     last_t: float = 0.0  # its last record
     samples: list[Sample] = field(default_factory=list)
 
@@ -127,11 +148,17 @@ class Summary:
     restart_latency_s: list[float]
     steps_lost: list[int]
     checkpoint_overhead_s: float
+    startup_s: float
+    restart_s: float
+    lost_s: float
+    other_s: float
     exit_reasons: dict[str, int]
     checkpoints_committed: int
     quarantines: int
     sessions: int
     last_step: int | None
+    losses: list[Loss] = field(default_factory=list)
+    time_lost_s: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -143,11 +170,17 @@ class Summary:
             "restart_latency_s": [round(x, 3) for x in self.restart_latency_s],
             "steps_lost": list(self.steps_lost),
             "checkpoint_overhead_s": round(self.checkpoint_overhead_s, 3),
+            "startup_s": round(self.startup_s, 3),
+            "restart_s": round(self.restart_s, 3),
+            "lost_s": round(self.lost_s, 3),
+            "other_s": round(self.other_s, 3),
             "exit_reasons": dict(sorted(self.exit_reasons.items())),
             "checkpoints_committed": self.checkpoints_committed,
             "quarantines": self.quarantines,
             "sessions": self.sessions,
             "last_step": self.last_step,
+            "losses": [loss.to_json() for loss in self.losses],
+            "time_lost_s": {k: round(v, 3) for k, v in self.time_lost_s.items()},
         }
 
 
@@ -167,15 +200,18 @@ class Fold:
         self.failures = 0
         self.exit_reasons: Counter[str] = Counter()
         self.restart_latency_s: list[float] = []
-        self.steps_lost: list[int] = []
-        self.lost_s = 0.0
+        self.ledger = Ledger(self._seconds_per_step)  # steps and time lost per failure
+        self.stragglers: list[Mark] = []  # straggler records, the latest _MAX_STRAGGLER_MARKS
         self.train_s = 0.0  # sum over attempts
         self.save_s = 0.0
         self._pending_failure_at: float | None = None  # detection of the first failure not yet recovered
+        self.restart_s = 0.0  # a failed attempt's end to the next launch, within one supervisor run
+        self._failed_at: float | None = None  # the end of the last attempt, when it failed and nothing launched since
         self.commits = 0
         self.quarantines = 0
         self.last_step: int | None = None
         self.recent_loss: deque[float] = deque(maxlen=RECENT_LOSSES)
+        self._recent_step: int | None = None  # the step of the newest loss in recent_loss
         self.marks: list[Mark] = []  # keep=True only
         self.end_state: str | None = None
         self.end_reason: str | None = None
@@ -203,6 +239,7 @@ class Fold:
             self.sessions.append([t, t])
             self._open = True
             self._pending_failure_at = None  # the supervisor that saw it is gone: its recovery was cut short
+            self._failed_at = None  # time between supervisor runs is no one's
             self._session_t = t
         else:
             self.sessions[-1][1] = max(self.sessions[-1][1], t)
@@ -229,11 +266,7 @@ class Fold:
         a = AttemptView(number=number, started=t, resumed_from=resumed_from, resumed_step=resumed_step, last_t=t)
         self.attempts.append(a)
         self._by_number[number] = a
-        if boundary and prev is not None and prev.max_step is not None:
-            behind = max(0, prev.max_step - (resumed_step or 0))
-            if is_failure(prev.reason):
-                self.steps_lost.append(behind)
-            self.lost_s += behind * self._seconds_per_step(prev)
+        self.ledger.relaunched(prev if boundary else None, a)
         return a
 
     def _seconds_per_step(self, a: AttemptView) -> float:
@@ -246,6 +279,9 @@ class Fold:
         number = _int(rec, "attempt")
         if number is not None:
             self._new_attempt(number, t, _str(rec, "resumed_from"), _int(rec, "resumed_step"))
+            if self._failed_at is not None:
+                self.restart_s += max(0.0, t - self._failed_at)
+            self._failed_at = None
 
     def _set_counters(self, a: AttemptView, rec: dict[str, Any]) -> None:
         train, save = _num(rec, "train_s"), _num(rec, "save_s")
@@ -267,9 +303,16 @@ class Fold:
             return
         self._note_step(a, step)
         self._set_counters(a, rec)
+        if a.trained_at is None and step > (a.resumed_step or 0) and rec.get("phase") != "load":
+            a.trained_at = t
         loss = _num(rec, "loss")
-        if loss is not None:
+        # One per step: a step's eval and save beats repeat its loss, and so does a resumed attempt's first beat at the
+        # step it resumed (a load beat's loss is the checkpoint's, nothing measured now).
+        if loss is not None and rec.get("phase") != "load":
+            if self._recent_step == step:
+                self.recent_loss.pop()
             self.recent_loss.append(loss)
+            self._recent_step = step
         if self.keep:
             a.samples.append(Sample(t, step, loss, _num(rec, "val_loss")))
 
@@ -279,6 +322,7 @@ class Fold:
             return
         a.first_step_at = t if a.first_step_at is None else a.first_step_at
         self._note_step(a, _int(rec, "step"))
+        self.ledger.trained(a, _int(rec, "from_step"))
         if self._pending_failure_at is not None:
             self.restart_latency_s.append(max(0.0, t - self._pending_failure_at))
             self._pending_failure_at = None
@@ -293,11 +337,45 @@ class Fold:
         a.code, a.signal, a.detail = _int(rec, "code"), _str(rec, "signal"), _str(rec, "detail")
         self._note_step(a, _int(rec, "max_step"))
         self._set_counters(a, rec)
+        a.progress_at, a.detected_at = _time(rec, "progress_at"), _time(rec, "detected_at")
+        ranks = rec.get("hung_ranks")
+        if isinstance(ranks, list):
+            a.hung_ranks = [r for r in ranks[:64] if type(r) is int and 0 <= r < _MAX_INT]
+        self.ledger.exited(a)
         self.exit_reasons[a.reason] += 1
         if is_failure(a.reason):
             self.failures += 1
+            self._failed_at = a.ended
             if self._pending_failure_at is None:
                 self._pending_failure_at = a.ended
+
+    def _on_first_beat(self, t: float, rec: dict[str, Any]) -> None:
+        a = self._attempt(t, rec)
+        if a is not None and a.first_beat_at is None:
+            a.first_beat_at = t
+            self.ledger.fill(a)
+
+    def _on_hang(self, t: float, rec: dict[str, Any]) -> None:
+        a = self._attempt(t, rec)
+        if a is None:
+            return
+        ranks = rec.get("ranks")
+        named = [r for r in ranks[:64] if isinstance(r, dict)] if isinstance(ranks, list) else []
+        a.hung_ranks = [r["rank"] for r in named if type(r.get("rank")) is int and 0 <= r["rank"] < _MAX_INT]
+        a.stacks = _str(rec, "stacks")
+        if self.keep:
+            why = "; ".join(f"rank {r.get('rank')}: {r.get('why')}" for r in named if isinstance(r.get("why"), str))
+            self.marks.append(Mark(_time(rec, "at") or t, "hang", a.stacks, _int(rec, "step"), why or None))
+
+    def _on_straggler(self, t: float, rec: dict[str, Any]) -> None:
+        rank, flagged = _int(rec, "rank"), rec.get("flagged")
+        if rank is None or not isinstance(flagged, bool):
+            return
+        step_s, others = _num(rec, "step_s"), _num(rec, "others_s")
+        detail = (f"rank {rank} {'is' if flagged else 'no longer'} a straggler"
+                  + (f": {step_s:.3g} s/step, others {others:.3g}" if step_s is not None and others is not None else ""))
+        self.stragglers.append(Mark(t, "straggler" if flagged else "straggler_cleared", None, rank, detail))
+        del self.stragglers[:-_MAX_STRAGGLER_MARKS]
 
     def _on_mark(self, t: float, rec: dict[str, Any]) -> None:
         kind = rec["kind"]
@@ -311,11 +389,15 @@ class Fold:
     def _on_end(self, t: float, rec: dict[str, Any]) -> None:
         self.end_state, self.end_reason = _str(rec, "state"), _str(rec, "reason")
         self._pending_failure_at = None  # supervision ended mid-recovery: nothing was waiting to recover
+        self._failed_at = None
 
     _HANDLERS: ClassVar[dict[str, Callable[[Fold, float, dict[str, Any]], None]]] = {
         "attempt_start": _on_start,
         "beat": _on_beat,
         "first_step": _on_first_step,
+        "first_beat": _on_first_beat,
+        "hang": _on_hang,
+        "straggler": _on_straggler,
         "attempt_exit": _on_exit,
         "checkpoint_committed": _on_mark,
         "quarantined": _on_mark,
@@ -335,28 +417,64 @@ class Fold:
         return self._wall
 
     def productive_s(self) -> float:
-        return max(0.0, self.train_s - self.lost_s)
+        return max(0.0, self.train_s - self.ledger.lost_s)
 
     def goodput(self, now: float | None = None) -> float | None:
+        """None while nothing ran, and for a job that never reported a step (its training time is unknown)."""
         wall = self.wall_s(now)
-        return min(1.0, self.productive_s() / wall) if wall > 0 else None
+        return min(1.0, self.productive_s() / wall) if wall > 0 and self.last_step is not None else None
+
+    def startup_s(self, now: float | None = None) -> float:
+        """Each attempt's launch to its first new step, or to its end (or now, or its last record) without one."""
+        total = 0.0
+        for a in self.attempts:
+            end = min((x for x in (a.first_step_at, a.trained_at) if x is not None), default=a.ended)
+            if end is None:
+                end = now if now is not None and self._open and a is self.attempts[-1] else a.last_t
+            total += max(0.0, end - a.started)
+        return total
+
+    def parts(self, now: float | None = None) -> dict[str, float]:
+        """Where the supervisor's wall time went (the module docstring has each part); they add up to `wall_s`."""
+        wall, productive = self.wall_s(now), self.productive_s()
+        known = {"productive_s": productive, "startup_s": self.startup_s(now), "restart_s": self.restart_s,
+                 "lost_s": self.train_s - productive, "checkpoint_overhead_s": self.save_s}
+        return {"wall_s": wall, **known, "other_s": max(0.0, wall - sum(known.values()))}
+
+    @property
+    def steps_lost(self) -> list[int]:
+        return self.ledger.steps_lost
+
+    @property
+    def losses(self) -> list[Loss]:
+        return self.ledger.losses
+
+    def time_lost_totals(self) -> dict[str, float]:
+        return self.ledger.totals()
 
     def summary(self, now: float | None = None) -> Summary:
         """The numbers as of the last record, or as of `now` for a session still running."""
+        parts = self.parts(now)
         return Summary(
             attempts=len(self.attempts),
             failures=self.failures,
-            wall_s=self.wall_s(now),
-            productive_s=self.productive_s(),
+            wall_s=parts["wall_s"],
+            productive_s=parts["productive_s"],
             goodput=self.goodput(now),
             restart_latency_s=list(self.restart_latency_s),
             steps_lost=list(self.steps_lost),
             checkpoint_overhead_s=self.save_s,
+            startup_s=parts["startup_s"],
+            restart_s=parts["restart_s"],
+            lost_s=parts["lost_s"],
+            other_s=parts["other_s"],
             exit_reasons=dict(self.exit_reasons),
             checkpoints_committed=self.commits,
             quarantines=self.quarantines,
             sessions=len(self.sessions),
             last_step=self.last_step,
+            losses=[x.copy() for x in self.losses],
+            time_lost_s=self.time_lost_totals(),
         )
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import time
 
 from supervisor.history.fold import AttemptView, Fold, Summary
+from supervisor.history.losses import LOSS_PARTS, Loss
 from supervisor.history.svg import Linear, esc, fmt_num, fmt_time, nice_ticks, polyline, svg, tag, text, time_ticks
-from supervisor.observe.humanize import human_age
+from supervisor.observe.humanize import checkpoint_label, human_age
 
 __all__ = ["render_html", "REASON_COLORS"]
 
@@ -35,7 +36,8 @@ svg{display:block}svg text{font-size:11px;fill:#555}.axis{stroke:#aaa}.grid{stro
 .recovery{stroke:#c62828;stroke-width:2}.failure{fill:#c62828}
 .loss{fill:none;stroke:#1565c0;stroke-width:1.6}.loss.lost{stroke:#9aa9b4;stroke-dasharray:3 3}
 polyline.val-loss{fill:none;stroke:#ef6c00;stroke-width:1.2}circle.val-loss{fill:#ef6c00}
-.rate{fill:none;stroke:#37474f;stroke-width:1.3}.legend{color:#444;margin:2px 0}.legend span{margin-right:14px}
+.hang{fill:#8d6e63}.rate{fill:none;stroke:#37474f;stroke-width:1.3}
+.legend{color:#444;margin:2px 0}.legend span{margin-right:14px}
 .legend i{display:inline-block;width:11px;height:11px;margin-right:4px;vertical-align:-1px}
 .legend i.line{height:2px;vertical-align:3px}
 """ + "".join(f".reason-{k}{{fill:{c}}}i.reason-{k}{{background:{c}}}" for k, c in REASON_COLORS.items())
@@ -107,12 +109,18 @@ def _timeline(fold: Fold, t0: float, t1: float) -> str:
             continue
         drawn.add((m.kind, int(mx / 2)))
         if m.kind == "checkpoint_committed":
-            body.append(tag("line", "commit", f"checkpoint step {m.step}: {m.path}", x1=mx, y1=52.0, x2=mx, y2=68.0))
+            body.append(tag("line", "commit", f"checkpoint {checkpoint_label(m.step, m.path)}: {m.path}", x1=mx, y1=52.0,
+                            x2=mx, y2=68.0))
         elif m.kind == "quarantined":
-            body.append(tag("rect", "quarantine", f"quarantined {m.path}: {m.detail}", x=mx - 4, y=54.0,
+            why = f": {m.detail}" if m.detail else ""
+            body.append(tag("rect", "quarantine", f"quarantined {m.path}{why}", x=mx - 4, y=54.0,
                             width=8.0, height=8.0, transform=f"rotate(45 {mx:.1f} 58)"))
+        elif m.kind == "hang":
+            body.append(tag("rect", "hang", f"hang at step {m.step}: {m.detail or 'no rank named'}"
+                            + (f"; stacks: {m.path}" if m.path else ""), x=mx - 3, y=50.0, width=6.0, height=6.0))
         elif m.kind == "retention_deleted":
-            body.append(tag("line", "deletion", f"deleted {m.path} ({m.detail})", x1=mx, y1=64.0, x2=mx, y2=70.0))
+            why = f" ({m.detail})" if m.detail else ""
+            body.append(tag("line", "deletion", f"deleted {m.path}{why}", x1=mx, y1=64.0, x2=mx, y2=70.0))
     _time_axis(body, x, t0, t1, 74.0)
     return svg(WIDTH, 94, body, "timeline of attempts", "timeline")
 
@@ -180,8 +188,9 @@ def _loss_chart(fold: Fold) -> str:
 
 
 def _rate_chart(fold: Fold, t0: float, t1: float) -> str:
+    """One line per attempt, labelled with its number: steps per second between samples `window` apart."""
     window = max(1.0, (t1 - t0) / 300)
-    lines: list[list[tuple[float, float]]] = []
+    lines: list[tuple[int, list[tuple[float, float]]]] = []
     for a in fold.attempts:
         pts, anchor = [], a.samples[0] if a.samples else None
         for s in a.samples[1:]:
@@ -191,19 +200,21 @@ def _rate_chart(fold: Fold, t0: float, t1: float) -> str:
                     pts.append(((s.t + anchor.t) / 2, (s.step - anchor.step) / (s.t - anchor.t)))
                 anchor = s
         if pts:
-            lines.append(pts)
+            lines.append((a.number, pts))
     if not lines:
         return svg(WIDTH, 40, [text(LEFT, 24, "no step rate yet (fewer than two heartbeat samples per attempt)")],
                    "step rate", "rate-chart")
-    hi = max(r for pts in lines for _, r in pts) * 1.1 or 1.0
+    hi = max(r for _, pts in lines for _, r in pts) * 1.1 or 1.0
     bottom = 110.0
     x, y = Linear(t0, t1, LEFT, WIDTH - RIGHT), Linear(0, hi, bottom, 8)
     body: list[str] = []
     _y_axis(body, 0, hi, y, LEFT, WIDTH - RIGHT)
-    body += [polyline(((x(t), y(r)) for t, r in pts), "rate", "steps per second") for pts in lines]
+    for number, pts in lines:
+        body.append(polyline(((x(t), y(r)) for t, r in pts), "rate", f"attempt {number}: steps per second"))
+        body.append(text(x(pts[0][0]) + 2, 18, f"#{number}"))
     _time_axis(body, x, t0, t1, bottom)
     body.append(text(LEFT - 6, 8, "step/s", anchor="end"))
-    return svg(WIDTH, 130, body, "step rate over time", "rate-chart")
+    return svg(WIDTH, 130, body, "step rate over time, one line per attempt", "rate-chart")
 
 
 def _values(values: list[float] | list[int], unit: str) -> str:
@@ -214,16 +225,18 @@ def _values(values: list[float] | list[int], unit: str) -> str:
     return f"{len(values)}: median {ordered[len(values) // 2]:g}{unit}, max {ordered[-1]:g}{unit}"
 
 
-def _summary_table(s: Summary) -> str:
+def _summary_table(s: Summary, on_disk: int | None) -> str:
     lat = _values([round(v, 1) for v in s.restart_latency_s], " s")
     lost = _values(s.steps_lost, "") + (f" ({sum(s.steps_lost)} in all)" if len(s.steps_lost) > 1 else "")
+    kept = "" if on_disk is None else f", {on_disk} on disk"
     cells = [
-        ("goodput", "n/a" if s.goodput is None else f"{s.goodput:.1%}"),
+        ("goodput", "unknown (no steps reported)" if s.goodput is None else f"{s.goodput:.1%}"),
         ("wall", human_age(s.wall_s)), ("productive", human_age(s.productive_s)),
+        ("start-up", human_age(s.startup_s)), ("checkpoint overhead", f"{s.checkpoint_overhead_s:.1f} s"),
+        ("restarts", human_age(s.restart_s)), ("lost (redone)", human_age(s.lost_s)), ("other", human_age(s.other_s)),
         ("attempts", str(s.attempts)), ("failures", str(s.failures)),
-        ("restart latency", lat), ("steps lost", lost),
-        ("checkpoint overhead", f"{s.checkpoint_overhead_s:.1f} s"),
-        ("checkpoints", str(s.checkpoints_committed)), ("quarantined", str(s.quarantines)),
+        ("restart latency", lat), ("steps lost", lost), ("time lost", _time_lost(s.time_lost_s)),
+        ("checkpoints", f"{s.checkpoints_committed} committed{kept}"), ("quarantined", str(s.quarantines)),
         ("exits", ", ".join(f"{k} {v}" for k, v in sorted(s.exit_reasons.items())) or "none"),
         ("last step", "n/a" if s.last_step is None else str(s.last_step)),
     ]
@@ -233,12 +246,46 @@ def _summary_table(s: Summary) -> str:
     return '<table class="summary">' + "".join(rows) + "</table>"
 
 
+def _time_lost(parts: dict[str, float]) -> str:
+    total = sum(parts.values())
+    if total <= 0:
+        return "none"
+    top = sorted(((v, k) for k, v in parts.items() if v > 0), reverse=True)[:2]
+    return f"{total:.1f} s (" + ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for v, k in top) + ")"
+
+
+def _losses_table(losses: list[Loss], fold: Fold) -> str:
+    """One row per failure followed by a relaunch: what it cost, and why (hung ranks, stack dumps)."""
+    if not losses:
+        return '<p class="meta">No failure was followed by a relaunch.</p>'
+    by_number = {a.number: a for a in fold.attempts}
+    head = ("<tr><th>attempt</th><th>exit</th><th>hung ranks</th><th>steps reached / resumed / lost</th>"
+            + "".join(f"<th>{esc(p.replace('_', ' '))} (s)</th>" for p in LOSS_PARTS) + "<th>stack dumps</th></tr>")
+    rows = []
+    for x in losses[-MAX_TABLE_ROWS:]:
+        a = by_number.get(x.attempt)
+        steps = " / ".join("?" if v is None else str(v) for v in (x.reached, x.resumed, x.steps_lost))
+        cells = "".join(f"<td>{'' if x.seconds.get(p) is None else f'{x.seconds[p]:.1f}'}</td>" for p in LOSS_PARTS)
+        rows.append(f"<tr><td>{x.attempt}</td><td>{esc(x.reason)}</td><td>{esc(', '.join(map(str, x.hung_ranks)))}"
+                    f"</td><td>{esc(steps)}</td>{cells}<td class=\"detail\">{esc((a.stacks if a else None) or '')}"
+                    "</td></tr>")
+    return '<table class="attempts">' + head + "".join(rows) + "</table>"
+
+
+def _stragglers(fold: Fold) -> str:
+    if not fold.stragglers:
+        return ""
+    items = "".join(f"<li>{esc(_utc(m.t))}: {esc(m.detail or '')}</li>" for m in fold.stragglers[-20:])
+    return f"<h2>Stragglers</h2><ul>{items}</ul>"
+
+
 def _legend(fold: Fold) -> str:
     seen = list(dict.fromkeys(_colour(_reason(a, fold.running)) for a in fold.attempts))
     keys = [f'<span><i class="reason-{esc(r)}"></i>{esc(r)}</span>' for r in seen]
     keys += ['<span><i class="line" style="background:#1b5e20"></i>checkpoint</span>',
              '<span><i class="line" style="background:#c62828"></i>failure / time to recover</span>',
-             '<span><i style="background:#b71c1c"></i>quarantined</span>']
+             '<span><i style="background:#b71c1c"></i>quarantined</span>',
+             '<span><i style="background:#8d6e63"></i>hang detected</span>']
     return '<p class="legend">' + "".join(keys) + "</p>"
 
 
@@ -248,7 +295,7 @@ def _attempts_table(fold: Fold, t1: float) -> str:
     shown = fold.attempts[-MAX_TABLE_ROWS:]
     rows = []
     for a in shown:
-        resumed = "fresh start" if a.resumed_from is None else f"step {a.resumed_step}"
+        resumed = "fresh start" if a.resumed_from is None else checkpoint_label(a.resumed_step, a.resumed_from)
         code = " / ".join(str(v) for v in (a.code, a.signal) if v is not None)
         rows.append(
             f"<tr><td>{a.number}</td><td>{esc(_utc(a.started))}</td><td>{esc(human_age(_end(a, fold, t1) - a.started))}"
@@ -260,8 +307,10 @@ def _attempts_table(fold: Fold, t1: float) -> str:
     return note + '<table class="attempts">' + head + "".join(rows) + "</table>"
 
 
-def render_html(fold: Fold, summary: Summary, *, source: str, generated: float, now: float | None = None) -> str:
-    """The page for a history folded with `Fold(keep=True)`; `now` extends a running session to the present."""
+def render_html(fold: Fold, summary: Summary, *, source: str, generated: float, now: float | None = None,
+                on_disk: int | None = None) -> str:
+    """The page for a history folded with `Fold(keep=True)`; `now` extends a running session to the present;
+    `on_disk`: the complete checkpoints under the root now (beside the commits the history counts)."""
     t0 = fold.first_t if fold.first_t is not None else generated
     t1 = max(fold.last_t or t0, now or 0.0)
     if t1 <= t0:
@@ -275,7 +324,7 @@ def render_html(fold: Fold, summary: Summary, *, source: str, generated: float, 
         f"<h1>fsdp-supervisor report</h1><p class=\"meta\">{esc(source)}</p>",
         (f"<p class=\"meta\">{esc(_utc(t0))} to {esc(_utc(t1))}, {len(fold.sessions)} supervisor run(s), "
          f"{esc(state)}; generated {esc(_utc(generated))}</p>"),
-        _summary_table(summary),
+        _summary_table(summary, on_disk),
         "<h2>Attempts</h2>", _legend(fold), _timeline(fold, t0, t1),
         "<h2>Loss</h2>",
         ('<p class="legend"><span><i class="line" style="background:#1565c0"></i>loss</span>'
@@ -284,6 +333,7 @@ def render_html(fold: Fold, summary: Summary, *, source: str, generated: float, 
          '<span><i class="line" style="background:#c62828"></i>restart (resume step)</span></p>'),
         _loss_chart(fold),
         "<h2>Step rate</h2>", _rate_chart(fold, t0, t1),
+        "<h2>What failures cost</h2>", _losses_table(summary.losses, fold), _stragglers(fold),
         "<h2>Attempt details</h2>", _attempts_table(fold, t1),
         "</body></html>\n",
     ])

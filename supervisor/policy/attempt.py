@@ -9,8 +9,9 @@ may stay silent before it counts as hung, and which checkpoint a job that picks 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from supervisor.checkpoints import CheckpointInfo
@@ -20,9 +21,11 @@ from supervisor.contract import (
     ENV_ATTEMPT,
     ENV_ERROR_FILE,
     ENV_HEARTBEAT,
+    ENV_HEARTBEAT_DIR,
     ENV_LOCAL_DIR,
     ENV_RUN_DIR,
     ENV_RUN_TOKEN,
+    RANK_HEARTBEAT_DIR,
     SLOW_PHASES,
     Beat,
     Phase,
@@ -30,7 +33,35 @@ from supervisor.contract import (
 from supervisor.policy.restarts import Attempt
 from supervisor.policy.state import ExitInfo, ExitReason, Status
 
-__all__ = ["Job", "job_env", "apply_beat", "hang_timeout", "named_by_beat"]
+__all__ = ["Job", "StepRate", "job_env", "apply_beat", "hang_timeout", "named_by_beat", "RATE_WINDOW_S"]
+
+RATE_WINDOW_S = 30.0  # the step rate is measured over about this much of the attempt's latest steps
+_RATE_MIN_SPAN_S = 2.0  # less than this between the first and the last step seen: no rate yet
+
+
+class StepRate:
+    """Steps per second over the attempt's recent steps: (newest step - oldest) / the time between them.
+
+    Each sample is a step the job reached and when: the job's own `time` from its heartbeat where it gives one (its
+    log's clock, unaffected by when we got around to reading the file), else the time we read it. The oldest sample
+    kept is the newest one at least `RATE_WINDOW_S` old, so a long save or evaluation slows the rate as it slowed the
+    job, and two beats read a millisecond apart never make a burst.
+    """
+
+    def __init__(self, window_s: float = RATE_WINDOW_S) -> None:
+        self.window_s = window_s
+        self._samples: deque[tuple[float, int]] = deque()
+
+    def add(self, t: float, step: int) -> float | None:
+        """Take in a step reached at `t`; the rate now (None until the samples span `_RATE_MIN_SPAN_S`)."""
+        if self._samples and (step < self._samples[-1][1] or t < self._samples[-1][0]):
+            self._samples.clear()  # a step or a clock gone backwards: begin again
+        if not self._samples or step > self._samples[-1][1]:
+            self._samples.append((t, step))
+        while len(self._samples) > 2 and self._samples[1][0] <= t - self.window_s:
+            self._samples.popleft()
+        (t0, s0), (t1, s1) = self._samples[0], self._samples[-1]
+        return (s1 - s0) / (t1 - t0) if t1 - t0 >= _RATE_MIN_SPAN_S else None
 
 
 @dataclass
@@ -45,16 +76,23 @@ class Job:
     error_file: Path
     log_path: Path
     oom_before: int | None
-    max_step: int | None = None
+    max_step: int | None = None  # the highest step it reached, by its heartbeats (every rank's, every step)
     new_checkpoint: bool = False
     hang: bool = False
-    stopping: bool = False
+    stopping: bool = False  # we asked it to stop (a requested stop, a hang): an exit 0 now is no completion
+    progress_at: float | None = None  # wall time its step last advanced, as the supervisor saw it
+    detected_at: float | None = None  # wall time its hang was detected
+    hung_ranks: list[tuple[int, str]] = field(default_factory=list)  # (rank, why) named at its hang
+    stacks: str | None = None  # where its hang's stack dumps were kept
     beat_mono: float | None = None
     beat: Beat | None = None
     beat_warned: bool = False
+    ranks_warned: bool = False  # a bad per-rank heartbeat (or too many of them) was said (once per attempt)
     log_warned: bool = False  # a failed rotation of its log was said (once per attempt)
     rotating: bool = False  # a rotation of its log is running off the loop
     low_free: int | None = None  # least free bytes on the checkpoint file system seen during the attempt
+    rate: StepRate = field(default_factory=StepRate)  # steps per second over its recent steps
+    agent_exit: int | None = None  # the agent's exit code while workers it left finish a graceful stop (Core)
     # Set by `end`: the exit is known, but it is judged only once a pass has said what the attempt committed.
     returncode: int | None = None
     info: ExitInfo | None = None
@@ -68,7 +106,9 @@ class Job:
         assert self.info is not None and self.ended_mono is not None, "judged before it ended"
         return Attempt(
             number=self.number, started_at=self.started_mono, ended_at=self.ended_mono,
-            succeeded=self.returncode == 0, reason=ExitReason(self.info.reason), resumed_from=self.resumed_from,
+            # An exit 0 after we asked the job to stop (its SIGTERM handler exits 0) finished nothing.
+            succeeded=self.returncode == 0 and not (self.stopping or self.hang),
+            reason=ExitReason(self.info.reason), resumed_from=self.resumed_from,
             resumed_step=self.resumed_step, max_step=self.max_step, new_checkpoint=self.new_checkpoint,
             progressed=progressed, last_phase=self.beat.phase if self.beat else None, beat=self.beat is not None,
             beat_checkpoint=beat_checkpoint,
@@ -93,6 +133,7 @@ def job_env(cfg: Config, environ: Mapping[str, str], *, number: int, heartbeat: 
         env[ENV_LOCAL_DIR] = str(cfg.checkpoints.local_dir)
     env.update({
         ENV_HEARTBEAT: str(heartbeat),
+        ENV_HEARTBEAT_DIR: str(cfg.run_dir / RANK_HEARTBEAT_DIR),
         ENV_ATTEMPT: str(number),
         ENV_RUN_DIR: str(cfg.run_dir),
         ENV_ERROR_FILE: str(error_file),
@@ -101,13 +142,11 @@ def job_env(cfg: Config, environ: Mapping[str, str], *, number: int, heartbeat: 
     return env
 
 
-def apply_beat(status: Status, beat: Beat, now: float) -> None:
-    """Move `status` to a new beat: step, phase, losses and a smoothed steps/s rate."""
+def apply_beat(status: Status, beat: Beat, now: float, rate: StepRate) -> None:
+    """Move `status` to a new beat: step, phase, losses, and the rate over the attempt's recent steps."""
     step = beat.step
-    if status.step is not None and status.step_at is not None and step > status.step and now > status.step_at:
-        rate = (step - status.step) / (now - status.step_at)
-        prev = status.rate_steps_per_s
-        status.rate_steps_per_s = rate if prev is None else 0.7 * prev + 0.3 * rate
+    if beat.phase != Phase.LOAD:  # a load beat names the checkpoint's step, not one trained now
+        status.rate_steps_per_s = rate.add(beat.time if beat.time is not None else now, step)
     if status.step != step:
         status.step, status.step_at = step, now
     status.phase, status.loss = beat.phase, beat.loss

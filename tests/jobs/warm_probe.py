@@ -34,6 +34,13 @@ def _pdeathsig() -> int:
     return sig.value
 
 
+def _cmdline() -> list[str]:
+    """What ps shows for us: NUL-separated argv, or (a retitled process, setproctitle's way) one line of words."""
+    with open("/proc/self/cmdline", "rb") as fh:
+        raw = fh.read().decode()
+    return raw.rstrip("\0").split("\0") if raw.endswith("\0") else raw.split("\0", 1)[0].split(" ")
+
+
 def record() -> dict[str, object]:
     import torch
 
@@ -47,6 +54,7 @@ def record() -> dict[str, object]:
         "threads": len(os.listdir("/proc/self/task")), "flags": list(sys.flags),
         "cuda_initialized": torch.cuda.is_initialized(), "our_modules_before_main": _SEEN_MODULES,
         "listed_imported": "tests.jobs.marks" in sys.modules or "marks" in sys.modules, "pid": os.getpid(),
+        "cmdline": _cmdline(),
     }
 
 

@@ -123,6 +123,32 @@ class TestRestarts:
         assert core.exit_code == 0 and core.status.state is State.COMPLETED
 
 
+class TestNumbers:
+    """What status and the events count (issue 22, item 6)."""
+
+    def test_the_rate_is_the_attempts_own_and_gone_once_it_ended(self, tmp_path: Path) -> None:
+        """Steps over the job's own times; once the job has exited there is no rate (it was 133 step/s after a
+        completion)."""
+        core, fake, _ = make_core(tmp_path)
+        core.begin(None)
+        for step in range(0, 41, 10):
+            core.heartbeat_path.write_text(json.dumps({"step": step, "time": 1000.0 + step / 10, "phase": "train"}))
+            core.on_file_event(core.heartbeat_path)
+        assert core.status.rate_steps_per_s == pytest.approx(10.0)
+        exit_job(core, fake, 0)
+        assert core.status.state is State.COMPLETED and core.status.rate_steps_per_s is None
+        assert read_status(core.run_dir).rate_steps_per_s is None  # type: ignore[union-attr]
+
+    @pytest.mark.parametrize("code", [0, 1])
+    def test_completed_and_gave_up_count_the_runs_attempts(self, tmp_path: Path, code: int) -> None:
+        """A run resumed by a second `run`: its attempt 2 completes as `attempts=2`, not this session's 1."""
+        core, fake, log = make_core(tmp_path, restart='policy = "never"')
+        core.begin(Status(state=State.STOPPED, attempt=1))
+        exit_job(core, fake, code)
+        event = "completed" if code == 0 else "gave_up"
+        assert [kw["attempts"] for name, kw in log.events if name == event] == [2]
+
+
 class TestStopAndHang:
     def test_second_ctrl_c_in_own_terminal_kills(self, tmp_path: Path) -> None:
         """SIGINT -> SIGTERM to the agent only; a second SIGINT typed in the supervisor's terminal kills at once."""
@@ -183,6 +209,55 @@ class TestStopAndHang:
         core, fake, _ = make_core(tmp_path, health="hang_timeout_s = 10")
         core.begin(None)
         assert "hang" not in fake.advance(10_000, core) and not fake.worker_signals
+
+
+
+class TestWorkersLeftByTheAgent:
+    """Slurm signals every process of a step: torchrun, signalled again, exits before its workers finish saving."""
+
+    WORKER = (7001, "python")
+
+    def stopping_with_workers_left(self, tmp_path: Path, after_s: float = 0) -> tuple[Core, FakeSystem, RecordingLog]:
+        core, fake, log = make_core(tmp_path)
+        core.begin(None)
+        core.on_signal(signal.SIGTERM)
+        fake.advance(after_s, core)
+        fake.left_behind = [self.WORKER]
+        exit_job(core, fake, 1)
+        return core, fake, log
+
+    def test_the_workers_finish_their_emergency_save(self, tmp_path: Path) -> None:
+        """The agent exits during a graceful stop: its workers are not killed; the stop ends when the last one exits."""
+        core, fake, log = self.stopping_with_workers_left(tmp_path)
+        assert not core.done and core.status.state is State.STOPPING and fake.left_behind == [self.WORKER]
+        assert "waiting_for_workers" in log.names() and "survivors_killed" not in log.names()
+        fake.left_behind = []
+        core.on_job_exit(self.WORKER[0], 0)
+        assert core.exit_code == 0 and core.status.state is State.STOPPED and len(fake.spawned) == 1
+        assert "survivors_killed" not in log.names() and core.status.last_exit.reason == "stopped"
+
+    def test_they_get_only_the_rest_of_stop_timeout_s(self, tmp_path: Path) -> None:
+        """Workers still saving when stop_timeout_s (counted from the SIGTERM) runs out are killed, and the stop ends."""
+        core, fake, log = self.stopping_with_workers_left(tmp_path, after_s=10)
+        assert fake.advance(19, core) == [] and not core.done
+        assert fake.advance(1, core) == ["stop_kill"] and fake.left_behind == []
+        assert core.exit_code == 0 and core.status.state is State.STOPPED
+        assert {"job_killed", "survivors_killed"} <= set(log.names()) and fake.killed_trees == []
+
+    def test_stop_force_kills_them_at_once(self, tmp_path: Path) -> None:
+        """`stop --force` while the workers save: they are killed now (no exit of the agent is left to wait for)."""
+        core, fake, log = self.stopping_with_workers_left(tmp_path)
+        core.on_signal(signal.SIGUSR2)
+        assert core.exit_code == 0 and fake.left_behind == [] and "survivors_killed" in log.names()
+        assert core.status.reason == "force-stopped (stop --force)"
+
+    def test_without_a_stop_they_are_killed_at_once(self, tmp_path: Path) -> None:
+        """A crash of the agent (no stop asked) leaves nothing worth waiting for: its workers are killed as before."""
+        core, fake, log = make_core(tmp_path)
+        core.begin(None)
+        fake.left_behind = [self.WORKER]
+        exit_job(core, fake, 1)
+        assert fake.left_behind == [] and "survivors_killed" in log.names() and core.status.state is State.BACKOFF
 
 
 class TestStatusFile:
