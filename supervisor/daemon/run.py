@@ -10,8 +10,8 @@ from __future__ import annotations
 import sys
 
 from supervisor.checkpoints.claim import RootClaim
-from supervisor.checkpoints.tiers import TierClaims
 from supervisor.checkpoints.metadata import child as metadata_child
+from supervisor.checkpoints.tiers import TierClaims
 from supervisor.config import Config
 from supervisor.daemon import preflight
 from supervisor.daemon.core import Core

@@ -35,10 +35,12 @@ def _pdeathsig() -> int:
 
 
 def _cmdline() -> list[str]:
-    """What ps shows for us: NUL-separated argv, or (a retitled process, setproctitle's way) one line of words."""
+    """What ps shows for us, read as psutil reads it: NUL-separated argv, or (a retitled process, setproctitle's
+    way) one line of words."""
     with open("/proc/self/cmdline", "rb") as fh:
         raw = fh.read().decode()
-    return raw.rstrip("\0").split("\0") if raw.endswith("\0") else raw.split("\0", 1)[0].split(" ")
+    words = (raw[:-1] if raw.endswith("\0") else raw).split("\0")
+    return words[0].split(" ") if len(words) == 1 else words
 
 
 def record() -> dict[str, object]:
