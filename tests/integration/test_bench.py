@@ -31,7 +31,8 @@ class TestBenchmarksRun:
             assert all(x >= 0 for x in r["breakdown"][v].values())
         assert _positive(r["ratio"])
         assert "prewarm_handoff" in r["runs"]["supervisor"][0]["supervisor_events"]
-        assert r["runs"]["supervisor"][0]["steps_lost"] >= 0 and _positive(r["runs"]["supervisor"][0]["total"])
+        warm = r["runs"]["supervisor"][0]["warm_workers"]  # measured at steady state: the idle spare's two workers
+        assert warm["workers"] == 2 and _positive(warm["idle_rss_mb"]) and warm["idle_uss_mb"] <= warm["idle_rss_mb"]
 
     def test_local_tier_recovery_and_load(self) -> None:
         """A recovery round with the tier on resumes from it and counts the steps lost; the load comparison runs
