@@ -20,7 +20,7 @@ from tests.integration.test_trainer_runs import (
 )
 from tests.integration.test_warm_workers import HOOKED, TORCHRUN, _job_workers, _run_dir
 from tests.jobs.hooked_trainer import HOLD_TRAIN_STEP_ENV, HOLD_TRAIN_UNTIL_ENV
-from tests.supervise import REPO, Supervisors, cli, supervisors, wait_for  # noqa: F401
+from tests.supervise import FAKEJOB, REPO, Supervisors, cli, launches, stop, supervisors, wait_for  # noqa: F401
 
 STEPS, SAVE_EVERY, LOCAL_EVERY = 24, 8, 2
 ARGS = ["--steps", STEPS, "--save-every", SAVE_EVERY, "--local-save-every", LOCAL_EVERY, "--log-every", 1, "--seed", 7]
@@ -111,3 +111,24 @@ class TestCheapResumeChoice:
                 f"newest_across({str(tmp_path)!r}, {str(tmp_path / 'local')!r})\nprint('pydantic' in sys.modules)")
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
         assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
+
+
+class TestOneJobPerLocalTier:
+    def test_a_second_config_on_the_same_local_tier_is_refused(self, tmp_path: Path, supervisors: Supervisors) -> None:
+        """Two configs with their own durable roots but one local_dir: the second `run` exits 2 naming the holder
+        (they would prune and resume each other's local checkpoints), and nothing of it is launched."""
+        marker = tmp_path / "launches"
+        job = [sys.executable, str(FAKEJOB), "--sleep", "60", "--marker", str(marker)]
+        configs = []
+        for name in ("a", "b"):
+            cfg = tmp_path / f"{name}.toml"
+            cfg.write_text(f"[job]\ncommand = {json.dumps(job)}\n\n[checkpoints]\ndir = \"ckpts-{name}\"\n"
+                           f"local_dir = \"shm/ckpts\"\n\n[supervisor]\nrun_dir = \"run-{name}\"\n")
+            configs.append(cfg)
+        first = supervisors.start(configs[0])
+        wait_for(lambda: launches(marker), 30, "job A")
+        second = supervisors.start(configs[1])
+        out, _ = second.communicate(timeout=60)
+        assert second.returncode == 2 and "held by another job" in out and str(tmp_path / "shm" / "ckpts") in out, out
+        assert f"config {configs[0]}" in out and len(launches(marker)) == 1
+        assert stop(first)[0] == 0

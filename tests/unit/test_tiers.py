@@ -23,10 +23,11 @@ from supervisor.checkpoints import (
 )
 from supervisor.checkpoints.retention import GIB
 from supervisor.checkpoints.testing import write_checkpoint
+from supervisor.checkpoints.tiers import TierClaims
 from supervisor.cli import app as top_cli
 from supervisor.config import load_config
 from supervisor.daemon.housekeeping import Housekeeper
-from supervisor.errors import ConfigError
+from supervisor.errors import ClaimedError, ConfigError
 from supervisor.policy.resume import Launch, plan_resume
 from tests.unit.test_config import _with, write
 
@@ -234,3 +235,43 @@ class TestCli:
         out = capsys.readouterr().out.splitlines()
         assert out[0] == "durable: nothing to delete" and out[1].startswith("local: deleted step_00000015")
         assert sorted(p.name for p in (tmp_path / "shm" / "ckpts").iterdir()) == ["step_00000025"]
+
+
+class _FakeClaim:
+    def __init__(self, root: str, fail: str | None = None, why: str | None = None) -> None:
+        self.root, self.fail, self.why, self.held, self.refreshed = Path(root), fail, why, False, 0
+
+    def acquire(self) -> list[tuple[str, str]]:
+        if self.fail:
+            raise ClaimedError(self.fail)
+        self.held = True
+        return [("note", str(self.root))]
+
+    def check(self) -> str | None:
+        return self.why
+
+    def refresh(self) -> None:
+        self.refreshed += 1
+
+    def release(self) -> None:
+        self.held = False
+
+
+class TestTierClaims:
+    def test_both_roots_are_claimed_or_neither(self) -> None:
+        """The local tier's claim refused: the durable root's claim is given back, and the refusal propagates."""
+        durable, local = _FakeClaim("/d"), _FakeClaim("/l", fail="held by another job")
+        claims = TierClaims([durable, local])  # type: ignore[list-item]
+        with pytest.raises(ClaimedError):
+            claims.acquire()
+        assert not durable.held and claims.root == Path("/d")
+
+    def test_check_and_refresh_cover_every_root(self) -> None:
+        """A launch is refused when either root's claim is; every pass refreshes both."""
+        durable, local = _FakeClaim("/d"), _FakeClaim("/l", why="local tier held by job B")
+        claims = TierClaims([durable, local])  # type: ignore[list-item]
+        assert claims.acquire() == [("note", "/d"), ("note", "/l")]
+        assert claims.check() == "local tier held by job B"
+        claims.refresh()
+        claims.release()
+        assert (durable.refreshed, local.refreshed, durable.held, local.held) == (1, 1, False, False)
