@@ -334,7 +334,8 @@ def run(args: argparse.Namespace) -> int:
         heartbeat.beat(trainer.progress.step, "load", trainer.progress.loss, force=True)
         recover = trainer.recall_best(path)
         done = trainer.progress.step >= args.steps
-        if done and not recover:
+        local_only = trainer.last_saved_step < 0  # resumed from the node-local tier: not in the durable root yet
+        if done and not recover and not local_only:
             return trainer.already_done()
         trainer.build()
         if path is not None:
@@ -345,10 +346,12 @@ def run(args: argparse.Namespace) -> int:
                          seconds=round(time.monotonic() - started, 3))
         if recover:
             trainer.recover_best(path)  # type: ignore[arg-type]
-        if done:
-            return trainer.already_done()
         trainer.saver = Checkpointer(args.checkpoint_dir, process_group=d.ckpt, control_group=d.control,
                                      async_save=args.async_save, sha256=args.manifest_sha256)
+        if done:
+            if local_only:  # a finished run's last step is never only in the local tier
+                trainer.save(blocking=True)
+            return trainer.already_done()
         # torch, the model and the optimizer are ~300k objects that live for the whole run: keep them out of
         # the cyclic GC's full collections, which otherwise stall a random step or save for ~0.3 s.
         gc.freeze()

@@ -4,6 +4,7 @@ multi-node config is refused."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -132,3 +133,31 @@ class TestOneJobPerLocalTier:
         assert second.returncode == 2 and "held by another job" in out and str(tmp_path / "shm" / "ckpts") in out, out
         assert f"config {configs[0]}" in out and len(launches(marker)) == 1
         assert stop(first)[0] == 0
+
+
+class TestDurableNeverOnlyLocal:
+    def test_a_run_that_ends_on_a_local_step_saves_it_to_the_durable_root(self, tmp_path: Path) -> None:
+        """Killed after local saves 4 and 8 (no durable save yet), then run to --steps 8: the resume is the local
+        step 8, and before the run ends as done that step is saved to the durable root with the same weights."""
+        durable, local, go = tmp_path / "ckpts", tmp_path / "shm", tmp_path / "go"
+        args = ["--checkpoint-dir", str(durable), "--local-checkpoint-dir", str(local), "--save-every", "100",
+                "--local-save-every", "4", "--log-every", "1", "--seed", "3"]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", HOLD_TRAIN_STEP_ENV: "9", HOLD_TRAIN_UNTIL_ENV: str(go)}
+        log = tmp_path / "a.log"
+        with open(log, "wb") as out:
+            first = subprocess.Popen([sys.executable, str(HOOKED), *args, "--steps", "20"], stdout=out,
+                                     stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
+        try:
+            wait_for(lambda: 9 in logged_steps(log.read_text()), 180, "step 9 held")
+        finally:
+            first.kill()
+            first.wait(60)
+        assert sorted(p.name for p in local.iterdir() if p.name.startswith("step_")) == ["step_00000004",
+                                                                                            "step_00000008"]
+        assert not any(durable.glob("step_*"))
+        done = subprocess.run([sys.executable, "-m", "trainer", *args, "--steps", "8"], capture_output=True, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=REPO, timeout=180)
+        assert done.returncode == 0 and "event=already_done" in done.stdout + done.stderr, done.stderr[-3000:]
+        assert f"path={local / 'step_00000008'}" in done.stdout + done.stderr  # resumed from the local tier
+        assert sorted(complete_steps(durable)) == [8]
+        assert_same_weights(durable / "step_00000008", local / "step_00000008", "durable copy of the local step")
