@@ -1,6 +1,7 @@
 """`fsdp-supervisor systemd-unit` and the shipped template unit, checked by `systemd-analyze verify`."""
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import pytest
 
 from supervisor.cli.systemd import (
     SERVICE_PATH,
+    START_MARGIN_S,
     STOP_MARGIN_S,
     UnitOptions,
     default_name,
@@ -19,7 +21,7 @@ from supervisor.cli.systemd import (
     unit_paths,
     write_paths,
 )
-from supervisor.config import Config, load_config
+from supervisor.config import Config, HealthSection, load_config
 from supervisor.errors import UsageError
 from tests.supervise import REPO, write_config
 
@@ -260,6 +262,14 @@ class TestCommand:
             if key not in per_config:
                 assert template.get(key) == values, key
         assert template["PrivateTmp"] == ["yes"]
+
+    def test_template_timeouts_cover_the_default_stop_timeout(self) -> None:
+        """An /etc/fsdp-supervisor/NAME.toml that leaves stop_timeout_s at its default gets the whole emergency save:
+        systemd's TimeoutStopSec= SIGKILLs the service, so it must be at least what a generated unit would say."""
+        default = HealthSection().stop_timeout_s
+        k = keys(TEMPLATE.read_text())
+        assert int(k["TimeoutStopSec"][0]) >= math.ceil(default) + STOP_MARGIN_S
+        assert int(k["TimeoutStartSec"][0]) >= math.ceil(default) + START_MARGIN_S
 
     def test_template_installs_what_exists(self) -> None:
         """The template's install line installs this project from a checkout or its wheel (it is not on the
