@@ -51,7 +51,8 @@ def _goodput_rows(st: Status) -> list[tuple[str, str]]:
         spent = ", ".join(f"{label} {human_age(parts[key])}" for key, label in _PARTS if key in parts)
         head += f" of {human_age(parts['wall_s'])}: {spent}"
     more = [*([f"last restart latency {st.restart_latency_s[-1]:.1f}s"] if st.restart_latency_s else []),
-            *([f"{sum(st.steps_lost)} steps lost in {len(st.steps_lost)} failures"] if st.steps_lost else [])]
+            *([f"{sum(st.steps_lost)} steps lost in {len(st.steps_lost)} failure{'s' * (len(st.steps_lost) != 1)}"]
+              if st.steps_lost else [])]
     return [("goodput", head), *([("", ", ".join(more))] if more else [])]
 
 

@@ -28,7 +28,7 @@ def test_goodput_and_loss_rows() -> None:
     """A terminal gets the sparkline; a pipe the same numbers in words; goodput with its latency and loss."""
     tty = render_status(status(), running=True, now=0.0, spark=True)
     assert "loss: █▅▃▁ 2, val_loss 2.25" in tty
-    assert "goodput: 87.3%\n                 last restart latency 12.3s, 7 steps lost in 1 failures\n" in tty
+    assert "goodput: 87.3%\n                 last restart latency 12.3s, 7 steps lost in 1 failure\n" in tty
     plain = render_status(status(), running=True, now=0.0)
     assert "▁" not in plain and "loss: 2 (last 4 samples: min 2, max 4), val_loss 2.25" in plain
 
