@@ -6,7 +6,10 @@ in with the monotonic time it was read; `RankWatch` remembers when each source l
 
 - **when the attempt counts as hung**: the slowest source decides. Each source gets the allowance of its
   own phase (`hang_timeout_s`, or `save_timeout_s` while it says load or save) from when it last changed;
-  the attempt is hung when any source overstays (`deadline`). A source counts from its first beat on.
+  the attempt is hung when any source overstays (`deadline`). A source counts from its first beat on. While a
+  source loads, saves or evaluates, the quiet ones may be waiting for it at a barrier (a user's loop that saves
+  a full state dict on rank 0 alone, or evaluates there): then only the busy sources are judged, each by its
+  own allowance, as the node's file alone was judged before every rank had one.
 - **who hung** (`culprits`): a worker process that cannot run (stopped by SIGSTOP or a debugger, in
   uninterruptible sleep, a zombie) is named first, whatever the beats say; otherwise the ranks whose step is
   behind the others'. Ranks in lockstep that all stopped at one step name nobody: the beats cannot tell.
@@ -23,8 +26,10 @@ from supervisor.config import HealthSection
 from supervisor.contract import Beat, Phase
 from supervisor.policy.attempt import hang_timeout
 
-__all__ = ["RankWatch", "Source", "Culprit", "StragglerChange", "STRAGGLER_LOOKS", "STUCK_STATES"]
+__all__ = ["RankWatch", "Source", "Culprit", "StragglerChange", "STRAGGLER_LOOKS", "STUCK_STATES", "WAITED_FOR"]
 
+# Work one rank may do alone while the others wait for it at a barrier (their allowance is then the busy rank's).
+WAITED_FOR = frozenset({Phase.LOAD, Phase.SAVE, Phase.EVAL})
 STRAGGLER_LOOKS = 3  # consecutive looks above the factor before a rank is flagged (one look a second)
 _SMOOTHING = 0.3  # weight of the newest step time in a rank's moving average
 # psutil's words for a process that cannot run, and how `status` says it.
@@ -88,10 +93,12 @@ class RankWatch:
             src.changed = max(src.changed, now)
 
     def deadline(self, health: HealthSection) -> float | None:
-        """When the slowest source overstays its allowance; None without a source or with hang detection off."""
-        ends = [src.changed + t for src in self.sources.values()
+        """When the slowest source overstays its allowance (only busy sources count while there is one: the
+        others may be waiting for them); None without a source or with hang detection off."""
+        ends = [(src.beat.phase in WAITED_FOR, src.changed + t) for src in self.sources.values()
                 if (t := hang_timeout(health, src.beat, startup=False)) is not None]
-        return min(ends, default=None)
+        busy = [end for waited_for, end in ends if waited_for]
+        return min(busy or [end for _, end in ends], default=None)
 
     def idle(self, now: float) -> float | None:
         """Seconds since the slowest source last changed."""

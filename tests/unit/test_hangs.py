@@ -127,6 +127,21 @@ class TestCulprits:
         assert core.job is not None and core.job.hang
 
 
+    def test_a_rank_waiting_for_rank_0_s_own_save_is_not_hung(self, tmp_path: Path) -> None:
+        """A user's loop saves a full state dict on rank 0 alone (phase save) while rank 1 waits in a barrier:
+        no hang before save_timeout_s, as with the node's file alone; a save that overstays it is one."""
+        core, fake, log, _ = started(tmp_path, HANG + "\nsave_timeout_s = 60")
+        rank_beat(core, 0, 30)
+        rank_beat(core, 1, 30)
+        fake.advance(1, core)
+        rank_beat(core, 0, 30, "save")
+        beat(core, 30, "save")
+        fake.advance(30, core)
+        assert "hang_detected" not in log.names()
+        fake.advance(31, core)
+        assert "hang_detected" in log.names()
+
+
 class TestJudgedAfterReading:
     def test_a_beat_not_yet_delivered_is_read_before_judging(self, tmp_path: Path) -> None:
         """The file moved but its event is still queued when the timer fires: progress, not a hang."""
