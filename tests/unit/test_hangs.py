@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -214,6 +215,17 @@ class TestRanks:
         fake.advance(3, core)
         assert len(core.hangs.watch.ranks()) <= MAX_RANK_FILES
         assert log.names().count("heartbeat_invalid") == 1
+
+    def test_a_rank_file_that_is_not_a_plain_file_is_said_not_ignored(self, tmp_path: Path) -> None:
+        """A symlink (to /dev/zero) or a FIFO planted as a rank's file is not read, and the warning names it."""
+        core, fake, log, _ = started(tmp_path, "")
+        folder = core.run_dir / RANK_HEARTBEAT_DIR
+        (folder / "rank-1.json").symlink_to("/dev/zero")
+        os.mkfifo(folder / "rank-2.json")
+        fake.advance(1, core)
+        problems = dict(log.events)["heartbeat_invalid"]["problems"]
+        assert sorted(problems) == ["rank 1: not a regular file", "rank 2: not a regular file"]
+        assert core.hangs.watch.ranks() == []
 
     def test_stale_rank_files_are_removed_before_a_launch(self, tmp_path: Path) -> None:
         """A rank file of the last attempt is no progress of this one; other files in the folder are not ours."""
