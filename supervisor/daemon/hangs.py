@@ -88,9 +88,17 @@ class Hangs:
         if not self.watch.see(rank, beat, self.sys.monotonic()):
             return False
         if beat.phase != Phase.LOAD and (job.max_step is None or beat.step > job.max_step):
-            job.max_step, job.progress_at = beat.step, self.sys.now()  # a load beat names a step not trained here
+            job.max_step, job.progress_at = beat.step, self._stepped_at(job, beat)  # a load beat: not trained here
         self._arm(job)
         return True
+
+    def _stepped_at(self, job: Job, beat: Beat) -> float:
+        """When the job made `beat`'s step: its own clock when that lies between the last progress seen (or the
+        launch) and now, so a hang that began while nobody read the files (a suspended supervisor, a look a second
+        apart) is timed from the job's last step; otherwise when we read it."""
+        now = self.sys.now()
+        since = job.progress_at if job.progress_at is not None else now - (self.sys.monotonic() - job.started_mono)
+        return beat.time if beat.time is not None and since <= beat.time <= now else now
 
     def on_ranks_timer(self, job: Job) -> None:
         """Every RANK_POLL_S: read the ranks' beats, look for stragglers, show both."""

@@ -79,7 +79,7 @@ class Job:
     new_checkpoint: bool = False
     hang: bool = False
     stopping: bool = False  # we asked it to stop (a requested stop, a hang): an exit 0 now is no completion
-    progress_at: float | None = None  # wall time its step last advanced, as the supervisor saw it
+    progress_at: float | None = None  # wall time its step last advanced (the beat's own time when believable)
     detected_at: float | None = None  # wall time its hang was detected
     hung_ranks: list[tuple[int, str]] = field(default_factory=list)  # (rank, why) named at its hang
     stacks: str | None = None  # where its hang's stack dumps were kept

@@ -179,6 +179,33 @@ class TestJudgedAfterReading:
         assert "hang_detected" in log.names()
 
 
+class TestHonestTimes:
+    def test_a_hang_that_began_while_the_supervisor_was_suspended_is_timed_from_the_job_s_last_step(
+            self, tmp_path: Path) -> None:
+        """The job stepped to 40 two seconds into a 60 s suspension of the supervisor, then hung: its step last
+        advanced then (its own clock), not when the supervisor woke and read it; detection is timed from there."""
+        core, fake, _, _ = started(tmp_path, "hang_timeout_s = 5")
+        rank_beat(core, 0, 10, time=fake.now())
+        fake.advance(1, core)
+        stepped = fake.now() + 2
+        rank_beat(core, 0, 40, time=stepped)
+        fake.clock += 60  # the supervisor was stopped; the job stepped once more and hung
+        fake.advance(7, core)
+        assert core.job.hang and core.job.progress_at == stepped
+        assert core.job.detected_at - core.job.progress_at > 60
+
+    def test_a_beat_s_time_in_the_future_or_the_past_is_not_believed(self, tmp_path: Path) -> None:
+        """The job's clock is believed only between the last progress seen and now: else the step counts as made
+        when the supervisor read it."""
+        core, fake, _, _ = started(tmp_path, "")
+        rank_beat(core, 0, 10, time=fake.now() + 3600)
+        fake.advance(1, core)
+        assert core.job.progress_at == fake.now()
+        rank_beat(core, 0, 11, time=1.0)
+        fake.advance(1, core)
+        assert core.job.progress_at == fake.now()
+
+
 class TestRanks:
     def test_a_slow_rank_is_flagged_then_cleared(self, tmp_path: Path) -> None:
         """Rank 1's own step time stays above 1.5x the others': flagged after 3 looks; cleared when it recovers."""
