@@ -28,7 +28,7 @@ from supervisor.daemon.evidence import count_dumps, read_rank_beats, read_span
 from supervisor.daemon.system import System
 from supervisor.daemon.timers import Timer
 from supervisor.host.atomic import write_atomic
-from supervisor.policy.attempt import Job, apply_beat, hang_timeout
+from supervisor.policy.attempt import REACHED_BY_HEARTBEAT, REACHED_BY_RANKS, Job, apply_beat, hang_timeout
 from supervisor.policy.ranks import STUCK_STATES, RankWatch
 from supervisor.policy.state import Status
 
@@ -87,8 +87,11 @@ class Hangs:
         """A beat of `rank`'s source (None: the node's file); True when it is progress."""
         if not self.watch.see(rank, beat, self.sys.monotonic()):
             return False
-        if beat.phase != Phase.LOAD and (job.max_step is None or beat.step > job.max_step):
-            job.max_step, job.progress_at = beat.step, self._stepped_at(job, beat)  # a load beat: not trained here
+        if beat.phase != Phase.LOAD and (job.max_step is None or beat.step >= job.max_step):  # load: not trained here
+            if job.max_step is None or beat.step > job.max_step:
+                job.max_step, job.progress_at, job.reached_by = beat.step, self._stepped_at(job, beat), None
+            if job.reached_by != REACHED_BY_RANKS:  # a rank's own file is written every step: exact
+                job.reached_by = REACHED_BY_RANKS if rank is not None else REACHED_BY_HEARTBEAT
         self._arm(job)
         return True
 

@@ -72,8 +72,10 @@ class NullHistory:
         """A new heartbeat of attempt `number` was read."""
 
     def attempt_exit(self, attempt: Attempt, info: ExitInfo, *, progress_at: float | None = None,
-                     detected_at: float | None = None, hung_ranks: Sequence[tuple[int, str]] = ()) -> None:
-        """An attempt's exit was judged (`progress_at`: its step last advanced; `detected_at`: its hang seen)."""
+                     detected_at: float | None = None, hung_ranks: Sequence[tuple[int, str]] = (),
+                     reached_by: str | None = None) -> None:
+        """An attempt's exit was judged (`progress_at`: its step last advanced; `detected_at`: its hang seen;
+        `reached_by`: whose beat its max_step is, attempt.REACHED_BY_*)."""
 
     def hang(self, number: int, *, at: float, step: int | None, idle_s: float | None,
              ranks: Sequence[tuple[int, str]], stacks: str | None) -> None:
@@ -385,7 +387,8 @@ class HistoryRecorder(NullHistory):
 
     @_guarded
     def attempt_exit(self, attempt: Attempt, info: ExitInfo, *, progress_at: float | None = None,
-                     detected_at: float | None = None, hung_ranks: Sequence[tuple[int, str]] = ()) -> None:
+                     detected_at: float | None = None, hung_ranks: Sequence[tuple[int, str]] = (),
+                     reached_by: str | None = None) -> None:
         live = self._live if self._live is not None and self._live.number == attempt.number else None
         if live is not None and live.pending is not None:  # where it stood when it ended
             pending = live.pending
@@ -398,7 +401,7 @@ class HistoryRecorder(NullHistory):
             "save_s": round(live.save_s, 3) if live else None,
             "progress_at": None if progress_at is None else round(progress_at, 3),
             "detected_at": None if detected_at is None else round(detected_at, 3),
-            "hung_ranks": [rank for rank, _ in hung_ranks],
+            "hung_ranks": [rank for rank, _ in hung_ranks], "reached_by": reached_by,
         }, durable=True)
         if live is not None:
             self._live = None

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from supervisor.contract import MAX_RANK_FILES, RANK_HEARTBEAT_DIR
 from supervisor.daemon.core import Core
+from supervisor.daemon.recorder import HistoryRecorder
+from supervisor.history.records import HISTORY_FILE, read_history
 from supervisor.policy.state import State
 from tests.fakes import FakeSystem, RecordingLog
 from tests.unit.test_core import beat, exit_job, make_core
@@ -230,6 +232,21 @@ class TestRanks:
         rank_beat(core, 1, 57)
         exit_job(core, fake, 1)
         assert core.attempts[-1].max_step == 57
+
+    def test_the_history_says_whether_the_step_reached_is_the_ranks_or_a_throttled_beat(self, tmp_path: Path) -> None:
+        """Per-rank files (every step): the step reached is exact. The node's file alone (the old contract, often
+        once a second): the job may have gone further, and the exit record says which it was."""
+        core, fake, log = make_core(tmp_path)
+        core = Core(core.cfg, fake, log, history=HistoryRecorder(core.run_dir / HISTORY_FILE, now=fake.now, log=log))
+        core.begin(None)
+        beat(core, 50)
+        exit_job(core, fake, 1)
+        fake.advance(5, core)
+        beat(core, 40)
+        rank_beat(core, 0, 57)
+        exit_job(core, fake, 1)
+        exits = [r for r in read_history(core.run_dir / HISTORY_FILE)[0] if r["kind"] == "attempt_exit"]
+        assert [(r["max_step"], r["reached_by"]) for r in exits] == [(50, "heartbeat"), (57, "ranks")]
 
     def test_a_flood_of_rank_files_is_bounded_and_said_once(self, tmp_path: Path) -> None:
         """Thousands of files in the folder: at most MAX_RANK_FILES beats are read, one warning per attempt."""
