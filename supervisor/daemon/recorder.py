@@ -354,15 +354,18 @@ class HistoryRecorder(NullHistory):
         live, t = self._live, self.now()
         if live is None or live.number != number:
             return
-        if live.prev is not None:
-            dt = max(0.0, t - live.prev[0])
+        at = t  # when the beat was made: the job's own clock where it lies between the last beat and now (a
+        if live.prev is not None:  # supervisor suspended while the job hung must not count the wait as training)
+            if beat.time is not None and live.prev[0] <= beat.time <= t:
+                at = beat.time
+            dt = max(0.0, at - live.prev[0])
             if live.prev[2] == Phase.SAVE:
                 live.save_s += dt
             elif live.prev[2] in (None, Phase.TRAIN) and beat.step > live.prev[1]:
                 live.train_s += dt
         began = beat.phase in (None, Phase.TRAIN) and not live.began  # the resume point, for the loss chart
         live.began = live.began or began
-        live.prev = (t, beat.step, beat.phase)
+        live.prev = (at, beat.step, beat.phase)
         rec: dict[str, Any] = {"attempt": number, "step": beat.step, "phase": beat.phase, "loss": _short(beat.loss),
                                "train_s": round(live.train_s, 3), "save_s": round(live.save_s, 3)}
         evaluated = beat.val_loss is not None and beat.val_loss != live.val_loss
