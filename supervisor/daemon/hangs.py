@@ -185,7 +185,8 @@ class Hangs:
         idle = self.watch.idle(now)
         idle = round(idle if idle is not None else now - self._startup_from, 1)
         beat = job.beat
-        self.log.error("hang_detected", attempt=job.number, step=beat.step if beat else self.watch.reached(),
+        step = job.max_step if job.max_step is not None else beat.step if beat else None  # every rank's, as last_hang
+        self.log.error("hang_detected", attempt=job.number, step=step,
                        phase=beat.phase if beat else None, idle_s=idle,
                        ranks=[f"rank {r}: {why}" for r, why in job.hung_ranks] or "not known")
         offset = _size(job.log_path)

@@ -179,6 +179,7 @@ class TestJudgedAfterReading:
         assert "hang_detected" not in log.names() and "hang_check_deferred" in log.names()
         assert fake.advance(9.9, core) == [] and fake.advance(0.1, core) == ["hang"]
         assert "hang_detected" in log.names()
+        assert hang_events(log)["idle_s"] == 27.0 == core.status.last_hang["idle_s"]  # silent since the beat, not 10 s
 
 
 class TestHonestTimes:
@@ -232,6 +233,16 @@ class TestRanks:
         rank_beat(core, 1, 57)
         exit_job(core, fake, 1)
         assert core.attempts[-1].max_step == 57
+
+    def test_the_step_reached_ignores_load_beats(self, tmp_path: Path) -> None:
+        """A rank's load beat names the checkpoint's step, not one this attempt trained."""
+        core, fake, _, _ = started(tmp_path, "")
+        rank_beat(core, 0, 70, "load")
+        fake.advance(1, core)
+        assert core.job.max_step is None
+        rank_beat(core, 1, 52)
+        fake.advance(1, core)
+        assert core.job.max_step == 52
 
     def test_the_history_says_whether_the_step_reached_is_the_ranks_or_a_throttled_beat(self, tmp_path: Path) -> None:
         """Per-rank files (every step): the step reached is exact. The node's file alone (the old contract, often

@@ -55,14 +55,7 @@ class TestProgress:
         w.see(0, b(5), 0.0)
         w.restart(30.0)
         assert w.deadline(HEALTH) == 40.0
-
-    def test_the_step_reached_ignores_load_beats(self) -> None:
-        """A load beat names the checkpoint's step, not one this attempt trained."""
-        w = RankWatch()
-        w.see(0, b(70, Phase.LOAD), 0.0)
-        assert w.reached() is None
-        w.see(1, b(52), 0.0)
-        assert w.reached() == 52
+        assert w.idle(35.0) == 35.0  # the allowance starts over; the silence does not
 
 
 class TestCulprits:
