@@ -53,6 +53,7 @@ from typing import Any, ClassVar
 
 from supervisor.history.losses import LOSS_PARTS, Ledger, Loss
 from supervisor.history.records import is_failure, is_time
+from supervisor.policy.attempt import REACHED_BY_HEARTBEAT, REACHED_BY_RANKS
 
 __all__ = ["Fold", "AttemptView", "Sample", "Mark", "Summary", "Loss", "summarize", "RECENT_LOSSES", "LOSS_PARTS"]
 
@@ -129,6 +130,7 @@ class AttemptView:
     progress_at: float | None = None  # its step last advanced (attempt_exit)
     detected_at: float | None = None  # its hang was detected (attempt_exit)
     hung_ranks: list[int] = field(default_factory=list)
+    reached_by: str | None = None  # whose beat max_step is (attempt_exit; attempt.REACHED_BY_*), None: not said
     stacks: str | None = None  # where its hang's stack dumps were kept
     last_t: float = 0.0  # its last record
     samples: list[Sample] = field(default_factory=list)
@@ -341,6 +343,8 @@ class Fold:
         ranks = rec.get("hung_ranks")
         if isinstance(ranks, list):
             a.hung_ranks = [r for r in ranks[:64] if type(r) is int and 0 <= r < _MAX_INT]
+        by = rec.get("reached_by")
+        a.reached_by = by if by in (REACHED_BY_RANKS, REACHED_BY_HEARTBEAT) else None
         self.ledger.exited(a)
         self.exit_reasons[a.reason] += 1
         if is_failure(a.reason):

@@ -248,6 +248,7 @@ def stop_processes(found: Sequence[psutil.Process], timeout: float) -> list[int]
     for p in roots:
         try:
             p.terminate()
+            p.resume()  # a stopped job (kill -STOP, a debugger) acts on SIGTERM only once continued
         except psutil.Error:
             pass
     psutil.wait_procs(roots, timeout=timeout)

@@ -27,8 +27,10 @@ class Sleepers:
     def __init__(self, tag: str) -> None:
         self.tag, self.procs = tag, []  # type: ignore[var-annotated]
 
-    def start(self, env: dict[str, str], trap: Path) -> subprocess.Popen[str]:
-        p = subprocess.Popen([sys.executable, "-c", SLEEPER, str(trap)], stdout=subprocess.PIPE, text=True,
+    def start(self, env: dict[str, str], trap: Path, *, ignore_term: bool = False) -> subprocess.Popen[str]:
+        code = SLEEPER.replace("lambda *_: (open(sys.argv[1], 'w').write('term'), sys.exit(0))",
+                               "signal.SIG_IGN") if ignore_term else SLEEPER
+        p = subprocess.Popen([sys.executable, "-c", code, str(trap)], stdout=subprocess.PIPE, text=True,
                              start_new_session=True, env={**os.environ, TAG_ENV: self.tag, **env})
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
         self.procs.append(p)
@@ -80,9 +82,16 @@ class TestFindOrphans:
         """SIGTERM first (the job may save), SIGKILL for one that ignores it."""
         env = {ENV_RUN_TOKEN: TOKEN, ENV_RUN_DIR: str(tmp_path)}
         polite = sleepers.start(env, tmp_path / "polite")
-        stubborn = sleepers.start(env, tmp_path / "stubborn")
-        os.kill(stubborn.pid, signal.SIGSTOP)  # a stopped process never runs its SIGTERM handler
+        stubborn = sleepers.start(env, tmp_path / "stubborn", ignore_term=True)
         stopped = stop_processes(find_orphans(TOKEN, tmp_path), timeout=2)
         assert sorted(stopped) == sorted([polite.pid, stubborn.pid])
         assert (tmp_path / "polite").read_text() == "term" and not (tmp_path / "stubborn").exists()
         assert not psutil.pid_exists(stubborn.pid) or psutil.Process(stubborn.pid).status() == psutil.STATUS_ZOMBIE
+
+    def test_a_stopped_orphan_is_continued_to_take_its_sigterm(self, tmp_path: Path, sleepers: Sleepers) -> None:
+        """A job left SIGSTOPped (kill -STOP, a debugger) gets SIGCONT after SIGTERM: it saves, it is not killed."""
+        env = {ENV_RUN_TOKEN: TOKEN, ENV_RUN_DIR: str(tmp_path)}
+        frozen = sleepers.start(env, tmp_path / "frozen")
+        os.kill(frozen.pid, signal.SIGSTOP)
+        assert stop_processes(find_orphans(TOKEN, tmp_path), timeout=10) == [frozen.pid]
+        assert (tmp_path / "frozen").read_text() == "term"

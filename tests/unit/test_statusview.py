@@ -129,3 +129,6 @@ def test_ranks_stragglers_hang_and_the_last_failure() -> None:
             "stack dumps: /run/errors/a.stacks.txt") in text
     assert ("last failure: attempt 1 hang (hung: rank 1): 10 steps lost (reached 63, resumed from 53); 18.9 s lost: "
             "detection 10.0, stop 2.5, relaunch 0.3, worker start 3.9, load 1.7, redo 0.5") in text
+    st.last_failure = {**st.last_failure, "reached_by": "heartbeat"}  # no per-rank files: the node's beat may lag
+    assert ("last failure: attempt 1 hang (hung: rank 1): at least 10 steps lost (reached 63 or later: the job "
+            "writes no per-rank heartbeats; resumed from 53)") in render_status(st, running=True, now=0.0)
