@@ -41,7 +41,8 @@ class System(Protocol):
         """Start the job, its output appended to `log_path` (None: the supervisor's own); (pid, create_time)."""
     def send_signal(self, pid: int, sig: int) -> None:
         """Send `sig` to `pid`; a stop signal is followed by SIGCONT, so that a stopped process acts on it."""
-    def signal_workers(self, pid: int, sig: int) -> list[int]: ...
+    def signal_workers(self, pid: int, sig: int) -> list[int]:
+        """Send `sig` to the job's processes that handle it (stack dumps: never one it would kill); their pids."""
     def worker_states(self, pid: int) -> dict[int, tuple[int, str]]:
         """The job's workers by rank: (pid, psutil status such as "running", "sleeping", "stopped")."""
     def kill_job_tree(self, pid: int) -> list[tuple[int, str]]:
@@ -157,7 +158,7 @@ class RealSystem:
             pass
 
     def signal_workers(self, pid: int, sig: int) -> list[int]:
-        return procs.signal_children(pid, sig)
+        return procs.signal_catchers(pid, sig)
 
     def worker_states(self, pid: int) -> dict[int, tuple[int, str]]:
         return procs.worker_states(pid)

@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import psutil
 import pytest
 
 from supervisor.contract import ENV_RUN_DIR, ENV_RUN_TOKEN
-from supervisor.host.procs import find_orphans, stop_processes
+from supervisor.host.procs import find_orphans, signal_catchers, stop_processes
 from tests.helpers import TAG_ENV, assert_no_orphans
 
 TOKEN = "0123456789abcdef" * 2
@@ -95,3 +96,46 @@ class TestFindOrphans:
         os.kill(frozen.pid, signal.SIGSTOP)
         assert stop_processes(find_orphans(TOKEN, tmp_path), timeout=10) == [frozen.pid]
         assert (tmp_path / "frozen").read_text() == "term"
+
+
+# A process tree: each level starts the next (`spec` lists, per level, whether it installs a SIGUSR1 handler, as the
+# trainer's ranks do with faulthandler) and the top prints every level's pid once the deepest has started.
+TREE = ("import faulthandler, signal, subprocess, sys, time\n"
+        "spec, me = sys.argv[1], len(sys.argv) - 2\n"
+        "if spec[me] == 'h':\n"
+        "    faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+        "pids = [str(__import__('os').getpid())]\n"
+        "if me + 1 < len(spec):\n"
+        "    child = subprocess.Popen([sys.executable, *sys.argv, 'x'], stdout=subprocess.PIPE, text=True)\n"
+        "    pids += child.stdout.readline().split()\n"
+        "print(' '.join(pids), flush=True)\n"
+        "time.sleep(120)\n")
+
+
+class TestStackDumpSignal:
+    """SIGUSR1 asks for stack dumps: it must reach the processes that dump, never one whose default action is to die."""
+
+    @pytest.mark.parametrize(("spec", "wanted"), [
+        ("-h-", [1]),   # torchrun: the agent has no handler, its rank dumps, the rank's helper (DataLoader) has none
+        ("--h", [2]),   # a wrapper (bash -> torchrun -> rank): neither the wrapper nor the agent is signalled
+        ("h-", [0]),    # a single-process script with a helper: the script itself dumps, its helper is spared
+    ])
+    def test_only_processes_that_handle_sigusr1_get_it(self, tmp_path: Path, sleepers: Sleepers, spec: str,
+                                                       wanted: list[int]) -> None:
+        """Each process of the tree that has no handler is still alive afterwards."""
+        script = tmp_path / "tree.py"
+        script.write_text(TREE)
+        p = subprocess.Popen([sys.executable, str(script), spec], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             text=True, start_new_session=True, env={**os.environ, TAG_ENV: sleepers.tag})
+        sleepers.procs.append(p)  # type: ignore[arg-type]
+        try:
+            assert p.stdout is not None
+            pids = [int(x) for x in p.stdout.readline().split()]
+            assert len(pids) == len(spec)
+            assert signal_catchers(pids[0], signal.SIGUSR1) == [pids[i] for i in wanted]
+            time.sleep(0.5)  # a process killed by the signal would be a zombie by now
+            for pid in pids:
+                assert psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        finally:
+            os.killpg(p.pid, signal.SIGKILL)  # the whole tree: it leads its own session
+            p.wait()
