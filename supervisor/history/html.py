@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import time
 
-from supervisor.history.fold import AttemptView, Fold, Summary
+from supervisor.history.fold import Fold
 from supervisor.history.losses import LOSS_PARTS, Loss
 from supervisor.history.svg import Linear, esc, fmt_num, fmt_time, nice_ticks, polyline, svg, tag, text, time_ticks
+from supervisor.history.views import AttemptView, Summary
 from supervisor.observe.humanize import checkpoint_label, human_age
 
 __all__ = ["render_html", "REASON_COLORS"]

@@ -15,7 +15,7 @@ from supervisor.history.records import is_failure
 from supervisor.policy.attempt import REACHED_BY_HEARTBEAT
 
 if TYPE_CHECKING:
-    from supervisor.history.fold import AttemptView
+    from supervisor.history.views import AttemptView
 
 __all__ = ["Ledger", "Loss", "LOSS_PARTS"]
 
