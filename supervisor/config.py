@@ -10,9 +10,11 @@ checked by `supervisor.daemon.preflight` before `run` creates anything.
 """
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import sys
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -357,14 +359,32 @@ def _placement_error(cfg: Config) -> str | None:
     return _root_error(cfg, "dir", cfg.checkpoints.dir) or _local_tier_error(cfg)
 
 
+def _close(word: object, names: typing.Iterable[str]) -> str | None:
+    """The one of `names` that `word` is most likely a misspelling of, or None."""
+    found = difflib.get_close_matches(str(word), list(names), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def _table_keys(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys the table at `loc` (a path of field names from the top) accepts; [] if it is not a table of ours."""
+    model: Any = Config
+    for part in loc:
+        field = getattr(model, "model_fields", {}).get(part)
+        kinds = typing.get_args(field.annotation) or (field.annotation,) if field is not None else ()
+        model = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
+    return [name for name in getattr(model, "model_fields", {}) if (model, name) != (Config, "path")]
+
+
 def _error_line(path: Path, exc: ValidationError) -> str:
-    err = exc.errors()[0]
+    # An unknown key first: a misspelt one is usually why a required key is "missing" too.
+    err = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
     loc = ".".join(str(x) for x in err["loc"] if not isinstance(x, int)) or "(top level)"
     msg = err["msg"]
     if err["type"] == "value_error" and "error" in err.get("ctx", {}):
         msg = str(err["ctx"]["error"])  # our own sentence, without pydantic's "Value error, " in front
     elif err["type"] == "extra_forbidden":
-        msg = "unknown key"
+        near = _close(err["loc"][-1], _table_keys(err["loc"][:-1]))
+        msg = "unknown key" + (f" (did you mean {near!r}?)" if near else "")
     elif err["type"] == "missing":
         msg = "required key is missing"
     more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
@@ -379,7 +399,8 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     base = p.parent
     if not isinstance(raw.get("checkpoints"), dict) or not isinstance(raw.get("job"), dict):
         missing = "job" if not isinstance(raw.get("job"), dict) else "checkpoints"
-        raise ConfigError(f"{p}: [{missing}] section is missing")
+        near = _close(missing, [k for k in raw if k not in Config.model_fields])
+        raise ConfigError(f"{p}: [{missing}] section is missing" + (f" (is [{near}] a misspelling?)" if near else ""))
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     for key in ("dir", "local_dir"):
         if key in raw["checkpoints"]:

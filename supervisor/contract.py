@@ -73,7 +73,7 @@ RANK_HEARTBEAT_DIR = "heartbeats"  # inside the run dir: one `rank-<RANK>.json` 
 # thousands) the rest is ignored, so one look at the folder costs bounded time and memory.
 MAX_RANK_FILES = 256
 MAX_RANK_BEAT_BYTES = 1024  # a rank's beat is ~80 bytes
-_RANK_NAME = re.compile(r"rank-(\d{1,7})\.json")
+_RANK_NAME = re.compile(r"rank-(0|[1-9]\d{0,6})\.json")  # one name per rank: `rank-01.json` is not rank 1
 
 
 def rank_heartbeat_name(rank: int) -> str:

@@ -19,7 +19,9 @@ your own loop::
         hb.beat(step, "save")
 
 Pass `step_s=` (this rank's own time for the step, without the time it waited for the other ranks) to let
-the supervisor flag a straggler in a job whose ranks run in lockstep (docs/operations.md, Stragglers).
+the supervisor flag a straggler in a job whose ranks run in lockstep (docs/operations.md, Stragglers). Work one
+rank does alone while the others wait at a barrier (rank 0 saving a full state dict, or evaluating) should beat
+"save" or "eval" on that rank: the waiting ranks are then judged by its allowance, not by their own silence.
 """
 from __future__ import annotations
 

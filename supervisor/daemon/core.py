@@ -3,7 +3,8 @@
 The event loop (supervisor/daemon/loop.py) turns the OS into calls on `Core`; tests call the same methods with a
 fake `System` and replay histories. Decisions are the pure policy modules' (`restarts`, `resume`, `stopping`,
 `exits`; the attempt's record and its own rules: `attempt`); Core's small parts own their state: when passes run
-(`passes`), how `Status` is published (`publisher`), where each event is said (`events`).
+(`passes`), how `Status` is published (`publisher`), where each event is said (`events`), every rank's heartbeat
+and the hang kill (`hangs`), a requested stop and its grace (`stops`), the attempt's files (`attemptfiles`).
 Checkpoint housekeeping is one pass (housekeeping.run_pass: scan, verify, prune) that runs off the loop
 through `System.run_off_loop`; its result comes back as an event (`_on_pass`). Whatever needs the
 checkpoint root's state waits for a pass: a launch (which checkpoint to resume, or whether to refuse a
@@ -17,7 +18,6 @@ logged and survived, and `close()` makes sure state.json never claims a live sup
 from __future__ import annotations
 
 import os
-import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from supervisor.checkpoints.claim import RootClaim
 from supervisor.checkpoints.tiers import TierClaims
 from supervisor.config import Config
 from supervisor.contract import HEARTBEAT_FILE, Beat
+from supervisor.daemon.attemptfiles import AttemptFiles, try_write
 from supervisor.daemon.events import Events
 from supervisor.daemon.evidence import read_beat, root_cause
 from supervisor.daemon.hangs import Hangs
@@ -34,17 +35,16 @@ from supervisor.daemon.passes import PassScheduler
 from supervisor.daemon.publisher import StatePublisher
 from supervisor.daemon.recorder import NullHistory
 from supervisor.daemon.statefile import STATE_FILE
+from supervisor.daemon.stops import Stops, Then
 from supervisor.daemon.system import System
 from supervisor.daemon.timers import Timer, TimerKey
 from supervisor.errors import EXIT_GAVE_UP, EXIT_OK, EXIT_SUPERVISOR_FAILED, CheckpointError
-from supervisor.host import joblog
 from supervisor.host.identity import run_token
 from supervisor.observe.redact import redact_argv
 from supervisor.policy import restarts, resume
 from supervisor.policy.attempt import Job, apply_beat, job_env, named_by_beat
-from supervisor.policy.exits import classify_exit, signal_name
+from supervisor.policy.exits import classify_exit
 from supervisor.policy.state import State, Status
-from supervisor.policy.stopping import STOPPED_BY_SIGNAL, StopAction, on_stop_signal
 
 __all__ = ["Core", "EXIT_CODES"]
 
@@ -82,8 +82,9 @@ class Core:
         self.token = ""  # the run dir's job token (supervisor/host/identity.py), set by `begin`
         self._unmarked: set[str] = set()  # quarantined here, but the marker could not be written
         self._choice_logged = False  # resume_choice_left_to_job is said once
-        self._stop_reason = STOPPED_BY_SIGNAL
-        self._orphans: tuple[str, tuple[int, float] | None] | None = None  # (token, recorded) while being stopped
+        # Requested stops: signals, the grace, a predecessor's orphaned job (daemon/stops.py)
+        self.stops = Stops(cfg, system, log, self.status, cancel_hang=self.hangs.cancel)
+        self.files = AttemptFiles(cfg, system, log)  # the attempt's error file and bounded log
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     def begin(self, previous: Status | None) -> None:
@@ -108,23 +109,12 @@ class Core:
         # state.json was lost and only the history remembers them.
         self.status.attempt = max(previous.attempt if previous is not None else 0, self.history.last_attempt)
         self.sys.timers.set(Timer.RETENTION, self.sys.monotonic() + self.cfg.checkpoints.retention_interval_s)
-        self._orphans = (token, recorded)
-
-        def stop_orphans() -> list[int]:
-            return self.sys.stop_orphans(token, self.run_dir, recorded, self.cfg.health.stop_timeout_s)
-
-        self.sys.run_off_loop(stop_orphans, self._on_orphans_stopped)
+        self.sys.run_off_loop(self.stops.stop_orphans(self.run_dir, (token, recorded)), self._on_orphans_stopped)
         self._publish()  # `status` shows this supervisor, starting, not the killed one's last words
 
     def _on_orphans_stopped(self, outcome: list[int] | BaseException) -> None:
         """The previous supervisor's job, if any, is gone (or we stop anyway): now launch."""
-        orphans, self._orphans = self._orphans, None
-        if isinstance(outcome, BaseException):  # e.g. /proc unreadable: launching beats never starting
-            self.log.error("orphan_stop_failed", error=f"{type(outcome).__name__}: {outcome}")
-        elif outcome:
-            recorded = orphans[1] if orphans is not None else None
-            job_pid = recorded[0] if recorded is not None and recorded[0] in outcome else outcome[0]
-            self.log.warning("orphan_job_stopped", job_pid=job_pid, pids=outcome)
+        self.stops.orphans_stopped(outcome)
         if not self.done:
             self._request_launch()
 
@@ -161,16 +151,6 @@ class Core:
     def _publish(self) -> None:
         self.publisher.publish(self.status)
 
-    def _try(self, what: str, action: Callable[[], object]) -> bool:
-        """Run one run-dir file operation; a failure is logged, never raised (the job matters more)."""
-        try:
-            action()
-            return True
-        except OSError as exc:
-            self.log.warning("run_dir_write_failed", what=what, error=f"{exc.strerror or exc}",
-                             path=str(getattr(exc, "filename", None) or ""))
-            return False
-
     # ---- leaving -----------------------------------------------------------------------------------------------
     def abandon(self, error: BaseException) -> int:
         """The event loop failed (a bug, or an error nothing else caught): stop the job, record why; the exit code.
@@ -188,7 +168,7 @@ class Core:
         stopping = self.status.state is State.STOPPING
         if not self.status.state.final:
             self.status.transition(State.STOPPED if stopping else State.FAILED, abrupt=True)  # whatever it was doing
-            self.status.reason = self._stop_reason if stopping else f"supervisor failed: {type(error).__name__}: {error}"
+            self.status.reason = self.stops.reason if stopping else f"supervisor failed: {type(error).__name__}: {error}"
         self.status.job_pid = self.status.job_create_time = self.status.job_cmdline = None
         self.status.next_launch_at = None
         self.exit_code = EXIT_CODES[State.STOPPED] if stopping else EXIT_SUPERVISOR_FAILED
@@ -211,7 +191,7 @@ class Core:
         self._publish()
         if self.publisher.write_error is not None:
             path = self.run_dir / STATE_FILE
-            if self._try("remove stale state.json", lambda: path.unlink(missing_ok=True)):
+            if try_write(self.log, "remove stale state.json", lambda: path.unlink(missing_ok=True)):
                 self.log.warning("state_removed", path=str(path), reason="it could not be updated")
 
     # ---- housekeeping passes ---------------------------------------------------------------------------------
@@ -302,45 +282,9 @@ class Core:
             self.log.info("resume_choice_left_to_job", resume_args=list(job.resume_args), root=str(ck.dir))
         return plan
 
-    def _prepare_files(self, error_file: Path, log_path: Path) -> Path | None:
-        """Clear the attempt's error file and the stale heartbeat, create its log; the log, or None if impossible."""
-        self._try("errors dir", lambda: error_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True))
-        self._try("error file", lambda: error_file.unlink(missing_ok=True))
-        self._try("heartbeat", lambda: self.heartbeat_path.unlink(missing_ok=True))  # a stale beat is no progress
-        self._try("per-rank heartbeats", self.hangs.prepare)
-        kept = self.cfg.supervisor.job_logs_kept - 1  # this attempt's files are about to be the newest
-        self._try("old attempt logs", lambda: joblog.prune([log_path.parent, error_file.parent], max(kept, 0), None))
-
-        def create_log() -> None:
-            log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.close(joblog.open_log(log_path))
-
-        return log_path if self._try("attempt log (the job's output goes to the supervisor's)", create_log) else None
-
     def bound_output(self) -> None:
-        """Keep the running attempt's log under `job_log_max_bytes` (supervisor/host/joblog.py); called every tick.
-
-        The copy into the `.1` segment runs off the loop (it is up to half the cap of file I/O), one at a time.
-        """
-        job = self.job
-        if job is None or job.rotating:
-            return
-        cap = self.cfg.supervisor.job_log_max_bytes
-        try:
-            due = joblog.needs_rotation(os.stat(job.log_path).st_size, cap)
-        except OSError:  # no log this attempt (the job writes to the supervisor's output), or it vanished
-            return
-        if due:
-            job.rotating = True
-            self.sys.run_off_loop(lambda: joblog.rotate(job.log_path, cap), lambda out: self._on_rotated(job, out))
-
-    def _on_rotated(self, job: Job, outcome: OSError | BaseException | None) -> None:
-        """A rotation finished: a failure to write the segment (a full disk) is said once per attempt."""
-        job.rotating = False
-        if outcome is not None and not job.log_warned:
-            job.log_warned = True
-            error = outcome.strerror if isinstance(outcome, OSError) and outcome.strerror else str(outcome)
-            self.log.warning("run_dir_write_failed", what="attempt log segment", error=error, path=str(job.log_path))
+        """Keep the running attempt's log under `job_log_max_bytes` (daemon/attemptfiles.py); called every tick."""
+        self.files.bound(self.job)
 
     def _launch(self, scan: PassResult) -> None:
         self._launch_pending = False
@@ -361,7 +305,8 @@ class Core:
         argv = [*self.cfg.job.command, *plan.args]
         error_file = self.run_dir / "errors" / f"attempt-{number:04d}.json"
         log_path = self.run_dir / "logs" / f"attempt-{number:04d}.log"
-        output = self._prepare_files(error_file, log_path)
+        output = self.files.prepare(error_file, log_path, [
+            ("heartbeat", lambda: self.heartbeat_path.unlink(missing_ok=True)), ("per-rank heartbeats", self.hangs.prepare)])
         oom_before = self.sys.oom_kills()
         try:
             env = job_env(self.cfg, os.environ, number=number, heartbeat=self.heartbeat_path, error_file=error_file,
@@ -406,13 +351,8 @@ class Core:
                 self._end_attempt(job, job.agent_exit)
             return
         self._on_heartbeat()  # its last beat, if the file watcher has not delivered it yet: the phase it died in
-        left = self.sys.survivors() if job.stopping and not job.hang and self.sys.timers.pending(Timer.STOP_KILL) else []
-        if left:
-            job.agent_exit = returncode
-            self.log.warning("waiting_for_workers", attempt=job.number, code=returncode,
-                             processes=[f"{p}:{n}" for p, n in left])
-            return
-        self._end_attempt(job, returncode)
+        if not self.stops.agent_exited(job, returncode):
+            self._end_attempt(job, returncode)
 
     def _end_attempt(self, job: Job, returncode: int) -> None:
         """The attempt is over (its agent exited, and any worker it left has exited or was killed)."""
@@ -456,7 +396,7 @@ class Core:
         self.attempts.append(attempt)
         self.events.attempt_exited(job, attempt, info, latest_step=latest)
         if self.status.state is State.STOPPING:
-            self._finish(State.STOPPED, self._stop_reason)
+            self._finish(State.STOPPED, self.stops.reason)
             self.log.info("stopped", attempt=job.number, reason=info.reason)
             return
         self._maybe_quarantine()
@@ -493,66 +433,23 @@ class Core:
 
     # ---- signals ---------------------------------------------------------------------------------------------
     def on_signal(self, signum: int) -> None:
-        """Carry out what policy/stopping.py decides for this signal."""
-        decision = on_stop_signal(signum, state=self.status.state, job_running=self.job is not None,
-                                  exit_pending=self.ended is not None, on_terminal=self.sys.on_terminal)
-        action, job_pid = decision.action, self.job.pid if self.job else None
-        if action is StopAction.IGNORE:
-            return
-        if action is StopAction.FORCE:
-            self._force_stop(signum, decision.cause or "stop --force")
-            return
-        if action is StopAction.WAIT:
-            self.log.info("stop_in_progress", signal=signal_name(signum), job_pid=job_pid,
-                          force="fsdp-supervisor stop --force")
-            return
-        self.status.transition(State.STOPPING)
-        self.log.info("stopping", signal=signal_name(signum), job_pid=job_pid, grace_s=self.cfg.health.stop_timeout_s)
-        if action is StopAction.TERMINATE:
-            self._terminate_job()
-        elif action is StopAction.FINISH:
-            self._finish(State.STOPPED, self._stop_reason)
+        """A stop signal: the stop controller acts on the attempt; the run's outcome is carried out here."""
+        self._then(self.stops.on_signal(signum, self.job, exit_pending=self.ended is not None))
+
+    def _then(self, then: Then) -> None:
+        if then is Then.FINISH:
+            self._finish(State.STOPPED, self.stops.reason)
             self.log.info("stopped", attempt=self.status.attempt, reason="no job running")
-            return
-        self._publish()
-
-    def _force_stop(self, signum: int, cause: str) -> None:
-        """Kill the job now (an emergency save in progress is lost), then exit 0 without a restart."""
-        if self.status.state is not State.STOPPING:
-            self.status.transition(State.STOPPING)
-        self._stop_reason = f"force-stopped ({cause})"
-        job = self.job
-        self.log.warning("stop_forced", signal=signal_name(signum), cause=cause, job_pid=job.pid if job else None)
-        if job is not None:
-            job.stopping = True
-            self.hangs.cancel()
-            self.sys.timers.cancel(Timer.STOP_KILL)
-            if job.agent_exit is not None:  # only the workers it left are still saving: no exit of the agent to wait for
-                self._end_attempt(job, job.agent_exit)  # which kills them
-                return
-            self.sys.kill_job_tree(job.pid)
-        elif self.ended is None:
-            if self._orphans is not None:  # a killed predecessor's job still saving: no grace left for it either
-                token, recorded = self._orphans
-                killed = self.sys.stop_orphans(token, self.run_dir, recorded, 0)
-                self.log.warning("orphan_job_killed", pids=killed)
-            self._finish(State.STOPPED, self._stop_reason)
-            return
-        self._publish()
-
-    def _terminate_job(self) -> None:
-        """SIGTERM the torchrun agent only (it forwards to workers once); SIGKILL after stop_timeout_s."""
-        assert self.job is not None
-        self.job.stopping = True
-        self.sys.timers.cancel(Timer.HANG)
-        self.sys.send_signal(self.job.pid, signal.SIGTERM)
-        self.sys.timers.set(Timer.STOP_KILL, self.sys.monotonic() + self.cfg.health.stop_timeout_s)
+        elif then is Then.END_ATTEMPT and self.job is not None and self.job.agent_exit is not None:
+            self._end_attempt(self.job, self.job.agent_exit)
+        elif then is Then.PUBLISH:
+            self._publish()
 
     # ---- timers ----------------------------------------------------------------------------------------------
     def on_timer(self, key: TimerKey) -> None:
         handlers = {
             Timer.LAUNCH: self._request_launch,
-            Timer.STOP_KILL: self._on_stop_kill,
+            Timer.STOP_KILL: lambda: self._then(self.stops.on_kill_timer(self.job)),
             Timer.SCAN: self._on_scan,
             Timer.RETENTION: self._on_retention,
             Timer.PUBLISH: self._publish,
@@ -569,17 +466,6 @@ class Core:
             handler()
         elif isinstance(key, Timer) and key in job_handlers and self.job is not None:
             job_handlers[key](self.job)
-
-    def _on_stop_kill(self) -> None:
-        job = self.job
-        if job is None:
-            return
-        if job.agent_exit is not None:  # the agent is gone (its pid may be reused): kill what it left, end the attempt
-            self.log.warning("job_killed", attempt=job.number, after_s=self.cfg.health.stop_timeout_s)
-            self._end_attempt(job, job.agent_exit)
-            return
-        killed = self.sys.kill_job_tree(job.pid)
-        self.log.warning("job_killed", attempt=job.number, after_s=self.cfg.health.stop_timeout_s, processes=len(killed))
 
     def _on_scan(self) -> None:
         self._request_pass(prune=False)

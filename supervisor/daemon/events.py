@@ -37,7 +37,7 @@ class Events:
 
     def attempt_exited(self, job: Job, attempt: Attempt, info: ExitInfo, *, latest_step: int | None) -> None:
         self.history.attempt_exit(attempt, info, progress_at=job.progress_at, detected_at=job.detected_at,
-                                  hung_ranks=job.hung_ranks)
+                                  hung_ranks=job.hung_ranks, reached_by=job.reached_by)
         self.log.info(
             "job_exited", attempt=job.number, code=info.code, signal=info.signal, reason=info.reason,
             detail=info.detail, duration_s=round(attempt.duration, 3), max_step=job.max_step,

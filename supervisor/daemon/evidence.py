@@ -5,6 +5,7 @@ read within a bound; the parsing is `supervisor.policy.exits`' and `supervisor.c
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 from dataclasses import dataclass, field
@@ -140,12 +141,17 @@ def read_rank_beats(folder: Path) -> RankBeats:
 
 def _rank_beat(path: Path, rank: int, problems: list[str]) -> Beat | None:
     found: list[str] = []
+    beat: Beat | None = None
     for _ in range(2):  # a torn read of an in-place rewrite, once
         try:
             with open_regular(path, follow_symlinks=False) as f:
                 data = f.read(MAX_RANK_BEAT_BYTES + 1)
-        except OSError:
-            return None
+        except FileNotFoundError:
+            return None  # gone since the scan (the job rewrote it by rename, or ended)
+        except OSError as exc:  # a symlink, a FIFO, a device: never read, but said (a beat that never counts)
+            strange = exc.errno in (errno.ELOOP, errno.EINVAL, errno.ENXIO)
+            found = ["not a regular file" if strange else f"unreadable ({exc.strerror or exc})"]
+            break
         beat, found = parse_heartbeat(data) if len(data) <= MAX_RANK_BEAT_BYTES else (None, ["over the size bound"])
         if beat is not None or found != ["heartbeat is not JSON"]:
             break

@@ -28,7 +28,7 @@ from supervisor.daemon.evidence import count_dumps, read_rank_beats, read_span
 from supervisor.daemon.system import System
 from supervisor.daemon.timers import Timer
 from supervisor.host.atomic import write_atomic
-from supervisor.policy.attempt import Job, apply_beat, hang_timeout
+from supervisor.policy.attempt import REACHED_BY_HEARTBEAT, REACHED_BY_RANKS, Job, apply_beat, hang_timeout
 from supervisor.policy.ranks import STUCK_STATES, RankWatch
 from supervisor.policy.state import Status
 
@@ -87,10 +87,21 @@ class Hangs:
         """A beat of `rank`'s source (None: the node's file); True when it is progress."""
         if not self.watch.see(rank, beat, self.sys.monotonic()):
             return False
-        if beat.phase != Phase.LOAD and (job.max_step is None or beat.step > job.max_step):
-            job.max_step, job.progress_at = beat.step, self.sys.now()  # a load beat names a step not trained here
+        if beat.phase != Phase.LOAD and (job.max_step is None or beat.step >= job.max_step):  # load: not trained here
+            if job.max_step is None or beat.step > job.max_step:
+                job.max_step, job.progress_at, job.reached_by = beat.step, self._stepped_at(job, beat), None
+            if job.reached_by != REACHED_BY_RANKS:  # a rank's own file is written every step: exact
+                job.reached_by = REACHED_BY_RANKS if rank is not None else REACHED_BY_HEARTBEAT
         self._arm(job)
         return True
+
+    def _stepped_at(self, job: Job, beat: Beat) -> float:
+        """When the job made `beat`'s step: its own clock when that lies between the last progress seen (or the
+        launch) and now, so a hang that began while nobody read the files (a suspended supervisor, a look a second
+        apart) is timed from the job's last step; otherwise when we read it."""
+        now = self.sys.now()
+        since = job.progress_at if job.progress_at is not None else now - (self.sys.monotonic() - job.started_mono)
+        return beat.time if beat.time is not None and since <= beat.time <= now else now
 
     def on_ranks_timer(self, job: Job) -> None:
         """Every RANK_POLL_S: read the ranks' beats, look for stragglers, show both."""
@@ -174,7 +185,8 @@ class Hangs:
         idle = self.watch.idle(now)
         idle = round(idle if idle is not None else now - self._startup_from, 1)
         beat = job.beat
-        self.log.error("hang_detected", attempt=job.number, step=beat.step if beat else self.watch.reached(),
+        step = job.max_step if job.max_step is not None else beat.step if beat else None  # every rank's, as last_hang
+        self.log.error("hang_detected", attempt=job.number, step=step,
                        phase=beat.phase if beat else None, idle_s=idle,
                        ranks=[f"rank {r}: {why}" for r, why in job.hung_ranks] or "not known")
         offset = _size(job.log_path)

@@ -72,8 +72,10 @@ class NullHistory:
         """A new heartbeat of attempt `number` was read."""
 
     def attempt_exit(self, attempt: Attempt, info: ExitInfo, *, progress_at: float | None = None,
-                     detected_at: float | None = None, hung_ranks: Sequence[tuple[int, str]] = ()) -> None:
-        """An attempt's exit was judged (`progress_at`: its step last advanced; `detected_at`: its hang seen)."""
+                     detected_at: float | None = None, hung_ranks: Sequence[tuple[int, str]] = (),
+                     reached_by: str | None = None) -> None:
+        """An attempt's exit was judged (`progress_at`: its step last advanced; `detected_at`: its hang seen;
+        `reached_by`: whose beat its max_step is, attempt.REACHED_BY_*)."""
 
     def hang(self, number: int, *, at: float, step: int | None, idle_s: float | None,
              ranks: Sequence[tuple[int, str]], stacks: str | None) -> None:
@@ -352,15 +354,18 @@ class HistoryRecorder(NullHistory):
         live, t = self._live, self.now()
         if live is None or live.number != number:
             return
-        if live.prev is not None:
-            dt = max(0.0, t - live.prev[0])
+        at = t  # when the beat was made: the job's own clock where it lies between the last beat and now (a
+        if live.prev is not None:  # supervisor suspended while the job hung must not count the wait as training)
+            if beat.time is not None and live.prev[0] <= beat.time <= t:
+                at = beat.time
+            dt = max(0.0, at - live.prev[0])
             if live.prev[2] == Phase.SAVE:
                 live.save_s += dt
             elif live.prev[2] in (None, Phase.TRAIN) and beat.step > live.prev[1]:
                 live.train_s += dt
         began = beat.phase in (None, Phase.TRAIN) and not live.began  # the resume point, for the loss chart
         live.began = live.began or began
-        live.prev = (t, beat.step, beat.phase)
+        live.prev = (at, beat.step, beat.phase)
         rec: dict[str, Any] = {"attempt": number, "step": beat.step, "phase": beat.phase, "loss": _short(beat.loss),
                                "train_s": round(live.train_s, 3), "save_s": round(live.save_s, 3)}
         evaluated = beat.val_loss is not None and beat.val_loss != live.val_loss
@@ -385,7 +390,8 @@ class HistoryRecorder(NullHistory):
 
     @_guarded
     def attempt_exit(self, attempt: Attempt, info: ExitInfo, *, progress_at: float | None = None,
-                     detected_at: float | None = None, hung_ranks: Sequence[tuple[int, str]] = ()) -> None:
+                     detected_at: float | None = None, hung_ranks: Sequence[tuple[int, str]] = (),
+                     reached_by: str | None = None) -> None:
         live = self._live if self._live is not None and self._live.number == attempt.number else None
         if live is not None and live.pending is not None:  # where it stood when it ended
             pending = live.pending
@@ -398,7 +404,7 @@ class HistoryRecorder(NullHistory):
             "save_s": round(live.save_s, 3) if live else None,
             "progress_at": None if progress_at is None else round(progress_at, 3),
             "detected_at": None if detected_at is None else round(detected_at, 3),
-            "hung_ranks": [rank for rank, _ in hung_ranks],
+            "hung_ranks": [rank for rank, _ in hung_ranks], "reached_by": reached_by,
         }, durable=True)
         if live is not None:
             self._live = None

@@ -20,6 +20,7 @@ from supervisor.checkpoints.metadata import child as metadata_child
 from supervisor.daemon.evidence import read_oom_kills
 from supervisor.daemon.timers import Timers
 from supervisor.host import procs
+from supervisor.host.signals import STOP_SIGNALS
 from supervisor.host.spares import Prewarmer
 
 __all__ = ["System", "LoopSystem", "RealSystem"]
@@ -38,8 +39,10 @@ class System(Protocol):
     def random(self) -> float: ...  # jitter in [0, 1)
     def spawn(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_path: Path | None) -> tuple[int, float]:
         """Start the job, its output appended to `log_path` (None: the supervisor's own); (pid, create_time)."""
-    def send_signal(self, pid: int, sig: int) -> None: ...
-    def signal_workers(self, pid: int, sig: int) -> list[int]: ...
+    def send_signal(self, pid: int, sig: int) -> None:
+        """Send `sig` to `pid`; a stop signal is followed by SIGCONT, so that a stopped process acts on it."""
+    def signal_workers(self, pid: int, sig: int) -> list[int]:
+        """Send `sig` to the job's processes that handle it (stack dumps: never one it would kill); their pids."""
     def worker_states(self, pid: int) -> dict[int, tuple[int, str]]:
         """The job's workers by rank: (pid, psutil status such as "running", "sleeping", "stopped")."""
     def kill_job_tree(self, pid: int) -> list[tuple[int, str]]:
@@ -149,11 +152,13 @@ class RealSystem:
     def send_signal(self, pid: int, sig: int) -> None:
         try:
             os.kill(pid, sig)
+            if sig in STOP_SIGNALS:  # a stopped agent (kill -STOP, a debugger) acts on it only once continued
+                os.kill(pid, signal.SIGCONT)
         except ProcessLookupError:
             pass
 
     def signal_workers(self, pid: int, sig: int) -> list[int]:
-        return procs.signal_children(pid, sig)
+        return procs.signal_catchers(pid, sig)
 
     def worker_states(self, pid: int) -> dict[int, tuple[int, str]]:
         return procs.worker_states(pid)

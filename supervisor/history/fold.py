@@ -45,143 +45,30 @@ outside 0..MAX_T (supervisor.history.records) count as missing.
 """
 from __future__ import annotations
 
-import math
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from supervisor.history.losses import LOSS_PARTS, Ledger, Loss
-from supervisor.history.records import is_failure, is_time
+from supervisor.history.records import is_failure
+from supervisor.history.views import (
+    MAX_INT,
+    AttemptView,
+    Mark,
+    Sample,
+    Summary,
+    read_int,
+    read_num,
+    read_str,
+    read_time,
+)
+from supervisor.policy.attempt import REACHED_BY_HEARTBEAT, REACHED_BY_RANKS
 
 __all__ = ["Fold", "AttemptView", "Sample", "Mark", "Summary", "Loss", "summarize", "RECENT_LOSSES", "LOSS_PARTS"]
 
 RECENT_LOSSES = 40  # samples behind `status`'s sparkline
 _MAX_STRAGGLER_MARKS = 200  # straggler records kept for the report (a flapping rank writes many)
 _CLOCK_STEP_S = 60.0  # records are written in time order give or take a heartbeat: further back, the clock stepped
-
-
-_MAX_INT = 2**63  # no step or attempt number is larger; a larger one would overflow every float it meets
-
-
-def _int(rec: dict[str, Any], key: str) -> int | None:
-    v = rec.get(key)
-    return v if type(v) is int and -_MAX_INT < v < _MAX_INT else None
-
-
-def _time(rec: dict[str, Any], key: str) -> float | None:
-    v = rec.get(key)
-    return float(v) if is_time(v) else None
-
-
-def _num(rec: dict[str, Any], key: str) -> float | None:
-    v = rec.get(key)
-    if type(v) is int:
-        return float(v) if -_MAX_INT < v < _MAX_INT else None
-    return v if type(v) is float and math.isfinite(v) else None
-
-
-def _str(rec: dict[str, Any], key: str) -> str | None:
-    v = rec.get(key)
-    return v if isinstance(v, str) else None
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One heartbeat sample of an attempt."""
-
-    t: float
-    step: int
-    loss: float | None
-    val_loss: float | None = None
-
-
-@dataclass(frozen=True)
-class Mark:
-    """A point event on the timeline: a commit, a quarantine, a deletion."""
-
-    t: float
-    kind: str
-    path: str | None = None
-    step: int | None = None
-    detail: str | None = None
-
-
-@dataclass
-class AttemptView:
-    """One attempt as the history tells it."""
-
-    number: int
-    started: float
-    resumed_from: str | None = None
-    resumed_step: int | None = None
-    ended: float | None = None  # when the supervisor saw it end; None: running, or its supervisor was killed
-    reason: str | None = None
-    code: int | None = None
-    signal: str | None = None
-    detail: str | None = None
-    max_step: int | None = None
-    train_s: float = 0.0
-    save_s: float = 0.0
-    first_step_at: float | None = None
-    trained_at: float | None = None  # its first beat beyond the resume point (start-up ends there or at first_step)
-    first_beat_at: float | None = None  # its first heartbeat: its workers are up
-    progress_at: float | None = None  # its step last advanced (attempt_exit)
-    detected_at: float | None = None  # its hang was detected (attempt_exit)
-    hung_ranks: list[int] = field(default_factory=list)
-    stacks: str | None = None  # where its hang's stack dumps were kept
-    last_t: float = 0.0  # its last record
-    samples: list[Sample] = field(default_factory=list)
-
-    @property
-    def steps_trained(self) -> int:
-        return 0 if self.max_step is None else max(0, self.max_step - (self.resumed_step or 0))
-
-
-@dataclass(frozen=True)
-class Summary:
-    attempts: int
-    failures: int
-    wall_s: float
-    productive_s: float
-    goodput: float | None
-    restart_latency_s: list[float]
-    steps_lost: list[int]
-    checkpoint_overhead_s: float
-    startup_s: float
-    restart_s: float
-    lost_s: float
-    other_s: float
-    exit_reasons: dict[str, int]
-    checkpoints_committed: int
-    quarantines: int
-    sessions: int
-    last_step: int | None
-    losses: list[Loss] = field(default_factory=list)
-    time_lost_s: dict[str, float] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "attempts": self.attempts,
-            "failures": self.failures,
-            "wall_s": round(self.wall_s, 3),
-            "productive_s": round(self.productive_s, 3),
-            "goodput": None if self.goodput is None else round(self.goodput, 4),
-            "restart_latency_s": [round(x, 3) for x in self.restart_latency_s],
-            "steps_lost": list(self.steps_lost),
-            "checkpoint_overhead_s": round(self.checkpoint_overhead_s, 3),
-            "startup_s": round(self.startup_s, 3),
-            "restart_s": round(self.restart_s, 3),
-            "lost_s": round(self.lost_s, 3),
-            "other_s": round(self.other_s, 3),
-            "exit_reasons": dict(sorted(self.exit_reasons.items())),
-            "checkpoints_committed": self.checkpoints_committed,
-            "quarantines": self.quarantines,
-            "sessions": self.sessions,
-            "last_step": self.last_step,
-            "losses": [loss.to_json() for loss in self.losses],
-            "time_lost_s": {k: round(v, 3) for k, v in self.time_lost_s.items()},
-        }
 
 
 class Fold:
@@ -224,7 +111,7 @@ class Fold:
 
     def add(self, rec: dict[str, Any]) -> None:
         """Take one record in (a record that is not a dict with a finite `t` and a `kind` is ignored)."""
-        t, kind = _time(rec, "t"), _str(rec, "kind")
+        t, kind = read_time(rec, "t"), read_str(rec, "kind")
         if t is None or kind is None:
             return
         self.first_t = t if self.first_t is None else min(self.first_t, t)
@@ -251,7 +138,7 @@ class Fold:
             self._open = False
 
     def _attempt(self, t: float, rec: dict[str, Any]) -> AttemptView | None:
-        number = _int(rec, "attempt")
+        number = read_int(rec, "attempt")
         if number is None:
             return None
         a = self._by_number.get(number)
@@ -276,15 +163,15 @@ class Fold:
         return self.train_s / steps if steps > 0 else 0.0
 
     def _on_start(self, t: float, rec: dict[str, Any]) -> None:
-        number = _int(rec, "attempt")
+        number = read_int(rec, "attempt")
         if number is not None:
-            self._new_attempt(number, t, _str(rec, "resumed_from"), _int(rec, "resumed_step"))
+            self._new_attempt(number, t, read_str(rec, "resumed_from"), read_int(rec, "resumed_step"))
             if self._failed_at is not None:
                 self.restart_s += max(0.0, t - self._failed_at)
             self._failed_at = None
 
     def _set_counters(self, a: AttemptView, rec: dict[str, Any]) -> None:
-        train, save = _num(rec, "train_s"), _num(rec, "save_s")
+        train, save = read_num(rec, "train_s"), read_num(rec, "save_s")
         if train is not None and train >= a.train_s:
             self.train_s += train - a.train_s
             a.train_s = train
@@ -298,14 +185,14 @@ class Fold:
             self.last_step = step
 
     def _on_beat(self, t: float, rec: dict[str, Any]) -> None:
-        a, step = self._attempt(t, rec), _int(rec, "step")
+        a, step = self._attempt(t, rec), read_int(rec, "step")
         if a is None or step is None:
             return
         self._note_step(a, step)
         self._set_counters(a, rec)
         if a.trained_at is None and step > (a.resumed_step or 0) and rec.get("phase") != "load":
             a.trained_at = t
-        loss = _num(rec, "loss")
+        loss = read_num(rec, "loss")
         # One per step: a step's eval and save beats repeat its loss, and so does a resumed attempt's first beat at the
         # step it resumed (a load beat's loss is the checkpoint's, nothing measured now).
         if loss is not None and rec.get("phase") != "load":
@@ -314,15 +201,15 @@ class Fold:
             self.recent_loss.append(loss)
             self._recent_step = step
         if self.keep:
-            a.samples.append(Sample(t, step, loss, _num(rec, "val_loss")))
+            a.samples.append(Sample(t, step, loss, read_num(rec, "val_loss")))
 
     def _on_first_step(self, t: float, rec: dict[str, Any]) -> None:
         a = self._attempt(t, rec)
         if a is None:
             return
         a.first_step_at = t if a.first_step_at is None else a.first_step_at
-        self._note_step(a, _int(rec, "step"))
-        self.ledger.trained(a, _int(rec, "from_step"))
+        self._note_step(a, read_int(rec, "step"))
+        self.ledger.trained(a, read_int(rec, "from_step"))
         if self._pending_failure_at is not None:
             self.restart_latency_s.append(max(0.0, t - self._pending_failure_at))
             self._pending_failure_at = None
@@ -331,16 +218,18 @@ class Fold:
         a = self._attempt(t, rec)
         if a is None or a.reason is not None:
             return
-        at = _time(rec, "at")
+        at = read_time(rec, "at")
         a.ended = at if at is not None else t
-        a.reason = _str(rec, "reason") or "unknown"
-        a.code, a.signal, a.detail = _int(rec, "code"), _str(rec, "signal"), _str(rec, "detail")
-        self._note_step(a, _int(rec, "max_step"))
+        a.reason = read_str(rec, "reason") or "unknown"
+        a.code, a.signal, a.detail = read_int(rec, "code"), read_str(rec, "signal"), read_str(rec, "detail")
+        self._note_step(a, read_int(rec, "max_step"))
         self._set_counters(a, rec)
-        a.progress_at, a.detected_at = _time(rec, "progress_at"), _time(rec, "detected_at")
+        a.progress_at, a.detected_at = read_time(rec, "progress_at"), read_time(rec, "detected_at")
         ranks = rec.get("hung_ranks")
         if isinstance(ranks, list):
-            a.hung_ranks = [r for r in ranks[:64] if type(r) is int and 0 <= r < _MAX_INT]
+            a.hung_ranks = [r for r in ranks[:64] if type(r) is int and 0 <= r < MAX_INT]
+        by = rec.get("reached_by")
+        a.reached_by = by if by in (REACHED_BY_RANKS, REACHED_BY_HEARTBEAT) else None
         self.ledger.exited(a)
         self.exit_reasons[a.reason] += 1
         if is_failure(a.reason):
@@ -361,17 +250,17 @@ class Fold:
             return
         ranks = rec.get("ranks")
         named = [r for r in ranks[:64] if isinstance(r, dict)] if isinstance(ranks, list) else []
-        a.hung_ranks = [r["rank"] for r in named if type(r.get("rank")) is int and 0 <= r["rank"] < _MAX_INT]
-        a.stacks = _str(rec, "stacks")
+        a.hung_ranks = [r["rank"] for r in named if type(r.get("rank")) is int and 0 <= r["rank"] < MAX_INT]
+        a.stacks = read_str(rec, "stacks")
         if self.keep:
             why = "; ".join(f"rank {r.get('rank')}: {r.get('why')}" for r in named if isinstance(r.get("why"), str))
-            self.marks.append(Mark(_time(rec, "at") or t, "hang", a.stacks, _int(rec, "step"), why or None))
+            self.marks.append(Mark(read_time(rec, "at") or t, "hang", a.stacks, read_int(rec, "step"), why or None))
 
     def _on_straggler(self, t: float, rec: dict[str, Any]) -> None:
-        rank, flagged = _int(rec, "rank"), rec.get("flagged")
+        rank, flagged = read_int(rec, "rank"), rec.get("flagged")
         if rank is None or not isinstance(flagged, bool):
             return
-        step_s, others = _num(rec, "step_s"), _num(rec, "others_s")
+        step_s, others = read_num(rec, "step_s"), read_num(rec, "others_s")
         detail = (f"rank {rank} {'is' if flagged else 'no longer'} a straggler"
                   + (f": {step_s:.3g} s/step, others {others:.3g}" if step_s is not None and others is not None else ""))
         self.stragglers.append(Mark(t, "straggler" if flagged else "straggler_cleared", None, rank, detail))
@@ -384,10 +273,10 @@ class Fold:
         elif kind == "quarantined":
             self.quarantines += 1
         if self.keep:
-            self.marks.append(Mark(t, kind, _str(rec, "path"), _int(rec, "step"), _str(rec, "reason")))
+            self.marks.append(Mark(t, kind, read_str(rec, "path"), read_int(rec, "step"), read_str(rec, "reason")))
 
     def _on_end(self, t: float, rec: dict[str, Any]) -> None:
-        self.end_state, self.end_reason = _str(rec, "state"), _str(rec, "reason")
+        self.end_state, self.end_reason = read_str(rec, "state"), read_str(rec, "reason")
         self._pending_failure_at = None  # supervision ended mid-recovery: nothing was waiting to recover
         self._failed_at = None
 

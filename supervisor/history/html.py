@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import time
 
-from supervisor.history.fold import AttemptView, Fold, Summary
+from supervisor.history.fold import Fold
 from supervisor.history.losses import LOSS_PARTS, Loss
 from supervisor.history.svg import Linear, esc, fmt_num, fmt_time, nice_ticks, polyline, svg, tag, text, time_ticks
+from supervisor.history.views import AttemptView, Summary
 from supervisor.observe.humanize import checkpoint_label, human_age
 
 __all__ = ["render_html", "REASON_COLORS"]
@@ -264,7 +265,10 @@ def _losses_table(losses: list[Loss], fold: Fold) -> str:
     rows = []
     for x in losses[-MAX_TABLE_ROWS:]:
         a = by_number.get(x.attempt)
-        steps = " / ".join("?" if v is None else str(v) for v in (x.reached, x.resumed, x.steps_lost))
+        shown = ["?" if v is None else str(v) for v in (x.reached, x.resumed, x.steps_lost)]
+        if x.at_least and x.steps_lost is not None:  # the node's heartbeat alone: the job may have gone further
+            shown[2] = f"at least {shown[2]}"
+        steps = " / ".join(shown)
         cells = "".join(f"<td>{'' if x.seconds.get(p) is None else f'{x.seconds[p]:.1f}'}</td>" for p in LOSS_PARTS)
         rows.append(f"<tr><td>{x.attempt}</td><td>{esc(x.reason)}</td><td>{esc(', '.join(map(str, x.hung_ranks)))}"
                     f"</td><td>{esc(steps)}</td>{cells}<td class=\"detail\">{esc((a.stacks if a else None) or '')}"

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from supervisor.history.records import is_failure
+from supervisor.policy.attempt import REACHED_BY_HEARTBEAT
 
 if TYPE_CHECKING:
-    from supervisor.history.fold import AttemptView
+    from supervisor.history.views import AttemptView
 
 __all__ = ["Ledger", "Loss", "LOSS_PARTS"]
 
@@ -32,14 +33,20 @@ class Loss:
     steps_lost: int | None
     hung_ranks: list[int]
     seconds: dict[str, float | None]  # LOSS_PARTS -> seconds, None where unknown
+    reached_by: str | None = None  # whose beat `reached` is: "heartbeat" (the node's file) makes steps_lost a lower bound
 
     def copy(self) -> Loss:
         return Loss(self.attempt, self.reason, self.reached, self.resumed, self.steps_lost, list(self.hung_ranks),
-                    dict(self.seconds))
+                    dict(self.seconds), self.reached_by)
+
+    @property
+    def at_least(self) -> bool:
+        """The step reached is the node heartbeat's, which may lag the job: the steps lost are a lower bound."""
+        return self.reached_by == REACHED_BY_HEARTBEAT
 
     def to_json(self) -> dict[str, Any]:
         return {"attempt": self.attempt, "reason": self.reason, "reached": self.reached, "resumed": self.resumed,
-                "steps_lost": self.steps_lost, "hung_ranks": list(self.hung_ranks),
+                "steps_lost": self.steps_lost, "reached_by": self.reached_by, "hung_ranks": list(self.hung_ranks),
                 "time_lost_s": {k: None if v is None else round(v, 3) for k, v in self.seconds.items()}}
 
 
@@ -107,7 +114,7 @@ class Ledger:
                     list(prev.hung_ranks), {
                         "detection": _span(prev.progress_at, seen), "stop": _span(seen, prev.ended),
                         "relaunch": _span(prev.ended, nxt.started), "worker_start": None, "load": None,
-                        "redo": None if behind is None else behind * self.seconds_per_step(prev)})
+                        "redo": None if behind is None else behind * self.seconds_per_step(prev)}, prev.reached_by)
         self.losses.append(loss)
         self._filling = (nxt, loss)
         self.fill(nxt)

@@ -30,7 +30,8 @@ and, by kind:
                           detail, max_step, progressed,       reason: completed | stopped | crash | signal |
                           new_checkpoint, train_s, save_s,    oom | hang; max_step: the step it reached (its
                           progress_at, detected_at,           heartbeats, every rank's); progress_at: its step
-                          hung_ranks                          last advanced; detected_at: its hang was seen
+                          hung_ranks, reached_by              last advanced; detected_at: its hang was seen;
+                                                              reached_by: ranks | heartbeat (max_step's source)
     checkpoint_committed  attempt, path, step, size_bytes     a new newest complete checkpoint
     quarantined           path, reason                        never resumed from again
     retention_deleted     path, reason, size_bytes            removed by retention

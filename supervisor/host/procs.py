@@ -22,7 +22,7 @@ __all__ = [
     "descendants",
     "named",
     "kill_descendants",
-    "signal_children",
+    "signal_catchers",
     "worker_states",
     "find_orphans",
     "job_of",
@@ -108,17 +108,37 @@ def kill_descendants(sig: int = signal.SIGKILL, exclude: Collection[int] = ()) -
     return named(descendants(exclude), sig)
 
 
-def signal_children(pid: int, sig: int) -> list[int]:
-    """Send `sig` to the direct children of `pid` (torchrun's workers), not to the agent itself."""
+def catches(pid: int, sig: int) -> bool:
+    """Whether process `pid` has a handler for `sig` (the SigCgt mask in /proc/PID/status)."""
     try:
-        kids = psutil.Process(pid).children()
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f.read(16384).splitlines():
+                if line.startswith(b"SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def signal_catchers(pid: int, sig: int) -> list[int]:
+    """Send `sig` to every process of the job (`pid` and its descendants) that has a handler for it.
+
+    For SIGUSR1 (stack dumps: faulthandler in torchrun's workers, a single-process script or its DataLoader
+    workers, which inherit the handler) a process without a handler would die of it: torchrun's agent, a
+    wrapper shell, a helper process. Those are left alone.
+    """
+    try:
+        job = psutil.Process(pid)
+        tree = [job, *job.children(recursive=True)]
     except psutil.Error:
         return []
     sent = []
-    for k in kids:
+    for p in tree:
+        if not catches(p.pid, sig):
+            continue
         try:
-            k.send_signal(sig)
-            sent.append(k.pid)
+            p.send_signal(sig)
+            sent.append(p.pid)
         except psutil.Error:
             continue
     return sent
@@ -248,6 +268,7 @@ def stop_processes(found: Sequence[psutil.Process], timeout: float) -> list[int]
     for p in roots:
         try:
             p.terminate()
+            p.resume()  # a stopped job (kill -STOP, a debugger) acts on SIGTERM only once continued
         except psutil.Error:
             pass
     psutil.wait_procs(roots, timeout=timeout)

@@ -5,6 +5,7 @@ import math
 from collections.abc import Sequence
 
 from supervisor.observe.humanize import checkpoint_label, human_age, human_bytes, printable
+from supervisor.policy.attempt import REACHED_BY_HEARTBEAT
 from supervisor.policy.state import State, Status
 
 __all__ = ["render_status", "one_line", "sparkline", "SPARK_BLOCKS"]
@@ -51,7 +52,8 @@ def _goodput_rows(st: Status) -> list[tuple[str, str]]:
         spent = ", ".join(f"{label} {human_age(parts[key])}" for key, label in _PARTS if key in parts)
         head += f" of {human_age(parts['wall_s'])}: {spent}"
     more = [*([f"last restart latency {st.restart_latency_s[-1]:.1f}s"] if st.restart_latency_s else []),
-            *([f"{sum(st.steps_lost)} steps lost in {len(st.steps_lost)} failures"] if st.steps_lost else [])]
+            *([f"{sum(st.steps_lost)} steps lost in {len(st.steps_lost)} failure{'s' * (len(st.steps_lost) != 1)}"]
+              if st.steps_lost else [])]
     return [("goodput", head), *([("", ", ".join(more))] if more else [])]
 
 
@@ -68,7 +70,10 @@ def _failure_row(st: Status) -> str | None:
     text = f"attempt {f.get('attempt')} {f.get('reason')}"
     if f.get("hung_ranks"):
         text += f" (hung: rank {', '.join(map(str, f['hung_ranks']))})"
-    if lost is not None:
+    if lost is not None and f.get("reached_by") == REACHED_BY_HEARTBEAT:  # the node's beat may lag the job
+        text += (f": at least {lost} steps lost (reached {reached} or later: the job writes no per-rank heartbeats;"
+                 f" resumed from {resumed})")
+    elif lost is not None:
         text += f": {lost} steps lost (reached {reached}, resumed from {resumed})"
     seconds = f.get("time_lost_s") or {}
     known = [(label, seconds[k]) for k, label in _LOSS_PARTS if isinstance(seconds.get(k), (int, float))]

@@ -33,8 +33,13 @@ from supervisor.contract import (
 from supervisor.policy.restarts import Attempt
 from supervisor.policy.state import ExitInfo, ExitReason, Status
 
-__all__ = ["Job", "StepRate", "job_env", "apply_beat", "hang_timeout", "named_by_beat", "RATE_WINDOW_S"]
+__all__ = ["Job", "StepRate", "job_env", "apply_beat", "hang_timeout", "named_by_beat", "RATE_WINDOW_S",
+           "REACHED_BY_RANKS", "REACHED_BY_HEARTBEAT"]
 
+# Job.reached_by (attempt_exit's `reached_by`): whose beat max_step is. The ranks' own files are written every step
+# (exact); the node's file alone may lag the job (the trainer writes it once a second): steps lost are a lower bound.
+REACHED_BY_RANKS = "ranks"
+REACHED_BY_HEARTBEAT = "heartbeat"
 RATE_WINDOW_S = 30.0  # the step rate is measured over about this much of the attempt's latest steps
 _RATE_MIN_SPAN_S = 2.0  # less than this between the first and the last step seen: no rate yet
 
@@ -77,10 +82,11 @@ class Job:
     log_path: Path
     oom_before: int | None
     max_step: int | None = None  # the highest step it reached, by its heartbeats (every rank's, every step)
+    reached_by: str | None = None  # whose beat max_step is: REACHED_BY_RANKS or REACHED_BY_HEARTBEAT
     new_checkpoint: bool = False
     hang: bool = False
     stopping: bool = False  # we asked it to stop (a requested stop, a hang): an exit 0 now is no completion
-    progress_at: float | None = None  # wall time its step last advanced, as the supervisor saw it
+    progress_at: float | None = None  # wall time its step last advanced (the beat's own time when believable)
     detected_at: float | None = None  # wall time its hang was detected
     hung_ranks: list[tuple[int, str]] = field(default_factory=list)  # (rank, why) named at its hang
     stacks: str | None = None  # where its hang's stack dumps were kept

@@ -6,7 +6,10 @@ in with the monotonic time it was read; `RankWatch` remembers when each source l
 
 - **when the attempt counts as hung**: the slowest source decides. Each source gets the allowance of its
   own phase (`hang_timeout_s`, or `save_timeout_s` while it says load or save) from when it last changed;
-  the attempt is hung when any source overstays (`deadline`). A source counts from its first beat on.
+  the attempt is hung when any source overstays (`deadline`). A source counts from its first beat on. While a
+  source loads, saves or evaluates, the quiet ones may be waiting for it at a barrier (a user's loop that saves
+  a full state dict on rank 0 alone, or evaluates there): then only the busy sources are judged, each by its
+  own allowance, as the node's file alone was judged before every rank had one.
 - **who hung** (`culprits`): a worker process that cannot run (stopped by SIGSTOP or a debugger, in
   uninterruptible sleep, a zombie) is named first, whatever the beats say; otherwise the ranks whose step is
   behind the others'. Ranks in lockstep that all stopped at one step name nobody: the beats cannot tell.
@@ -23,8 +26,10 @@ from supervisor.config import HealthSection
 from supervisor.contract import Beat, Phase
 from supervisor.policy.attempt import hang_timeout
 
-__all__ = ["RankWatch", "Source", "Culprit", "StragglerChange", "STRAGGLER_LOOKS", "STUCK_STATES"]
+__all__ = ["RankWatch", "Source", "Culprit", "StragglerChange", "STRAGGLER_LOOKS", "STUCK_STATES", "WAITED_FOR"]
 
+# Work one rank may do alone while the others wait for it at a barrier (their allowance is then the busy rank's).
+WAITED_FOR = frozenset({Phase.LOAD, Phase.SAVE, Phase.EVAL})
 STRAGGLER_LOOKS = 3  # consecutive looks above the factor before a rank is flagged (one look a second)
 _SMOOTHING = 0.3  # weight of the newest step time in a rank's moving average
 # psutil's words for a process that cannot run, and how `status` says it.
@@ -44,6 +49,7 @@ class Source:
     rank: int | None
     beat: Beat
     changed: float  # monotonic time its beat last changed
+    since: float = -1.0  # when its allowance started: its change, or later when nobody watched (restart)
     step_s: float | None = None  # moving average of the rank's own step time
     above: int = 0  # consecutive looks with step_s above factor x the others' median
     straggler: bool = False
@@ -72,26 +78,29 @@ class RankWatch:
         """A beat read from `rank`'s source at `now`; True when it changed (progress)."""
         src = self.sources.get(rank)
         if src is None:
-            self.sources[rank] = Source(rank, beat, now, step_s=beat.step_s)
+            self.sources[rank] = Source(rank, beat, now, now, step_s=beat.step_s)
             return True
         if beat == src.beat:
             return False
         sample = beat.step_s if beat.step_s is not None else _rate(src.beat, beat)
         if sample is not None:
             src.step_s = sample if src.step_s is None else (1 - _SMOOTHING) * src.step_s + _SMOOTHING * sample
-        src.beat, src.changed = beat, now
+        src.beat, src.changed, src.since = beat, now, now
         return True
 
     def restart(self, now: float) -> None:
-        """Nothing was watched until `now` (the supervisor was suspended): every source's allowance starts over."""
+        """Nothing was watched until `now` (the supervisor was suspended): every source's allowance starts over
+        (its silence, `idle`, still counts from its last change)."""
         for src in self.sources.values():
-            src.changed = max(src.changed, now)
+            src.since = max(src.since, now)
 
     def deadline(self, health: HealthSection) -> float | None:
-        """When the slowest source overstays its allowance; None without a source or with hang detection off."""
-        ends = [src.changed + t for src in self.sources.values()
+        """When the slowest source overstays its allowance (only busy sources count while there is one: the
+        others may be waiting for them); None without a source or with hang detection off."""
+        ends = [(src.beat.phase in WAITED_FOR, src.since + t) for src in self.sources.values()
                 if (t := hang_timeout(health, src.beat, startup=False)) is not None]
-        return min(ends, default=None)
+        busy = [end for waited_for, end in ends if waited_for]
+        return min(busy or [end for _, end in ends], default=None)
 
     def idle(self, now: float) -> float | None:
         """Seconds since the slowest source last changed."""
@@ -100,10 +109,6 @@ class RankWatch:
     def ranks(self) -> list[Source]:
         """The per-rank sources, by rank."""
         return sorted((s for s in self.sources.values() if s.rank is not None), key=lambda s: s.rank or 0)
-
-    def reached(self) -> int | None:
-        """The highest step a source reported training (a `load` beat names the step being loaded)."""
-        return max((s.beat.step for s in self.sources.values() if s.beat.phase != Phase.LOAD), default=None)
 
     def culprits(self, states: Mapping[int, str]) -> list[Culprit]:
         """Who hung: workers that cannot run (`states`: rank -> psutil status), else the ranks behind the others."""

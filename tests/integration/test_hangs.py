@@ -64,6 +64,23 @@ class TestOurOwnStop:
         assert exits[0]["reason"] == "hang" and exits[0]["code"] == 0
 
 
+    def test_a_stop_reaches_a_stopped_agent(self, tmp_path: Path, supervisors: Supervisors) -> None:
+        """The torchrun agent is SIGSTOPped (kill -STOP, a debugger) while its workers train on: a requested stop
+        still reaches it, the workers write their emergency checkpoint, and nothing waits out stop_timeout_s."""
+        cfg = write_config(tmp_path, TORCHRUN + ["-m", "trainer", *trainer(10**6, "--save-every", "1000")],
+                           "\n[health]\nstop_timeout_s = 30\n")
+        p = supervisors.start(cfg)
+        wait_for(lambda: (state(tmp_path).get("step") or 0) >= 3 and state(tmp_path).get("phase") == "train",
+                 TIMEOUT, "training")
+        agent = psutil.Process(state(tmp_path)["job_pid"])
+        agent.suspend()
+        before = state(tmp_path)["step"]
+        wait_for(lambda: (state(tmp_path).get("step") or 0) > before + 3, 60, "the workers training on")
+        rc, out = stop(p, timeout=120)
+        assert rc == 0, out[-3000:]
+        assert "job_killed" not in events(tmp_path) and list((tmp_path / "ckpts").glob("step_*")), events(tmp_path)
+
+
 class TestSuspendedSupervisor:
     def test_a_suspended_supervisor_does_not_kill_a_healthy_job(self, tmp_path: Path, supervisors: Supervisors) -> None:
         """SIGSTOP of the supervisor for 15 s (Ctrl+Z) while the job (its own session) trains on, then SIGCONT:

@@ -122,6 +122,7 @@ class TestRankFiles:
     @pytest.mark.parametrize(("name", "rank"), [
         ("rank-0.json", 0), ("rank-15.json", 15), ("rank-1234567.json", 1234567), ("rank-12345678.json", None),
         ("rank--1.json", None), ("rank-1.json.tmp", None), (".rank-1.json", None), ("rank-x.json", None),
+        ("rank-00.json", None), ("rank-01.json", None),  # one rank, one name: a stale alias must not stand for rank 1
         ("heartbeat.json", None),
     ])
     def test_only_the_contract_s_names_are_rank_beats(self, name: str, rank: int | None) -> None:

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 from pathlib import Path
 
 from supervisor.contract import MAX_RANK_FILES, RANK_HEARTBEAT_DIR
 from supervisor.daemon.core import Core
+from supervisor.daemon.recorder import HistoryRecorder
+from supervisor.history.records import HISTORY_FILE, read_history
 from supervisor.policy.state import State
 from tests.fakes import FakeSystem, RecordingLog
 from tests.unit.test_core import beat, exit_job, make_core
@@ -127,6 +130,21 @@ class TestCulprits:
         assert core.job is not None and core.job.hang
 
 
+    def test_a_rank_waiting_for_rank_0_s_own_save_is_not_hung(self, tmp_path: Path) -> None:
+        """A user's loop saves a full state dict on rank 0 alone (phase save) while rank 1 waits in a barrier:
+        no hang before save_timeout_s, as with the node's file alone; a save that overstays it is one."""
+        core, fake, log, _ = started(tmp_path, HANG + "\nsave_timeout_s = 60")
+        rank_beat(core, 0, 30)
+        rank_beat(core, 1, 30)
+        fake.advance(1, core)
+        rank_beat(core, 0, 30, "save")
+        beat(core, 30, "save")
+        fake.advance(30, core)
+        assert "hang_detected" not in log.names()
+        fake.advance(31, core)
+        assert "hang_detected" in log.names()
+
+
 class TestJudgedAfterReading:
     def test_a_beat_not_yet_delivered_is_read_before_judging(self, tmp_path: Path) -> None:
         """The file moved but its event is still queued when the timer fires: progress, not a hang."""
@@ -161,6 +179,34 @@ class TestJudgedAfterReading:
         assert "hang_detected" not in log.names() and "hang_check_deferred" in log.names()
         assert fake.advance(9.9, core) == [] and fake.advance(0.1, core) == ["hang"]
         assert "hang_detected" in log.names()
+        assert hang_events(log)["idle_s"] == 27.0 == core.status.last_hang["idle_s"]  # silent since the beat, not 10 s
+
+
+class TestHonestTimes:
+    def test_a_hang_that_began_while_the_supervisor_was_suspended_is_timed_from_the_job_s_last_step(
+            self, tmp_path: Path) -> None:
+        """The job stepped to 40 two seconds into a 60 s suspension of the supervisor, then hung: its step last
+        advanced then (its own clock), not when the supervisor woke and read it; detection is timed from there."""
+        core, fake, _, _ = started(tmp_path, "hang_timeout_s = 5")
+        rank_beat(core, 0, 10, time=fake.now())
+        fake.advance(1, core)
+        stepped = fake.now() + 2
+        rank_beat(core, 0, 40, time=stepped)
+        fake.clock += 60  # the supervisor was stopped; the job stepped once more and hung
+        fake.advance(7, core)
+        assert core.job.hang and core.job.progress_at == stepped
+        assert core.job.detected_at - core.job.progress_at > 60
+
+    def test_a_beat_s_time_in_the_future_or_the_past_is_not_believed(self, tmp_path: Path) -> None:
+        """The job's clock is believed only between the last progress seen and now: else the step counts as made
+        when the supervisor read it."""
+        core, fake, _, _ = started(tmp_path, "")
+        rank_beat(core, 0, 10, time=fake.now() + 3600)
+        fake.advance(1, core)
+        assert core.job.progress_at == fake.now()
+        rank_beat(core, 0, 11, time=1.0)
+        fake.advance(1, core)
+        assert core.job.progress_at == fake.now()
 
 
 class TestRanks:
@@ -188,6 +234,31 @@ class TestRanks:
         exit_job(core, fake, 1)
         assert core.attempts[-1].max_step == 57
 
+    def test_the_step_reached_ignores_load_beats(self, tmp_path: Path) -> None:
+        """A rank's load beat names the checkpoint's step, not one this attempt trained."""
+        core, fake, _, _ = started(tmp_path, "")
+        rank_beat(core, 0, 70, "load")
+        fake.advance(1, core)
+        assert core.job.max_step is None
+        rank_beat(core, 1, 52)
+        fake.advance(1, core)
+        assert core.job.max_step == 52
+
+    def test_the_history_says_whether_the_step_reached_is_the_ranks_or_a_throttled_beat(self, tmp_path: Path) -> None:
+        """Per-rank files (every step): the step reached is exact. The node's file alone (the old contract, often
+        once a second): the job may have gone further, and the exit record says which it was."""
+        core, fake, log = make_core(tmp_path)
+        core = Core(core.cfg, fake, log, history=HistoryRecorder(core.run_dir / HISTORY_FILE, now=fake.now, log=log))
+        core.begin(None)
+        beat(core, 50)
+        exit_job(core, fake, 1)
+        fake.advance(5, core)
+        beat(core, 40)
+        rank_beat(core, 0, 57)
+        exit_job(core, fake, 1)
+        exits = [r for r in read_history(core.run_dir / HISTORY_FILE)[0] if r["kind"] == "attempt_exit"]
+        assert [(r["max_step"], r["reached_by"]) for r in exits] == [(50, "heartbeat"), (57, "ranks")]
+
     def test_a_flood_of_rank_files_is_bounded_and_said_once(self, tmp_path: Path) -> None:
         """Thousands of files in the folder: at most MAX_RANK_FILES beats are read, one warning per attempt."""
         core, fake, log, _ = started(tmp_path, "")
@@ -199,6 +270,17 @@ class TestRanks:
         fake.advance(3, core)
         assert len(core.hangs.watch.ranks()) <= MAX_RANK_FILES
         assert log.names().count("heartbeat_invalid") == 1
+
+    def test_a_rank_file_that_is_not_a_plain_file_is_said_not_ignored(self, tmp_path: Path) -> None:
+        """A symlink (to /dev/zero) or a FIFO planted as a rank's file is not read, and the warning names it."""
+        core, fake, log, _ = started(tmp_path, "")
+        folder = core.run_dir / RANK_HEARTBEAT_DIR
+        (folder / "rank-1.json").symlink_to("/dev/zero")
+        os.mkfifo(folder / "rank-2.json")
+        fake.advance(1, core)
+        problems = dict(log.events)["heartbeat_invalid"]["problems"]
+        assert sorted(problems) == ["rank 1: not a regular file", "rank 2: not a regular file"]
+        assert core.hangs.watch.ranks() == []
 
     def test_stale_rank_files_are_removed_before_a_launch(self, tmp_path: Path) -> None:
         """A rank file of the last attempt is no progress of this one; other files in the folder are not ours."""

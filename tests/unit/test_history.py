@@ -84,6 +84,22 @@ class TestCoreRecords:
         assert skipped == 0 and [r["attempt"] for r in recs if r["kind"] == "attempt_start"] == [1, 2]
         assert summarize(recs).sessions == 2
 
+    def test_time_the_supervisor_was_suspended_is_not_training_time(self, tmp_path: Path) -> None:
+        """The job stepped 2 s into a 60 s suspension of the supervisor, then hung: the attempt trained 3 s by its
+        beats' own clock (what the redo of a failure is priced at), not the 62 s between two reads of the file."""
+        core, fake, _, _ = make_core(tmp_path)
+        core.begin(None)
+        for step, when in ((10, fake.now()), (11, fake.now() + 1)):
+            fake.clock = when - 1_700_000_000.0
+            core.heartbeat_path.write_text(json.dumps({"step": step, "time": when, "phase": "train"}))
+            core.on_file_event(core.heartbeat_path)
+        core.heartbeat_path.write_text(json.dumps({"step": 12, "time": fake.now() + 2, "phase": "train"}))
+        fake.clock += 60
+        core.on_file_event(core.heartbeat_path)
+        exit_job(core, fake, 1)
+        [ended] = [r for r in records(core) if r["kind"] == "attempt_exit"]
+        assert ended["train_s"] == pytest.approx(3.0)
+
     def test_steps_lost_are_the_ranks_own_step_minus_the_resume_step_in_status_and_report(self, tmp_path: Path) -> None:
         """The node's beat lags a second behind (step 50); every rank's own file says 57: 7 lost, not 2, and the
         same number in status (the daemon's fold) and in the report (the file's)."""

@@ -25,26 +25,37 @@ class TestProgress:
         """Each source gets its phase's allowance from its own last change; the earliest end counts."""
         w = RankWatch()
         w.see(None, b(5), 0.0)
-        w.see(0, b(5, Phase.SAVE), 1.0)
+        w.see(0, b(5), 1.0)
         w.see(1, b(5), 4.0)
         assert w.deadline(HEALTH) == 10.0
+        w.see(0, b(6), 7.0)
         w.see(None, b(6), 8.0)
-        assert w.deadline(HEALTH) == 14.0  # rank 1's train allowance; rank 0 saves until 101
+        assert w.deadline(HEALTH) == 14.0  # rank 1's train allowance
+        w.see(0, b(6, Phase.SAVE), 9.0)
+        w.see(1, b(6, Phase.SAVE), 12.0)
+        assert w.deadline(HEALTH) == 109.0  # both save: rank 0's save allowance (the node's file may wait for them)
         assert w.deadline(HealthSection(hang_timeout_s=0)) is None
+
+    @pytest.mark.parametrize("phase", [Phase.SAVE, Phase.EVAL, Phase.LOAD])
+    def test_ranks_waiting_for_one_that_saves_alone_are_not_hung(self, phase: Phase) -> None:
+        """Rank 0 saves (or evaluates, or loads) alone while rank 1 waits for it at a barrier: rank 1's quiet is
+        judged by rank 0's allowance, not its own train allowance (the old single-file contract gave the same)."""
+        w = RankWatch()
+        w.see(1, b(30), 0.0)
+        w.see(0, b(30, phase), 0.5)
+        allowance = 100.0 if phase in (Phase.SAVE, Phase.LOAD) else 10.0
+        assert w.deadline(HEALTH) == 0.5 + allowance
+        w.see(0, b(30, phase, time=5.0), 5.0)  # rank 0 still at it, beating
+        assert w.deadline(HEALTH) == 5.0 + allowance
+        w.see(0, b(31), 6.0)  # rank 0 trains again: everyone by their own allowance
+        assert w.deadline(HEALTH) == 10.0
 
     def test_a_suspension_restarts_every_allowance(self) -> None:
         w = RankWatch()
         w.see(0, b(5), 0.0)
         w.restart(30.0)
         assert w.deadline(HEALTH) == 40.0
-
-    def test_the_step_reached_ignores_load_beats(self) -> None:
-        """A load beat names the checkpoint's step, not one this attempt trained."""
-        w = RankWatch()
-        w.see(0, b(70, Phase.LOAD), 0.0)
-        assert w.reached() is None
-        w.see(1, b(52), 0.0)
-        assert w.reached() == 52
+        assert w.idle(35.0) == 35.0  # the allowance starts over; the silence does not
 
 
 class TestCulprits:

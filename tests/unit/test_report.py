@@ -127,7 +127,8 @@ HANG_AND_RESUME = [  # attempt 1 trains 100 steps in 100 s, reaches step 63 by i
     rec(0, "supervisor_start"), start(0, 1), rec(1, "first_beat", attempt=1, step=0, phase="load"),
     beat(37, 1, 0, phase="train"), beat(100, 1, 60, train_s=60),
     rec(110, "hang", attempt=1, at=110, step=63, idle_s=10, ranks=[{"rank": 1, "why": "stopped"}], stacks="/s.txt"),
-    {**end(114, 1, "hang", 63, train_s=63), "progress_at": 100.0, "detected_at": 110.0, "hung_ranks": [1]},
+    {**end(114, 1, "hang", 63, train_s=63), "progress_at": 100.0, "detected_at": 110.0, "hung_ranks": [1],
+     "reached_by": "ranks"},
     start(114.5, 2, 53), rec(118.4, "first_beat", attempt=2, step=0, phase="load"),
     rec(120.1, "first_step", attempt=2, step=54, from_step=53), beat(120.1, 2, 54),
     beat(150, 2, 80, train_s=30), end(150, 2, "stopped", 80, train_s=30),
@@ -154,6 +155,19 @@ def test_the_page_shows_what_each_failure_cost() -> None:
     assert "<td>1</td><td>hang</td><td>1</td><td>63 / 53 / 10</td>" in table and "/s.txt" in table
     assert "<td>10.0</td><td>4.0</td><td>0.5</td><td>3.9</td><td>1.7</td><td>10.0</td>" in table
     assert "hang at step 63: rank 1: stopped; stacks: /s.txt" in page  # the timeline's mark
+
+
+def test_steps_lost_by_a_throttled_heartbeat_are_said_to_be_a_lower_bound() -> None:
+    """A job without per-rank files: the step reached is its node heartbeat's, which may lag the job (once a
+    second): the loss says so (`reached_by`), and the page shows the steps lost as a lower bound."""
+    records = [{**r, "reached_by": "heartbeat"} if r["kind"] == "attempt_exit" and r["attempt"] == 1 else r
+               for r in HANG_AND_RESUME]
+    fold = Fold(keep=True).add_all(records)
+    [loss] = fold.summary().to_json()["losses"]
+    assert loss["steps_lost"] == 10 and loss["reached_by"] == "heartbeat"
+    assert summarize(HANG_AND_RESUME).to_json()["losses"][0]["reached_by"] == "ranks"
+    table = render_html(fold, fold.summary(), source="job.toml", generated=200.0).split("What failures cost", 1)[1]
+    assert "<td>63 / 53 / at least 10</td>" in table
 
 
 def test_a_job_that_picks_its_own_checkpoint_loses_from_its_load_step() -> None:

@@ -28,7 +28,7 @@ def test_goodput_and_loss_rows() -> None:
     """A terminal gets the sparkline; a pipe the same numbers in words; goodput with its latency and loss."""
     tty = render_status(status(), running=True, now=0.0, spark=True)
     assert "loss: █▅▃▁ 2, val_loss 2.25" in tty
-    assert "goodput: 87.3%\n                 last restart latency 12.3s, 7 steps lost in 1 failures\n" in tty
+    assert "goodput: 87.3%\n                 last restart latency 12.3s, 7 steps lost in 1 failure\n" in tty
     plain = render_status(status(), running=True, now=0.0)
     assert "▁" not in plain and "loss: 2 (last 4 samples: min 2, max 4), val_loss 2.25" in plain
 
@@ -129,3 +129,6 @@ def test_ranks_stragglers_hang_and_the_last_failure() -> None:
             "stack dumps: /run/errors/a.stacks.txt") in text
     assert ("last failure: attempt 1 hang (hung: rank 1): 10 steps lost (reached 63, resumed from 53); 18.9 s lost: "
             "detection 10.0, stop 2.5, relaunch 0.3, worker start 3.9, load 1.7, redo 0.5") in text
+    st.last_failure = {**st.last_failure, "reached_by": "heartbeat"}  # no per-rank files: the node's beat may lag
+    assert ("last failure: attempt 1 hang (hung: rank 1): at least 10 steps lost (reached 63 or later: the job "
+            "writes no per-rank heartbeats; resumed from 53)") in render_status(st, running=True, now=0.0)

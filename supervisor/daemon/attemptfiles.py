@@ -1,0 +1,80 @@
+"""An attempt's files in the run dir: made ready before the launch, its output log bounded while it runs.
+
+Before a launch the attempt's error file and the stale heartbeats are cleared (a stale beat is no progress), old
+attempts' logs are pruned to `job_logs_kept`, and the attempt's log is created (the job's output is appended to it
+directly: supervisor/host/joblog.py). While it runs, the log is kept under `job_log_max_bytes` by a copy into its
+`.1` segment, off the loop. Every write here can fail on a full, read-only or vanishing file system: each failure
+is logged and survived (the job matters more).
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from supervisor.config import Config
+from supervisor.daemon.system import System
+from supervisor.host import joblog
+from supervisor.policy.attempt import Job
+
+__all__ = ["AttemptFiles", "try_write"]
+
+
+def try_write(log: Any, what: str, action: Callable[[], object]) -> bool:
+    """Run one run-dir file operation; a failure is logged, never raised."""
+    try:
+        action()
+        return True
+    except OSError as exc:
+        log.warning("run_dir_write_failed", what=what, error=f"{exc.strerror or exc}",
+                    path=str(getattr(exc, "filename", None) or ""))
+        return False
+
+
+class AttemptFiles:
+    def __init__(self, cfg: Config, system: System, log: Any) -> None:
+        self.cfg, self.sys, self.log = cfg, system, log
+
+    def _try(self, what: str, action: Callable[[], object]) -> bool:
+        return try_write(self.log, what, action)
+
+    def prepare(self, error_file: Path, log_path: Path, heartbeats: list[tuple[str, Callable[[], object]]]) -> Path | None:
+        """Clear the error file and the heartbeats (`heartbeats`: what to clear, how), prune old logs, create the
+        attempt's log; the log, or None when it cannot be made (the job's output then goes to the supervisor's)."""
+        self._try("errors dir", lambda: error_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True))
+        self._try("error file", lambda: error_file.unlink(missing_ok=True))
+        for what, clear in heartbeats:
+            self._try(what, clear)
+        kept = self.cfg.supervisor.job_logs_kept - 1  # this attempt's files are about to be the newest
+        self._try("old attempt logs", lambda: joblog.prune([log_path.parent, error_file.parent], max(kept, 0), None))
+
+        def create_log() -> None:
+            log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.close(joblog.open_log(log_path))
+
+        return log_path if self._try("attempt log (the job's output goes to the supervisor's)", create_log) else None
+
+    def bound(self, job: Job | None) -> None:
+        """Keep the running attempt's log under `job_log_max_bytes`; called every tick.
+
+        The copy into the `.1` segment runs off the loop (it is up to half the cap of file I/O), one at a time.
+        """
+        if job is None or job.rotating:
+            return
+        cap = self.cfg.supervisor.job_log_max_bytes
+        try:
+            due = joblog.needs_rotation(os.stat(job.log_path).st_size, cap)
+        except OSError:  # no log this attempt (the job writes to the supervisor's output), or it vanished
+            return
+        if due:
+            job.rotating = True
+            self.sys.run_off_loop(lambda: joblog.rotate(job.log_path, cap), lambda out: self._on_rotated(job, out))
+
+    def _on_rotated(self, job: Job, outcome: OSError | BaseException | None) -> None:
+        """A rotation finished: a failure to write the segment (a full disk) is said once per attempt."""
+        job.rotating = False
+        if outcome is not None and not job.log_warned:
+            job.log_warned = True
+            error = outcome.strerror if isinstance(outcome, OSError) and outcome.strerror else str(outcome)
+            self.log.warning("run_dir_write_failed", what="attempt log segment", error=error, path=str(job.log_path))

@@ -1,0 +1,140 @@
+"""The stop controller: a requested stop (Ctrl+C, `stop`, systemd, Slurm) carried out on the running attempt.
+
+`policy/stopping.py` decides what a signal does from the state alone; this part carries the decision out and
+owns what a stop needs to remember: why the run stopped (`reason`), a killed predecessor's job still being
+stopped before the first launch (`orphans`), and the workers an agent left saving when it exited first. It
+signals the job and sets the STOP_KILL timer; what follows for the whole run (finish it, end the attempt) it
+returns to `Core` as `Then`, because only Core ends attempts and runs. A hang's kill is not a stop: it has its
+own short grace (daemon/hangs.py), and a requested stop never cuts an emergency save short by accident.
+"""
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from supervisor.config import Config
+from supervisor.daemon.system import System
+from supervisor.daemon.timers import Timer
+from supervisor.policy.attempt import Job
+from supervisor.policy.exits import signal_name
+from supervisor.policy.state import State, Status
+from supervisor.policy.stopping import STOPPED_BY_SIGNAL, StopAction, on_stop_signal
+from supervisor.vocabulary import Vocabulary
+
+__all__ = ["Stops", "Then"]
+
+Orphans = tuple[str, tuple[int, float] | None]  # the run token, and the job's (pid, start time) state.json recorded
+
+
+class Then(Vocabulary):
+    """What `Core` does after the controller acted."""
+
+    NOTHING = "nothing"
+    PUBLISH = "publish"  # the status changed
+    FINISH = "finish"  # the run is over: stopped, with `Stops.reason`
+    END_ATTEMPT = "end_attempt"  # the attempt is over (its agent exited before; what it left is killed)
+
+
+class Stops:
+    def __init__(self, cfg: Config, system: System, log: Any, status: Status, *, cancel_hang: Callable[[], None]) -> None:
+        self.cfg, self.sys, self.log, self.status = cfg, system, log, status
+        self.cancel_hang = cancel_hang  # a hang's own timers: a forced stop supersedes them
+        self.reason = STOPPED_BY_SIGNAL  # status.reason once the run has stopped
+        self.orphans: Orphans | None = None  # while a killed predecessor's job is being stopped (before any launch)
+
+    # ---- a killed predecessor's job ------------------------------------------------------------------------
+    def stop_orphans(self, run_dir: Path, orphans: Orphans) -> Callable[[], list[int]]:
+        """The off-loop work that stops a killed supervisor's job (it gets stop_timeout_s for its emergency save)."""
+        self.orphans = orphans
+        token, recorded = orphans
+        return lambda: self.sys.stop_orphans(token, run_dir, recorded, self.cfg.health.stop_timeout_s)
+
+    def orphans_stopped(self, outcome: list[int] | BaseException) -> None:
+        """Say what the orphan stop found; launching follows whatever happened (it beats never starting)."""
+        orphans, self.orphans = self.orphans, None
+        if isinstance(outcome, BaseException):  # e.g. /proc unreadable
+            self.log.error("orphan_stop_failed", error=f"{type(outcome).__name__}: {outcome}")
+        elif outcome:
+            recorded = orphans[1] if orphans is not None else None
+            job_pid = recorded[0] if recorded is not None and recorded[0] in outcome else outcome[0]
+            self.log.warning("orphan_job_stopped", job_pid=job_pid, pids=outcome)
+
+    # ---- a stop signal ---------------------------------------------------------------------------------------
+    def on_signal(self, signum: int, job: Job | None, *, exit_pending: bool) -> Then:
+        """Carry out what policy/stopping.py decides for this signal."""
+        decision = on_stop_signal(signum, state=self.status.state, job_running=job is not None,
+                                  exit_pending=exit_pending, on_terminal=self.sys.on_terminal)
+        action, job_pid = decision.action, job.pid if job else None
+        if action is StopAction.IGNORE:
+            return Then.NOTHING
+        if action is StopAction.FORCE:
+            return self._force(signum, decision.cause or "stop --force", job, exit_pending=exit_pending)
+        if action is StopAction.WAIT:
+            self.log.info("stop_in_progress", signal=signal_name(signum), job_pid=job_pid,
+                          force="fsdp-supervisor stop --force")
+            return Then.NOTHING
+        self.status.transition(State.STOPPING)
+        self.log.info("stopping", signal=signal_name(signum), job_pid=job_pid, grace_s=self.cfg.health.stop_timeout_s)
+        if action is StopAction.TERMINATE:
+            assert job is not None
+            self._terminate(job)
+        elif action is StopAction.FINISH:
+            return Then.FINISH
+        return Then.PUBLISH
+
+    def _force(self, signum: int, cause: str, job: Job | None, *, exit_pending: bool) -> Then:
+        """Kill the job now (an emergency save in progress is lost), then exit 0 without a restart."""
+        if self.status.state is not State.STOPPING:
+            self.status.transition(State.STOPPING)
+        self.reason = f"force-stopped ({cause})"
+        self.log.warning("stop_forced", signal=signal_name(signum), cause=cause, job_pid=job.pid if job else None)
+        if job is not None:
+            job.stopping = True
+            self.cancel_hang()
+            self.sys.timers.cancel(Timer.STOP_KILL)
+            if job.agent_exit is not None:  # only the workers it left are still saving: no agent exit to wait for
+                return Then.END_ATTEMPT  # which kills them
+            self.sys.kill_job_tree(job.pid)
+            return Then.PUBLISH
+        if exit_pending:  # the exit being judged sees STOPPING
+            return Then.PUBLISH
+        if self.orphans is not None:  # a killed predecessor's job still saving: no grace left for it either
+            token, recorded = self.orphans
+            killed = self.sys.stop_orphans(token, self.cfg.run_dir, recorded, 0)
+            self.log.warning("orphan_job_killed", pids=killed)
+        return Then.FINISH
+
+    def _terminate(self, job: Job) -> None:
+        """SIGTERM the torchrun agent only (it forwards to workers once); SIGKILL after stop_timeout_s."""
+        job.stopping = True
+        self.sys.timers.cancel(Timer.HANG)
+        self.sys.send_signal(job.pid, signal.SIGTERM)
+        self.sys.timers.set(Timer.STOP_KILL, self.sys.monotonic() + self.cfg.health.stop_timeout_s)
+
+    # ---- the stop's end ----------------------------------------------------------------------------------------
+    def agent_exited(self, job: Job, returncode: int) -> bool:
+        """The agent exited: during a graceful stop, whether to wait for the workers it left still saving.
+
+        Slurm signals every process of a step, and torchrun, signalled two or three times, stops waiting for its
+        workers and exits: what it left keeps the rest of stop_timeout_s (the STOP_KILL timer still runs).
+        """
+        waiting = job.stopping and not job.hang and self.sys.timers.pending(Timer.STOP_KILL)
+        left = self.sys.survivors() if waiting else []
+        if left:
+            job.agent_exit = returncode
+            self.log.warning("waiting_for_workers", attempt=job.number, code=returncode,
+                             processes=[f"{p}:{n}" for p, n in left])
+        return bool(left)
+
+    def on_kill_timer(self, job: Job | None) -> Then:
+        """stop_timeout_s is over: kill what is left of the job."""
+        if job is None:
+            return Then.NOTHING
+        if job.agent_exit is not None:  # the agent is gone (its pid may be reused): ending the attempt kills what it left
+            self.log.warning("job_killed", attempt=job.number, after_s=self.cfg.health.stop_timeout_s)
+            return Then.END_ATTEMPT
+        killed = self.sys.kill_job_tree(job.pid)
+        self.log.warning("job_killed", attempt=job.number, after_s=self.cfg.health.stop_timeout_s, processes=len(killed))
+        return Then.NOTHING
