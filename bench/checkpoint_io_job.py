@@ -15,7 +15,8 @@ first; SETTLE_S says why the order mattered here):
   `posix_fadvise(POSIX_FADV_DONTNEED)` on every file: evicts clean pages of files we can open), else
   `warm`; `auto` takes the first that works; then SETTLE_S (`--settle-s`) of quiet.
 Each time is the slowest rank's. Rank 0 writes JSON to --out. `--profile` compares loader and writer
-variants instead (docs/performance-scale.md).
+variants instead (docs/performance-scale.md); `--local-dir` compares loads from the durable root's disk and
+from a node-local tier (bench/local_tier.py).
 
     torchrun --standalone --nproc-per-node=2 -m bench.checkpoint_io_job --dir D --out R.json [--gb 1.2]
 """
@@ -33,6 +34,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
@@ -275,6 +277,23 @@ class IoBench:
                            (f"{dd_key}_s", dd[0])):
             self.samples[key].append(value)
 
+    def tiers(self, local: Path, rounds: int) -> dict[str, Any]:
+        """`--local-dir`: cold loads of the same checkpoint from the durable root's side (`--dir`) and from the node-
+        local tier (bench/local_tier.py's `load_speedup`), back to back, the order alternating, each after the same
+        eviction (a tmpfs keeps its pages: that is the tier's point); the first two rounds are checked."""
+        durable, nbytes = self.path, self.save()
+        dist.barrier(group=self.group)
+        dcp.save(self.source, storage_writer=_Writer(local), process_group=self.d.ckpt)
+        dist.barrier(group=self.group)
+        samples: dict[str, list[float]] = {"durable_s": [], "local_s": []}
+        for r in range(rounds):
+            order = [("durable_s", durable), ("local_s", local)]
+            for key, path in order if r % 2 == 0 else order[::-1]:
+                self.path = path  # load() and its eviction read the checkpoint at self.path
+                samples[key].append(self.load(check=r < 2))
+        self.path = durable
+        return {"samples": samples, "bytes": nbytes, "cache": self.cache, "world_size": self.d.world_size}
+
     def run(self, rounds: int) -> dict[str, Any]:
         nbytes = self.save()
         save_bytes = nbytes
@@ -316,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--cache", choices=("auto", *CACHE_METHODS), default="auto")
     p.add_argument("--settle-s", type=float, default=SETTLE_S, help="quiet after each eviction (see SETTLE_S)")
+    p.add_argument("--local-dir", type=Path, default=None,
+                   help="compare cold loads from --dir and from this node-local tier instead (bench/local_tier.py)")
     p.add_argument("--profile", default="", help="comma-separated loader configurations to compare instead "
                    "(loads: dd, dd_parallel, raw_read, dcp_default, direct_<threads>; saves: dd_fsync, "
                    "checkpointer, save_trainer, save_crc, save_t<threads>, save_nofsync)")
@@ -323,7 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     bench = IoBench(a.dir, a.gb, a.d_model, a.cache, a.settle_s)
     try:
-        result = bench.profile(a.rounds, a.profile.split(",")) if a.profile else bench.run(a.rounds)
+        if a.local_dir is not None:
+            result = bench.tiers(a.local_dir / "ckpt", a.rounds)
+        else:
+            result = bench.profile(a.rounds, a.profile.split(",")) if a.profile else bench.run(a.rounds)
         if bench.rank == 0:
             a.out.write_text(json.dumps(result))
         return 0

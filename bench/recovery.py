@@ -37,10 +37,10 @@ from typing import Any
 import psutil
 
 from bench.common import PY, REPO, Tagged, job_env, median, scratch, torchrun_argv, trainer_argv, wait_until
-from bench.supervisor_cost import idle_spare_ready
+from bench.supervisor_cost import idle_spare_ready, warm_workers_memory
 from supervisor.contract import ENV_HEARTBEAT, HEARTBEAT_FILE
 
-__all__ = ["run", "measure_once", "steps_lost_errors", "VARIANTS", "PHASES", "HANG_PHASES"]
+__all__ = ["run", "measure_once", "steps_lost_errors", "warm_workers", "VARIANTS", "PHASES", "HANG_PHASES"]
 
 VARIANTS = ("supervisor", "torchrun_restart", "naive_loop")
 PHASES = ("teardown", "relaunch", "worker_init", "load", "first_step")
@@ -54,13 +54,14 @@ class _Run:
     """One launched variant: where its job output and heartbeat are, and how to find its processes."""
 
     def __init__(self, variant: str, root: Path, tagged: Tagged, kill_step: int, model: dict[str, Any],
-                 health: str = "") -> None:
+                 health: str = "", flags: dict[str, Any] | None = None, local: Path | None = None) -> None:
         self.variant, self.root, self.tagged, self.kill_step, self.health = variant, root, tagged, kill_step, health
         self.ckpts = root / "ckpts"
+        self.local = local  # the supervisor's [checkpoints] local_dir (bench/local_tier.py), or None
         self.run_dir = root / ".fsdp-supervisor"
         self.heartbeat = (self.run_dir if variant == "supervisor" else root) / HEARTBEAT_FILE
         self.log = root / "job.log"
-        flags = dict(steps=10**6, save_every=SAVE_EVERY, log_every=1, **model)
+        flags = {"steps": 10**6, "save_every": SAVE_EVERY, "log_every": 1, **model, **(flags or {})}
         env = job_env({ENV_HEARTBEAT: str(self.heartbeat)})
         if variant == "supervisor":
             self.proc = tagged.start([PY, "-m", "supervisor", "run", "-c", str(self._config(flags))],
@@ -75,8 +76,9 @@ class _Run:
     def _config(self, flags: dict[str, Any]) -> Path:
         command = torchrun_argv() + trainer_argv(self.ckpts, **flags)
         path = self.root / "job.toml"
+        local = f"local_dir = {json.dumps(str(self.local))}\n" if self.local else ""
         path.write_text(f"[job]\ncommand = {json.dumps(command)}\ncwd = {json.dumps(str(REPO))}\n\n"
-                        f"[checkpoints]\ndir = {json.dumps(str(self.ckpts))}\n"
+                        f"[checkpoints]\ndir = {json.dumps(str(self.ckpts))}\n{local}"
                         + (f"\n[health]\n{self.health}\n" if self.health else ""))
         return path
 
@@ -108,7 +110,8 @@ class _Run:
 
     def steady(self) -> bool:
         steps = [int(s) for s in _steps(self.text())]
-        if not steps or steps[-1] < self.kill_step or not any(self.ckpts.glob("step_*")):
+        saved = any(self.ckpts.glob("step_*")) or (self.local is not None and any(self.local.glob("step_*")))
+        if not steps or steps[-1] < self.kill_step or not saved:
             return False
         if self.variant != "supervisor":
             return True
@@ -171,14 +174,16 @@ def _steps_lost(run: _Run) -> dict[str, int | None]:
 
 
 def measure_once(variant: str, *, kill_step: int = 12, model: dict[str, Any] | None = None, fault: str = "kill",
-                 health: str = "") -> dict[str, Any]:
+                 health: str = "", flags: dict[str, Any] | None = None, local: Path | None = None) -> dict[str, Any]:
     """Launch `variant`, SIGKILL (fault="kill") or SIGSTOP (fault="stop") rank 1 in steady state, time the recovery;
-    returns total and phase seconds (and, under the supervisor, its steps lost against the job's log)."""
+    returns total and phase seconds (and, under the supervisor, its steps lost against the job's log and the idle
+    warm workers' memory). `flags` add trainer flags; `local` gives the supervisor a node-local tier there."""
     root = scratch(f"recovery-{variant}")
     tagged = Tagged()
     try:
-        run = _Run(variant, root, tagged, kill_step, model or {}, health)
+        run = _Run(variant, root, tagged, kill_step, model or {}, health, flags, local)
         wait_until(run.steady, TIMEOUT, f"{variant}: steady state", interval=0.1)
+        warm = warm_workers_memory(run.proc.pid, run.run_dir) if variant == "supervisor" else None
         if fault == "stop":  # a rank stopped inside a save gets save_timeout_s (30 min): stop it while training
             wait_until(run.between_saves, TIMEOUT, f"{variant}: a step between two saves", interval=0.01)
         old = run.workers()
@@ -219,6 +224,9 @@ def measure_once(variant: str, *, kill_step: int = 12, model: dict[str, Any] | N
         if variant == "supervisor":
             result["supervisor_events"] = events
             result["steps_lost"] = _steps_lost(run)
+            result["warm_workers"] = warm
+            resumed = re.search(r"event=loaded rank=0 path=(\S+)", run.text(2))
+            result["resumed_from"] = resumed.group(1) if resumed else None
         return result
     finally:
         tagged.close()
@@ -253,6 +261,14 @@ def run(repeats: int = 4, kill_step: int = 12, model: dict[str, Any] | None = No
 def steps_lost_errors(runs: list[dict[str, Any]]) -> list[int | None]:
     """Each supervised round's reported - true steps lost (None where the truth could not be read)."""
     return [r["steps_lost"]["error"] for r in runs if "steps_lost" in r]
+
+
+def warm_workers(result: dict[str, Any]) -> dict[str, Any] | None:
+    """`warm_workers`: the idle warm workers' memory at the supervisor rounds' steady state (medians)."""
+    seen = [x["warm_workers"] for x in result.get("runs", {}).get("supervisor", []) if x.get("warm_workers")]
+    if not seen:
+        return None
+    return {key: median(x[key] for x in seen) for key in ("idle_rss_mb", "idle_uss_mb", "workers", "per_worker_rss_mb")}
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ import psutil
 from bench.common import PY, REPO, median
 from supervisor.host.spares import is_spare_cmdline
 
-__all__ = ["Sampler", "import_seconds", "idle_spare", "idle_spare_ready", "spare_rss_mb", "RUN_IMPORTS"]
+__all__ = ["Sampler", "import_seconds", "idle_spare", "idle_spare_ready", "spare_rss_mb", "warm_workers_memory",
+           "RUN_IMPORTS"]
 
 
 class Sampler:
@@ -72,14 +73,26 @@ def idle_spare(supervisor_pid: int, run_dir: Path) -> psutil.Process | None:
     return None
 
 
+def _warm_workers_on(spare: psutil.Process) -> bool:
+    """Whether the supervisor asked this spare for warm workers (its OPTIONS argument, supervisor/host/spares.py)."""
+    try:
+        options = json.loads(spare.cmdline()[3])
+    except (psutil.Error, IndexError, ValueError):
+        return False
+    return bool(options.get("workers"))
+
+
 def idle_spare_ready(supervisor_pid: int, run_dir: Path) -> bool:
-    """Whether the idle spare has imported torch: its own ready line (the job's former spare wrote one too)."""
+    """Whether the idle spare has imported torch and, when it keeps warm workers, those have answered too: its own
+    lines (the job's former spare wrote some too)."""
     spare = idle_spare(supervisor_pid, run_dir)
     try:
         ready = (run_dir / "logs" / "prewarm.log").read_text()
     except OSError:
         return False
-    return spare is not None and f"event=prewarm_ready pid={spare.pid} " in ready
+    if spare is None or f"event=prewarm_ready pid={spare.pid} " not in ready:
+        return False
+    return not _warm_workers_on(spare) or f"event=warm_workers_ready pid={spare.pid} " in ready
 
 
 def spare_rss_mb(supervisor_pid: int, run_dir: Path) -> float | None:
@@ -89,6 +102,21 @@ def spare_rss_mb(supervisor_pid: int, run_dir: Path) -> float | None:
         return round(spare.memory_info().rss / 2**20, 1) if spare is not None else None
     except psutil.Error:
         return None
+
+
+def warm_workers_memory(supervisor_pid: int, run_dir: Path) -> dict[str, Any] | None:
+    """Memory of the idle spare's warm workers (its children): RSS and USS (the pages only they hold), in MB."""
+    spare = idle_spare(supervisor_pid, run_dir)
+    try:
+        workers = spare.children() if spare is not None else []
+        mem = [w.memory_full_info() for w in workers]
+    except psutil.Error:
+        return None
+    if not mem:
+        return None
+    rss, uss = [m.rss / 2**20 for m in mem], [m.uss / 2**20 for m in mem]
+    return {"idle_rss_mb": round(sum(rss), 1), "idle_uss_mb": round(sum(uss), 1), "workers": len(mem),
+            "per_worker_rss_mb": round(max(rss), 1)}
 
 
 # What `fsdp-supervisor run` imports before it loads the config: the CLI with every command group

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import sys
 import typing
 from pathlib import Path
@@ -20,7 +21,15 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from supervisor.checkpoints import RetentionRules
-from supervisor.contract import ENV_ATTEMPT, ENV_ERROR_FILE, ENV_HEARTBEAT, ENV_HEARTBEAT_DIR, ENV_RUN_DIR, ENV_RUN_TOKEN
+from supervisor.contract import (
+    ENV_ATTEMPT,
+    ENV_ERROR_FILE,
+    ENV_HEARTBEAT,
+    ENV_HEARTBEAT_DIR,
+    ENV_LOCAL_DIR,
+    ENV_RUN_DIR,
+    ENV_RUN_TOKEN,
+)
 from supervisor.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -47,8 +56,13 @@ CHECKPOINT_PLACEHOLDER = "{checkpoint}"
 STEP_PLACEHOLDER = "{step}"
 MAX_CONFIG_BYTES = 1024 * 1024  # a job.toml is a few hundred bytes; anything near this is not one
 MAX_GB = 1e15  # far past any disk; near 1e299 the byte arithmetic of retention overflows to inf
+# torch's own modules that every FSDP + DCP job imports, DCP and FSDP at its start and torch._dynamo at its first
+# fully_shard (together ~1.5 s per rank here, ~80 MB): none touches a GPU or reads a per-rank variable at import.
+DEFAULT_PREWARM_MODULES = ("torch.distributed.checkpoint", "torch.distributed.fsdp", "torch._dynamo")
+_MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", re.ASCII)
 # The job contract's per-attempt variables: job_env sets them after `[job] env`, so a value here would be ignored.
-_SET_BY_SUPERVISOR = frozenset({ENV_HEARTBEAT, ENV_HEARTBEAT_DIR, ENV_ATTEMPT, ENV_RUN_DIR, ENV_ERROR_FILE, ENV_RUN_TOKEN})
+_SET_BY_SUPERVISOR = frozenset({ENV_HEARTBEAT, ENV_HEARTBEAT_DIR, ENV_ATTEMPT, ENV_RUN_DIR, ENV_ERROR_FILE, ENV_RUN_TOKEN,
+                                ENV_LOCAL_DIR})
 
 
 def _path_text(v: Any) -> Any:
@@ -94,6 +108,19 @@ class JobSection(_Section):
         "interpreter start and `import torch` (only for `torchrun ...` / `python -m torch.distributed.run ...`); "
         "the agent that takes a launch (`prewarm_handoff` in the log) shows in `ps` as `torchrun ARGS...`",
     )
+    prewarm_workers: bool = Field(
+        default=True,
+        description="with prewarm: the spare agent also keeps one warm worker per local rank (torch and "
+        "prewarm_modules imported; no accelerator, thread pool or process group touched), and the next attempt's "
+        "ranks run in them when their argv, directory and environment are exactly what a cold start would use; "
+        "each idle worker holds the memory of its imports (docs/performance.md)",
+    )
+    prewarm_modules: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_PREWARM_MODULES),
+        description="modules the warm workers import after torch (default: torch's DCP, FSDP and dynamo), e.g. add "
+        "\"transformers\": only modules that touch no GPU and read no per-rank variable (RANK, LOCAL_RANK, ...) at "
+        "import; your own code is never imported before the hand-off unless listed here",
+    )
 
     @field_validator("command")
     @classmethod
@@ -101,6 +128,14 @@ class JobSection(_Section):
         if not v[0].strip():
             raise ValueError("the program name (first element) is empty")
         return _no_nul(v, "element")
+
+    @field_validator("prewarm_modules")
+    @classmethod
+    def _module_names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not _MODULE_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not a module name (dotted identifiers, e.g. \"transformers\")")
+        return v
 
     @field_validator("resume_args")
     @classmethod
@@ -134,6 +169,18 @@ class CheckpointsSection(RetentionRules):
         "(exit 3) naming it. An empty root, or one with only partial saves, always starts fresh",
     )
     retention_interval_s: float = Field(default=300, gt=0, description="periodic retention pass, seconds")
+    local_dir: DirPath | None = Field(
+        default=None,
+        description="node-local checkpoint tier (tmpfs, a local NVMe) for saves between durable ones: the job gets "
+        "it as FSDP_SUPERVISOR_LOCAL_DIR (the reference trainer saves there every --local-save-every K steps); a "
+        "resume takes the newest complete checkpoint of either root, the local copy at equal steps. Single-node "
+        "jobs only (docs/checkpoints.md, The local tier)",
+    )
+    local_keep: int = Field(
+        default=1, ge=1, le=1000,
+        description="complete checkpoints kept in local_dir (besides the one a running job resumed from, pinned ones "
+        "and saves in flight)",
+    )
 
     @model_validator(mode="after")
     def _sizes_in_range(self) -> CheckpointsSection:
@@ -263,21 +310,53 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def _placement_error(cfg: Config) -> str | None:
-    """Why the checkpoint root overlaps what it must not, or None (paths compared with symlinks resolved)."""
-    root = os.path.realpath(cfg.checkpoints.dir)
-    hint = "give [checkpoints] dir a folder of its own, e.g. a 'checkpoints' subfolder"
+def _root_error(cfg: Config, key: str, given: Path) -> str | None:
+    """Why one checkpoint root overlaps what it must not, or None (paths compared with symlinks resolved)."""
+    root = os.path.realpath(given)
+    hint = f"give [checkpoints] {key} a folder of its own, e.g. a 'checkpoints' subfolder"
     if _inside(os.path.realpath(cfg.path), root):
-        return f"[checkpoints.dir] {cfg.checkpoints.dir} contains this config file; {hint}"
+        return f"[checkpoints.{key}] {given} contains this config file; {hint}"
     if _inside(os.path.realpath(cfg.job_cwd), root):
-        return f"[checkpoints.dir] {cfg.checkpoints.dir} contains the job's working directory {cfg.job_cwd}; {hint}"
+        return f"[checkpoints.{key}] {given} contains the job's working directory {cfg.job_cwd}; {hint}"
     run_dir = os.path.realpath(cfg.run_dir)
     if _inside(run_dir, root):
         where = "is" if run_dir == root else "is inside"
-        return (f"[supervisor.run_dir] {cfg.run_dir} {where} the checkpoint root {cfg.checkpoints.dir}: trainers that "
+        return (f"[supervisor.run_dir] {cfg.run_dir} {where} the checkpoint root {given}: trainers that "
                 f"list the root would see the supervisor's files; put the run dir next to it (the default "
                 f"'.fsdp-supervisor' beside the config file is fine)")
     return None
+
+
+def _torchrun_nnodes(command: list[str]) -> str | None:
+    """The value of torchrun's --nnodes in `command`, if it passes one."""
+    for i, arg in enumerate(command):
+        if arg == "--nnodes" and i + 1 < len(command):
+            return command[i + 1]
+        if arg.startswith("--nnodes="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _local_tier_error(cfg: Config) -> str | None:
+    """Why `[checkpoints] local_dir` cannot be used with this config, or None."""
+    local = cfg.checkpoints.local_dir
+    if local is None:
+        return None
+    durable, here = os.path.realpath(cfg.checkpoints.dir), os.path.realpath(local)
+    if _inside(here, durable) or _inside(durable, here):
+        return (f"[checkpoints.local_dir] {local} and [checkpoints.dir] {cfg.checkpoints.dir} overlap: each tier is a "
+                "root of its own, neither inside the other")
+    nnodes = _torchrun_nnodes(cfg.job.command)
+    if nnodes is not None and nnodes not in ("1", "1:1"):
+        return (f"[checkpoints.local_dir] the local tier is for single-node jobs, and this job runs torchrun "
+                f"--nnodes {nnodes}: a resume could pick a step that another node's tier lacks; remove local_dir "
+                "(docs/checkpoints.md, The local tier)")
+    return _root_error(cfg, "local_dir", local)
+
+
+def _placement_error(cfg: Config) -> str | None:
+    """Why a checkpoint root overlaps what it must not, or None (paths compared with symlinks resolved)."""
+    return _root_error(cfg, "dir", cfg.checkpoints.dir) or _local_tier_error(cfg)
 
 
 def _close(word: object, names: typing.Iterable[str]) -> str | None:
@@ -323,8 +402,9 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         near = _close(missing, [k for k in raw if k not in Config.model_fields])
         raise ConfigError(f"{p}: [{missing}] section is missing" + (f" (is [{near}] a misspelling?)" if near else ""))
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
-    if "dir" in raw["checkpoints"]:
-        raw["checkpoints"]["dir"] = _resolve(base, raw["checkpoints"]["dir"])
+    for key in ("dir", "local_dir"):
+        if key in raw["checkpoints"]:
+            raw["checkpoints"][key] = _resolve(base, raw["checkpoints"][key])
     if "cwd" in raw["job"]:
         raw["job"]["cwd"] = _resolve(base, raw["job"]["cwd"])
     sup = raw.setdefault("supervisor", {})

@@ -29,6 +29,7 @@ __all__ = [
     "ENV_RUN_DIR",
     "ENV_ERROR_FILE",
     "ENV_RUN_TOKEN",
+    "ENV_LOCAL_DIR",
     "HEARTBEAT_FILE",
     "RANK_HEARTBEAT_DIR",
     "MAX_RANK_FILES",
@@ -61,6 +62,9 @@ ENV_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # torchrun's own: where `@record` wr
 # The run dir's random token (supervisor/host/identity.py): every process of the job inherits it, so a supervisor
 # recognises a job its killed predecessor left running whatever argv the kernel shows for it.
 ENV_RUN_TOKEN = "FSDP_SUPERVISOR_RUN_TOKEN"
+# `[checkpoints] local_dir`, when set: the node-local tier the job may save to between durable saves (the reference
+# trainer's --local-checkpoint-dir defaults to it).
+ENV_LOCAL_DIR = "FSDP_SUPERVISOR_LOCAL_DIR"
 
 # ---- heartbeat ----------------------------------------------------------------------------------------
 HEARTBEAT_FILE = "heartbeat.json"  # inside the run dir

@@ -13,6 +13,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from supervisor.contract import ENV_LOCAL_DIR
 from supervisor.errors import EXIT_USAGE, UsageError
 
 __all__ = ["build_parser", "parse_args", "validate", "positive_int", "non_negative_int", "positive_float",
@@ -66,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pg-timeout-s", type=positive_float, default=120.0,
                    help="bound on any collective, incl. stop agreement and checkpoint coordination")
     p.add_argument("--manifest-sha256", action="store_true", help="also record sha256 of every file")
+    local = p.add_argument_group("node-local tier (single node)")
+    local.add_argument("--local-save-every", type=non_negative_int, default=0, metavar="K",
+                       help="also checkpoint every K steps into the node-local tier (0 = off); --checkpoint-dir keeps "
+                       "--save-every, the last step and a stop's save")
+    local.add_argument("--local-checkpoint-dir", type=Path, default=None, metavar="DIR",
+                       help=f"the node-local tier, e.g. on tmpfs (default: ${ENV_LOCAL_DIR}, set by the supervisor's "
+                       "[checkpoints] local_dir); --resume auto also looks here")
     val = p.add_argument_group("validation and the best model")
     val.add_argument("--eval-every", type=non_negative_int, default=0, metavar="N",
                      help="evaluate on held-out data every N steps (0 = off); an evaluated step is always saved")
@@ -123,6 +131,30 @@ def _check_eval(args: argparse.Namespace) -> None:
                              f"(--eval-every needs at least {2 * (args.seq_len + 2)})")
 
 
+def _same_or_nested(a: Path, b: Path) -> bool:
+    ra, rb = os.path.realpath(a), os.path.realpath(b)
+    return ra == rb or ra.startswith(rb.rstrip(os.sep) + os.sep) or rb.startswith(ra.rstrip(os.sep) + os.sep)
+
+
+def _check_local_tier(args: argparse.Namespace) -> None:
+    """The local tier: a root of its own, and one node (a resume must never pick a step another node lacks)."""
+    if args.local_checkpoint_dir is None and os.environ.get(ENV_LOCAL_DIR):
+        args.local_checkpoint_dir = Path(os.environ[ENV_LOCAL_DIR])
+    if not args.local_save_every:
+        return
+    local = args.local_checkpoint_dir
+    if local is None:
+        raise UsageError(f"--local-save-every {args.local_save_every}: needs --local-checkpoint-dir DIR "
+                         f"(or ${ENV_LOCAL_DIR}, set by the supervisor's [checkpoints] local_dir)")
+    if _same_or_nested(local, args.checkpoint_dir):
+        raise UsageError(f"--local-checkpoint-dir {local}: overlaps --checkpoint-dir {args.checkpoint_dir}; each tier "
+                         "is a root of its own")
+    world, here = os.environ.get("WORLD_SIZE"), os.environ.get("LOCAL_WORLD_SIZE")
+    if world is not None and here is not None and world != here:
+        raise UsageError(f"--local-save-every {args.local_save_every}: the local tier is for single-node jobs, and "
+                         f"this one has {world} ranks over nodes of {here} (docs/checkpoints.md, The local tier)")
+
+
 def validate(args: argparse.Namespace) -> None:
     """Raise UsageError (naming the flag) for input argparse cannot judge alone; creates the checkpoint dir."""
     if args.d_model % args.n_heads:
@@ -137,7 +169,10 @@ def validate(args: argparse.Namespace) -> None:
     _check_eval(args)
     # Resume is checked before the checkpoint dir is created: a bad --resume leaves the disk untouched.
     _check_resume(args.resume)
+    _check_local_tier(args)
     _check_writable(args.checkpoint_dir)
+    if args.local_save_every:
+        _check_writable(args.local_checkpoint_dir, "--local-checkpoint-dir")
     if args.export_best is not None:
         _check_writable(args.export_best, "--export-best")
         _check_export_best(args.export_best)

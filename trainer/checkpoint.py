@@ -112,11 +112,16 @@ class Checkpointer:
         self.nonce = broadcast_from_rank0(secrets.token_hex(4), control_group)
 
     def save(self, step: int, state: dict[str, Any], *, metrics: dict[str, Any] | None = None,
-             blocking: bool | None = None) -> SaveResult:
-        """Collective: write `state` as step `step`; blocks until committed unless saving asynchronously."""
+             blocking: bool | None = None, root: str | os.PathLike[str] | None = None) -> SaveResult:
+        """Collective: write `state` as step `step`; blocks until committed unless saving asynchronously.
+
+        `root` saves into another root than the Checkpointer's (the node-local tier), with the same atomic commit
+        and manifest, the same staging buffers, and still never two saves in flight.
+        """
         self.wait()  # never two saves in flight
-        tmp = self.root / tmp_dir_name(step, self.nonce)
-        result = SaveResult(step, tmp, self.root / step_dir_name(step), dict(metrics or {}), time.monotonic())
+        into = self.root if root is None else Path(root)
+        tmp = into / tmp_dir_name(step, self.nonce)
+        result = SaveResult(step, tmp, into / step_dir_name(step), dict(metrics or {}), time.monotonic())
         writer = _Writer(tmp)
         if (self.async_save if blocking is None else not blocking):
             if self._stager is None:
@@ -187,13 +192,14 @@ def load_checkpoint(path: str | os.PathLike[str], state: dict[str, Any], *,
                  process_group=process_group)
 
 
-def resolve_resume(spec: str, root: str | os.PathLike[str], *,
-                   group: dist.ProcessGroup | None = None) -> Path | None:
-    """Collective: the checkpoint to resume from: `"none"`, `"auto"` (newest complete under `root`) or a path.
+def resolve_resume(spec: str, root: str | os.PathLike[str], *, group: dist.ProcessGroup | None = None,
+                   local: str | os.PathLike[str] | None = None) -> Path | None:
+    """Collective: the checkpoint to resume from: `"none"`, `"auto"` (newest complete under `root`, or under the
+    node-local tier `local` when that one is newer or holds the same step) or a path.
 
     For `"auto"` only rank 0 looks at the disk and broadcasts its choice, so all ranks load the same one
-    even if a save lands meanwhile. Completeness is `supervisor.checkpoints`' verdict, the same one the
-    supervisor uses.
+    even if a save lands meanwhile. Completeness and the order across tiers are `supervisor.checkpoints`'
+    verdict, the same one the supervisor uses.
     """
     if spec == "none":
         return None
@@ -201,9 +207,9 @@ def resolve_resume(spec: str, root: str | os.PathLike[str], *,
         return Path(spec)
     choice = None
     if _rank() == 0:
-        from supervisor.checkpoints import newest_complete
+        from supervisor.checkpoints import newest_across
 
-        info = newest_complete(root) if Path(root).is_dir() else None
+        info = newest_across(root, local)
         choice = os.fspath(info.path) if info is not None else None
     choice = broadcast_from_rank0(choice, group)
     return Path(choice) if choice is not None else None

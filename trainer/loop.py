@@ -62,7 +62,7 @@ class Trainer:
     step_timer: StepTimer  # this rank's own time per step, for its heartbeat (stragglers)
     stopper: GracefulStop
     saver: Checkpointer
-    last_saved_step: int
+    last_saved_step: int  # the newest step the durable root holds from this run (the local tier's do not count)
 
     def __init__(self, args: argparse.Namespace, d: Dist, stopper: GracefulStop, heartbeat: Heartbeat) -> None:
         self.args, self.dist, self.stopper, self.heartbeat = args, d, stopper, heartbeat
@@ -102,7 +102,8 @@ class Trainer:
         load_checkpoint(path, {"train": self.progress}, process_group=self.dist.ckpt)
         saved_world = self.progress.world_size
         self.progress.world_size = self.dist.world_size
-        self.last_saved_step = self.progress.step
+        # A step resumed from the node-local tier is not in the durable root yet: a stop there still saves it.
+        self.last_saved_step = -1 if _in_root(path, self.args.local_checkpoint_dir) else self.progress.step
         return saved_world
 
     def load(self, path: Path, saved_world: int) -> None:
@@ -211,14 +212,17 @@ class Trainer:
                              reason="the last run stopped between this checkpoint and its export")
         self.export_best(self.val_loss, resumed)  # type: ignore[arg-type]
 
-    def save(self, *, blocking: bool, val_loss: float | None = None) -> None:
-        """Checkpoint the current step (collective); async unless `blocking` or --async-save is off."""
+    def save(self, *, blocking: bool, val_loss: float | None = None, local: bool = False) -> None:
+        """Checkpoint the current step (collective); async unless `blocking` or --async-save is off; `local`: into
+        the node-local tier (same commit and manifest) instead of the durable root."""
         step, loss = self.progress.step, self.progress.loss
         self.heartbeat.beat(step, "save", loss)
         self._report(self.saver.wait())
         metrics = {"loss": loss} if val_loss is None else {"loss": loss, "val_loss": val_loss}
-        result = self.saver.save(step, self.state(), metrics=metrics, blocking=blocking or not self.args.async_save)
-        self.last_saved_step = step
+        result = self.saver.save(step, self.state(), metrics=metrics, blocking=blocking or not self.args.async_save,
+                                 root=self.args.local_checkpoint_dir if local else None)
+        if not local:
+            self.last_saved_step = step
         if result.future is None:
             self._report(result)
 
@@ -247,6 +251,8 @@ class Trainer:
                 new_best = val is not None and self.is_new_best(val)
                 if val is not None or (p.step % a.save_every == 0 and p.step < a.steps):
                     self.save(blocking=new_best, val_loss=val)
+                elif a.local_save_every and p.step % a.local_save_every == 0 and p.step < a.steps:
+                    self.save(blocking=False, local=True)  # a durable step is never saved only here
                 if new_best:
                     self.export_best(val, a.checkpoint_dir / step_dir_name(p.step))  # type: ignore[arg-type]
         finally:
@@ -276,6 +282,11 @@ class Trainer:
         if self.dist.rank == 0:
             self.log.info("stopped", step=step)
         return 0
+
+
+def _in_root(path: Path, root: Path | None) -> bool:
+    """Is checkpoint `path` a child of `root` (symlinks resolved)?"""
+    return root is not None and os.path.realpath(path.parent) == os.path.realpath(root)
 
 
 def _manifest_val_loss(path: Path) -> float | None:
@@ -316,14 +327,15 @@ def run(args: argparse.Namespace) -> int:
         log.info("started", world_size=d.world_size, device=str(d.device), fsdp=args.fsdp,
                  checkpoint_dir=str(args.checkpoint_dir))
     try:
-        path = resolve_resume(args.resume, args.checkpoint_dir, group=d.control)
+        path = resolve_resume(args.resume, args.checkpoint_dir, group=d.control, local=args.local_checkpoint_dir)
         saved_world = trainer.read_progress(path) if path is not None else d.world_size
         if path is not None and d.rank == 0:
             log.info("resuming", path=str(path), step=trainer.progress.step, saved_world_size=saved_world)
         heartbeat.beat(trainer.progress.step, "load", trainer.progress.loss, force=True)
         recover = trainer.recall_best(path)
         done = trainer.progress.step >= args.steps
-        if done and not recover:
+        local_only = trainer.last_saved_step < 0  # resumed from the node-local tier: not in the durable root yet
+        if done and not recover and not local_only:
             return trainer.already_done()
         trainer.build()
         if path is not None:
@@ -334,10 +346,12 @@ def run(args: argparse.Namespace) -> int:
                          seconds=round(time.monotonic() - started, 3))
         if recover:
             trainer.recover_best(path)  # type: ignore[arg-type]
-        if done:
-            return trainer.already_done()
         trainer.saver = Checkpointer(args.checkpoint_dir, process_group=d.ckpt, control_group=d.control,
                                      async_save=args.async_save, sha256=args.manifest_sha256)
+        if done:
+            if local_only:  # a finished run's last step is never only in the local tier
+                trainer.save(blocking=True)
+            return trainer.already_done()
         # torch, the model and the optimizer are ~300k objects that live for the whole run: keep them out of
         # the cyclic GC's full collections, which otherwise stall a random step or save for ~0.3 s.
         gc.freeze()

@@ -22,14 +22,18 @@ hand-off it takes torchrun's name, so that `ps` and `pgrep -f torchrun` show the
 command line becomes `torchrun ARGS...` (written over its own argv in memory, as setproctitle does, cut to the
 length of the spare's own command line). Its comm becomes torch's `pt_elastic` as a cold agent's does.
 
-Run as a plain file (`python .../trainer/spare.py PARENT_PID`), standard library only until the
+With warm workers on (the supervisor's OPTIONS argument, `[job] prewarm_workers`), the spare also starts one
+warm worker per local rank once its own import is done (trainer/warm_pool.py, trainer/warm.py), and hands
+torchrun's first round of ranks to them.
+
+Run as a plain file (`python .../trainer/spare.py PARENT_PID OPTIONS`), standard library only until the
 import it exists for: the job's interpreter need not have this package installed. The supervisor itself
 never imports this module.
 """
 from __future__ import annotations
 
 import atexit
-import ctypes
+import importlib.util
 import json
 import os
 import select
@@ -41,34 +45,25 @@ import traceback
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-__all__ = ["main"]
+__all__ = ["main", "run_then_exit"]
 
-_PR_SET_PDEATHSIG = 1
 _IMPORT_AFTER_S = 60.0
 
 
-def _pdeathsig(sig: int) -> None:
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # not Linux: the EOF on stdin still ends an unneeded spare
+def _sibling(name: str) -> Any:
+    """Load `trainer/<name>.py` by path (this file runs by path; its directory is never put on sys.path)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_fsdp_supervisor_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
-def _set_title(title: str) -> None:
-    """Show as `title` in ps (/proc/self/cmdline); anything that fails leaves the old one (it is cosmetic)."""
-    try:
-        with open("/proc/self/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: stat's fields 48 and 49
-    except (OSError, ValueError, IndexError):
-        return
-    # The title, a NUL, and padding that is not NUL: the kernel then shows the argv area up to that first NUL
-    # (setproctitle's convention), with no trailing empty arguments. Python keeps its own copy of argv.
-    room = end - start
-    if room < 2:
-        return
-    text = title.encode("utf-8", "replace")[:room - 2] + b"\0"
-    ctypes.memmove(start, text + b" " * (room - len(text)), room)
+_WARM = _sibling("warm")
+_pdeathsig = _WARM.pdeathsig  # not Linux: the EOF on stdin still ends an unneeded spare
+_set_title = _WARM.set_title
 
 
 def _wait_for_training(timeout: float) -> None:
@@ -188,8 +183,38 @@ def run_then_exit(fn: Callable[[], object]) -> NoReturn:
     os._exit(status)
 
 
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _warm_pool(options: dict[str, Any]) -> Any:
+    """Start the warm workers `options` ask for (trainer/warm_pool.py); the pool, or None."""
+    if not options.get("workers"):
+        return None
+    pools = _sibling("warm_pool")
+    plan = pools.plan_workers(options.get("args", []), env=os.environ, cwd=os.getcwd())
+    if isinstance(plan, str):
+        _say(f"event=warm_workers_off pid={os.getpid()} reason={json.dumps(plan)}")
+        return None
+    pool = pools.WarmPool(plan, os.getcwd(), list(options.get("modules", [])), frozenset(options.get("volatile", [])),
+                          _say)
+    pool.start()
+    return pool
+
+
+def _wait_for_handoff(pool: Any) -> None:
+    """Block until the supervisor writes the launch (or closes the pipe); meanwhile note which workers are ready."""
+    while True:
+        waiting = pool.sockets() if pool is not None else []
+        readable, _, _ = select.select([sys.stdin, *waiting], [], [])
+        if sys.stdin in readable:
+            return
+        pool.collect()
+
+
 def main() -> int:
     parent = int(sys.argv[1])
+    options: dict[str, Any] = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
     _pdeathsig(signal.SIGKILL)
     if os.getppid() != parent:  # the supervisor died before the line above took effect
         return 0
@@ -200,12 +225,20 @@ def main() -> int:
         torchrun = _import_torchrun_at_idle_priority()
     except Exception:  # noqa: BLE001 - a broken install: fail as the job would, in its own log
         return _fail_as_the_job(traceback.format_exc())
-    print(f"event=prewarm_ready pid={os.getpid()} import_s={time.monotonic() - started:.3f}",
-          file=sys.stderr, flush=True)
+    _say(f"event=prewarm_ready pid={os.getpid()} import_s={time.monotonic() - started:.3f}")
+    # A spare handed its launch at once (the first attempt) gets no warm workers: too late to help, and they
+    # would compete with the job's own start.
+    pool = None if select.select([sys.stdin], [], [], 0)[0] else _warm_pool(options)
+    _wait_for_handoff(pool)
     data = sys.stdin.buffer.read()
     if not data:
         return 0
     _take_over(json.loads(data), torchrun.__file__)
+    if pool is not None:
+        problem = pool.install()
+        if problem is not None:
+            _say(f"event=warm_workers_off pid={os.getpid()} reason={json.dumps(problem)}")
+            pool.release()
     run_then_exit(torchrun.main)
 
 

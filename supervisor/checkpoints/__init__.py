@@ -1,7 +1,8 @@
 """The checkpoint store: the one place that knows what a complete DCP checkpoint is (never imports torch).
 
 identify() tells a checkpoint of a known layout from a foreign folder, verify() classifies one dir,
-scan()/newest_complete() rank a root (check_root() refuses a root one level too high), markers pin and
+scan()/newest_complete() rank a root (check_root() refuses a root one level too high; tiers.py ranks a durable
+root and a node-local tier together), markers pin and
 quarantine, in-use markers protect a running job's resume point from every prune, retention plans (pure)
 and executes deletions into a trash next to the root. See each module, and docs/checkpoints.md.
 """
@@ -20,8 +21,9 @@ _HOME = {
     **dict.fromkeys(("checkpoint_in_root", "is_pinned", "is_quarantined", "pin", "quarantine", "quarantine_reason",
                      "unpin", "unquarantine"), "markers"),
     **dict.fromkeys(("clear_trash", "disk_usage", "execute_retention", "migrate_legacy_trash", "trash_dir"), "pruning"),
-    **dict.fromkeys(("UNVERIFIED", "CheckpointInfo", "age_order", "check_root", "judge", "newest_complete", "scan"),
-                    "ranking"),
+    **dict.fromkeys(("UNVERIFIED", "CheckpointInfo", "Tier", "age_order", "check_root", "judge", "newest_complete",
+                     "scan"), "ranking"),
+    **dict.fromkeys(("local_rules", "merged", "newest_across", "scan_local", "scan_tiers", "tier_order"), "tiers"),
     **dict.fromkeys(("GIB", "Deletion", "DiskUsage", "Finding", "KeepBest", "RetentionPlan", "RetentionRules",
                      "plan_retention", "by_metric"), "retention"),
     # The careful open (no symlink, no FIFO, a size cap) for the trainer's own small files (best.json).
@@ -60,6 +62,7 @@ if TYPE_CHECKING:
     from supervisor.checkpoints.pruning import trash_dir as trash_dir
     from supervisor.checkpoints.ranking import UNVERIFIED as UNVERIFIED
     from supervisor.checkpoints.ranking import CheckpointInfo as CheckpointInfo
+    from supervisor.checkpoints.ranking import Tier as Tier
     from supervisor.checkpoints.ranking import age_order as age_order
     from supervisor.checkpoints.ranking import check_root as check_root
     from supervisor.checkpoints.ranking import judge as judge
@@ -76,6 +79,12 @@ if TYPE_CHECKING:
     from supervisor.checkpoints.retention import plan_retention as plan_retention
     from supervisor.checkpoints.shapes import CheckpointDirectoryError as CheckpointDirectoryError
     from supervisor.checkpoints.shapes import identify as identify
+    from supervisor.checkpoints.tiers import local_rules as local_rules
+    from supervisor.checkpoints.tiers import merged as merged
+    from supervisor.checkpoints.tiers import newest_across as newest_across
+    from supervisor.checkpoints.tiers import scan_local as scan_local
+    from supervisor.checkpoints.tiers import scan_tiers as scan_tiers
+    from supervisor.checkpoints.tiers import tier_order as tier_order
 else:
     def __getattr__(name: str) -> Any:
         home = _HOME.get(name)

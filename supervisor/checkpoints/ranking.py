@@ -48,11 +48,19 @@ from supervisor.checkpoints.shapes import FOREIGN as FOREIGN_SHAPE
 from supervisor.checkpoints.sidecar import sidecar_step
 from supervisor.errors import CheckpointError, ManifestError
 from supervisor.layout import LEGACY_TRASH_DIR, METADATA_NAME, is_sidecar_name
+from supervisor.vocabulary import Vocabulary
 
-__all__ = ["UNVERIFIED", "CheckpointInfo", "age_order", "scan", "newest_complete", "judge", "check_root",
+__all__ = ["UNVERIFIED", "CheckpointInfo", "Tier", "age_order", "scan", "newest_complete", "judge", "check_root",
            "checkpoint_step"]
 
 UNVERIFIED = CheckpointState.UNVERIFIED  # only from scan(verify_all=False): older than the newest complete
+
+
+class Tier(Vocabulary):
+    """Which root a checkpoint is in: the durable one, or the node-local tier (supervisor/checkpoints/tiers.py)."""
+
+    DURABLE = "durable"
+    LOCAL = "local"
 
 
 class _Dated(Protocol):  # read-only members: CheckpointInfo is a frozen dataclass
@@ -87,6 +95,7 @@ class CheckpointInfo:
     metrics: dict[str, float] = field(default_factory=dict)
     ordinal: int | None = None  # Accelerate's save number N of `checkpoint_<N>` (not a step)
     inode: int = 0  # of the dir when it was judged (0: unknown); retention deletes only that very dir
+    tier: Tier = Tier.DURABLE  # a scan of one root says durable; tiers.py tags the local tier's
 
     @property
     def complete(self) -> bool:

@@ -33,6 +33,7 @@ from supervisor.checkpoints.ranking import CheckpointInfo, checkpoint_step, judg
 from supervisor.checkpoints.retention import RetentionPlan, RetentionRules, plan_retention
 from supervisor.checkpoints.shapes import EXPORT_REASON
 from supervisor.checkpoints.sidecars import resolved
+from supervisor.checkpoints.tiers import local_rules, scan_local, scan_tiers
 from supervisor.cli.argtypes import at_most, non_negative_int
 from supervisor.config import MAX_GB
 from supervisor.errors import EXIT_NOT_OK, EXIT_OK, CheckpointError
@@ -102,7 +103,7 @@ def info_json(c: CheckpointInfo) -> dict[str, Any]:
         "name": c.name, "path": str(c.path), "step": c.step, "complete": c.complete,
         "reason": None if c.complete else (c.reason or c.state), "size_bytes": c.size_bytes, "mtime": c.mtime,
         "pinned": c.pinned, "quarantined": c.quarantined, "state": c.state, "metrics": c.metrics,
-        "ordinal": c.ordinal,
+        "ordinal": c.ordinal, "tier": c.tier,
     }
 
 
@@ -117,9 +118,11 @@ def _metric_text(value: float | None) -> str:
     return "-" if value is None else f"{value:.6g}"
 
 
-def _table(infos: list[CheckpointInfo], now: float, metrics: tuple[str, ...] = ()) -> str:
-    """The `list` table; `metrics`: the manifest metrics the retention rules rank by, one column each."""
-    rows = [("NAME", "STEP", "STATE", *(printable(m).upper() for m in metrics), "SIZE", "AGE", "FLAGS", "REASON")]
+def _table(infos: list[CheckpointInfo], now: float, metrics: tuple[str, ...] = (), tiers: bool = False) -> str:
+    """The `list` table; `metrics`: the manifest metrics the retention rules rank by, one column each; `tiers`: a
+    TIER column (a config with a node-local tier)."""
+    rows = [(*(("TIER",) if tiers else ()), "NAME", "STEP", "STATE", *(printable(m).upper() for m in metrics), "SIZE",
+             "AGE", "FLAGS", "REASON")]
     for c in infos:
         flags = ("P" if c.pinned else "") + ("Q" if c.quarantined else "")
         reason = c.reason or ""
@@ -128,8 +131,8 @@ def _table(infos: list[CheckpointInfo], now: float, metrics: tuple[str, ...] = (
         state = "export" if c.state == FOREIGN and reason == EXPORT_REASON else str(c.state)
         size = "-" if c.state == FOREIGN else human_bytes(c.size_bytes)
         values = (_metric_text(c.metrics.get(m)) for m in metrics)
-        rows.append((printable(c.name), _step_text(c), state, *values, size, human_age(now - c.mtime), flags or "-",
-                     printable(reason)))
+        rows.append((*((str(c.tier),) if tiers else ()), printable(c.name), _step_text(c), state, *values, size,
+                     human_age(now - c.mtime), flags or "-", printable(reason)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)) + "  " + r[-1] for r in rows)
 
@@ -143,6 +146,8 @@ class _Target:
     rules: RetentionRules
     protect: tuple[Path, ...] = ()
     run_dir: Path | None = None  # where the trash may go when the root's parent cannot hold it
+    local: Path | None = None  # the config's node-local tier
+    local_keep: int = 1
 
 
 def _target(args: argparse.Namespace) -> _Target:
@@ -155,17 +160,19 @@ def _target(args: argparse.Namespace) -> _Target:
     status = read_status(cfg.run_dir)
     # A running supervisor's job resumed from this one: a manual prune must not pull it from under it.
     protect = (Path(status.resumed_from),) if status and status.resumed_from else ()
-    return _Target(resolved(cfg.checkpoints.dir), cfg.checkpoints, protect, cfg.run_dir)
+    ck = cfg.checkpoints
+    local = resolved(ck.local_dir) if ck.local_dir is not None else None
+    return _Target(resolved(ck.dir), ck, protect, cfg.run_dir, local, ck.local_keep)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     target = _target(args)
-    infos = scan(target.root)
+    infos = scan_tiers(target.root, target.local)
     best = target.rules.keep_best
     if args.json:
         print(json.dumps([info_json(c) for c in infos], indent=2))
     elif infos:
-        print(_table(infos, time.time(), (best.metric,) if best and best.k else ()))
+        print(_table(infos, time.time(), (best.metric,) if best and best.k else (), tiers=target.local is not None))
     else:
         print("no checkpoints", file=sys.stderr)
     return EXIT_OK
@@ -201,32 +208,42 @@ def _rules_with_flags(rules: RetentionRules, args: argparse.Namespace) -> Retent
     return rules.model_copy(update=update) if update else rules
 
 
-def _print_plan(plan: RetentionPlan, done: set[Path] | None) -> None:
+def _print_plan(plan: RetentionPlan, done: set[Path] | None, tier: str = "") -> None:
+    """One line per deletion; `tier` ("durable: ", "local: ") in front when a config has two roots."""
     for d in plan.deletions:
         verb = "would delete" if done is None else ("deleted" if d.path in done else "skipped")
-        print(printable(f"{verb} {d.name} ({human_bytes(d.size_bytes)}): {d.reason}"))
+        print(printable(f"{tier}{verb} {d.name} ({human_bytes(d.size_bytes)}): {d.reason}"))
     if not plan.deletions:
-        print("nothing to delete")
+        print(f"{tier}nothing to delete")
     for f in plan.findings:
         print(f"warning: {f.kind}: {f.message}", file=sys.stderr)
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
+    """Retention on the root (the flags override the config's rules), then on the config's local tier (its own)."""
     target = _target(args)
-    infos = scan(target.root)
-    protect = {*target.protect, *in_use(target.root)}  # jobs started by any supervisor, on any host
-    plan = plan_retention(infos, rules=_rules_with_flags(target.rules, args), disk=disk_usage(target.root),
-                          protect=protect, now=time.time())
-    if args.dry_run:
-        _print_plan(plan, None)
-        return EXIT_OK
+    tiers = target.local is not None
+    _prune_root(target.root, scan(target.root), _rules_with_flags(target.rules, args), target, args.dry_run,
+                "durable: " if tiers else "")
+    if target.local is not None and target.local.is_dir():
+        _prune_root(target.local, scan_local(target.local), local_rules(target.rules, target.local_keep), target,
+                    args.dry_run, "local: ")
+    return EXIT_OK
+
+
+def _prune_root(root: Path, infos: list[CheckpointInfo], rules: RetentionRules, target: _Target, dry_run: bool,
+                tier: str) -> None:
+    protect = {*target.protect, *in_use(root)}  # jobs started by any supervisor, on any host
+    plan = plan_retention(infos, rules=rules, disk=disk_usage(root), protect=protect, now=time.time())
+    if dry_run:
+        _print_plan(plan, None, tier)
+        return
     try:
-        done = execute_retention(target.root, plan, fallback=target.run_dir)
+        done = execute_retention(root, plan, fallback=target.run_dir)
     except OSError as exc:  # e.g. no permission to create the trash: nothing was deleted
         where = f" ({exc.filename})" if exc.filename else ""
-        raise CheckpointError(f"checkpoint root {target.root}: cannot prune: {exc.strerror or exc}{where}") from None
-    _print_plan(plan, {d.path for d in done})
-    return EXIT_OK
+        raise CheckpointError(f"checkpoint root {root}: cannot prune: {exc.strerror or exc}{where}") from None
+    _print_plan(plan, {d.path for d in done}, tier)
 
 
 def _checkpoint(args: argparse.Namespace) -> Path:

@@ -61,6 +61,7 @@ class UnitOptions:
     program_dir: str | None = None
     warnings: tuple[str, ...] = ()
     root: Path | None = None  # the checkpoint root as resolved here (a symlink's target); None: as configured
+    local_root: Path | None = None  # likewise the node-local tier ([checkpoints] local_dir), if any
 
     def __post_init__(self) -> None:
         if not _NAME_RE.fullmatch(self.name):
@@ -136,13 +137,14 @@ def _outermost(paths: Sequence[Path]) -> list[Path]:
 
 
 def unit_paths(cfg: Config) -> list[Path]:
-    """The checkpoint root and the run dir (no nested duplicates): what must be mounted, and exist, at start."""
-    return _outermost([cfg.checkpoints.dir, cfg.run_dir])
+    """The checkpoint root(s) and the run dir (no nested duplicates): what must be mounted, and exist, at start."""
+    local = cfg.checkpoints.local_dir
+    return _outermost([cfg.checkpoints.dir, *([local] if local is not None else []), cfg.run_dir])
 
 
-def write_paths(cfg: Config, root: Path | None = None) -> list[Path]:
-    """What the service may write (ReadWritePaths=; pure): the folder holding the checkpoint root, the run dir,
-    and /tmp and /var/tmp when the unit says PrivateTmp=no.
+def write_paths(cfg: Config, root: Path | None = None, local_root: Path | None = None) -> list[Path]:
+    """What the service may write (ReadWritePaths=; pure): the folder holding the checkpoint root (and the one
+    holding the node-local tier, if any), the run dir, and /tmp and /var/tmp when the unit says PrivateTmp=no.
 
     The folder and not just the root: the supervisor keeps its trash, in-use markers and claim next to the
     root (`.<root>.fsdp-trash/`, ...; `root` is the root as resolved here, since they go next to a symlink's
@@ -152,9 +154,10 @@ def write_paths(cfg: Config, root: Path | None = None) -> list[Path]:
     own, and torchrun and Python's tempfile need one (`No usable temporary directory found`).
     """
     root = cfg.checkpoints.dir if root is None else root
-    home = root.parent if root.parent != root.parent.parent else root  # never ReadWritePaths=/
+    local = cfg.checkpoints.local_dir if local_root is None else local_root
+    homes = [r.parent if r.parent != r.parent.parent else r for r in (root, *([local] if local else []))]  # never /
     tmp = list(_PRIVATE_TMP) if private_tmp_paths([cfg.path, *unit_paths(cfg)]) else []  # as render_unit
-    return _outermost([home, cfg.run_dir, *tmp])
+    return _outermost([*homes, cfg.run_dir, *tmp])
 
 
 def render_unit(cfg: Config, exec_prefix: Sequence[str], opts: UnitOptions) -> str:
@@ -163,7 +166,7 @@ def render_unit(cfg: Config, exec_prefix: Sequence[str], opts: UnitOptions) -> s
     start_s = math.ceil(cfg.health.stop_timeout_s) + START_MARGIN_S
     exec_start = " ".join(_escape(a, "ExecStart", exec_line=True) for a in [*exec_prefix, "run", "-c", str(cfg.path)])
     mounts = " ".join(_escape(str(p), "RequiresMountsFor") for p in unit_paths(cfg))
-    rw = " ".join(_escape(str(p), "ReadWritePaths") for p in write_paths(cfg, opts.root))
+    rw = " ".join(_escape(str(p), "ReadWritePaths") for p in write_paths(cfg, opts.root, opts.local_root))
     name = opts.name
     hidden = private_tmp_paths([cfg.path, *unit_paths(cfg)])
     lines = [
@@ -263,7 +266,8 @@ def cmd_systemd_unit(args: argparse.Namespace) -> int:
     notes = tuple(unit_notes(cfg, user=base.user))
     opts = UnitOptions(name=base.name, user=base.user, watchdog_s=base.watchdog_s,
                        program_dir=os.path.dirname(os.path.abspath(program)), warnings=notes,
-                       root=Path(os.path.realpath(cfg.checkpoints.dir)))
+                       root=Path(os.path.realpath(cfg.checkpoints.dir)),
+                       local_root=Path(os.path.realpath(cfg.checkpoints.local_dir)) if cfg.checkpoints.local_dir else None)
     sys.stdout.write(render_unit(cfg, supervisor_command(), opts))
     sys.stdout.flush()
     for note in notes:  # also in the unit, as `# warning:` lines: `| sudo tee` keeps them

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.checkpoints.claim import RootClaim
+from supervisor.checkpoints.tiers import TierClaims
 from supervisor.config import Config
 from supervisor.contract import HEARTBEAT_FILE, Beat
 from supervisor.daemon.attemptfiles import AttemptFiles, try_write
@@ -54,7 +55,7 @@ _LAUNCH_SCAN_TRIES = 3  # passes that could not read the root before a launch gi
 
 class Core:
     def __init__(self, cfg: Config, system: System, log: Any, notify: Callable[[Status], object] | None = None,
-                 history: NullHistory | None = None, claim: RootClaim | None = None) -> None:
+                 history: NullHistory | None = None, claim: RootClaim | TierClaims | None = None) -> None:
         self.cfg, self.sys, self.log = cfg, system, log
         self.history = history or NullHistory()  # run_dir/history.jsonl (supervisor.daemon.recorder)
         self.run_dir = cfg.run_dir

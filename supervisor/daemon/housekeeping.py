@@ -22,6 +22,11 @@ the core notices (and re-watches).
 Retention that cannot delete (no usable trash: a mount-point root, a read-only parent, another user's
 sidecar) is not a failed pass: the pass lists and ranks as always, deletes nothing, and says why in
 `retention_stopped`; `absorb` logs it once when it starts and once when it ends.
+
+With `[checkpoints] local_dir` a pass also looks at the node-local tier (supervisor/checkpoints/tiers.py), also
+resolved once: the checkpoints it reports, and the newest, are both roots' in one order; retention runs on each
+root by its own rules; the in-use marker goes next to the root that holds the resume point. A local root that does
+not exist is an empty tier (a tmpfs after a reboot): the durable root alone decides then.
 """
 from __future__ import annotations
 
@@ -38,6 +43,7 @@ from supervisor.checkpoints.claim import RootClaim
 from supervisor.checkpoints.inuse import in_use_dir
 from supervisor.checkpoints.pruning import parking_problem
 from supervisor.checkpoints.sidecars import open_sidecar, resolved, trusted_owners
+from supervisor.checkpoints.tiers import TierClaims
 from supervisor.config import Config
 from supervisor.errors import CheckpointError, SidecarError
 from supervisor.host.mounts import mount_id
@@ -115,7 +121,8 @@ class Housekeeper:
         except OSError:
             self.device = None  # learnt from the first pass that finds the root
         self.mount = mount_id(self.root) if self.device is not None else None  # likewise
-        self.claim: RootClaim | None = None  # refreshed by every pass (set by the composition root)
+        self.local_root = resolved(cfg.checkpoints.local_dir) if cfg.checkpoints.local_dir is not None else None
+        self.claim: RootClaim | TierClaims | None = None  # refreshed by every pass (set by the composition root)
         self.retention_stopped: str | None = None  # as of the last pass; said once when it changes
         self.cfg, self.log, self.now = cfg, log, now
         self.latest: store.CheckpointInfo | None = None  # newest complete, non-quarantined: the resume point
@@ -126,13 +133,17 @@ class Housekeeper:
         self._trash_lock = threading.Lock()
         self._more_trash = False  # something was parked since the emptier last looked
         self._emptying = False
-        self._marker: tuple[Path, int] | None = None  # the running attempt's in-use marker and job pid
+        self._marker: tuple[Path, int, Path] | None = None  # the running attempt's in-use marker, job pid, its root
 
     def concerns(self, path: Path) -> bool:
         """Is this file event a possible checkpoint commit (a top-level rename/create, or DCP's .metadata)?"""
-        try:
-            rel = path.relative_to(self.root)
-        except ValueError:
+        for root in filter(None, (self.root, self.local_root)):
+            try:
+                rel = path.relative_to(root)
+                break
+            except ValueError:
+                continue
+        else:
             return False
         # A JSON file in a checkpoint folder may be the sidecar that says an Accelerate checkpoint's step.
         return len(rel.parts) == 1 or rel.name in (METADATA_NAME, MANIFEST_NAME) or (
@@ -158,37 +169,53 @@ class Housekeeper:
         stopped = retention_problem(self.root, self.cfg.run_dir) if self.cfg.checkpoints.prune else None
         try:
             usage = store.disk_usage(self.root)
-            found = store.scan(self.root, verify_all=True)
+            durable = store.scan(self.root, verify_all=True)
+            local = store.scan_local(self.local_root)
+            found = store.merged(durable, local)
             usable = [c for c in found if c.complete and not c.quarantined]
-            newest = usable[0] if usable else None  # scan() sorts newest first
+            newest = usable[0] if usable else None  # newest first, the local copy first at equal steps
             plan, deleted = store.RetentionPlan(), list[store.Deletion]()
             committed = newest is not None and newest.path != unless_newest
             if self.cfg.checkpoints.prune and (prune or committed) and stopped is None:
-                plan, deleted, stopped = self._retention(found, usage, protect)
+                store.migrate_legacy_trash(self.root, fallback=self.cfg.run_dir)
+                plan, deleted, stopped = self._retention(self.root, durable, self.cfg.checkpoints, usage, protect)
+            if self.cfg.checkpoints.prune and (prune or committed) and local:
+                deleted += self._local_retention(local, protect)
         except (CheckpointError, OSError) as exc:
             return PassResult(generation, error=str(exc), root_id=root_id)
         gone = {d.path for d in deleted}
         return PassResult(
             generation, checkpoints=[c for c in found if c.path not in gone], newest=newest, deleted=deleted,
             findings=plan.findings, disk_free=usage.free_bytes,
-            checkpoint_bytes=sum(c.size_bytes for c in found if c.complete and c.path not in gone),
+            checkpoint_bytes=sum(c.size_bytes for c in durable if c.complete and c.path not in gone),
             root_id=root_id, retention_stopped=stopped,
         )
 
-    def _retention(self, found: list[store.CheckpointInfo], usage: store.DiskUsage, protect: Collection[Path],
+    def _retention(self, root: Path, found: list[store.CheckpointInfo], rules: store.RetentionRules,
+                   usage: store.DiskUsage, protect: Collection[Path],
                    ) -> tuple[store.RetentionPlan, list[store.Deletion], str | None]:
-        """Plan and carry out retention: (plan, deleted, why it stopped). A sidecar that cannot be used stops
-        retention only (SidecarError), never the pass."""
+        """Plan and carry out retention in one root: (plan, deleted, why it stopped). A sidecar that cannot be used
+        stops retention only (SidecarError), never the pass."""
         plan = store.RetentionPlan()
         try:
-            store.migrate_legacy_trash(self.root, fallback=self.cfg.run_dir)
-            plan = store.plan_retention(found, rules=self.cfg.checkpoints, disk=usage,
-                                        protect={*protect, *store.in_use(self.root)}, now=self.now())
-            deleted = (store.execute_retention(self.root, plan, empty_trash=False, fallback=self.cfg.run_dir)
+            plan = store.plan_retention(found, rules=rules, disk=usage, protect={*protect, *store.in_use(root)},
+                                        now=self.now())
+            deleted = (store.execute_retention(root, plan, empty_trash=False, fallback=self.cfg.run_dir)
                        if plan.deletions else [])
         except SidecarError as exc:
             return plan, [], str(exc)
         return plan, deleted, None
+
+    def _local_retention(self, local: list[store.CheckpointInfo], protect: Collection[Path]) -> list[store.Deletion]:
+        """The local tier keeps its `local_keep` newest complete (tiers.local_rules); it has no disk floor of its own,
+        and a tier whose deletions cannot be parked just keeps what it has (the durable root's retention decides
+        `retention_stopped`)."""
+        root = self.local_root
+        assert root is not None
+        if retention_problem(root, self.cfg.run_dir) is not None:
+            return []
+        rules = store.local_rules(self.cfg.checkpoints, self.cfg.checkpoints.local_keep)
+        return self._retention(root, local, rules, store.disk_usage(root), protect)[1]
 
     def empty_trash(self) -> None:
         """Remove trash contents on a worker thread: a slow rmtree must not stall the loop (or its watchdog)."""
@@ -206,7 +233,8 @@ class Housekeeper:
                         return
                     self._more_trash = False
                 try:
-                    store.clear_trash(self.root, fallback=self.cfg.run_dir)
+                    for root in filter(None, (self.root, self.local_root)):
+                        store.clear_trash(root, fallback=self.cfg.run_dir)
                 except (CheckpointError, OSError) as exc:
                     self.log.warning("trash_clear_failed", root=str(self.root), error=str(exc))
                     continue
@@ -220,10 +248,10 @@ class Housekeeper:
 
     # ---- in-use marker ------------------------------------------------------------------------------------
     def mark_in_use(self, path: Path, pid: int, start_time: float | None) -> None:
-        """The attempt `pid` (started at `start_time`) resumed from `path`: tell every prune of the root."""
+        """The attempt `pid` (started at `start_time`) resumed from `path`: tell every prune of its root (either tier)."""
         self.clear_in_use()
         try:
-            self._marker = (store.mark_in_use(self.root, path, pid=pid, start_time=start_time), pid)
+            self._marker = (store.mark_in_use(path.parent, path, pid=pid, start_time=start_time), pid, path.parent)
         except CheckpointError as exc:  # the daemon's own retention still protects it (core's in_use)
             self.log.warning("in_use_marker_failed", path=str(path), error=str(exc))
 
@@ -232,7 +260,7 @@ class Housekeeper:
         marker, self._marker = self._marker, None
         if marker is not None:
             try:
-                store.clear_in_use(self.root, pid=marker[1])
+                store.clear_in_use(marker[2], pid=marker[1])
             except CheckpointError as exc:
                 self.log.warning("in_use_marker_failed", path=str(marker[0]), error=str(exc))
 

@@ -249,12 +249,19 @@ def check_setup(cfg: Config) -> None:
     if problem:
         raise ConfigError(f"{cfg.path}: [job.command] program {prog!r}: {problem}")
     _check_trainer(cfg, program)
-    for key, path in (("supervisor.run_dir", cfg.run_dir), ("checkpoints.dir", cfg.checkpoints.dir)):
+    for key, path in _dirs(cfg):
         problem = _dir_problem(path)
         if problem:
             raise ConfigError(f"{cfg.path}: [{key}] {problem}")
     if cfg.checkpoints.dir.is_dir():
         _check_root_layout(cfg)
+
+
+def _dirs(cfg: Config) -> list[tuple[str, Path]]:
+    """The directories `run` needs, by config key: the run dir and the checkpoint root(s)."""
+    local = cfg.checkpoints.local_dir
+    return [("supervisor.run_dir", cfg.run_dir), ("checkpoints.dir", cfg.checkpoints.dir),
+            *([("checkpoints.local_dir", local)] if local is not None else [])]
 
 
 def _missing(path: Path) -> list[Path]:
@@ -283,9 +290,9 @@ def make_dirs(cfg: Config) -> None:
     """
     created: list[Path] = []
     try:
+        roots = [(key, path, 0o750) for key, path in _dirs(cfg)[1:]]
         for key, path, mode in (("supervisor.run_dir", cfg.run_dir, 0o700),
-                                ("supervisor.run_dir", cfg.run_dir / "logs", 0o700),
-                                ("checkpoints.dir", cfg.checkpoints.dir, 0o750)):
+                                ("supervisor.run_dir", cfg.run_dir / "logs", 0o700), *roots):
             for d in _missing(path):
                 try:
                     d.mkdir(mode=mode if d == path else 0o750)

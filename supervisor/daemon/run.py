@@ -11,6 +11,7 @@ import sys
 
 from supervisor.checkpoints.claim import RootClaim
 from supervisor.checkpoints.metadata import child as metadata_child
+from supervisor.checkpoints.tiers import TierClaims
 from supervisor.config import Config
 from supervisor.daemon import preflight
 from supervisor.daemon.core import Core
@@ -41,8 +42,9 @@ def run(cfg: Config) -> int:
         lock.acquire()
     except OSError as exc:  # e.g. something else planted under the lock's name
         raise ConfigError(f"{cfg.path}: [supervisor.run_dir] cannot lock {run_dir}: {exc.strerror or exc}") from None
-    claim = RootClaim(cfg.checkpoints.dir, job=preflight.rendezvous_key(cfg.job.command), config=cfg.path,
-                      run_dir=run_dir, refresh_s=cfg.checkpoints.retention_interval_s)
+    roots = [cfg.checkpoints.dir, *([cfg.checkpoints.local_dir] if cfg.checkpoints.local_dir is not None else [])]
+    claim = TierClaims([RootClaim(root, job=preflight.rendezvous_key(cfg.job.command), config=cfg.path,
+                                  run_dir=run_dir, refresh_s=cfg.checkpoints.retention_interval_s) for root in roots])
     try:
         try:
             notes = claim.acquire()  # ClaimedError (exit 2): another job runs on this root
@@ -60,7 +62,8 @@ def run(cfg: Config) -> int:
         for event, detail in notes:
             log.warning(event, root=str(claim.root), detail=detail)
         previous = read_status(run_dir)
-        system = RealSystem(prewarm=cfg.job.prewarm)
+        system = RealSystem(prewarm=cfg.job.prewarm, warm_workers=cfg.job.prewarm_workers,
+                            warm_modules=cfg.job.prewarm_modules)
         # The loop thread waits for the GIL up to one switch interval per system call while another thread
         # computes (5 ms by default): a large .metadata is parsed in a child, which shares no GIL with the
         # loop (metadata_child), and what other threads do (small parses, history compaction) yields within 1 ms.
@@ -74,8 +77,11 @@ def run(cfg: Config) -> int:
         core.house.check_retention()  # a root whose deletions cannot be parked: said now, before the first pass
         echo = Echo(console) if console.tty else None
         # The job's output dir is watched only to echo it: each line the job logs would wake us otherwise. The root
-        # is watched by its resolved path: inotify does not follow a symlinked root to its target's events.
-        watch = [(run_dir, False), *([(run_dir / "logs", False)] if echo else []), (core.house.root, True)]
+        # is watched by its resolved path: inotify does not follow a symlinked root to its target's events. The
+        # node-local tier's commits are progress too.
+        local = core.house.local_root
+        watch = [(run_dir, False), *([(run_dir / "logs", False)] if echo else []), (core.house.root, True),
+                 *([(local, True)] if local is not None else [])]
         progress = Progress(console, lambda: core.status)  # a live row on a terminal, else a line every 10 s
 
         def keep_run_dir() -> None:  # a run dir removed under us: made again, locked again

@@ -74,13 +74,13 @@ class LoopSystem(System, Protocol):
 class RealSystem:
     """The real thing. Exit statuses are delivered by the event loop's SIGCHLD handling, not here."""
 
-    def __init__(self, prewarm: bool = False) -> None:
+    def __init__(self, prewarm: bool = False, *, warm_workers: bool = False, warm_modules: Sequence[str] = ()) -> None:
         self.timers = Timers()
         self._popen: dict[int, subprocess.Popen[bytes]] = {}
         if prewarm:
             from supervisor.observe.eventlog import get_logger  # here: importing this module stays cheap
 
-            self.prewarmer: Prewarmer | None = Prewarmer(get_logger())
+            self.prewarmer: Prewarmer | None = Prewarmer(get_logger(), workers=warm_workers, modules=warm_modules)
         else:
             self.prewarmer = None
         self.waker: Callable[[], None] = lambda: None  # set by the event loop: wakes its select()

@@ -7,6 +7,11 @@ in-agent restart pays neither. So when `[job] prewarm` is on and the command is 
 run by the job's own interpreter) that imports torch and waits on a pipe: the idle one kept since the
 previous launch, or a fresh one. A new idle spare is started right after. Anything we cannot reproduce
 exactly (another interpreter, a changed environment, a wrapper script) takes the ordinary cold path.
+
+With `[job] prewarm_workers` the spare also keeps one warm worker per local rank (trainer/warm.py: torch and
+`[job] prewarm_modules` imported, nothing else) and torchrun's first round of ranks runs in them; the spare
+decides rank by rank whether a worker's command is exactly what a cold start would run (trainer/warm_pool.py).
+The warm workers are the spare's children: they count as the spare here (`spare_pids`).
 """
 from __future__ import annotations
 
@@ -20,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from supervisor.contract import ENV_ATTEMPT, ENV_ERROR_FILE
 from supervisor.host import joblog
@@ -92,7 +99,7 @@ def plan(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str]) -> Plan | No
 
 def is_spare_cmdline(cmdline: Sequence[str]) -> bool:
     """Whether a process's argv is one of our idle spares (one running a job shows as `torchrun ARGS...`)."""
-    return len(cmdline) >= 3 and cmdline[-2] == str(SPARE_SCRIPT)
+    return len(cmdline) >= 3 and cmdline[1] == str(SPARE_SCRIPT)
 
 
 def _identity(p: Plan, cwd: Path, env: Mapping[str, str]) -> tuple[object, ...]:
@@ -108,10 +115,11 @@ class _Spare:
 
 
 class Prewarmer:
-    """Owns at most one idle spare; `RealSystem` asks it first on every launch."""
+    """Owns at most one idle spare (and its warm workers); `RealSystem` asks it first on every launch."""
 
-    def __init__(self, log: Any) -> None:
+    def __init__(self, log: Any, *, workers: bool = False, modules: Sequence[str] = ()) -> None:
         self.log = log  # the daemon's structlog logger (host/ knows nothing of how logs are rendered)
+        self.workers, self.modules = workers, list(modules)
         self._spare: _Spare | None = None
 
     def launch(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str],
@@ -166,7 +174,7 @@ class Prewarmer:
         try:
             with open(joblog.open_log(log_dir / PREWARM_LOG), "ab", buffering=0) as out:
                 proc = subprocess.Popen(
-                    [p.interpreter, str(SPARE_SCRIPT), str(os.getpid())], cwd=cwd, env=dict(env),
+                    [p.interpreter, str(SPARE_SCRIPT), str(os.getpid()), self._options(p)], cwd=cwd, env=dict(env),
                     stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
                     start_new_session=True, close_fds=True,  # its own session, like a cold job
                 )
@@ -175,9 +183,20 @@ class Prewarmer:
             return None
         return _Spare(proc, _identity(p, cwd, env), time.monotonic())
 
+    def _options(self, p: Plan) -> str:
+        """What the spare needs to start its warm workers: torchrun's arguments predict them (trainer/warm_pool.py)."""
+        return json.dumps({"workers": self.workers, "modules": self.modules, "volatile": sorted(VOLATILE_ENV),
+                           "args": list(p.args)})
+
     def spare_pids(self) -> set[int]:
-        """The idle spare's pid (if any): never a survivor to sweep after an attempt."""
-        return {self._spare.proc.pid} if self._spare is not None else set()
+        """The idle spare and its warm workers (if any): never survivors to sweep after an attempt."""
+        if self._spare is None:
+            return set()
+        pid = self._spare.proc.pid
+        try:
+            return {pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))}
+        except psutil.Error:
+            return {pid}
 
     def forget(self, pid: int, returncode: int) -> None:
         """The event loop reaped `pid`; if it was the idle spare, the next launch goes cold."""
@@ -198,6 +217,16 @@ class Prewarmer:
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """Kill a spare and its warm workers (they would follow it by their parent-death signal; this is sooner)."""
+    try:
+        workers = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        workers = []
+    for w in workers:
+        try:
+            w.kill()
+        except psutil.Error:
+            pass
     try:
         proc.kill()
         proc.wait(timeout=10)

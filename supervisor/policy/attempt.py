@@ -22,6 +22,7 @@ from supervisor.contract import (
     ENV_ERROR_FILE,
     ENV_HEARTBEAT,
     ENV_HEARTBEAT_DIR,
+    ENV_LOCAL_DIR,
     ENV_RUN_DIR,
     ENV_RUN_TOKEN,
     RANK_HEARTBEAT_DIR,
@@ -134,6 +135,8 @@ def job_env(cfg: Config, environ: Mapping[str, str], *, number: int, heartbeat: 
     # than one node).
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     env.update(cfg.job.env)
+    if cfg.checkpoints.local_dir is not None:
+        env[ENV_LOCAL_DIR] = str(cfg.checkpoints.local_dir)
     env.update({
         ENV_HEARTBEAT: str(heartbeat),
         ENV_HEARTBEAT_DIR: str(cfg.run_dir / RANK_HEARTBEAT_DIR),

@@ -31,6 +31,18 @@ class TestBenchmarksRun:
             assert all(x >= 0 for x in r["breakdown"][v].values())
         assert _positive(r["ratio"])
         assert "prewarm_handoff" in r["runs"]["supervisor"][0]["supervisor_events"]
+        warm = r["runs"]["supervisor"][0]["warm_workers"]  # measured at steady state: the idle spare's two workers
+        assert warm["workers"] == 2 and _positive(warm["idle_rss_mb"]) and warm["idle_uss_mb"] <= warm["idle_rss_mb"]
+
+    def test_local_tier_recovery_and_load(self) -> None:
+        """A recovery round with the tier on resumes from it and counts the steps lost; the load comparison runs
+        (tiny sizes: its throughput comparison shares bench/throughput.py's measuring, left to `make bench`)."""
+        from bench.local_tier import load_speedup, recovery_rounds
+
+        r = recovery_rounds(1, k=4, model=TINY)
+        assert r["recovery_runs"][0]["resumed_tier"] == "local" and 0 <= r["steps_lost_median"] <= 4
+        load = load_speedup(1, gb=0.01, d_model=64, ranks=1)
+        assert _positive(load["load_speedup"]) and _positive(load["load_s"]["local"])
 
     def test_hang_recovery_and_heartbeat_cost(self) -> None:
         """One supervised hang (SIGSTOP of rank 1, a 3 s timeout) recovers with its phases and exact steps lost;

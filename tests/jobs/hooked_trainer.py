@@ -12,6 +12,9 @@ FSDP_TRAINER_TEST_HOLD_SAVE_STEP=N      every rank holds the save of step N (onc
 FSDP_TRAINER_TEST_HOLD_SAVE_UNTIL=F     before writing anything) until the file F exists (at most 600 s), so a
                                         test can act between two saves (fill the disk).
 FSDP_TRAINER_TEST_STALL_BEST_STEP=N     the best model of step N stalls between its weights and its best.json.
+FSDP_TRAINER_TEST_HOLD_TRAIN_STEP=N,M   every rank holds after step N (its save, if any, committed), before the
+FSDP_TRAINER_TEST_HOLD_TRAIN_UNTIL=F    next step, until the file F.N exists (at most 600 s), and so on for each
+                                        listed step: a test can kill a rank at known steps (warm workers, tiers).
 FSDP_TRAINER_TEST_PACE_SAVES=1          every save waits (at most 60 s) until the supervisor's state.json names the
                                         newest checkpoint committed in the root: its pass (and retention) has
                                         seen the last save. A job saving faster than a pass can prune behind it
@@ -35,6 +38,8 @@ HOLD_SAVE_STEP_ENV = "FSDP_TRAINER_TEST_HOLD_SAVE_STEP"
 HOLD_SAVE_UNTIL_ENV = "FSDP_TRAINER_TEST_HOLD_SAVE_UNTIL"
 STALL_BEST_ENV = "FSDP_TRAINER_TEST_STALL_BEST_STEP"
 PACE_SAVES_ENV = "FSDP_TRAINER_TEST_PACE_SAVES"
+HOLD_TRAIN_STEP_ENV = "FSDP_TRAINER_TEST_HOLD_TRAIN_STEP"
+HOLD_TRAIN_UNTIL_ENV = "FSDP_TRAINER_TEST_HOLD_TRAIN_UNTIL"
 SLOW_RANK_ENV = "FSDP_TRAINER_TEST_SLOW_RANK"
 SLOW_S_ENV = "FSDP_TRAINER_TEST_SLOW_S"
 PACE_MAX_S = 60.0
@@ -77,6 +82,7 @@ def install() -> None:
     """Wrap the trainer's save, commit and best-model write with the hooks (imports torch)."""
     import trainer.best
     import trainer.checkpoint
+    import trainer.loop
     from trainer.checkpoint import Checkpointer, SaveResult
 
     save, commit = Checkpointer.save, Checkpointer._commit
@@ -92,6 +98,17 @@ def install() -> None:
             time.sleep(STALL_S)
         commit(self, result)
 
+    train_step = trainer.loop.Trainer.train_step
+
+    def held_train_step(self: trainer.loop.Trainer) -> float:
+        step, until = self.progress.step, os.environ.get(HOLD_TRAIN_UNTIL_ENV)
+        if until and str(step) in os.environ.get(HOLD_TRAIN_STEP_ENV, "").split(","):
+            deadline = time.monotonic() + HOLD_MAX_S
+            while not os.path.exists(f"{until}.{step}") and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return train_step(self)
+
+    trainer.loop.Trainer.train_step = held_train_step  # type: ignore[method-assign]
     Checkpointer.save = held_save  # type: ignore[method-assign]
     Checkpointer._commit = stalled_commit  # type: ignore[method-assign]
 

@@ -54,12 +54,18 @@ def _findings(path: Path) -> list[str]:
     return found
 
 
+# The one exec(): a warm worker (trainer/warm.py) runs the job's own script file, compiled from that file in the
+# job's interpreter after the hand-off, as `python script.py` would; never a string, never in the supervisor.
+_ALLOWED = {("warm.py", "exec()")}
+
+
 class TestNoShell:
     def test_packages_never_use_a_shell_or_run_strings_as_code(self) -> None:
         """No shell=, os.system/popen/exec*/spawn*, getoutput, eval/exec or plain unpickling in the packages."""
         files = [p for pkg in PACKAGES for p in pkg.rglob("*.py")]
         assert len(files) > 20
-        assert [f for p in files for f in _findings(p)] == []
+        found = [f for p in files for f in _findings(p)]
+        assert [f for f in found if (f.split(":")[0], f.split(": ", 1)[1]) not in _ALLOWED] == []
 
     def test_the_scanner_finds_what_it_looks_for(self, tmp_path: Path) -> None:
         """The AST scan flags each forbidden form (so an empty result above means something)."""

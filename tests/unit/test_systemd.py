@@ -206,6 +206,15 @@ class TestWritePaths:
         assert keys(unit)["ReadWritePaths"] == [" ".join(got)]
         assert keys(unit)["RequiresMountsFor"] == [f"{ckpts} {run_dir}"]  # the mounts are the root's, not its folder's
 
+    def test_the_local_tier_is_writable_and_mounted_too(self, tmp_path: Path) -> None:
+        """[checkpoints] local_dir on a local NVMe: its folder is writable (its trash, markers and claim go there)
+        and the unit waits for its mount, as for the durable root."""
+        cfg = self.placed(tmp_path, "/srv/llm/ckpts", "/srv/llm/run")
+        cfg = cfg.model_copy(update={"checkpoints": cfg.checkpoints.model_copy(update={"local_dir": Path("/nvme/llm")})})
+        assert write_paths(cfg) == [Path("/srv/llm"), Path("/nvme")]
+        assert keys(render_unit(cfg, ["/x"], UnitOptions(name="job")))["RequiresMountsFor"] == [
+            "/srv/llm/ckpts /nvme/llm /srv/llm/run"]
+
     def test_a_symlinked_root_writes_next_to_its_target(self, tmp_path: Path) -> None:
         """The sidecars go next to the resolved root: its folder is the one made writable."""
         cfg = self.placed(tmp_path, "/srv/llm/ckpts", "/srv/llm/run")

@@ -40,3 +40,31 @@ class TestValidate:
         """A complete checkpoint passes as `--resume PATH`."""
         ckpt = write_checkpoint(tmp_path / "c", 4)
         validate(self.parse(tmp_path, "--resume", str(ckpt)))
+
+
+class TestLocalTier:
+    def parse(self, tmp_path, *extra: str):
+        return build_parser().parse_args(["--checkpoint-dir", str(tmp_path / "c"), *extra])
+
+    def test_the_local_dir_comes_from_the_supervisor(self, tmp_path, monkeypatch) -> None:
+        """Without --local-checkpoint-dir, FSDP_SUPERVISOR_LOCAL_DIR ([checkpoints] local_dir) names the tier."""
+        monkeypatch.setenv("FSDP_SUPERVISOR_LOCAL_DIR", str(tmp_path / "shm"))
+        args = self.parse(tmp_path, "--local-save-every", "5")
+        validate(args)
+        assert args.local_checkpoint_dir == tmp_path / "shm" and (tmp_path / "shm").is_dir()
+
+    @pytest.mark.parametrize(("extra", "env", "needle"), [
+        (["--local-save-every", "5"], {}, "needs --local-checkpoint-dir"),
+        (["--local-save-every", "5", "--local-checkpoint-dir", "{tmp}/c/local"], {}, "overlaps --checkpoint-dir"),
+        (["--local-save-every", "5", "--local-checkpoint-dir", "{tmp}/l"], {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"},
+         "single-node"),
+    ])
+    def test_bad_local_tiers_are_usage_errors(self, tmp_path, monkeypatch, extra, env, needle) -> None:
+        """No dir, an overlapping dir, or a job over several nodes: exit 2 naming the flag, nothing created."""
+        monkeypatch.delenv("FSDP_SUPERVISOR_LOCAL_DIR", raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        args = self.parse(tmp_path, *(e.replace("{tmp}", str(tmp_path)) for e in extra))
+        with pytest.raises(UsageError) as exc:
+            validate(args)
+        assert needle in str(exc.value) and exc.value.exit_code == 2 and not (tmp_path / "c").exists()

@@ -1,0 +1,172 @@
+"""A warm worker: an interpreter that has imported torch (and the job's listed modules) and waits to become a rank.
+
+A cold rank pays a fresh interpreter, `import torch` and the job's heavy imports (about 2-3 s here, two ranks on
+two cores) before its process group exists. The spare torchrun agent (trainer/spare.py, through
+trainer/warm_pool.py) starts one of these per local rank while the running job trains, with the environment a
+cold rank would get minus torchrun's per-rank variables, in the job's directory, as `python -u warm.py ...`
+(`-u` is what torchrun gives every worker). It imports and then waits on a socket. At the hand-off the agent
+sends the rank's exact argv, environment and directory, and its stdin/stdout/stderr as file descriptors; the
+worker takes them over and runs the module (`runpy`, as `python -m` does) or the script (as `python script.py`
+does) in a fresh `__main__`. The agent gets the very `Popen` it started, so torchrun watches, signals and reaps
+a real child of its own, in a session of its own, like every worker it starts.
+
+What makes this safe on a GPU node: nothing before the hand-off touches an accelerator. `import torch` does not
+initialise CUDA; after the listed imports the worker checks `torch.cuda.is_initialized()` and
+`torch.distributed.is_initialized()` and declines (the rank then starts cold) if either is true, so
+`CUDA_VISIBLE_DEVICES`, `LOCAL_RANK` and the NCCL settings are read by the rank itself, after it took its
+environment over. A library thread pool created at import (OpenBLAS's, sized by `OMP_NUM_THREADS`) is created
+with exactly the environment a cold rank would have: any difference but torchrun's per-rank variables sends the
+rank down the cold path (warm_pool.stable_env). The import runs on the main thread at the worker's own
+priority, so no thread it creates inherits another.
+
+Standard library only until the import it exists for, and run by path: the supervisor never imports it.
+"""
+from __future__ import annotations
+
+import builtins
+import ctypes
+import importlib
+import json
+import os
+import runpy
+import signal
+import socket
+import sys
+import time
+import types
+from typing import Any
+
+__all__ = ["main", "pdeathsig", "set_title", "READY", "UNUSABLE", "MAX_SPEC_BYTES"]
+
+_PR_SET_PDEATHSIG = 1
+READY = b"ready"
+UNUSABLE = b"unusable"
+MAX_SPEC_BYTES = 1 << 20  # argv and environment of one rank; a SOCK_SEQPACKET message holds them whole
+
+
+def pdeathsig(sig: int) -> None:
+    """Ask the kernel to send `sig` when the thread that started us ends (0: never)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: EOF on the socket still ends an unneeded worker
+
+
+def set_title(title: str) -> None:
+    """Show as `title` in ps (/proc/self/cmdline); anything that fails leaves the old one (it is cosmetic)."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: stat's fields 48 and 49
+    except (OSError, ValueError, IndexError):
+        return
+    # The title, a NUL, and padding that is not NUL: the kernel then shows the argv area up to that first NUL
+    # (setproctitle's convention), with no trailing empty arguments. Python keeps its own copy of argv.
+    room = end - start
+    if room < 2:
+        return
+    text = title.encode("utf-8", "replace")[:room - 2] + b"\0"
+    ctypes.memmove(start, text + b" " * (room - len(text)), room)
+
+
+def _import(modules: list[str]) -> str | None:
+    """Import torch and `modules`; why this interpreter cannot be a rank, or None."""
+    try:
+        import torch
+
+        for name in modules:
+            importlib.import_module(name)
+    except BaseException as exc:  # noqa: BLE001 - any failure: the rank starts cold and meets it there
+        return f"import failed: {type(exc).__name__}: {exc}"
+    if torch.cuda.is_initialized():
+        return "CUDA was initialised by an import: the rank must choose its device itself"
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return "a process group exists before the hand-off"
+    return None
+
+
+def _receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
+    """The hand-off: the rank's spec and its stdin/stdout/stderr, or None when the agent no longer needs us."""
+    try:
+        data, fds, _flags, _addr = socket.recv_fds(sock, MAX_SPEC_BYTES, 3)
+    except OSError:
+        return None
+    if not data:
+        return None
+    return json.loads(data), fds
+
+
+def _fresh_main() -> types.ModuleType:
+    """A `__main__` like the one a new interpreter has, so nothing of this file is in the rank's globals."""
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__builtins__=builtins, __annotations__={})
+    sys.modules["__main__"] = main
+    return main
+
+
+def _become(spec: dict[str, Any], fds: list[int]) -> None:
+    """Take the rank's streams, directory and environment; no tie to the agent's life any more (like a cold rank)."""
+    for fd, target in zip(fds, (0, 1, 2)):
+        if fd != target:
+            os.dup2(fd, target)
+    for fd in set(fds) - {0, 1, 2}:
+        os.close(fd)
+    os.chdir(spec["cwd"])
+    os.environ.clear()
+    os.environ.update(spec["env"])
+    pdeathsig(0)
+    # `ps`, `pgrep -f` and py-spy find the rank by the command a cold rank has (cut to our own argv's length).
+    set_title(" ".join([spec["argv0"], *spec["argv"]]))
+
+
+def _run_script(path: str, main: types.ModuleType) -> None:
+    """What `python script.py` does: absolute `__file__`, a source loader, the code compiled without our flags."""
+    from importlib.machinery import SourceFileLoader
+
+    absolute = os.path.abspath(path)
+    main.__dict__.update(__file__=absolute, __cached__=None, __loader__=SourceFileLoader("__main__", absolute))
+    with open(absolute, "rb") as fh:
+        code = compile(fh.read(), absolute, "exec", dont_inherit=True)
+    exec(code, main.__dict__)
+
+
+def run_rank(argv: list[str]) -> None:
+    """Run the rank's `[-u, -m, module, args...]` or `[-u, script, args...]` as the interpreter would."""
+    main = _fresh_main()
+    if argv[1] == "-m":
+        sys.argv = ["-m", *argv[3:]]  # runpy replaces argv[0] with the module's file, as `python -m` does
+        runpy._run_module_as_main(argv[2], alter_argv=True)  # type: ignore[attr-defined]  # what `-m` calls
+    else:
+        sys.argv = argv[1:]
+        _run_script(argv[1], main)
+
+
+def main() -> int:
+    fd, parent, path0 = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    modules: list[str] = json.loads(sys.argv[4])
+    pdeathsig(signal.SIGKILL)  # until the hand-off we die with the spare agent
+    sock = socket.socket(fileno=fd)
+    if os.getppid() != parent:  # the agent died before the line above took effect
+        return 0
+    if not getattr(sys.flags, "safe_path", False):  # -P / PYTHONSAFEPATH: a cold rank gets no sys.path[0] either
+        sys.path[0] = path0  # the rank's own (its directory for -m, its script's for a script), never ours
+    started = time.monotonic()
+    problem = _import(modules)
+    try:
+        sock.send(UNUSABLE + b" " + problem.encode() if problem else READY + f" {time.monotonic() - started:.3f}".encode())
+    except OSError:
+        return 0
+    if problem:
+        return 0
+    received = _receive(sock)
+    sock.close()
+    if received is None:
+        return 0
+    spec, fds = received
+    _become(spec, fds)
+    run_rank(spec["argv"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
