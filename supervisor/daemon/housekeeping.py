@@ -27,6 +27,8 @@ from supervisor.layout import MANIFEST_NAME, METADATA_NAME
 
 __all__ = ["Housekeeper", "PassResult", "best_checkpoint"]
 
+_SAID_ONCE = frozenset({"client_keeps_unknown"})  # findings about the config, not the moment: one warning per run
+
 
 @dataclass(frozen=True)
 class PassResult:
@@ -59,6 +61,7 @@ class Housekeeper:
         self._more_trash = False  # something was parked since the emptier last looked
         self._emptying = False
         self._marker: tuple[Path, int] | None = None  # the running attempt's in-use marker and job pid
+        self._said: set[str] = set()  # kinds of _SAID_ONCE already warned about
 
     def concerns(self, path: Path) -> bool:
         """Is this file event a possible checkpoint commit (a top-level rename/create, or DCP's .metadata)?"""
@@ -166,7 +169,10 @@ class Housekeeper:
         first = self.last is None
         self.latest, self.last, self.disk_free = result.newest, result, result.disk_free
         for f in result.findings:
-            self.log.warning(f.kind, message=f.message)
+            if f.kind not in self._said:
+                self.log.warning(f.kind, message=f.message)
+            if f.kind in _SAID_ONCE:
+                self._said.add(f.kind)
         for d in result.deleted:
             self.log.info("retention_deleted", path=str(d.path), reason=d.reason, size_bytes=d.size_bytes)
         # The first pass also empties what a predecessor killed mid-delete left parked: waiting for the next
