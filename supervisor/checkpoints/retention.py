@@ -14,7 +14,10 @@ How the rules interact:
    sibling) is not counted: one save, one place in `keep_last`. When at least one keep rule is on, a complete
    checkpoint kept by none of them is deleted (when the program's own keep list could not be read, with a
    `client_keeps_unknown` finding). When all are off, complete checkpoints are kept.
-3. Debris: partial and torn dirs idle longer than `partial_max_age_s` are deleted.
+3. Debris: partial and torn dirs idle longer than `partial_max_age_s` are deleted. With `settled` (no save
+   can be in flight: the job is down, and it picks its own checkpoint, as transformers' Trainer with
+   `resume_from_checkpoint=True` or Accelerate's `load_state()` do), those that rank above the newest
+   complete checkpoint are deleted at once: the job would load one of them and fail at every start.
 4. Disk: then, while free space is below `min_free_gb` or the checkpoints' total is above
    `max_total_gb`, the oldest remaining deletable checkpoint goes (rule-kept ones included, guarded ones
    never). A floor that cannot be met this way yields a `disk_pressure` finding.
@@ -110,9 +113,22 @@ class RetentionPlan:
     kept: dict[Path, str] = field(default_factory=dict)  # why each non-deleted dir stays
 
 
-def _guards(cps: Sequence[CheckpointInfo], rules: RetentionRules, protect: set[str], now: float) -> dict[Path, str]:
+def _newest(cps: Sequence[CheckpointInfo]) -> CheckpointInfo | None:
     usable = [c for c in cps if c.complete and not c.quarantined]
-    newest = max(usable, key=age_order) if usable else None
+    return max(usable, key=age_order) if usable else None
+
+
+def _unfinished_above(cps: Sequence[CheckpointInfo], settled: bool) -> set[Path]:
+    """With `settled`: the partial and torn dirs that rank above the newest complete checkpoint."""
+    newest = _newest(cps)
+    if not settled or newest is None:
+        return set()
+    return {c.path for c in cps if c.state in (PARTIAL, TORN) and age_order(c) > age_order(newest)}
+
+
+def _guards(cps: Sequence[CheckpointInfo], rules: RetentionRules, protect: set[str], now: float,
+            early: set[Path]) -> dict[Path, str]:
+    newest = _newest(cps)
     guards: dict[Path, str] = {}
     for c in cps:
         if newest is not None and c.path == newest.path:
@@ -124,7 +140,7 @@ def _guards(cps: Sequence[CheckpointInfo], rules: RetentionRules, protect: set[s
         elif c.hold is not None:
             guards[c.path] = c.hold
         elif c.state in (PARTIAL, TORN):
-            if now - c.mtime <= rules.partial_max_age_s:
+            if c.path not in early and now - c.mtime <= rules.partial_max_age_s:
                 guards[c.path] = f"{c.state}, idle {max(0.0, now - c.mtime):.0f} s: may be in flight"
         elif c.state != COMPLETE:
             guards[c.path] = f"{c.state}: left for a human"
@@ -189,11 +205,13 @@ def plan_retention(
     disk: DiskUsage,
     protect: Collection[str | os.PathLike[str]] = (),
     now: float,
+    settled: bool = False,
 ) -> RetentionPlan:
     """Decide what to delete and why (pure: no I/O; see the module docstring for the rules)."""
     foreign = {c.path: "foreign: not a checkpoint, never deleted" for c in checkpoints if c.state == FOREIGN}
     cps = sorted((c for c in checkpoints if c.state != FOREIGN), key=age_order)  # oldest first: deletion order
-    guards = _guards(cps, rules, {os.path.abspath(p) for p in protect}, now)
+    early = _unfinished_above(cps, settled)
+    guards = _guards(cps, rules, {os.path.abspath(p) for p in protect}, now, early)
     keeps = _rule_keeps(cps, rules)
     any_rule_on = rules.keep_rules_on()
     deletions: list[Deletion] = []
@@ -206,6 +224,9 @@ def plan_retention(
                 kept[c.path] = ", ".join(keeps.get(c.path, ["no keep rule on"]))
                 continue
             reason = "kept by no keep rule"
+        elif c.path in early:
+            reason = (f"{c.state} and newer than the newest complete checkpoint, with the job down: the job picks "
+                      "its own checkpoint and would load this one")
         else:  # partial/torn and idle past the limit (younger ones are guarded)
             reason = f"{c.state} and idle {now - c.mtime:.0f} s > partial_max_age_s={rules.partial_max_age_s:g}"
         deletions.append(Deletion(c.path, c.name, reason, c.size_bytes, c.inode))

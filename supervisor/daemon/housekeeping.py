@@ -42,6 +42,7 @@ class PassResult:
     disk_free: int | None = None
     checkpoint_bytes: int | None = None  # in complete checkpoints, after the deletions
     error: str | None = None  # the root could not be read; nothing else in the result is meaningful
+    settled: bool = False  # planned with no save in flight (retention.plan_retention's `settled`)
 
     @property
     def quarantined(self) -> list[str]:
@@ -75,12 +76,13 @@ class Housekeeper:
 
     # ---- off the loop ------------------------------------------------------------------------------------
     def run_pass(self, *, generation: int, protect: Collection[Path], prune: bool = True,
-                 unless_newest: Path | None = None) -> PassResult:
+                 unless_newest: Path | None = None, settled: bool = False) -> PassResult:
         """Scan the root once and prune it (if this node prunes), protecting `protect`; thread-safe, no state.
 
         With `prune=False` retention runs only when the newest complete checkpoint is no longer
         `unless_newest`, i.e. on a new commit (a file event in the root that committed nothing is no
-        reason to delete anything).
+        reason to delete anything). `settled`: no save can be in flight (the core says when), so the
+        unfinished saves a job that picks its own checkpoint would load go now (retention.py, rule 3).
         """
         if not self.root.is_dir():
             return PassResult(generation)
@@ -94,10 +96,11 @@ class Housekeeper:
             newest = usable[0] if usable else None  # scan() sorts newest first
             plan = store.RetentionPlan()
             committed = newest is not None and newest.path != unless_newest
-            if self.cfg.checkpoints.prune and (prune or committed):
+            if self.cfg.checkpoints.prune and (prune or committed or settled):
                 store.migrate_legacy_trash(self.root, fallback=self.cfg.run_dir)
                 plan = store.plan_retention(found, rules=self.cfg.checkpoints, disk=usage,
-                                            protect={*protect, *store.in_use(self.root)}, now=self.now())
+                                            protect={*protect, *store.in_use(self.root)}, now=self.now(),
+                                            settled=settled)
             deleted = (store.execute_retention(self.root, plan, empty_trash=False, fallback=self.cfg.run_dir)
                        if plan.deletions else [])
         except (CheckpointError, OSError) as exc:
@@ -106,7 +109,7 @@ class Housekeeper:
         return PassResult(
             generation, checkpoints=[c for c in found if c.path not in gone], newest=newest, deleted=deleted,
             findings=plan.findings, disk_free=usage.free_bytes,
-            checkpoint_bytes=sum(c.size_bytes for c in found if c.complete and c.path not in gone),
+            checkpoint_bytes=sum(c.size_bytes for c in found if c.complete and c.path not in gone), settled=settled,
         )
 
     def empty_trash(self) -> None:
