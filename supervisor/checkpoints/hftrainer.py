@@ -12,6 +12,12 @@ sibling has one (ranking.py compares `markers`).
 
 `trainer_state.json` grows with `log_history`: up to MAX_PARSED bytes it is parsed, beyond that only its
 ends are read (`{` first, the closing `}` last: `save_to_json` writes `indent=2`, so a cut file ends inside).
+
+On SIGTERM with `TrainingArguments(enable_jit_checkpoint=True)` the Trainer saves `checkpoint-<step>/` at once
+(trainer_jit_checkpoint.py), with a `checkpoint-is-incomplete.txt` inside until the save is done: a folder
+that still has it is partial. With `load_best_model_at_end` its own rotation always keeps
+`best_model_checkpoint` (in trainer_state.json); `held_by_trainer` says which folder that is, so the
+supervisor's retention keeps it too.
 """
 from __future__ import annotations
 
@@ -22,9 +28,10 @@ from pathlib import Path
 
 from supervisor.checkpoints._files import open_regular, read_small_json
 
-__all__ = ["TRAINER_STATE", "is_trainer_name", "state_problem", "markers"]
+__all__ = ["TRAINER_STATE", "JIT_SENTINEL", "is_trainer_name", "state_problem", "markers", "held_by_trainer"]
 
 TRAINER_STATE = "trainer_state.json"  # transformers.trainer.TRAINER_STATE_NAME
+JIT_SENTINEL = "checkpoint-is-incomplete.txt"  # transformers.trainer_jit_checkpoint.CheckpointManager
 MAX_PARSED = 4 << 20
 _NAME = re.compile(r"checkpoint-(\d+)")  # transformers.trainer_utils._re_checkpoint (PREFIX_CHECKPOINT_DIR-step)
 _OWN_FILES = re.compile(r"scheduler\.pt|scaler\.pt|training_args\.bin|rng_state(_\d+)?\.pth")
@@ -69,6 +76,8 @@ def _whole_step(path: Path, size: int) -> tuple[int | None, bool]:
 
 def state_problem(directory: Path) -> tuple[bool, str] | None:
     """For a complete nested `checkpoint-N` folder: (invalid?, why) when its trainer_state.json is wanting."""
+    if os.path.lexists(directory / JIT_SENTINEL):
+        return False, (f"{JIT_SENTINEL} is still there: transformers' JIT checkpoint (on SIGTERM) did not finish")
     path = directory / TRAINER_STATE
     try:
         st = os.lstat(path)
@@ -95,3 +104,17 @@ def markers(directory: Path) -> frozenset[str]:
     if not is_trainer_name(directory.name):
         return frozenset()
     return frozenset({TRAINER_STATE}) if os.path.isfile(directory / TRAINER_STATE) else frozenset()
+
+
+def held_by_trainer(root: Path, newest: Path) -> str | None:
+    """The folder in `root` that the newest save's trainer_state.json names `best_model_checkpoint`, or None."""
+    read = read_small_json(newest / TRAINER_STATE, MAX_PARSED)
+    doc = read[0] if read is not None else None
+    best = doc.get("best_model_checkpoint") if isinstance(doc, dict) else None
+    if type(best) is not str or not best:
+        return None
+    path = os.path.normpath(best)
+    # A relative output_dir is relative to the job's cwd, which the store does not know: the name alone then
+    # decides (keeping one folder too many is the safe mistake).
+    in_root = not os.path.isabs(path) or os.path.dirname(path) in {os.path.abspath(root), os.path.realpath(root)}
+    return os.path.basename(path) if in_root else None

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
-from supervisor.checkpoints import lightning
+from supervisor.checkpoints import hftrainer, lightning
 from supervisor.checkpoints.completeness import (
     COMPLETE,
     FOREIGN,
@@ -378,16 +378,21 @@ def scan(root: str | os.PathLike[str], *, verify_all: bool = True) -> list[Check
 
 
 def _with_holds(root: Path, infos: list[CheckpointInfo]) -> list[CheckpointInfo]:
-    """Mark what Lightning itself still needs (retention.py never deletes it): every `last*.ckpt` (what
-    `ckpt_path="last"` loads), the checkpoint a `last*.ckpt` link names, and what its ModelCheckpoint keeps in
-    its top-k, read from the newest `meta.pt`. When that state cannot be read, the complete Lightning
-    checkpoints say why (`keeps_unknown`): retention then warns before its keep rules delete one."""
+    """Mark what the training program itself still needs (retention.py never deletes it): Lightning's every
+    `last*.ckpt` (what `ckpt_path="last"` loads), the checkpoint a `last*.ckpt` link names, and what its
+    ModelCheckpoint keeps in its top-k, read from the newest `meta.pt`; transformers' `best_model_checkpoint`.
+    When Lightning's state cannot be read, its complete checkpoints say why (`keeps_unknown`): retention then
+    warns when its keep rules delete one."""
     holds: dict[str, str] = {}
     for c in infos:
         if lightning.is_last_name(c.name) and c.state != FOREIGN:
             holds[c.name] = lightning.POINTER_HOLD
             if c.alias_of is not None and c.path.is_symlink():
                 holds.setdefault(c.alias_of, f"{c.name} links to it (Lightning's resume pointer)")
+    trainer = [c for c in infos if c.complete and hftrainer.is_trainer_name(c.name)]
+    best = hftrainer.held_by_trainer(root, max(trainer, key=age_order).path) if trainer else None
+    if best is not None:
+        holds[best] = "transformers' best_model_checkpoint (trainer_state.json): its own rotation keeps it too"
     saves = {c.name: c for c in infos if c.complete and lightning.is_lightning_name(c.name) and not c.path.is_symlink()}
     unknown = None
     if saves:

@@ -66,7 +66,7 @@ class SupervisedClient:
 
     # ---- running ----------------------------------------------------------------------------------------------
     def start(self) -> SupervisedClient:
-        with open(self.console, "wb") as out:  # a file, not a pipe: nobody drains a pipe during a long run
+        with open(self.console, "ab") as out:  # a file, not a pipe: nobody drains a pipe during a long run
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "supervisor", "run", "-c", str(self.config)], cwd=REPO, stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True,
@@ -80,6 +80,12 @@ class SupervisedClient:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             raise AssertionError(f"the supervisor did not exit within {timeout:.0f}s\n{self.tails()}") from None
+
+    def stop(self, timeout: float) -> int:
+        """SIGTERM the supervisor (what systemd, Slurm or Ctrl+C do) and wait for its graceful stop; its exit code."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.wait_exit(timeout)
 
     def wait_for(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
         """Poll `predicate`; fail with the log tails on timeout or when the supervisor exits first."""

@@ -270,3 +270,21 @@ class TestTorchZip:
         """torch.save never compresses: a deflated member (a zip bomb's tool) is refused before reading."""
         path = torch_zip(tmp_path / "meta.pt", pickle.dumps({}, protocol=2), zipfile.ZIP_DEFLATED)
         assert "compressed" in torchzip.zip_problem(path)
+
+
+class TestTrainerExtras:
+    def test_a_jit_checkpoint_in_progress_is_partial(self, tmp_path):
+        """enable_jit_checkpoint: the sentinel stays in checkpoint-N until the SIGTERM save is done."""
+        root = tmp_path / "out"
+        write_trainer_checkpoint(root, 10)
+        (write_trainer_checkpoint(root, 12) / "checkpoint-is-incomplete.txt").write_text("in progress")
+        assert rows(root) == [("checkpoint-12", "partial", 12), ("checkpoint-10", "complete", 10)]
+
+    def test_best_model_checkpoint_is_kept(self, tmp_path):
+        """load_best_model_at_end: the Trainer's rotation keeps best_model_checkpoint, and so does ours."""
+        root = tmp_path / "out"
+        for s in (10, 20, 30):
+            write_trainer_checkpoint(root, s)
+        state = root / "checkpoint-30" / "trainer_state.json"
+        state.write_text(json.dumps({"global_step": 30, "best_model_checkpoint": str(root / "checkpoint-10")}))
+        assert deleted_by(root, keep_last=1) == {"checkpoint-20"}
