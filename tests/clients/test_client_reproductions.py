@@ -164,6 +164,21 @@ class TestExampleConfigs:
         assert cfg.job.resume_args == ["--resume-from", "{checkpoint}"]  # what the real tier runs
         assert cfg.checkpoints.dir == Path(project) / "checkpoints"
 
+    def test_lightning_example_resumes_by_itself_in_its_dirpath(self) -> None:
+        """deploy/examples/lightning.toml loads; Lightning's own ckpt_path="last", the root is ModelCheckpoint's dirpath."""
+        from supervisor.config import load_config
+
+        cfg = load_config(REPO / "deploy" / "examples" / "lightning.toml")
+        assert cfg.job.resume_args == [] and cfg.checkpoints.keep_last == 2  # what the real tier runs
+        assert str(cfg.checkpoints.dir) == cfg.job.command[cfg.job.command.index("--ckpt-dir") + 1]
+
+    def test_hf_trainer_example_passes_the_supervisors_pick_and_watches_output_dir(self) -> None:
+        from supervisor.config import load_config
+
+        cfg = load_config(REPO / "deploy" / "examples" / "hf_trainer.toml")
+        assert cfg.job.resume_args == ["--resume_from_checkpoint", "{checkpoint}"]
+        assert str(cfg.checkpoints.dir) == cfg.job.command[cfg.job.command.index("--output_dir") + 1]
+
 
 # ---- the reproductions under the real `fsdp-supervisor run` ---------------------------------------------------------
 FAST = "\n[restart]\nbackoff_initial_s = 0.05\nbackoff_max_s = 0.2\n"
