@@ -75,7 +75,8 @@ class RetentionRules(BaseModel):
         default=0, ge=0, description="delete oldest deletable while checkpoints exceed this many GiB (0 = off)"
     )
     partial_max_age_s: float = Field(
-        default=3600, ge=0, description="partial/torn dirs idle longer than this many seconds are deleted"
+        default=3600, ge=0, description="partial/torn dirs idle longer than this many seconds are deleted (those "
+        "above the newest complete at once, before a launch whose job picks its own checkpoint)"
     )
 
     def keep_rules_on(self) -> bool:

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from supervisor import checkpoints as store
+from supervisor.checkpoints.hftrainer import JIT_SENTINEL
+from supervisor.checkpoints.lightning import META_NAME as LIGHTNING_META
 from supervisor.config import Config
 from supervisor.errors import CheckpointError
 from supervisor.layout import MANIFEST_NAME, METADATA_NAME
@@ -65,13 +67,14 @@ class Housekeeper:
         self._said: set[str] = set()  # kinds of _SAID_ONCE already warned about
 
     def concerns(self, path: Path) -> bool:
-        """Is this file event a possible checkpoint commit (a top-level rename/create, or DCP's .metadata)?"""
+        """Is this file event a possible checkpoint commit (a top-level rename/create, DCP's .metadata, or a
+        client's last file: Lightning's meta.pt, transformers' trainer_state.json or its JIT sentinel going)?"""
         try:
             rel = path.relative_to(self.root)
         except ValueError:
             return False
         # A JSON file in a checkpoint folder may be the sidecar that says an Accelerate checkpoint's step.
-        return len(rel.parts) == 1 or rel.name in (METADATA_NAME, MANIFEST_NAME) or (
+        return len(rel.parts) == 1 or rel.name in (METADATA_NAME, MANIFEST_NAME, LIGHTNING_META, JIT_SENTINEL) or (
             len(rel.parts) == 2 and rel.suffix == ".json")
 
     # ---- off the loop ------------------------------------------------------------------------------------

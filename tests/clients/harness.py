@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ import psutil
 from tests.helpers import TAG_ENV
 from tests.supervise import REPO, Supervisors, cli, kill_tree
 
-__all__ = ["CLIENTS", "TORCHRUN", "SupervisedClient", "run_plain", "strip_ansi"]
+__all__ = ["CLIENTS", "TORCHRUN", "SupervisedClient", "run_plain", "strip_ansi", "printed", "assert_losses_match"]
 
 CLIENTS = Path(__file__).resolve().parent
 # `python -m torch.distributed.run` is `torchrun` of this interpreter's venv, whichever venv runs the tests.
@@ -37,6 +37,23 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 def strip_ansi(text: str) -> str:
     return _ANSI.sub("", text)
+
+
+def printed(pattern: re.Pattern[str], log: str) -> dict[int, Any]:
+    """step -> what a client printed for it (`pattern`: the step, then one or more values; the first line wins)."""
+    out: dict[int, Any] = {}
+    for m in pattern.finditer(log):
+        values = m.groups()[1:]
+        out.setdefault(int(m.group(1)), values[0] if len(values) == 1 else values)
+    return out
+
+
+def assert_losses_match(reference: Mapping[int, Any], log: str, attempt: int, pattern: re.Pattern[str]) -> None:
+    """Every step attempt `attempt` printed prints what the uninterrupted run printed for it, exactly."""
+    got = printed(pattern, log)
+    assert got, f"attempt {attempt} printed no training step"
+    diff = {s: (v, reference.get(s)) for s, v in got.items() if reference.get(s) != v}
+    assert not diff, f"attempt {attempt}: steps whose loss differs from the uninterrupted run: {diff}"
 
 
 def _toml(value: Any) -> str:

@@ -25,7 +25,7 @@ import pytest
 pytest.importorskip("transformers", reason="real-client tier: run `make test-clients`")
 
 from supervisor.checkpoints import judge
-from tests.clients.harness import CLIENTS, TORCHRUN, SupervisedClient, run_plain
+from tests.clients.harness import CLIENTS, TORCHRUN, SupervisedClient, assert_losses_match, printed, run_plain
 from tests.clients.layouts import HF_ENTRY, HF_FILES, layout_problems
 from tests.supervise import Supervisors, assert_no_orphans, supervisors  # noqa: F401
 
@@ -54,7 +54,7 @@ def hf_job(sups: Supervisors, workdir: Path, resume_args: list[str], extra: list
 
 
 def steps_printed(log: str) -> dict[int, str]:
-    return {int(m.group(1)): m.group(2) for m in STEP_LINE.finditer(log)}
+    return printed(STEP_LINE, log)
 
 
 def complete(ckpt: Path) -> bool:
@@ -62,13 +62,6 @@ def complete(ckpt: Path) -> bool:
         return ckpt.is_dir() and judge(ckpt).complete
     except Exception:  # noqa: BLE001 - vanished between the look and the judging (the Trainer's rotation)
         return False
-
-
-def assert_losses_match(reference: dict[int, str], log: str, attempt: int) -> None:
-    got = steps_printed(log)
-    assert got, f"attempt {attempt} printed no training step"
-    diff = {s: (v, reference.get(s)) for s, v in got.items() if reference.get(s) != v}
-    assert not diff, f"attempt {attempt}: steps whose loss differs from the uninterrupted run: {diff}"
 
 
 def cut_in_half(shard: Path) -> None:
@@ -82,16 +75,16 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
     workdir = tmp_path_factory.mktemp("hf-reference")
     tag = uuid.uuid4().hex
     try:
-        printed = steps_printed(run_plain(hf_command(workdir / "out", "--total-limit", "2"), workdir / "run.log",
+        losses = steps_printed(run_plain(hf_command(workdir / "out", "--total-limit", "2"), workdir / "run.log",
                                           tag, RUN_TIMEOUT))
     finally:
         assert_no_orphans(tag)
-    assert sorted(printed) == list(range(1, STEPS + 1))
+    assert sorted(losses) == list(range(1, STEPS + 1))
     out = workdir / "out"
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint-25", "checkpoint-30"]
     assert layout_problems(out, HF_ENTRY, HF_FILES) == [], \
         "the Trainer's layout is not the one tests/clients/layouts.py assumes"
-    return printed
+    return losses
 
 
 def test_hf_resumes_from_the_supervisors_pick(supervisors: Supervisors, tmp_path: Path,
@@ -115,7 +108,7 @@ def test_hf_resumes_from_the_supervisors_pick(supervisors: Supervisors, tmp_path
     assert [(e.get("resumed_from"), e.get("resumed_step")) for e in started] == [(None, None), (pick, 10), (pick, 10)]
     logs = job.attempt_logs()
     for i, log in enumerate(logs, 1):
-        assert_losses_match(reference, log, i)
+        assert_losses_match(reference, log, i, STEP_LINE)
     assert min(steps_printed(logs[1])) == 11 and max(steps_printed(logs[-1])) == STEPS
     listing = [(c["name"], c["complete"], c["step"]) for c in job.checkpoints_list()]
     assert listing and all(ok and step == int(name.split("-")[1]) for name, ok, step in listing), listing
@@ -144,7 +137,7 @@ def test_hf_picks_its_own_and_stops_gracefully(supervisors: Supervisors, tmp_pat
     cleared = [Path(e["path"]).name for e in job.events("retention_deleted") if "would load" in e["reason"]]
     assert cleared == ["checkpoint-10"], job.events("retention_deleted")
     for i, log in enumerate(logs, 1):
-        assert_losses_match(reference, log, i)
+        assert_losses_match(reference, log, i, STEP_LINE)
     newest = max(int(p.name.split("-")[1]) for p in root.iterdir() if complete(p))
     reached = max(steps_printed(logs[1]))
     # The JIT save happens in on_step_begin (or on_step_end) of the step after the flag is set; a step begun
@@ -157,7 +150,7 @@ def test_hf_picks_its_own_and_stops_gracefully(supervisors: Supervisors, tmp_pat
     logs = job.attempt_logs()
     resumed = RESUMING.search(logs[2])
     assert resumed and resumed.group(1) == str(root / f"checkpoint-{newest}"), job.tails()
-    assert_losses_match(reference, logs[2], 3)
+    assert_losses_match(reference, logs[2], 3, STEP_LINE)
     assert min(steps_printed(logs[2])) == newest + 1 and max(steps_printed(logs[2])) == STEPS
     assert [e.get("resumed_from") for e in job.events("job_started")] == [None] * 3
     assert job.state().get("quarantined") in (None, [])

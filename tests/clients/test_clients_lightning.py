@@ -26,7 +26,7 @@ pytest.importorskip("lightning", reason="real-client tier: run `make test-client
 import torch
 
 from supervisor.checkpoints import lightning
-from tests.clients.harness import CLIENTS, TORCHRUN, SupervisedClient, run_plain
+from tests.clients.harness import CLIENTS, TORCHRUN, SupervisedClient, assert_losses_match, printed, run_plain
 from tests.clients.layouts import LIGHTNING_ENTRY, LIGHTNING_FILES, layout_problems
 from tests.supervise import Supervisors, assert_no_orphans, supervisors  # noqa: F401
 
@@ -55,7 +55,7 @@ def lightning_job(sups: Supervisors, workdir: Path, resume_args: list[str], extr
 
 
 def steps_printed(log: str) -> dict[int, str]:
-    return {int(m.group(1)): m.group(2) for m in STEP_LINE.finditer(log)}
+    return printed(STEP_LINE, log)
 
 
 def saved_step(ckpt: Path) -> int | None:
@@ -72,31 +72,24 @@ def top_k(meta_dir: Path) -> set[str]:
     return {Path(p).name for p in state["best_k_models"]}
 
 
-def assert_losses_match(reference: dict[int, str], log: str, attempt: int) -> None:
-    got = steps_printed(log)
-    assert got, f"attempt {attempt} printed no training step"
-    diff = {s: (v, reference.get(s)) for s, v in got.items() if reference.get(s) != v}
-    assert not diff, f"attempt {attempt}: steps whose loss differs from the uninterrupted run: {diff}"
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
     """repr(loss) of every step of one uninterrupted run; and Lightning's own layout and top-3 rotation."""
     workdir = tmp_path_factory.mktemp("lightning-reference")
     tag = uuid.uuid4().hex
     try:
-        printed = steps_printed(run_plain(lightning_command(workdir / "ckpts", "--top-k", "3", "--metric", "train_loss"),
+        losses = steps_printed(run_plain(lightning_command(workdir / "ckpts", "--top-k", "3", "--metric", "train_loss"),
                                           workdir / "run.log", tag, RUN_TIMEOUT))
     finally:
         assert_no_orphans(tag)
-    assert sorted(printed) == list(range(1, STEPS + 1))
+    assert sorted(losses) == list(range(1, STEPS + 1))
     root = workdir / "ckpts"
     assert layout_problems(root, LIGHTNING_ENTRY, LIGHTNING_FILES) == [], \
         "Lightning's layout is not the one tests/clients/layouts.py assumes"
     kept = top_k(root / "last.ckpt")
     assert len(kept) == 3 and sorted(p.name for p in root.iterdir()) == sorted({*kept, "last.ckpt"}), \
         "save_top_k=3: Lightning itself keeps its three best and last.ckpt"
-    return printed
+    return losses
 
 
 def test_lightning_resumes_itself_from_last_ckpt(supervisors: Supervisors, tmp_path: Path,
@@ -122,7 +115,7 @@ def test_lightning_resumes_itself_from_last_ckpt(supervisors: Supervisors, tmp_p
         f"save_on_exception: the SIGTERM'd attempt reached step {reached}; last.ckpt holds "
         f"{saved_step(root / 'last.ckpt')}\n{job.tails()}")
     for i, log in enumerate(logs, 1):
-        assert_losses_match(reference, log, i)
+        assert_losses_match(reference, log, i, STEP_LINE)
 
     job.start()  # the next run goes on from the emergency save, by Lightning's own choice again
     assert job.wait_exit(RUN_TIMEOUT) == 0, job.tails()
@@ -165,7 +158,7 @@ def test_lightning_resumes_from_the_supervisors_pick(supervisors: Supervisors, t
     assert [e.get("resumed_step") for e in started] == [None, 10, 10]
     logs = job.attempt_logs()
     for i, log in enumerate(logs, 1):
-        assert_losses_match(reference, log, i)
+        assert_losses_match(reference, log, i, STEP_LINE)
     assert max(steps_printed(logs[-1])) == STEPS
     listing = {c["name"]: c for c in job.checkpoints_list()}
     assert listing["epoch=2-step=15.ckpt"]["state"] == "partial" and "meta.pt" in listing["epoch=2-step=15.ckpt"]["reason"]

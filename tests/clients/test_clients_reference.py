@@ -23,7 +23,7 @@ import pytest
 pytest.importorskip("torch", reason="real-client tier: run `make test-clients`")
 
 from supervisor.checkpoints import newest_complete
-from tests.clients.harness import CLIENTS, TORCHRUN, SupervisedClient, run_plain
+from tests.clients.harness import CLIENTS, TORCHRUN, SupervisedClient, assert_losses_match, printed, run_plain
 from tests.clients.layouts import tree
 from tests.supervise import Supervisors, assert_no_orphans, supervisors  # noqa: F401
 
@@ -50,10 +50,6 @@ CLIENT = {  # name -> (command, resume flag, printed-loss pattern, checkpoint na
     "trainer": (trainer_command, "--resume", TRAINER_LINE, re.compile(r"step_(\d{8})")),
     "tutorial": (tutorial_command, "--resume-from", TUTORIAL_LINE, re.compile(r"epoch_(\d+)")),
 }
-
-
-def printed(pattern: re.Pattern[str], log: str) -> dict[int, str]:
-    return {int(m.group(1)): m.group(2) for m in pattern.finditer(log)}
 
 
 @pytest.fixture(scope="module")
@@ -127,8 +123,7 @@ def test_kill_torn_stop_and_resume(supervisors: Supervisors, tmp_path: Path, cli
     started = job.events("job_started")
     assert [e.get("resumed_from") for e in started] == [None, *map(str, picks), str(saved.path)], job.tails()
     for i, log in enumerate(job.attempt_logs(), 1):
-        got = printed(pattern, log)
-        assert got and not {s: v for s, v in got.items() if reference.get(s) != v}, f"attempt {i}: losses differ"
+        assert_losses_match(reference, log, i, pattern)
     assert max(printed(pattern, job.attempt_logs()[-1])) == STEPS
     assert not [e for e in job.events("retention_deleted") if Path(e["path"]).parent != ckpts]
     # the reference trainer sets a torn step_N aside as `.tmp-step_N-incomplete-<nonce>` when it saves that step again

@@ -98,6 +98,7 @@ class TestLightningMeta:
         directory = write_lightning_checkpoint(root, 20, with_meta=False)
         assert house.absorb(house.run_pass(generation=1, protect=())) is None
         write_torch_file(directory / "meta.pt", lightning_meta(20))
+        assert house.concerns(directory / "meta.pt"), "the file event of meta.pt must start a pass"
         committed = house.absorb(house.run_pass(generation=2, protect=()))
         assert committed is not None and committed.name == "epoch=0-step=20.ckpt"
 
@@ -277,8 +278,10 @@ class TestTrainerExtras:
         """enable_jit_checkpoint: the sentinel stays in checkpoint-N until the SIGTERM save is done."""
         root = tmp_path / "out"
         write_trainer_checkpoint(root, 10)
-        (write_trainer_checkpoint(root, 12) / "checkpoint-is-incomplete.txt").write_text("in progress")
+        sentinel = write_trainer_checkpoint(root, 12) / "checkpoint-is-incomplete.txt"
+        sentinel.write_text("in progress")
         assert rows(root) == [("checkpoint-12", "partial", 12), ("checkpoint-10", "complete", 10)]
+        assert housekeeper(tmp_path, root).concerns(sentinel), "its removal completes the save: a file event to see"
 
     def test_best_model_checkpoint_is_kept(self, tmp_path):
         """load_best_model_at_end: the Trainer's rotation keeps best_model_checkpoint, and so does ours."""
