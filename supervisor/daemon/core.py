@@ -207,10 +207,10 @@ class Core:
         self.passes.request(self._protected(), prune=prune, settled=self._settled())
 
     def _settled(self) -> bool:
-        """No save can be in flight (no job, no orphan of a predecessor) and the job picks its own checkpoint
-        (no {checkpoint} in resume_args): a pass may clear the cut-short saves above the newest complete one,
-        which the job would otherwise load at every start (retention.py, rule 3). Only a node that prunes."""
-        return (self.job is None and self._orphans is None and self.cfg.checkpoints.prune
+        """A launch waits, no save can be in flight (no job, no orphan of a predecessor) and the job picks its own
+        checkpoint (no {checkpoint} in resume_args): a pass may clear the cut-short saves above the newest complete
+        one, which the job would otherwise load at every start (retention.py, rule 3). Only a node that prunes."""
+        return (self._launch_pending and self.job is None and self._orphans is None and self.cfg.checkpoints.prune
                 and resume.chooses_itself(self.cfg.job.resume_args))
 
     def _protected(self) -> list[Path]:
