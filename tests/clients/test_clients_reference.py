@@ -9,7 +9,8 @@ expected pick is the store's newest complete checkpoint at the moment of the kil
 
 - the reference trainer (`python -m trainer`): `step_<N>/` with its manifest; on SIGTERM all ranks agree on a
   step and save it (the emergency save); no rotation of its own (the supervisor's keep_last is its rotation).
-- tests/clients/fsdp1_tutorial.py: `epoch_<E>/`, keeps its newest 3 itself; no signal handling at all.
+- tests/jobs/user_dcp_script.py (FSDP1, after the PyTorch DCP tutorial): `epoch_<E>/` from epoch 0, keeps its
+  newest 3 itself (`--keep 3`); no signal handling at all.
 """
 from __future__ import annotations
 
@@ -23,9 +24,9 @@ import pytest
 pytest.importorskip("torch", reason="real-client tier: run `make test-clients`")
 
 from supervisor.checkpoints import newest_complete
-from tests.clients.harness import CLIENTS, TORCHRUN, SupervisedClient, assert_losses_match, printed, run_plain
+from tests.clients.harness import TORCHRUN, SupervisedClient, assert_losses_match, printed, run_plain
 from tests.clients.layouts import tree
-from tests.supervise import Supervisors, assert_no_orphans, supervisors  # noqa: F401
+from tests.supervise import REPO, Supervisors, assert_no_orphans, supervisors  # noqa: F401
 
 pytestmark = [pytest.mark.clients, pytest.mark.timeout(1200)]
 
@@ -42,13 +43,13 @@ def trainer_command(ckpts: Path) -> list[str]:
 
 
 def tutorial_command(ckpts: Path) -> list[str]:
-    return [*TORCHRUN, str(CLIENTS / "fsdp1_tutorial.py"), "--ckpt-dir", str(ckpts), "--epochs", str(STEPS),
-            "--save-every", "5", "--keep", "3", "--step-s", "0.3"]
+    return [*TORCHRUN, str(REPO / "tests" / "jobs" / "user_dcp_script.py"), "--ckpt-dir", str(ckpts),
+            "--epochs", str(STEPS), "--save-every", "5", "--keep", "3", "--step-s", "0.3"]
 
 
-CLIENT = {  # name -> (command, resume flag, printed-loss pattern, checkpoint name pattern)
-    "trainer": (trainer_command, "--resume", TRAINER_LINE, re.compile(r"step_(\d{8})")),
-    "tutorial": (tutorial_command, "--resume-from", TUTORIAL_LINE, re.compile(r"epoch_(\d+)")),
+CLIENT = {  # name -> (command, resume flag, printed-loss pattern, checkpoint name pattern, steps printed)
+    "trainer": (trainer_command, "--resume", TRAINER_LINE, re.compile(r"step_(\d{8})"), range(1, STEPS + 1)),
+    "tutorial": (tutorial_command, "--resume-from", TUTORIAL_LINE, re.compile(r"epoch_(\d+)"), range(STEPS)),
 }
 
 
@@ -56,14 +57,14 @@ CLIENT = {  # name -> (command, resume flag, printed-loss pattern, checkpoint na
 def references(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[int, str], frozenset[str]]]:
     """Per client: every step's printed loss in one uninterrupted run, and the files of one of its checkpoints."""
     out = {}
-    for name, (command, _, pattern, entry) in CLIENT.items():
+    for name, (command, _, pattern, entry, steps) in CLIENT.items():
         workdir = tmp_path_factory.mktemp(f"{name}-reference")
         tag = uuid.uuid4().hex
         try:
             losses = printed(pattern, run_plain(command(workdir / "ckpts"), workdir / "run.log", tag, RUN_TIMEOUT))
         finally:
             assert_no_orphans(tag)
-        assert sorted(losses) == list(range(1, STEPS + 1)), f"{name}: {sorted(losses)}"
+        assert sorted(losses) == list(steps), f"{name}: {sorted(losses)}"
         dirs = sorted(p for p in (workdir / "ckpts").iterdir() if entry.fullmatch(p.name))
         out[name] = (losses, tree(dirs[-1]))
     return out
@@ -94,7 +95,7 @@ def test_kill_torn_stop_and_resume(supervisors: Supervisors, tmp_path: Path, cli
     """Kill -> the newest complete; a torn newest, kill -> the one before; SIGTERM -> exit 0 'stopped' and the next
     run resumes from the newest complete (the reference trainer's emergency save at the step it reached; the
     tutorial script's last periodic save); every printed loss equals the uninterrupted run's."""
-    command, flag, pattern, entry = CLIENT[client]
+    command, flag, pattern, entry, steps = CLIENT[client]
     reference, files = references[client]
     ckpts = tmp_path / "ckpts"
     job = SupervisedClient(supervisors, tmp_path, command=command(ckpts), resume_args=[flag, "{checkpoint}"],
@@ -124,12 +125,12 @@ def test_kill_torn_stop_and_resume(supervisors: Supervisors, tmp_path: Path, cli
     assert [e.get("resumed_from") for e in started] == [None, *map(str, picks), str(saved.path)], job.tails()
     for i, log in enumerate(job.attempt_logs(), 1):
         assert_losses_match(reference, log, i, pattern)
-    assert max(printed(pattern, job.attempt_logs()[-1])) == STEPS
+    assert max(printed(pattern, job.attempt_logs()[-1])) == steps[-1]
     assert not [e for e in job.events("retention_deleted") if Path(e["path"]).parent != ckpts]
     # the reference trainer sets a torn step_N aside as `.tmp-step_N-incomplete-<nonce>` when it saves that step again
     own = [p for p in ckpts.iterdir() if entry.fullmatch(p.name)]
     foreign = [p.name for p in ckpts.iterdir() if p not in own and not p.name.startswith(".tmp-step_")]
     foreign += [p.name for p in own if tree(p) - files]
     assert foreign == [], f"not written by the {client} (or not as it writes): {foreign}"
-    listing = [(c["name"], c["complete"], c["step"]) for c in job.checkpoints_list()]
-    assert all(step == int(entry.fullmatch(name).group(1)) for name, _, step in listing), listing
+    listing = [(c["name"], c["complete"], c["step"]) for c in job.checkpoints_list() if entry.fullmatch(c["name"])]
+    assert listing and all(ok and step == int(entry.fullmatch(name).group(1)) for name, ok, step in listing), listing
