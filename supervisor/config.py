@@ -90,7 +90,8 @@ class JobSection(_Section):
     prewarm: bool = Field(
         default=True,
         description="keep one spare torchrun agent with torch already imported, so that a relaunch skips the "
-        "interpreter start and `import torch` (only for `torchrun ...` / `python -m torch.distributed.run ...`)",
+        "interpreter start and `import torch` (only for `torchrun ...` / `python -m torch.distributed.run ...`); "
+        "the agent that takes a launch (`prewarm_handoff` in the log) shows in `ps` as `torchrun ARGS...`",
     )
 
     @field_validator("command")

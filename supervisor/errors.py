@@ -16,6 +16,8 @@ __all__ = [
     "UsageError",
     "CheckpointError",
     "LockedError",
+    "ClaimedError",
+    "SidecarError",
     "MetadataKind",
     "MetadataError",
     "RefusedGlobalError",
@@ -24,6 +26,7 @@ __all__ = [
     "ManifestError",
     "CheckpointIOError",
     "BestFileError",
+    "ExportConflictError",
 ]
 
 EXIT_OK = 0  # job completed, or stopped gracefully by a signal
@@ -55,6 +58,15 @@ class CheckpointError(SupervisorError):
 
 class LockedError(SupervisorError):
     """Another supervisor already owns the run dir; the message names its pid."""
+
+
+class ClaimedError(SupervisorError):
+    """Another job holds the checkpoint root (its claim, supervisor/checkpoints/claim.py); the message names it."""
+
+
+class SidecarError(CheckpointError):
+    """A folder we keep next to the checkpoint root (trash, in-use markers, the claim) cannot be used: not
+    ours, writable by others, or nowhere to put it. Retention stops; discovery and resume go on."""
 
 
 # The errors below are not SupervisorErrors: each is caught where it arises and becomes something else (a verdict
@@ -101,3 +113,8 @@ class CheckpointIOError(RuntimeError):
 
 class BestFileError(ValueError):
     """best.json exists but cannot be trusted; the message says why (the trainer logs it and ignores the file)."""
+
+
+class ExportConflictError(UsageError):
+    """An export would delete, replace or mix with a file it cannot prove an earlier export of ours wrote (a
+    downloaded model's shards beside OUT): refused, naming the file, before anything is written (exit 2)."""

@@ -6,8 +6,9 @@ treats anything with the temporary prefix as `partial`, whatever it contains.
 Nothing the supervisor keeps for itself lives inside the checkpoint root: programs such as Accelerate
 sort every entry of that folder and crash on names they did not write. Its trash and its in-use markers
 sit next to the root, as hidden siblings named after it (`<parent>/.<root-name>.fsdp-trash/`,
-`<parent>/.<root-name>.fsdp-inuse/`). Only the pin and quarantine markers are files inside a checkpoint
-dir, where loaders do not look (DCP reads `.metadata` and the files it names).
+`<parent>/.<root-name>.fsdp-inuse/`, `<parent>/.<root-name>.fsdp-claim/`). Only the pin and quarantine
+markers are files inside a checkpoint dir, where loaders do not look (DCP reads `.metadata` and the files it
+names).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ __all__ = [
     "LEGACY_TRASH_DIR",
     "TRASH_SUFFIX",
     "IN_USE_SUFFIX",
+    "CLAIM_SUFFIX",
     "PIN_MARKER",
     "QUARANTINE_MARKER",
     "step_dir_name",
@@ -36,6 +38,7 @@ TMP_PREFIX = ".tmp-"  # in-flight saves: `.tmp-step_00000120-<nonce>`; never com
 LEGACY_TRASH_DIR = ".trash"  # inside the root, by earlier versions: migrated next to the root on first use
 TRASH_SUFFIX = ".fsdp-trash"  # `<parent>/.<root-name>.fsdp-trash/`: retention renames here first, then removes
 IN_USE_SUFFIX = ".fsdp-inuse"  # `<parent>/.<root-name>.fsdp-inuse/<host>-<pid>.json`: checkpoints a job resumed from
+CLAIM_SUFFIX = ".fsdp-claim"  # `<parent>/.<root-name>.fsdp-claim/<host>-<pid>.json`: the supervisor(s) of the root's job
 PIN_MARKER = ".pinned"  # file inside a checkpoint dir: retention never deletes it
 QUARANTINE_MARKER = ".quarantined"  # file inside a checkpoint dir: never selected for resume
 
@@ -57,4 +60,4 @@ def sidecar_name(root_name: str, suffix: str) -> str:
 
 def is_sidecar_name(name: str) -> bool:
     """Is `name` one of the supervisor's own sidecars (of any root)? Listings leave them out."""
-    return name.startswith(".") and name.endswith((TRASH_SUFFIX, IN_USE_SUFFIX))
+    return name.startswith(".") and name.endswith((TRASH_SUFFIX, IN_USE_SUFFIX, CLAIM_SUFFIX))

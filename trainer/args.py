@@ -140,6 +140,17 @@ def validate(args: argparse.Namespace) -> None:
     _check_writable(args.checkpoint_dir)
     if args.export_best is not None:
         _check_writable(args.export_best, "--export-best")
+        _check_export_best(args.export_best)
+
+
+def _check_export_best(directory: Path) -> None:
+    """DIR must not hold another model's shards or index beside the `model.safetensors` the trainer writes there."""
+    from trainer.best import WEIGHTS_FILE
+    from trainer.exportfiles import conflict
+
+    problem = conflict(directory / WEIGHTS_FILE)
+    if problem:
+        raise UsageError(f"--export-best {directory}: {problem}")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

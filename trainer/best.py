@@ -17,16 +17,15 @@ Runs may share DIR (a sweep pointing every run at one `--export-best`). Each wri
 `flock` on DIR itself (nothing is left behind) and compares with `best.json` as it is on disk then: a run
 never puts a worse model over a better one another run wrote meanwhile, and the weights and `best.json` in
 DIR always come from one write. With the lock held, temporaries of a write killed midway (as large as the
-model) are removed.
+model) are removed, by our own temporary names only (trainer/exportfiles.py): another program's files in DIR
+are never touched, and a shard or index of another model beside `model.safetensors` makes the write refuse.
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import math
 import os
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,8 @@ from typing import Any
 from supervisor.checkpoints import open_regular
 from supervisor.errors import BestFileError
 from supervisor.host.atomic import temporaries, write_atomic
+from trainer.exportfiles import locked
+from trainer.exportfiles import remove_leftovers as remove_export_leftovers
 
 __all__ = ["BEST_FILE", "WEIGHTS_FILE", "Best", "BestFileError", "parse_best", "read_best", "improves",
            "missed_export", "write_best", "remove_leftovers"]
@@ -113,12 +114,13 @@ def write_best(directory: str | os.PathLike[str], weights: Mapping[str, Any], be
     """Unless DIR already holds a lower val_loss, write the weights, then best.json, each atomically; DIR locked.
 
     Returns the best now in DIR: `best`, or the better one another run sharing DIR wrote. OSError when a
-    write fails (a full disk): DIR then holds what it held before.
+    write fails (a full disk), ExportConflictError when DIR holds another model's shards or index beside
+    `model.safetensors`: DIR then holds what it held before.
     """
     from trainer.export import write_safetensors
 
     directory = Path(directory)
-    with _locked(directory):
+    with locked(directory):
         _remove_leftovers(directory)
         current, _ = read_best(directory)
         if current is not None and not improves(current, best.val_loss):
@@ -130,26 +132,11 @@ def write_best(directory: str | os.PathLike[str], weights: Mapping[str, Any], be
 
 def remove_leftovers(directory: str | os.PathLike[str]) -> None:
     """Remove the temporaries of a write killed midway (a restarted run calls it; so does every write)."""
-    with _locked(Path(directory)):
+    with locked(Path(directory)):
         _remove_leftovers(Path(directory))
 
 
 def _remove_leftovers(directory: Path) -> None:
-    from trainer.export import writer_leftovers
-
-    for path in [*writer_leftovers(directory / WEIGHTS_FILE), *temporaries(directory / BEST_FILE)]:
+    remove_export_leftovers(directory / WEIGHTS_FILE)
+    for path in temporaries(directory / BEST_FILE):
         path.unlink(missing_ok=True)
-
-
-@contextmanager
-def _locked(directory: Path) -> Iterator[None]:
-    """An exclusive flock on DIR itself, released on close: one writer at a time among runs sharing DIR."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:  # a file system without flock: one run per DIR, as before locking existed
-            pass
-        yield
-    finally:
-        os.close(fd)

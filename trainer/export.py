@@ -11,6 +11,9 @@ hubs use. Every file is written atomically and readable like any file written he
 A new export replaces the whole previous one under that name: the old index goes first (until the new one is
 written, no index names a mix of two exports), then the shards, then the index; a leftover single file or
 shards of the old export are removed, because loaders prefer a single file over an index, or glob every shard.
+Only our own, though: a shard or index name that no earlier export recorded (a downloaded hub model's
+`model-00001-of-00002.safetensors`) makes the export refuse, naming it, before anything is written; and a
+killed export's leftovers are removed by our own temporary names only (trainer/exportfiles.py says how).
 The trainer's `--export-best` writes its `model.safetensors` through `write_safetensors` too.
 """
 from __future__ import annotations
@@ -27,17 +30,17 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.errors import EXIT_USAGE, UsageError
-from supervisor.host.atomic import replacing, temporaries, write_atomic
+from supervisor.host.atomic import replacing
+from trainer import exportfiles as files
 from trainer.args import OneLineParser, positive_float
+from trainer.exportfiles import SAFETENSORS_SUFFIX, index_name, is_safetensors, shard_file_names
 
 __all__ = ["load_model_weights", "export", "main", "unshared", "plan_shards", "shard_file_names", "index_name",
-           "is_safetensors", "write_safetensors", "writer_leftovers", "DTYPES", "SAFETENSORS_SUFFIX"]
+           "is_safetensors", "write_safetensors", "DTYPES", "SAFETENSORS_SUFFIX"]
 
 MODEL_KEY = "model"
-SAFETENSORS_SUFFIX = ".safetensors"
 DTYPES = ("float32", "bfloat16", "float16")
 _GIB = 2**30
-_SAFETENSORS_TMP = re.compile(r"\.tmp[A-Za-z0-9]{6}")  # safetensors (Rust tempfile) writes there, then renames
 _MAX_SHARD_GIB = 2**30  # an exbibyte: any limit above it means one file anyway (and never overflows an int)
 
 
@@ -99,81 +102,77 @@ def plan_shards(sizes: Sequence[tuple[str, int]], max_bytes: int) -> list[list[s
     return shards
 
 
-def is_safetensors(out: Path) -> bool:
-    return out.name.lower().endswith(SAFETENSORS_SUFFIX)
-
-
-def _split(out: Path) -> tuple[str, str]:
-    """(stem, suffix as the user spelt it): `MODEL.SAFETENSORS` -> ("MODEL", ".SAFETENSORS")."""
-    cut = len(out.name) - len(SAFETENSORS_SUFFIX)
-    return out.name[:cut], out.name[cut:]
-
-
-def shard_file_names(out: Path, count: int) -> list[Path]:
-    """`model.safetensors` split in 3: `model-00001-of-00003.safetensors`, ... (1-based, 5 digits, hub style)."""
-    stem, suffix = _split(out)
-    return [out.with_name(f"{stem}-{k:05d}-of-{count:05d}{suffix}") for k in range(1, count + 1)]
-
-
-def index_name(out: Path) -> Path:
-    return out.with_name(f"{out.name}.index.json")
-
-
-def _old_shards(out: Path) -> list[Path]:
-    """Shards of any earlier sharded export to `out` (any shard count)."""
-    stem, suffix = _split(out)
-    pattern = re.compile(rf"{re.escape(stem)}-\d{{5}}-of-\d{{5}}{re.escape(suffix)}")
-    return [p for p in out.parent.iterdir() if pattern.fullmatch(p.name)] if out.parent.is_dir() else []
-
-
-def writer_leftovers(out: Path) -> list[Path]:
-    """Temporaries a writer of `out` killed midway left beside it: ours (`replacing`) and safetensors' own
-    (`.tmp` + 6 letters or digits, renamed over ours when done; as large as the file). Only for a directory
-    the caller owns: the second kind has no name of its own."""
-    theirs = [p for p in out.parent.iterdir() if _SAFETENSORS_TMP.fullmatch(p.name) and p.is_file()]
-    return [*temporaries(out), *sorted(theirs)]
-
-
 def _save_file(tensors: Mapping[str, Any], path: Path) -> None:
-    """One safetensors file, atomically; a failed write (full disk) is an OSError like any other."""
+    """One safetensors file at `path`, a new name in our staging folder (safetensors' own temporary lands there too),
+    readable like any file written here and fsynced; a failed write (full disk) is an OSError like any other."""
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
-    with replacing(path) as tmp:
-        mode = stat.S_IMODE(os.stat(tmp).st_mode)  # what `replacing` created: 0o666 less the umask
-        try:
-            save_file(dict(tensors), os.fspath(tmp), metadata={"format": "pt"})
-        except SafetensorError as exc:
-            raise OSError(str(exc)) from None
-        os.chmod(tmp, mode)  # safetensors writes its own file with 0o600
+    # Created first like open() would (0o666 less the umask), to learn that mode: safetensors writes 0o600.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    mode = stat.S_IMODE(os.fstat(fd).st_mode)
+    os.close(fd)
+    try:
+        save_file(dict(tensors), os.fspath(path), metadata={"format": "pt"})
+    except SafetensorError as exc:
+        raise OSError(str(exc)) from None
+    os.chmod(path, mode)
+    _fsync(path)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    """A new file in our staging folder (renamed into place later: no temporary of its own needed)."""
+    with open(path, "xb") as f:
+        f.write(data)
+    _fsync(path)
 
 
 def write_safetensors(weights: Mapping[str, Any], out: str | os.PathLike[str], *,
                       max_shard_bytes: int | None = None) -> list[Path]:
-    """Write `weights` as one safetensors file, or as hub-style shards plus an index; returns the files written."""
+    """Write `weights` as one safetensors file, or as hub-style shards plus an index; returns the files written.
+
+    ExportConflictError (nothing written) when a shard or index name beside `out` holds a file no earlier export
+    of ours recorded. The caller holds `exportfiles.locked` on the folder.
+    """
     out = Path(out)
     tensors = unshared(weights)
     sizes = [(name, t.numel() * t.element_size()) for name, t in tensors.items()]
     groups = plan_shards(sizes, max_shard_bytes) if max_shard_bytes else [list(tensors)]
-    index_path, stale = index_name(out), _old_shards(out)
-    index_path.unlink(missing_ok=True)  # first: no index may name a mix of the old shards and the new
-    if len(groups) <= 1:
-        _save_file(tensors, out)
-        _remove(stale)
-        return [out]
-    files = shard_file_names(out, len(groups))
-    for path, names in zip(files, groups):
-        _save_file({n: tensors[n] for n in names}, path)
-    index = {"metadata": {"total_size": sum(size for _, size in sizes)},
-             "weight_map": {n: path.name for path, names in zip(files, groups) for n in names}}
-    write_atomic(index_path, json.dumps(index, indent=2, sort_keys=True).encode())
-    _remove([out, *(p for p in stale if p not in files)])
-    return [*files, index_path]
-
-
-def _remove(paths: Sequence[Path]) -> None:
-    for path in paths:
-        path.unlink(missing_ok=True)
+    record = files.read_record(out)
+    files.refuse_foreign(record)
+    sharded, token, index_path = len(groups) > 1, files.new_token(), index_name(out)
+    targets = shard_file_names(out, len(groups)) if sharded else [out]
+    written = [*targets, index_path] if sharded else targets
+    stale = [p for p in record.present() if p not in written]
+    with files.staging(out, token) as stage:
+        for path, names in zip(targets, groups):
+            _save_file({n: tensors[n] for n in names}, stage / path.name)
+        if sharded:
+            index = {"metadata": {"total_size": sum(size for _, size in sizes)},
+                     "weight_map": {n: path.name for path, names in zip(targets, groups) for n in names}}
+            _write_file(stage / index_path.name, json.dumps(index, indent=2, sort_keys=True).encode())
+            # On disk before any file it names: whatever moment a kill comes, every shard and index of ours
+            # beside `out` (the old export's or the new one's) is listed, so the next export may remove it.
+            new = [files.identify(stage / p.name, p.name) for p in written]
+            files.write_record(out, [*record.files, *(i for i in new if i is not None)], token)
+        files.remove_owned(record, [index_path])  # first: no index may name a mix of the old shards and the new
+        for path in written:
+            os.replace(stage / path.name, path)
+    files.remove_owned(record, stale)
+    if sharded:
+        out.unlink(missing_ok=True)  # a single file of an earlier export to this name: loaders would prefer it
+        files.write_record(out, [i for i in (files.identify(p) for p in written) if i is not None], token)
+    else:
+        files.drop_record(out)
+    return written
 
 
 def _cast(weights: dict[str, Any], dtype: str | None) -> dict[str, Any]:
@@ -203,13 +202,15 @@ def export(checkpoint_dir: str | os.PathLike[str], out: str | os.PathLike[str], 
 
     weights = _cast(load_model_weights(checkpoint_dir), dtype)
     out = Path(out)
-    if is_safetensors(out):
-        return len(weights), write_safetensors(weights, out, max_shard_bytes=max_shard_bytes)
-    with replacing(out) as tmp:
-        try:
-            torch.save(weights, tmp)
-        except RuntimeError as exc:  # torch's zip writer on a full disk: "unexpected pos ..."
-            raise OSError(f"torch.save failed: {str(exc).splitlines()[-1]}") from None
+    with files.locked(out.parent):
+        files.remove_leftovers(out)  # an export to the same name killed midway (as large as the model)
+        if is_safetensors(out):
+            return len(weights), write_safetensors(weights, out, max_shard_bytes=max_shard_bytes)
+        with replacing(out) as tmp:
+            try:
+                torch.save(weights, tmp)
+            except RuntimeError as exc:  # torch's zip writer on a full disk: "unexpected pos ..."
+                raise OSError(f"torch.save failed: {str(exc).splitlines()[-1]}") from None
     return len(weights), [out]
 
 
@@ -232,6 +233,9 @@ def _validate(args: argparse.Namespace) -> None:
         raise UsageError(f"{args.out}: its directory does not exist or is not writable")
     if args.sharded_max_gb is not None and not is_safetensors(args.out):
         raise UsageError(f"--sharded-max-gb: only for a {SAFETENSORS_SUFFIX} output, not {args.out.name}")
+    problem = files.conflict(args.out) if is_safetensors(args.out) else None
+    if problem:  # checked again when writing; here before the weights are loaded (minutes for a large model)
+        raise UsageError(problem)
 
 
 def build_parser() -> argparse.ArgumentParser:

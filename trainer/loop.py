@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from supervisor.errors import CheckpointIOError
+from supervisor.errors import CheckpointIOError, UsageError
 from supervisor.layout import step_dir_name
 from trainer.best import Best, improves, missed_export, read_best, remove_leftovers, write_best
 from trainer.checkpoint import Checkpointer, broadcast_from_rank0, load_checkpoint, resolve_resume
@@ -167,7 +167,7 @@ class Trainer:
         best = Best(step, val_loss, os.path.abspath(checkpoint))
         try:
             self.best = write_best(self.args.export_best, weights, best)
-        except OSError as exc:  # e.g. a full disk: training goes on; the next improvement tries again
+        except (OSError, UsageError) as exc:  # a full disk, another model's files in DIR: training goes on
             self.log.error("best_model_failed", step=step, error=str(exc))
             return
         if self.best == best:

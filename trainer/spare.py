@@ -17,7 +17,10 @@ Two things differ on purpose:
   an interpreter that imported torch otherwise spends about a second tearing itself down before its
   parent learns that the job failed.
 
-Until the hand-off it dies with the supervisor (PR_SET_PDEATHSIG; EOF on stdin means "not needed").
+Until the hand-off it dies with the supervisor (PR_SET_PDEATHSIG; EOF on stdin means "not needed"). At the
+hand-off it takes torchrun's name, so that `ps` and `pgrep -f torchrun` show the job where people look for it: its
+command line becomes `torchrun ARGS...` (written over its own argv in memory, as setproctitle does, cut to the
+length of the spare's own command line). Its comm becomes torch's `pt_elastic` as a cold agent's does.
 
 Run as a plain file (`python .../trainer/spare.py PARENT_PID`), standard library only until the
 import it exists for: the job's interpreter need not have this package installed. The supervisor itself
@@ -49,6 +52,23 @@ def _pdeathsig(sig: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
     except (OSError, AttributeError):
         pass  # not Linux: the EOF on stdin still ends an unneeded spare
+
+
+def _set_title(title: str) -> None:
+    """Show as `title` in ps (/proc/self/cmdline); anything that fails leaves the old one (it is cosmetic)."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: stat's fields 48 and 49
+    except (OSError, ValueError, IndexError):
+        return
+    # The title, a NUL, and padding that is not NUL: the kernel then shows the argv area up to that first NUL
+    # (setproctitle's convention), with no trailing empty arguments. Python keeps its own copy of argv.
+    room = end - start
+    if room < 2:
+        return
+    text = title.encode("utf-8", "replace")[:room - 2] + b"\0"
+    ctypes.memmove(start, text + b" " * (room - len(text)), room)
 
 
 def _wait_for_training(timeout: float) -> None:
@@ -128,6 +148,7 @@ def _take_over(spec: dict[str, Any], module_file: str) -> None:
     script = spec["script"]
     sys.argv = [script or module_file, *spec["args"]]
     sys.path.insert(0, os.path.dirname(script) if script else os.getcwd())
+    _set_title(" ".join(["torchrun", *spec["args"]]))
 
 
 def _exit_status(exc: SystemExit) -> int:

@@ -17,8 +17,8 @@ _HOME = {
                     "completeness"),
     **dict.fromkeys(("CheckpointDirectoryError", "identify"), "shapes"),
     **dict.fromkeys(("IN_USE_MAX_AGE_S", "clear_in_use", "in_use", "mark_in_use", "refresh_in_use"), "inuse"),
-    **dict.fromkeys(("is_pinned", "is_quarantined", "pin", "quarantine", "quarantine_reason", "unpin",
-                     "unquarantine"), "markers"),
+    **dict.fromkeys(("checkpoint_in_root", "is_pinned", "is_quarantined", "pin", "quarantine", "quarantine_reason",
+                     "unpin", "unquarantine"), "markers"),
     **dict.fromkeys(("clear_trash", "disk_usage", "execute_retention", "migrate_legacy_trash", "trash_dir"), "pruning"),
     **dict.fromkeys(("UNVERIFIED", "CheckpointInfo", "age_order", "check_root", "judge", "newest_complete", "scan"),
                     "ranking"),
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from supervisor.checkpoints.inuse import in_use as in_use
     from supervisor.checkpoints.inuse import mark_in_use as mark_in_use
     from supervisor.checkpoints.inuse import refresh_in_use as refresh_in_use
+    from supervisor.checkpoints.markers import checkpoint_in_root as checkpoint_in_root
     from supervisor.checkpoints.markers import is_pinned as is_pinned
     from supervisor.checkpoints.markers import is_quarantined as is_quarantined
     from supervisor.checkpoints.markers import pin as pin

@@ -6,12 +6,15 @@ launches a job from a checkpoint and removes it when the attempt ends or commits
 
     <parent>/.<root-name>.fsdp-inuse/<host>-<pid>.json   {path, pid, host, start_time, time}
 
-next to the root (symlinks resolved), never inside it (layout.py says why), written atomically; a reader
-matches the checkpoint by its name, whatever path spelled the root. `pid`/`start_time` are the
-job's (torchrun's) process and its start time. A reader counts a marker only while it is live:
+next to the root (symlinks resolved), never inside it (layout.py says why), written atomically into an
+owner-only folder that must be ours (sidecars.py: another user's or a group-writable folder is refused with
+SidecarError); a reader matches the checkpoint by its name, whatever path spelled the root. `pid`/`start_time`
+are the job's (torchrun's) process and its start time. A reader counts a marker only while it is live:
 - on the host that wrote it: process `pid` exists and started at `start_time` (a reused pid is not it);
 - on another host: the marker was written or refreshed less than IN_USE_MAX_AGE_S ago (the daemon
-  refreshes its marker at every housekeeping pass, at least every `retention_interval_s`).
+  refreshes its marker at every housekeeping pass, at least every `retention_interval_s`). Its time is the
+  later of its `time` and its mtime, each ignored when it is further ahead of the reader's clock than
+  sidecars.CLOCK_SKEW_S: a marker dated in the future is not live forever; with no usable time it is stale.
 Stale markers are ignored and removed by whoever reads them; unreadable ones are ignored.
 """
 from __future__ import annotations
@@ -19,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -27,9 +29,10 @@ from typing import Any
 import psutil
 
 from supervisor.checkpoints._files import read_small_json
+from supervisor.checkpoints.sidecars import open_sidecar, sidecar_path, trusted_owners, written_at
 from supervisor.errors import CheckpointError
 from supervisor.host.atomic import write_atomic
-from supervisor.layout import IN_USE_SUFFIX, sidecar_name
+from supervisor.layout import IN_USE_SUFFIX
 
 __all__ = ["IN_USE_MAX_AGE_S", "in_use_dir", "mark_in_use", "refresh_in_use", "clear_in_use", "in_use"]
 
@@ -42,8 +45,7 @@ PathLike = str | os.PathLike[str]
 def in_use_dir(root: PathLike) -> Path:
     """The folder holding the in-use markers of `root`: a hidden sibling of the root, symlinks resolved, so
     that a daemon and a `prune` that spell the root differently (a symlinked root) meet in one folder."""
-    base = Path(os.path.realpath(root))
-    return base.parent / sidecar_name(base.name, IN_USE_SUFFIX)
+    return sidecar_path(root, IN_USE_SUFFIX)
 
 
 def _marker(root: PathLike, host: str, pid: int) -> Path:
@@ -68,12 +70,8 @@ def mark_in_use(root: PathLike, path: PathLike, *, pid: int | None = None, start
            "time": time.time() if now is None else now}
     marker = _marker(root, host, pid)
     try:
-        try:
-            os.mkdir(folder, 0o755)  # readable by an operator's `prune` run as another user
-        except FileExistsError:
-            if not stat.S_ISDIR(os.lstat(folder).st_mode):
-                raise CheckpointError(f"{folder} is not a plain directory; no in-use marker written") from None
-        write_atomic(marker, json.dumps(doc).encode(), durable=False)
+        open_sidecar(folder, trusted_owners(root), create=True)  # SidecarError: not ours, no marker written
+        write_atomic(marker, json.dumps(doc).encode(), durable=False, mode=0o600)
     except OSError as exc:
         raise CheckpointError(f"cannot write the in-use marker {marker}: {exc.strerror or exc}") from None
     return marker
@@ -108,9 +106,8 @@ def _read(marker: Path) -> tuple[dict[str, Any], float] | None:
 
 def _live(doc: dict[str, Any], mtime: float, host: str, now: float) -> bool:
     if doc.get("host") != host:
-        stamp = doc.get("time")
-        written = max(mtime, stamp) if isinstance(stamp, (int, float)) else mtime
-        return now - written < IN_USE_MAX_AGE_S
+        written = written_at((mtime, doc.get("time")), now)
+        return written is not None and now - written < IN_USE_MAX_AGE_S
     pid, started = doc.get("pid"), doc.get("start_time")
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return False
@@ -123,6 +120,9 @@ def _live(doc: dict[str, Any], mtime: float, host: str, now: float) -> bool:
 def in_use(root: PathLike, *, now: float | None = None) -> set[Path]:
     """The checkpoints of `root` that a live process has marked in use (stale markers are removed).
 
+    SidecarError when the marker folder is not ours (sidecars.py): what it says cannot be trusted, and a
+    prune that ignored it could delete a checkpoint a job is loading.
+
     Paths are `root` as spelled here joined with the marked checkpoint's name: the writer may have spelled
     the same root another way (through a symlink, or another node's mount point), and the marker folder
     already says which root it is about.
@@ -133,11 +133,11 @@ def in_use(root: PathLike, *, now: float | None = None) -> set[Path]:
     host = socket.gethostname()
     paths: set[Path] = set()
     try:
-        if not stat.S_ISDIR(os.lstat(folder).st_mode):
-            return paths  # a symlink planted there: never read (or clean) markers somewhere else
+        if not open_sidecar(folder, trusted_owners(root), create=False):
+            return paths  # nothing ever marked
         entries = [e for e in os.scandir(folder) if e.name.endswith(".json") and not e.name.startswith(".")]
     except OSError:
-        return paths  # no folder (nothing ever marked), or unreadable: nothing to honour
+        return paths  # unreadable: nothing to honour
     for entry in entries:
         found = _read(Path(entry.path))
         if found is None:

@@ -3,6 +3,12 @@
 A pinned dir is never deleted by retention. A quarantined dir is never selected for resume (the
 supervisor quarantines a checkpoint the job keeps crashing right after loading). Any entry under the
 marker name counts, even an unreadable one: when in doubt, keep and do not select.
+
+Only ours are written or removed: a marker we write is a small JSON object (`{"by": "fsdp-supervisor",
+"time"}`, plus `"reason"` for quarantine; earlier versions wrote it without `by`). An entry under a marker
+name that is not one (a user's own `.pinned`, a symlink, a folder) is never replaced nor removed: unpin and
+unquarantine refuse it, naming it. The commands act only on a checkpoint directly under the configured root
+(`checkpoint_in_root`): `pin /etc` or `unpin ~/notes` is refused before anything is written.
 """
 from __future__ import annotations
 
@@ -16,15 +22,19 @@ from typing import Any
 import structlog
 
 from supervisor.checkpoints._files import open_regular
-from supervisor.checkpoints.shapes import identify
+from supervisor.checkpoints.shapes import DCP, DIRECTORY, NESTED, TEMPORARY, UNSTARTED, identify
 from supervisor.errors import CheckpointError
 from supervisor.host.atomic import write_atomic
 from supervisor.layout import PIN_MARKER, QUARANTINE_MARKER
 
-__all__ = ["pin", "unpin", "is_pinned", "quarantine", "unquarantine", "is_quarantined", "quarantine_reason"]
+__all__ = ["pin", "unpin", "is_pinned", "quarantine", "unquarantine", "is_quarantined", "quarantine_reason",
+           "checkpoint_in_root"]
 
 log = structlog.get_logger(__name__)
 _MAX_MARKER_BYTES = 64 * 1024
+_BY = "fsdp-supervisor"
+_FIELDS = {PIN_MARKER: {"by", "time"}, QUARANTINE_MARKER: {"by", "time", "reason"}}
+_NOT_MARKABLE = {TEMPORARY: "a save in flight (a .tmp- name)", DIRECTORY: "a folder of checkpoints, not one"}
 
 
 def _checkpoint_dir(path: str | os.PathLike[str]) -> Path:
@@ -40,14 +50,68 @@ def _checkpoint_dir(path: str | os.PathLike[str]) -> Path:
     return directory
 
 
-def _write_marker(directory: Path, name: str, payload: dict[str, Any]) -> None:
+def checkpoint_in_root(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> Path:
+    """`path` when it is a checkpoint directly under `root` (compared resolved); CheckpointError naming why not.
+
+    What pin, unpin and unquarantine may act on: a DCP dir or a nested folder (a checkpoint-named folder still
+    empty too), never a save in flight, a member of a nested checkpoint, or anything foreign."""
+    directory = _checkpoint_dir(path)
+    owner = _nested_owner(directory)
+    if owner is not None:
+        raise CheckpointError(f"{directory} is a part of the checkpoint {owner}: name {owner} instead")
+    if os.path.realpath(directory.parent) != os.path.realpath(root):
+        raise CheckpointError(f"{directory}: not in the checkpoint root {root}: only its own checkpoints are marked")
+    shape = identify(directory)
+    if shape.kind not in (DCP, NESTED, UNSTARTED):
+        why = _NOT_MARKABLE.get(shape.kind) or shape.reason or "not a checkpoint"
+        raise CheckpointError(f"{directory}: not a checkpoint of {root} ({why})")
+    return directory
+
+
+def _foreign_marker(marker: Path) -> str | None:
+    """Why the entry at `marker` is not a marker we wrote, or None when it is ours (FileNotFoundError: none)."""
     try:
-        write_atomic(directory / name, json.dumps(payload).encode())  # a reader sees no marker or a whole one
+        f, _ = open_regular(marker, _MAX_MARKER_BYTES, CheckpointError)
+    except CheckpointError as exc:
+        return str(exc)
+    with f:
+        try:
+            body = json.loads(f.read(_MAX_MARKER_BYTES + 1))
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return "not JSON"
+    time_ok = type(body) is dict and type(body.get("time")) in (int, float)
+    if not time_ok or not set(body) <= _FIELDS[marker.name] or body.get("by", _BY) != _BY:
+        return "not the JSON object fsdp-supervisor writes"
+    if marker.name == QUARANTINE_MARKER and type(body.get("reason")) is not str:
+        return "no reason recorded"
+    return None
+
+
+def _write_marker(directory: Path, name: str, payload: dict[str, Any]) -> bool:
+    """Write our marker; False (nothing written) when an entry that is not ours already has its name: it counts."""
+    try:
+        theirs = _foreign_marker(directory / name)
+    except FileNotFoundError:
+        theirs = None
+    if theirs is not None:
+        log.info("marker_kept", path=str(directory / name), reason=theirs)
+        return False
+    try:  # a reader sees no marker or a whole one
+        write_atomic(directory / name, json.dumps({"by": _BY, **payload}).encode())
     except OSError as exc:
         raise CheckpointError(f"{directory}: cannot write {name}: {exc.strerror or exc}") from None
+    return True
 
 
 def _remove_marker(directory: Path, name: str) -> bool:
+    """Remove our marker; False when there is none; CheckpointError for an entry that is not ours (kept)."""
+    try:
+        theirs = _foreign_marker(directory / name)
+    except FileNotFoundError:
+        return False
+    if theirs is not None:
+        raise CheckpointError(f"{directory / name}: not a marker fsdp-supervisor wrote ({theirs}): left as it is; "
+                              "remove it yourself if you mean to")
     try:
         os.unlink(directory / name)
     except FileNotFoundError:

@@ -6,11 +6,13 @@ trash in one atomic step, then removed. A crash mid-delete leaves only
 trash contents, which scans never see and the next run clears, so a half-deleted dir can never look complete.
 
 The trash is never inside the root (programs such as Accelerate sort every entry of their checkpoint
-folder and crash on ours): it is `<parent>/.<root-name>.fsdp-trash/`, created 0700, on the root's file
-system so the rename stays atomic. When the parent is not writable (or is another file system: the root
-is a mount point), the caller's `fallback` dir is used instead (the daemon passes its run dir) if it is
-on the root's file system; otherwise nothing is deleted and the error says so in one line. A `.trash`
-left inside the root by earlier versions is moved into the new trash on first use.
+folder and crash on ours): it is `<parent>/.<root-name>.fsdp-trash/` of the *resolved* root, created 0700,
+on the root's file system so the rename stays atomic, and used only while it is ours (sidecars.py). When
+the parent is not writable (or is another file system: the root is a mount point), the caller's
+`fallback` dir is used instead (the daemon passes its run dir) if it is on the root's file system;
+otherwise nothing is deleted and SidecarError says so in one line (`parking_problem` tells beforehand,
+creating nothing). A `.trash` left inside the root by earlier versions is moved into the new trash on
+first use.
 """
 from __future__ import annotations
 
@@ -27,10 +29,11 @@ import structlog
 from supervisor.checkpoints.markers import is_pinned
 from supervisor.checkpoints.retention import Deletion, DiskUsage, RetentionPlan
 from supervisor.checkpoints.shapes import identify
-from supervisor.errors import CheckpointError
+from supervisor.checkpoints.sidecars import open_sidecar, resolved, sidecar_problem, trusted_owners
+from supervisor.errors import CheckpointError, SidecarError
 from supervisor.layout import LEGACY_TRASH_DIR, TRASH_SUFFIX, is_sidecar_name, sidecar_name
 
-__all__ = ["disk_usage", "execute_retention", "clear_trash", "trash_dir", "migrate_legacy_trash"]
+__all__ = ["disk_usage", "execute_retention", "clear_trash", "trash_dir", "migrate_legacy_trash", "parking_problem"]
 
 log = structlog.get_logger(__name__)
 PathLike = str | os.PathLike[str]
@@ -61,41 +64,55 @@ def _usable_home(home: Path, device: int | None) -> bool:
     return device is not None and _device(home) == device and os.access(home, os.W_OK | os.X_OK)
 
 
-def _open_trash(trash: Path, device: int | None) -> Path:
+def _open_trash(trash: Path, device: int | None, owners: set[int]) -> Path:
     try:
-        st = os.lstat(trash)
-    except FileNotFoundError:
-        try:
-            os.mkdir(trash, 0o700)
-        except FileExistsError:
-            pass  # another pruner made it just now: checked below like any existing one
-        except OSError as exc:
-            raise CheckpointError(f"cannot create the trash {trash}: {exc.strerror}; nothing was deleted") from None
-        st = os.lstat(trash)
-    if not stat.S_ISDIR(st.st_mode):  # a symlinked trash would move checkpoints somewhere else entirely
-        raise CheckpointError(f"{trash} is not a plain directory; refusing to delete through it")
-    if st.st_dev != device:
-        raise CheckpointError(f"{trash} is on another file system than the checkpoint root; refusing to delete")
+        open_sidecar(trash, owners, create=True)  # SidecarError: a symlink, another user's, group-writable
+    except OSError as exc:
+        raise SidecarError(f"cannot create the trash {trash}: {exc.strerror}; nothing was deleted") from None
+    if _device(trash) != device:
+        raise SidecarError(f"{trash} is on another file system than the checkpoint root; refusing to delete")
     return trash
 
 
 def _homes(base: Path, fallback: PathLike | None) -> list[Path]:
-    """Where the trash of the root `base` may live, in order of preference."""
+    """Where the trash of the (resolved) root `base` may live, in order of preference."""
     homes = [base.parent] + ([Path(os.path.abspath(fallback))] if fallback is not None else [])
     return list(dict.fromkeys(homes))
 
 
-def trash_dir(root: PathLike, fallback: PathLike | None = None) -> Path:
-    """The trash of `root` (made if need be): next to the root, else in `fallback`; CheckpointError if neither."""
-    base = Path(os.path.abspath(root))
-    name, device = sidecar_name(base.name, TRASH_SUFFIX), _device(base)
-    for home in _homes(base, fallback):
-        if _usable_home(home, device):
-            return _open_trash(home / name, device)
+def _nowhere(base: Path, fallback: PathLike | None) -> str:
     where = f"{base.parent} is not writable or on another file system"
     where += f", and so is {fallback}" if fallback is not None else ""
-    raise CheckpointError(f"checkpoint root {base}: nowhere to park deletions ({where}); nothing was deleted. "
-                          "Make the root a subdirectory of a writable folder on the same file system")
+    return (f"checkpoint root {base}: nowhere to park deletions ({where}); nothing was deleted. "
+            "Make the root a subdirectory of a writable folder on the same file system")
+
+
+def trash_dir(root: PathLike, fallback: PathLike | None = None) -> Path:
+    """The trash of `root` (made if need be): next to the root, else in `fallback`; SidecarError if neither."""
+    base = resolved(root)
+    name, device, owners = sidecar_name(base.name, TRASH_SUFFIX), _device(base), trusted_owners(base)
+    for home in _homes(base, fallback):
+        if _usable_home(home, device):
+            return _open_trash(home / name, device, owners)
+    raise SidecarError(_nowhere(base, fallback))
+
+
+def parking_problem(root: PathLike, fallback: PathLike | None = None) -> str | None:
+    """Why retention could not delete anything under `root` (no usable trash), or None; creates nothing."""
+    base = resolved(root)
+    name, device, owners = sidecar_name(base.name, TRASH_SUFFIX), _device(base), trusted_owners(base)
+    if device is None:
+        return None  # no root yet: `run` creates it, and a pass says what is wrong with it
+    for home in _homes(base, fallback):
+        if not _usable_home(home, device):
+            continue
+        try:
+            st = os.lstat(home / name)
+        except OSError:
+            return None  # created on first use
+        problem = sidecar_problem(home / name, st, owners)
+        return None if problem is None else f"{problem}; retention deletes nothing through it"
+    return _nowhere(base, fallback)
 
 
 def _gone_is_fine(func: object, path: str, exc: BaseException | tuple[type, BaseException, object]) -> None:
@@ -180,12 +197,10 @@ def clear_trash(root: PathLike, fallback: PathLike | None = None) -> int:
     entries went. A trash that was never created is not created now."""
     migrate_legacy_trash(root, fallback)
     cleared = 0
-    base = Path(os.path.abspath(root))
+    base = resolved(root)
+    owners = trusted_owners(base)
     for trash in (home / sidecar_name(base.name, TRASH_SUFFIX) for home in _homes(base, fallback)):
-        try:
-            if not stat.S_ISDIR(os.lstat(trash).st_mode):
-                raise CheckpointError(f"{trash} is not a plain directory; refusing to delete through it")
-        except FileNotFoundError:
+        if not open_sidecar(trash, owners, create=False):  # another user's trash is never emptied by us
             continue
         for entry in os.scandir(trash):
             try:

@@ -4,7 +4,9 @@ Only immediate children are considered. The supervisor's own entries (the legacy
 a symlinked child is listed as `invalid` and never followed; temporary `.tmp-` dirs are listed as
 `partial` (retention needs them); a child that is not a checkpoint is listed as `foreign` with a reason
 and is never walked, sized, counted or selected (shapes.py says what is what). A child that is a whole
-directory of checkpoints makes scan() and newest_complete() raise CheckpointDirectoryError.
+directory of checkpoints is a copy (`backup/step_10`, `backup/step_20`, made by hand) when the root holds
+checkpoints of its own: foreign, like any copy. Only in a root holding nothing else is it the sign of a
+root set one level too high: then scan() and newest_complete() raise CheckpointDirectoryError.
 
 Order: Accelerate's `checkpoint_<N>` folders by their save ordinal N, every other dir by its step (from
 the name, else the trainer's manifest, else a JSON sidecar); ties and dirs with neither by mtime (of
@@ -280,14 +282,22 @@ class _Judge:
         self._shapes: dict[str, Shape] = {}
         self._own: dict[str, Verdict | None] = {}
 
-    def shape(self, c: _Candidate) -> Shape:
-        """identify() once per child; a directory of checkpoints stops everything (the root is wrong)."""
+    def _identify(self, c: _Candidate) -> Shape:
         if c.name not in self._shapes:
             self._shapes[c.name] = identify(c.path)
-        shape = self._shapes[c.name]
-        if shape.kind == DIRECTORY:
-            raise CheckpointDirectoryError(self.root, c.path / shape.within, shape.series)
-        return shape
+        return self._shapes[c.name]
+
+    def shape(self, c: _Candidate) -> Shape:
+        """identify() once per child; a directory of checkpoints is a copy beside the root's own checkpoints,
+        and stops everything in a root that has none (the root is set too high)."""
+        shape = self._identify(c)
+        if shape.kind != DIRECTORY:
+            return shape
+        if any(not o.is_link and self._identify(o).ours for o in self.candidates):
+            within = f"{c.name}/{shape.within}" if shape.within else c.name
+            return Shape(FOREIGN_SHAPE, reason=f"holds a series of checkpoints ({within}: {', '.join(shape.series[:3])}"
+                                               f"{', ...' if len(shape.series) > 3 else ''}), a copy: never touched")
+        raise CheckpointDirectoryError(self.root, c.path / shape.within, shape.series)
 
     def own(self, c: _Candidate) -> Verdict | None:
         """verify() of the child alone; None when it vanished after listing (renamed by retention or the trainer)."""

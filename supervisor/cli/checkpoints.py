@@ -2,7 +2,12 @@
 
 Exit codes: 0 ok; 1 `verify` found the dir not complete; 2 bad usage, a missing or unreadable root
 or path, a root one level too high (it holds a directory of checkpoints: nothing is listed or deleted),
-or nowhere to put the trash (one line on stderr, raised as SupervisorError and printed by supervisor.cli.app).
+nowhere to put the trash, or a trash or in-use folder next to the root that is not ours (another user's, a
+symlink, group- or world-writable: SidecarError; nothing is deleted) - one line on stderr, raised as
+SupervisorError and printed by supervisor.cli.app.
+
+`pin`, `unpin` and `unquarantine` act only on a checkpoint directly under the root (`-c`'s `[checkpoints] dir`,
+defaulting like every `-c`, or `--dir`): PATH, or the NAME `list` shows. Anything else is exit 2, nothing written.
 
 `prune` protects the checkpoints that running jobs resumed from: those named by live in-use markers
 (whatever started the job, so with `--dir` too) and, with `-c`, the one in the run dir's state.json.
@@ -10,6 +15,7 @@ or nowhere to put the trash (one line on stderr, raised as SupervisorError and p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -20,11 +26,13 @@ from typing import Any
 
 from supervisor.checkpoints.completeness import FOREIGN
 from supervisor.checkpoints.inuse import in_use
-from supervisor.checkpoints.markers import pin, quarantine_reason, unpin, unquarantine
+from supervisor.checkpoints.markers import checkpoint_in_root, pin, quarantine_reason, unpin, unquarantine
+from supervisor.checkpoints.metadata.reader import fresh
 from supervisor.checkpoints.pruning import disk_usage, execute_retention
 from supervisor.checkpoints.ranking import CheckpointInfo, checkpoint_step, judge, scan
 from supervisor.checkpoints.retention import RetentionPlan, RetentionRules, plan_retention
 from supervisor.checkpoints.shapes import EXPORT_REASON
+from supervisor.checkpoints.sidecars import resolved
 from supervisor.cli.argtypes import at_most, non_negative_int
 from supervisor.config import MAX_GB
 from supervisor.errors import EXIT_NOT_OK, EXIT_OK, CheckpointError
@@ -54,10 +62,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = cmds.add_parser("verify", help="exit 0 when PATH is a complete checkpoint, 1 when not")
     p.add_argument("path", type=Path, metavar="PATH")
     p.add_argument("--deep", action="store_true", help="also compare the manifest's sha256 checksums")
+    p.add_argument("--no-cache", action="store_true",
+                   help="parse every .metadata again, ignoring the metadata cache (and refresh its entries)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of a line")
     p.set_defaults(func=cmd_verify)
 
-    p = cmds.add_parser("prune", help="apply retention now and print each deletion with its reason")
+    p = cmds.add_parser(
+        "prune", help="apply retention now and print each deletion with its reason",
+        epilog="exit codes: 0 done (or nothing to delete); 2 usage or config error, a root that cannot be read or "
+        "is set too high, nowhere to park a deletion, or a trash or in-use folder next to the root that is not "
+        "yours (another user's, a symlink, writable by group or others): nothing was deleted")
     _root_args(p)
     p.add_argument("--keep-last", type=non_negative_int, metavar="N", help="keep the N newest complete")
     p.add_argument("--keep-every", type=non_negative_int, metavar="K", help="keep steps divisible by K")
@@ -68,8 +82,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     for name, func, text in (("pin", cmd_pin, "never let retention delete PATH"),
                              ("unpin", cmd_unpin, "remove the pin from PATH"),
                              ("unquarantine", cmd_unquarantine, "allow resuming from PATH again")):
-        p = cmds.add_parser(name, help=text)
-        p.add_argument("path", type=Path, metavar="PATH")
+        p = cmds.add_parser(name, help=f"{text} (a checkpoint of the root: -c's [checkpoints] dir, or --dir)")
+        _root_args(p)
+        p.add_argument("path", type=Path, metavar="PATH",
+                       help="a checkpoint dir directly under the root, or its NAME as `list` shows it")
         p.set_defaults(func=func)
 
 
@@ -132,8 +148,8 @@ class _Target:
 
 
 def _target(args: argparse.Namespace) -> _Target:
-    if args.dir is not None:
-        return _Target(Path(os.path.abspath(args.dir)), RetentionRules())
+    if args.dir is not None:  # the root's one identity (sidecars.py): what a daemon on it resolved too
+        return _Target(resolved(args.dir), RetentionRules())
     from supervisor.config import load_config  # here: only -c needs it
     from supervisor.daemon.statefile import read_status
 
@@ -141,7 +157,7 @@ def _target(args: argparse.Namespace) -> _Target:
     status = read_status(cfg.run_dir)
     # A running supervisor's job resumed from this one: a manual prune must not pull it from under it.
     protect = (Path(status.resumed_from),) if status and status.resumed_from else ()
-    return _Target(cfg.checkpoints.dir, cfg.checkpoints, protect, cfg.run_dir)
+    return _Target(resolved(cfg.checkpoints.dir), cfg.checkpoints, protect, cfg.run_dir)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -158,7 +174,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    v = judge(args.path, deep=args.deep)
+    with fresh() if args.no_cache else contextlib.nullcontext():
+        v = judge(args.path, deep=args.deep)
     path = Path(os.path.abspath(args.path))
     # lstat first: following a symlink into a folder we may not search raises PermissionError (not ignored by
     # Path.is_dir), and a symlinked dir is never a checkpoint anyway.
@@ -214,16 +231,28 @@ def cmd_prune(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _checkpoint(args: argparse.Namespace) -> Path:
+    """PATH as given, else (a bare NAME that is not there) the root's child of that name; CheckpointError
+    (exit 2) unless it is a checkpoint directly under the root."""
+    root = _target(args).root
+    path = args.path
+    if len(path.parts) == 1 and not os.path.lexists(path):
+        path = root / path
+    return checkpoint_in_root(path, root)
+
+
 def cmd_pin(args: argparse.Namespace) -> int:
-    print(f"pinned {pin(args.path)}")
+    print(f"pinned {pin(_checkpoint(args))}")
     return EXIT_OK
 
 
 def cmd_unpin(args: argparse.Namespace) -> int:
-    print(f"unpinned {args.path}" if unpin(args.path) else f"{args.path} was not pinned")
+    path = _checkpoint(args)
+    print(f"unpinned {path}" if unpin(path) else f"{path} was not pinned")
     return EXIT_OK
 
 
 def cmd_unquarantine(args: argparse.Namespace) -> int:
-    print(f"unquarantined {args.path}" if unquarantine(args.path) else f"{args.path} was not quarantined")
+    path = _checkpoint(args)
+    print(f"unquarantined {path}" if unquarantine(path) else f"{path} was not quarantined")
     return EXIT_OK

@@ -5,13 +5,14 @@ import argparse
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
 from typing import BinaryIO
 
 from supervisor.cli.argtypes import add_config_arg, non_negative_float, non_negative_int
-from supervisor.config import load_config
+from supervisor.config import Config, load_config
 from supervisor.daemon.statefile import read_status
 from supervisor.errors import EXIT_NOT_OK, EXIT_NOT_RUNNING, EXIT_OK, UsageError
 from supervisor.host.regularfile import open_regular
@@ -77,10 +78,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run(load_config(args.config))
 
 
+def _running(cfg: Config, *, say: bool = True) -> tuple[int | None, Path]:
+    """The supervisor running this config: (its pid, its run dir), found by the run dir's lock, else by its
+    claim on the checkpoint root (checkpoints/claim.py) - which still names it when the run dir was removed,
+    or the config's `run_dir` was edited while it ran. (None, the config's run dir) when none runs."""
+    from supervisor.checkpoints.claim import live_holders  # here: only when the run dir has no lock holder
+
+    pid = RunLock.holder(cfg.run_dir)
+    if pid is not None:
+        return pid, cfg.run_dir
+    host = socket.gethostname()
+    for h in live_holders(cfg.checkpoints.dir):
+        if h.host == host and h.config == str(cfg.path):
+            run_dir = Path(h.run_dir)
+            if say and run_dir != cfg.run_dir:
+                print(f"note: supervisor {h.pid} runs this config with run dir {run_dir} (the config now says "
+                      f"{cfg.run_dir})", file=sys.stderr)
+            return h.pid, run_dir
+    return None, cfg.run_dir
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
-    status = read_status(cfg.run_dir)
-    holder = RunLock.holder(cfg.run_dir)
+    holder, run_dir = _running(cfg)
+    status = read_status(run_dir)
     rc = EXIT_OK if holder is not None else EXIT_NOT_RUNNING  # systemctl's codes: 0 running, 3 not running
     if args.json:
         doc = status.to_json() if status else {}
@@ -88,7 +109,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2, sort_keys=True))
         return rc
     if status is None:
-        print(f"no supervisor state in {cfg.run_dir} (never run here, or state.json unreadable)")
+        running = f"supervisor {holder} is running, but there is " if holder is not None else ""
+        print(f"{running}no supervisor state in {run_dir} (never run here, or state.json unreadable)")
         return rc
     tty = sys.stdout.isatty() and "utf" in (sys.stdout.encoding or "").lower()
     print(render_status(status, running=holder is not None, now=time.time(), spark=tty))
@@ -180,13 +202,13 @@ def cmd_stop(args: argparse.Namespace) -> int:
     from supervisor.policy.state import State
 
     cfg = load_config(args.config)
-    pid = RunLock.holder(cfg.run_dir)
+    pid, run_dir = _running(cfg)
     if pid is None:
         print(f"no supervisor is running on {cfg.run_dir}")
         return EXIT_OK
     if args.timeout is not None and not (args.timeout >= 0 and args.timeout != float("inf")):
         raise UsageError(f"--timeout must be a finite number of seconds >= 0, got {args.timeout:g}")
-    status = read_status(cfg.run_dir)
+    status = read_status(run_dir)
     try:
         if args.force:
             timeout = 30.0 if args.timeout is None else args.timeout
@@ -205,7 +227,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
         return EXIT_OK
     deadline = time.monotonic() + timeout
     while True:
-        if RunLock.holder(cfg.run_dir) is None:
+        if _running(cfg, say=False)[0] != pid:
             print(f"supervisor {pid} stopped")
             return EXIT_OK
         if time.monotonic() >= deadline:

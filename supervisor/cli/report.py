@@ -17,9 +17,10 @@ import sys
 import time
 from pathlib import Path
 
+from supervisor.checkpoints.ranking import scan
 from supervisor.cli.argtypes import add_config_arg
-from supervisor.config import load_config
-from supervisor.errors import EXIT_NOT_OK, EXIT_OK, UsageError
+from supervisor.config import Config, load_config
+from supervisor.errors import EXIT_NOT_OK, EXIT_OK, CheckpointError, UsageError
 from supervisor.history.fold import Fold
 from supervisor.history.records import HISTORY_FILE, MAX_READ_BYTES, iter_file_records, open_regular
 from supervisor.host.atomic import write_atomic
@@ -86,6 +87,14 @@ def _write(out: Path, page: bytes) -> None:
         write_atomic(out, page, durable=False)
 
 
+def _on_disk(cfg: Config) -> int | None:
+    """Complete checkpoints under the root now (commits minus what retention or a person deleted); None: unreadable."""
+    try:
+        return sum(1 for c in scan(cfg.checkpoints.dir) if c.complete)
+    except (OSError, CheckpointError):  # no root (yet), or one that cannot be read: the page says commits only
+        return None
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     path = cfg.run_dir / HISTORY_FILE
@@ -105,12 +114,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"{path}: {skipped} unreadable line(s) skipped", file=sys.stderr)
     now = time.time() if RunLock.holder(cfg.run_dir) is not None else None  # a live run: numbers as of now
     summary = fold.summary(now)
+    on_disk = _on_disk(cfg)
     if args.json:
-        print(json.dumps(summary.to_json(), indent=2))
+        print(json.dumps({**summary.to_json(), "checkpoints_on_disk": on_disk}, indent=2))
     if html_out is not None:
         from supervisor.history.html import render_html  # only for the page
 
-        page = render_html(fold, summary, source=str(path), generated=time.time(), now=now)
+        page = render_html(fold, summary, source=str(path), generated=time.time(), now=now, on_disk=on_disk)
         try:
             _write(html_out, page.encode())
         except BrokenPipeError:  # `-o - | head`: the reader left (handled by the CLI, like any command's stdout)

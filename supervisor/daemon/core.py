@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from supervisor.checkpoints.claim import RootClaim
 from supervisor.config import Config
 from supervisor.contract import HEARTBEAT_FILE, Beat, Phase
 from supervisor.daemon.events import Events
@@ -52,7 +53,7 @@ _LAUNCH_SCAN_TRIES = 3  # passes that could not read the root before a launch gi
 
 class Core:
     def __init__(self, cfg: Config, system: System, log: Any, notify: Callable[[Status], object] | None = None,
-                 history: NullHistory | None = None) -> None:
+                 history: NullHistory | None = None, claim: RootClaim | None = None) -> None:
         self.cfg, self.sys, self.log = cfg, system, log
         self.history = history or NullHistory()  # run_dir/history.jsonl (supervisor.daemon.recorder)
         self.run_dir = cfg.run_dir
@@ -64,6 +65,9 @@ class Core:
         self.exit_code: int | None = None
         self.high_water_step: int | None = None
         self.house = Housekeeper(cfg, log, now=system.now)
+        self.claim = self.house.claim = claim  # this job's claim on the checkpoint root (checkpoints/claim.py)
+        self._root_id: tuple[int, int] | None = None  # the root the passes look at (re-created: a new one)
+        self.watch_stale = False  # the root was replaced: the loop watches it anew (and clears this)
         self.in_use: Path | None = None  # the checkpoint the running attempt resumed from: never pruned
         self.passes = PassScheduler(self.house, system, self._on_pass)
         self.events = Events(log, self.history)
@@ -143,10 +147,11 @@ class Core:
             self.status.quarantined = last.quarantined
             self.status.best_checkpoint = self.house.best_json()
         self.status.latest_checkpoint = self.house.latest_json()
+        self.status.retention_stopped = self.house.retention_stopped
 
     def _give_up(self, reason: str) -> None:
         self._finish(State.FAILED, reason)
-        self.log.error("gave_up", reason=reason, attempts=len(self.attempts))
+        self.log.error("gave_up", reason=reason, attempts=self.status.attempt)  # the run's, not this session's
 
     def _publish(self) -> None:
         self.publisher.publish(self.status)
@@ -225,6 +230,7 @@ class Core:
             low = self.job.low_free
             self.job.low_free = result.disk_free if low is None else min(low, result.disk_free)
         new = self.house.absorb(result)
+        self._note_root(result.root_id)
         self.events.pass_done(result, new)
         if new is not None:
             job = self.job or self.ended
@@ -237,14 +243,36 @@ class Core:
         if self.ended is not None:
             self._judge_exit()
         elif self._launch_pending and self.status.state in (State.STARTING, State.BACKOFF):
-            if result.settled or not self._settled():
-                self._launch(result)
+            if result.settled or result.error is not None or not self._settled():
+                self._launch(result)  # a failed look is _plan's to judge (retry, or refuse)
             else:  # the job would pick its own checkpoint: first clear what it must not pick
                 self._request_pass()
         if not self.done:
             self.passes.follow_up(self._protected(), settled=self._settled())
         if not self.done:
             self._publish()
+
+    def _note_root(self, root_id: tuple[int, int] | None) -> None:
+        """A pass found the root re-created in place (a new inode): say so, and have the loop watch the new one."""
+        if root_id is None:
+            return
+        if self._root_id is not None and root_id != self._root_id:
+            self.log.warning("checkpoint_root_replaced", root=str(self.house.root), action="watching the new one")
+            self.watch_stale = True
+        self._root_id = root_id
+
+    def run_dir_restored(self) -> None:
+        """The run dir was removed under us and is back, locked again (host/runlock.py): write state.json anew."""
+        self.log.warning("run_dir_restored", run_dir=str(self.run_dir),
+                         detail="it was removed while the supervisor ran; made again and locked")
+        self._publish()
+
+    def on_watch_restored(self, path: Path) -> None:
+        """The loop watches `path` again after it was deleted or replaced: look at what happened meanwhile."""
+        self.log.warning("watch_restored", path=str(path))
+        if path == self.house.root:
+            self.passes.changed()
+            self._request_pass(prune=False)
 
     # ---- launching -------------------------------------------------------------------------------------------
     def _request_launch(self) -> None:
@@ -259,7 +287,9 @@ class Core:
     def _plan(self, scan: PassResult) -> resume.Launch | resume.Refuse | None:
         """What to launch with, a refusal, or None to look at the root again (it could not be read)."""
         job, ck = self.cfg.job, self.cfg.checkpoints
-        if scan.error is not None and job.resume_args and not ck.allow_fresh_start:
+        # A failed look is never a result (invariant 11): whatever the root holds decides the launch, unless the
+        # job picks its own checkpoint. allow_fresh_start is about checkpoints seen to be unusable, not unseen ones.
+        if scan.error is not None and not resume.chooses_itself(job.resume_args):
             self._scan_failures += 1
             if self._scan_failures < _LAUNCH_SCAN_TRIES:
                 delay = max(1.0, self.cfg.restart.backoff_initial_s)
@@ -322,6 +352,10 @@ class Core:
         if isinstance(plan, resume.Refuse):
             self._give_up(plan.reason)
             return
+        held = self.claim.check() if self.claim is not None else None  # one job per root, checked every launch
+        if held is not None:
+            self._give_up(held)
+            return
         number = self.status.attempt + 1
         if self.status.state is State.BACKOFF:
             self.status.transition(State.STARTING)
@@ -381,6 +415,7 @@ class Core:
             info.detail = f"{info.detail}; {note}" if info.detail else note
         self.status.last_exit = info
         self.status.job_pid = self.status.job_create_time = self.status.job_cmdline = None
+        self.status.rate_steps_per_s = None  # nothing trains now: a rate would be the dead attempt's
         job.end(returncode, info, self.sys.monotonic())
         self.ended = job
         # A commit the file watcher missed (e.g. on NFS) still counts as progress; this pass is also the
@@ -410,7 +445,7 @@ class Core:
         decision = restarts.decide(self.attempts, self.cfg.restart, jitter=self.sys.random())
         if isinstance(decision, restarts.Finish):
             self._finish(State.COMPLETED, decision.reason)
-            self.log.info("completed", attempts=len(self.attempts))
+            self.log.info("completed", attempts=self.status.attempt)  # the run's attempts, earlier sessions too
         elif isinstance(decision, restarts.GiveUp):
             self._give_up(decision.reason)
         else:
@@ -571,7 +606,7 @@ class Core:
         beat = self._read_beat()
         if beat is None or beat == job.beat:
             return
-        apply_beat(self.status, beat, self.sys.now())
+        apply_beat(self.status, beat, self.sys.now(), job.rate)
         job.beat, job.beat_mono = beat, self.sys.monotonic()
         if beat.phase != Phase.LOAD:  # a load beat names the step being loaded, not one this attempt trained
             job.max_step = beat.step if job.max_step is None else max(job.max_step, beat.step)

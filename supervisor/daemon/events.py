@@ -36,6 +36,7 @@ class Events:
             "job_exited", attempt=job.number, code=info.code, signal=info.signal, reason=info.reason,
             detail=info.detail, duration_s=round(attempt.duration, 3), max_step=job.max_step,
             latest_checkpoint_step=latest_step, progressed=attempt.progressed,
+            last_output=info.last_output,
         )
 
     def pass_done(self, result: PassResult, committed: CheckpointInfo | None) -> None:

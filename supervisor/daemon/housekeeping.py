@@ -9,11 +9,24 @@ retention plan).
 
 The Housekeeper also keeps the in-use marker of the running attempt (`mark_in_use`/`clear_in_use`, called
 by the core where it sets and clears its resume point): a file next to the checkpoint root that every
-prune honours, the daemon's own passes included, and that each pass refreshes. The trash goes next to the
-root, or into the run dir when the root's parent cannot hold it.
+prune honours, the daemon's own passes included, and that each pass refreshes (so is the root claim). The
+trash goes next to the root, or into the run dir when the root's parent cannot hold it.
+
+The root is the config's `dir` resolved once, at start (docs/design.md, invariant 3): scanned, watched and
+given its sidecars by that path. Each pass first looks at the root itself (`look_at_root`): a root that is
+missing, now resolves elsewhere (a re-pointed symlink) or sits on another file system than at start (an
+unmounted share showing its empty mount point) fails the pass - never an empty result that would start the
+job from scratch. A root re-created in place (same path, new inode) is a success with a new `root_id`, which
+the core notices (and re-watches).
+
+Retention that cannot delete (no usable trash: a mount-point root, a read-only parent, another user's
+sidecar) is not a failed pass: the pass lists and ranks as always, deletes nothing, and says why in
+`retention_stopped`; `absorb` logs it once when it starts and once when it ends.
 """
 from __future__ import annotations
 
+import os
+import stat
 import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -21,13 +34,17 @@ from pathlib import Path
 from typing import Any
 
 from supervisor import checkpoints as store
+from supervisor.checkpoints.claim import RootClaim
 from supervisor.checkpoints.hftrainer import JIT_SENTINEL
+from supervisor.checkpoints.inuse import in_use_dir
 from supervisor.checkpoints.lightning import META_NAME as LIGHTNING_META
+from supervisor.checkpoints.pruning import parking_problem
+from supervisor.checkpoints.sidecars import open_sidecar, resolved, trusted_owners
 from supervisor.config import Config
-from supervisor.errors import CheckpointError
+from supervisor.errors import CheckpointError, SidecarError
 from supervisor.layout import MANIFEST_NAME, METADATA_NAME
 
-__all__ = ["Housekeeper", "PassResult", "best_checkpoint"]
+__all__ = ["Housekeeper", "PassResult", "best_checkpoint", "look_at_root", "retention_problem"]
 
 _SAID_ONCE = frozenset({"client_keeps_unknown"})  # findings about the config, not the moment: one warning per run
 
@@ -44,6 +61,8 @@ class PassResult:
     disk_free: int | None = None
     checkpoint_bytes: int | None = None  # in complete checkpoints, after the deletions
     error: str | None = None  # the root could not be read; nothing else in the result is meaningful
+    root_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the root this pass looked at
+    retention_stopped: str | None = None  # why retention deletes nothing (no usable trash), when it cannot
     settled: bool = False  # planned with no save in flight (retention.plan_retention's `settled`)
 
     @property
@@ -51,9 +70,50 @@ class PassResult:
         return [str(c.path) for c in self.checkpoints if c.quarantined]
 
 
+def look_at_root(spelled: Path, root: Path, device: int | None) -> tuple[tuple[int, int] | None, str | None]:
+    """The root's (st_dev, st_ino), or why this pass cannot trust what it would find there."""
+    now = resolved(spelled)
+    if now != root:
+        return None, (f"checkpoint root {spelled} now resolves to {now}, not to {root} as when the supervisor "
+                      "started; restart the supervisor to follow it")
+    try:
+        st = os.stat(root)
+    except FileNotFoundError:
+        return None, f"checkpoint root {root} does not exist (deleted, or its file system is not mounted)"
+    except OSError as exc:
+        return None, f"checkpoint root {root} cannot be read: {exc.strerror or exc}"
+    if not stat.S_ISDIR(st.st_mode):
+        return None, f"checkpoint root {root} is not a directory"
+    if device is not None and st.st_dev != device:
+        return None, (f"checkpoint root {root} is on another file system than when the supervisor started "
+                      "(unmounted?); restart the supervisor if that is intended")
+    return (st.st_dev, st.st_ino), None
+
+
+def retention_problem(root: Path, fallback: Path) -> str | None:
+    """Why retention cannot delete anything under `root` now (no usable trash, an in-use folder not ours)."""
+    problem = parking_problem(root, fallback)
+    if problem is not None:
+        return problem
+    try:
+        open_sidecar(in_use_dir(root), trusted_owners(root), create=False)
+    except SidecarError as exc:
+        return str(exc)
+    except OSError:
+        pass  # unreadable: in_use() honours nothing, as before; the trash decides
+    return None
+
+
 class Housekeeper:
     def __init__(self, cfg: Config, log: Any, now: Callable[[], float]) -> None:
-        self.root = cfg.checkpoints.dir
+        self.spelled = cfg.checkpoints.dir  # as the config writes it, for the look at the root's identity
+        self.root = resolved(cfg.checkpoints.dir)  # resolved once: scanned, watched, compared by this path
+        try:
+            self.device: int | None = os.stat(self.root).st_dev
+        except OSError:
+            self.device = None  # learnt from the first pass that finds the root
+        self.claim: RootClaim | None = None  # refreshed by every pass (set by the composition root)
+        self.retention_stopped: str | None = None  # as of the last pass; said once when it changes
         self.cfg, self.log, self.now = cfg, log, now
         self.latest: store.CheckpointInfo | None = None  # newest complete, non-quarantined: the resume point
         self._high: store.CheckpointInfo | None = None  # newest ever seen: a fallback after quarantine is no commit
@@ -87,33 +147,49 @@ class Housekeeper:
         reason to delete anything). `settled`: no save can be in flight (the core says when), so the
         unfinished saves a job that picks its own checkpoint would load go now (retention.py, rule 3).
         """
-        if not self.root.is_dir():
-            return PassResult(generation)
-        marker = self._marker
+        root_id, problem = look_at_root(self.spelled, self.root, self.device)
+        if problem is not None:
+            return PassResult(generation, error=problem)
+        marker, claim = self._marker, self.claim
         if marker is not None:
             store.refresh_in_use(marker[0])
+        if claim is not None:
+            claim.refresh()
+        stopped = retention_problem(self.root, self.cfg.run_dir) if self.cfg.checkpoints.prune else None
         try:
             usage = store.disk_usage(self.root)
             found = store.scan(self.root, verify_all=True)
             usable = [c for c in found if c.complete and not c.quarantined]
             newest = usable[0] if usable else None  # scan() sorts newest first
-            plan = store.RetentionPlan()
+            plan, deleted = store.RetentionPlan(), list[store.Deletion]()
             committed = newest is not None and newest.path != unless_newest
-            if self.cfg.checkpoints.prune and (prune or committed or settled):
-                store.migrate_legacy_trash(self.root, fallback=self.cfg.run_dir)
-                plan = store.plan_retention(found, rules=self.cfg.checkpoints, disk=usage,
-                                            protect={*protect, *store.in_use(self.root)}, now=self.now(),
-                                            settled=settled)
-            deleted = (store.execute_retention(self.root, plan, empty_trash=False, fallback=self.cfg.run_dir)
-                       if plan.deletions else [])
+            if self.cfg.checkpoints.prune and (prune or committed or settled) and stopped is None:
+                plan, deleted, stopped = self._retention(found, usage, protect, settled)
         except (CheckpointError, OSError) as exc:
-            return PassResult(generation, error=str(exc))
+            return PassResult(generation, error=str(exc), root_id=root_id)
         gone = {d.path for d in deleted}
         return PassResult(
             generation, checkpoints=[c for c in found if c.path not in gone], newest=newest, deleted=deleted,
             findings=plan.findings, disk_free=usage.free_bytes,
-            checkpoint_bytes=sum(c.size_bytes for c in found if c.complete and c.path not in gone), settled=settled,
+            checkpoint_bytes=sum(c.size_bytes for c in found if c.complete and c.path not in gone),
+            root_id=root_id, retention_stopped=stopped, settled=settled,
         )
+
+    def _retention(self, found: list[store.CheckpointInfo], usage: store.DiskUsage, protect: Collection[Path],
+                   settled: bool) -> tuple[store.RetentionPlan, list[store.Deletion], str | None]:
+        """Plan and carry out retention: (plan, deleted, why it stopped). A sidecar that cannot be used stops
+        retention only (SidecarError), never the pass."""
+        plan = store.RetentionPlan()
+        try:
+            store.migrate_legacy_trash(self.root, fallback=self.cfg.run_dir)
+            plan = store.plan_retention(found, rules=self.cfg.checkpoints, disk=usage,
+                                        protect={*protect, *store.in_use(self.root)}, now=self.now(),
+                                        settled=settled)
+            deleted = (store.execute_retention(self.root, plan, empty_trash=False, fallback=self.cfg.run_dir)
+                       if plan.deletions else [])
+        except SidecarError as exc:
+            return plan, [], str(exc)
+        return plan, deleted, None
 
     def empty_trash(self) -> None:
         """Remove trash contents on a worker thread: a slow rmtree must not stall the loop (or its watchdog)."""
@@ -172,6 +248,9 @@ class Housekeeper:
         if result.error is not None:
             self.log.error("checkpoint_scan_failed", root=str(self.root), error=result.error)
             return None
+        self._say_retention(result.retention_stopped)
+        if self.device is None and result.root_id is not None:
+            self.device = result.root_id[0]
         first = self.last is None
         self.latest, self.last, self.disk_free = result.newest, result, result.disk_free
         for f in result.findings:
@@ -184,13 +263,29 @@ class Housekeeper:
         # The first pass also empties what a predecessor killed mid-delete left parked: waiting for the next
         # deletion could hold a whole checkpoint's disk space for as long as nothing else is pruned. With
         # `prune = false` nothing is ever deleted, leftovers included.
-        if result.deleted or (first and self.cfg.checkpoints.prune):
+        if result.deleted or (first and self.cfg.checkpoints.prune and result.retention_stopped is None):
             self.empty_trash()
         new = result.newest
         if new is None or not _newer(new, self._high):
             return None
         self._high = new
         return None if first else new  # what the first pass finds was there before us: the baseline
+
+    def check_retention(self) -> None:
+        """At start-up: say now (once) when retention will not be able to delete anything."""
+        if self.cfg.checkpoints.prune:
+            self._say_retention(retention_problem(self.root, self.cfg.run_dir))
+
+    def _say_retention(self, stopped: str | None) -> None:
+        """Retention stopping (or going again) is said once, loudly, when it changes; status shows it meanwhile."""
+        if stopped == self.retention_stopped:
+            return
+        if stopped is not None:
+            self.log.error("retention_stopped", root=str(self.root), reason=stopped,
+                           effect="nothing is deleted; discovery, resume and commits go on")
+        else:
+            self.log.info("retention_resumed", root=str(self.root))
+        self.retention_stopped = stopped
 
     def latest_step(self) -> int | None:
         return self.latest.step if self.latest else None

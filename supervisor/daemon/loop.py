@@ -12,6 +12,7 @@ supervisor keeps going with its console silenced (see supervisor/observe/console
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver, ObservedWatch
 
 from supervisor.daemon.core import Core
 from supervisor.daemon.system import LoopSystem
@@ -54,12 +56,16 @@ _MAX_WAIT_S = 3600.0
 
 
 class _Forward(FileSystemEventHandler):
-    def __init__(self, sink: queue.SimpleQueue[Path], wake: Callable[[], None]) -> None:
-        self.sink, self.wake = sink, wake
+    def __init__(self, sink: queue.SimpleQueue[Path], wake: Callable[[], None], lost: queue.SimpleQueue[Path],
+                 watched: set[Path]) -> None:
+        self.sink, self.wake, self.lost, self.watched = sink, wake, lost, watched
 
     def on_any_event(self, event: FileSystemEvent) -> None:
         if event.event_type in ("opened", "closed_no_write"):
             return
+        src = Path(os.fsdecode(event.src_path))
+        if event.event_type in ("deleted", "moved") and src in self.watched:
+            self.lost.put(src)  # a watched dir itself went away: its inotify watch is gone with it
         for p in (event.src_path, getattr(event, "dest_path", "")):
             if p:
                 self.sink.put(Path(os.fsdecode(p)))
@@ -141,6 +147,14 @@ class EventLoop:
         self.signals: deque[int] = deque()
         self.files: queue.SimpleQueue[Path] = queue.SimpleQueue()
         self._echo_more = False  # the echo stopped at its chunk size with more to show
+        # Watches by path; a watched dir deleted or replaced (the checkpoint root re-created, the run dir removed)
+        # is watched again as soon as it exists again: without that, its commits and heartbeats go unseen.
+        self._observer: BaseObserver | None = None
+        self._handler: _Forward | None = None
+        self._watches: dict[Path, tuple[ObservedWatch | None, bool]] = {}
+        self._lost_events: queue.SimpleQueue[Path] = queue.SimpleQueue()
+        self._lost: set[Path] = set()
+        self._next_rewatch = 0.0
 
     def _wake(self) -> None:  # from any thread
         try:
@@ -159,10 +173,10 @@ class EventLoop:
         # watchdog warns (to stderr, over the console) each time a renamed dir reuses an inotify watch, as every
         # checkpoint commit does (`.tmp-step_N` -> `step_N`); nothing is wrong and the callback stays the same.
         warnings.filterwarnings("ignore", message="Callback with id .* already exists for watch", category=RuntimeWarning)
-        observer = Observer()
-        handler = _Forward(self.files, self._wake)
+        observer = self._observer = Observer()
+        self._handler = _Forward(self.files, self._wake, self._lost_events, {p for p, _ in self.watch})
         for path, recursive in self.watch:
-            observer.schedule(handler, str(path), recursive=recursive)
+            self._watches[path] = (observer.schedule(self._handler, str(path), recursive=recursive), recursive)
         observer.start()
         sel = selectors.DefaultSelector()
         sel.register(rfd, selectors.EVENT_READ)
@@ -195,7 +209,37 @@ class EventLoop:
             os.close(rfd)
             os.close(self._wfd)
 
+    def _keep_watching(self) -> None:
+        """Watch again what was deleted or replaced, once it exists again (tried at most once a second)."""
+        while True:
+            try:
+                self._lost.add(self._lost_events.get_nowait())
+            except queue.Empty:
+                break
+        if self.core.watch_stale:
+            self.core.watch_stale = False
+            self._lost.add(self.core.house.root)
+        now = self.sys.monotonic()
+        if not self._lost or now < self._next_rewatch or self._observer is None or self._handler is None:
+            return
+        self._next_rewatch = now + 1.0
+        for path in sorted(self._lost):
+            old, recursive = self._watches.get(path, (None, True))
+            if not os.path.isdir(path):
+                continue
+            if old is not None:
+                with contextlib.suppress(KeyError, OSError):
+                    self._observer.unschedule(old)
+            try:
+                self._watches[path] = (self._observer.schedule(self._handler, str(path), recursive=recursive), recursive)
+            except OSError:
+                self._watches[path] = (None, recursive)
+                continue  # gone again already: the next turn tries once more
+            self._lost.discard(path)
+            self.core.on_watch_restored(path)
+
     def _dispatch(self) -> None:
+        self._keep_watching()
         # File events first, so the echo of a job's last lines is not lost when its exit is handled below.
         seen_log = False
         while True:

@@ -4,6 +4,8 @@ A pass (scan, verify, retention) runs off the loop; whatever needs the root's st
 scheduler owns the bookkeeping that makes that safe: the root's *generation* (file events and our own
 changes so far), whether a pass is running and whether another is wanted after it (and whether that one must
 prune), and when the last one finished, so that a launch may reuse a pass that still tells the truth.
+A failed pass is never a result (docs/design.md, invariant 11): after one, nothing is fresh until a pass
+succeeds - the last successful one describes the root as it was before whatever made the look fail.
 """
 from __future__ import annotations
 
@@ -54,9 +56,10 @@ class PassScheduler:
     def finished(self, outcome: PassResult | BaseException) -> PassResult:
         """Note that the running pass ended; a crashed pass becomes a failed result (it costs a pass, no more)."""
         self.running = False
-        self._done_mono = self.sys.monotonic()
         if isinstance(outcome, BaseException):  # a bug in the store must cost a pass, not the supervisor
-            return PassResult(self.generation, error=f"{type(outcome).__name__}: {outcome}")
+            outcome = PassResult(self.generation, error=f"{type(outcome).__name__}: {outcome}")
+        # Only a successful pass can be reused: a failed one leaves nothing fresh (not the success before it).
+        self._done_mono = self.sys.monotonic() if outcome.error is None else None
         return outcome
 
     def follow_up(self, protect: Sequence[Path], *, settled: bool = False) -> None:

@@ -24,7 +24,8 @@ from supervisor.config import Config
 from supervisor.errors import CheckpointError, ConfigError
 from supervisor.host.regularfile import open_regular
 
-__all__ = ["check_setup", "command_warnings", "job_program", "make_dirs", "trainer_module", "trainer_problem"]
+__all__ = ["check_setup", "command_warnings", "job_program", "make_dirs", "rendezvous_key", "trainer_module",
+           "trainer_problem"]
 
 DIST = "fsdp-supervisor"
 # The first line of trainer/__init__.py's docstring says this (tests/unit/test_preflight_trainer.py checks it).
@@ -104,6 +105,49 @@ def _is_torchrun(command: Sequence[str]) -> bool:
     if os.path.basename(command[0]) == "torchrun":
         return True
     return any(a == "-m" and b == "torch.distributed.run" for a, b in zip(command, command[1:]))
+
+
+def _launcher_args(command: Sequence[str]) -> Sequence[str]:
+    """torchrun's own arguments: after the program (or `-m torch.distributed.run`), before the job's module or script."""
+    start = 1
+    for i, (a, b) in enumerate(zip(command, command[1:])):
+        if a == "-m" and b == "torch.distributed.run":
+            start = i + 2
+            break
+    rest = command[start:]
+    for i, arg in enumerate(rest):
+        if arg in ("-m", "--module") or arg.endswith(".py"):
+            return rest[:i]  # the job's own flags follow: a trainer's --nnodes is not torchrun's
+    return rest
+
+
+def _flag(args: Sequence[str], name: str) -> str | None:
+    """The value of flag `name` in `args` (`--x=v` or `--x v`; `-` and `_` spellings alike), else None."""
+    for i, arg in enumerate(args):
+        key, eq, value = arg.partition("=")
+        if key.replace("_", "-") == name:
+            return value if eq else (args[i + 1] if i + 1 < len(args) else None)
+    return None
+
+
+def rendezvous_key(command: Sequence[str]) -> str | None:
+    """The multi-node job a torchrun command joins (its rendezvous), or None for a single-node job (pure).
+
+    The supervisors of one multi-node job (one per node) share the checkpoint root's claim: their commands
+    name the same rendezvous (`--rdzv-endpoint` and `--rdzv-id`, or `--master-addr` and `--master-port`).
+    A command with `--nnodes` 1 (or none), or not torchrun at all, is a job of its own.
+    """
+    if not _is_torchrun(command):
+        return None
+    args = _launcher_args(command)
+    nnodes = _flag(args, "--nnodes")
+    if nnodes is None or nnodes.strip() in ("1", "1:1"):
+        return None
+    endpoint, rdzv_id = _flag(args, "--rdzv-endpoint"), _flag(args, "--rdzv-id")
+    if endpoint or (rdzv_id and rdzv_id != "none"):
+        return f"rdzv {endpoint or ''} {rdzv_id or 'none'}"
+    addr, port = _flag(args, "--master-addr"), _flag(args, "--master-port")
+    return f"master {addr or '127.0.0.1'}:{port or '29500'}"
 
 
 def command_warnings(command: Sequence[str]) -> list[str]:

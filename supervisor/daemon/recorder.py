@@ -401,8 +401,10 @@ class HistoryRecorder(NullHistory):
     @_guarded
     def annotate(self, status: Status) -> None:
         fold = self.fold
-        goodput = fold.goodput(self.now())
+        now = self.now()
+        goodput = fold.goodput(now)
         status.goodput = None if goodput is None else round(goodput, 4)
+        status.goodput_parts = {k: round(v, 3) for k, v in fold.parts(now).items()}
         status.loss_recent = list(fold.recent_loss)
         status.restart_latency_s = [round(x, 3) for x in fold.restart_latency_s]
         status.steps_lost = list(fold.steps_lost)

@@ -1,12 +1,15 @@
 """`fsdp-supervisor run`'s composition root: builds the supervisor's parts from a config and runs the loop.
 
-Everything with a lifetime (the run lock, the log, the prewarmed agent, the history writer, the metrics
-server) is created here, in order, and closed here, in reverse, whatever the loop's end.
+Everything with a lifetime (the run lock, the claim on the checkpoint root, the log, the prewarmed agent,
+the history writer, the metrics server) is created here, in order, and closed here, in reverse, whatever the
+loop's end. The claim comes right after the lock: a second job on the same root is refused (exit 2) before
+anything is written.
 """
 from __future__ import annotations
 
 import sys
 
+from supervisor.checkpoints.claim import RootClaim
 from supervisor.checkpoints.metadata import child as metadata_child
 from supervisor.config import Config
 from supervisor.daemon import preflight
@@ -16,11 +19,11 @@ from supervisor.daemon.loopprobe import INTERVAL_S, LoopProbe
 from supervisor.daemon.recorder import HistoryRecorder
 from supervisor.daemon.statefile import read_status, remove_torn_writes
 from supervisor.daemon.system import RealSystem
-from supervisor.errors import ConfigError
+from supervisor.errors import ConfigError, SidecarError
 from supervisor.host import procs
 from supervisor.host.runlock import RunLock
-from supervisor.observe.console import TICK_S, Console, Progress
-from supervisor.observe.eventlog import configure, get_logger
+from supervisor.observe.console import NOT_ECHOED, SUMMARY_EVERY_S, TICK_S, Console, Progress
+from supervisor.observe.eventlog import configure, get_logger, reopen_file
 from supervisor.observe.metrics import listen_address, start_metrics
 from supervisor.observe.notify import Notifier
 
@@ -38,13 +41,24 @@ def run(cfg: Config) -> int:
         lock.acquire()
     except OSError as exc:  # e.g. something else planted under the lock's name
         raise ConfigError(f"{cfg.path}: [supervisor.run_dir] cannot lock {run_dir}: {exc.strerror or exc}") from None
-    remove_torn_writes(run_dir)
+    claim = RootClaim(cfg.checkpoints.dir, job=preflight.rendezvous_key(cfg.job.command), config=cfg.path,
+                      run_dir=run_dir, refresh_s=cfg.checkpoints.retention_interval_s)
     try:
+        try:
+            notes = claim.acquire()  # ClaimedError (exit 2): another job runs on this root
+        except (OSError, SidecarError) as exc:  # no folder can hold it: run, but say a second job goes unnoticed
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            notes = [("root_claim_failed", f"{why}: a second job on this checkpoint root is not detected")]
+        remove_torn_writes(run_dir)
         console = Console.for_stderr()
         configure(run_dir, max_bytes=cfg.supervisor.log_max_bytes, backups=cfg.supervisor.log_backups, console=console)
         log = get_logger().bind(run_dir=str(run_dir))
+        if not console.tty:  # nohup, `run > out.log`, CI, Slurm: say once what this output holds
+            console.note(NOT_ECHOED.format(every=SUMMARY_EVERY_S))
         for warning in preflight.command_warnings(cfg.job.command):
             log.warning("config_warning", key="job.command", detail=warning)
+        for event, detail in notes:
+            log.warning(event, root=str(claim.root), detail=detail)
         previous = read_status(run_dir)
         system = RealSystem(prewarm=cfg.job.prewarm)
         # The loop thread waits for the GIL up to one switch interval per system call while another thread
@@ -56,13 +70,21 @@ def run(cfg: Config) -> int:
             log.warning("subreaper_unavailable")
         notifier = Notifier.from_env()
         history = HistoryRecorder.for_run_dir(run_dir, now=system.now, log=log)
-        core = Core(cfg, system, log, notify=notifier.status if notifier else None, history=history)
+        core = Core(cfg, system, log, notify=notifier.status if notifier else None, history=history, claim=claim)
+        core.house.check_retention()  # a root whose deletions cannot be parked: said now, before the first pass
         echo = Echo(console) if console.tty else None
-        # The job's output dir is watched only to echo it: each line the job logs would wake us otherwise.
-        watch = [(run_dir, False), *([(run_dir / "logs", False)] if echo else []), (cfg.checkpoints.dir, True)]
+        # The job's output dir is watched only to echo it: each line the job logs would wake us otherwise. The root
+        # is watched by its resolved path: inotify does not follow a symlinked root to its target's events.
+        watch = [(run_dir, False), *([(run_dir / "logs", False)] if echo else []), (core.house.root, True)]
         progress = Progress(console, lambda: core.status)  # a live row on a terminal, else a line every 10 s
+
+        def keep_run_dir() -> None:  # a run dir removed under us: made again, locked again
+            if lock.restore():
+                reopen_file()
+                core.run_dir_restored()
+
         ticks = [*(notifier.ticks(lambda: not core.done) if notifier else []), (TICK_S, progress.tick),
-                 (TICK_S, core.bound_output)]
+                 (TICK_S, core.bound_output), (TICK_S, keep_run_dir)]
         probe = LoopProbe.from_env()  # a diagnostic for bench/loop_stall.py; None unless asked for
         if probe is not None:
             ticks.append((INTERVAL_S, probe.tick))
@@ -90,4 +112,5 @@ def run(cfg: Config) -> int:
             notifier.stopping()
         return rc
     finally:
+        claim.release()
         lock.release()

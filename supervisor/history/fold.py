@@ -15,7 +15,13 @@ Definitions (docs/history.md has them with an example):
 - `productive_s`: training time whose work was kept: the sum of the attempts' `train_s`, less, wherever an
   attempt resumed behind the previous attempt's highest step, the time those steps took (steps behind times
   the previous attempt's seconds per step, or the run's average when it trained none). Never negative.
-- `goodput`: productive_s / wall_s (null while wall_s is 0).
+- `goodput`: productive_s / wall_s (null while wall_s is 0, and for a job that never reported a step: its training
+  time is unknown, not zero).
+- Where the rest of `wall_s` went: `startup_s`, each attempt's launch to its first new step (or to its end when it
+  never got there); `restart_s`, a failed attempt's end to the next launch in the same supervisor run (teardown,
+  backoff); `lost_s`, training time whose steps were redone after a failure (part of the attempts' `train_s`:
+  productive_s + lost_s is all of it); `checkpoint_overhead_s`; and `other_s`, what is left (evaluation, the
+  supervisor's own start, a backoff still under way).
 - `restart_latency_s`: one entry per recovery: from the detection (attempt_exit `at`) of the first failure
   since the job last trained a new step, to the next first_step (the relaunched job training again). A crash
   loop that ends in a recovery is one entry, counted from its first failure; a recovery cut short by the end
@@ -109,6 +115,7 @@ class AttemptView:
     train_s: float = 0.0
     save_s: float = 0.0
     first_step_at: float | None = None
+    trained_at: float | None = None  # its first beat beyond the resume point (start-up ends there or at first_step)
     last_t: float = 0.0  # its last record
     samples: list[Sample] = field(default_factory=list)
 
@@ -127,6 +134,10 @@ class Summary:
     restart_latency_s: list[float]
     steps_lost: list[int]
     checkpoint_overhead_s: float
+    startup_s: float
+    restart_s: float
+    lost_s: float
+    other_s: float
     exit_reasons: dict[str, int]
     checkpoints_committed: int
     quarantines: int
@@ -143,6 +154,10 @@ class Summary:
             "restart_latency_s": [round(x, 3) for x in self.restart_latency_s],
             "steps_lost": list(self.steps_lost),
             "checkpoint_overhead_s": round(self.checkpoint_overhead_s, 3),
+            "startup_s": round(self.startup_s, 3),
+            "restart_s": round(self.restart_s, 3),
+            "lost_s": round(self.lost_s, 3),
+            "other_s": round(self.other_s, 3),
             "exit_reasons": dict(sorted(self.exit_reasons.items())),
             "checkpoints_committed": self.checkpoints_committed,
             "quarantines": self.quarantines,
@@ -172,10 +187,13 @@ class Fold:
         self.train_s = 0.0  # sum over attempts
         self.save_s = 0.0
         self._pending_failure_at: float | None = None  # detection of the first failure not yet recovered
+        self.restart_s = 0.0  # a failed attempt's end to the next launch, within one supervisor run
+        self._failed_at: float | None = None  # the end of the last attempt, when it failed and nothing launched since
         self.commits = 0
         self.quarantines = 0
         self.last_step: int | None = None
         self.recent_loss: deque[float] = deque(maxlen=RECENT_LOSSES)
+        self._recent_step: int | None = None  # the step of the newest loss in recent_loss
         self.marks: list[Mark] = []  # keep=True only
         self.end_state: str | None = None
         self.end_reason: str | None = None
@@ -203,6 +221,7 @@ class Fold:
             self.sessions.append([t, t])
             self._open = True
             self._pending_failure_at = None  # the supervisor that saw it is gone: its recovery was cut short
+            self._failed_at = None  # time between supervisor runs is no one's
             self._session_t = t
         else:
             self.sessions[-1][1] = max(self.sessions[-1][1], t)
@@ -246,6 +265,9 @@ class Fold:
         number = _int(rec, "attempt")
         if number is not None:
             self._new_attempt(number, t, _str(rec, "resumed_from"), _int(rec, "resumed_step"))
+            if self._failed_at is not None:
+                self.restart_s += max(0.0, t - self._failed_at)
+            self._failed_at = None
 
     def _set_counters(self, a: AttemptView, rec: dict[str, Any]) -> None:
         train, save = _num(rec, "train_s"), _num(rec, "save_s")
@@ -267,9 +289,16 @@ class Fold:
             return
         self._note_step(a, step)
         self._set_counters(a, rec)
+        if a.trained_at is None and step > (a.resumed_step or 0) and rec.get("phase") != "load":
+            a.trained_at = t
         loss = _num(rec, "loss")
-        if loss is not None:
+        # One per step: a step's eval and save beats repeat its loss, and so does a resumed attempt's first beat at the
+        # step it resumed (a load beat's loss is the checkpoint's, nothing measured now).
+        if loss is not None and rec.get("phase") != "load":
+            if self._recent_step == step:
+                self.recent_loss.pop()
             self.recent_loss.append(loss)
+            self._recent_step = step
         if self.keep:
             a.samples.append(Sample(t, step, loss, _num(rec, "val_loss")))
 
@@ -296,6 +325,7 @@ class Fold:
         self.exit_reasons[a.reason] += 1
         if is_failure(a.reason):
             self.failures += 1
+            self._failed_at = a.ended
             if self._pending_failure_at is None:
                 self._pending_failure_at = a.ended
 
@@ -311,6 +341,7 @@ class Fold:
     def _on_end(self, t: float, rec: dict[str, Any]) -> None:
         self.end_state, self.end_reason = _str(rec, "state"), _str(rec, "reason")
         self._pending_failure_at = None  # supervision ended mid-recovery: nothing was waiting to recover
+        self._failed_at = None
 
     _HANDLERS: ClassVar[dict[str, Callable[[Fold, float, dict[str, Any]], None]]] = {
         "attempt_start": _on_start,
@@ -338,20 +369,43 @@ class Fold:
         return max(0.0, self.train_s - self.lost_s)
 
     def goodput(self, now: float | None = None) -> float | None:
+        """None while nothing ran, and for a job that never reported a step (its training time is unknown)."""
         wall = self.wall_s(now)
-        return min(1.0, self.productive_s() / wall) if wall > 0 else None
+        return min(1.0, self.productive_s() / wall) if wall > 0 and self.last_step is not None else None
+
+    def startup_s(self, now: float | None = None) -> float:
+        """Each attempt's launch to its first new step, or to its end (or now, or its last record) without one."""
+        total = 0.0
+        for a in self.attempts:
+            end = min((x for x in (a.first_step_at, a.trained_at) if x is not None), default=a.ended)
+            if end is None:
+                end = now if now is not None and self._open and a is self.attempts[-1] else a.last_t
+            total += max(0.0, end - a.started)
+        return total
+
+    def parts(self, now: float | None = None) -> dict[str, float]:
+        """Where the supervisor's wall time went (the module docstring has each part); they add up to `wall_s`."""
+        wall, productive = self.wall_s(now), self.productive_s()
+        known = {"productive_s": productive, "startup_s": self.startup_s(now), "restart_s": self.restart_s,
+                 "lost_s": self.train_s - productive, "checkpoint_overhead_s": self.save_s}
+        return {"wall_s": wall, **known, "other_s": max(0.0, wall - sum(known.values()))}
 
     def summary(self, now: float | None = None) -> Summary:
         """The numbers as of the last record, or as of `now` for a session still running."""
+        parts = self.parts(now)
         return Summary(
             attempts=len(self.attempts),
             failures=self.failures,
-            wall_s=self.wall_s(now),
-            productive_s=self.productive_s(),
+            wall_s=parts["wall_s"],
+            productive_s=parts["productive_s"],
             goodput=self.goodput(now),
             restart_latency_s=list(self.restart_latency_s),
             steps_lost=list(self.steps_lost),
             checkpoint_overhead_s=self.save_s,
+            startup_s=parts["startup_s"],
+            restart_s=parts["restart_s"],
+            lost_s=parts["lost_s"],
+            other_s=parts["other_s"],
             exit_reasons=dict(self.exit_reasons),
             checkpoints_committed=self.commits,
             quarantines=self.quarantines,

@@ -12,7 +12,7 @@ import time
 
 from supervisor.history.fold import AttemptView, Fold, Summary
 from supervisor.history.svg import Linear, esc, fmt_num, fmt_time, nice_ticks, polyline, svg, tag, text, time_ticks
-from supervisor.observe.humanize import human_age
+from supervisor.observe.humanize import checkpoint_label, human_age
 
 __all__ = ["render_html", "REASON_COLORS"]
 
@@ -107,12 +107,15 @@ def _timeline(fold: Fold, t0: float, t1: float) -> str:
             continue
         drawn.add((m.kind, int(mx / 2)))
         if m.kind == "checkpoint_committed":
-            body.append(tag("line", "commit", f"checkpoint step {m.step}: {m.path}", x1=mx, y1=52.0, x2=mx, y2=68.0))
+            body.append(tag("line", "commit", f"checkpoint {checkpoint_label(m.step, m.path)}: {m.path}", x1=mx, y1=52.0,
+                            x2=mx, y2=68.0))
         elif m.kind == "quarantined":
-            body.append(tag("rect", "quarantine", f"quarantined {m.path}: {m.detail}", x=mx - 4, y=54.0,
+            why = f": {m.detail}" if m.detail else ""
+            body.append(tag("rect", "quarantine", f"quarantined {m.path}{why}", x=mx - 4, y=54.0,
                             width=8.0, height=8.0, transform=f"rotate(45 {mx:.1f} 58)"))
         elif m.kind == "retention_deleted":
-            body.append(tag("line", "deletion", f"deleted {m.path} ({m.detail})", x1=mx, y1=64.0, x2=mx, y2=70.0))
+            why = f" ({m.detail})" if m.detail else ""
+            body.append(tag("line", "deletion", f"deleted {m.path}{why}", x1=mx, y1=64.0, x2=mx, y2=70.0))
     _time_axis(body, x, t0, t1, 74.0)
     return svg(WIDTH, 94, body, "timeline of attempts", "timeline")
 
@@ -180,8 +183,9 @@ def _loss_chart(fold: Fold) -> str:
 
 
 def _rate_chart(fold: Fold, t0: float, t1: float) -> str:
+    """One line per attempt, labelled with its number: steps per second between samples `window` apart."""
     window = max(1.0, (t1 - t0) / 300)
-    lines: list[list[tuple[float, float]]] = []
+    lines: list[tuple[int, list[tuple[float, float]]]] = []
     for a in fold.attempts:
         pts, anchor = [], a.samples[0] if a.samples else None
         for s in a.samples[1:]:
@@ -191,19 +195,21 @@ def _rate_chart(fold: Fold, t0: float, t1: float) -> str:
                     pts.append(((s.t + anchor.t) / 2, (s.step - anchor.step) / (s.t - anchor.t)))
                 anchor = s
         if pts:
-            lines.append(pts)
+            lines.append((a.number, pts))
     if not lines:
         return svg(WIDTH, 40, [text(LEFT, 24, "no step rate yet (fewer than two heartbeat samples per attempt)")],
                    "step rate", "rate-chart")
-    hi = max(r for pts in lines for _, r in pts) * 1.1 or 1.0
+    hi = max(r for _, pts in lines for _, r in pts) * 1.1 or 1.0
     bottom = 110.0
     x, y = Linear(t0, t1, LEFT, WIDTH - RIGHT), Linear(0, hi, bottom, 8)
     body: list[str] = []
     _y_axis(body, 0, hi, y, LEFT, WIDTH - RIGHT)
-    body += [polyline(((x(t), y(r)) for t, r in pts), "rate", "steps per second") for pts in lines]
+    for number, pts in lines:
+        body.append(polyline(((x(t), y(r)) for t, r in pts), "rate", f"attempt {number}: steps per second"))
+        body.append(text(x(pts[0][0]) + 2, 18, f"#{number}"))
     _time_axis(body, x, t0, t1, bottom)
     body.append(text(LEFT - 6, 8, "step/s", anchor="end"))
-    return svg(WIDTH, 130, body, "step rate over time", "rate-chart")
+    return svg(WIDTH, 130, body, "step rate over time, one line per attempt", "rate-chart")
 
 
 def _values(values: list[float] | list[int], unit: str) -> str:
@@ -214,16 +220,18 @@ def _values(values: list[float] | list[int], unit: str) -> str:
     return f"{len(values)}: median {ordered[len(values) // 2]:g}{unit}, max {ordered[-1]:g}{unit}"
 
 
-def _summary_table(s: Summary) -> str:
+def _summary_table(s: Summary, on_disk: int | None) -> str:
     lat = _values([round(v, 1) for v in s.restart_latency_s], " s")
     lost = _values(s.steps_lost, "") + (f" ({sum(s.steps_lost)} in all)" if len(s.steps_lost) > 1 else "")
+    kept = "" if on_disk is None else f", {on_disk} on disk"
     cells = [
-        ("goodput", "n/a" if s.goodput is None else f"{s.goodput:.1%}"),
+        ("goodput", "unknown (no steps reported)" if s.goodput is None else f"{s.goodput:.1%}"),
         ("wall", human_age(s.wall_s)), ("productive", human_age(s.productive_s)),
+        ("start-up", human_age(s.startup_s)), ("checkpoint overhead", f"{s.checkpoint_overhead_s:.1f} s"),
+        ("restarts", human_age(s.restart_s)), ("lost (redone)", human_age(s.lost_s)), ("other", human_age(s.other_s)),
         ("attempts", str(s.attempts)), ("failures", str(s.failures)),
         ("restart latency", lat), ("steps lost", lost),
-        ("checkpoint overhead", f"{s.checkpoint_overhead_s:.1f} s"),
-        ("checkpoints", str(s.checkpoints_committed)), ("quarantined", str(s.quarantines)),
+        ("checkpoints", f"{s.checkpoints_committed} committed{kept}"), ("quarantined", str(s.quarantines)),
         ("exits", ", ".join(f"{k} {v}" for k, v in sorted(s.exit_reasons.items())) or "none"),
         ("last step", "n/a" if s.last_step is None else str(s.last_step)),
     ]
@@ -248,7 +256,7 @@ def _attempts_table(fold: Fold, t1: float) -> str:
     shown = fold.attempts[-MAX_TABLE_ROWS:]
     rows = []
     for a in shown:
-        resumed = "fresh start" if a.resumed_from is None else f"step {a.resumed_step}"
+        resumed = "fresh start" if a.resumed_from is None else checkpoint_label(a.resumed_step, a.resumed_from)
         code = " / ".join(str(v) for v in (a.code, a.signal) if v is not None)
         rows.append(
             f"<tr><td>{a.number}</td><td>{esc(_utc(a.started))}</td><td>{esc(human_age(_end(a, fold, t1) - a.started))}"
@@ -260,8 +268,10 @@ def _attempts_table(fold: Fold, t1: float) -> str:
     return note + '<table class="attempts">' + head + "".join(rows) + "</table>"
 
 
-def render_html(fold: Fold, summary: Summary, *, source: str, generated: float, now: float | None = None) -> str:
-    """The page for a history folded with `Fold(keep=True)`; `now` extends a running session to the present."""
+def render_html(fold: Fold, summary: Summary, *, source: str, generated: float, now: float | None = None,
+                on_disk: int | None = None) -> str:
+    """The page for a history folded with `Fold(keep=True)`; `now` extends a running session to the present;
+    `on_disk`: the complete checkpoints under the root now (beside the commits the history counts)."""
     t0 = fold.first_t if fold.first_t is not None else generated
     t1 = max(fold.last_t or t0, now or 0.0)
     if t1 <= t0:
@@ -275,7 +285,7 @@ def render_html(fold: Fold, summary: Summary, *, source: str, generated: float, 
         f"<h1>fsdp-supervisor report</h1><p class=\"meta\">{esc(source)}</p>",
         (f"<p class=\"meta\">{esc(_utc(t0))} to {esc(_utc(t1))}, {len(fold.sessions)} supervisor run(s), "
          f"{esc(state)}; generated {esc(_utc(generated))}</p>"),
-        _summary_table(summary),
+        _summary_table(summary, on_disk),
         "<h2>Attempts</h2>", _legend(fold), _timeline(fold, t0, t1),
         "<h2>Loss</h2>",
         ('<p class="legend"><span><i class="line" style="background:#1565c0"></i>loss</span>'

@@ -8,6 +8,7 @@ over the target.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +18,7 @@ from pathlib import Path
 __all__ = ["replacing", "write_atomic", "fsync_dir", "temporaries", "TMP_SUFFIX"]
 
 TMP_SUFFIX = ".tmp"
+_TOKEN = re.compile(r"[0-9a-f]{8}")  # secrets.token_hex(4): what `replacing` puts between the name and TMP_SUFFIX
 
 
 @contextmanager
@@ -51,9 +53,14 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, *, durable: bool = T
 
 
 def temporaries(path: str | os.PathLike[str]) -> list[Path]:
-    """The temporary siblings of `path` that `replacing` left behind (a writer killed midway, or still writing)."""
+    """The temporary siblings of `path` that `replacing` left behind (a writer killed midway, or still writing).
+
+    Only `replacing`'s exact pattern (`.<name>.<8 hex>.tmp`): a `.<name>.backup.tmp` of someone else is not ours.
+    """
     target = Path(path)
-    return sorted(target.parent.glob(f".{glob_escape(target.name)}.*{TMP_SUFFIX}"))
+    cut = len(target.name) + 2
+    return sorted(p for p in target.parent.glob(f".{glob_escape(target.name)}.*{TMP_SUFFIX}")
+                  if _TOKEN.fullmatch(p.name[cut:-len(TMP_SUFFIX)]))
 
 
 def fsync_dir(directory: str | os.PathLike[str]) -> None:

@@ -1,4 +1,11 @@
-"""One supervisor per run dir: an flock held for the supervisor's lifetime, with its pid inside."""
+"""One supervisor per run dir: an flock held for the supervisor's lifetime, with its pid inside.
+
+A run dir deleted under a running supervisor (`rm -rf .fsdp-supervisor`) takes the lock file with it: a
+second `run` would find no lock, and `status` no supervisor. So the supervisor looks at its lock file every
+tick (`restore`) and, when it is gone or replaced, makes the run dir again (owner-only) and locks the new
+file. Whatever a second `run` does in between, the claim on the checkpoint root refuses it
+(supervisor/checkpoints/claim.py).
+"""
 from __future__ import annotations
 
 import errno
@@ -20,12 +27,17 @@ class RunLock:
     def __init__(self, run_dir: Path) -> None:
         self.path = run_dir / LOCK_FILE
         self.fd: int | None = None
+        self._file: tuple[int, int] | None = None  # (st_dev, st_ino) of the lock file we hold
 
     def acquire(self) -> None:
         """Take the lock or raise LockedError naming the holder; OSError if the lock file cannot be one."""
+        self.fd, self._file = self._take()
+
+    def _take(self) -> tuple[int, tuple[int, int]]:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):  # something else planted under the lock's name
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):  # something else planted under the lock's name
                 raise OSError(errno.EINVAL, "not a regular file", str(self.path))
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -37,7 +49,32 @@ class RunLock:
         except BaseException:
             os.close(fd)
             raise
-        self.fd = fd
+        return fd, (st.st_dev, st.st_ino)
+
+    def restore(self) -> bool:
+        """Lock again if the lock file (or the whole run dir) was removed or replaced; whether it was re-taken.
+
+        Cheap when nothing happened (one stat); a failure (the dir cannot be made, another `run` holds the new
+        file for the moment it takes to be refused) is tried again on the next call.
+        """
+        if self.fd is None:
+            return False
+        try:
+            st = os.stat(self.path)
+            if (st.st_dev, st.st_ino) == self._file:
+                return False
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return False
+        try:
+            os.makedirs(self.path.parent, mode=0o700, exist_ok=True)
+            fd, held = self._take()
+        except (OSError, LockedError):
+            return False
+        os.close(self.fd)
+        self.fd, self._file = fd, held
+        return True
 
     def release(self) -> None:
         if self.fd is not None:

@@ -24,7 +24,8 @@ from typing import Any
 from supervisor.contract import ENV_ATTEMPT, ENV_ERROR_FILE
 from supervisor.host import joblog
 
-__all__ = ["Plan", "Prewarmer", "plan", "is_spare_cmdline", "SPARE_SCRIPT", "PREWARM_LOG", "VOLATILE_ENV"]
+__all__ = ["Plan", "Prewarmer", "plan", "is_spare_cmdline", "SPARE_SCRIPT", "PREWARM_LOG", "VOLATILE_ENV",
+           "HANDOFF_NOTE"]
 
 # Job-side code (it becomes the torchrun agent, torch and all), so it lives with the trainer; the supervisor
 # only runs it by path and never imports it (find_spec imports the `trainer` package, which imports nothing).
@@ -38,6 +39,7 @@ PREWARM_LOG = "prewarm.log"  # the spares' own output before they become a job (
 VOLATILE_ENV = frozenset({ENV_ATTEMPT, ENV_ERROR_FILE})
 _MODULE = "torch.distributed.run"
 _CONSOLE_MARK = b"from torch.distributed.run import main"
+HANDOFF_NOTE = "a torchrun agent started ahead, torch already imported, runs this attempt (ps: torchrun ...)"
 _MAX_SPEC_BYTES = 60_000  # stays below a pipe's buffer: the hand-off never blocks the event loop
 
 
@@ -89,7 +91,7 @@ def plan(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str]) -> Plan | No
 
 
 def is_spare_cmdline(cmdline: Sequence[str]) -> bool:
-    """Whether a process's argv is one of our spares (possibly already running a job)."""
+    """Whether a process's argv is one of our idle spares (one running a job shows as `torchrun ARGS...`)."""
     return len(cmdline) >= 3 and cmdline[-2] == str(SPARE_SCRIPT)
 
 
@@ -147,7 +149,8 @@ class Prewarmer:
         except OSError as exc:
             self._discard(spare, f"hand-off failed: {exc}")
             return None
-        self.log.info("prewarm_handoff", pid=spare.proc.pid, spare_age_s=round(time.monotonic() - spare.started, 3))
+        self.log.info("prewarm_handoff", pid=spare.proc.pid, spare_age_s=round(time.monotonic() - spare.started, 3),
+                      note=HANDOFF_NOTE)
         return spare.proc
 
     def refill(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_dir: Path) -> None:

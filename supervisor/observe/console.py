@@ -4,7 +4,9 @@ The full events go to the JSON log (run_dir/supervisor.log); the console shows t
 fields that matter. On a terminal, live rows (the job's unfinished `\\r` frame, then the progress line) sit
 below the printed lines and are redrawn in place (`\\r` + cursor up + erase below); anything printed first
 erases them and draws them again after itself, so output never interleaves with a half-drawn row.
-Elsewhere there are no live rows: `Progress` prints a summary line every `SUMMARY_EVERY_S`.
+Elsewhere there are no live rows and no echo of the job's output (`NOT_ECHOED` says so once): `Progress` prints
+a summary line every `SUMMARY_EVERY_S`, and a failed attempt's `job_exited` line is followed by the job's last
+output lines (on a terminal the echo has shown them already). A reason or a root cause is never cut.
 
 A console whose terminal vanished (EIO after a hangup, EPIPE from a closed pipe) goes quiet for good: the
 write error is swallowed and our stdin/stdout/stderr are pointed at /dev/null so that nothing else can
@@ -25,12 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.observe.humanize import human_bytes
-from supervisor.policy.state import State, Status
+from supervisor.observe.sanitize import visible
+from supervisor.policy.state import State, Status, output_beyond
 
-__all__ = ["Console", "render_event", "progress_text", "Progress", "SUMMARY_EVERY_S", "TICK_S"]
+__all__ = ["Console", "render_event", "progress_text", "Progress", "SUMMARY_EVERY_S", "TICK_S", "NOT_ECHOED"]
 
 TICK_S = 1.0  # how often the progress is looked at (the live row is redrawn; a summary may be due)
 SUMMARY_EVERY_S = 10.0  # not a terminal: at most one progress line this often
+NOT_ECHOED = ("note not a terminal: the job's output is not echoed here (each attempt's is in RUN_DIR/logs/, "
+              "`fsdp-supervisor logs --job -f` follows it); progress every {every:g} s, a failure's last output lines")
 _ROWS = ("job", "progress")  # live rows, top to bottom
 _GONE = (errno.EIO, errno.EPIPE, errno.ENXIO, errno.EBADF, errno.ENODEV, errno.ECONNRESET)
 _ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]|[\x00-\x1f\x7f]")
@@ -47,25 +52,32 @@ _FIELDS: dict[str, tuple[str, ...]] = {
     "stopped": ("reason",),
     "hang_detected": ("attempt", "step", "phase", "idle_s"),
     "stack_dump_requested": ("workers", "log"),
-    "prewarm_handoff": ("pid",),
+    "prewarm_handoff": ("pid", "note"),
     "python_warning": ("category", "where", "message"),
 }
+_OFF_TTY: dict[str, tuple[str, ...]] = {"job_started": ("log",)}  # where the output the echo would show is
 _NEVER = frozenset({"run_dir", "argv", "env", "ts", "level", "event", "timestamp", "logger", "exc_info", "exception",
                     "stack"})
 _MAX_FIELDS = 4
 _MAX_VALUE = 100
+# Never cut: why it gave up, the root cause (both bounded where they are made), and paths (a cut one opens nothing)
+_WHOLE = frozenset({"reason", "detail"})
+
+
+def _is_path(key: str) -> bool:
+    return key in ("path", "log", "resumed_from") or key.endswith("_path")
 
 
 def _value(key: str, v: Any, cwd: str) -> str:
     if key.endswith("_bytes") and isinstance(v, int):
         return human_bytes(v).replace(" ", "")
-    if isinstance(v, str) and (key in ("path", "log", "resumed_from") or key.endswith("_path")):
+    if isinstance(v, str) and _is_path(key):
         v = os.path.relpath(v, cwd) if v.startswith(cwd + os.sep) else v
     if isinstance(v, float):
         v = round(v, 3)
     text = v if isinstance(v, str) and _PLAIN.fullmatch(v) else json.dumps(v, default=str, ensure_ascii=False)
     text = _ESCAPES.sub("", text)
-    return text if len(text) <= _MAX_VALUE else text[:_MAX_VALUE - 1] + "…"
+    return text if len(text) <= _MAX_VALUE or key in _WHOLE or _is_path(key) else text[:_MAX_VALUE - 1] + "…"
 
 
 def _label(key: str) -> str:
@@ -86,11 +98,17 @@ def render_event(event: Mapping[str, Any], *, tty: bool, cwd: str | None = None)
     name = str(event.get("event", ""))
     level = str(event.get("level", "info"))
     keys = _FIELDS.get(name) or tuple(k for k in event if k not in _NEVER)
+    keys += () if tty else _OFF_TTY.get(name, ())
     fields = [f"{_label(k)}={_value(k, event[k], cwd)}" for k in keys if event.get(k) is not None][:_MAX_FIELDS]
     tag = {"warning": "WARN ", "error": "ERROR ", "critical": "ERROR "}.get(level, "")
     if tty and tag and not os.environ.get("NO_COLOR"):
         tag = ("\x1b[33m" if level == "warning" else "\x1b[31m") + tag.strip() + "\x1b[0m "
-    return " ".join([_clock(event.get("ts"), tty), f"{tag}{name}", *fields]).rstrip()
+    line = " ".join([_clock(event.get("ts"), tty), f"{tag}{name}", *fields]).rstrip()
+    output, detail = event.get("last_output"), event.get("detail")
+    if name == "job_exited" and not tty and isinstance(output, list):  # nothing echoed the job: its last words
+        shown = output_beyond(detail if isinstance(detail, str) else None, [str(x) for x in output])
+        line += "".join(f"\n  [job] {visible(text, colors=False)}" for text in shown)
+    return line
 
 
 def progress_text(st: Status) -> str | None:
@@ -161,6 +179,10 @@ class Console:
             out = self._erase() + "".join(f"{line}\n" for line in lines) + "\n".join(_fit(r, width) for r in live)
             self._drawn = len(live)
             self._write(out)
+
+    def note(self, text: str) -> None:
+        """One line of our own, dated like the events."""
+        self.show([f"{_clock(None, self.tty)} {text}"])
 
     def close(self) -> None:
         """Leave the live rows on screen as ordinary lines (the cursor goes below them)."""

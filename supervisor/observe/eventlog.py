@@ -28,7 +28,7 @@ import structlog
 
 from supervisor.observe.console import Console, render_event
 
-__all__ = ["configure", "configure_cli", "get_logger", "render_line", "LOG_FILE"]
+__all__ = ["configure", "configure_cli", "get_logger", "render_line", "reopen_file", "LOG_FILE"]
 
 LOG_FILE = "supervisor.log"
 _NAME = "supervisor"  # the package's name: the store's module loggers propagate to it
@@ -88,6 +88,13 @@ def configure(run_dir: Path, *, max_bytes: int, backups: int, console: Console |
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                         lambda _l, _m, event: render_event(event, tty=console.tty)]))
         logger.addHandler(handler)
+
+
+def reopen_file() -> None:
+    """Log into a new supervisor.log from the next event on: the run dir was removed and made again."""
+    for handler in logging.getLogger(_NAME).handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.close()  # FileHandler opens its file again (append) at the next record
 
 
 def _warning_event(message: Warning | str, category: type[Warning], filename: str, lineno: int,

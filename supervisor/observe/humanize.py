@@ -1,7 +1,7 @@
 """Sizes and durations for people: `status`, `checkpoints list` and the logs all say them the same way."""
 from __future__ import annotations
 
-__all__ = ["human_bytes", "human_age", "printable"]
+__all__ = ["human_bytes", "human_age", "printable", "checkpoint_label"]
 
 
 def human_bytes(n: int | None) -> str:
@@ -38,3 +38,10 @@ def printable(text: str) -> str:
     crash on a surrogate.
     """
     return text if text.isprintable() else "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
+def checkpoint_label(step: object, path: object) -> str:
+    """`step 40`, or the checkpoint's dir name when its step is not known (never `step None`)."""
+    if isinstance(step, int):
+        return f"step {step}"
+    return str(path).rstrip("/").rsplit("/", 1)[-1] if path else "?"

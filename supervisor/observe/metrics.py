@@ -87,7 +87,7 @@ def render_metrics(st: Status, *, now: float) -> str:
     d.gauge("attempt", "Number of the current (or last) job attempt.", st.attempt)
     d.gauge("job_step", "Training step from the job's heartbeat.", st.step)
     d.gauge("job_step_timestamp_seconds", "Unix time the heartbeat step last advanced.", st.step_at)
-    d.gauge("job_steps_per_second", "Smoothed training rate.", st.rate_steps_per_s)
+    d.gauge("job_steps_per_second", "Training steps per second over the attempt's last 30 s of steps.", st.rate_steps_per_s)
     d.gauge("job_loss", "Loss from the job's heartbeat.", st.loss)
     d.gauge("job_val_loss", "The last evaluation loss from the job's heartbeat.", st.val_loss)
     d.gauge("goodput", "Productive training time over supervisor wall time, 0-1, from the run's history.",

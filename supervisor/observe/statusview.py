@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from supervisor.observe.humanize import human_age, human_bytes, printable
+from supervisor.observe.humanize import checkpoint_label, human_age, human_bytes, printable
 from supervisor.policy.state import State, Status
 
 __all__ = ["render_status", "one_line", "sparkline", "SPARK_BLOCKS"]
@@ -36,15 +36,23 @@ def _loss_row(st: Status, spark: bool) -> str | None:
     return text + (f", val_loss {st.val_loss:.4g}" if st.val_loss is not None else "")
 
 
-def _goodput_row(st: Status) -> str | None:
+_PARTS = (("productive_s", "productive"), ("startup_s", "start-up"), ("checkpoint_overhead_s", "checkpoints"),
+          ("restart_s", "restarts"), ("lost_s", "lost"), ("other_s", "other"))
+
+
+def _goodput_rows(st: Status) -> list[tuple[str, str]]:
+    """`goodput: 30.0% of 8m05s: productive 2m25s, start-up 41s, ...`, then restart latency and steps lost."""
+    parts = st.goodput_parts
     if st.goodput is None:
-        return None
-    parts = [f"{st.goodput:.1%}"]
-    if st.restart_latency_s:
-        parts.append(f"last restart latency {st.restart_latency_s[-1]:.1f}s")
-    if st.steps_lost:
-        parts.append(f"{sum(st.steps_lost)} steps lost in {len(st.steps_lost)} failures")
-    return ", ".join(parts)
+        return [("goodput", "unknown: the job reports no steps (no heartbeat), so its training time is not known")
+                ] if parts else []
+    head = f"{st.goodput:.1%}"
+    if parts.get("wall_s") is not None:
+        spent = ", ".join(f"{label} {human_age(parts[key])}" for key, label in _PARTS if key in parts)
+        head += f" of {human_age(parts['wall_s'])}: {spent}"
+    more = [*([f"last restart latency {st.restart_latency_s[-1]:.1f}s"] if st.restart_latency_s else []),
+            *([f"{sum(st.steps_lost)} steps lost in {len(st.steps_lost)} failures"] if st.steps_lost else [])]
+    return [("goodput", head), *([("", ", ".join(more))] if more else [])]
 
 
 def one_line(st: Status) -> str:
@@ -56,7 +64,7 @@ def one_line(st: Status) -> str:
         rate = f" ({st.rate_steps_per_s:.2f} step/s)" if st.rate_steps_per_s else ""
         parts.append(f"step {st.step}{rate}")
     ck = st.latest_checkpoint
-    parts.append(f"ckpt step {ck.get('step')}" if ck else "no checkpoint")
+    parts.append(f"ckpt {checkpoint_label(ck.get('step'), ck.get('path'))}" if ck else "no checkpoint")
     parts.append(f"restarts {st.restarts}")
     if st.last_exit is not None and st.state is not State.RUNNING:
         parts.append(f"last exit {st.last_exit.reason}")
@@ -80,21 +88,22 @@ def render_status(st: Status, *, running: bool, now: float, spark: bool = False)
     loss = _loss_row(st, spark)
     if loss is not None:
         rows.append(("loss", loss))
-    goodput = _goodput_row(st)
-    if goodput is not None:
-        rows.append(("goodput", goodput))
+    rows += _goodput_rows(st)
     ck = st.latest_checkpoint
     if ck:
         age = f", {human_age(now - ck['mtime'])} old" if ck.get("mtime") else ""
-        rows.append(("last checkpoint", f"step {ck.get('step')} {ck.get('path')}{age}"))
+        step = f"step {ck['step']} " if isinstance(ck.get("step"), int) else ""
+        rows.append(("last checkpoint", f"{step}{ck.get('path')}{age}"))
     else:
         rows.append(("last checkpoint", "none"))
     best = st.best_checkpoint
     if best:
-        rows.append(("best checkpoint", (f"step {best.get('step')} {best.get('metric')} {best.get('value'):.4g} "
-                                         f"{best.get('path')}")))
+        step = f"step {best['step']} " if isinstance(best.get("step"), int) else ""
+        rows.append(("best checkpoint", f"{step}{best.get('metric')} {best.get('value'):.4g} {best.get('path')}"))
     if st.resumed_from:
         rows.append(("resumed from", st.resumed_from))
+    if st.retention_stopped:
+        rows.append(("retention", f"STOPPED, nothing is deleted: {st.retention_stopped}"))
     ex = st.last_exit
     how = ", ".join([*([f"code {ex.code}"] if ex and ex.code is not None else []),
                      *([f"signal {ex.signal}"] if ex and ex.signal else [])])
@@ -102,10 +111,12 @@ def render_status(st: Status, *, running: bool, now: float, spark: bool = False)
     if ex and ex.detail:
         last += f" {ex.detail}"
     rows.append(("restarts", f"{st.restarts}{last}"))
+    if ex:  # the failure's own words, as the job printed them (torchrun's report left out)
+        rows += [("last output" if i == 0 else "", line) for i, line in enumerate(ex.output_beyond_detail())]
     if st.next_launch_at and st.state is State.BACKOFF:
         rows.append(("next launch", f"in {human_age(st.next_launch_at - now)}"))
     if st.quarantined:
         rows.append(("quarantined", ", ".join(st.quarantined)))
     rows.append(("free disk", human_bytes(st.disk_free_bytes)))
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:>{width}}: {printable(v)}" for k, v in rows)
+    return "\n".join(f"{k:>{width}}{':' if k else ' '} {printable(v)}" for k, v in rows)

@@ -9,8 +9,9 @@ may stay silent before it counts as hung, and which checkpoint a job that picks 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from supervisor.checkpoints import CheckpointInfo
@@ -29,7 +30,35 @@ from supervisor.contract import (
 from supervisor.policy.restarts import Attempt
 from supervisor.policy.state import ExitInfo, ExitReason, Status
 
-__all__ = ["Job", "job_env", "apply_beat", "hang_timeout", "named_by_beat"]
+__all__ = ["Job", "StepRate", "job_env", "apply_beat", "hang_timeout", "named_by_beat", "RATE_WINDOW_S"]
+
+RATE_WINDOW_S = 30.0  # the step rate is measured over about this much of the attempt's latest steps
+_RATE_MIN_SPAN_S = 2.0  # less than this between the first and the last step seen: no rate yet
+
+
+class StepRate:
+    """Steps per second over the attempt's recent steps: (newest step - oldest) / the time between them.
+
+    Each sample is a step the job reached and when: the job's own `time` from its heartbeat where it gives one (its
+    log's clock, unaffected by when we got around to reading the file), else the time we read it. The oldest sample
+    kept is the newest one at least `RATE_WINDOW_S` old, so a long save or evaluation slows the rate as it slowed the
+    job, and two beats read a millisecond apart never make a burst.
+    """
+
+    def __init__(self, window_s: float = RATE_WINDOW_S) -> None:
+        self.window_s = window_s
+        self._samples: deque[tuple[float, int]] = deque()
+
+    def add(self, t: float, step: int) -> float | None:
+        """Take in a step reached at `t`; the rate now (None until the samples span `_RATE_MIN_SPAN_S`)."""
+        if self._samples and (step < self._samples[-1][1] or t < self._samples[-1][0]):
+            self._samples.clear()  # a step or a clock gone backwards: begin again
+        if not self._samples or step > self._samples[-1][1]:
+            self._samples.append((t, step))
+        while len(self._samples) > 2 and self._samples[1][0] <= t - self.window_s:
+            self._samples.popleft()
+        (t0, s0), (t1, s1) = self._samples[0], self._samples[-1]
+        return (s1 - s0) / (t1 - t0) if t1 - t0 >= _RATE_MIN_SPAN_S else None
 
 
 @dataclass
@@ -54,6 +83,7 @@ class Job:
     log_warned: bool = False  # a failed rotation of its log was said (once per attempt)
     rotating: bool = False  # a rotation of its log is running off the loop
     low_free: int | None = None  # least free bytes on the checkpoint file system seen during the attempt
+    rate: StepRate = field(default_factory=StepRate)  # steps per second over its recent steps
     # Set by `end`: the exit is known, but it is judged only once a pass has said what the attempt committed.
     returncode: int | None = None
     info: ExitInfo | None = None
@@ -98,13 +128,11 @@ def job_env(cfg: Config, environ: Mapping[str, str], *, number: int, heartbeat: 
     return env
 
 
-def apply_beat(status: Status, beat: Beat, now: float) -> None:
-    """Move `status` to a new beat: step, phase, losses and a smoothed steps/s rate."""
+def apply_beat(status: Status, beat: Beat, now: float, rate: StepRate) -> None:
+    """Move `status` to a new beat: step, phase, losses, and the rate over the attempt's recent steps."""
     step = beat.step
-    if status.step is not None and status.step_at is not None and step > status.step and now > status.step_at:
-        rate = (step - status.step) / (now - status.step_at)
-        prev = status.rate_steps_per_s
-        status.rate_steps_per_s = rate if prev is None else 0.7 * prev + 0.3 * rate
+    if beat.phase != Phase.LOAD:  # a load beat names the checkpoint's step, not one trained now
+        status.rate_steps_per_s = rate.add(beat.time if beat.time is not None else now, step)
     if status.step != step:
         status.step, status.step_at = step, now
     status.phase, status.loss = beat.phase, beat.loss

@@ -8,14 +8,20 @@ worker lines with `[default1]:` (or `[<role>1]:`) when it tees them, torch print
 exception as `[rank1]: ...`, and torchrun ends its own output with a traceback of `ChildFailedError`,
 which is the agent's and is skipped.
 
+Many failures print no traceback at all (`python: can't open file 'x.py'`, a shell error, NCCL's own lines, a
+segfault): the job's last output lines, torchrun's own lines and its failure report left out, are kept too
+(`RootCause.last_output`), and without an exception the last of them that reads like an error is the message.
+
 Job output is untrusted and can be huge: only the last `_TAIL_BYTES` are read, line by line, in one pass
 with no backtracking pattern (`supervisor.daemon.evidence` reads the files: only the tail of the output, and
 the error file only when it is a regular file of bounded size).
 """
 from __future__ import annotations
 
+import re
 import signal as _signal
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Iterable, Sequence
 
 from supervisor.policy.state import ExitInfo, ExitReason
 
@@ -28,6 +34,12 @@ _AGENT_EXCEPTION = "ChildFailedError"  # torchrun's own footer: names no worker'
 AGENT_SIGNAL_EXCEPTION = "SignalException"
 _MAX_PREFIX = 80  # `[<role><rank>]:`; torchrun's roles are short names
 _MAX_DETAIL = 300
+LAST_OUTPUT_LINES = 5  # the job's last lines kept with a failure (console, status, the log's job_exited)
+_MAX_OUTPUT_LINE = 240
+# torch's own log lines (`E1204 20:40:03.630000 14460 torch/distributed/...] failed (exitcode: 2) ...`): the agent's
+_TORCH_LOG = re.compile(r"[DIWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ torch/")
+_ERROR_WORDS = re.compile(r"error|exception|fail|can't|cannot|not found|no such|denied|abort|fatal|killed|"
+                          r"segmentation|refused|timed? ?out|invalid", re.I)
 
 
 def signal_name(signum: int) -> str:
@@ -38,10 +50,13 @@ def signal_name(signum: int) -> str:
 
 
 class RootCause:
-    """The first failing worker: rank, its exit code, and its exception message (error file or job output)."""
+    """The first failing worker: rank, its exit code, its exception message (error file or job output), and the
+    job's last output lines (torchrun's own left out)."""
 
-    def __init__(self, rank: int | None, exitcode: int | None, message: str | None) -> None:
+    def __init__(self, rank: int | None, exitcode: int | None, message: str | None,
+                 last_output: Sequence[str] = ()) -> None:
         self.rank, self.exitcode, self.message = rank, exitcode, message
+        self.last_output = list(last_output)
 
     def describe(self) -> str | None:
         parts = []
@@ -50,6 +65,8 @@ class RootCause:
         if self.exitcode is not None:
             parts.append(f"exitcode {self.exitcode}" + (f" ({signal_name(-self.exitcode)})" if self.exitcode < 0 else ""))
         lines = self.message.strip().splitlines() if self.message else []
+        if not lines:  # no exception: the last output line that reads like an error, if one does
+            lines = [line for line in self.last_output if _ERROR_WORDS.search(line)]
         if lines:
             parts.append(lines[-1].strip()[:_MAX_DETAIL])
         return ": ".join(parts) if parts else None
@@ -113,7 +130,13 @@ def _local_rank(line: str) -> int | None:
 
 
 class _OutputScan:
-    """What one pass over the job's output found: the Root Cause block and each source's last exception."""
+    """What one pass over the job's output found: the Root Cause block, each source's last exception, and the
+    job's last lines.
+
+    An unprefixed traceback may be a worker's (torchrun without --tee lets workers write to its own output) or the
+    agent's `ChildFailedError`, which begins its failure report: its lines are held until its exception line says
+    whose it is. torchrun's log lines and its report (to the end of its Root Cause block) are never the job's.
+    """
 
     def __init__(self) -> None:
         self.rank: int | None = None
@@ -121,14 +144,17 @@ class _OutputScan:
         self.exitcode: int | None = None
         self.exceptions: dict[str, str] = {}  # source -> its last exception line (insertion = first failure order)
         self.ranks: dict[str, int | None] = {}
+        self.tail: deque[str] = deque(maxlen=LAST_OUTPUT_LINES)  # the job's last non-blank lines
+        self._held: deque[str] = deque(maxlen=LAST_OUTPUT_LINES)  # an unprefixed traceback's, until its end
         self._in_root = False
+        self._report = False  # inside torchrun's failure report, before its Root Cause block
         self._open: set[str] = set()  # sources inside a traceback, waiting for its exception line
 
     def feed(self, line: str) -> None:
         line = line.rstrip("\r")
         if line.strip() == _ROOT_CAUSE:
             self.rank = self.local_rank = self.exitcode = None
-            self._in_root = True
+            self._in_root, self._report = True, False
             return
         if self._in_root:
             if line.startswith("==="):
@@ -138,20 +164,36 @@ class _OutputScan:
             elif self.exitcode is None and (code := _field(line, "exitcode")) is not None:
                 self.exitcode = code
             return
+        if self._report or _TORCH_LOG.match(line):
+            return
         source, rank, body = _split_prefix(line)
         if body == _TRACEBACK:
             self._open.add(source)
-            return
-        if source not in self._open:
+            if not source:
+                self._held.clear()
+        if body.strip():
+            (self._held if not source and "" in self._open else self.tail).append(line.rstrip()[:_MAX_OUTPUT_LINE])
+        if body == _TRACEBACK or source not in self._open:
             return
         exc = _exception_line(body)
         if exc is None:  # a frame, a caret line, or another process's line in between
             return
         self._open.discard(source)
-        if exc.split(":", 1)[0] == _AGENT_EXCEPTION:
+        agent = exc.split(":", 1)[0] == _AGENT_EXCEPTION
+        if not source:  # whose the held traceback was is known now
+            if agent:
+                self._report = True
+            else:
+                self.tail.extend(self._held)
+            self._held.clear()
+        if agent:
             return
         self.ranks.setdefault(source, rank)
         self.exceptions[source] = exc
+
+    def last_output(self) -> list[str]:
+        """The job's last lines; a traceback cut off by the end of the output counts as the job's."""
+        return [*self.tail, *self._held][-LAST_OUTPUT_LINES:]
 
     def worker_exception(self) -> str | None:
         """The root-cause worker's last exception, else the first failing source's last one.
@@ -170,7 +212,7 @@ def scan_job_output(lines: Iterable[str]) -> RootCause:
     scan = _OutputScan()
     for line in lines:
         scan.feed(line)
-    return RootCause(scan.rank, scan.exitcode, scan.worker_exception())
+    return RootCause(scan.rank, scan.exitcode, scan.worker_exception(), scan.last_output())
 
 
 def _agent_relayed_stop(returncode: int, cause: RootCause | None) -> bool:
@@ -211,4 +253,5 @@ def classify_exit(
     else:
         reason = ExitReason.CRASH
     detail = cause.describe() if cause else None
-    return ExitInfo(code=code, signal=sig, reason=reason, at=at, detail=detail)
+    shown = cause.last_output if cause and reason not in (ExitReason.COMPLETED, ExitReason.STOPPED) else []
+    return ExitInfo(code=code, signal=sig, reason=reason, at=at, detail=detail, last_output=shown or None)

@@ -24,7 +24,7 @@ from typing import Any
 
 from supervisor.vocabulary import Vocabulary
 
-__all__ = ["State", "ExitReason", "ExitInfo", "Status", "TRANSITIONS", "ABRUPT_ENDS"]
+__all__ = ["State", "ExitReason", "ExitInfo", "Status", "TRANSITIONS", "ABRUPT_ENDS", "output_beyond"]
 
 
 
@@ -73,6 +73,17 @@ class ExitInfo:
     reason: ExitReason | str  # str: a word this version does not know (state.json of a newer release), kept
     at: float
     detail: str | None = None  # root-cause rank and exception from torchrun's error file, if any
+    last_output: list[str] | None = None  # a failure's last lines of job output (torchrun's own left out)
+
+    def output_beyond_detail(self) -> list[str]:
+        return output_beyond(self.detail, self.last_output)
+
+
+def output_beyond(detail: str | None, lines: list[str] | None) -> list[str]:
+    """A failure's last output lines, unless they are only the line its `detail` already ends with."""
+    if lines and len(lines) == 1 and detail and detail.endswith(lines[0].strip()):
+        return []
+    return lines or []
 
 
 @dataclass
@@ -102,10 +113,13 @@ class Status:
     disk_free_bytes: int | None = None
     checkpoint_bytes: int | None = None  # bytes in complete checkpoints under the root
     quarantined: list[str] = field(default_factory=list)
+    retention_stopped: str | None = None  # why retention deletes nothing (no usable trash next to the root)
     next_launch_at: float | None = None
     reason: str | None = None  # why the supervisor ended (gave up, completed, stopped)
     # From the run's history (supervisor.history.fold has the definitions):
-    goodput: float | None = None  # productive training time / supervisor wall time
+    goodput: float | None = None  # productive training time / supervisor wall time; None: unknown (no steps)
+    # wall_s and where it went: productive_s, startup_s, restart_s, lost_s, checkpoint_overhead_s, other_s
+    goodput_parts: dict[str, float] = field(default_factory=dict)
     loss_recent: list[float] = field(default_factory=list)  # the last sampled losses, oldest first
     restart_latency_s: list[float] = field(default_factory=list)  # per recovery: failure seen -> training again
     steps_lost: list[int] = field(default_factory=list)  # per failure followed by a relaunch

@@ -129,7 +129,7 @@ class TestPrune:
 
     def test_pinned_survives_prune(self, root):
         """A pinned checkpoint is not deleted by prune."""
-        assert fsup("checkpoints", "pin", root / "step_00000010").returncode == 0
+        assert fsup("checkpoints", "pin", "--dir", root, "step_00000010").returncode == 0  # the NAME `list` shows
         r = fsup("checkpoints", "prune", "--dir", root, "--keep-last", "1")
         assert r.returncode == 0 and (root / "step_00000010").exists()
 
@@ -168,7 +168,7 @@ class TestOneLinePerFact:
         """pin and unpin: exactly one line on stdout, nothing on stderr."""
         d = root / "step_00000010"
         for verb in ("pin", "unpin"):
-            r = fsup("checkpoints", verb, d)
+            r = fsup("checkpoints", verb, "--dir", root, d)
             assert r.returncode == 0 and r.stdout.splitlines() == [f"{verb}ned {d}"] and r.stderr == "", (r.stdout, r.stderr)
 
     def test_prune_prints_each_deletion_once(self, root):
@@ -196,13 +196,13 @@ class TestPinCommands:
     def test_pin_unpin_round_trip(self, root):
         """pin then unpin toggles the marker the policy honours."""
         d = root / "step_00000010"
-        assert fsup("checkpoints", "pin", d).returncode == 0 and is_pinned(d)
-        r = fsup("checkpoints", "unpin", d)
+        assert fsup("checkpoints", "pin", "--dir", root, d).returncode == 0 and is_pinned(d)
+        r = fsup("checkpoints", "unpin", "--dir", root, d)
         assert r.returncode == 0 and "unpinned" in r.stdout and not is_pinned(d)
 
     def test_pin_missing_is_a_one_line_error(self, tmp_path):
         """Pinning a path that does not exist: one line, exit 2."""
-        one_line_error(fsup("checkpoints", "pin", tmp_path / "nope"), "nope")
+        one_line_error(fsup("checkpoints", "pin", "--dir", tmp_path, tmp_path / "nope"), "nope")
 
 
 class TestLayouts:

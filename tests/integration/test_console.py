@@ -92,6 +92,29 @@ class TestRunConsole:
                          out, re.M), out
         assert "\x1b" not in out and "run_dir" not in out and "[job]" not in out
 
+    def test_pipe_gets_the_cause_of_a_failure_without_a_traceback(self, tmp_path: Path,
+                                                                  supervisors: Supervisors) -> None:
+        """`run > out.log`: a note that the job is not echoed, the log file of each attempt, and on a failure with
+        no traceback the job's own error line as the cause and its last lines under `job_exited`; the give-up
+        reason whole; `status` says the same."""
+        job = ("import sys; print('loading data'); print('step 1', flush=True); "
+               "print('fatal: dataset /data/shard-00017 not found', file=sys.stderr); sys.exit(2)")
+        cfg = write_config(tmp_path, [sys.executable, "-c", job],
+                           "\n[restart]\nbackoff_initial_s = 0.05\nbackoff_max_s = 0.2\nmax_no_progress_restarts = 1\n")
+        p = supervisors.start(cfg)
+        out, _ = p.communicate(timeout=60)
+        assert p.returncode == 3, out
+        assert "not a terminal: the job's output is not echoed here" in out
+        assert re.search(r"job_started attempt=1 pid=\d+ log=\S*/.fsdp-supervisor/logs/attempt-0001.log", out), out
+        assert re.search(r"job_exited attempt=2 reason=crash code=2 "
+                         r"detail=\"fatal: dataset /data/shard-00017 not found\"\n"
+                         r"  \[job\] loading data\n  \[job\] step 1\n  \[job\] fatal: dataset", out), out
+        gave_up = next(line for line in out.splitlines() if "gave_up" in line)
+        assert "…" not in gave_up and 'last: crash" ' in gave_up, gave_up
+        status = cli("status", "-c", str(cfg))
+        assert "last exit: crash (code 2) fatal: dataset /data/shard-00017 not found" in status.stdout, status.stdout
+        assert re.search(r"last output: loading data\n +step 1\n +fatal: dataset", status.stdout), status.stdout
+
     def test_hangup_stops_gracefully(self, tmp_path: Path, supervisors: Supervisors) -> None:
         """Closing the terminal (SIGHUP): the job gets SIGTERM once (its emergency save), the supervisor exits 0."""
         trap, marker = tmp_path / "got-term", tmp_path / "launches"

@@ -76,15 +76,21 @@ class TestRetention:
 
     def test_the_first_pass_on_a_root_not_there_yet_warns_of_nothing(self, tmp_path: Path,
                                                                       make_checkpoint: Callable[[Path, str], Path]) -> None:
-        """No root yet (removed, or a mount not up): the first pass still empties a predecessor's trash, and the
-        root's unreadable disk usage is no `trash_clear_failed` (it was one, at every such start)."""
+        """No root (removed, or a share not mounted): the pass fails, saying so - never an empty result that would
+        start the job from scratch (issue 21) - and the root's unreadable disk usage is no `trash_clear_failed`
+        (it was one, at every such start). A predecessor's trash is emptied by the first pass that finds the root."""
         core, fake, log = make_core(tmp_path, checkpoints="keep_last = 2")
         ck = core.cfg.checkpoints.dir
         ck.rmdir()
         parked = make_checkpoint(ck.parent / f".{ck.name}.fsdp-trash", "step_5.1733239812000000000")
         core.begin(None)
         core.house.wait_idle(30)
-        assert not parked.exists() and [e for e in log.names() if "fail" in e] == []
+        assert fake.spawned == [] and "trash_clear_failed" not in log.names()
+        assert "does not exist" in next(f["error"] for e, f in log.events if e == "checkpoint_scan_failed")
+        ck.mkdir()
+        fake.advance(5, core)
+        core.house.wait_idle(30)
+        assert len(fake.spawned) == 1 and not parked.exists() and "trash_clear_failed" not in log.names()
 
 
 class TestInUseMarker:

@@ -68,7 +68,10 @@ def _live_spares(tag: str) -> list[int]:
     found = []
     for p in psutil.process_iter(["pid"]):
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and is_spare_cmdline(p.cmdline()) and p.environ().get(TAG_ENV) == tag:
+            cmdline = p.cmdline()
+            took_a_job = cmdline[:1] == ["torchrun"]  # a spare running a job is titled as torchrun
+            if (p.status() != psutil.STATUS_ZOMBIE and (is_spare_cmdline(cmdline) or took_a_job)
+                    and p.environ().get(TAG_ENV) == tag):
                 found.append(p.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -102,6 +105,10 @@ class TestPrewarmedLaunch:
         assert [m["attempt"] for m in launches(marker)] == [1, 2]
         agent = started[2]
         assert launches(marker)[1]["ppid"] == agent and os.getsid(agent) == agent and os.getpgid(agent) == agent
+        if prewarm:  # the spare running the job looks like torchrun in ps; its hand-off line says so
+            cmdline = psutil.Process(agent).cmdline()
+            assert " ".join(cmdline).startswith("torchrun --standalone --nproc-per-node=1"), cmdline
+            assert all("torchrun" in e["note"] for e in _events(tmp_path, "prewarm_handoff"))
         rc, out = stop(p, signal.SIGTERM)
         assert rc == 0, out[-3000:]
         assert trap.read_text() == str(int(signal.SIGTERM))

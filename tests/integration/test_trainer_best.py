@@ -52,15 +52,23 @@ class TestWriteBest:
         assert waited and read_best(tmp_path)[0] == Best(1, 1.0, "c")
 
     def test_leftovers_of_a_killed_writer_are_removed(self, tmp_path) -> None:
-        """A write killed midway leaves temporaries (ours and safetensors' own, as large as the model): the next
-        write removes them; nothing else in DIR is touched."""
+        """A write killed midway leaves temporaries as large as the model: the next write removes those named by our
+        own patterns (a staging folder of a process that is gone, with safetensors' temporary inside it); another
+        program's `.tmpAb12Cd` beside them, or a `.best.json.backup.tmp`, is not ours and stays."""
         import torch
 
-        leftovers = [f".{WEIGHTS_FILE}.0badf00d.tmp", f".{BEST_FILE}.12345678.tmp", ".tmpAb12Cd"]
-        for name in [*leftovers, "notes.txt", ".tmp-keep.txt"]:
+        done = subprocess.Popen(["true"])
+        done.wait()
+        stage = tmp_path / f".{WEIGHTS_FILE}.export-{done.pid}-0badf00d.tmp"
+        stage.mkdir()
+        for name in (WEIGHTS_FILE, ".tmpXy12Zw"):
+            (stage / name).write_bytes(b"x")
+        ours = [f".{WEIGHTS_FILE}.0badf00d.tmp", f".{BEST_FILE}.12345678.tmp"]
+        theirs = ["notes.txt", ".tmp-keep.txt", ".tmpAb12Cd", f".{BEST_FILE}.backup.tmp"]
+        for name in [*ours, *theirs]:
             (tmp_path / name).write_bytes(b"x")
         write_best(tmp_path, {"w": torch.ones(2)}, Best(1, 1.0, "c"))
-        assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".tmp-keep.txt", BEST_FILE, WEIGHTS_FILE, "notes.txt"])
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*theirs, BEST_FILE, WEIGHTS_FILE])
 
     def test_a_failed_write_is_an_oserror_and_keeps_the_best(self, tmp_path) -> None:
         """A full disk (here a file size limit) fails with OSError, which the trainer logs and trains on; DIR keeps

@@ -26,6 +26,7 @@ from trainer.export import load_model_weights, main, plan_shards, write_safetens
 from trainer.model import ModelConfig, TinyLM
 
 CFG = ModelConfig(d_model=32, n_layers=2, n_heads=2, seq_len=16)
+RECORD = ".model.safetensors.export.json"  # what a sharded export to model.safetensors wrote (trainer/exportfiles.py)
 
 
 @pytest.fixture(scope="module")
@@ -158,16 +159,18 @@ class TestShards:
         assert main([str(ckpt), str(out), "--sharded-max-gb", few]) == 0
         index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
         assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-            {*index["weight_map"].values(), "model.safetensors.index.json", "other.safetensors"})
+            {*index["weight_map"].values(), "model.safetensors.index.json", "other.safetensors", RECORD})
         assert main([str(ckpt), str(out)]) == 0
         assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "other.safetensors"]
 
-    def test_an_interrupted_sharded_export_leaves_no_index(self, trained, tmp_path, monkeypatch) -> None:
-        """Shards are replaced one by one: until the new index is written, no index names a mix of two exports."""
+    def test_an_interrupted_sharded_export_leaves_the_previous_one_whole(self, trained, tmp_path, monkeypatch) -> None:
+        """Shards are written aside and renamed into place only when all are: a write that fails leaves the previous
+        export whole (its index names exactly its shards) and no temporary; the next export goes through."""
         _, ckpt = trained
         out = tmp_path / "model.safetensors"
         limit = str(40_000 / 2**30)
         assert main([str(ckpt), str(out), "--sharded-max-gb", limit]) == 0
+        before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
         real, calls = export_module._save_file, []
 
         def fail_second(tensors, path) -> None:
@@ -177,8 +180,11 @@ class TestShards:
             real(tensors, path)
 
         monkeypatch.setattr(export_module, "_save_file", fail_second)
-        assert main([str(ckpt), str(out), "--sharded-max-gb", limit]) == 2
-        assert not (tmp_path / "model.safetensors.index.json").exists()
+        assert main([str(ckpt), str(out), "--sharded-max-gb", str(20_000 / 2**30)]) == 2
+        assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+        monkeypatch.undo()
+        assert main([str(ckpt), str(out)]) == 0
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
 
     @pytest.mark.parametrize(("sizes", "limit", "expected"), [
         ([("a", 4), ("b", 4), ("c", 4)], 8, [["a", "b"], ["c"]]),
@@ -189,6 +195,90 @@ class TestShards:
     def test_plan_shards(self, sizes, limit, expected) -> None:
         """Tensors are packed in order; a shard never exceeds the limit unless one tensor alone does."""
         assert plan_shards(sizes, limit) == expected
+
+
+HUB = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json")
+# Runs `trainer.export ARGV` and SIGKILLs itself at one point of the write: after the second shard is staged,
+# after the record is written (before any rename), or after the first shard is renamed into place.
+KILLED_AT = """
+import os, signal, sys
+from trainer import export, exportfiles
+point, die = sys.argv[1], lambda: os.kill(os.getpid(), signal.SIGKILL)
+real_save, real_record, real_replace, saved = export._save_file, exportfiles.write_record, os.replace, []
+def save(tensors, path):
+    real_save(tensors, path)
+    saved.append(path)
+    if point == "save" and len(saved) == 2:
+        die()
+def record(*args, **kwargs):
+    real_record(*args, **kwargs)
+    if point == "record":
+        die()
+def replace(src, dst):
+    real_replace(src, dst)
+    if point == "rename" and str(dst).endswith(".safetensors"):
+        die()
+export._save_file, exportfiles.write_record, os.replace = save, record, replace
+sys.exit(export.main(sys.argv[2:]))
+"""
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in directory.iterdir() if p.is_file()}
+
+
+class TestOnlyOurs:
+    """An export deletes or replaces only files an earlier export of ours recorded, and only our temporaries."""
+
+    @pytest.mark.parametrize("sharded", [False, True])
+    def test_a_hub_models_files_survive_an_export_into_its_folder(self, trained, tmp_path, sharded) -> None:
+        """A downloaded model's shards and index beside OUT (today: deleted): exit 2, one line naming one of them,
+        every file as it was, nothing written."""
+        _, ckpt = trained
+        for name in HUB:
+            (tmp_path / name).write_bytes(b"the hub's " + name.encode())
+        before = snapshot(tmp_path)
+        shards = ["--sharded-max-gb", str(20_000 / 2**30)] if sharded else []
+        proc = run_export(str(ckpt), str(tmp_path / "model.safetensors"), *shards)
+        err = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(err) == 1 and "not written by an export of ours" in err[0], proc.stderr
+        assert any(name in err[0] for name in HUB) and snapshot(tmp_path) == before
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(HUB)
+
+    def test_a_shard_replaced_since_our_export_is_not_ours_any_more(self, trained, tmp_path) -> None:
+        """The record proves a file ours by its identity: a download over one of our shards makes it someone
+        else's (refused, kept); the rest of our export goes once it is moved away."""
+        _, ckpt = trained
+        out = tmp_path / "model.safetensors"
+        assert main([str(ckpt), str(out), "--sharded-max-gb", str(40_000 / 2**30)]) == 0
+        theirs = sorted(tmp_path.glob("model-*.safetensors"))[0]
+        theirs.write_bytes(b"downloaded")
+        assert main([str(ckpt), str(out)]) == 2 and theirs.read_bytes() == b"downloaded"
+        theirs.rename(tmp_path / "kept.bin")
+        assert main([str(ckpt), str(out)]) == 0
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.bin", "model.safetensors"]
+
+    @pytest.mark.parametrize("point", ["save", "record", "rename"])
+    def test_an_export_killed_anywhere_is_cleaned_up_by_the_next(self, trained, tmp_path, point) -> None:
+        """SIGKILL mid-export: the previous export stays whole until renames begin, no index ever names a mix,
+        and the next export removes every leftover of ours (another program's `.tmpAb12Cd` stays)."""
+        model, ckpt = trained
+        out = tmp_path / "model.safetensors"
+        assert main([str(ckpt), str(out), "--sharded-max-gb", str(40_000 / 2**30)]) == 0
+        (tmp_path / ".tmpAb12Cd").write_bytes(b"another program's")
+        before = snapshot(tmp_path)
+        proc = subprocess.run([sys.executable, "-c", KILLED_AT, point, str(ckpt), str(out), "--sharded-max-gb",
+                               str(20_000 / 2**30)], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == -signal.SIGKILL, proc.stderr
+        assert any(p.name.startswith(".model.safetensors.export-") for p in tmp_path.iterdir())  # left behind
+        after = snapshot(tmp_path)
+        if point == "rename":
+            assert "model.safetensors.index.json" not in after
+        else:
+            assert {k: v for k, v in after.items() if k != RECORD} == {k: v for k, v in before.items() if k != RECORD}
+        assert main([str(ckpt), str(out)]) == 0
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".tmpAb12Cd", "model.safetensors"]
+        assert torch.equal(logits(plain_model(load_file(out))), logits(model))
 
 
 class TestBadInput:

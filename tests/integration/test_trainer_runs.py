@@ -252,7 +252,8 @@ class TestBestModel:
 
     def test_a_best_cut_short_at_the_final_step_is_exported_by_the_done_run(self, torchrun, tmp_path) -> None:
         """One process, killed between the final step's new best checkpoint and its best.json, with temporaries
-        of a killed write in DIR: the relaunch has no step left, yet exports that best and removes them."""
+        of a killed write in DIR: the relaunch has no step left, yet exports that best and removes ours (another
+        program's `.tmpAb12Cd` beside them is not ours and stays)."""
         root, best_dir = tmp_path / "ckpts", tmp_path / "best"
         args = ["--steps", 8, "--save-every", 4, "--eval-every", 4, "--eval-batches", 1, "--d-model", 32,
                 "--n-heads", 2, "--seed", 7, "--checkpoint-dir", root, "--export-best", best_dir]
@@ -274,7 +275,7 @@ class TestBestModel:
         assert resumed.proc.returncode == 0 and "event=already_done rank=0 step=8 " in text, text[-3000:]
         assert "event=best_model_recovered rank=0 step=8 " in text, text[-3000:]
         assert_best_is_the_lowest(root, best_dir, "final step")
-        assert sorted(p.name for p in best_dir.iterdir()) == [BEST_FILE, WEIGHTS_FILE]
+        assert sorted(p.name for p in best_dir.iterdir()) == [".tmpAb12Cd", BEST_FILE, WEIGHTS_FILE]
 
     def test_best_dir_inside_the_root_is_never_a_checkpoint(self, best_run) -> None:
         """ckpts/best is foreign: listed, never the newest, never deleted by retention (even as old debris)."""

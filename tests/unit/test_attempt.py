@@ -9,7 +9,7 @@ from supervisor.checkpoints import CheckpointInfo
 from supervisor.config import Config, HealthSection, load_config
 from supervisor.contract import ENV_ATTEMPT, ENV_HEARTBEAT, ENV_RUN_TOKEN, Beat
 from supervisor.daemon.evidence import read_beat
-from supervisor.policy.attempt import Job, apply_beat, hang_timeout, job_env, named_by_beat
+from supervisor.policy.attempt import Job, StepRate, apply_beat, hang_timeout, job_env, named_by_beat
 from supervisor.policy.state import Status
 from tests.helpers import returns_despite_fifo
 
@@ -38,16 +38,46 @@ class TestJobEnv:
 
 
 class TestBeats:
-    def test_rate_is_smoothed_and_step_time_moves_only_with_the_step(self) -> None:
-        """Two beats 10 s apart, 10 steps: 1 step/s; a later 3 steps/s moves the rate 30% of the way."""
-        st = Status()
-        apply_beat(st, Beat(step=0, phase="train", loss=2.0), now=100.0)
-        apply_beat(st, Beat(step=10, phase="train", loss=1.5), now=110.0)
+    def test_rate_is_steps_over_time_and_step_time_moves_only_with_the_step(self) -> None:
+        """Two beats 10 s apart, 10 steps: 1 step/s; a save beat keeps it; the next steps count from the first."""
+        st, rate = Status(), StepRate()
+        apply_beat(st, Beat(step=0, phase="train", loss=2.0), now=100.0, rate=rate)
+        assert st.rate_steps_per_s is None  # one step seen: no rate yet
+        apply_beat(st, Beat(step=10, phase="train", loss=1.5), now=110.0, rate=rate)
         assert (st.step, st.step_at, st.rate_steps_per_s, st.loss) == (10, 110.0, 1.0, 1.5)
-        apply_beat(st, Beat(step=10, phase="save"), now=115.0)
+        apply_beat(st, Beat(step=10, phase="save"), now=115.0, rate=rate)
         assert (st.step_at, st.phase, st.rate_steps_per_s) == (110.0, "save", 1.0)
-        apply_beat(st, Beat(step=40, phase="train", val_loss=0.5), now=120.0)
-        assert st.rate_steps_per_s == pytest.approx(0.7 * 1.0 + 0.3 * 3.0) and st.val_loss == 0.5
+        apply_beat(st, Beat(step=40, phase="train", val_loss=0.5), now=120.0, rate=rate)
+        assert st.rate_steps_per_s == 2.0 and st.val_loss == 0.5  # 40 steps in 20 s
+
+    def test_beats_read_in_a_burst_are_no_burst_of_rate(self) -> None:
+        """A 10 step/s job whose beats we read late, two within a millisecond: still 10 step/s (issue 22: 488)."""
+        st, rate = Status(), StepRate()
+        for i in range(1, 40):
+            read_at = 1000.0 + (i // 5) * 0.5 + i * 0.0001  # read in bunches of five
+            apply_beat(st, Beat(step=i * 10, time=1000.0 + i, phase="train"), now=read_at, rate=rate)
+            assert st.rate_steps_per_s is None or st.rate_steps_per_s == pytest.approx(10.0)
+
+    @pytest.mark.parametrize(("beats", "expected"), [
+        ([(0, 0), (1, 10)], None),                       # less than 2 s of steps
+        ([(0, 0), (3, 30)], 10.0),
+        ([(0, 0), (30, 30), (60, 60), (61, 1060), (62, 2060)], 2030 / 32),  # the last 30 s and a bit: from t=30
+        ([(0, 0), (30, 30), (40, 130)], 3.25),           # the newest sample at least 30 s old anchors it
+        ([(0, 100), (10, 200), (11, 5), (14, 35)], 10.0),  # a step gone backwards starts over
+        ([(0, 0), (5, 50), (5, 50), (5, 50)], 10.0),     # the same step again adds nothing
+    ])
+    def test_window_table(self, beats: list[tuple[float, int]], expected: float | None) -> None:
+        rate = StepRate()
+        got = [rate.add(t, step) for t, step in beats][-1]
+        assert got == (None if expected is None else pytest.approx(expected))
+
+    def test_a_load_beat_is_not_a_step_trained(self) -> None:
+        """A resumed attempt's load beat names the checkpoint's step: it starts no rate."""
+        st, rate = Status(), StepRate()
+        apply_beat(st, Beat(step=500, time=0.0, phase="load"), now=0.0, rate=rate)
+        apply_beat(st, Beat(step=501, time=20.0, phase="train"), now=20.0, rate=rate)
+        apply_beat(st, Beat(step=531, time=23.0, phase="train"), now=23.0, rate=rate)
+        assert st.rate_steps_per_s == 10.0
 
     def test_read_beat_of_missing_fifo_or_garbage(self, tmp_path: Path) -> None:
         """Missing or a FIFO: no beat, no problem (never blocks); garbage: no beat and a problem to warn about."""

@@ -44,6 +44,26 @@ class TestVerify:
         assert top_cli.main(["checkpoints", "verify", str(link)]) == 1
         assert "invalid: the checkpoint dir is a symlink" in capsys.readouterr().out
 
+    def test_no_cache_bypasses_a_remembered_verdict_and_refreshes_it(self, tmp_path, monkeypatch, capsys):
+        """A cached "unknown class" verdict (an older reader's, or a poisoned entry): `verify` repeats it, `verify
+        --no-cache` parses again and says complete, and from then on the cache says so too."""
+        from supervisor.checkpoints.metadata import cache as metadata_cache
+        from supervisor.checkpoints.metadata import reader as md
+
+        monkeypatch.setenv(metadata_cache.CACHE_ENV, str(tmp_path / "cache"))
+        monkeypatch.setattr(md, "RACY_NS", 0)  # its ctime is seconds old, and cannot be set back
+        md._cache.clear()
+        d = write_checkpoint(tmp_path / "ckpts", 10, manifest=False)
+        meta = d / ".metadata"
+        unknown = {"kind": "unknown_class", "message": "unknown class torch.NewThing", "global": "torch.NewThing"}
+        metadata_cache.store(meta, meta.stat(), {"error": unknown})
+        assert top_cli.main(["checkpoints", "verify", str(d)]) == 1
+        assert top_cli.main(["checkpoints", "verify", "--no-cache", str(d)]) == 0
+        md._cache.clear()
+        assert top_cli.main(["checkpoints", "verify", str(d)]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert "unknown class torch.NewThing" in out[0] and out[1:] == [f"{d}: complete"] * 2
+
     def test_json_step_is_the_one_list_shows(self, tmp_path, capsys):
         """Without the reference trainer's manifest, verify --json said step null where list said 10 and 7."""
         r = tmp_path / "ckpts"

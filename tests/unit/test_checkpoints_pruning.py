@@ -146,7 +146,7 @@ class TestExecuteRetention:
         root = tmp_path / "root"
         d = write_checkpoint(root, 1)
         _trash(root).symlink_to(elsewhere)
-        with pytest.raises(CheckpointError, match="not a plain directory"):
+        with pytest.raises(CheckpointError, match="is a symlink, not a folder of ours"):
             execute_retention(root, _plan(d))
         assert d.exists() and os.listdir(elsewhere) == []
 

@@ -208,3 +208,37 @@ class TestNewestComplete:
 
         monkeypatch.setattr(scan_module, "verify", vanish)
         assert newest_complete(tmp_path).step == 1
+
+
+class TestACopiedSeriesInsideTheRoot:
+    """A user copies checkpoints into `backup/` inside the root mid-run (issue 21): a copy, not a root set too high."""
+
+    @pytest.fixture
+    def root(self, tmp_path: Path) -> Path:
+        r = tmp_path / "ckpts"
+        for step in (10, 20, 30):
+            write_checkpoint(r, step)
+        for step in (10, 20):
+            shutil.copytree(r / f"step_{step:08d}", r / "backup" / f"step_{step:08d}")
+        return r
+
+    def test_ignored_for_ranking_never_deleted_never_an_error(self, root: Path) -> None:
+        from supervisor.checkpoints import check_root
+
+        check_root(root)  # no CheckpointDirectoryError: the root has checkpoints of its own
+        infos = {c.name: c for c in scan(root)}
+        assert infos["backup"].state == "foreign" and "a copy: never touched" in (infos["backup"].reason or "")
+        newest = newest_complete(root)
+        assert newest is not None and newest.name == "step_00000030"
+        plan = plan_retention(list(infos.values()), rules=RetentionRules(keep_last=1, partial_max_age_s=0),
+                              disk=DiskUsage(100 * GIB, 90 * GIB), protect=set(), now=time.time() + 1e6)
+        assert sorted(d.name for d in plan.deletions) == ["step_00000010", "step_00000020"]
+
+    def test_a_root_holding_only_the_series_is_still_set_too_high(self, root: Path) -> None:
+        """Without checkpoints of its own the same folder means the root is one level too high: refused."""
+        from supervisor.checkpoints import CheckpointDirectoryError
+
+        for step in (10, 20, 30):
+            shutil.rmtree(root / f"step_{step:08d}")
+        with pytest.raises(CheckpointDirectoryError, match="did you mean"):
+            scan(root)

@@ -228,3 +228,40 @@ class TestEcho:
         out = read()
         assert "[job] ^[]0;owned^G^[[2J\x1b[31mred\x1b[0m^G\x1b[0m\n" in out
         assert "[job] ^[[Hframe" in out and "\x1b]" not in out and "\x1b[2J" not in out and "\x07" not in out
+
+
+class TestOffATerminal:
+    """What `run > out.log` shows that a terminal's echo would have (issue 22, item 4)."""
+
+    EXITED = {"event": "job_exited", "level": "info", "ts": "2026-01-02T03:04:05Z", "attempt": 2, "reason": "crash",
+              "code": 1, "detail": "rank 0: exitcode 2: python: can't open file 'x.py'",
+              "last_output": ["loading", "\x1b[2J\x1b[31mred\x1b[0m", "python: can't open file 'x.py'"]}
+
+    def test_a_failures_last_output_follows_its_exit_line(self) -> None:
+        """Off a terminal, the job's last lines (controls shown, not executed) below job_exited; on one, none."""
+        lines = render_event(self.EXITED, tty=False, cwd="/w").split("\n")
+        assert lines[0].endswith("job_exited attempt=2 reason=crash code=1 "
+                                 """detail="rank 0: exitcode 2: python: can't open file 'x.py'\"""")
+        assert lines[1:] == ["  [job] loading", "  [job] ^[[2Jred", "  [job] python: can't open file 'x.py'"]
+        assert "\n" not in render_event(self.EXITED, tty=True, cwd="/w")
+
+    def test_a_last_line_that_is_the_detail_is_not_repeated(self) -> None:
+        ev = {**self.EXITED, "last_output": ["python: can't open file 'x.py'"]}
+        assert "\n" not in render_event(ev, tty=False, cwd="/w")
+
+    def test_the_attempts_log_is_named_off_a_terminal(self) -> None:
+        ev = {"event": "job_started", "level": "info", "ts": "2026-01-02T03:04:05Z", "attempt": 1, "pid": 7,
+              "log": "/w/.fsdp-supervisor/logs/attempt-0001.log"}
+        assert render_event(ev, tty=False, cwd="/w").endswith("pid=7 log=.fsdp-supervisor/logs/attempt-0001.log")
+
+    def test_a_long_path_is_never_cut(self) -> None:
+        log = "/very/long/" + "d" * 120 + "/.fsdp-supervisor/logs/attempt-0001.log"
+        ev = {"event": "job_started", "level": "info", "ts": "2026-01-02T03:04:05Z", "attempt": 1, "pid": 7, "log": log}
+        assert render_event(ev, tty=False, cwd="/w").endswith(f"log={log}")
+
+    def test_a_reason_or_a_root_cause_is_never_cut(self) -> None:
+        reason = "crash loop: 3 consecutive failed attempts without progress (max_no_progress_restarts=3); last: crash"
+        ev = {"event": "gave_up", "level": "error", "ts": "2026-01-02T03:04:05Z", "reason": reason, "attempts": 3,
+              "detail": "x" * 250}
+        line = render_event(ev, tty=False, cwd="/w")
+        assert f'reason="{reason}"' in line and "x" * 250 in line and "…" not in line

@@ -124,6 +124,32 @@ class TestRestarts:
         assert core.exit_code == 0 and core.status.state is State.COMPLETED
 
 
+class TestNumbers:
+    """What status and the events count (issue 22, item 6)."""
+
+    def test_the_rate_is_the_attempts_own_and_gone_once_it_ended(self, tmp_path: Path) -> None:
+        """Steps over the job's own times; once the job has exited there is no rate (it was 133 step/s after a
+        completion)."""
+        core, fake, _ = make_core(tmp_path)
+        core.begin(None)
+        for step in range(0, 41, 10):
+            core.heartbeat_path.write_text(json.dumps({"step": step, "time": 1000.0 + step / 10, "phase": "train"}))
+            core.on_file_event(core.heartbeat_path)
+        assert core.status.rate_steps_per_s == pytest.approx(10.0)
+        exit_job(core, fake, 0)
+        assert core.status.state is State.COMPLETED and core.status.rate_steps_per_s is None
+        assert read_status(core.run_dir).rate_steps_per_s is None  # type: ignore[union-attr]
+
+    @pytest.mark.parametrize("code", [0, 1])
+    def test_completed_and_gave_up_count_the_runs_attempts(self, tmp_path: Path, code: int) -> None:
+        """A run resumed by a second `run`: its attempt 2 completes as `attempts=2`, not this session's 1."""
+        core, fake, log = make_core(tmp_path, restart='policy = "never"')
+        core.begin(Status(state=State.STOPPED, attempt=1))
+        exit_job(core, fake, code)
+        event = "completed" if code == 0 else "gave_up"
+        assert [kw["attempts"] for name, kw in log.events if name == event] == [2]
+
+
 class TestStopAndHang:
     def test_second_ctrl_c_in_own_terminal_kills(self, tmp_path: Path) -> None:
         """SIGINT -> SIGTERM to the agent only; a second SIGINT typed in the supervisor's terminal kills at once."""

@@ -10,6 +10,8 @@ the worker run alone with RANK=1. torchtitan_checkpoint_exception.log is the fai
 of the real torchtitan (CPU shims, `make test-clients`, test_titan_self_resume_is_not_claimed_and_torn_newest_
 quarantines_nothing) loading a torn step-10: torch prints each rank's uncaught exception as `[rank0]: ...`, and
 dcp's CheckpointException message embeds the ranks' own tracebacks. None of them had an error file (no `@record`).
+torchrun_no_traceback.log is a prewarmed `torchrun --nproc-per-node=1 x.py` whose x.py does not exist: the worker's
+Python prints one line and no traceback (paths shortened).
 """
 from __future__ import annotations
 
@@ -235,3 +237,47 @@ class TestOom:
         proc.write_text("0::/job\n")
         assert read_oom_kills(tmp_path / "cg", proc) == 2
         assert read_oom_kills(tmp_path / "none", proc) is None
+
+
+TORCHRUN_SAMPLES = ["torchrun_plain.log", "torchrun_tee_default.log", "torchrun_tee_role_rank.log",
+                    "torchrun_two_ranks.log", "torchrun_no_traceback.log", "torchrun_filtered.log"]
+
+
+class TestLastOutput:
+    """The job's last lines kept with a failure: the cause when it printed no traceback (issue 22, item 4)."""
+
+    def test_an_error_line_without_a_traceback_is_the_cause(self) -> None:
+        """`python: can't open file`: torchrun's report names only `exitcode 2`; the worker's own line says why."""
+        cause = root_cause(None, DATA / "torchrun_no_traceback.log")
+        line = "/venv/bin/python: can't open file '/tmp/job/x.py': [Errno 2] No such file or directory"
+        assert cause.describe() == f"rank 0: exitcode 2: {line}"
+        assert cause.last_output == [line]
+
+    @pytest.mark.parametrize("sample", TORCHRUN_SAMPLES)
+    def test_torchruns_own_lines_and_report_are_left_out(self, sample: str) -> None:
+        """No torch log line, no ChildFailedError traceback, no report; the worker's exception ends it if it has one."""
+        cause = root_cause(None, DATA / sample)
+        joined = "\n".join(cause.last_output)
+        assert not any(word in joined for word in ("torch/distributed", "ChildFailedError", "Root Cause", "=====",
+                                                   "FAILED", "exitcode  :"))
+        if cause.message:
+            assert cause.last_output[-1].endswith(cause.message.split(": ", 1)[-1])
+
+    def test_bounded_and_blank_lines_skipped(self, tmp_path: Path) -> None:
+        log = tmp_path / "a.log"
+        log.write_text("".join(f"line {i}\n\n[default0]:   \n" for i in range(50)) + "x" * 5000 + "\n")
+        last = root_cause(None, log).last_output
+        assert last == ["line 46", "line 47", "line 48", "line 49", "x" * 240]
+
+    def test_no_error_line_no_message(self, tmp_path: Path) -> None:
+        """Output that reads like progress, not like an error (a SIGKILLed worker's), is no cause."""
+        log = tmp_path / "a.log"
+        log.write_text("step 10 loss 3.2\nstep 11 loss 3.1\n")
+        cause = root_cause(None, log)
+        assert cause.describe() is None and cause.last_output == ["step 10 loss 3.2", "step 11 loss 3.1"]
+
+    def test_kept_for_failures_only(self) -> None:
+        cause = RootCause(0, 2, None, ["oops: error"])
+        assert classify_exit(1, at=0.0, cause=cause).last_output == ["oops: error"]
+        assert classify_exit(0, at=0.0, cause=cause).last_output is None
+        assert classify_exit(-15, at=0.0, we_stopped=True, cause=cause).last_output is None

@@ -18,9 +18,12 @@ HOUR_NS = 3600 * 10**9
 
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fresh cache dir for this test, and empty in-process state."""
+    """A fresh cache dir for this test, and empty in-process state. A file's ctime cannot be set back, so the
+    racy window is closed here (RACY_NS 0: every file written before the read is old enough); the tests of that
+    window open it again."""
     d = tmp_path / "cache"
     monkeypatch.setenv(metadata_cache.CACHE_ENV, str(d))
+    monkeypatch.setattr(md, "RACY_NS", 0)
     md._cache.clear()
     md.COUNTS.clear()
     yield d / "metadata-v1"
@@ -62,12 +65,74 @@ class TestInProcess:
         assert str(first.value) == str(second.value) == "refuses builtins.print (could run code)"
         assert md.COUNTS == {"parsed": 1, "disk": 1}
 
-    def test_a_fresh_file_is_not_remembered(self, tmp_path, cache):
+    def test_a_fresh_file_is_not_remembered(self, tmp_path, cache, monkeypatch):
         """A `.metadata` modified moments ago is parsed but not cached: a same-tick rewrite could keep its identity."""
+        monkeypatch.setattr(md, "RACY_NS", 2 * 10**9)
         path = write_checkpoint(tmp_path / "root", 1, manifest=False) / ".metadata"
         md.read_metadata(path)
         md.read_metadata(path)
         assert md.COUNTS == {"parsed": 2} and entries(cache) == []
+
+    def test_a_file_changed_moments_ago_is_not_remembered_even_with_an_old_mtime(self, tmp_path, cache, monkeypatch):
+        """Its mtime put back an hour, its ctime is now: a second same-tick rewrite could keep that ctime too."""
+        monkeypatch.setattr(md, "RACY_NS", 2 * 10**9)
+        path = aged(write_checkpoint(tmp_path / "root", 1, manifest=False))
+        md.read_metadata(path)
+        md.read_metadata(path)
+        assert md.COUNTS == {"parsed": 2} and entries(cache) == []
+
+
+class TestStaleVerdicts:
+    """A remembered verdict never outlives the file it describes, nor the reader that judged it."""
+
+    @pytest.mark.parametrize("remembered_by", ["this process", "the disk cache"])
+    def test_a_same_size_rewrite_with_its_mtime_put_back_is_judged_again(self, tmp_path, cache, remembered_by):
+        """`.metadata` rewritten to name a shard that is not there, same size, its mtime restored (a restore, `cp -p`,
+        `rsync -t`): only the ctime tells; a remembered `complete` would hide the torn checkpoint."""
+        from supervisor.checkpoints import verify
+
+        d = write_checkpoint(tmp_path / "root", 1, shards=2, manifest=False)
+        path = aged(d)
+        assert verify(d).complete and len(entries(cache)) == 1
+        if remembered_by == "the disk cache":
+            md._cache.clear()
+        st = path.stat()
+        path.write_bytes(path.read_bytes().replace(b"__1_0.distcp", b"__9_0.distcp"))
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        now = path.stat()
+        assert (now.st_ino, now.st_size, now.st_mtime_ns) == (st.st_ino, st.st_size, st.st_mtime_ns)
+        v = verify(d)
+        assert v.state == "torn" and "__9_0.distcp" in (v.reason or ""), v
+
+    def test_an_upgrade_forgets_the_verdicts_of_the_reader_before(self, tmp_path, cache, monkeypatch):
+        """An older reader cached "unknown class" for this very file; this reader knows better and parses it again."""
+        path = aged(write_checkpoint(tmp_path / "root", 1, manifest=False))
+        unknown = {"kind": "unknown_class", "message": "unknown class torch.NewThing in .metadata (written by a newer "
+                   "torch?)", "global": "torch.NewThing"}
+        with monkeypatch.context() as older:
+            older.setattr(metadata_cache, "reader_version", lambda: "0.0.9+an-older-reader", raising=False)
+            metadata_cache.store(path, path.stat(), {"error": unknown})
+        assert len(entries(cache)) == 1
+        assert md.read_metadata(path).entries == 3 and md.COUNTS == {"parsed": 1}
+
+    def test_the_reader_version_follows_its_source(self):
+        """The version names this package's version and a digest of the reader's source files."""
+        from supervisor import __version__
+
+        version = metadata_cache.reader_version()
+        assert version.startswith(__version__ + "+") and len(version) == len(__version__) + 17
+
+    def test_fresh_ignores_what_is_remembered_and_replaces_it(self, tmp_path, cache):
+        """Within fresh() (verify --no-cache) a poisoned entry is not used, and the fresh result takes its place."""
+        path = aged(write_checkpoint(tmp_path / "root", 1, manifest=False))
+        unknown = {"kind": "unknown_class", "message": "unknown class torch.NewThing", "global": "torch.NewThing"}
+        metadata_cache.store(path, path.stat(), {"error": unknown})
+        with pytest.raises(md.UnknownClassError):
+            md.read_metadata(path)
+        with md.fresh():
+            assert md.read_metadata(path).entries == 3
+        md._cache.clear()
+        assert md.read_metadata(path).entries == 3 and md.COUNTS == {"disk": 2, "parsed": 1}
 
 
 class TestMisses:

@@ -143,3 +143,22 @@ class TestRootTooHigh:
         for step in (10, 20):
             write_checkpoint(outputs / "checkpoint", step, name=f"step-{step}")
         refused(config(tmp_path, dir=str(outputs)), "[checkpoints.dir]", "checkpoint")
+
+
+@pytest.mark.parametrize(("command", "key"), [
+    (["torchrun", "--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=node-a:29500", "--rdzv-id=run-7", "-m",
+      "trainer"], "rdzv node-a:29500 run-7"),
+    (["/venv/bin/torchrun", "--nnodes", "2", "--rdzv_endpoint", "node-a:29500", "--rdzv_id", "run-7", "train.py"],
+     "rdzv node-a:29500 run-7"),  # underscores, separate values
+    (["python", "-m", "torch.distributed.run", "--nnodes=4", "--node-rank=1", "--master-addr=10.0.0.1",
+      "--master-port=1234", "train.py"], "master 10.0.0.1:1234"),  # static rendezvous
+    (["torchrun", "--nnodes=1", "--rdzv-id=x", "-m", "trainer"], None),  # one node: a job of its own
+    (["torchrun", "--nproc-per-node=8", "-m", "trainer"], None),
+    (["torchrun", "--standalone", "-m", "trainer", "--nnodes=2", "--rdzv-id=x"], None),  # the trainer's own flags
+    (["python", "train.py", "--nnodes=2", "--rdzv-id=x"], None),  # not torchrun
+])
+def test_rendezvous_key(command: list[str], key: str | None) -> None:
+    """Which supervisors are nodes of one job and may share the checkpoint root's claim."""
+    from supervisor.daemon.preflight import rendezvous_key
+
+    assert rendezvous_key(command) == key

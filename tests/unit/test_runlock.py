@@ -30,3 +30,25 @@ class TestRunLock:
         assert returns_despite_fifo(tmp_path / LOCK_FILE, lambda: RunLock.holder(tmp_path)) is None
         with pytest.raises(OSError, match="not a regular file"):
             RunLock(tmp_path).acquire()
+
+    def test_survives_the_run_dir_being_removed(self, tmp_path: Path) -> None:
+        """`rm -rf` of the run dir: restore() makes it again (owner-only) and locks the new file, so `status` still
+        sees the supervisor and a second acquire is refused; nothing happens while the lock file is in place."""
+        import shutil
+        import stat
+
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        lock = RunLock(run_dir)
+        lock.acquire()
+        try:
+            assert not lock.restore()
+            shutil.rmtree(run_dir)
+            assert RunLock.holder(run_dir) is None
+            assert lock.restore()
+            assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o700 and RunLock.holder(run_dir) == os.getpid()
+            with pytest.raises(LockedError):
+                RunLock(run_dir).acquire()
+            assert not lock.restore()
+        finally:
+            lock.release()

@@ -172,3 +172,45 @@ class TestDeletionStaysInsideRoot:
             assert "linked_trash" in traps  # refusing to delete through a symlinked trash is the right answer
         assert _snapshot(outside) == before
         assert (root / "step_00000030").is_dir()  # the newest complete survives every policy
+
+
+# ---- markers only in the root's own checkpoints ----------------------------------------------------------------
+class TestMarkersOnlyOnOurCheckpoints:
+    """`checkpoints pin/unpin/unquarantine` write or remove a marker only in a checkpoint of the configured root."""
+
+    @pytest.fixture
+    def project(self, tmp_path: Path) -> Path:
+        """A job.toml whose root holds step 10, and a plain folder `etc/` beside it with a user's own `.pinned`."""
+        (tmp_path / "job.toml").write_text('[job]\ncommand = ["true"]\n[checkpoints]\ndir = "ckpts"\n')
+        write_checkpoint(tmp_path / "ckpts", 10)
+        (tmp_path / "etc").mkdir()
+        (tmp_path / "etc" / "passwd").write_text("root:x:0:0")
+        (tmp_path / "etc" / ".pinned").write_text("the user's own")
+        return tmp_path
+
+    @pytest.mark.parametrize("verb", ["pin", "unpin", "unquarantine"])
+    @pytest.mark.parametrize("root", ["./job.toml", "-c", "--dir"])
+    def test_a_plain_folder_is_refused_and_untouched(self, project: Path, verb: str, root: str, capsys,
+                                                     monkeypatch) -> None:
+        """`pin /etc` wrote /etc/.pinned and `unpin` deleted a user's own `.pinned`: now exit 2, one line, the
+        folder exactly as it was (with `--dir` its parent, which holds it, is the root)."""
+        from supervisor.cli import app
+
+        monkeypatch.chdir(project)
+        monkeypatch.delenv("FSDP_SUPERVISOR_CONFIG", raising=False)
+        before = _snapshot(project / "etc")
+        where = {"./job.toml": [], "-c": ["-c", str(project / "job.toml")], "--dir": ["--dir", str(project)]}[root]
+        assert app.main(["checkpoints", verb, *where, str(project / "etc")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and str(project / "etc") in err[0], err
+        assert _snapshot(project / "etc") == before
+
+    def test_the_root_is_the_configs_and_a_name_is_looked_up_there(self, project: Path, monkeypatch) -> None:
+        """Run where job.toml is: `pin step_00000010` pins the root's checkpoint of that name; unpin removes it."""
+        from supervisor.cli import app
+
+        monkeypatch.chdir(project)
+        monkeypatch.delenv("FSDP_SUPERVISOR_CONFIG", raising=False)
+        d = project / "ckpts" / "step_00000010"
+        assert app.main(["checkpoints", "pin", "step_00000010"]) == 0 and (d / ".pinned").is_file()
+        assert app.main(["checkpoints", "unpin", str(d)]) == 0 and not (d / ".pinned").exists()

@@ -28,7 +28,7 @@ def test_goodput_and_loss_rows() -> None:
     """A terminal gets the sparkline; a pipe the same numbers in words; goodput with its latency and loss."""
     tty = render_status(status(), running=True, now=0.0, spark=True)
     assert "loss: █▅▃▁ 2, val_loss 2.25" in tty
-    assert "goodput: 87.3%, last restart latency 12.3s, 7 steps lost in 1 failures" in tty
+    assert "goodput: 87.3%\n                 last restart latency 12.3s, 7 steps lost in 1 failures\n" in tty
     plain = render_status(status(), running=True, now=0.0)
     assert "▁" not in plain and "loss: 2 (last 4 samples: min 2, max 4), val_loss 2.25" in plain
 
@@ -66,3 +66,46 @@ def test_last_exit_shows_only_what_is_known(code: int | None, sig: str | None, s
     st = Status(state=State.STOPPED, last_exit=ExitInfo(code=code, signal=sig, reason=reason, at=0.0))
     text = render_status(st, running=False, now=0.0) + "\n"
     assert shown in text and "None" not in text, text
+
+
+def test_a_failures_last_output_is_shown_under_its_exit() -> None:
+    """The job's last lines, one row each, under the last exit; not when they only repeat the detail."""
+    from supervisor.policy.state import ExitInfo
+
+    ex = ExitInfo(code=1, signal=None, reason="crash", at=0.0, detail="rank 0: exitcode 2: fatal: no data",
+                  last_output=["loading", "fatal: no data"])
+    text = render_status(Status(state=State.FAILED, last_exit=ex), running=False, now=0.0)
+    assert "restarts: 0, last exit: crash (code 1) rank 0: exitcode 2: fatal: no data\n" in text
+    assert "last output: loading\n                 fatal: no data\n" in text
+    ex.last_output = ["fatal: no data"]
+    assert "last output" not in render_status(Status(state=State.FAILED, last_exit=ex), running=False, now=0.0)
+
+
+def test_goodput_says_where_the_time_went() -> None:
+    """The parts of the supervisor's wall time beside the percentage (a failure-free 12% needs its start-up)."""
+    parts = {"wall_s": 485.0, "productive_s": 60.0, "startup_s": 400.0, "checkpoint_overhead_s": 5.0,
+             "restart_s": 0.0, "lost_s": 0.0, "other_s": 20.0}
+    text = render_status(Status(state=State.COMPLETED, goodput=0.1237, goodput_parts=parts), running=False, now=0.0)
+    assert ("goodput: 12.4% of 8m05s: productive 60s, start-up 6m40s, checkpoints 5s, restarts 0s, lost 0s, "
+            "other 20s\n") in text
+
+
+def test_a_job_without_steps_has_an_unknown_goodput_not_zero() -> None:
+    parts = {"wall_s": 200.0, "productive_s": 0.0, "startup_s": 199.0, "other_s": 1.0}
+    text = render_status(Status(state=State.COMPLETED, goodput=None, goodput_parts=parts), running=False, now=0.0)
+    assert "goodput: unknown: the job reports no steps (no heartbeat)" in text and "0.0%" not in text
+
+
+def test_no_none_in_human_output() -> None:
+    """Whatever is unknown (a checkpoint without a step, an exit without a code) is left out, never printed `None`."""
+    from supervisor.policy.state import ExitInfo
+
+    st = Status(state=State.BACKOFF, attempt=2, step=None, latest_checkpoint={"path": "/c/epoch_3", "step": None,
+                                                                             "mtime": None},
+                best_checkpoint={"path": "/c/epoch_2", "step": None, "metric": "val_loss", "value": 1.5},
+                last_exit=ExitInfo(code=None, signal=None, reason="hang", at=0.0, detail=None, last_output=None),
+                goodput=None, goodput_parts={}, disk_free_bytes=10, resumed_from="/c/epoch_3")
+    text = render_status(st, running=True, now=0.0) + "\n" + one_line(st)
+    assert "None" not in text, text
+    assert "last checkpoint: /c/epoch_3\n" in text and "best checkpoint: val_loss 1.5 /c/epoch_2" in text
+    assert "ckpt epoch_3" in one_line(st)

@@ -3,9 +3,14 @@
 Why: the daemon, `fsdp-supervisor checkpoints list/verify` and the trainer's `--resume auto` are
 different processes that read the same `.metadata`; a 70B x 1024-rank file takes seconds to parse.
 Each summary (or parse error) is a small JSON file keyed by the file's path and identity
-(st_dev, st_ino, st_size, st_mtime_ns). An entry only ever replaces parsing: the caller still checks
-every shard on disk. Anything wrong with the cache (unset HOME, unwritable, not ours, malformed or
-foreign entries) is a miss, never an error; at most a debug log line.
+(st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns) and by the reader that judged it (`reader_version`:
+this package's version and a digest of the metadata reader's own source). The ctime: a same-size rewrite
+with its mtime put back (`cp -p`, `rsync -t`, a restore) keeps every other field, and no one can set a
+ctime back. The reader: an upgrade that learns a new class must not keep the "unknown class" verdict of the
+reader before it (nor one that parses differently its summaries). An entry only ever replaces parsing: the
+caller still checks every shard on disk. Anything wrong with the cache (unset HOME, unwritable, not ours,
+malformed or foreign entries) is a miss, never an error; at most a debug log line. Entries of an older key
+are never matched again; they go with the oldest quarter once the cache is full.
 
 Where: $FSDP_SUPERVISOR_CACHE_DIR, else $XDG_CACHE_HOME/fsdp-supervisor, else
 ~/.cache/fsdp-supervisor; entries go in its `metadata-v1/`. The dir must be owned by this user and
@@ -14,6 +19,7 @@ MAX_ENTRIES entries are kept: past that the oldest quarter is removed.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -23,7 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CACHE_ENV", "MAX_ENTRIES", "cache_dir", "load", "store"]
+from supervisor import __version__
+
+__all__ = ["CACHE_ENV", "MAX_ENTRIES", "cache_dir", "load", "store", "reader_version"]
 
 CACHE_ENV = "FSDP_SUPERVISOR_CACHE_DIR"
 MAX_ENTRIES = 4096
@@ -53,9 +61,23 @@ def cache_dir() -> Path | None:
     return home / ".cache" / "fsdp-supervisor"
 
 
+@functools.cache
+def reader_version() -> str:
+    """Who judged: this package's version and a digest of the reader's source (the allowlist, the scanner, ...),
+    so that an edited checkout or an upgrade without a version bump still forgets the verdicts of the one before."""
+    digest = hashlib.sha256(__version__.encode())
+    package = Path(__file__).parent
+    try:
+        for source in sorted(package.glob("*.py")):
+            digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    except OSError:  # sources unreadable (a zipped install): the version alone
+        pass
+    return f"{__version__}+{digest.hexdigest()[:16]}"
+
+
 def _key(path: Path, st: os.stat_result) -> dict[str, Any]:
     return {"path": os.path.abspath(path), "dev": st.st_dev, "ino": st.st_ino, "size": st.st_size,
-            "mtime_ns": st.st_mtime_ns}
+            "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "reader": reader_version()}
 
 
 def _entries_dir(metadata_path: Path, create: bool, root: Path | None) -> Path | None:

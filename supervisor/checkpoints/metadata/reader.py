@@ -17,8 +17,10 @@ with the bytes each must hold (from `storage_data`), the entry count and the ver
 - Size cap: MAX_METADATA_BYTES = 1 GiB. Llama-3 405B x 1024 ranks (the largest shape in
   `bench.synthetic`) writes a 621 MB `.metadata`; a bigger file is refused before it is read.
 - Once per file (`metadata_cache`): results (and parse errors) are kept per (path, st_dev, st_ino,
-  st_size, st_mtime_ns) in this process and in a per-user cache dir shared by the daemon, the CLI
-  and the trainer's `--resume auto`. A file modified in the last RACY_NS is not remembered yet.
+  st_size, st_mtime_ns, st_ctime_ns) in this process, and in a per-user cache dir shared by the daemon,
+  the CLI and the trainer's `--resume auto` (there also per reader version). A file modified or changed
+  (mtime or ctime) in the last RACY_NS is not remembered yet. Within `fresh()` (`checkpoints verify
+  --no-cache`) nothing remembered is used: every file is parsed again and its entries are replaced.
 """
 from __future__ import annotations
 
@@ -26,6 +28,9 @@ import io
 import os
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -50,13 +55,15 @@ __all__ = [
     "DcpMetadata",
     "parse_metadata",
     "read_metadata",
+    "fresh",
     "COUNTS",
     "RACY_NS",
 ]
 
 MAX_METADATA_BYTES = 1 << 30
-# A file modified this recently is parsed but not remembered: a rewrite within the same clock tick (or
-# into a reused inode number) could keep size and mtime, so its identity is not yet trustworthy.
+# A file modified (or changed: ctime) this recently is parsed but not remembered: a rewrite within the same
+# clock tick (or into a reused inode number) could keep size, mtime and ctime, so its identity is not yet
+# trustworthy.
 RACY_NS = 2 * 10**9
 _CACHE_MAX = 4096  # results kept in this process; a root of 1,000+ checkpoints must not thrash
 # How often each source answered read_metadata in this process: "parsed", "memory", "disk" (for tests).
@@ -143,7 +150,18 @@ def parse_metadata(data: bytes) -> DcpMetadata:
 
 # ---- once per file ----------------------------------------------------------------------------------
 
-_cache: dict[tuple[str, int, int, int, int], DcpMetadata | dict[str, Any]] = {}
+_cache: dict[tuple[str, int, int, int, int, int], DcpMetadata | dict[str, Any]] = {}
+_fresh: ContextVar[bool] = ContextVar("metadata_fresh", default=False)
+
+
+@contextmanager
+def fresh() -> Iterator[None]:
+    """Within: every `.metadata` read is parsed again (nothing remembered is used) and remembered anew."""
+    token = _fresh.set(True)
+    try:
+        yield
+    finally:
+        _fresh.reset(token)
 
 
 def _error_json(exc: MetadataError) -> dict[str, Any]:
@@ -184,18 +202,19 @@ def _from_child(f: BinaryIO, size: int) -> DcpMetadata | dict[str, Any] | None:
 
 def _lookup(path: Path, f: BinaryIO, st: os.stat_result, root: Path | None) -> DcpMetadata | dict[str, Any]:
     """This file's result: from this process, from the disk cache, or parsed now (then remembered)."""
-    key = (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    found = _cache.get(key)
+    key = (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    bypass = _fresh.get()
+    found = None if bypass else _cache.get(key)
     if found is not None:
         COUNTS["memory"] += 1
         return found
-    entry = metadata_cache.load(path, st, root)
+    entry = None if bypass else metadata_cache.load(path, st, root)
     if entry is not None:
         COUNTS["disk"] += 1
         found = _summary(entry["summary"]) if "summary" in entry else entry["error"]
     else:
         COUNTS["parsed"] += 1
-        racy = time.time_ns() - st.st_mtime_ns < RACY_NS
+        racy = time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) < RACY_NS
         found = _from_child(f, st.st_size)
         if found is None:
             try:

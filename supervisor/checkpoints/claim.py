@@ -1,0 +1,305 @@
+"""One job per checkpoint root: a claim next to the resolved root, taken at start and held while the job runs.
+
+The run-dir lock keeps two supervisors off one run dir, but two run dirs can name one root (two configs
+with the same `[checkpoints] dir`, a `run_dir` edited in a running job's config, a run dir deleted under a
+running supervisor), and two jobs on one root prune each other's checkpoints and resume from each
+other's saves. So every supervisor also claims the root it resolved:
+
+    <parent>/.<root-name>.fsdp-claim/<host>-<pid>-<pid namespace>.json
+        {job, pid, host, pidns, start_time, config, run_dir, time, refresh_s}
+
+an owner-only sidecar (sidecars.py), next to the root like the in-use markers, so that it survives the
+root's deletion and every spelling of the root meets it. `pid`/`start_time` are the supervisor's own.
+Where that folder cannot be ours (the root is a mount point under a read-only parent, or someone else's
+folder sits there), the claim goes to the user's cache dir instead (`<cache>/claims/<hash of the resolved
+root>/`, metadata/cache.cache_dir), with a warning: it still keeps two jobs of this user on this host off
+the root, but supervisors on other hosts cannot see it. Every reader looks in both places.
+
+- **Who may share.** The supervisors of one multi-node job (one per node) share the root: their `job` is
+  the same rendezvous (daemon/preflight.rendezvous_key). A single-node job has `job = null` and shares
+  with nobody.
+- **Live or stale** (`holder_state`, pure). On this host (same host name and pid namespace: containers
+  sharing a host name do not share pids): live while process `pid` exists with that start time. From
+  another host: live until `max(CLAIM_MAX_AGE_S, 3 * refresh_s)` after its last write (its
+  supervisor refreshes it at every housekeeping pass, at least every `retention_interval_s`); a time
+  further in the future than sidecars.CLOCK_SKEW_S is not trusted. A stale claim is taken over with a
+  warning; a live one of another job refuses the start (ClaimedError, exit 2) naming its holder.
+- **Checked before every launch** (`RootClaim.check`): a claim file removed meanwhile is written again,
+  and a live claim of another job that appeared meanwhile stops the launch.
+
+Taking the claim is serialized by an flock on `.lock` in the folder, so two supervisors starting at the
+same moment cannot both win.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from supervisor.checkpoints._files import read_small_json
+from supervisor.checkpoints.metadata.cache import cache_dir
+from supervisor.checkpoints.sidecars import open_sidecar, resolved, sidecar_path, trusted_owners, written_at
+from supervisor.errors import ClaimedError, SidecarError
+from supervisor.host.atomic import write_atomic
+from supervisor.layout import CLAIM_SUFFIX
+
+__all__ = ["CLAIM_MAX_AGE_S", "Holder", "RootClaim", "holder_state", "conflicts", "claim_homes", "live_holders"]
+
+CLAIM_MAX_AGE_S = 900.0  # a claim from another host not refreshed for this long (or 3 refresh periods) is stale
+_MAX_BYTES = 16 * 1024
+_MAX_REFRESH_S = 86400.0  # a holder's refresh_s is believed up to a day
+_START_SLACK_S = 0.05
+_LOCK_WAIT_S = 5.0
+_CHECK_WAIT_S = 0.2
+PathLike = str | os.PathLike[str]
+
+
+@dataclass(frozen=True)
+class Holder:
+    """One supervisor's claim on the root, as read from its file."""
+
+    path: Path
+    job: str | None  # the multi-node job's rendezvous; None: a single-node job (shares with nobody)
+    pid: int
+    host: str
+    start_time: float | None
+    config: str
+    run_dir: str
+    written: float | None  # the claim's last write, as far as it can be trusted
+    refresh_s: float
+    pidns: int | None = None  # the holder's pid namespace (inode of /proc/self/ns/pid), when known
+
+    def describe(self) -> str:
+        return f"supervisor pid {self.pid} on {self.host}, config {self.config} (run dir {self.run_dir})"
+
+
+def holder_state(h: Holder, *, host: str, now: float, started: Callable[[int], float | None],
+                 pidns: int | None = None) -> str | None:
+    """Why the claim `h` is stale, or None while it is live (pure; `started(pid)` is a process's start time in
+    our pid namespace `pidns`; a holder in another one is judged as from another host)."""
+    if h.host == host and (h.pidns is None or pidns is None or h.pidns == pidns):
+        actual = started(h.pid)
+        if actual is None:
+            return f"its supervisor (pid {h.pid}) is gone"
+        if h.start_time is not None and abs(actual - h.start_time) > _START_SLACK_S:
+            return f"pid {h.pid} is another process now"
+        return None
+    if h.written is None:
+        return "it bears no usable time (dated in the future?)"
+    limit = max(CLAIM_MAX_AGE_S, 3 * h.refresh_s)
+    age = now - h.written
+    return f"it was last refreshed {age:.0f}s ago (stale after {limit:.0f}s)" if age > limit else None
+
+
+def conflicts(job: str | None, live: Sequence[Holder]) -> list[Holder]:
+    """The live holders that are another job: any single-node holder, or another rendezvous (pure)."""
+    return [h for h in live if job is None or h.job != job]
+
+
+def claim_homes(root: PathLike) -> list[Path]:
+    """Where claims on `root` may be: next to the resolved root, then this user's cache dir."""
+    homes = [sidecar_path(root, CLAIM_SUFFIX)]
+    cache = cache_dir()
+    if cache is not None:
+        homes.append(cache / "claims" / hashlib.sha256(os.fsencode(resolved(root))).hexdigest()[:32])
+    return homes
+
+
+def _open_home(root: PathLike, folder: Path, first: bool) -> bool:
+    """Make and check one claim folder (`first`: the one next to the root). SidecarError / OSError."""
+    if first:  # next to the root: ours, or the root owner's
+        return open_sidecar(folder, trusted_owners(root), create=True)
+    os.makedirs(folder.parent, mode=0o700, exist_ok=True)
+    return open_sidecar(folder, {os.geteuid()}, create=True)
+
+
+def _started(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.Error, OSError):
+        return None
+
+
+def _pidns() -> int | None:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def _number(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _holder(path: Path, now: float) -> Holder | None:
+    read = read_small_json(path, _MAX_BYTES)
+    if read is None:
+        return None
+    doc, st = read
+    if not isinstance(doc, dict) or not isinstance(doc.get("pid"), int) or not isinstance(doc.get("host"), str):
+        return None
+    job = doc.get("job")
+    refresh = _number(doc.get("refresh_s")) or 0.0
+    return Holder(path=path, job=job if isinstance(job, str) else None, pid=doc["pid"], host=doc["host"],
+                  start_time=_number(doc.get("start_time")), config=str(doc.get("config", "?")),
+                  run_dir=str(doc.get("run_dir", "?")), written=written_at((st.st_mtime, _number(doc.get("time"))), now),
+                  refresh_s=min(max(refresh, 0.0), _MAX_REFRESH_S),
+                  pidns=doc["pidns"] if isinstance(doc.get("pidns"), int) else None)
+
+
+def _read_all(folder: Path, now: float) -> list[Holder]:
+    try:
+        names = [e.name for e in os.scandir(folder) if e.name.endswith(".json") and not e.name.startswith(".")]
+    except OSError:
+        return []
+    return [h for h in (_holder(folder / n, now) for n in sorted(names)) if h is not None]
+
+
+def _readable(root: PathLike) -> list[Path]:
+    """The claim folders of `root` that exist and are ours to believe."""
+    homes = claim_homes(root)
+    found = []
+    for i, folder in enumerate(homes):
+        try:
+            if open_sidecar(folder, trusted_owners(root) if i == 0 else {os.geteuid()}, create=False):
+                found.append(folder)
+        except (SidecarError, OSError):
+            continue
+    return found
+
+
+def live_holders(root: PathLike) -> list[Holder]:
+    """The live claims on `root` (read only: nothing is created, stale ones are left for `run` to take over)."""
+    host, now, pidns = socket.gethostname(), time.time(), _pidns()
+    found = [h for folder in _readable(root) for h in _read_all(folder, now)]
+    return [h for h in found if holder_state(h, host=host, now=now, started=_started, pidns=pidns) is None]
+
+
+@contextlib.contextmanager
+def _locked(folder: Path, wait: float = _LOCK_WAIT_S) -> Iterator[None]:
+    """Serialize claim-takers on the folder's `.lock` (a few ms each); after `wait` seconds go on without it."""
+    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    break  # a holder stopped mid-claim (SIGSTOP): the claim files themselves still decide
+                time.sleep(0.02)
+            except OSError:
+                break  # no locks on this file system: the files decide
+        yield
+    finally:
+        os.close(fd)
+
+
+class RootClaim:
+    """This supervisor's claim on its (resolved) checkpoint root."""
+
+    def __init__(self, root: PathLike, *, job: str | None, config: PathLike, run_dir: PathLike,
+                 refresh_s: float) -> None:
+        self.root, self.job, self.refresh_s = resolved(root), job, refresh_s
+        self.config, self.run_dir = str(config), str(run_dir)
+        self.host, self.pid, self.pidns = socket.gethostname(), os.getpid(), _pidns()
+        self.name = f"{self.host}-{self.pid}{f'-{self.pidns}' if self.pidns else ''}.json"
+        self.path: Path | None = None  # our claim file, once taken
+        self.held = False
+
+    def acquire(self) -> list[tuple[str, str]]:
+        """Take the claim; returns what to warn about as (event, detail): stale claims taken over, a claim kept
+        in the cache dir. ClaimedError naming a live holder of another job; OSError when no folder can hold it."""
+        notes: list[tuple[str, str]] = []
+        folder = None
+        for i, home in enumerate(claim_homes(self.root)):
+            try:
+                _open_home(self.root, home, i == 0)
+            except (SidecarError, OSError) as exc:
+                if i == 0:
+                    why = str(exc) if isinstance(exc, SidecarError) else f"{home}: {exc.strerror or exc}"
+                    note = f"{why}; the claim is kept in this user's cache dir instead, where other hosts cannot see it"
+                    notes.append(("root_claim_elsewhere", note))
+                    continue
+                raise
+            folder = home
+            break
+        if folder is None:
+            raise OSError(f"no folder can hold the claim on {self.root}")
+        self.path = folder / self.name
+        with _locked(folder):
+            others, stale = self._look()
+            if others:
+                raise ClaimedError(self._refusal(others))
+            self._write()
+        self.held = True
+        return [*notes, *(("root_claim_taken_over", line) for line in stale)]
+
+    def check(self) -> str | None:
+        """Before a launch: None when the claim is still ours (rewritten if it vanished), else why not."""
+        if self.path is None:
+            return None
+        try:
+            _open_home(self.root, self.path.parent, self.path.parent == claim_homes(self.root)[0])
+            with _locked(self.path.parent, wait=_CHECK_WAIT_S):  # on the event loop: never wait long
+                others, _ = self._look()
+                if others:
+                    return self._refusal(others)
+                if not os.path.lexists(self.path):
+                    self._write()
+        except (SidecarError, OSError):
+            return None  # cannot look now (a blip on shared storage): the claim taken at start still stands
+        return None
+
+    def refresh(self) -> None:
+        """Touch the claim so that supervisors on other hosts keep counting it (off the loop: shared storage)."""
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                os.utime(self.path)  # removed meanwhile: the next check() writes it again
+
+    def release(self) -> None:
+        if self.held and self.path is not None:
+            self.held = False
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+
+    def _look(self) -> tuple[list[Holder], list[str]]:
+        """(live claims of other jobs, one line per stale claim removed), from every claim folder of the root."""
+        now, live, stale = time.time(), [], []
+        for folder in _readable(self.root):
+            for h in _read_all(folder, now):
+                if h.path == self.path:
+                    continue
+                why = holder_state(h, host=self.host, now=now, started=_started, pidns=self.pidns)
+                if why is None:
+                    live.append(h)
+                    continue
+                with contextlib.suppress(OSError):
+                    os.unlink(h.path)
+                stale.append(f"{h.describe()}: {why}")
+        return conflicts(self.job, live), stale
+
+    def _refusal(self, others: Sequence[Holder]) -> str:
+        h = others[0]
+        more = f" (and {len(others) - 1} more)" if len(others) > 1 else ""
+        return (f"checkpoint root {self.root} is held by another job: {h.describe()}{more}. One job per checkpoint "
+                f"root: stop that one first (fsdp-supervisor stop -c {h.config}), or give this config its own "
+                f"[checkpoints] dir")
+
+    def _write(self) -> None:
+        assert self.path is not None
+        doc = {"job": self.job, "pid": self.pid, "host": self.host, "pidns": self.pidns,
+               "start_time": _started(self.pid), "config": self.config, "run_dir": self.run_dir, "time": time.time(),
+               "refresh_s": self.refresh_s}
+        write_atomic(self.path, json.dumps(doc).encode(), durable=False, mode=0o600)

@@ -1,0 +1,97 @@
+"""The folders we keep next to a checkpoint root (trash, in-use markers, the root claim): where they are, and whose.
+
+A root is known by its **resolved** path (symlinks followed): a supervisor whose `dir` is `ckpts ->
+/scratch/u/ckpts` and a `prune --dir /scratch/u/ckpts` meet at the same sidecars, on the target's file
+system. Each sidecar is `<parent>/.<name><suffix>` of the resolved root (layout.sidecar_name).
+
+A sidecar decides what is deleted (the trash), what is protected (in-use markers) and who may run on the
+root (the claim), so it must be ours: a plain directory (never a symlink), owned by us or by the owner of
+the root itself (who can delete its checkpoints anyway), and writable by nobody else. We create them 0700;
+one made wider by an earlier version (0755) is narrowed when it is ours. Anything else - another user's
+folder pre-created in a shared `/tmp`, a group- or world-writable one - is refused with `SidecarError`
+naming it, and nothing is read from, written to or deleted through it.
+
+Times written by other hosts (in-use markers, claims) count only up to a small clock skew into the
+future (`written_at`): a marker dated next year must not protect a checkpoint, or hold a root, forever.
+"""
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Collection, Iterable
+from pathlib import Path
+
+from supervisor.errors import SidecarError
+from supervisor.layout import sidecar_name
+
+__all__ = ["CLOCK_SKEW_S", "resolved", "sidecar_path", "trusted_owners", "sidecar_problem", "open_sidecar",
+           "written_at"]
+
+CLOCK_SKEW_S = 300.0  # a time written by another host may be this far ahead of ours (clocks disagree a little)
+PathLike = str | os.PathLike[str]
+
+
+def resolved(root: PathLike) -> Path:
+    """The root's one identity: its absolute path with every symlink resolved."""
+    return Path(os.path.realpath(root))
+
+
+def sidecar_path(root: PathLike, suffix: str) -> Path:
+    """Where the `suffix` sidecar of `root` lives: a hidden sibling of the resolved root."""
+    base = resolved(root)
+    return base.parent / sidecar_name(base.name, suffix)
+
+
+def trusted_owners(root: PathLike) -> set[int]:
+    """Who may own a sidecar of `root`: us, and the owner of the (resolved) root."""
+    owners = {os.geteuid()}
+    try:
+        owners.add(os.stat(root).st_uid)
+    except OSError:
+        pass  # no root (yet): only our own sidecars
+    return owners
+
+
+def sidecar_problem(path: Path, st: os.stat_result, owners: Collection[int]) -> str | None:
+    """Why the existing entry `path` (lstat `st`) is not a sidecar we may use, or None (pure)."""
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path} is a symlink, not a folder of ours"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a plain directory"
+    if st.st_uid not in owners:
+        return f"{path} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}) or the root's owner"
+    if st.st_mode & 0o022:
+        return f"{path} is writable by its group or by others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def open_sidecar(path: Path, owners: Collection[int], *, create: bool) -> bool:
+    """Check the sidecar `path` (made 0700 first if `create`); whether it exists. SidecarError when it is
+    not ours to use; OSError when it cannot be created."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        if not create:
+            return False
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass  # another supervisor or prune made it just now: checked below like any existing one
+        st = os.lstat(path)
+    problem = sidecar_problem(path, st, owners)
+    if problem:
+        raise SidecarError(f"{problem}; refusing to use it. Remove it (or give it to the user that runs the "
+                           "supervisor, mode 0700) and try again")
+    if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+        try:
+            os.chmod(path, 0o700)  # made 0755 by an earlier version: owner-only now, as documented
+        except OSError:
+            pass
+    return True
+
+
+def written_at(stamps: Iterable[float | None], now: float, skew: float = CLOCK_SKEW_S) -> float | None:
+    """When a record was last written, from its stamps (its own `time`, the file's mtime): the latest one
+    that is not ahead of `now` by more than `skew`, clamped to `now`; None when no stamp can be trusted (pure)."""
+    usable = [s for s in stamps if isinstance(s, (int, float)) and not isinstance(s, bool) and s <= now + skew]
+    return min(max(usable), now) if usable else None

@@ -1,0 +1,176 @@
+"""Tests for supervisor.checkpoints.claim: one job per checkpoint root (pure decisions as tables, then real files)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from supervisor.checkpoints.claim import (
+    CLAIM_MAX_AGE_S,
+    Holder,
+    RootClaim,
+    claim_homes,
+    conflicts,
+    holder_state,
+    live_holders,
+)
+from supervisor.errors import ClaimedError
+
+NOW = 1_700_000_000.0
+HOST = "node-a"
+
+
+def holder(*, host: str = HOST, pid: int = 42, start: float | None = 5.0, written: float | None = NOW,
+           job: str | None = None, refresh_s: float = 300.0) -> Holder:
+    return Holder(path=Path("x.json"), job=job, pid=pid, host=host, start_time=start, config="/c/job.toml",
+                  run_dir="/c/.fsdp-supervisor", written=written, refresh_s=refresh_s)
+
+
+def started(pid: int) -> float | None:
+    return {42: 5.0, 43: 99.0}.get(pid)  # 42 runs (since 5.0), 43 is another process now, the rest are gone
+
+
+@pytest.mark.parametrize(("h", "stale"), [
+    (holder(), None),  # this host, process alive with its start time
+    (holder(pid=43), "pid 43 is another process now"),  # a reused pid
+    (holder(pid=44), "its supervisor (pid 44) is gone"),
+    (holder(start=None), None),  # no start time recorded: the pid alone
+    (holder(host="node-b", written=NOW - 60), None),  # another host, refreshed a minute ago
+    (holder(host="node-b", written=NOW - CLAIM_MAX_AGE_S - 1), "last refreshed"),
+    (holder(host="node-b", written=NOW - CLAIM_MAX_AGE_S - 1, refresh_s=3600), None),  # slow refresher: 3 periods
+    (holder(host="node-b", written=NOW - 3 * 3600 - 1, refresh_s=3600), "last refreshed"),
+    (holder(host="node-b", written=None), "no usable time"),  # only times from the future: never live forever
+])
+def test_holder_state(h: Holder, stale: str | None) -> None:
+    """Live or stale, and why: by process on this host, by age of the last refresh from another host."""
+    why = holder_state(h, host=HOST, now=NOW, started=started)
+    assert why is None if stale is None else stale in (why or "")
+
+
+@pytest.mark.parametrize(("mine", "theirs", "conflict"), [
+    (None, None, True),  # two single-node jobs
+    (None, "rdzv h:1 run-7", True),
+    ("rdzv h:1 run-7", None, True),
+    ("rdzv h:1 run-7", "rdzv h:1 run-7", False),  # two nodes of one multi-node job share the root
+    ("rdzv h:1 run-7", "rdzv h:1 run-8", True),  # another submission
+])
+def test_conflicts(mine: str | None, theirs: str | None, conflict: bool) -> None:
+    assert bool(conflicts(mine, [holder(job=theirs)])) is conflict
+
+
+def _plant(root: Path, *, pid: int, start: float | None, job: str | None = None, host: str | None = None,
+           when: float | None = None, config: str = "/other/job.toml") -> Path:
+    """Another supervisor's claim file, as its RootClaim would write it."""
+    folder = claim_homes(root)[0]
+    folder.mkdir(mode=0o700, exist_ok=True)
+    host = host or socket.gethostname()
+    path = folder / f"{host}-{pid}.json"
+    path.write_text(json.dumps({"job": job, "pid": pid, "host": host, "start_time": start, "config": config,
+                                "run_dir": "/other/.fsdp-supervisor", "time": when or time.time(), "refresh_s": 300}))
+    if when is not None:
+        os.utime(path, (when, when))
+    return path
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    r = tmp_path / "ckpts"
+    r.mkdir()
+    return r
+
+
+def claim(root: Path, job: str | None = None) -> RootClaim:
+    return RootClaim(root, job=job, config="/me/job.toml", run_dir="/me/.fsdp-supervisor", refresh_s=300)
+
+
+PARENT = os.getppid()  # a live process that is not this one: another supervisor, for the claim's purposes
+
+
+class TestRootClaim:
+    def test_taken_next_to_the_resolved_root_owner_only(self, root: Path, tmp_path: Path) -> None:
+        """A symlinked `dir` claims its target: `.<target>.fsdp-claim/<host>-<pid>.json`, 0700/0600."""
+        link = tmp_path / "link"
+        link.symlink_to(root)
+        c = claim(link)
+        assert c.acquire() == []
+        assert c.path is not None and c.path.parent == root.parent / ".ckpts.fsdp-claim"
+        assert c.path.name.startswith(f"{socket.gethostname()}-{os.getpid()}")
+        assert (os.stat(c.path.parent).st_mode & 0o777, os.stat(c.path).st_mode & 0o777) == (0o700, 0o600)
+        doc = json.loads(c.path.read_text())
+        assert doc["pid"] == os.getpid() and doc["config"] == "/me/job.toml" and doc["job"] is None
+        c.release()
+        assert not c.path.exists()
+
+    def test_a_live_claim_of_another_job_refuses_naming_it(self, root: Path) -> None:
+        """Exit 2 (ClaimedError) naming pid, host and config; nothing of ours is written."""
+        _plant(root, pid=PARENT, start=psutil.Process(PARENT).create_time())
+        c = claim(root)
+        with pytest.raises(ClaimedError) as err:
+            c.acquire()
+        msg = str(err.value)
+        assert f"supervisor pid {PARENT} on {socket.gethostname()}, config /other/job.toml" in msg
+        assert err.value.exit_code == 2 and "\n" not in msg and not c.held
+        assert [h.pid for h in live_holders(root)] == [PARENT]
+
+    def test_nodes_of_one_multinode_job_share(self, root: Path) -> None:
+        """Same rendezvous: both hold the root; another rendezvous is refused."""
+        _plant(root, pid=PARENT, start=psutil.Process(PARENT).create_time(), job="rdzv node-a:29500 run-7")
+        assert claim(root, job="rdzv node-a:29500 run-7").acquire() == []
+        with pytest.raises(ClaimedError):
+            claim(root, job="rdzv node-a:29500 run-8").acquire()
+
+    @pytest.mark.parametrize("kind", ["dead pid", "reused pid", "old, other host", "future, other host"])
+    def test_a_stale_claim_is_taken_over_with_a_warning(self, root: Path, kind: str) -> None:
+        """A dead holder on this host (or a pid now another process's), an old one from another host, one dated
+        next year: taken over, each with one warning line, its file removed."""
+        if kind == "dead pid":
+            gone = next(p for p in range(4_000_000, 4_100_000) if not psutil.pid_exists(p))
+            planted = _plant(root, pid=gone, start=1.0)
+        elif kind == "reused pid":
+            planted = _plant(root, pid=PARENT, start=1.0)
+        elif kind == "old, other host":
+            planted = _plant(root, pid=PARENT, start=None, host="node-z", when=time.time() - CLAIM_MAX_AGE_S - 60)
+        else:
+            planted = _plant(root, pid=PARENT, start=None, host="node-z", when=time.time() + 365 * 86400)
+        notes = claim(root).acquire()
+        assert [e for e, _ in notes] == ["root_claim_taken_over"] and "config /other/job.toml" in notes[0][1]
+        assert not planted.exists()
+
+    def test_checked_before_a_launch(self, root: Path) -> None:
+        """check(): a removed claim file is written again; a live claim of another job that appeared is named."""
+        c = claim(root)
+        c.acquire()
+        assert c.path is not None
+        c.path.unlink()
+        assert c.check() is None and c.path.exists()
+        _plant(root, pid=PARENT, start=psutil.Process(PARENT).create_time())
+        assert f"pid {PARENT}" in (c.check() or "")
+
+    @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the folder to another user")
+    def test_a_folder_not_ours_moves_the_claim_to_the_cache_dir(self, root: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+        """Another user's `.ckpts.fsdp-claim` (a shared /tmp): never used; the claim goes to our cache dir with a
+        warning, and a second claim still meets it there."""
+        monkeypatch.setenv("FSDP_SUPERVISOR_CACHE_DIR", str(tmp_path / "cache"))
+        theirs = claim_homes(root)[0]
+        theirs.mkdir()
+        os.chown(theirs, 65534, 65534)
+        c = claim(root)
+        notes = c.acquire()
+        assert [e for e, _ in notes] == ["root_claim_elsewhere"] and "belongs to uid 65534" in notes[0][1]
+        assert c.path is not None and c.path.parent == claim_homes(root)[1] and os.listdir(theirs) == []
+        assert [h.pid for h in live_holders(root)] == [os.getpid()]  # `status` and the next `run` look there too
+
+
+def test_a_holder_in_another_pid_namespace_is_judged_by_age() -> None:
+    """A container sharing our host name but not our pids: its pid means nothing here, so its claim lives by its
+    refreshes (as from another host), not by whether some process of ours has that number."""
+    h = Holder(path=Path("x.json"), job=None, pid=44, host=HOST, start_time=5.0, config="c", run_dir="r",
+               written=NOW - 60, refresh_s=300, pidns=111)
+    assert holder_state(h, host=HOST, now=NOW, started=started, pidns=222) is None
+    assert holder_state(h, host=HOST, now=NOW, started=started, pidns=111) == "its supervisor (pid 44) is gone"
