@@ -107,12 +107,20 @@ def assert_losses_match(reference: dict[int, tuple[str, str]], log: str, attempt
     assert not diff, f"attempt {attempt}: steps whose (loss, grad_norm) differ from the uninterrupted run: {diff}"
 
 
-def assert_clean_listing(job: SupervisedClient) -> None:
+def assert_clean_listing(job: SupervisedClient, *, purging: bool = False) -> None:
+    """Every step-N complete with step N, and only torchtitan's files in its folder. `purging` (keep_latest_k
+    below the saves made): torchtitan's purge thread is destroyed at exit, so the purge after the last save may
+    stop half-way and leave an older step-N with its `.metadata` but not all its shards; those are `torn`
+    (torchtitan loads the highest step, the store never picks them, retention removes them after
+    partial_max_age_s)."""
     listing = job.checkpoints_list()
-    bad = [(c["name"], c["state"], c["reason"], c["step"]) for c in listing
-           if not c["complete"] or c["step"] != int(c["name"].split("-")[1])]
+    newest = max((c["step"] for c in listing if c["complete"]), default=0)
+    purged = {c["name"] for c in listing if purging and c["state"] == "torn" and "is missing" in (c["reason"] or "")
+              and c["step"] < newest}
+    bad = [(c["name"], c["state"], c["reason"], c["step"]) for c in listing if c["name"] not in purged
+           and (not c["complete"] or c["step"] != int(c["name"].split("-")[1]))]
     assert not bad, f"`checkpoints list` shows torchtitan checkpoints as not complete or with the wrong step: {bad}"
-    problems = layout_problems(job.checkpoint_dir, TITAN_ENTRY, TITAN_FILES)
+    problems = layout_problems(job.checkpoint_dir, TITAN_ENTRY, TITAN_FILES, ignore=frozenset(purged))
     assert problems == [], f"files or folders that torchtitan did not write, inside its checkpoint folder: {problems}"
 
 
@@ -179,4 +187,4 @@ def test_titan_picks_its_own_past_a_torn_newest_and_stops(supervisors: Superviso
     for i, log in enumerate(logs, 1):
         assert_losses_match(reference, log, i)
     assert max(steps_printed(logs[-1])) == STEPS
-    assert_clean_listing(job)
+    assert_clean_listing(job, purging=True)
