@@ -27,12 +27,17 @@ import psutil
 from tests.helpers import TAG_ENV
 from tests.supervise import REPO, Supervisors, cli, kill_tree
 
-__all__ = ["CLIENTS", "TORCHRUN", "SupervisedClient", "run_plain", "strip_ansi", "printed", "assert_losses_match"]
+__all__ = ["CLIENTS", "TORCHRUN", "STEP_LINE", "RESTART_FAST", "SupervisedClient", "run_plain", "strip_ansi", "printed",
+           "assert_losses_match"]
 
 CLIENTS = Path(__file__).resolve().parent
 # `python -m torch.distributed.run` is `torchrun` of this interpreter's venv, whichever venv runs the tests.
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=0"]
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# What the test scripts print on rank 0 for every step (accelerate_train, lightning_train, hf_train, user_dcp_script)
+STEP_LINE = re.compile(r"^step=(\d+) loss=(\S+)$", re.M)
+# Quick relaunches, and room for a client's own save on SIGTERM
+RESTART_FAST = "\n[restart]\nbackoff_initial_s = 0.5\nbackoff_max_s = 2\n\n[health]\nstop_timeout_s = 60\n"
 
 
 def strip_ansi(text: str) -> str:

@@ -25,7 +25,16 @@ import pytest
 pytest.importorskip("transformers", reason="real-client tier: run `make test-clients`")
 
 from supervisor.checkpoints import judge
-from tests.clients.harness import CLIENTS, TORCHRUN, SupervisedClient, assert_losses_match, printed, run_plain
+from tests.clients.harness import (
+    CLIENTS,
+    RESTART_FAST,
+    STEP_LINE,
+    TORCHRUN,
+    SupervisedClient,
+    assert_losses_match,
+    printed,
+    run_plain,
+)
 from tests.clients.layouts import HF_ENTRY, HF_FILES, layout_problems
 from tests.supervise import Supervisors, assert_no_orphans, supervisors  # noqa: F401
 
@@ -34,9 +43,7 @@ pytestmark = [pytest.mark.clients, pytest.mark.timeout(1200)]
 STEPS, SAVE_EVERY = 30, 5
 STEP_S = 0.4
 RUN_TIMEOUT = 300
-STEP_LINE = re.compile(r"^step=(\d+) loss=(\S+)$", re.M)
 RESUMING = re.compile(r"^resuming from=(\S+)$", re.M)
-FAST = "\n[restart]\nbackoff_initial_s = 0.5\nbackoff_max_s = 2\n\n[health]\nstop_timeout_s = 60\n"
 
 
 def hf_command(out: Path, *extra: str) -> list[str]:
@@ -50,7 +57,7 @@ def hf_job(sups: Supervisors, workdir: Path, resume_args: list[str], extra: list
     workdir.mkdir(parents=True, exist_ok=True)
     out = workdir / "out"
     return SupervisedClient(sups, workdir, command=hf_command(out, *extra), resume_args=resume_args,
-                            checkpoint_dir=out, extra_toml=checkpoints + FAST)
+                            checkpoint_dir=out, extra_toml=checkpoints + RESTART_FAST)
 
 
 def steps_printed(log: str) -> dict[int, str]:

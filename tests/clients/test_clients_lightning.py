@@ -26,7 +26,16 @@ pytest.importorskip("lightning", reason="real-client tier: run `make test-client
 import torch
 
 from supervisor.checkpoints import lightning
-from tests.clients.harness import CLIENTS, TORCHRUN, SupervisedClient, assert_losses_match, printed, run_plain
+from tests.clients.harness import (
+    CLIENTS,
+    RESTART_FAST,
+    STEP_LINE,
+    TORCHRUN,
+    SupervisedClient,
+    assert_losses_match,
+    printed,
+    run_plain,
+)
 from tests.clients.layouts import LIGHTNING_ENTRY, LIGHTNING_FILES, layout_problems
 from tests.supervise import Supervisors, assert_no_orphans, supervisors  # noqa: F401
 
@@ -35,9 +44,7 @@ pytestmark = [pytest.mark.clients, pytest.mark.timeout(1200)]
 STEPS, SAVE_EVERY = 30, 5
 STEP_S = 0.4  # five steps between two saves: ~2 s for the test to see a save and kill
 RUN_TIMEOUT = 300
-STEP_LINE = re.compile(r"^step=(\d+) loss=(\S+)$", re.M)
 RESUMED = re.compile(r"^resumed step=(\d+) from=(\S+)$", re.M)
-FAST = "\n[restart]\nbackoff_initial_s = 0.5\nbackoff_max_s = 2\n\n[health]\nstop_timeout_s = 60\n"
 
 
 def lightning_command(ckpts: Path, *extra: str) -> list[str]:
@@ -51,7 +58,7 @@ def lightning_job(sups: Supervisors, workdir: Path, resume_args: list[str], extr
     workdir.mkdir(parents=True, exist_ok=True)
     ckpts = workdir / "ckpts"
     return SupervisedClient(sups, workdir, command=lightning_command(ckpts, *extra), resume_args=resume_args,
-                            checkpoint_dir=ckpts, extra_toml=checkpoints + FAST)
+                            checkpoint_dir=ckpts, extra_toml=checkpoints + RESTART_FAST)
 
 
 def steps_printed(log: str) -> dict[int, str]:

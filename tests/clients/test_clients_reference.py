@@ -24,7 +24,15 @@ import pytest
 pytest.importorskip("torch", reason="real-client tier: run `make test-clients`")
 
 from supervisor.checkpoints import newest_complete
-from tests.clients.harness import TORCHRUN, SupervisedClient, assert_losses_match, printed, run_plain
+from tests.clients.harness import (
+    RESTART_FAST,
+    STEP_LINE,
+    TORCHRUN,
+    SupervisedClient,
+    assert_losses_match,
+    printed,
+    run_plain,
+)
 from tests.clients.layouts import tree
 from tests.supervise import REPO, Supervisors, assert_no_orphans, supervisors  # noqa: F401
 
@@ -32,9 +40,7 @@ pytestmark = [pytest.mark.clients, pytest.mark.timeout(1200)]
 
 STEPS = 40
 RUN_TIMEOUT = 300
-TOML = "\n[restart]\nbackoff_initial_s = 0.5\nbackoff_max_s = 2\n\n[health]\nstop_timeout_s = 60\n"
 TRAINER_LINE = re.compile(r"event=train rank=0 step=(\d+) loss=(\S+)")
-TUTORIAL_LINE = re.compile(r"^step=(\d+) loss=(\S+)$", re.M)
 
 
 def trainer_command(ckpts: Path) -> list[str]:
@@ -49,7 +55,7 @@ def tutorial_command(ckpts: Path) -> list[str]:
 
 CLIENT = {  # name -> (command, resume flag, printed-loss pattern, checkpoint name pattern, steps printed)
     "trainer": (trainer_command, "--resume", TRAINER_LINE, re.compile(r"step_(\d{8})"), range(1, STEPS + 1)),
-    "tutorial": (tutorial_command, "--resume-from", TUTORIAL_LINE, re.compile(r"epoch_(\d+)"), range(STEPS)),
+    "tutorial": (tutorial_command, "--resume-from", STEP_LINE, re.compile(r"epoch_(\d+)"), range(STEPS)),
 }
 
 
@@ -99,7 +105,7 @@ def test_kill_torn_stop_and_resume(supervisors: Supervisors, tmp_path: Path, cli
     reference, files = references[client]
     ckpts = tmp_path / "ckpts"
     job = SupervisedClient(supervisors, tmp_path, command=command(ckpts), resume_args=[flag, "{checkpoint}"],
-                           checkpoint_dir=ckpts, extra_toml="keep_last = 2\n" + TOML).start()
+                           checkpoint_dir=ckpts, extra_toml="keep_last = 2\n" + RESTART_FAST).start()
     first = job.wait_for(commit_after(job, 0), RUN_TIMEOUT, "a first checkpoint")
     picks = [newest_complete(ckpts).path]  # type: ignore[union-attr]
     job.kill_rank(1)
