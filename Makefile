@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint unit integration run bench clean test-clients
+.PHONY: test lint unit integration run bench clean test-clients test-slurm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --progress-bar on -e '.[dev]'   # dev includes the trainer extra (torch, numpy, safetensors, tqdm)
 	touch $(STAMP)
 
-test: lint  # tests/unit, tests/integration and tests/clients' reproductions (the real clients skip without their venv)
+test: lint  # tests/unit, tests/integration and tests/clients' reproductions (the real clients skip without their venv; tests/slurm skips: make test-slurm)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -ra tests
 
 lint: $(STAMP)
@@ -54,6 +54,11 @@ $(CLIENTS_STAMP): pyproject.toml
 
 test-clients: $(CLIENTS_STAMP)
 	OMP_NUM_THREADS=1 $(CLIENTS_PY) -m pytest -q -ra -m clients tests/clients
+
+# Opt-in tier, not part of `make test`: the sbatch script on a real Slurm cluster on this host (root; installs
+# Debian's slurm-wlm and munge when missing; deploy/slurm/local-cluster.sh starts and stops the daemons). ~10 min.
+test-slurm: $(STAMP)
+	OMP_NUM_THREADS=1 FSDP_TEST_SLURM=1 $(PY) -m pytest -q -ra --durations=0 -m slurm tests/slurm
 
 bench: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m bench

@@ -1,6 +1,6 @@
 """`make bench`: run every benchmark, print a table, write bench-results.json at the repo root.
 
-    python -m bench                       # everything (about 8-10 minutes on 2 cores)
+    python -m bench                       # everything (about 15-20 minutes on 2 cores)
     python -m bench --only recovery,imports --repeats 5
     python -m bench --quick               # tiny sizes, one repeat: checks that everything runs
 
@@ -26,9 +26,9 @@ from bench.common import REPO, machine, scratch
 
 __all__ = ["main", "GOALS", "evaluate", "render"]
 
-SECTIONS = ("imports", "discovery", "metadata", "recovery", "save_stall", "checkpoint_io", "loop_stall",
-            "throughput")
-# (dotted key in bench-results.json, comparison, goal) from issues 7 and 12.
+SECTIONS = ("imports", "discovery", "metadata", "recovery", "hangs", "heartbeat", "save_stall", "checkpoint_io",
+            "loop_stall", "throughput")
+# (dotted key in bench-results.json, comparison, goal) from issues 7, 12 and 25.
 GOALS: list[tuple[str, str, float]] = [
     ("recovery_s.ratio", "<=", 1.10),
     ("save_stall_s.async_over_sync", "<=", 0.25),
@@ -47,10 +47,16 @@ GOALS: list[tuple[str, str, float]] = [
     ("load_gbps.ratio", ">=", 0.8),
     ("loop_stall_ms_max", "<=", 50.0),
     ("signal_latency_during_verify_s", "<=", 0.5),
+    # Issue 25: a hang costs seconds beyond hang_timeout_s, every rank's heartbeat costs nothing, losses are exact.
+    ("hang_recovery_s.beyond_timeout", "<=", 6.0),
+    ("heartbeat.per_rank_overhead", ">=", 0.99),
+    ("steps_lost.error", "<=", 0.0),  # the largest |reported - true| over the supervised recovery rounds
 ]
 # Context rows printed under the goals (not gated).
 INFO = [
     "recovery_s.supervisor", "recovery_s.torchrun_restart", "recovery_s.naive_loop",
+    "hang_recovery_s.median", "hang_recovery_s.torchrun", "heartbeat.per_rank_overhead_cpu", "heartbeat.per_beat_us",
+    "heartbeat.step_s", "steps_lost.errors",
     "save_stall_s.sync", "save_stall_s.async", "save_stall_s.memcpy_floor", "save_stall_s.memcpy_clone",
     "discovery_ms.llama70b_r256", "discovery_ms.llama70b_r1024",
     "metadata_parse.llama70b_r64.metadata_mb", "metadata_parse.llama70b_r256.metadata_mb",
@@ -144,8 +150,21 @@ def _sections(quick: bool, repeats: int | None, say: Callable[[str], None]) -> d
     def recovery() -> dict[str, Any]:
         from bench import recovery as rec
 
-        return {"recovery_s": rec.run(repeats=1 if quick else (repeats or 4), kill_step=5 if quick else 12,
-                                      progress=say)}
+        r = rec.run(repeats=1 if quick else (repeats or 4), kill_step=5 if quick else 12, progress=say)
+        return {"recovery_s": r, "steps_lost_errors": r.pop("steps_lost_errors")}
+
+    def hangs() -> dict[str, Any]:
+        from bench import hangs as h
+
+        if quick:  # a smoke run: one supervised round of a tiny job with a short timeout, no bare torchrun
+            return h.run(repeats=1, torchrun_repeats=0, hang_timeout_s=3, kill_step=5, progress=say,
+                         model={"d_model": 32, "n_layers": 1, "n_heads": 2, "seq_len": 16, "batch_size": 2})
+        return h.run(repeats=repeats or 3, progress=say)
+
+    def heartbeat() -> dict[str, Any]:
+        from bench import heartbeat as hb
+
+        return hb.run(rounds=4 if quick else 60)
 
     def save_stall() -> dict[str, Any]:
         from bench import save_stall as ss
@@ -173,12 +192,17 @@ def _sections(quick: bool, repeats: int | None, say: Callable[[str], None]) -> d
         return {"throughput_ratio": r.pop("throughput_ratio"), "supervisor": r.pop("supervisor"),
                 "tokens_per_s": r.pop("tokens_per_s"), "throughput": r}
 
-    return {"imports": imports, "discovery": discovery, "metadata": metadata, "recovery": recovery,
-            "save_stall": save_stall, "checkpoint_io": checkpoint_io, "loop_stall": loop_stall,
+    return {"imports": imports, "discovery": discovery, "metadata": metadata, "recovery": recovery, "hangs": hangs,
+            "heartbeat": heartbeat, "save_stall": save_stall, "checkpoint_io": checkpoint_io, "loop_stall": loop_stall,
             "throughput": throughput}
 
 
 def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:
+    errors = new.pop("steps_lost_errors", None)  # reported - true, per supervised round of recovery and hangs
+    if errors:
+        seen = [*into.get("steps_lost", {}).get("errors", []), *errors]
+        known = [abs(e) for e in seen if e is not None]
+        into["steps_lost"] = {"errors": seen, "error": max(known) if known else None}
     for key, value in new.items():
         if isinstance(value, dict) and isinstance(into.get(key), dict):
             into[key].update(value)

@@ -1,4 +1,5 @@
-"""Recovery time: SIGKILL one worker of the reference trainer -> its first completed step after resuming.
+"""Recovery time: SIGKILL (or SIGSTOP: a hang) of one worker of the reference trainer -> its first completed step
+after resuming.
 
 Three ways to bring the job back, interleaved and repeated:
 - `supervisor`: `fsdp-supervisor run` with its defaults (torchrun `--max-restarts=0`; the supervisor
@@ -11,7 +12,12 @@ The fault is injected once the job is in steady state: a checkpoint exists, trai
 splits the time into phases: `teardown` (kill -> the surviving worker is gone), `relaunch` (-> new
 worker processes exist: agent exit, supervisor decision, agent start or hand-off, agent rendezvous),
 `worker_init` (-> rank 0's heartbeat after init_process_group: interpreter, `import torch`, process
-group), `load` (-> the trainer's `loaded` line: resume choice, model build, DCP load) and `first_step`.
+group), `load` (-> the trainer's `loaded` line: resume choice, model build, DCP load) and `first_step`. With
+`fault="stop"` (a hang, bench/hangs.py) the first phase is `detection` (-> the supervisor's `hang_detected`;
+torchrun has none: its wait is in `teardown`).
+
+Under the supervisor each round also checks its loss accounting: the steps lost it reports (state.json) against
+the truth from the job's own log (`--log-every 1`: the last step rank 0 logged, minus the step it resumed from).
 
     python -m bench.recovery        # prints the result of run() as JSON
 """
@@ -34,10 +40,11 @@ from bench.common import PY, REPO, Tagged, job_env, median, scratch, torchrun_ar
 from bench.supervisor_cost import idle_spare_ready
 from supervisor.contract import ENV_HEARTBEAT, HEARTBEAT_FILE
 
-__all__ = ["run", "measure_once", "VARIANTS"]
+__all__ = ["run", "measure_once", "steps_lost_errors", "VARIANTS", "PHASES", "HANG_PHASES"]
 
 VARIANTS = ("supervisor", "torchrun_restart", "naive_loop")
 PHASES = ("teardown", "relaunch", "worker_init", "load", "first_step")
+HANG_PHASES = ("detection", *PHASES)
 SAVE_EVERY = 10
 NAIVE_MAX_REPEATS = 3  # the naive loop is context, not a gated figure: fewer rounds keep make bench short
 TIMEOUT = 180.0
@@ -46,8 +53,9 @@ TIMEOUT = 180.0
 class _Run:
     """One launched variant: where its job output and heartbeat are, and how to find its processes."""
 
-    def __init__(self, variant: str, root: Path, tagged: Tagged, kill_step: int, model: dict[str, Any]) -> None:
-        self.variant, self.root, self.tagged, self.kill_step = variant, root, tagged, kill_step
+    def __init__(self, variant: str, root: Path, tagged: Tagged, kill_step: int, model: dict[str, Any],
+                 health: str = "") -> None:
+        self.variant, self.root, self.tagged, self.kill_step, self.health = variant, root, tagged, kill_step, health
         self.ckpts = root / "ckpts"
         self.run_dir = root / ".fsdp-supervisor"
         self.heartbeat = (self.run_dir if variant == "supervisor" else root) / HEARTBEAT_FILE
@@ -68,7 +76,8 @@ class _Run:
         command = torchrun_argv() + trainer_argv(self.ckpts, **flags)
         path = self.root / "job.toml"
         path.write_text(f"[job]\ncommand = {json.dumps(command)}\ncwd = {json.dumps(str(REPO))}\n\n"
-                        f"[checkpoints]\ndir = {json.dumps(str(self.ckpts))}\n")
+                        f"[checkpoints]\ndir = {json.dumps(str(self.ckpts))}\n"
+                        + (f"\n[health]\n{self.health}\n" if self.health else ""))
         return path
 
     def job_log(self, attempt: int) -> Path:
@@ -107,6 +116,12 @@ class _Run:
         return idle_spare_ready(self.proc.pid, self.run_dir)
 
 
+    def between_saves(self) -> bool:
+        """The last step logged is a few steps past a save and a few before the next one."""
+        steps = _steps(self.text())
+        return bool(steps) and 2 <= int(steps[-1]) % SAVE_EVERY <= SAVE_EVERY // 2
+
+
 def _steps(text: str) -> list[str]:
     return re.findall(r"event=train rank=0 step=(\d+)", text)
 
@@ -121,8 +136,11 @@ def _alive(procs: list[psutil.Process]) -> bool:
     return False
 
 
+_EVENTS = ("hang_detected", "hang_stopping", "job_killed", "job_exited", "backoff", "prewarm_handoff", "job_started")
+
+
 def _supervisor_events(run: _Run, since_wall: float) -> dict[str, float]:
-    """Seconds after the kill of the supervisor's own events (job_exited, backoff, job_started) for attempt 2."""
+    """Seconds after the fault of the supervisor's own events (hang_detected ... job_started) for attempt 2."""
     out: dict[str, float] = {}
     try:
         lines = (run.run_dir / "supervisor.log").read_text().splitlines()
@@ -130,27 +148,46 @@ def _supervisor_events(run: _Run, since_wall: float) -> dict[str, float]:
         return out
     for line in lines:
         e = json.loads(line)
-        if e.get("event") in ("job_exited", "backoff", "prewarm_handoff", "job_started") and e["event"] not in out:
+        if e.get("event") in _EVENTS and e["event"] not in out:
             at = datetime.fromisoformat(e["ts"].replace("Z", "+00:00")).timestamp()
             if at >= since_wall:
                 out[e["event"]] = round(at - since_wall, 3)
     return out
 
 
-def measure_once(variant: str, *, kill_step: int = 12, model: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Launch `variant`, kill rank 1 in steady state, time the recovery; returns total and phase seconds."""
+def _steps_lost(run: _Run) -> dict[str, int | None]:
+    """What the supervisor reported as the steps lost, and the truth from the job's own log (supervisor only)."""
+    def reported() -> Any:
+        try:
+            return json.loads((run.run_dir / "state.json").read_text()).get("steps_lost")
+        except (OSError, ValueError):
+            return None
+
+    lost = wait_until(reported, 10, "the steps lost in state.json", interval=0.05)  # a beat's write is held 0.5 s
+    reached = [int(s) for s in _steps(run.text(1))]
+    resumed = re.search(r"event=loaded .*?step=(\d+)", run.text(2))
+    truth = reached[-1] - int(resumed[1]) if reached and resumed else None
+    return {"reported": lost[-1], "true": truth, "error": None if truth is None else lost[-1] - truth}
+
+
+def measure_once(variant: str, *, kill_step: int = 12, model: dict[str, Any] | None = None, fault: str = "kill",
+                 health: str = "") -> dict[str, Any]:
+    """Launch `variant`, SIGKILL (fault="kill") or SIGSTOP (fault="stop") rank 1 in steady state, time the recovery;
+    returns total and phase seconds (and, under the supervisor, its steps lost against the job's log)."""
     root = scratch(f"recovery-{variant}")
     tagged = Tagged()
     try:
-        run = _Run(variant, root, tagged, kill_step, model or {})
+        run = _Run(variant, root, tagged, kill_step, model or {}, health)
         wait_until(run.steady, TIMEOUT, f"{variant}: steady state", interval=0.1)
+        if fault == "stop":  # a rank stopped inside a save gets save_timeout_s (30 min): stop it while training
+            wait_until(run.between_saves, TIMEOUT, f"{variant}: a step between two saves", interval=0.01)
         old = run.workers()
         victim = next(p for p in old if p.environ().get("RANK") == "1")
         run.heartbeat.unlink(missing_ok=True)
         attempt = 2 if variant == "supervisor" else 1
         offset = len(run.text(attempt)) if attempt == 1 else 0
         t0, t0_wall = time.monotonic(), time.time()
-        victim.kill()
+        victim.kill() if fault == "kill" else victim.suspend()
         marks: dict[str, float] = {}
 
         def poll() -> bool:
@@ -170,14 +207,18 @@ def measure_once(variant: str, *, kill_step: int = 12, model: dict[str, Any] | N
             return False
 
         wait_until(poll, TIMEOUT, f"{variant}: first step after resume")
+        events = _supervisor_events(run, t0_wall) if variant == "supervisor" else {}
+        if "hang_detected" in events:
+            marks["detection"] = events["hang_detected"]
         phases, prev = {}, 0.0
-        for name in PHASES:  # a phase seen late by the poller never counts negative
+        for name in HANG_PHASES if fault == "stop" else PHASES:  # a phase seen late by the poller never counts negative
             at = marks.get(name, prev)
             phases[name] = round(max(0.0, at - prev), 3)
             prev = max(prev, at)
-        result = {"total": round(marks["first_step"], 3), "phases": phases}
+        result: dict[str, Any] = {"total": round(marks["first_step"], 3), "phases": phases}
         if variant == "supervisor":
-            result["supervisor_events"] = _supervisor_events(run, t0_wall)
+            result["supervisor_events"] = events
+            result["steps_lost"] = _steps_lost(run)
         return result
     finally:
         tagged.close()
@@ -203,9 +244,15 @@ def run(repeats: int = 4, kill_step: int = 12, model: dict[str, Any] | None = No
         result["round_ratios"] = [round(s["total"] / t["total"], 3)
                                   for s, t in zip(runs["supervisor"], runs["torchrun_restart"])]
     result["breakdown"] = {v: {ph: median(x["phases"][ph] for x in runs[v]) for ph in PHASES} for v in variants}
+    result["steps_lost_errors"] = steps_lost_errors(runs.get("supervisor", []))
     result["runs"] = runs
     result["repeats"] = repeats
     return result
+
+
+def steps_lost_errors(runs: list[dict[str, Any]]) -> list[int | None]:
+    """Each supervised round's reported - true steps lost (None where the truth could not be read)."""
+    return [r["steps_lost"]["error"] for r in runs if "steps_lost" in r]
 
 
 if __name__ == "__main__":

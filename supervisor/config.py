@@ -10,15 +10,17 @@ checked by `supervisor.daemon.preflight` before `run` creates anything.
 """
 from __future__ import annotations
 
+import difflib
 import os
 import sys
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from supervisor.checkpoints import RetentionRules
-from supervisor.contract import ENV_ATTEMPT, ENV_ERROR_FILE, ENV_HEARTBEAT, ENV_RUN_DIR, ENV_RUN_TOKEN
+from supervisor.contract import ENV_ATTEMPT, ENV_ERROR_FILE, ENV_HEARTBEAT, ENV_HEARTBEAT_DIR, ENV_RUN_DIR, ENV_RUN_TOKEN
 from supervisor.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -46,7 +48,7 @@ STEP_PLACEHOLDER = "{step}"
 MAX_CONFIG_BYTES = 1024 * 1024  # a job.toml is a few hundred bytes; anything near this is not one
 MAX_GB = 1e15  # far past any disk; near 1e299 the byte arithmetic of retention overflows to inf
 # The job contract's per-attempt variables: job_env sets them after `[job] env`, so a value here would be ignored.
-_SET_BY_SUPERVISOR = frozenset({ENV_HEARTBEAT, ENV_ATTEMPT, ENV_RUN_DIR, ENV_ERROR_FILE, ENV_RUN_TOKEN})
+_SET_BY_SUPERVISOR = frozenset({ENV_HEARTBEAT, ENV_HEARTBEAT_DIR, ENV_ATTEMPT, ENV_RUN_DIR, ENV_ERROR_FILE, ENV_RUN_TOKEN})
 
 
 def _path_text(v: Any) -> Any:
@@ -186,8 +188,33 @@ class HealthSection(_Section):
     startup_timeout_s: float = Field(
         default=0, ge=0, description="0 = off; no first heartbeat this long after launch = hang"
     )
-    stop_timeout_s: float = Field(default=120, gt=0, description="grace after SIGTERM before SIGKILL")
-    stack_dump_wait_s: float = Field(default=5, ge=0, description="wait after SIGUSR1 stack dumps before stopping")
+    stop_timeout_s: float = Field(
+        default=120, gt=0,
+        description="grace after SIGTERM before SIGKILL when a stop is requested (Ctrl+C, systemd, Slurm): the "
+                    "emergency checkpoint's time",
+    )
+    stack_dump_wait_s: float = Field(
+        default=5, ge=0,
+        description="after a hang, the longest wait for the workers' SIGUSR1 stack dumps (it ends as soon as every "
+                    "worker that can run has written one)",
+    )
+    hang_kill_grace_s: float = Field(
+        default=2, ge=0,
+        description="after a hang's stack dumps: SIGTERM, then SIGKILL of the whole job this much later (a rank "
+                    "stuck in a collective cannot save; stop_timeout_s is not waited)",
+    )
+    straggler_factor: float = Field(
+        default=1.5, ge=0,
+        description="0 = off; a rank whose own step time stays above this times the other ranks' median (3 looks, "
+                    "a second apart) is flagged as a straggler in status, metrics and the report",
+    )
+
+    @field_validator("straggler_factor")
+    @classmethod
+    def _factor(cls, v: float) -> float:
+        if 0 < v <= 1:
+            raise ValueError("must be 0 (off) or above 1: a factor of 1 or less flags ranks that are not slower")
+        return v
 
 
 class SupervisorSection(_Section):
@@ -254,14 +281,32 @@ def _placement_error(cfg: Config) -> str | None:
     return None
 
 
+def _close(word: object, names: typing.Iterable[str]) -> str | None:
+    """The one of `names` that `word` is most likely a misspelling of, or None."""
+    found = difflib.get_close_matches(str(word), list(names), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def _table_keys(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys the table at `loc` (a path of field names from the top) accepts; [] if it is not a table of ours."""
+    model: Any = Config
+    for part in loc:
+        field = getattr(model, "model_fields", {}).get(part)
+        kinds = typing.get_args(field.annotation) or (field.annotation,) if field is not None else ()
+        model = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
+    return [name for name in getattr(model, "model_fields", {}) if (model, name) != (Config, "path")]
+
+
 def _error_line(path: Path, exc: ValidationError) -> str:
-    err = exc.errors()[0]
+    # An unknown key first: a misspelt one is usually why a required key is "missing" too.
+    err = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
     loc = ".".join(str(x) for x in err["loc"] if not isinstance(x, int)) or "(top level)"
     msg = err["msg"]
     if err["type"] == "value_error" and "error" in err.get("ctx", {}):
         msg = str(err["ctx"]["error"])  # our own sentence, without pydantic's "Value error, " in front
     elif err["type"] == "extra_forbidden":
-        msg = "unknown key"
+        near = _close(err["loc"][-1], _table_keys(err["loc"][:-1]))
+        msg = "unknown key" + (f" (did you mean {near!r}?)" if near else "")
     elif err["type"] == "missing":
         msg = "required key is missing"
     more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
@@ -276,7 +321,8 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     base = p.parent
     if not isinstance(raw.get("checkpoints"), dict) or not isinstance(raw.get("job"), dict):
         missing = "job" if not isinstance(raw.get("job"), dict) else "checkpoints"
-        raise ConfigError(f"{p}: [{missing}] section is missing")
+        near = _close(missing, [k for k in raw if k not in Config.model_fields])
+        raise ConfigError(f"{p}: [{missing}] section is missing" + (f" (is [{near}] a misspelling?)" if near else ""))
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     if "dir" in raw["checkpoints"]:
         raw["checkpoints"]["dir"] = _resolve(base, raw["checkpoints"]["dir"])

@@ -1,10 +1,10 @@
 """The job contract: everything the supervisor and a supervised job tell each other (stdlib only).
 
-Supervisor -> job: the environment variables below (the heartbeat file to rewrite, the attempt number,
-the run dir, torchrun's error file, the run dir's token). Job -> supervisor: the heartbeat file, the checkpoint manifest, the
-exit code and torchrun's error file. Both sides import the names and the validation from here (the
-supervisor, the reference trainer, the benchmarks and the tests), so a key or a phase can never be spelled
-two ways. Next to `layout.py`, which names what lies on disk.
+Supervisor -> job: the environment variables below (the heartbeat file to rewrite, the per-rank heartbeat
+folder, the attempt number, the run dir, torchrun's error file, the run dir's token). Job -> supervisor: the
+heartbeat file and one file per rank, the checkpoint manifest, the exit code and torchrun's error file. Both
+sides import the names and the validation from here (the supervisor, the reference trainer, the benchmarks
+and the tests), so a key or a phase can never be spelled two ways. Next to `layout.py`, which names what lies on disk.
 
 The heartbeat comes from code we did not write (a user's own script), so it is untrusted input: every
 field is validated and a bad one is dropped with a note, never passed on (a NaN loss once made state.json
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
@@ -23,11 +24,17 @@ from supervisor.vocabulary import Vocabulary
 
 __all__ = [
     "ENV_HEARTBEAT",
+    "ENV_HEARTBEAT_DIR",
     "ENV_ATTEMPT",
     "ENV_RUN_DIR",
     "ENV_ERROR_FILE",
     "ENV_RUN_TOKEN",
     "HEARTBEAT_FILE",
+    "RANK_HEARTBEAT_DIR",
+    "MAX_RANK_FILES",
+    "MAX_RANK_BEAT_BYTES",
+    "rank_heartbeat_name",
+    "rank_of_heartbeat",
     "PHASES",
     "Phase",
     "SLOW_PHASES",
@@ -45,6 +52,9 @@ __all__ = [
 
 # ---- environment of the job ----------------------------------------------------------------------------
 ENV_HEARTBEAT = "FSDP_SUPERVISOR_HEARTBEAT"  # file the job may rewrite with a heartbeat record
+# A folder where every rank may keep its own heartbeat, `rank-<RANK>.json` (global rank), same record: the
+# supervisor then names a hung rank, sees stragglers and judges a hang by the slowest rank.
+ENV_HEARTBEAT_DIR = "FSDP_SUPERVISOR_HEARTBEAT_DIR"
 ENV_ATTEMPT = "FSDP_SUPERVISOR_ATTEMPT"  # 1, 2, ...: which launch this is (continues across supervisor runs)
 ENV_RUN_DIR = "FSDP_SUPERVISOR_RUN_DIR"  # the supervisor's run dir (state.json, logs)
 ENV_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # torchrun's own: where `@record` writes the root-cause error
@@ -54,6 +64,25 @@ ENV_RUN_TOKEN = "FSDP_SUPERVISOR_RUN_TOKEN"
 
 # ---- heartbeat ----------------------------------------------------------------------------------------
 HEARTBEAT_FILE = "heartbeat.json"  # inside the run dir
+RANK_HEARTBEAT_DIR = "heartbeats"  # inside the run dir: one `rank-<RANK>.json` per rank of this node
+# A node runs a few dozen ranks at most: beyond this many files (a job gone wrong, or a hostile one creating
+# thousands) the rest is ignored, so one look at the folder costs bounded time and memory.
+MAX_RANK_FILES = 256
+MAX_RANK_BEAT_BYTES = 1024  # a rank's beat is ~80 bytes
+_RANK_NAME = re.compile(r"rank-(\d{1,7})\.json")
+
+
+def rank_heartbeat_name(rank: int) -> str:
+    """The file name of `rank`'s heartbeat inside the per-rank folder."""
+    return f"rank-{int(rank)}.json"
+
+
+def rank_of_heartbeat(name: str) -> int | None:
+    """The rank a per-rank heartbeat file name stands for, or None for any other name."""
+    m = _RANK_NAME.fullmatch(name)
+    return int(m[1]) if m else None
+
+
 class Phase(Vocabulary):
     """What the job is doing, as its heartbeat says (the `phase` field)."""
 
@@ -68,6 +97,7 @@ SLOW_PHASES = frozenset({Phase.LOAD, Phase.SAVE})  # judged by save_timeout_s ra
 MAX_HEARTBEAT_BYTES = 64 * 1024  # a beat is ~100 bytes; anything larger is not one
 MAX_STEP = 2**53 - 1  # every JSON reader keeps integers up to here exact
 _MAX_LOSS = 1e30  # finite and still meaningful in a plot; beyond is a diverged or garbage value
+_MAX_STEP_S = 1e7  # seconds: a step longer than ~4 months is not one
 
 
 @dataclass(frozen=True)
@@ -79,6 +109,7 @@ class Beat:
     phase: Phase | None = None
     loss: float | None = None
     val_loss: float | None = None
+    step_s: float | None = None  # a rank's own time for its last step (its work, not its wait for the others)
 
 
 def _finite(value: Any, limit: float) -> float | None:
@@ -124,7 +155,12 @@ def parse_heartbeat(data: bytes) -> tuple[Beat | None, list[str]]:
         losses[key] = _finite(value, _MAX_LOSS)
         if value is not None and losses[key] is None:
             problems.append(f"{key} {_show(value)} dropped (not a finite number)")
-    return Beat(step, time_, phase, losses["loss"], losses["val_loss"]), problems
+    raw_step_s = raw.get("step_s")
+    step_s = _finite(raw_step_s, _MAX_STEP_S)
+    if raw_step_s is not None and (step_s is None or step_s < 0):
+        problems.append(f"step_s {_show(raw_step_s)} dropped (not a number of seconds)")
+        step_s = None
+    return Beat(step, time_, phase, losses["loss"], losses["val_loss"], step_s), problems
 
 
 def _show(value: Any) -> str:

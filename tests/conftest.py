@@ -2,8 +2,9 @@
 subprocess.
 
 A test's tier is its folder: everything under tests/unit/ (no torch, no subprocess, fast: runs in a venv without
-torch) is unmarked, everything under tests/integration/ is marked `integration` here; tests/clients/ is the
-opt-in tier (`make test-clients`) and keeps its own marks. A test file anywhere else fails collection.
+torch) is unmarked, everything under tests/integration/ is marked `integration` here; tests/clients/ and tests/slurm/
+are the opt-in tiers (`make test-clients`, `make test-slurm`) and keep their own marks. A test file anywhere else
+fails collection.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ settings.register_profile("ci", deadline=None, suppress_health_check=[HealthChec
 settings.load_profile("ci")
 
 TESTS = Path(__file__).resolve().parent
-UNIT, INTEGRATION, CLIENTS = TESTS / "unit", TESTS / "integration", TESTS / "clients"
+UNIT, INTEGRATION, CLIENTS, SLURM = TESTS / "unit", TESTS / "integration", TESTS / "clients", TESTS / "slurm"
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
@@ -40,7 +41,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         elif path.is_relative_to(UNIT):
             if item.get_closest_marker("integration") is not None:
                 wrong.append(f"{item.nodeid}: marked integration under tests/unit/ (move it to tests/integration/)")
-        elif not path.is_relative_to(CLIENTS):
+        elif not (path.is_relative_to(CLIENTS) or path.is_relative_to(SLURM)):
             wrong.append(f"{item.nodeid}: outside tests/unit/ and tests/integration/ (a test's folder is its tier)")
     if wrong:
         raise pytest.UsageError("tests in the wrong tier:\n  " + "\n  ".join(wrong))

@@ -8,6 +8,8 @@ from typing import Any
 
 from supervisor.daemon.timers import Timers
 
+POLLS = frozenset({"ranks", "hang_dumps"})  # periodic looks, left out of `advance`'s list of fired timers
+
 
 @dataclass
 class Spawned:
@@ -32,7 +34,9 @@ class FakeSystem:
     orphan_timeouts: list[float] = field(default_factory=list)
     orphans: list[int] = field(default_factory=list)  # what the next orphan search finds (besides a recorded pid)
     jobs_stopped: list[int] = field(default_factory=list)  # stop_job (the supervisor failing)
+    left_behind: list[tuple[int, str]] = field(default_factory=list)  # live descendants after the agent's exit
     terminal: bool = False  # whether a SIGINT now counts as Ctrl+C in the supervisor's own terminal
+    workers: dict[int, tuple[int, str]] = field(default_factory=dict)  # what worker_states says: rank -> (pid, state)
     next_pid: int = 100
     defer_work: bool = False  # True: off-loop work waits for `finish_work()` (a pass "still running")
     pending_work: list[tuple[Callable[[], Any], Callable[[Any], None]]] = field(default_factory=list)
@@ -83,12 +87,19 @@ class FakeSystem:
         self.worker_signals.append((pid, sig))
         return [pid + 1000]
 
+    def worker_states(self, pid: int) -> dict[int, tuple[int, str]]:
+        return dict(self.workers)
+
     def kill_job_tree(self, pid: int) -> list[tuple[int, str]]:
         self.killed_trees.append(pid)
         return [(pid, "torchrun")]
 
+    def survivors(self) -> list[tuple[int, str]]:
+        return list(self.left_behind)
+
     def reap_survivors(self) -> list[tuple[int, str]]:
-        return []
+        killed, self.left_behind = self.left_behind, []
+        return killed
 
     def oom_kills(self) -> int | None:
         return self.oom
@@ -108,7 +119,8 @@ class FakeSystem:
         return self.terminal
 
     def advance(self, seconds: float, core: Any) -> list[str]:
-        """Move the clock, firing due timers in order through `core.on_timer`; returns their names."""
+        """Move the clock, firing due timers in order through `core.on_timer`; returns their names, less the polls
+        (POLLS: the per-rank heartbeat look every second, the check for stack dumps every 0.1 s)."""
         fired = []
         end = self.clock + seconds
         while True:
@@ -117,7 +129,8 @@ class FakeSystem:
                 break
             self.clock = max(self.clock, nxt)
             for name in self.timers.pop_due(self.clock):
-                fired.append(name)
+                if str(name) not in POLLS:
+                    fired.append(name)
                 core.on_timer(name)
         self.clock = end
         return fired

@@ -23,7 +23,7 @@ import pytest
 
 __all__ = [
     "REPO", "TORCHRUN", "TAG_ENV", "free_port", "Job", "Launcher", "torchrun", "module_torchrun", "assert_no_orphans",
-    "wait_for", "logged_steps", "returns_despite_fifo",
+    "wait_for", "logged_steps", "returns_despite_fifo", "compare_checkpoints",
 ]
 
 REPO = Path(__file__).resolve().parent.parent
@@ -192,6 +192,25 @@ class Launcher:
         for job in self.jobs:
             job.kill()
         assert_no_orphans(self.tag)
+
+
+_COMPARE = """
+import sys, torch
+from trainer.export import main
+ref_ckpt, ref_out, got_ckpt, got_out = sys.argv[1:5]
+assert main([ref_ckpt, ref_out]) == 0 and main([got_ckpt, got_out]) == 0
+a, b = torch.load(ref_out, weights_only=True), torch.load(got_out, weights_only=True)
+diff = [k for k in a if k not in b or a[k].dtype != b[k].dtype or not torch.equal(a[k], b[k])]
+print(f"compared {len(a)} tensors; keys equal: {a.keys() == b.keys()}; differing: {diff}")
+sys.exit(0 if a.keys() == b.keys() and not diff else 1)
+"""
+
+
+def compare_checkpoints(ref: Path, got: Path, workdir: Path) -> subprocess.CompletedProcess[str]:
+    """Export two trainer checkpoints to .pt files (in `workdir`) and compare every tensor bit for bit, in a
+    subprocess (the supervisor's tests never import torch); exit 0 when equal, its output says what differs."""
+    return subprocess.run([sys.executable, "-c", _COMPARE, str(ref), str(workdir / "ref.pt"), str(got),
+                           str(workdir / "got.pt")], capture_output=True, text=True, timeout=120, cwd=REPO)
 
 
 def assert_no_orphans(tag: str) -> None:

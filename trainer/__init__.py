@@ -15,7 +15,7 @@ Make your own loop supervisable with three pieces (all collectives are called on
     dist.init_process_group("gloo")                      # or "cpu:gloo,cuda:nccl" on GPUs
     side = dist.new_group(backend="gloo", timeout=timedelta(seconds=60))
     stop = GracefulStop(group=side).install()            # SIGTERM/SIGINT -> flag; SIGUSR1 -> stack dump
-    beat = Heartbeat.from_env(rank=int(os.environ["LOCAL_RANK"]))  # FSDP_SUPERVISOR_HEARTBEAT, one rank per node
+    beat = Heartbeat.from_env(rank=int(os.environ["LOCAL_RANK"]))  # the node's file + one per rank (every step)
 
     state = {"model": ModelState(model), "optim": OptimizerState(model, optim), "extra": my_stateful}
     beat.beat(0, "load")

@@ -34,6 +34,7 @@ from trainer.parallel import Dist, init_distributed, shard_model, shutdown
 from trainer.progress import Progress as ProgressReport
 from trainer.schedule import lr_factor
 from trainer.state import ModelState, OptimizerState, Progress, RngState, full_model_weights, seed_rank_rngs
+from trainer.steptime import StepTimer
 from trainer.stopping import GracefulStop
 
 __all__ = ["Trainer", "run", "CheckpointIOError"]
@@ -58,6 +59,7 @@ class Trainer:
     best: Best | None  # rank 0: the best exported so far (--export-best)
     # side channels
     heartbeat: Heartbeat
+    step_timer: StepTimer  # this rank's own time per step, for its heartbeat (stragglers)
     stopper: GracefulStop
     saver: Checkpointer
     last_saved_step: int
@@ -69,6 +71,7 @@ class Trainer:
         self.last_saved_step = 0  # step 0 is reproducible from the seed: never worth an emergency save
         self.data, self.val_data = datasets(args.seed, args.seq_len, args.data, held_out=bool(args.eval_every))
         self.val_loss, self.best = None, None
+        self.step_timer = StepTimer(d.device)
 
     def build(self) -> None:
         """Model (identical init on every rank), FSDP, AdamW and the lr schedule; then per-rank RNG."""
@@ -115,6 +118,7 @@ class Trainer:
     def train_step(self) -> float:
         """One optimizer step on this rank's slice of the global batch; returns the mean loss of all ranks."""
         a, p = self.args, self.progress
+        self.step_timer.start()
         batch = torch.from_numpy(rank_batch(self.data, p.sample_index, self.dist.rank, a.batch_size))
         loss = lm_loss(self.model, batch.to(self.dist.device))
         loss.backward()
@@ -124,6 +128,7 @@ class Trainer:
         p.step += 1
         p.sample_index += self.dist.world_size * a.batch_size
         mean = loss.detach().clone()
+        self.step_timer.arrived()  # what follows waits for the slowest rank
         dist.all_reduce(mean)
         p.loss = mean.item() / self.dist.world_size
         return p.loss
@@ -236,7 +241,7 @@ class Trainer:
                 if p.step >= a.steps:
                     break
                 loss = self.train_step()
-                self.heartbeat.beat(p.step, "train", loss)
+                self.heartbeat.beat(p.step, "train", loss, step_s=self.step_timer.seconds())
                 report.update(p.step, loss)
                 val = self.evaluate() if a.eval_every and p.step % a.eval_every == 0 else None
                 new_best = val is not None and self.is_new_best(val)
@@ -301,8 +306,8 @@ def run(args: argparse.Namespace) -> int:
     stopper = GracefulStop(repeat_grace_s=1.0).install()  # before init: a stop during startup counts too
     d = init_distributed(args.pg_timeout_s)
     stopper.group = d.control
-    # Local rank 0 of every node beats (the step and the all-reduced loss are the same on every rank), so each
-    # node's supervisor gets hang detection, not only the one running global rank 0.
+    # Local rank 0 of every node writes the node's heartbeat (the step and the all-reduced loss are the same on
+    # every rank), so each node's supervisor gets hang detection; every rank writes its own file besides.
     heartbeat = Heartbeat.from_env(int(os.environ.get("LOCAL_RANK", d.rank)))
     heartbeat.beat(0, "load")
     trainer = Trainer(args, d, stopper, heartbeat)

@@ -15,7 +15,10 @@ Use it from your own loop::
 
 `should_stop` is a one-element all-reduce (MAX): if any rank was signalled, all ranks stop at the same step.
 Give it a gloo group with a short timeout so that a dead peer makes it raise instead of hanging. A second
-signal (later than `repeat_grace_s` after the first) exits the process at once with 128 + signum.
+SIGINT (a person pressing Ctrl+C again, later than `repeat_grace_s` after the first stop signal) exits the
+process at once with 128 + SIGINT. A repeated SIGTERM never does: launchers repeat it (Slurm signals every
+process of a step, torchrun forwards, systemd and the supervisor send their own), and whoever must end the
+process now sends SIGKILL; cutting the emergency save short would only lose it.
 """
 from __future__ import annotations
 
@@ -76,15 +79,14 @@ class GracefulStop:
         faulthandler.unregister(signal.SIGUSR1)
 
     def handle(self, signum: int, frame: FrameType | None = None) -> None:
-        """Signal handler: the first signal sets the flag; a later repeat exits at once."""
+        """Signal handler: the first signal sets the flag; a later SIGINT exits at once, a SIGTERM never."""
         now = self._clock()
         if self.signum is None:
             self.signum, self._first_at = signum, now
             return
-        if now - self._first_at < self.repeat_grace_s:
+        if now - self._first_at < self.repeat_grace_s or signum != signal.SIGINT:
             return
-        name = signal.Signals(signum).name
-        sys.stderr.write(f"trainer: second stop signal ({name}), exiting without saving\n")
+        sys.stderr.write("trainer: second stop signal (SIGINT), exiting without saving\n")
         sys.stderr.flush()
         self._hard_exit(128 + signum)
 

@@ -6,14 +6,19 @@ running supervisor), and two jobs on one root prune each other's checkpoints and
 other's saves. So every supervisor also claims the root it resolved:
 
     <parent>/.<root-name>.fsdp-claim/<host>-<pid>-<pid namespace>.json
-        {job, pid, host, pidns, start_time, config, run_dir, time, refresh_s}
+        {job, pid, host, pidns, start_time, config, run_dir, time, refresh_s, root}
 
 an owner-only sidecar (sidecars.py), next to the root like the in-use markers, so that it survives the
 root's deletion and every spelling of the root meets it. `pid`/`start_time` are the supervisor's own.
 Where that folder cannot be ours (the root is a mount point under a read-only parent, or someone else's
 folder sits there), the claim goes to the user's cache dir instead (`<cache>/claims/<hash of the resolved
 root>/`, metadata/cache.cache_dir), with a warning: it still keeps two jobs of this user on this host off
-the root, but supervisors on other hosts cannot see it. Every reader looks in both places.
+the root, but supervisors on other hosts cannot see it. A copy of the claim always goes to the cache dir's
+**identity home** too (`<cache>/claims/id-<hash of the root's st_dev and st_ino>/`, identity_home): a
+bind mount (or a second mount of one share) gives one directory two paths, hence two folders next to it,
+and on this host the two meet there. A record in it counts only while the `root` it names is still that
+directory (not one deleted since, whose inode number another directory got). Every reader looks in all
+three places.
 
 - **Who may share.** The supervisors of one multi-node job (one per node) share the root: their `job` is
   the same rendezvous (daemon/preflight.rendezvous_key). A single-node job has `job = null` and shares
@@ -23,16 +28,21 @@ the root, but supervisors on other hosts cannot see it. Every reader looks in bo
   another host: live until `max(CLAIM_MAX_AGE_S, 3 * refresh_s)` after its last write (its
   supervisor refreshes it at every housekeeping pass, at least every `retention_interval_s`); a time
   further in the future than sidecars.CLOCK_SKEW_S is not trusted. A stale claim is taken over with a
-  warning; a live one of another job refuses the start (ClaimedError, exit 2) naming its holder.
+  warning; a live one of another job refuses the start (ClaimedError, exit 2) naming its holder. A claim of
+  this host whose supervisor is gone (SIGKILL, OOM) still holds the root while its job runs on (in its own
+  session, found by its run dir in its environment: procs.job_of): only that run dir's next `run` takes over.
 - **Checked before every launch** (`RootClaim.check`): a claim file removed meanwhile is written again,
-  and a live claim of another job that appeared meanwhile stops the launch.
+  and a live claim of another job that appeared meanwhile stops the launch. Every pass (`refresh`) writes
+  it again too when it was removed (`rm -rf` of the folder), so a second job does not find the root free
+  until our next launch - only until our next pass.
 
-Taking the claim is serialized by an flock on `.lock` in the folder, so two supervisors starting at the
-same moment cannot both win.
+Taking the claim is serialized by an flock on `.lock` in the folder (the identity home's first, then the one
+next to the root), so two supervisors starting at the same moment cannot both win, whatever path each used.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -50,10 +60,12 @@ from supervisor.checkpoints._files import read_small_json
 from supervisor.checkpoints.metadata.cache import cache_dir
 from supervisor.checkpoints.sidecars import open_sidecar, resolved, sidecar_path, trusted_owners, written_at
 from supervisor.errors import ClaimedError, SidecarError
+from supervisor.host import procs
 from supervisor.host.atomic import write_atomic
 from supervisor.layout import CLAIM_SUFFIX
 
-__all__ = ["CLAIM_MAX_AGE_S", "Holder", "RootClaim", "holder_state", "conflicts", "claim_homes", "live_holders"]
+__all__ = ["CLAIM_MAX_AGE_S", "Holder", "RootClaim", "holder_state", "conflicts", "claim_homes", "identity_home",
+           "live_holders"]
 
 CLAIM_MAX_AGE_S = 900.0  # a claim from another host not refreshed for this long (or 3 refresh periods) is stale
 _MAX_BYTES = 16 * 1024
@@ -78,9 +90,13 @@ class Holder:
     written: float | None  # the claim's last write, as far as it can be trusted
     refresh_s: float
     pidns: int | None = None  # the holder's pid namespace (inode of /proc/self/ns/pid), when known
+    orphan: int | None = None  # its supervisor is gone, but this process of its job still runs here
 
     def describe(self) -> str:
-        return f"supervisor pid {self.pid} on {self.host}, config {self.config} (run dir {self.run_dir})"
+        who = f"supervisor pid {self.pid} on {self.host}"
+        if self.orphan is not None:
+            who += f" (killed, but its job still runs: pid {self.orphan})"
+        return f"{who}, config {self.config} (run dir {self.run_dir})"
 
 
 def holder_state(h: Holder, *, host: str, now: float, started: Callable[[int], float | None],
@@ -106,13 +122,40 @@ def conflicts(job: str | None, live: Sequence[Holder]) -> list[Holder]:
     return [h for h in live if job is None or h.job != job]
 
 
+def _cache(root: PathLike) -> Path | None:
+    """This user's cache dir, unless it lies inside the (resolved) root: nothing of ours goes there."""
+    cache = cache_dir()
+    if cache is None:
+        return None
+    real, base = os.path.realpath(cache), str(resolved(root))
+    return None if real == base or real.startswith(base.rstrip("/") + "/") else cache
+
+
 def claim_homes(root: PathLike) -> list[Path]:
     """Where claims on `root` may be: next to the resolved root, then this user's cache dir."""
     homes = [sidecar_path(root, CLAIM_SUFFIX)]
-    cache = cache_dir()
+    cache = _cache(root)
     if cache is not None:
         homes.append(cache / "claims" / hashlib.sha256(os.fsencode(resolved(root))).hexdigest()[:32])
     return homes
+
+
+def _identity(path: PathLike) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def identity_home(root: PathLike) -> tuple[Path, tuple[int, int]] | None:
+    """This user's folder of claims on the directory `root` is, whoever's path reached it: (folder, (st_dev,
+    st_ino)) of the root. A bind mount (or a second mount of one share) gives one root two paths, hence two
+    folders next to it; on this host both paths meet here. None without a cache dir or a root."""
+    cache, ident = _cache(root), _identity(root)
+    if cache is None or ident is None:
+        return None
+    return cache / "claims" / f"id-{hashlib.sha256(f'{ident[0]}:{ident[1]}'.encode()).hexdigest()[:32]}", ident
 
 
 def _open_home(root: PathLike, folder: Path, first: bool) -> bool:
@@ -141,12 +184,16 @@ def _number(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def _holder(path: Path, now: float) -> Holder | None:
+def _holder(path: Path, now: float, ident: tuple[int, int] | None = None) -> Holder | None:
+    """The claim in `path`; with `ident` (a record in the identity home) only while the root it names is still
+    that directory (not a root deleted since, whose inode number another directory now has)."""
     read = read_small_json(path, _MAX_BYTES)
     if read is None:
         return None
     doc, st = read
     if not isinstance(doc, dict) or not isinstance(doc.get("pid"), int) or not isinstance(doc.get("host"), str):
+        return None
+    if ident is not None and not (isinstance(doc.get("root"), str) and _identity(doc["root"]) == ident):
         return None
     job = doc.get("job")
     refresh = _number(doc.get("refresh_s")) or 0.0
@@ -157,32 +204,44 @@ def _holder(path: Path, now: float) -> Holder | None:
                   pidns=doc["pidns"] if isinstance(doc.get("pidns"), int) else None)
 
 
-def _read_all(folder: Path, now: float) -> list[Holder]:
+def _read_all(folder: Path, now: float, ident: tuple[int, int] | None = None) -> list[Holder]:
     try:
         names = [e.name for e in os.scandir(folder) if e.name.endswith(".json") and not e.name.startswith(".")]
     except OSError:
         return []
-    return [h for h in (_holder(folder / n, now) for n in sorted(names)) if h is not None]
+    return [h for h in (_holder(folder / n, now, ident) for n in sorted(names)) if h is not None]
 
 
-def _readable(root: PathLike) -> list[Path]:
-    """The claim folders of `root` that exist and are ours to believe."""
-    homes = claim_homes(root)
+def _readable(root: PathLike) -> list[tuple[Path, tuple[int, int] | None]]:
+    """The claim folders of `root` that exist and are ours to believe, each with the root identity its records
+    must name (the identity home's) or None."""
+    homes: list[tuple[Path, tuple[int, int] | None]] = [(h, None) for h in claim_homes(root)]
+    by_id = identity_home(root)
+    if by_id is not None:
+        homes.append(by_id)
     found = []
-    for i, folder in enumerate(homes):
+    for i, (folder, ident) in enumerate(homes):
         try:
             if open_sidecar(folder, trusted_owners(root) if i == 0 else {os.geteuid()}, create=False):
-                found.append(folder)
+                found.append((folder, ident))
         except (SidecarError, OSError):
             continue
     return found
 
 
+def _holders(root: PathLike, now: float) -> list[Holder]:
+    """Every claim on `root` found in its folders; a supervisor's records in two folders count once."""
+    seen: dict[tuple[str, int, int | None, float | None], Holder] = {}
+    for folder, ident in _readable(root):
+        for h in _read_all(folder, now, ident):
+            seen.setdefault((h.host, h.pid, h.pidns, h.start_time), h)
+    return list(seen.values())
+
+
 def live_holders(root: PathLike) -> list[Holder]:
     """The live claims on `root` (read only: nothing is created, stale ones are left for `run` to take over)."""
     host, now, pidns = socket.gethostname(), time.time(), _pidns()
-    found = [h for folder in _readable(root) for h in _read_all(folder, now)]
-    return [h for h in found if holder_state(h, host=host, now=now, started=_started, pidns=pidns) is None]
+    return [h for h in _holders(root, now) if holder_state(h, host=host, now=now, started=_started, pidns=pidns) is None]
 
 
 @contextlib.contextmanager
@@ -216,6 +275,7 @@ class RootClaim:
         self.host, self.pid, self.pidns = socket.gethostname(), os.getpid(), _pidns()
         self.name = f"{self.host}-{self.pid}{f'-{self.pidns}' if self.pidns else ''}.json"
         self.path: Path | None = None  # our claim file, once taken
+        self.id_path: Path | None = None  # its copy in the identity home (identity_home), when one could be made
         self.held = False
 
     def acquire(self) -> list[tuple[str, str]]:
@@ -238,7 +298,15 @@ class RootClaim:
         if folder is None:
             raise OSError(f"no folder can hold the claim on {self.root}")
         self.path = folder / self.name
-        with _locked(folder):
+        by_id = identity_home(self.root)
+        if by_id is not None:
+            with contextlib.suppress(SidecarError, OSError):
+                _open_home(self.root, by_id[0], False)
+                self.id_path = by_id[0] / self.name
+        with contextlib.ExitStack() as held:
+            # The identity home first, in every taker: two paths to one root are serialized there too.
+            for f in [*([self.id_path.parent] if self.id_path else []), folder]:
+                held.enter_context(_locked(f))
             others, stale = self._look()
             if others:
                 raise ClaimedError(self._refusal(others))
@@ -256,50 +324,88 @@ class RootClaim:
                 others, _ = self._look()
                 if others:
                     return self._refusal(others)
-                if not os.path.lexists(self.path):
-                    self._write()
+                self._write(missing_only=True)
         except (SidecarError, OSError):
             return None  # cannot look now (a blip on shared storage): the claim taken at start still stands
         return None
 
     def refresh(self) -> None:
-        """Touch the claim so that supervisors on other hosts keep counting it (off the loop: shared storage)."""
-        if self.path is not None:
-            with contextlib.suppress(OSError):
-                os.utime(self.path)  # removed meanwhile: the next check() writes it again
+        """Touch the claim so that supervisors on other hosts keep counting it, and write it again where it was
+        removed (`rm -rf` of the folder: a second job must not find the root free); off the loop: shared storage."""
+        if self.path is None or not self.held:
+            return
+        for path in (self.path, self.id_path):
+            if path is None:
+                continue
+            try:
+                os.utime(path)
+            except FileNotFoundError:
+                self.check()  # made again (and looked at) as before a launch
+                return
+            except OSError:
+                continue
 
     def release(self) -> None:
         if self.held and self.path is not None:
             self.held = False
-            with contextlib.suppress(OSError):
-                os.unlink(self.path)
+            for path in (self.path, self.id_path):
+                if path is not None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
 
     def _look(self) -> tuple[list[Holder], list[str]]:
-        """(live claims of other jobs, one line per stale claim removed), from every claim folder of the root."""
-        now, live, stale = time.time(), [], []
-        for folder in _readable(self.root):
-            for h in _read_all(folder, now):
-                if h.path == self.path:
-                    continue
-                why = holder_state(h, host=self.host, now=now, started=_started, pidns=self.pidns)
-                if why is None:
-                    live.append(h)
-                    continue
+        """(live claims of other jobs, one line per stale claim removed), from every claim folder of the root.
+        A holder's records in two folders (next to the root and in the identity home) are judged once."""
+        now = time.time()
+        live: dict[tuple[str, int, int | None, float | None], Holder] = {}
+        stale: dict[tuple[str, int, int | None, float | None], str] = {}
+        for folder, ident in _readable(self.root):
+            for h in _read_all(folder, now, ident):
+                key = (h.host, h.pid, h.pidns, h.start_time)
+                if (h.host, h.pid, h.pidns) == (self.host, self.pid, self.pidns) or key in live:
+                    continue  # ours (in any folder), or a holder already judged live
+                if key not in stale:
+                    why = holder_state(h, host=self.host, now=now, started=_started, pidns=self.pidns)
+                    orphan = self._orphan_job(h) if why is not None else None
+                    if why is None or orphan is not None:  # an orphan: a killed supervisor's job trains on
+                        live[key] = h if orphan is None else dataclasses.replace(h, orphan=orphan)
+                        continue
+                    stale[key] = f"{h.describe()}: {why}"
                 with contextlib.suppress(OSError):
                     os.unlink(h.path)
-                stale.append(f"{h.describe()}: {why}")
-        return conflicts(self.job, live), stale
+        return conflicts(self.job, list(live.values())), list(stale.values())
+
+    def _orphan_job(self, h: Holder) -> int | None:
+        """A live process of the job of `h`, a claim of this host whose supervisor is gone (SIGKILL, OOM): its job
+        runs on in its own session and still trains on the root. Our own run dir's is ours to stop (Core.begin)."""
+        if h.host != self.host or (h.pidns is not None and self.pidns is not None and h.pidns != self.pidns):
+            return None
+        if h.run_dir in ("", "?") or os.path.realpath(h.run_dir) == os.path.realpath(self.run_dir):
+            return None
+        try:
+            return procs.job_of(Path(h.run_dir))
+        except (psutil.Error, OSError):
+            return None
 
     def _refusal(self, others: Sequence[Holder]) -> str:
         h = others[0]
         more = f" (and {len(others) - 1} more)" if len(others) > 1 else ""
+        remedy = (f"run it again (fsdp-supervisor run -c {h.config}) to take over and stop its job, or kill pid "
+                  f"{h.orphan}" if h.orphan is not None else f"stop that one first (fsdp-supervisor stop -c {h.config})")
         return (f"checkpoint root {self.root} is held by another job: {h.describe()}{more}. One job per checkpoint "
-                f"root: stop that one first (fsdp-supervisor stop -c {h.config}), or give this config its own "
-                f"[checkpoints] dir")
+                f"root: {remedy}, or give this config its own [checkpoints] dir")
 
-    def _write(self) -> None:
+    def _write(self, *, missing_only: bool = False) -> None:
+        """Write our claim (and its copy in the identity home, as far as it can be: a failure there is not one
+        of the claim); with `missing_only` only where it was removed."""
         assert self.path is not None
         doc = {"job": self.job, "pid": self.pid, "host": self.host, "pidns": self.pidns,
                "start_time": _started(self.pid), "config": self.config, "run_dir": self.run_dir, "time": time.time(),
-               "refresh_s": self.refresh_s}
-        write_atomic(self.path, json.dumps(doc).encode(), durable=False, mode=0o600)
+               "refresh_s": self.refresh_s, "root": str(self.root)}
+        body = json.dumps(doc).encode()
+        if not (missing_only and os.path.lexists(self.path)):
+            write_atomic(self.path, body, durable=False, mode=0o600)
+        if self.id_path is not None and not (missing_only and os.path.lexists(self.id_path)):
+            with contextlib.suppress(SidecarError, OSError):
+                _open_home(self.root, self.id_path.parent, False)
+                write_atomic(self.id_path, body, durable=False, mode=0o600)

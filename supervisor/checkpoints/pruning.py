@@ -31,6 +31,7 @@ from supervisor.checkpoints.retention import Deletion, DiskUsage, RetentionPlan
 from supervisor.checkpoints.shapes import identify
 from supervisor.checkpoints.sidecars import open_sidecar, resolved, sidecar_problem, trusted_owners
 from supervisor.errors import CheckpointError, SidecarError
+from supervisor.host.mounts import same_mount
 from supervisor.layout import LEGACY_TRASH_DIR, TRASH_SUFFIX, is_sidecar_name, sidecar_name
 
 __all__ = ["disk_usage", "execute_retention", "clear_trash", "trash_dir", "migrate_legacy_trash", "parking_problem"]
@@ -59,9 +60,11 @@ def _device(path: Path) -> int | None:
         return None
 
 
-def _usable_home(home: Path, device: int | None) -> bool:
-    """May the trash live in `home`: same file system as the root, and writable by us?"""
-    return device is not None and _device(home) == device and os.access(home, os.W_OK | os.X_OK)
+def _usable_home(home: Path, device: int | None, base: Path) -> bool:
+    """May the trash of the root `base` live in `home`: same file system and same mount as the root (a bind-mounted
+    root shares its parent's device, yet a rename out of it fails with EXDEV), and writable by us?"""
+    return (device is not None and _device(home) == device and os.access(home, os.W_OK | os.X_OK)
+            and same_mount(home, base))
 
 
 def _open_trash(trash: Path, device: int | None, owners: set[int]) -> Path:
@@ -81,7 +84,7 @@ def _homes(base: Path, fallback: PathLike | None) -> list[Path]:
 
 
 def _nowhere(base: Path, fallback: PathLike | None) -> str:
-    where = f"{base.parent} is not writable or on another file system"
+    where = f"{base.parent} is not writable, or on another file system or mount than the root"
     where += f", and so is {fallback}" if fallback is not None else ""
     return (f"checkpoint root {base}: nowhere to park deletions ({where}); nothing was deleted. "
             "Make the root a subdirectory of a writable folder on the same file system")
@@ -92,7 +95,7 @@ def trash_dir(root: PathLike, fallback: PathLike | None = None) -> Path:
     base = resolved(root)
     name, device, owners = sidecar_name(base.name, TRASH_SUFFIX), _device(base), trusted_owners(base)
     for home in _homes(base, fallback):
-        if _usable_home(home, device):
+        if _usable_home(home, device, base):
             return _open_trash(home / name, device, owners)
     raise SidecarError(_nowhere(base, fallback))
 
@@ -104,7 +107,7 @@ def parking_problem(root: PathLike, fallback: PathLike | None = None) -> str | N
     if device is None:
         return None  # no root yet: `run` creates it, and a pass says what is wrong with it
     for home in _homes(base, fallback):
-        if not _usable_home(home, device):
+        if not _usable_home(home, device, base):
             continue
         try:
             st = os.lstat(home / name)

@@ -6,7 +6,10 @@ a symlinked child is listed as `invalid` and never followed; temporary `.tmp-` d
 and is never walked, sized, counted or selected (shapes.py says what is what). A child that is a whole
 directory of checkpoints is a copy (`backup/step_10`, `backup/step_20`, made by hand) when the root holds
 checkpoints of its own: foreign, like any copy. Only in a root holding nothing else is it the sign of a
-root set one level too high: then scan() and newest_complete() raise CheckpointDirectoryError.
+root set one level too high: then scan() and newest_complete() raise CheckpointDirectoryError. A copy made
+beside the original (`cp -r step_00000030 step_00000030.bak`) is foreign too: a dir whose name carries no
+step while its manifest's step is the very one another checkpoint's name carries. It would otherwise tie
+with the original (same step, same mtime after `cp -a`), outrank it, and be deleted as the run went on.
 
 Order: Accelerate's `checkpoint_<N>` folders by their save ordinal N, every other dir by its step (from
 the name, else the trainer's manifest, else a JSON sidecar); ties and dirs with neither by mtime (of
@@ -106,6 +109,7 @@ class _Candidate:
     mtime: float
     ordinal: int | None = None
     inode: int = 0
+    named: bool = False  # the step comes from the name (not from a manifest or sidecar inside)
     alias_of: str | None = None
     target: str | None = None  # for a Lightning last*.ckpt symlink: the sibling it names
 
@@ -167,13 +171,14 @@ def _list_root(root: str | os.PathLike[str]) -> tuple[Path, list[_Candidate]]:
                 continue
             child = path / entry.name
             step, ordinal = name_step(entry.name), name_ordinal(entry.name)
+            named = step is not None
             target = lightning.link_target(child) if is_link and lightning.is_last_name(entry.name) else None
             if target is not None:
                 step = name_step(target)
             elif step is None and ordinal is None and not is_link:
                 step = _step_without_name(child)
             mtime = st.st_mtime if is_link else (_lmtime(child / METADATA_NAME) or st.st_mtime)
-            found.append(_Candidate(entry.name, child, is_link, step, mtime, ordinal, st.st_ino, target=target))
+            found.append(_Candidate(entry.name, child, is_link, step, mtime, ordinal, st.st_ino, named, target=target))
     found = _with_aliases(found)
     found.sort(key=age_order, reverse=True)
     return path, found
@@ -281,6 +286,10 @@ class _Judge:
         self._index = {c.name: i for i, c in enumerate(candidates)}  # newest first
         self._shapes: dict[str, Shape] = {}
         self._own: dict[str, Verdict | None] = {}
+        self._named: dict[int, _Candidate] = {}  # step -> the newest child whose name carries it
+        for c in candidates:
+            if c.named and not c.is_link and c.step is not None:
+                self._named.setdefault(c.step, c)
 
     def _identify(self, c: _Candidate) -> Shape:
         if c.name not in self._shapes:
@@ -292,12 +301,23 @@ class _Judge:
         and stops everything in a root that has none (the root is set too high)."""
         shape = self._identify(c)
         if shape.kind != DIRECTORY:
-            return shape
+            return self._copy_beside(c, shape) or shape
         if any(not o.is_link and self._identify(o).ours for o in self.candidates):
             within = f"{c.name}/{shape.within}" if shape.within else c.name
             return Shape(FOREIGN_SHAPE, reason=f"holds a series of checkpoints ({within}: {', '.join(shape.series[:3])}"
                                                f"{', ...' if len(shape.series) > 3 else ''}), a copy: never touched")
         raise CheckpointDirectoryError(self.root, c.path / shape.within, shape.series)
+
+    def _copy_beside(self, c: _Candidate, shape: Shape) -> Shape | None:
+        """Foreign when `c` is a copy of a sibling checkpoint under a name without its step (`step_30.bak`,
+        `step_00000030-old`): the step its manifest says is the one the sibling's name carries."""
+        if not shape.ours or c.named or c.is_link or c.step is None or c.ordinal is not None or c.alias_of:
+            return None  # Lightning's last.ckpt is a copy by design: an alias (_with_aliases), not a stray one
+        twin = self._named.get(c.step)
+        if twin is None or not self._identify(twin).ours:
+            return None
+        return Shape(FOREIGN_SHAPE, reason=f"a copy of {twin.name} (its step {c.step}, under a name without it): "
+                                           "never touched")
 
     def own(self, c: _Candidate) -> Verdict | None:
         """verify() of the child alone; None when it vanished after listing (renamed by retention or the trainer)."""

@@ -31,7 +31,7 @@ from supervisor.errors import EXIT_OK, ConfigError, UsageError
 
 __all__ = [
     "UnitOptions", "render_unit", "supervisor_command", "unit_paths", "unit_notes", "register", "cmd_systemd_unit",
-    "SERVICE_PATH", "unit_path", "default_name", "private_tmp_paths",
+    "SERVICE_PATH", "unit_path", "default_name", "private_tmp_paths", "write_paths",
 ]
 
 # systemd SIGKILLs the whole cgroup after TimeoutStopSec; the supervisor needs stop_timeout_s for the
@@ -60,6 +60,7 @@ class UnitOptions:
     restart_s: int = DEFAULT_RESTART_S
     program_dir: str | None = None
     warnings: tuple[str, ...] = ()
+    root: Path | None = None  # the checkpoint root as resolved here (a symlink's target); None: as configured
 
     def __post_init__(self) -> None:
         if not _NAME_RE.fullmatch(self.name):
@@ -125,13 +126,35 @@ def private_tmp_paths(paths: Sequence[Path]) -> list[str]:
     return [str(p) for p in paths if any(t in p.parents for t in _PRIVATE_TMP)]
 
 
+def _outermost(paths: Sequence[Path]) -> list[Path]:
+    """`paths` in order, each once, without those inside another one (pure)."""
+    out: list[Path] = []
+    for p in paths:
+        if not any(p == q or q in p.parents for q in out):
+            out = [q for q in out if p not in q.parents] + [p]
+    return out
+
+
 def unit_paths(cfg: Config) -> list[Path]:
-    """Paths the service must be able to write: the checkpoint root and the run dir (no nested duplicates)."""
-    paths: list[Path] = []
-    for p in (cfg.checkpoints.dir, cfg.run_dir):
-        if not any(p == q or q in p.parents for q in paths):
-            paths = [q for q in paths if p not in q.parents] + [p]
-    return paths
+    """The checkpoint root and the run dir (no nested duplicates): what must be mounted, and exist, at start."""
+    return _outermost([cfg.checkpoints.dir, cfg.run_dir])
+
+
+def write_paths(cfg: Config, root: Path | None = None) -> list[Path]:
+    """What the service may write (ReadWritePaths=; pure): the folder holding the checkpoint root, the run dir,
+    and /tmp and /var/tmp when the unit says PrivateTmp=no.
+
+    The folder and not just the root: the supervisor keeps its trash, in-use markers and claim next to the
+    root (`.<root>.fsdp-trash/`, ...; `root` is the root as resolved here, since they go next to a symlink's
+    target). With only the root writable they cannot be made, and the fallback trash in the run dir is another
+    bind mount of the sandbox, across which rename() fails (EXDEV): retention would delete nothing and the
+    disk would fill. /tmp: ProtectSystem=strict leaves it read-only unless PrivateTmp=yes gives the service its
+    own, and torchrun and Python's tempfile need one (`No usable temporary directory found`).
+    """
+    root = cfg.checkpoints.dir if root is None else root
+    home = root.parent if root.parent != root.parent.parent else root  # never ReadWritePaths=/
+    tmp = list(_PRIVATE_TMP) if private_tmp_paths([cfg.path, *unit_paths(cfg)]) else []  # as render_unit
+    return _outermost([home, cfg.run_dir, *tmp])
 
 
 def render_unit(cfg: Config, exec_prefix: Sequence[str], opts: UnitOptions) -> str:
@@ -139,7 +162,8 @@ def render_unit(cfg: Config, exec_prefix: Sequence[str], opts: UnitOptions) -> s
     stop_s = math.ceil(cfg.health.stop_timeout_s) + STOP_MARGIN_S
     start_s = math.ceil(cfg.health.stop_timeout_s) + START_MARGIN_S
     exec_start = " ".join(_escape(a, "ExecStart", exec_line=True) for a in [*exec_prefix, "run", "-c", str(cfg.path)])
-    rw = " ".join(_escape(str(p), "ReadWritePaths") for p in unit_paths(cfg))
+    mounts = " ".join(_escape(str(p), "RequiresMountsFor") for p in unit_paths(cfg))
+    rw = " ".join(_escape(str(p), "ReadWritePaths") for p in write_paths(cfg, opts.root))
     name = opts.name
     hidden = private_tmp_paths([cfg.path, *unit_paths(cfg)])
     lines = [
@@ -150,7 +174,7 @@ def render_unit(cfg: Config, exec_prefix: Sequence[str], opts: UnitOptions) -> s
         "After=network-online.target remote-fs.target",
         "Wants=network-online.target",
         "# Checkpoints on shared storage: start only once it is mounted.",
-        f"RequiresMountsFor={rw}",
+        f"RequiresMountsFor={mounts}",
         "# A supervisor that dies at once five times in ten minutes is broken, not unlucky.",
         "StartLimitIntervalSec=600",
         "StartLimitBurst=5",
@@ -193,6 +217,8 @@ def render_unit(cfg: Config, exec_prefix: Sequence[str], opts: UnitOptions) -> s
            "PrivateTmp=no"] if hidden else ["PrivateTmp=yes"]),
         "ProtectSystem=strict",
         "ProtectHome=read-only",
+        "# The folder holding the checkpoint root (the supervisor's trash, claim and in-use markers live next to it),",
+        "# the run dir, and /tmp when it is not private.",
         f"ReadWritePaths={rw}",
         "ProtectKernelTunables=yes",
         "ProtectKernelModules=yes",
@@ -236,7 +262,8 @@ def cmd_systemd_unit(args: argparse.Namespace) -> int:
                           "activate the job's venv (or name the program by its path) and run systemd-unit again")
     notes = tuple(unit_notes(cfg, user=base.user))
     opts = UnitOptions(name=base.name, user=base.user, watchdog_s=base.watchdog_s,
-                       program_dir=os.path.dirname(os.path.abspath(program)), warnings=notes)
+                       program_dir=os.path.dirname(os.path.abspath(program)), warnings=notes,
+                       root=Path(os.path.realpath(cfg.checkpoints.dir)))
     sys.stdout.write(render_unit(cfg, supervisor_command(), opts))
     sys.stdout.flush()
     for note in notes:  # also in the unit, as `# warning:` lines: `| sudo tee` keeps them

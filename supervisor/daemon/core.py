@@ -24,9 +24,10 @@ from typing import Any
 
 from supervisor.checkpoints.claim import RootClaim
 from supervisor.config import Config
-from supervisor.contract import HEARTBEAT_FILE, Beat, Phase
+from supervisor.contract import HEARTBEAT_FILE, Beat
 from supervisor.daemon.events import Events
 from supervisor.daemon.evidence import read_beat, root_cause
+from supervisor.daemon.hangs import Hangs
 from supervisor.daemon.housekeeping import Housekeeper, PassResult
 from supervisor.daemon.passes import PassScheduler
 from supervisor.daemon.publisher import StatePublisher
@@ -39,7 +40,7 @@ from supervisor.host import joblog
 from supervisor.host.identity import run_token
 from supervisor.observe.redact import redact_argv
 from supervisor.policy import restarts, resume
-from supervisor.policy.attempt import Job, apply_beat, hang_timeout, job_env, named_by_beat
+from supervisor.policy.attempt import Job, apply_beat, job_env, named_by_beat
 from supervisor.policy.exits import classify_exit, signal_name
 from supervisor.policy.state import State, Status
 from supervisor.policy.stopping import STOPPED_BY_SIGNAL, StopAction, on_stop_signal
@@ -72,6 +73,9 @@ class Core:
         self.passes = PassScheduler(self.house, system, self._on_pass)
         self.events = Events(log, self.history)
         self.publisher = StatePublisher(self.run_dir, system, log, self.history, notify)
+        # Every rank's heartbeat, the hang timers and the fast kill (daemon/hangs.py)
+        self.hangs = Hangs(cfg, system, log, self.events, self.status, refresh=self._on_heartbeat,
+                           publish=self._publish_beat)
         self._launch_pending = False
         self._scan_failures = 0  # consecutive passes that could not read the root when a launch waited on them
         self.token = ""  # the run dir's job token (supervisor/host/identity.py), set by `begin`
@@ -175,7 +179,9 @@ class Core:
         """
         self.log.error("supervisor_failed", error=f"{type(error).__name__}: {error}", exc_info=error)
         job, self.job = self.job, None
-        if job is not None:
+        if job is not None and job.agent_exit is not None:  # only the workers its agent left: nobody would reap them
+            self.sys.reap_survivors()
+        elif job is not None:
             stopped = self.sys.stop_job(job.pid, self.cfg.health.stop_timeout_s)
             self.log.warning("job_stopped", attempt=job.number, pids=stopped, reason="supervisor failed")
         stopping = self.status.state is State.STOPPING
@@ -310,6 +316,7 @@ class Core:
         self._try("errors dir", lambda: error_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True))
         self._try("error file", lambda: error_file.unlink(missing_ok=True))
         self._try("heartbeat", lambda: self.heartbeat_path.unlink(missing_ok=True))  # a stale beat is no progress
+        self._try("per-rank heartbeats", self.hangs.prepare)
         kept = self.cfg.supervisor.job_logs_kept - 1  # this attempt's files are about to be the newest
         self._try("old attempt logs", lambda: joblog.prune([log_path.parent, error_file.parent], max(kept, 0), None))
 
@@ -388,20 +395,40 @@ class Core:
         self._sync_disk()
         st.transition(State.RUNNING)
         self.events.attempt_started(self.job, argv, self.cfg.job.env)
-        self._arm_hang_timer(startup=True)
+        self.hangs.started(self.job)
         self._publish()
 
     # ---- job exit --------------------------------------------------------------------------------------------
     def on_job_exit(self, pid: int, returncode: int) -> None:
-        """The job's process ended: classify it now, judge it once a pass has looked at the checkpoints."""
+        """The job's process ended: classify it now, judge it once a pass has looked at the checkpoints.
+
+        During a graceful stop the agent can end before its workers: Slurm signals every process of a step, and
+        torchrun, signalled two or three times, stops waiting for its workers and exits. Whatever it left keeps the
+        rest of stop_timeout_s to finish the emergency save; the attempt ends when the last of them has exited
+        (every exit of an adopted process comes here too), or when Timer.STOP_KILL kills them.
+        """
         job = self.job
-        if job is None or pid != job.pid:
+        if job is None:
+            return
+        if pid != job.pid:
+            if job.agent_exit is not None and not self.sys.survivors():
+                self._end_attempt(job, job.agent_exit)
             return
         self._on_heartbeat()  # its last beat, if the file watcher has not delivered it yet: the phase it died in
-        self.job, self.in_use = None, None  # the attempt is over: its resume point is no longer in use
+        left = self.sys.survivors() if job.stopping and not job.hang and self.sys.timers.pending(Timer.STOP_KILL) else []
+        if left:
+            job.agent_exit = returncode
+            self.log.warning("waiting_for_workers", attempt=job.number, code=returncode,
+                             processes=[f"{p}:{n}" for p, n in left])
+            return
+        self._end_attempt(job, returncode)
+
+    def _end_attempt(self, job: Job, returncode: int) -> None:
+        """The attempt is over (its agent exited, and any worker it left has exited or was killed)."""
+        self.hangs.ended(job)  # every rank's last beat (the step it reached); no hang timer is due any more
+        self.job, self.in_use = None, None  # its resume point is no longer in use
         self.house.clear_in_use()
-        for t in (Timer.HANG, Timer.HANG_TERM, Timer.STOP_KILL):
-            self.sys.timers.cancel(t)
+        self.sys.timers.cancel(Timer.STOP_KILL)
         survivors = self.sys.reap_survivors()
         if survivors:
             self.log.warning("survivors_killed", attempt=job.number, processes=[f"{p}:{n}" for p, n in survivors])
@@ -507,8 +534,11 @@ class Core:
         self.log.warning("stop_forced", signal=signal_name(signum), cause=cause, job_pid=job.pid if job else None)
         if job is not None:
             job.stopping = True
-            for t in (Timer.HANG, Timer.HANG_TERM, Timer.STOP_KILL):
-                self.sys.timers.cancel(t)
+            self.hangs.cancel()
+            self.sys.timers.cancel(Timer.STOP_KILL)
+            if job.agent_exit is not None:  # only the workers it left are still saving: no exit of the agent to wait for
+                self._end_attempt(job, job.agent_exit)  # which kills them
+                return
             self.sys.kill_job_tree(job.pid)
         elif self.ended is None:
             if self._orphans is not None:  # a killed predecessor's job still saving: no grace left for it either
@@ -531,48 +561,34 @@ class Core:
     def on_timer(self, key: TimerKey) -> None:
         handlers = {
             Timer.LAUNCH: self._request_launch,
-            Timer.HANG: self._on_hang,
-            Timer.HANG_TERM: self._on_hang_term,
             Timer.STOP_KILL: self._on_stop_kill,
             Timer.SCAN: self._on_scan,
             Timer.RETENTION: self._on_retention,
             Timer.PUBLISH: self._publish,
         }
+        job_handlers = {  # the running attempt's (daemon/hangs.py)
+            Timer.HANG: self.hangs.on_hang,
+            Timer.HANG_DUMPS: self.hangs.on_dumps,
+            Timer.HANG_TERM: self.hangs.on_term,
+            Timer.HANG_KILL: self.hangs.on_kill,
+            Timer.RANKS: self.hangs.on_ranks_timer,
+        }
         handler = handlers.get(key) if isinstance(key, Timer) else None
         if handler is not None:
             handler()
+        elif isinstance(key, Timer) and key in job_handlers and self.job is not None:
+            job_handlers[key](self.job)
 
     def _on_stop_kill(self) -> None:
-        if self.job is not None:
-            killed = self.sys.kill_job_tree(self.job.pid)
-            self.log.warning("job_killed", attempt=self.job.number, after_s=self.cfg.health.stop_timeout_s,
-                             processes=len(killed))
-
-    def _arm_hang_timer(self, startup: bool = False) -> None:
-        if self.job is None or self.job.stopping:
-            return
-        timeout = hang_timeout(self.cfg.health, self.job.beat, startup=startup)
-        if timeout is not None:
-            self.sys.timers.set(Timer.HANG, self.sys.monotonic() + timeout)
-        else:
-            self.sys.timers.cancel(Timer.HANG)
-
-    def _on_hang(self) -> None:
         job = self.job
-        if job is None or job.stopping:
+        if job is None:
             return
-        job.hang = True
-        idle = None if job.beat_mono is None else round(self.sys.monotonic() - job.beat_mono, 1)
-        beat = job.beat
-        self.log.error("hang_detected", attempt=job.number, step=beat.step if beat else None,
-                       phase=beat.phase if beat else None, idle_s=idle)
-        dumped = self.sys.signal_workers(job.pid, signal.SIGUSR1)
-        self.log.info("stack_dump_requested", workers=dumped, log=str(job.log_path))
-        self.sys.timers.set(Timer.HANG_TERM, self.sys.monotonic() + self.cfg.health.stack_dump_wait_s)
-
-    def _on_hang_term(self) -> None:
-        if self.job is not None and self.job.hang:
-            self._terminate_job()
+        if job.agent_exit is not None:  # the agent is gone (its pid may be reused): kill what it left, end the attempt
+            self.log.warning("job_killed", attempt=job.number, after_s=self.cfg.health.stop_timeout_s)
+            self._end_attempt(job, job.agent_exit)
+            return
+        killed = self.sys.kill_job_tree(job.pid)
+        self.log.warning("job_killed", attempt=job.number, after_s=self.cfg.health.stop_timeout_s, processes=len(killed))
 
     def _on_scan(self) -> None:
         self._request_pass(prune=False)
@@ -608,10 +624,8 @@ class Core:
             return
         apply_beat(self.status, beat, self.sys.now(), job.rate)
         job.beat, job.beat_mono = beat, self.sys.monotonic()
-        if beat.phase != Phase.LOAD:  # a load beat names the step being loaded, not one this attempt trained
-            job.max_step = beat.step if job.max_step is None else max(job.max_step, beat.step)
+        self.hangs.seen(job, None, beat)  # the step it reached, and the hang timer set again
         self.history.beat(job.number, beat)
-        self._arm_hang_timer()
         self._publish_beat()
 
     def _publish_beat(self) -> None:

@@ -13,10 +13,15 @@ from supervisor.daemon.housekeeping import PassResult
 from supervisor.daemon.recorder import NullHistory
 from supervisor.observe.redact import redact_argv, redact_env
 from supervisor.policy.attempt import Job
+from supervisor.policy.ranks import StragglerChange
 from supervisor.policy.restarts import Attempt
 from supervisor.policy.state import ExitInfo
 
 __all__ = ["Events"]
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
 
 
 class Events:
@@ -31,13 +36,30 @@ class Events:
         self.history.attempt_start(job.number, job.resumed_from, job.resumed_step)
 
     def attempt_exited(self, job: Job, attempt: Attempt, info: ExitInfo, *, latest_step: int | None) -> None:
-        self.history.attempt_exit(attempt, info)
+        self.history.attempt_exit(attempt, info, progress_at=job.progress_at, detected_at=job.detected_at,
+                                  hung_ranks=job.hung_ranks)
         self.log.info(
             "job_exited", attempt=job.number, code=info.code, signal=info.signal, reason=info.reason,
             detail=info.detail, duration_s=round(attempt.duration, 3), max_step=job.max_step,
             latest_checkpoint_step=latest_step, progressed=attempt.progressed,
             last_output=info.last_output,
+            **({"hung_ranks": [r for r, _ in job.hung_ranks]} if job.hung_ranks else {}),
         )
+
+    def hang(self, job: Job, *, idle_s: float | None) -> None:
+        """The hung attempt's record: when it was seen, the ranks named, where its stack dumps are."""
+        assert job.detected_at is not None
+        self.history.hang(job.number, at=job.detected_at, step=job.max_step, idle_s=idle_s, ranks=job.hung_ranks,
+                          stacks=job.stacks)
+
+    def straggler(self, job: Job, change: StragglerChange) -> None:
+        self.history.straggler(job.number, change)
+        fields = {"attempt": job.number, "rank": change.rank, "step_s": _round(change.step_s),
+                  "others_s": _round(change.others_s)}
+        if change.flagged:
+            self.log.warning("straggler_detected", **fields)
+        else:
+            self.log.info("straggler_cleared", **fields)
 
     def pass_done(self, result: PassResult, committed: CheckpointInfo | None) -> None:
         self.history.housekeeping(result, committed)

@@ -1,19 +1,28 @@
 """What a job leaves behind, read defensively: torchrun's error file, the tail of its output, the heartbeat
-file, and the cgroup's OOM-kill counter. Files the job controls are opened without ever blocking (a FIFO or a
-device planted under the name is refused) and read within a bound; the parsing is `supervisor.policy.exits`'
-and `supervisor.contract`'s.
+file and the per-rank heartbeat folder, the stack dumps in its output, and the cgroup's OOM-kill counter. Files
+the job controls are opened without ever blocking (a FIFO or a device planted under the name is refused) and
+read within a bound; the parsing is `supervisor.policy.exits`' and `supervisor.contract`'s.
 """
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from supervisor.contract import MAX_HEARTBEAT_BYTES, Beat, parse_heartbeat
+from supervisor.contract import (
+    MAX_HEARTBEAT_BYTES,
+    MAX_RANK_BEAT_BYTES,
+    MAX_RANK_FILES,
+    Beat,
+    parse_heartbeat,
+    rank_of_heartbeat,
+)
 from supervisor.host.regularfile import open_regular
 from supervisor.policy.exits import RootCause, scan_job_output
 
-__all__ = ["root_cause", "read_oom_kills", "read_beat"]
+__all__ = ["root_cause", "read_oom_kills", "read_beat", "read_rank_beats", "RankBeats", "count_dumps", "read_span",
+           "DUMP_MARK"]
 
 _TAIL_BYTES = 256 * 1024  # torchrun's footer is ~2 KiB; this leaves room for other ranks' noise after a failure
 _ERROR_FILE_BYTES = 1024 * 1024  # `record` writes the message plus one call stack: kilobytes
@@ -87,3 +96,82 @@ def read_beat(path: Path) -> tuple[Beat | None, list[str]]:
     except OSError:
         return None, []  # gone between the event and the read (the next beat will do), or not a file
     return parse_heartbeat(data)
+
+
+@dataclass
+class RankBeats:
+    """One look at the per-rank heartbeat folder."""
+
+    beats: dict[int, Beat] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)  # the first few, for one warning per attempt
+    dropped: int = 0  # rank files beyond MAX_RANK_FILES, or entries beyond the scan bound, not read
+
+
+_SCAN_ENTRIES = 4 * MAX_RANK_FILES  # directory entries looked at, whatever they are (a hostile job makes thousands)
+
+
+def read_rank_beats(folder: Path) -> RankBeats:
+    """Every `rank-<N>.json` beat in `folder`, in bounded time and memory (supervisor/contract.py's bounds).
+
+    The job rewrites these in place, so a read can race a write and see half of each: a record that is not
+    valid JSON is read once more before it counts as a problem.
+    """
+    out = RankBeats()
+    try:
+        entries = os.scandir(folder)
+    except OSError:
+        return out  # no folder (the job writes none, or it was removed): nothing to say
+    with entries:
+        for seen, entry in enumerate(entries):
+            if seen >= _SCAN_ENTRIES:
+                out.dropped += 1  # at least one more: the exact count would cost the scan we are bounding
+                break
+            rank = rank_of_heartbeat(entry.name)
+            if rank is None:
+                continue
+            if len(out.beats) >= MAX_RANK_FILES:
+                out.dropped += 1
+                continue
+            beat = _rank_beat(Path(entry.path), rank, out.problems)
+            if beat is not None:
+                out.beats[rank] = beat
+    return out
+
+
+def _rank_beat(path: Path, rank: int, problems: list[str]) -> Beat | None:
+    found: list[str] = []
+    for _ in range(2):  # a torn read of an in-place rewrite, once
+        try:
+            with open_regular(path, follow_symlinks=False) as f:
+                data = f.read(MAX_RANK_BEAT_BYTES + 1)
+        except OSError:
+            return None
+        beat, found = parse_heartbeat(data) if len(data) <= MAX_RANK_BEAT_BYTES else (None, ["over the size bound"])
+        if beat is not None or found != ["heartbeat is not JSON"]:
+            break
+    if found and len(problems) < 3:
+        problems.append(f"rank {rank}: {found[0]}")
+    return beat
+
+
+DUMP_MARK = b"Current thread 0x"  # faulthandler's header of the thread that took the signal: one per process
+_DUMP_READ = 1024 * 1024  # stack dumps of a few processes are tens of KB
+
+
+def read_span(path: Path | None, start: int, limit: int = _DUMP_READ) -> bytes:
+    """Up to `limit` bytes of `path` from offset `start` (what the job wrote since), b"" when unreadable."""
+    if path is None:
+        return b""
+    try:
+        with open_regular(path) as f:
+            if os.fstat(f.fileno()).st_size < start:  # rotated (supervisor/host/joblog.py) since: from the top
+                start = 0
+            f.seek(start)
+            return f.read(limit)
+    except OSError:
+        return b""
+
+
+def count_dumps(path: Path | None, start: int) -> int:
+    """How many processes dumped their stacks into `path` since offset `start`."""
+    return read_span(path, start).count(DUMP_MARK)

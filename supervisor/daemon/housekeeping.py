@@ -42,6 +42,7 @@ from supervisor.checkpoints.pruning import parking_problem
 from supervisor.checkpoints.sidecars import open_sidecar, resolved, trusted_owners
 from supervisor.config import Config
 from supervisor.errors import CheckpointError, SidecarError
+from supervisor.host.mounts import mount_id
 from supervisor.layout import MANIFEST_NAME, METADATA_NAME
 
 __all__ = ["Housekeeper", "PassResult", "best_checkpoint", "look_at_root", "retention_problem"]
@@ -70,8 +71,10 @@ class PassResult:
         return [str(c.path) for c in self.checkpoints if c.quarantined]
 
 
-def look_at_root(spelled: Path, root: Path, device: int | None) -> tuple[tuple[int, int] | None, str | None]:
-    """The root's (st_dev, st_ino), or why this pass cannot trust what it would find there."""
+def look_at_root(spelled: Path, root: Path, device: int | None, mount: int | None = None,
+                 ) -> tuple[tuple[int, int] | None, str | None]:
+    """The root's (st_dev, st_ino), or why this pass cannot trust what it would find there. `device`, `mount`:
+    the root's file system and mount at start (host/mounts.py: a bind mount over the root keeps the device)."""
     now = resolved(spelled)
     if now != root:
         return None, (f"checkpoint root {spelled} now resolves to {now}, not to {root} as when the supervisor "
@@ -87,6 +90,10 @@ def look_at_root(spelled: Path, root: Path, device: int | None) -> tuple[tuple[i
     if device is not None and st.st_dev != device:
         return None, (f"checkpoint root {root} is on another file system than when the supervisor started "
                       "(unmounted?); restart the supervisor if that is intended")
+    now_mount = mount_id(root) if mount is not None else None
+    if now_mount is not None and now_mount != mount:
+        return None, (f"checkpoint root {root} is on another mount than when the supervisor started (something "
+                      "was mounted over it, or unmounted from it); restart the supervisor if that is intended")
     return (st.st_dev, st.st_ino), None
 
 
@@ -112,6 +119,7 @@ class Housekeeper:
             self.device: int | None = os.stat(self.root).st_dev
         except OSError:
             self.device = None  # learnt from the first pass that finds the root
+        self.mount = mount_id(self.root) if self.device is not None else None  # likewise
         self.claim: RootClaim | None = None  # refreshed by every pass (set by the composition root)
         self.retention_stopped: str | None = None  # as of the last pass; said once when it changes
         self.cfg, self.log, self.now = cfg, log, now
@@ -147,7 +155,7 @@ class Housekeeper:
         reason to delete anything). `settled`: no save can be in flight (the core says when), so the
         unfinished saves a job that picks its own checkpoint would load go now (retention.py, rule 3).
         """
-        root_id, problem = look_at_root(self.spelled, self.root, self.device)
+        root_id, problem = look_at_root(self.spelled, self.root, self.device, self.mount)
         if problem is not None:
             return PassResult(generation, error=problem)
         marker, claim = self._marker, self.claim
@@ -250,7 +258,7 @@ class Housekeeper:
             return None
         self._say_retention(result.retention_stopped)
         if self.device is None and result.root_id is not None:
-            self.device = result.root_id[0]
+            self.device, self.mount = result.root_id[0], mount_id(self.root)
         first = self.last is None
         self.latest, self.last, self.disk_free = result.newest, result, result.disk_free
         for f in result.findings:

@@ -21,7 +21,7 @@ import json
 import os
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -46,6 +46,7 @@ from supervisor.policy.state import ExitInfo, State, Status
 if TYPE_CHECKING:
     from supervisor.checkpoints import CheckpointInfo
     from supervisor.daemon.housekeeping import PassResult
+    from supervisor.policy.ranks import StragglerChange
     from supervisor.policy.restarts import Attempt
 
 __all__ = ["NullHistory", "HistoryRecorder"]
@@ -70,8 +71,16 @@ class NullHistory:
     def beat(self, number: int, beat: Beat) -> None:
         """A new heartbeat of attempt `number` was read."""
 
-    def attempt_exit(self, attempt: Attempt, info: ExitInfo) -> None:
-        """An attempt's exit was judged."""
+    def attempt_exit(self, attempt: Attempt, info: ExitInfo, *, progress_at: float | None = None,
+                     detected_at: float | None = None, hung_ranks: Sequence[tuple[int, str]] = ()) -> None:
+        """An attempt's exit was judged (`progress_at`: its step last advanced; `detected_at`: its hang seen)."""
+
+    def hang(self, number: int, *, at: float, step: int | None, idle_s: float | None,
+             ranks: Sequence[tuple[int, str]], stacks: str | None) -> None:
+        """Attempt `number` was found hung at `at`: the ranks named, where its stack dumps were kept."""
+
+    def straggler(self, number: int, change: StragglerChange) -> None:
+        """A rank of attempt `number` became a straggler, or stopped being one."""
 
     def housekeeping(self, result: PassResult, committed: CheckpointInfo | None) -> None:
         """A housekeeping pass was absorbed: a new commit (or None) and its retention deletions."""
@@ -101,6 +110,8 @@ class _Live:
     written_t: float = float("-inf")  # time of the last beat sample written
     val_loss: float | None = None  # the last evaluation result recorded
     trained: bool = False  # first_step written
+    beating: bool = False  # first_beat written
+    loaded_step: int | None = None  # the step of its latest `load` beat: where a job that picks its own resumed
     began: bool = False  # a beat in phase train (or without a phase) seen
     pending: dict[str, Any] | None = None  # the newest beat, when it was not written (sampling)
 
@@ -356,10 +367,16 @@ class HistoryRecorder(NullHistory):
         if evaluated:
             live.val_loss = beat.val_loss
             rec["val_loss"] = _short(beat.val_loss)
-        first = not live.trained and beat.step > (live.resumed_step or 0)
+        if not live.beating:  # its workers are up: start-up ends, loading begins
+            live.beating = True
+            self._write("first_beat", {"attempt": number, "step": beat.step, "phase": beat.phase}, t=t)
+        if beat.phase == Phase.LOAD:
+            live.loaded_step = beat.step
+        resumed = live.resumed_step if live.resumed_step is not None else (live.loaded_step or 0)
+        first = not live.trained and beat.phase != Phase.LOAD and beat.step > resumed
         if first:
             live.trained = True
-            self._write("first_step", {"attempt": number, "step": beat.step}, t=t)
+            self._write("first_step", {"attempt": number, "step": beat.step, "from_step": resumed}, t=t)
         if evaluated or first or began or t - live.written_t >= SAMPLE_S:
             live.written_t, live.pending = t, None
             self._write("beat", rec, t=t)
@@ -367,7 +384,8 @@ class HistoryRecorder(NullHistory):
             live.pending = {**rec, "t": t}
 
     @_guarded
-    def attempt_exit(self, attempt: Attempt, info: ExitInfo) -> None:
+    def attempt_exit(self, attempt: Attempt, info: ExitInfo, *, progress_at: float | None = None,
+                     detected_at: float | None = None, hung_ranks: Sequence[tuple[int, str]] = ()) -> None:
         live = self._live if self._live is not None and self._live.number == attempt.number else None
         if live is not None and live.pending is not None:  # where it stood when it ended
             pending = live.pending
@@ -378,9 +396,25 @@ class HistoryRecorder(NullHistory):
             "signal": info.signal, "detail": detail, "max_step": attempt.max_step, "progressed": attempt.progressed,
             "new_checkpoint": attempt.new_checkpoint, "train_s": round(live.train_s, 3) if live else None,
             "save_s": round(live.save_s, 3) if live else None,
+            "progress_at": None if progress_at is None else round(progress_at, 3),
+            "detected_at": None if detected_at is None else round(detected_at, 3),
+            "hung_ranks": [rank for rank, _ in hung_ranks],
         }, durable=True)
         if live is not None:
             self._live = None
+
+    @_guarded
+    def hang(self, number: int, *, at: float, step: int | None, idle_s: float | None,
+             ranks: Sequence[tuple[int, str]], stacks: str | None) -> None:
+        self._write("hang", {"attempt": number, "at": round(at, 3), "step": step,
+                             "idle_s": None if idle_s is None else round(idle_s, 1),
+                             "ranks": [{"rank": r, "why": why[:200]} for r, why in ranks[:64]], "stacks": stacks},
+                    durable=True)
+
+    @_guarded
+    def straggler(self, number: int, change: StragglerChange) -> None:
+        self._write("straggler", {"attempt": number, "rank": change.rank, "flagged": change.flagged,
+                                  "step_s": _short(change.step_s), "others_s": _short(change.others_s)})
 
     @_guarded
     def housekeeping(self, result: PassResult, committed: CheckpointInfo | None) -> None:
@@ -408,3 +442,5 @@ class HistoryRecorder(NullHistory):
         status.loss_recent = list(fold.recent_loss)
         status.restart_latency_s = [round(x, 3) for x in fold.restart_latency_s]
         status.steps_lost = list(fold.steps_lost)
+        status.time_lost_s = fold.time_lost_totals()
+        status.last_failure = fold.losses[-1].to_json() if fold.losses else None

@@ -22,7 +22,7 @@ from supervisor.daemon.system import RealSystem
 from supervisor.errors import ConfigError, SidecarError
 from supervisor.host import procs
 from supervisor.host.runlock import RunLock
-from supervisor.observe.console import NOT_ECHOED, SUMMARY_EVERY_S, TICK_S, Console, Progress
+from supervisor.observe.console import NOT_ECHOED, SUMMARY_EVERY_S, TICK_S, Console, Progress, shown_path
 from supervisor.observe.eventlog import configure, get_logger, reopen_file
 from supervisor.observe.metrics import listen_address, start_metrics
 from supervisor.observe.notify import Notifier
@@ -54,7 +54,7 @@ def run(cfg: Config) -> int:
         configure(run_dir, max_bytes=cfg.supervisor.log_max_bytes, backups=cfg.supervisor.log_backups, console=console)
         log = get_logger().bind(run_dir=str(run_dir))
         if not console.tty:  # nohup, `run > out.log`, CI, Slurm: say once what this output holds
-            console.note(NOT_ECHOED.format(every=SUMMARY_EVERY_S))
+            console.note(NOT_ECHOED.format(every=SUMMARY_EVERY_S, logs=shown_path(str(run_dir / "logs"))))
         for warning in preflight.command_warnings(cfg.job.command):
             log.warning("config_warning", key="job.command", detail=warning)
         for event, detail in notes:

@@ -40,8 +40,12 @@ class System(Protocol):
         """Start the job, its output appended to `log_path` (None: the supervisor's own); (pid, create_time)."""
     def send_signal(self, pid: int, sig: int) -> None: ...
     def signal_workers(self, pid: int, sig: int) -> list[int]: ...
+    def worker_states(self, pid: int) -> dict[int, tuple[int, str]]:
+        """The job's workers by rank: (pid, psutil status such as "running", "sleeping", "stopped")."""
     def kill_job_tree(self, pid: int) -> list[tuple[int, str]]:
         """SIGKILL the job's process group and every descendant."""
+    def survivors(self) -> list[tuple[int, str]]:
+        """Descendants still alive (the job's, not our own helpers): (pid, name) of each, untouched."""
     def reap_survivors(self) -> list[tuple[int, str]]:
         """After an attempt: kill any descendant still alive; return what was killed."""
     def oom_kills(self) -> int | None: ...
@@ -151,12 +155,18 @@ class RealSystem:
     def signal_workers(self, pid: int, sig: int) -> list[int]:
         return procs.signal_children(pid, sig)
 
+    def worker_states(self, pid: int) -> dict[int, tuple[int, str]]:
+        return procs.worker_states(pid)
+
     def kill_job_tree(self, pid: int) -> list[tuple[int, str]]:
         try:
             os.killpg(pid, signal.SIGKILL)  # the job leads its own session: pgid == pid
         except (ProcessLookupError, PermissionError):
             pass
         return procs.kill_descendants(signal.SIGKILL, exclude=self._keep())
+
+    def survivors(self) -> list[tuple[int, str]]:
+        return procs.named(procs.descendants(self._keep()))
 
     def reap_survivors(self) -> list[tuple[int, str]]:
         return procs.kill_descendants(signal.SIGKILL, exclude=self._keep())

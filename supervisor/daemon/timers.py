@@ -13,7 +13,10 @@ class Timer(Vocabulary):
 
     LAUNCH = "launch"  # backoff over: launch the next attempt
     HANG = "hang"  # no heartbeat progress within the allowance
-    HANG_TERM = "hang_term"  # stack dumps requested; now stop the hung job
+    HANG_DUMPS = "hang_dumps"  # stack dumps requested: have they all landed in the job's output yet?
+    HANG_TERM = "hang_term"  # the longest wait for the stack dumps is over: SIGTERM the hung job
+    HANG_KILL = "hang_kill"  # hang_kill_grace_s after that SIGTERM: SIGKILL the whole job
+    RANKS = "ranks"  # look at the per-rank heartbeats again
     STOP_KILL = "stop_kill"  # stop_timeout_s after SIGTERM: SIGKILL
     SCAN = "scan"  # debounced file events under the checkpoint root
     RETENTION = "retention"  # periodic housekeeping pass

@@ -26,9 +26,16 @@ Definitions (docs/history.md has them with an example):
   since the job last trained a new step, to the next first_step (the relaunched job training again). A crash
   loop that ends in a recovery is one entry, counted from its first failure; a recovery cut short by the end
   of supervision (supervisor_end, or the next supervisor_start after a supervisor was killed) is none.
-- `steps_lost`: one entry per failure followed by a relaunch: the failed attempt's highest heartbeat step
-  minus the step the relaunch resumed from (0 when it resumed at or beyond it); none when the attempt never
-  reported a step.
+- `steps_lost`: one entry per failure followed by a relaunch: the step the failed attempt reached (its
+  attempt_exit `max_step`: the job's own record, every rank's step by its per-rank heartbeat) minus the step the
+  relaunch resumed from (its attempt_start `resumed_step`; for a job that picks its own checkpoint, its
+  first_step's `from_step`, the step of its `load` heartbeat), 0 when it resumed at or beyond it; none when
+  the attempt never reported a step or the relaunch's resume point never became known.
+- `losses`: one entry per failure followed by a relaunch: the steps above, the hung ranks, and the time it
+  cost split into `detection` (the step last advancing -> the failure seen: its exit, or its hang detected),
+  `stop` (hang detected -> the job gone), `relaunch` (-> the next attempt started), `worker_start` (-> its
+  first heartbeat), `load` (-> its first step beyond the resume point) and `redo` (the steps lost times the
+  failed attempt's seconds per step). A part that cannot be known is null. `time_lost_s`: their sums.
 - `checkpoint_overhead_s`: the sum of the attempts' `save_s`: time the job said it was saving.
 - `exit_reasons`: attempt_exit reasons and how often each occurred.
 
@@ -44,11 +51,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from supervisor.history.losses import LOSS_PARTS, Ledger, Loss
 from supervisor.history.records import is_failure, is_time
 
-__all__ = ["Fold", "AttemptView", "Sample", "Mark", "Summary", "summarize", "RECENT_LOSSES"]
+__all__ = ["Fold", "AttemptView", "Sample", "Mark", "Summary", "Loss", "summarize", "RECENT_LOSSES", "LOSS_PARTS"]
 
 RECENT_LOSSES = 40  # samples behind `status`'s sparkline
+_MAX_STRAGGLER_MARKS = 200  # straggler records kept for the report (a flapping rank writes many)
 _CLOCK_STEP_S = 60.0  # records are written in time order give or take a heartbeat: further back, the clock stepped
 
 
@@ -116,6 +125,11 @@ class AttemptView:
     save_s: float = 0.0
     first_step_at: float | None = None
     trained_at: float | None = None  # its first beat beyond the resume point (start-up ends there or at first_step)
+    first_beat_at: float | None = None  # its first heartbeat: its workers are up
+    progress_at: float | None = None  # its step last advanced (attempt_exit)
+    detected_at: float | None = None  # its hang was detected (attempt_exit)
+    hung_ranks: list[int] = field(default_factory=list)
+    stacks: str | None = None  # where its hang's stack dumps were kept
     last_t: float = 0.0  # its last record
     samples: list[Sample] = field(default_factory=list)
 
@@ -143,6 +157,8 @@ class Summary:
     quarantines: int
     sessions: int
     last_step: int | None
+    losses: list[Loss] = field(default_factory=list)
+    time_lost_s: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -163,6 +179,8 @@ class Summary:
             "quarantines": self.quarantines,
             "sessions": self.sessions,
             "last_step": self.last_step,
+            "losses": [loss.to_json() for loss in self.losses],
+            "time_lost_s": {k: round(v, 3) for k, v in self.time_lost_s.items()},
         }
 
 
@@ -182,8 +200,8 @@ class Fold:
         self.failures = 0
         self.exit_reasons: Counter[str] = Counter()
         self.restart_latency_s: list[float] = []
-        self.steps_lost: list[int] = []
-        self.lost_s = 0.0
+        self.ledger = Ledger(self._seconds_per_step)  # steps and time lost per failure
+        self.stragglers: list[Mark] = []  # straggler records, the latest _MAX_STRAGGLER_MARKS
         self.train_s = 0.0  # sum over attempts
         self.save_s = 0.0
         self._pending_failure_at: float | None = None  # detection of the first failure not yet recovered
@@ -248,11 +266,7 @@ class Fold:
         a = AttemptView(number=number, started=t, resumed_from=resumed_from, resumed_step=resumed_step, last_t=t)
         self.attempts.append(a)
         self._by_number[number] = a
-        if boundary and prev is not None and prev.max_step is not None:
-            behind = max(0, prev.max_step - (resumed_step or 0))
-            if is_failure(prev.reason):
-                self.steps_lost.append(behind)
-            self.lost_s += behind * self._seconds_per_step(prev)
+        self.ledger.relaunched(prev if boundary else None, a)
         return a
 
     def _seconds_per_step(self, a: AttemptView) -> float:
@@ -308,6 +322,7 @@ class Fold:
             return
         a.first_step_at = t if a.first_step_at is None else a.first_step_at
         self._note_step(a, _int(rec, "step"))
+        self.ledger.trained(a, _int(rec, "from_step"))
         if self._pending_failure_at is not None:
             self.restart_latency_s.append(max(0.0, t - self._pending_failure_at))
             self._pending_failure_at = None
@@ -322,12 +337,45 @@ class Fold:
         a.code, a.signal, a.detail = _int(rec, "code"), _str(rec, "signal"), _str(rec, "detail")
         self._note_step(a, _int(rec, "max_step"))
         self._set_counters(a, rec)
+        a.progress_at, a.detected_at = _time(rec, "progress_at"), _time(rec, "detected_at")
+        ranks = rec.get("hung_ranks")
+        if isinstance(ranks, list):
+            a.hung_ranks = [r for r in ranks[:64] if type(r) is int and 0 <= r < _MAX_INT]
+        self.ledger.exited(a)
         self.exit_reasons[a.reason] += 1
         if is_failure(a.reason):
             self.failures += 1
             self._failed_at = a.ended
             if self._pending_failure_at is None:
                 self._pending_failure_at = a.ended
+
+    def _on_first_beat(self, t: float, rec: dict[str, Any]) -> None:
+        a = self._attempt(t, rec)
+        if a is not None and a.first_beat_at is None:
+            a.first_beat_at = t
+            self.ledger.fill(a)
+
+    def _on_hang(self, t: float, rec: dict[str, Any]) -> None:
+        a = self._attempt(t, rec)
+        if a is None:
+            return
+        ranks = rec.get("ranks")
+        named = [r for r in ranks[:64] if isinstance(r, dict)] if isinstance(ranks, list) else []
+        a.hung_ranks = [r["rank"] for r in named if type(r.get("rank")) is int and 0 <= r["rank"] < _MAX_INT]
+        a.stacks = _str(rec, "stacks")
+        if self.keep:
+            why = "; ".join(f"rank {r.get('rank')}: {r.get('why')}" for r in named if isinstance(r.get("why"), str))
+            self.marks.append(Mark(_time(rec, "at") or t, "hang", a.stacks, _int(rec, "step"), why or None))
+
+    def _on_straggler(self, t: float, rec: dict[str, Any]) -> None:
+        rank, flagged = _int(rec, "rank"), rec.get("flagged")
+        if rank is None or not isinstance(flagged, bool):
+            return
+        step_s, others = _num(rec, "step_s"), _num(rec, "others_s")
+        detail = (f"rank {rank} {'is' if flagged else 'no longer'} a straggler"
+                  + (f": {step_s:.3g} s/step, others {others:.3g}" if step_s is not None and others is not None else ""))
+        self.stragglers.append(Mark(t, "straggler" if flagged else "straggler_cleared", None, rank, detail))
+        del self.stragglers[:-_MAX_STRAGGLER_MARKS]
 
     def _on_mark(self, t: float, rec: dict[str, Any]) -> None:
         kind = rec["kind"]
@@ -347,6 +395,9 @@ class Fold:
         "attempt_start": _on_start,
         "beat": _on_beat,
         "first_step": _on_first_step,
+        "first_beat": _on_first_beat,
+        "hang": _on_hang,
+        "straggler": _on_straggler,
         "attempt_exit": _on_exit,
         "checkpoint_committed": _on_mark,
         "quarantined": _on_mark,
@@ -366,7 +417,7 @@ class Fold:
         return self._wall
 
     def productive_s(self) -> float:
-        return max(0.0, self.train_s - self.lost_s)
+        return max(0.0, self.train_s - self.ledger.lost_s)
 
     def goodput(self, now: float | None = None) -> float | None:
         """None while nothing ran, and for a job that never reported a step (its training time is unknown)."""
@@ -390,6 +441,17 @@ class Fold:
                  "lost_s": self.train_s - productive, "checkpoint_overhead_s": self.save_s}
         return {"wall_s": wall, **known, "other_s": max(0.0, wall - sum(known.values()))}
 
+    @property
+    def steps_lost(self) -> list[int]:
+        return self.ledger.steps_lost
+
+    @property
+    def losses(self) -> list[Loss]:
+        return self.ledger.losses
+
+    def time_lost_totals(self) -> dict[str, float]:
+        return self.ledger.totals()
+
     def summary(self, now: float | None = None) -> Summary:
         """The numbers as of the last record, or as of `now` for a session still running."""
         parts = self.parts(now)
@@ -411,6 +473,8 @@ class Fold:
             quarantines=self.quarantines,
             sessions=len(self.sessions),
             last_step=self.last_step,
+            losses=[x.copy() for x in self.losses],
+            time_lost_s=self.time_lost_totals(),
         )
 
 

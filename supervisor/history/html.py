@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 from supervisor.history.fold import AttemptView, Fold, Summary
+from supervisor.history.losses import LOSS_PARTS, Loss
 from supervisor.history.svg import Linear, esc, fmt_num, fmt_time, nice_ticks, polyline, svg, tag, text, time_ticks
 from supervisor.observe.humanize import checkpoint_label, human_age
 
@@ -35,7 +36,8 @@ svg{display:block}svg text{font-size:11px;fill:#555}.axis{stroke:#aaa}.grid{stro
 .recovery{stroke:#c62828;stroke-width:2}.failure{fill:#c62828}
 .loss{fill:none;stroke:#1565c0;stroke-width:1.6}.loss.lost{stroke:#9aa9b4;stroke-dasharray:3 3}
 polyline.val-loss{fill:none;stroke:#ef6c00;stroke-width:1.2}circle.val-loss{fill:#ef6c00}
-.rate{fill:none;stroke:#37474f;stroke-width:1.3}.legend{color:#444;margin:2px 0}.legend span{margin-right:14px}
+.hang{fill:#8d6e63}.rate{fill:none;stroke:#37474f;stroke-width:1.3}
+.legend{color:#444;margin:2px 0}.legend span{margin-right:14px}
 .legend i{display:inline-block;width:11px;height:11px;margin-right:4px;vertical-align:-1px}
 .legend i.line{height:2px;vertical-align:3px}
 """ + "".join(f".reason-{k}{{fill:{c}}}i.reason-{k}{{background:{c}}}" for k, c in REASON_COLORS.items())
@@ -113,6 +115,9 @@ def _timeline(fold: Fold, t0: float, t1: float) -> str:
             why = f": {m.detail}" if m.detail else ""
             body.append(tag("rect", "quarantine", f"quarantined {m.path}{why}", x=mx - 4, y=54.0,
                             width=8.0, height=8.0, transform=f"rotate(45 {mx:.1f} 58)"))
+        elif m.kind == "hang":
+            body.append(tag("rect", "hang", f"hang at step {m.step}: {m.detail or 'no rank named'}"
+                            + (f"; stacks: {m.path}" if m.path else ""), x=mx - 3, y=50.0, width=6.0, height=6.0))
         elif m.kind == "retention_deleted":
             why = f" ({m.detail})" if m.detail else ""
             body.append(tag("line", "deletion", f"deleted {m.path}{why}", x1=mx, y1=64.0, x2=mx, y2=70.0))
@@ -230,7 +235,7 @@ def _summary_table(s: Summary, on_disk: int | None) -> str:
         ("start-up", human_age(s.startup_s)), ("checkpoint overhead", f"{s.checkpoint_overhead_s:.1f} s"),
         ("restarts", human_age(s.restart_s)), ("lost (redone)", human_age(s.lost_s)), ("other", human_age(s.other_s)),
         ("attempts", str(s.attempts)), ("failures", str(s.failures)),
-        ("restart latency", lat), ("steps lost", lost),
+        ("restart latency", lat), ("steps lost", lost), ("time lost", _time_lost(s.time_lost_s)),
         ("checkpoints", f"{s.checkpoints_committed} committed{kept}"), ("quarantined", str(s.quarantines)),
         ("exits", ", ".join(f"{k} {v}" for k, v in sorted(s.exit_reasons.items())) or "none"),
         ("last step", "n/a" if s.last_step is None else str(s.last_step)),
@@ -241,12 +246,46 @@ def _summary_table(s: Summary, on_disk: int | None) -> str:
     return '<table class="summary">' + "".join(rows) + "</table>"
 
 
+def _time_lost(parts: dict[str, float]) -> str:
+    total = sum(parts.values())
+    if total <= 0:
+        return "none"
+    top = sorted(((v, k) for k, v in parts.items() if v > 0), reverse=True)[:2]
+    return f"{total:.1f} s (" + ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for v, k in top) + ")"
+
+
+def _losses_table(losses: list[Loss], fold: Fold) -> str:
+    """One row per failure followed by a relaunch: what it cost, and why (hung ranks, stack dumps)."""
+    if not losses:
+        return '<p class="meta">No failure was followed by a relaunch.</p>'
+    by_number = {a.number: a for a in fold.attempts}
+    head = ("<tr><th>attempt</th><th>exit</th><th>hung ranks</th><th>steps reached / resumed / lost</th>"
+            + "".join(f"<th>{esc(p.replace('_', ' '))} (s)</th>" for p in LOSS_PARTS) + "<th>stack dumps</th></tr>")
+    rows = []
+    for x in losses[-MAX_TABLE_ROWS:]:
+        a = by_number.get(x.attempt)
+        steps = " / ".join("?" if v is None else str(v) for v in (x.reached, x.resumed, x.steps_lost))
+        cells = "".join(f"<td>{'' if x.seconds.get(p) is None else f'{x.seconds[p]:.1f}'}</td>" for p in LOSS_PARTS)
+        rows.append(f"<tr><td>{x.attempt}</td><td>{esc(x.reason)}</td><td>{esc(', '.join(map(str, x.hung_ranks)))}"
+                    f"</td><td>{esc(steps)}</td>{cells}<td class=\"detail\">{esc((a.stacks if a else None) or '')}"
+                    "</td></tr>")
+    return '<table class="attempts">' + head + "".join(rows) + "</table>"
+
+
+def _stragglers(fold: Fold) -> str:
+    if not fold.stragglers:
+        return ""
+    items = "".join(f"<li>{esc(_utc(m.t))}: {esc(m.detail or '')}</li>" for m in fold.stragglers[-20:])
+    return f"<h2>Stragglers</h2><ul>{items}</ul>"
+
+
 def _legend(fold: Fold) -> str:
     seen = list(dict.fromkeys(_colour(_reason(a, fold.running)) for a in fold.attempts))
     keys = [f'<span><i class="reason-{esc(r)}"></i>{esc(r)}</span>' for r in seen]
     keys += ['<span><i class="line" style="background:#1b5e20"></i>checkpoint</span>',
              '<span><i class="line" style="background:#c62828"></i>failure / time to recover</span>',
-             '<span><i style="background:#b71c1c"></i>quarantined</span>']
+             '<span><i style="background:#b71c1c"></i>quarantined</span>',
+             '<span><i style="background:#8d6e63"></i>hang detected</span>']
     return '<p class="legend">' + "".join(keys) + "</p>"
 
 
@@ -294,6 +333,7 @@ def render_html(fold: Fold, summary: Summary, *, source: str, generated: float, 
          '<span><i class="line" style="background:#c62828"></i>restart (resume step)</span></p>'),
         _loss_chart(fold),
         "<h2>Step rate</h2>", _rate_chart(fold, t0, t1),
+        "<h2>What failures cost</h2>", _losses_table(summary.losses, fold), _stragglers(fold),
         "<h2>Attempt details</h2>", _attempts_table(fold, t1),
         "</body></html>\n",
     ])

@@ -18,10 +18,19 @@ and, by kind:
     beat                  attempt, step, phase, loss,         a heartbeat sample; `val_loss` only when the beat
                           train_s, save_s [, val_loss]        carries a new evaluation result; train_s/save_s:
                                                               cumulative seconds of the attempt so far (below)
-    first_step            attempt, step                       the attempt's first step beyond its resume point
+    first_beat            attempt, step, phase                the attempt's first heartbeat (its workers are up)
+    first_step            attempt, step, from_step            the attempt's first step beyond its resume point
+                                                              (`from_step`: that point; the job's `load` beat's
+                                                              step when it picks its own checkpoint)
+    hang                  attempt, at, step, idle_s, ranks,   the attempt was found hung at `at`; ranks: [{rank,
+                          stacks                              why}] named; stacks: its stack dumps' file or null
+    straggler             attempt, rank, flagged, step_s,     a rank became (flagged true) or stopped being a
+                          others_s                            straggler; others_s: the others' median step time
     attempt_exit          attempt, at, reason, code, signal,  the job ended; `at`: when the supervisor saw it;
                           detail, max_step, progressed,       reason: completed | stopped | crash | signal |
-                          new_checkpoint, train_s, save_s     oom | hang; max_step: highest heartbeat step
+                          new_checkpoint, train_s, save_s,    oom | hang; max_step: the step it reached (its
+                          progress_at, detected_at,           heartbeats, every rank's); progress_at: its step
+                          hung_ranks                          last advanced; detected_at: its hang was seen
     checkpoint_committed  attempt, path, step, size_bytes     a new newest complete checkpoint
     quarantined           path, reason                        never resumed from again
     retention_deleted     path, reason, size_bytes            removed by retention
@@ -84,8 +93,8 @@ __all__ = [
 HISTORY_FILE = "history.jsonl"
 VERSION = 1
 EVENT_KINDS = (
-    "supervisor_start", "attempt_start", "first_step", "attempt_exit", "checkpoint_committed", "quarantined",
-    "retention_deleted", "supervisor_end",
+    "supervisor_start", "attempt_start", "first_beat", "first_step", "hang", "straggler", "attempt_exit",
+    "checkpoint_committed", "quarantined", "retention_deleted", "supervisor_end",
 )
 KINDS = (*EVENT_KINDS, "beat")
 SAMPLE_S = 1.0  # at most one heartbeat sample a second is written

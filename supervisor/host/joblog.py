@@ -17,7 +17,7 @@ __all__ = ["SEGMENT_SUFFIX", "LOG_MODE", "open_log", "needs_rotation", "rotate",
 
 SEGMENT_SUFFIX = ".1"  # `attempt-NNNN.log.1`: the tail of the output before the last rotation
 LOG_MODE = 0o600  # owner-only, like everything in the run dir
-_PREFIX, _LOG, _ERR = "attempt-", ".log", ".json"
+_PREFIX, _LOG, _ERR, _STACKS = "attempt-", ".log", ".json", ".stacks.txt"  # the last: a hang's stack dumps
 
 
 def open_log(path: Path) -> int:
@@ -64,8 +64,8 @@ def rotate(path: Path, max_bytes: int) -> OSError | None:
 
 
 def attempt_number(name: str) -> int | None:
-    """The attempt number in `attempt-NNNN.log`, `attempt-NNNN.log.1` or `attempt-NNNN.json`; None otherwise."""
-    for suffix in (_LOG + SEGMENT_SUFFIX, _LOG, _ERR):
+    """The attempt number in `attempt-NNNN.log`, `.log.1`, `.json` or `.stacks.txt`; None otherwise."""
+    for suffix in (_LOG + SEGMENT_SUFFIX, _LOG, _ERR, _STACKS):
         if name.startswith(_PREFIX) and name.endswith(suffix):
             digits = name[len(_PREFIX):-len(suffix)]
             return int(digits) if digits.isdecimal() else None

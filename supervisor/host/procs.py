@@ -20,9 +20,12 @@ __all__ = [
     "set_child_subreaper",
     "spawn",
     "descendants",
+    "named",
     "kill_descendants",
     "signal_children",
+    "worker_states",
     "find_orphans",
+    "job_of",
     "stop_processes",
     "reap_any",
 ]
@@ -86,17 +89,23 @@ def descendants(exclude: Collection[int] = ()) -> list[psutil.Process]:
         return []
 
 
-def kill_descendants(sig: int = signal.SIGKILL, exclude: Collection[int] = ()) -> list[tuple[int, str]]:
-    """Signal every live descendant but `exclude` (the idle prewarm spare); returns (pid, name) signalled."""
-    hit = []
-    for p in descendants(exclude):
+def named(found: Sequence[psutil.Process], sig: int | None = None) -> list[tuple[int, str]]:
+    """(pid, name) of each process still there, after sending it `sig` if one is given."""
+    out = []
+    for p in found:
         try:
             name = p.name()
-            p.send_signal(sig)
-            hit.append((p.pid, name))
+            if sig is not None:
+                p.send_signal(sig)
+            out.append((p.pid, name))
         except psutil.Error:
             continue
-    return hit
+    return out
+
+
+def kill_descendants(sig: int = signal.SIGKILL, exclude: Collection[int] = ()) -> list[tuple[int, str]]:
+    """Signal every live descendant but `exclude` (the idle prewarm spare); returns (pid, name) signalled."""
+    return named(descendants(exclude), sig)
 
 
 def signal_children(pid: int, sig: int) -> list[int]:
@@ -113,6 +122,26 @@ def signal_children(pid: int, sig: int) -> list[int]:
         except psutil.Error:
             continue
     return sent
+
+
+def worker_states(pid: int) -> dict[int, tuple[int, str]]:
+    """torchrun's workers (the direct children of `pid`) by the `RANK` in their environment: (pid, psutil status).
+
+    A child without a readable RANK (not a torchrun worker, or gone) is left out.
+    """
+    try:
+        kids = psutil.Process(pid).children()
+    except psutil.Error:
+        return {}
+    out: dict[int, tuple[int, str]] = {}
+    for k in kids:
+        try:
+            rank = k.environ().get("RANK", "")
+            if rank.isdecimal() and len(rank) <= 7:
+                out[int(rank)] = (k.pid, k.status())
+        except psutil.Error:
+            continue
+    return out
 
 
 def _ancestry() -> set[int]:
@@ -142,17 +171,7 @@ def find_orphans(token: str, run_dir: Path, recorded: tuple[int, float] | None =
     carries no other run dir's token. Oldest first, so the job's agent comes before its workers.
     """
     skip = _ancestry()
-    found: dict[int, psutil.Process] = {}
-    for p in psutil.process_iter():
-        if p.pid in skip:
-            continue
-        try:
-            env = p.environ()
-            if (env.get(ENV_RUN_TOKEN) == token and _same_dir(env.get(ENV_RUN_DIR), run_dir)
-                    and p.status() != psutil.STATUS_ZOMBIE):
-                found[p.pid] = p
-        except psutil.Error:  # gone, or another user's: not ours either way
-            continue
+    found = {p.pid: p for p in _started_from(run_dir, token, skip)}
     if recorded is not None and recorded[0] not in found and recorded[0] not in skip:
         job = _recorded_job(*recorded, token)
         if job is not None:
@@ -160,6 +179,29 @@ def find_orphans(token: str, run_dir: Path, recorded: tuple[int, float] | None =
             for child in _children(job):
                 found.setdefault(child.pid, child)
     return sorted(found.values(), key=_started)
+
+
+def _started_from(run_dir: Path, token: str | None, skip: Collection[int]) -> list[psutil.Process]:
+    """Live processes whose environment names `run_dir` (and `token`, unless None) as their supervisor's."""
+    found = []
+    for p in psutil.process_iter():
+        if p.pid in skip:
+            continue
+        try:
+            env = p.environ()
+            if ((token is None or env.get(ENV_RUN_TOKEN) == token) and _same_dir(env.get(ENV_RUN_DIR), run_dir)
+                    and p.status() != psutil.STATUS_ZOMBIE):
+                found.append(p)
+        except psutil.Error:  # gone, or another user's: not ours either way
+            continue
+    return found
+
+
+def job_of(run_dir: Path) -> int | None:
+    """The oldest live process of a job a supervisor of `run_dir` started (any token), or None: a job whose
+    supervisor was killed still runs on its checkpoint root (checkpoints/claim.py)."""
+    found = _started_from(run_dir, None, _ancestry())
+    return min(found, key=_started).pid if found else None
 
 
 def _recorded_job(pid: int, create_time: float, token: str) -> psutil.Process | None:

@@ -30,11 +30,12 @@ from supervisor.observe.humanize import human_bytes
 from supervisor.observe.sanitize import visible
 from supervisor.policy.state import State, Status, output_beyond
 
-__all__ = ["Console", "render_event", "progress_text", "Progress", "SUMMARY_EVERY_S", "TICK_S", "NOT_ECHOED"]
+__all__ = ["Console", "render_event", "progress_text", "Progress", "SUMMARY_EVERY_S", "TICK_S", "NOT_ECHOED",
+           "shown_path"]
 
 TICK_S = 1.0  # how often the progress is looked at (the live row is redrawn; a summary may be due)
 SUMMARY_EVERY_S = 10.0  # not a terminal: at most one progress line this often
-NOT_ECHOED = ("note not a terminal: the job's output is not echoed here (each attempt's is in RUN_DIR/logs/, "
+NOT_ECHOED = ("note not a terminal: the job's output is not echoed here (each attempt's is in {logs}/, "
               "`fsdp-supervisor logs --job -f` follows it); progress every {every:g} s, a failure's last output lines")
 _ROWS = ("job", "progress")  # live rows, top to bottom
 _GONE = (errno.EIO, errno.EPIPE, errno.ENXIO, errno.EBADF, errno.ENODEV, errno.ECONNRESET)
@@ -68,11 +69,17 @@ def _is_path(key: str) -> bool:
     return key in ("path", "log", "resumed_from") or key.endswith("_path")
 
 
+def shown_path(path: str, cwd: str | None = None) -> str:
+    """A path as the console shows it: relative when it is under the current directory, else as it is."""
+    cwd = cwd or os.getcwd()
+    return os.path.relpath(path, cwd) if path.startswith(cwd + os.sep) else path
+
+
 def _value(key: str, v: Any, cwd: str) -> str:
     if key.endswith("_bytes") and isinstance(v, int):
         return human_bytes(v).replace(" ", "")
     if isinstance(v, str) and _is_path(key):
-        v = os.path.relpath(v, cwd) if v.startswith(cwd + os.sep) else v
+        v = shown_path(v, cwd)
     if isinstance(v, float):
         v = round(v, 3)
     text = v if isinstance(v, str) and _PLAIN.fullmatch(v) else json.dumps(v, default=str, ensure_ascii=False)

@@ -96,6 +96,21 @@ def render_metrics(st: Status, *, now: float) -> str:
                 st.restart_latency_s, RESTART_LATENCY_BUCKETS)
     d.family("steps_lost_total", "counter", "Training steps redone after failures (step at failure - step resumed).",
              [({}, sum(st.steps_lost))])
+    d.family("time_lost_seconds_total", "counter",
+             "Seconds lost to failures, by phase: detection, stop, relaunch, worker_start, load, redo.",
+             [({"phase": k}, float(v)) for k, v in sorted(st.time_lost_s.items())])
+    ranks = [r for r in st.ranks if isinstance(r.get("rank"), int)]
+    d.family("rank_step", "gauge", "Training step of each watched rank (its own heartbeat).",
+             [({"rank": r["rank"]}, r.get("step")) for r in ranks])
+    d.family("rank_step_seconds", "gauge", "Each rank's own time per step (smoothed), as its heartbeat reports it.",
+             [({"rank": r["rank"]}, r.get("step_s")) for r in ranks])
+    d.family("rank_straggler", "gauge", "1 while a rank is flagged as a straggler.",
+             [({"rank": r["rank"]}, bool(r.get("straggler"))) for r in ranks])
+    d.gauge("stragglers", "Ranks flagged as stragglers now.", len(st.stragglers) if ranks else None)
+    hang = st.last_hang or {}
+    hung = ",".join(str(r.get("rank")) for r in hang.get("ranks") or [] if isinstance(r, dict))
+    d.gauge("last_hang_timestamp_seconds", "Unix time of the last hang detected, labelled with the ranks named.",
+            hang.get("at"), ranks=hung)
     ck = st.latest_checkpoint or {}
     d.gauge("last_checkpoint_step", "Step of the newest complete checkpoint.", ck.get("step"))
     mtime = ck.get("mtime")

@@ -51,8 +51,56 @@ def _goodput_rows(st: Status) -> list[tuple[str, str]]:
         spent = ", ".join(f"{label} {human_age(parts[key])}" for key, label in _PARTS if key in parts)
         head += f" of {human_age(parts['wall_s'])}: {spent}"
     more = [*([f"last restart latency {st.restart_latency_s[-1]:.1f}s"] if st.restart_latency_s else []),
-            *([f"{sum(st.steps_lost)} steps lost in {len(st.steps_lost)} failures"] if st.steps_lost else [])]
+            *([f"{sum(st.steps_lost)} steps lost in {len(st.steps_lost)} failure{'s' * (len(st.steps_lost) != 1)}"]
+              if st.steps_lost else [])]
     return [("goodput", head), *([("", ", ".join(more))] if more else [])]
+
+
+_LOSS_PARTS = (("detection", "detection"), ("stop", "stop"), ("relaunch", "relaunch"),
+               ("worker_start", "worker start"), ("load", "load"), ("redo", "redo"))
+
+
+def _failure_row(st: Status) -> str | None:
+    """The latest failure's cost: its steps (reached, resumed, lost) and its time by phase."""
+    f = st.last_failure
+    if not f:
+        return None
+    lost, reached, resumed = f.get("steps_lost"), f.get("reached"), f.get("resumed")
+    text = f"attempt {f.get('attempt')} {f.get('reason')}"
+    if f.get("hung_ranks"):
+        text += f" (hung: rank {', '.join(map(str, f['hung_ranks']))})"
+    if lost is not None:
+        text += f": {lost} steps lost (reached {reached}, resumed from {resumed})"
+    seconds = f.get("time_lost_s") or {}
+    known = [(label, seconds[k]) for k, label in _LOSS_PARTS if isinstance(seconds.get(k), (int, float))]
+    if known:
+        text += f"; {sum(v for _, v in known):.1f} s lost: " + ", ".join(f"{label} {v:.1f}" for label, v in known)
+    return text
+
+
+def _ranks_rows(st: Status) -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = []
+    ranks = [r for r in st.ranks if isinstance(r.get("step"), int)]
+    if ranks:
+        steps = [r["step"] for r in ranks]
+        span = f"step {steps[0]}" if min(steps) == max(steps) else f"steps {min(steps)}-{max(steps)}"
+        if min(steps) != max(steps):
+            behind = [str(r["rank"]) for r in ranks if r["step"] == min(steps)]
+            span += f" (behind: rank {', '.join(behind[:8])}{', ...' if len(behind) > 8 else ''})"
+        rows.append(("ranks", f"{len(ranks)} watched, {span}"))
+    slow = [r for r in ranks if r.get("straggler")]
+    if slow:
+        fast = sorted(r["step_s"] for r in ranks if not r.get("straggler") and isinstance(r.get("step_s"), float))
+        median = f", others {fast[len(fast) // 2]:.3g} s" if fast else ""
+        rows.append(("stragglers", "; ".join(
+            f"rank {r['rank']} {r['step_s']:.3g} s/step" if isinstance(r.get("step_s"), float) else f"rank {r['rank']}"
+            for r in slow[:8]) + median))
+    hang = st.last_hang
+    if hang:
+        named = "; ".join(f"rank {r.get('rank')} {r.get('why')}" for r in hang.get("ranks") or []) or "no rank named"
+        stacks = f"; stack dumps: {hang['stacks']}" if hang.get("stacks") else ""
+        rows.append(("last hang", f"attempt {hang.get('attempt')} at step {hang.get('step')}: {named}{stacks}"))
+    return rows
 
 
 def one_line(st: Status) -> str:
@@ -88,7 +136,11 @@ def render_status(st: Status, *, running: bool, now: float, spark: bool = False)
     loss = _loss_row(st, spark)
     if loss is not None:
         rows.append(("loss", loss))
+    rows += _ranks_rows(st)
     rows += _goodput_rows(st)
+    failure = _failure_row(st)
+    if failure is not None:
+        rows.append(("last failure", failure))
     ck = st.latest_checkpoint
     if ck:
         age = f", {human_age(now - ck['mtime'])} old" if ck.get("mtime") else ""

@@ -21,8 +21,10 @@ from supervisor.contract import (
     ENV_ATTEMPT,
     ENV_ERROR_FILE,
     ENV_HEARTBEAT,
+    ENV_HEARTBEAT_DIR,
     ENV_RUN_DIR,
     ENV_RUN_TOKEN,
+    RANK_HEARTBEAT_DIR,
     SLOW_PHASES,
     Beat,
     Phase,
@@ -73,17 +75,23 @@ class Job:
     error_file: Path
     log_path: Path
     oom_before: int | None
-    max_step: int | None = None
+    max_step: int | None = None  # the highest step it reached, by its heartbeats (every rank's, every step)
     new_checkpoint: bool = False
     hang: bool = False
-    stopping: bool = False
+    stopping: bool = False  # we asked it to stop (a requested stop, a hang): an exit 0 now is no completion
+    progress_at: float | None = None  # wall time its step last advanced, as the supervisor saw it
+    detected_at: float | None = None  # wall time its hang was detected
+    hung_ranks: list[tuple[int, str]] = field(default_factory=list)  # (rank, why) named at its hang
+    stacks: str | None = None  # where its hang's stack dumps were kept
     beat_mono: float | None = None
     beat: Beat | None = None
     beat_warned: bool = False
+    ranks_warned: bool = False  # a bad per-rank heartbeat (or too many of them) was said (once per attempt)
     log_warned: bool = False  # a failed rotation of its log was said (once per attempt)
     rotating: bool = False  # a rotation of its log is running off the loop
     low_free: int | None = None  # least free bytes on the checkpoint file system seen during the attempt
     rate: StepRate = field(default_factory=StepRate)  # steps per second over its recent steps
+    agent_exit: int | None = None  # the agent's exit code while workers it left finish a graceful stop (Core)
     # Set by `end`: the exit is known, but it is judged only once a pass has said what the attempt committed.
     returncode: int | None = None
     info: ExitInfo | None = None
@@ -97,7 +105,9 @@ class Job:
         assert self.info is not None and self.ended_mono is not None, "judged before it ended"
         return Attempt(
             number=self.number, started_at=self.started_mono, ended_at=self.ended_mono,
-            succeeded=self.returncode == 0, reason=ExitReason(self.info.reason), resumed_from=self.resumed_from,
+            # An exit 0 after we asked the job to stop (its SIGTERM handler exits 0) finished nothing.
+            succeeded=self.returncode == 0 and not (self.stopping or self.hang),
+            reason=ExitReason(self.info.reason), resumed_from=self.resumed_from,
             resumed_step=self.resumed_step, max_step=self.max_step, new_checkpoint=self.new_checkpoint,
             progressed=progressed, last_phase=self.beat.phase if self.beat else None, beat=self.beat is not None,
             beat_checkpoint=beat_checkpoint,
@@ -120,6 +130,7 @@ def job_env(cfg: Config, environ: Mapping[str, str], *, number: int, heartbeat: 
     env.update(cfg.job.env)
     env.update({
         ENV_HEARTBEAT: str(heartbeat),
+        ENV_HEARTBEAT_DIR: str(cfg.run_dir / RANK_HEARTBEAT_DIR),
         ENV_ATTEMPT: str(number),
         ENV_RUN_DIR: str(cfg.run_dir),
         ENV_ERROR_FILE: str(error_file),

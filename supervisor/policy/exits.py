@@ -65,7 +65,9 @@ class RootCause:
         if self.exitcode is not None:
             parts.append(f"exitcode {self.exitcode}" + (f" ({signal_name(-self.exitcode)})" if self.exitcode < 0 else ""))
         lines = self.message.strip().splitlines() if self.message else []
-        if not lines:  # no exception: the last output line that reads like an error, if one does
+        # No exception: the last output line that reads like an error, if one does; never for a worker killed by a
+        # signal, whose last lines are its peers' reaction to its death ("Connection reset by peer").
+        if not lines and not (self.exitcode is not None and self.exitcode < 0):
             lines = [line for line in self.last_output if _ERROR_WORDS.search(line)]
         if lines:
             parts.append(lines[-1].strip()[:_MAX_DETAIL])
@@ -199,11 +201,16 @@ class _OutputScan:
         """The root-cause worker's last exception, else the first failing source's last one.
 
         torchrun's default prefix numbers the local rank (`[default1]:`); a `${rank}` template, the global one.
+        When torchrun named a root-cause rank that raised nothing (a worker SIGKILLed by the OOM killer, a
+        segfault), another rank's exception is a consequence (its collective saw the peer vanish), not the
+        cause: only output no rank is named in (torchrun without --tee) may still be the root cause's.
         """
         for wanted in (self.local_rank, self.rank):
             for source, number in self.ranks.items():
                 if wanted is not None and number == wanted:
                     return self.exceptions[source]
+        if self.rank is not None:
+            return next((self.exceptions[s] for s, number in self.ranks.items() if number is None), None)
         return next(iter(self.exceptions.values()), None)
 
 

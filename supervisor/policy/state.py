@@ -123,6 +123,13 @@ class Status:
     loss_recent: list[float] = field(default_factory=list)  # the last sampled losses, oldest first
     restart_latency_s: list[float] = field(default_factory=list)  # per recovery: failure seen -> training again
     steps_lost: list[int] = field(default_factory=list)  # per failure followed by a relaunch
+    # Time lost to failures, in total by phase: detection, stop, relaunch, worker_start, load, redo (seconds).
+    time_lost_s: dict[str, float] = field(default_factory=dict)
+    last_failure: dict[str, Any] | None = None  # the latest failure's loss: steps reached/resumed/lost, time split
+    # Every rank watched (the job's per-rank heartbeats): {rank, step, phase, step_s, at, straggler} per rank.
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+    stragglers: list[int] = field(default_factory=list)  # ranks flagged as stragglers now
+    last_hang: dict[str, Any] | None = None  # {attempt, at, step, idle_s, ranks: [{rank, why}], stacks}
     config: str | None = None
     updated_at: float = 0.0
 

@@ -32,6 +32,18 @@ class TestBenchmarksRun:
         assert _positive(r["ratio"])
         assert "prewarm_handoff" in r["runs"]["supervisor"][0]["supervisor_events"]
 
+    def test_hang_recovery_and_heartbeat_cost(self) -> None:
+        """One supervised hang (SIGSTOP of rank 1, a 3 s timeout) recovers with its phases and exact steps lost;
+        the per-rank heartbeat's A/B job runs. (Bare torchrun's hang takes over a minute: `make bench` only.)"""
+        from bench import hangs, heartbeat
+
+        r = hangs.run(repeats=1, torchrun_repeats=0, hang_timeout_s=3, kill_step=5, model=TINY)
+        h = r["hang_recovery_s"]
+        assert _positive(h["median"]) and h["beyond_timeout"] == pytest.approx(h["median"] - 3, abs=1e-3)
+        assert _positive(h["breakdown"]["supervisor"]["detection"]) and r["steps_lost_errors"] == [0]
+        hb = heartbeat.run(rounds=2, block=2, model=TINY)["heartbeat"]
+        assert _positive(hb["per_rank_overhead"]) and _positive(hb["per_beat_us"])
+
     def test_save_stall_and_write_speed(self, tmp_path: Path) -> None:
         """The checkpoint job measures every kind and reduces to the issue's keys."""
         from bench.save_stall import run

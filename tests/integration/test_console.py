@@ -105,6 +105,7 @@ class TestRunConsole:
         out, _ = p.communicate(timeout=60)
         assert p.returncode == 3, out
         assert "not a terminal: the job's output is not echoed here" in out
+        assert re.search(r"each attempt's is in \S*\.fsdp-supervisor/logs/,", out), out  # the run dir's, not RUN_DIR
         assert re.search(r"job_started attempt=1 pid=\d+ log=\S*/.fsdp-supervisor/logs/attempt-0001.log", out), out
         assert re.search(r"job_exited attempt=2 reason=crash code=2 "
                          r"detail=\"fatal: dataset /data/shard-00017 not found\"\n"

@@ -33,8 +33,9 @@ class TestCoreRecords:
         core.on_signal(signal.SIGTERM)
         exit_job(core, fake, 0)
         recs = records(core)
-        assert kinds(recs) == ["supervisor_start", "attempt_start", "first_step", "checkpoint_committed",
-                               "attempt_exit", "attempt_start", "first_step", "attempt_exit", "supervisor_end"]
+        assert kinds(recs) == ["supervisor_start", "attempt_start", "first_beat", "first_step", "checkpoint_committed",
+                               "attempt_exit", "attempt_start", "first_beat", "first_step", "attempt_exit",
+                               "supervisor_end"]
         by_kind = {r["kind"]: r for r in recs}  # the last of each kind
         exits = [r for r in recs if r["kind"] == "attempt_exit"]
         assert exits[0]["reason"] == "signal" and exits[0]["signal"] == "SIGKILL" and exits[0]["max_step"] == 14

@@ -57,24 +57,26 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return {**env, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_PROGRESS_BAR": "off", **extra}
 
 
-def _build(src: Path, outdir: Path) -> None:
+def _build(src: Path, outdir: Path) -> str:
     """`python -m build` (the sdist, then the wheel from the sdist); without the `build` package (a venv made before
-    the dev extra named it) the same two PEP 517 steps through setuptools' backend."""
+    the dev extra named it) the same two PEP 517 steps through setuptools' backend. Returns what the build said."""
     if importlib.util.find_spec("build") is not None:
-        subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(outdir), str(src)],
-                       check=True, capture_output=True, text=True, timeout=300, env=_clean_env())
-        return
+        r = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(outdir), str(src)],
+                           check=True, capture_output=True, text=True, timeout=300, env=_clean_env())
+        return r.stdout + r.stderr
     code = ("import sys, tarfile, pathlib; from setuptools import build_meta as b; out = sys.argv[1]\n"
             "sdist = pathlib.Path(out, b.build_sdist(out)); tarfile.open(sdist).extractall('unpacked')\n"
             "import os; os.chdir(next(pathlib.Path('unpacked').iterdir())); b.build_wheel(out)")
-    subprocess.run([sys.executable, "-c", code, str(outdir)], cwd=src, check=True, capture_output=True, text=True,
-                   timeout=300, env=_clean_env())
+    r = subprocess.run([sys.executable, "-c", code, str(outdir)], cwd=src, check=True, capture_output=True, text=True,
+                       timeout=300, env=_clean_env())
+    return r.stdout + r.stderr
 
 
 @dataclass(frozen=True)
 class DaemonVenv:
     dist: Path
     bin: Path
+    build_log: str
 
 
 @pytest.fixture(scope="session")
@@ -88,14 +90,14 @@ def daemon_venv(tmp_path_factory: pytest.TempPathFactory) -> DaemonVenv:
         if (REPO / rel).is_file():
             (src / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / rel, src / rel)
-    _build(src, dist)
+    build_log = _build(src, dist)
     venv = root / "daemon-venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120, env=_clean_env())
     wheel = next(dist.glob("fsdp_supervisor-*.whl"))
     r = subprocess.run([str(venv / "bin" / "pip"), "install", str(wheel)], capture_output=True, text=True,
                        timeout=600, cwd=root, env=_clean_env())
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    return DaemonVenv(dist=dist, bin=venv / "bin")
+    return DaemonVenv(dist=dist, bin=venv / "bin", build_log=build_log)
 
 
 class TestDaemonOnlyInstall:
@@ -117,6 +119,12 @@ class TestDaemonOnlyInstall:
         assert default >= {"psutil", "watchdog", "pydantic", "structlog"}
         assert not default & {"torch", "numpy", "safetensors", "tqdm"}, default
         assert {"torch", "numpy", "safetensors", "tqdm"} <= trainer, trainer
+
+    def test_the_build_has_no_deprecation_warning(self, daemon_venv: DaemonVenv) -> None:
+        """setuptools turns its deprecations into errors on a date (the `license = { text = ... }` table: builds fail
+        from 2027-02-18): a build that warns today is one that breaks later without a change here."""
+        warned = [line for line in daemon_venv.build_log.splitlines() if "deprecat" in line.lower()]
+        assert not warned, warned
 
     def test_fresh_venv_has_no_torch_and_pip_check_is_clean_in_both_installs(self, daemon_venv: DaemonVenv) -> None:
         """The daemon's venv imports our installed code (not this checkout), has no torch, and `pip check` passes

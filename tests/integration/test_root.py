@@ -15,6 +15,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from supervisor.checkpoints.testing import write_checkpoint
@@ -117,6 +118,36 @@ class TestRootOnAnotherFileSystem:
         assert sorted(os.listdir(root)) == ["step_00000010", "step_00000020", "step_00000030"]
 
 
+    def test_a_bind_mounted_root_on_the_same_file_system_stops_retention_once(
+            self, tmp_path: Path, supervisors: Supervisors, mounts: list[Path]) -> None:
+        """`ckpts` is a bind mount of another folder of the same file system: same device as its parent, yet every
+        rename out of it fails (EXDEV). Retention stops, said once at start-up (not a failed rename per doomed
+        checkpoint at every pass), and the job still resumes; `prune` exits 2 having deleted nothing."""
+        if os.geteuid() != 0:
+            pytest.skip("a bind mount needs root (a real mount, not simulated)")
+        source, root = tmp_path / "data", tmp_path / "ckpts"
+        for step in (10, 20, 30):
+            write_checkpoint(source, step)
+        root.mkdir()
+        r = subprocess.run(["mount", "--bind", str(source), str(root)], capture_output=True, text=True)
+        if r.returncode:
+            pytest.skip(f"cannot bind-mount here: {r.stderr.strip()}")
+        mounts.append(root)
+        marker = tmp_path / "launches"
+        p = supervisors.start(write_config(tmp_path, sleeper(tmp_path, marker), "keep_last = 1\n" + FAST))
+        first = wait_for(lambda: launches(marker)[:1], 20, "the first launch")[0]  # type: ignore[index]
+        assert first["argv"][-2:] == ["--resume", str(root / "step_00000030")]
+        commit(root, 40)
+        wait_for(lambda: latest_step(tmp_path / ".fsdp-supervisor") == 40, 20, "the commit")
+        assert "nowhere to park deletions" in (state(tmp_path / ".fsdp-supervisor").get("retention_stopped") or "")
+        prune = cli("checkpoints", "prune", "--dir", str(root), "--keep-last", "1")
+        assert prune.returncode == 2 and "nowhere to park deletions" in prune.stderr, prune.stdout + prune.stderr
+        rc, out = stop(p)
+        assert rc == 0, out
+        assert out.count("retention_stopped") == 1 and "retention_rename_failed" not in out, out
+        assert sorted(os.listdir(source)) == [f"step_{s:08d}" for s in (10, 20, 30, 40)]
+
+
 def two_configs(tmp_path: Path, marker: Path) -> tuple[Path, Path]:
     """a.toml and b.toml: the same [checkpoints] dir, each its own run dir."""
     a = write_config(tmp_path, sleeper(tmp_path, marker), FAST + '\n[supervisor]\nrun_dir = "run-a"\n', name="a.toml")
@@ -165,6 +196,57 @@ class TestOneJobPerRoot:
         assert first.returncode == 0 and len(launches(marker)) == 1
 
 
+    def test_one_root_bind_mounted_at_two_paths_is_one_claim(self, tmp_path: Path, supervisors: Supervisors,
+                                                             mounts: list[Path]) -> None:
+        """`mount --bind data/ckpts view`, config A on one path, B on the other: one directory, so B is refused
+        (exit 2 naming A). Each path has its own folder next to it; they meet in the claim's identity home."""
+        if os.geteuid() != 0:
+            pytest.skip("a bind mount needs root (a real mount, not simulated)")
+        (tmp_path / "data" / "ckpts").mkdir(parents=True)
+        (tmp_path / "view").mkdir()
+        r = subprocess.run(["mount", "--bind", str(tmp_path / "data" / "ckpts"), str(tmp_path / "view")],
+                           capture_output=True, text=True)
+        if r.returncode:
+            pytest.skip(f"cannot bind-mount here: {r.stderr.strip()}")
+        mounts.append(tmp_path / "view")
+        marker = tmp_path / "launches"
+        a = write_config(tmp_path, sleeper(tmp_path, marker), FAST + '\n[supervisor]\nrun_dir = "run-a"\n', name="a.toml")
+        b = write_config(tmp_path, sleeper(tmp_path, marker), FAST + '\n[supervisor]\nrun_dir = "run-b"\n', name="b.toml")
+        a.write_text(a.read_text().replace('dir = "ckpts"', 'dir = "data/ckpts"'))
+        b.write_text(b.read_text().replace('dir = "ckpts"', 'dir = "view"'))
+        first = supervisors.start(a)
+        wait_for(lambda: launches(marker), 20, "job A")
+        second = supervisors.start(b)
+        out, _ = second.communicate(timeout=60)
+        assert second.returncode == 2 and f"supervisor pid {first.pid}" in out and f"config {a}" in out, out
+        assert len(launches(marker)) == 1
+        rc, out = stop(first)
+        assert rc == 0, out
+
+    def test_the_job_of_a_killed_supervisor_still_holds_the_root(self, tmp_path: Path,
+                                                                   supervisors: Supervisors) -> None:
+        """Supervisor A is SIGKILLed; its job runs on (its own session) and keeps training on the root. A second
+        config on the root is refused (exit 2) naming that job, not let in to run a second job beside it; `run -c
+        A` again takes over as before (stops the orphan, then launches)."""
+        marker = tmp_path / "launches"
+        a, b = two_configs(tmp_path, marker)
+        first = supervisors.start(a)
+        job = wait_for(lambda: launches(marker)[:1], 20, "job A")[0]  # type: ignore[index]
+        supervisors.track(job["pid"])
+        first.kill()
+        first.communicate(timeout=30)
+        second = supervisors.start(b)
+        out, _ = second.communicate(timeout=60)
+        assert second.returncode == 2, out
+        assert f"its job still runs: pid {job['pid']}" in out and f"config {a}" in out, out
+        assert len(launches(marker)) == 1
+        again = supervisors.start(a)
+        wait_for(lambda: launches(marker)[1:2], 60, "A again: the orphan stopped, then a launch")
+        assert not psutil.pid_exists(job["pid"]) or psutil.Process(job["pid"]).status() == psutil.STATUS_ZOMBIE
+        rc, out = stop(again)
+        assert rc == 0 and "orphan_job_stopped" in out, out
+
+
 class TestRootChangesMidRun:
     def test_a_root_deleted_and_re_created_is_watched_again(self, tmp_path: Path, supervisors: Supervisors) -> None:
         """The watch died with the old root; commits into the new one are seen without waiting for the periodic pass."""
@@ -178,6 +260,32 @@ class TestRootChangesMidRun:
         wait_for(lambda: latest_step(tmp_path / ".fsdp-supervisor") == 10, 20, "the commit in the re-created root")
         rc, out = stop(p)
         assert rc == 0 and "watch_restored" in out, out
+
+    def test_a_bind_mount_over_the_root_is_no_fresh_start(self, tmp_path: Path, supervisors: Supervisors,
+                                                          mounts: list[Path]) -> None:
+        """An empty folder of the same file system is bind-mounted over the running root (same device, the
+        checkpoints hidden, not gone): the relaunch after a crash must not start from scratch there. Passes fail
+        naming the mount, and the run gives up (exit 3) - as for a share that came unmounted."""
+        if os.geteuid() != 0:
+            pytest.skip("a bind mount needs root (a real mount, not simulated)")
+        root = tmp_path / "ckpts"
+        write_checkpoint(root, 10)
+        (tmp_path / "empty").mkdir()
+        marker = tmp_path / "launches"
+        p = supervisors.start(write_config(tmp_path, sleeper(tmp_path, marker), FAST))
+        first = wait_for(lambda: launches(marker)[:1], 20, "the first launch")[0]  # type: ignore[index]
+        assert first["argv"][-2:] == ["--resume", str(root / "step_00000010")]
+        r = subprocess.run(["mount", "--bind", str(tmp_path / "empty"), str(root)], capture_output=True, text=True)
+        if r.returncode:
+            pytest.skip(f"cannot bind-mount here: {r.stderr.strip()}")
+        mounts.append(root)
+        os.kill(first["pid"], signal.SIGKILL)
+        out, _ = p.communicate(timeout=90)
+        assert p.returncode == 3 and "gave_up" in out, out
+        assert "is on another mount than when the supervisor started" in (
+            tmp_path / ".fsdp-supervisor" / "supervisor.log").read_text()
+        assert len(launches(marker)) == 1
+
 
     def test_a_backup_copy_inside_the_root_changes_nothing(self, tmp_path: Path, supervisors: Supervisors) -> None:
         """A user copies checkpoints into `ckpts/backup/` mid-run: ignored for ranking, never deleted, passes go on

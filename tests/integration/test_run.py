@@ -249,6 +249,22 @@ class TestStopIsNeverEscalatedByAccident:
         assert p.wait(timeout=30) == 0 and state(tmp_path)["state"] == "stopped"
         assert "stop_forced" not in supervisor_log(tmp_path)
 
+    def test_workers_the_agent_left_finish_their_save(self, tmp_path: Path, supervisors: Supervisors) -> None:
+        """The agent exits as soon as it has forwarded SIGTERM (torchrun signalled again, as Slurm does to every
+        process of a step), leaving its worker mid-save: the worker gets the rest of stop_timeout_s and finishes."""
+        trap, marker = tmp_path / "saved", tmp_path / "launches"
+        cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--worker", "--sleep", "120", "--trap-term", str(trap),
+                                      "--stop-delay", "3", "--marker", str(marker)],
+                           FAST + "\n[health]\nstop_timeout_s = 60\n")
+        p = supervisors.start(cfg)
+        wait_for(lambda: launches(marker), 60, "the worker's start")
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=60) == 0
+        log = supervisor_log(tmp_path)
+        assert trap.read_text() == str(int(signal.SIGTERM)), "the worker's emergency save was cut short"
+        assert "waiting_for_workers" in log and "survivors_killed" not in log
+        assert state(tmp_path)["state"] == "stopped"
+
     def test_stop_force_kills_at_once(self, tmp_path: Path, supervisors: Supervisors) -> None:
         """`stop --force` while a graceful stop waits: the job is killed now; exit 0, reason says forced."""
         cfg, trap, marker = slow_stopper(tmp_path, 120)

@@ -139,27 +139,37 @@ class TestStopAndResume:
         assert attempts(tmp_path) == ["attempt-0001.log", "attempt-0002.log"]  # numbering continues across runs
 
     def test_sigstopped_worker_is_a_hang(self, tmp_path: Path, supervisors: Supervisors, reference: dict) -> None:
-        """A SIGSTOPped worker stops the heartbeat: hang detected, stacks requested, job replaced, run finishes.
+        """SIGSTOP of rank 1: hang detected, rank 1 named, stacks kept, the job killed after hang_kill_grace_s
+        (stop_timeout_s = 600 is for a requested stop, and is not waited), relaunched, the run finishes.
 
         The stop may land while rank 0 says `save` (a save every 5 steps, and state.json's phase lags): the save
         allowance is shortened too, or a stop there waits out the 1800 s default."""
-        extra = FAST.replace("stop_timeout_s = 20", "stop_timeout_s = 5\nhang_timeout_s = 4\nsave_timeout_s = 8\n"
-                                                    "stack_dump_wait_s = 1")
+        extra = FAST.replace("stop_timeout_s = 20", "stop_timeout_s = 600\nhang_timeout_s = 4\nsave_timeout_s = 8\n"
+                                                    "stack_dump_wait_s = 2\nhang_kill_grace_s = 1")
         p = supervisors.start(write_config(tmp_path, TORCHRUN + TRAIN, extra))
         wait_for(lambda: latest_step(tmp_path) >= 5 and state(tmp_path).get("phase") == "train", TIMEOUT, "training")
-        victim = wait_for(lambda: job_workers(tmp_path), 30, "workers")[-1]
+        victim = wait_for(lambda: [w for w in job_workers(tmp_path) if w.environ().get("RANK") == "1"], 30,
+                          "rank 1")[0]
         victim.suspend()
         try:
-            wait_for(lambda: state(tmp_path).get("attempt") == 2, 120, "attempt 2")
+            wait_for(lambda: state(tmp_path).get("attempt") == 2, 120, "attempt 2 (without waiting stop_timeout_s)")
         finally:
             try:
                 victim.resume()
             except psutil.Error:
                 pass
-        assert state(tmp_path)["last_exit"]["reason"] == "hang"
+        st = state(tmp_path)
+        assert st["last_exit"]["reason"] == "hang"
+        assert st["last_hang"]["ranks"] == [{"rank": 1, "why": "stopped (SIGSTOP or SIGTSTP)"}]
+        stacks = Path(st["last_hang"]["stacks"])
+        assert b"Current thread 0x" in stacks.read_bytes()  # rank 0's dump (rank 1 cannot dump while stopped)
         log = (tmp_path / ".fsdp-supervisor" / "supervisor.log").read_text()
         assert "hang_detected" in log and "stack_dump_requested" in log
+        killed = [json.loads(line) for line in log.splitlines() if '"event": "job_killed"' in line]
+        assert [(k["reason"], k["after_s"]) for k in killed] == [("hang", 1.0)]
         finish_and_compare(tmp_path, p, reference)
+        report = json.loads(cli("report", "-c", str(tmp_path / "job.toml"), "--json").stdout)
+        assert report["losses"][0]["hung_ranks"] == [1] and report["exit_reasons"]["hang"] == 1
 
 
 class TestQuarantine:

@@ -16,6 +16,7 @@ import pytest
 from supervisor.checkpoints import newest_complete
 from supervisor.cli.systemd import UnitOptions, render_unit, supervisor_command
 from supervisor.config import load_config
+from supervisor.layout import step_dir_name
 from tests.supervise import TAG_ENV, Supervisors, cli, supervisors, wait_for, write_config  # noqa: F401
 from tests.unit.test_systemd import (
     TEMPLATE,
@@ -61,6 +62,46 @@ def service_exec(unit: str, cache: Path) -> tuple[list[str], dict[str, str], Pat
         elif key == "CacheDirectory":
             (cache / _specifiers(value, cache)).mkdir(parents=True, exist_ok=True)
     return argv, env, cwd
+
+
+def sandbox_script(unit: str, cache: Path) -> str:
+    """A shell script that sets up the unit's file-system sandbox in a private mount namespace, as systemd does,
+    then execs "$@": every mount read-only (ProtectSystem=strict, ProtectHome=read-only), a private /tmp and
+    /var/tmp unless PrivateTmp=no, and each ReadWritePaths= (and the CacheDirectory=) a writable bind mount of its
+    own, so that rename() across two of them fails with EXDEV as it does under systemd."""
+    rw: list[str] = []
+    private_tmp = True
+    for line in unit.splitlines():
+        key, _, value = line.partition("=")
+        if key == "ReadWritePaths":
+            rw += [_specifiers(w, cache) for w in shlex.split(value)]
+        elif key == "CacheDirectory":
+            rw.append(str(cache / _specifiers(value, cache)))
+        elif key == "PrivateTmp":
+            private_tmp = value == "yes"
+    with open("/proc/self/mounts") as f:
+        mounts = [line.split()[1] for line in f]
+    keep = ("/proc", "/sys", "/dev")
+    lines = ["set -e", "mount --make-rprivate /"]
+    lines += [f"mount -o remount,bind,ro {shlex.quote(m)} 2>/dev/null || true"  # what can be: an approximation
+              for m in mounts if not m.startswith(keep)]
+    if private_tmp:
+        lines += ["mount -t tmpfs tmpfs /tmp", "mount -t tmpfs tmpfs /var/tmp"]
+    for path in rw:
+        q = shlex.quote(path)
+        lines += [f"mount --bind {q} {q}", f"mount -o remount,bind,rw {q}"]
+    return "\n".join([*lines, 'exec "$@"'])
+
+
+UNSHARE = shutil.which("unshare")
+
+
+def can_unshare() -> bool:
+    """May this process make a private mount namespace (root, or CAP_SYS_ADMIN)?"""
+    if UNSHARE is None:
+        return False
+    r = subprocess.run([UNSHARE, "-m", "--", "sh", "-c", "mount -t tmpfs tmpfs /mnt"], capture_output=True, timeout=30)
+    return r.returncode == 0
 
 
 def verify(unit_file: Path) -> subprocess.CompletedProcess[str]:
@@ -168,8 +209,11 @@ class TestServiceEnvironment:
             subprocess.run(mkdir, shell=True, check=True)  # what the unit's warning asks of the operator
         return config, r.stdout
 
-    def start(self, supervisors: Supervisors, unit: str, cache: Path) -> subprocess.Popen[str]:
+    def start(self, supervisors: Supervisors, unit: str, cache: Path, *, sandbox: bool = False) -> subprocess.Popen[str]:
         argv, env, cwd = service_exec(unit, cache)
+        if sandbox:  # the same exec, inside the unit's file-system sandbox
+            assert UNSHARE is not None
+            argv = [UNSHARE, "-m", "--", "sh", "-c", sandbox_script(unit, cache), "sh", *argv]
         env[TAG_ENV] = supervisors.tag
         if os.environ.get("PYTHONPATH"):
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
@@ -196,6 +240,31 @@ class TestServiceEnvironment:
         out, _ = p.communicate(timeout=120)
         assert p.returncode == 0, out[-3000:]
         assert "stopped" in out, out[-3000:]
+
+    def test_in_the_units_sandbox_it_trains_and_retention_deletes(self, tmp_path: Path, supervisors: Supervisors) -> None:
+        """Under the unit's ProtectSystem=strict + ReadWritePaths= (emulated with a private mount namespace) the job
+        finds a temporary directory, trains, and retention deletes: it parks deletions next to the root, so that
+        folder must be writable and one mount with the root (with only the root and the run dir writable, every
+        rename failed with EXDEV and nothing was ever deleted; under /tmp, torchrun found no temporary dir)."""
+        if not can_unshare():
+            pytest.skip("no private mount namespace here (needs root or CAP_SYS_ADMIN, and util-linux unshare)")
+        config, unit = self.unit_for(tmp_path)
+        supervisors.configs.append(config)
+        p = self.start(supervisors, unit, tmp_path / "cache", sandbox=True)
+        ckpts = config.parent / "ckpts"
+
+        def pruned() -> bool:  # keep_last = 3 by default: a fifth checkpoint means two were due for deletion
+            if p.poll() is not None:
+                raise AssertionError(f"exit {p.returncode}: {p.communicate()[0][-3000:]}")
+            ckpt = newest_complete(ckpts)
+            return ckpt is not None and ckpt.step >= 10
+
+        wait_for(pruned, 240, "five checkpoints in the unit's sandbox", interval=0.5)
+        p.send_signal(signal.SIGTERM)
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0, out[-3000:]
+        assert "retention_deleted" in out and "retention_rename_failed" not in out, out[-3000:]
+        assert not (ckpts / step_dir_name(2)).exists()
 
     def test_without_the_units_path_the_job_cannot_start(self, tmp_path: Path, supervisors: Supervisors) -> None:
         """Control: the same ExecStart without the unit's `Environment=PATH=` line is what systemd ran before:

@@ -23,7 +23,7 @@ class RecordingHeartbeat:
         self.val_loss: float | None = None
 
     def beat(self, step: int, phase: str, loss: float | None = None, *, val_loss: float | None = None,
-             force: bool = False) -> bool:
+             force: bool = False, step_s: float | None = None) -> bool:
         self.beats.append((step, phase, val_loss))
         return True
 

@@ -5,6 +5,7 @@ import argparse
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,6 +21,17 @@ def beat(step: int, phase: str = "train", val_loss: float | None = None) -> None
     if path:
         record = heartbeat_record(step, phase, time=time.time(), loss=1.0 / (step + 1), val_loss=val_loss)
         write_atomic(path, json.dumps(record).encode(), durable=False)
+
+
+def agent(worker_args: list[str]) -> int:
+    worker = subprocess.Popen([sys.executable, __file__, *worker_args], start_new_session=True)
+
+    def on_term(signum: int, _f: object) -> None:
+        worker.send_signal(signum)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    return worker.wait()
 
 
 def main() -> int:
@@ -38,7 +50,12 @@ def main() -> int:
     p.add_argument("--resume", default=None)
     p.add_argument("--say", action="store_true", help="print a line per step")
     p.add_argument("--frames", type=int, default=0, help="first print this many 100-byte \\r frames (a tqdm bar)")
+    p.add_argument("--worker", nargs=argparse.REMAINDER, default=None,
+                   help="be an agent: run this script with these args as a worker in its own session; on SIGTERM forward "
+                   "it and exit at once, leaving the worker behind (torchrun signalled again while it waits)")
     a = p.parse_args()
+    if a.worker is not None:
+        return agent(a.worker)
     if a.trap_term:
         def on_term(signum: int, _f: object) -> None:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop at a time, like the trainer

@@ -17,6 +17,8 @@ FSDP_TRAINER_TEST_PACE_SAVES=1          every save waits (at most 60 s) until th
                                         seen the last save. A job saving faster than a pass can prune behind it
                                         (50 ms steps here) would race retention; this one still runs out of
                                         space if retention does not free what it should.
+FSDP_TRAINER_TEST_SLOW_RANK=R           rank R sleeps S seconds in every optimizer step (after the backward's last
+FSDP_TRAINER_TEST_SLOW_S=S              collective, before the loss all-reduce): a straggler the others wait for.
 """
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ HOLD_SAVE_STEP_ENV = "FSDP_TRAINER_TEST_HOLD_SAVE_STEP"
 HOLD_SAVE_UNTIL_ENV = "FSDP_TRAINER_TEST_HOLD_SAVE_UNTIL"
 STALL_BEST_ENV = "FSDP_TRAINER_TEST_STALL_BEST_STEP"
 PACE_SAVES_ENV = "FSDP_TRAINER_TEST_PACE_SAVES"
+SLOW_RANK_ENV = "FSDP_TRAINER_TEST_SLOW_RANK"
+SLOW_S_ENV = "FSDP_TRAINER_TEST_SLOW_S"
 PACE_MAX_S = 60.0
 _COMMITTED = re.compile(r"step_(\d{8})")  # the reference trainer's committed name (supervisor/layout.py)
 HOLD_MAX_S = 600.0
@@ -100,6 +104,23 @@ def install() -> None:
         return write_atomic(path, data, *args, **kwargs)
 
     trainer.best.write_atomic = stalled_write_atomic  # type: ignore[assignment]
+    _slow_rank()
+
+
+def _slow_rank() -> None:
+    """SLOW_RANK: that rank's optimizer steps take SLOW_S longer (the class is patched before the trainer builds one)."""
+    if os.environ.get(SLOW_RANK_ENV) is None or os.environ.get(SLOW_RANK_ENV) != os.environ.get("RANK"):
+        return
+    import torch
+
+    delay = float(os.environ.get(SLOW_S_ENV, "0.2"))
+    step = torch.optim.AdamW.step
+
+    def slow_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(delay)
+        return step(self, *args, **kwargs)
+
+    torch.optim.AdamW.step = slow_step  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":

@@ -16,12 +16,14 @@ from bench.save_stall import reduce
 
 class TestGoals:
     def test_every_issue_key_is_gated(self) -> None:
-        """The table gates the nine goals of issue 7, the three of the metadata reader and four of issue 12."""
+        """The table gates the nine goals of issue 7, the three of the metadata reader, four of issue 12 and three of
+        issue 25."""
         assert {k for k, _, _ in GOALS} == {
             "recovery_s.ratio", "save_stall_s.async_over_sync", "save_stall_s.async_over_memcpy", "write_gbps.ratio",
             "supervisor.rss_mb", "supervisor.idle_cpu_pct", "supervisor.import_s", "discovery_ms.n1000",
             "throughput_ratio", "parse_vs_torch_ratio", "metadata_parse.peak_rss_x", "metadata_parse.linearity",
-            "load_gbps.ratio", "loop_stall_ms_max", "signal_latency_during_verify_s", "discovery_ms.llama70b_r64"}
+            "load_gbps.ratio", "loop_stall_ms_max", "signal_latency_during_verify_s", "discovery_ms.llama70b_r64",
+            "hang_recovery_s.beyond_timeout", "heartbeat.per_rank_overhead", "steps_lost.error"}
 
     def test_met_missed_and_missing(self) -> None:
         """<= and >= goals are judged on the value; an absent value is neither met nor missed."""
@@ -30,6 +32,16 @@ class TestGoals:
         assert got["throughput_ratio"]["met"] is False and got["supervisor.rss_mb"]["met"] is None
         table = render({"recovery_s": {"ratio": 1.2, "supervisor": 3.5}})
         assert "MISSED" in table and "n/a" in table and "recovery_s.supervisor" in table
+
+    def test_steps_lost_errors_of_every_section_add_up(self) -> None:
+        """recovery's and hangs' rounds each report reported - true; the gated figure is the largest miss."""
+        from bench.__main__ import _merge
+
+        results: dict = {}
+        _merge(results, {"recovery_s": {"ratio": 1.0}, "steps_lost_errors": [0, 0]})
+        _merge(results, {"hang_recovery_s": {"median": 9.0}, "steps_lost_errors": [-2, None]})
+        assert results["steps_lost"] == {"errors": [0, 0, -2, None], "error": 2}
+        assert evaluate(results)["steps_lost.error"]["met"] is False
 
     def test_unknown_section_is_a_usage_error(self, capsys: pytest.CaptureFixture[str]) -> None:
         """--only with a name that is no benchmark exits 2 naming it, before running anything."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from supervisor.checkpoints.claim import (
     claim_homes,
     conflicts,
     holder_state,
+    identity_home,
     live_holders,
 )
 from supervisor.errors import ClaimedError
@@ -150,6 +152,46 @@ class TestRootClaim:
         assert c.check() is None and c.path.exists()
         _plant(root, pid=PARENT, start=psutil.Process(PARENT).create_time())
         assert f"pid {PARENT}" in (c.check() or "")
+
+    def test_one_directory_reached_by_another_path_is_one_claim(self, root: Path) -> None:
+        """A bind mount gives one root two paths, so two folders next to it: the identity home (by device and
+        inode, in our cache dir) is where both meet. A live holder found only there refuses; a record there that
+        names a root now another directory (deleted, its inode number reused) does not."""
+        by_id = identity_home(root)
+        assert by_id is not None
+        by_id[0].mkdir(mode=0o700, parents=True)
+        record = {"job": None, "pid": PARENT, "host": socket.gethostname(), "config": "/other/job.toml",
+                  "start_time": psutil.Process(PARENT).create_time(), "run_dir": "/other/run", "time": time.time()}
+        planted = by_id[0] / f"{socket.gethostname()}-{PARENT}.json"
+        planted.write_text(json.dumps({**record, "root": str(root.parent)}))  # another directory now
+        c = claim(root)
+        assert c.acquire() == [] and c.id_path is not None and c.id_path.parent == by_id[0]
+        assert json.loads(c.id_path.read_text())["root"] == str(root)
+        c.release()
+        assert not c.id_path.exists()
+        planted.write_text(json.dumps({**record, "root": str(root)}))  # written by a supervisor through another path
+        with pytest.raises(ClaimedError, match=f"supervisor pid {PARENT} "):
+            claim(root).acquire()
+        assert [h.pid for h in live_holders(root)] == [PARENT]
+
+    def test_a_claim_folder_removed_mid_run_is_written_again_by_the_next_pass(self, root: Path) -> None:
+        """`rm -rf .ckpts.fsdp-claim` while the job runs: the next pass (refresh) writes it again, so a second job
+        is refused instead of finding the root free until our next launch."""
+        c = claim(root)
+        c.acquire()
+        assert c.path is not None and c.id_path is not None
+        shutil.rmtree(c.path.parent)
+        shutil.rmtree(c.id_path.parent)
+        c.refresh()
+        assert c.path.exists() and c.id_path.exists()
+        assert [h.pid for h in live_holders(root)] == [os.getpid()]
+
+    def test_a_cache_dir_inside_the_root_holds_no_claim(self, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """`FSDP_SUPERVISOR_CACHE_DIR=ckpts/.cache`: the claim stays next to the root, nothing goes inside it."""
+        monkeypatch.setenv("FSDP_SUPERVISOR_CACHE_DIR", str(root / ".cache"))
+        c = claim(root)
+        assert c.acquire() == [] and c.id_path is None and claim_homes(root) == [root.parent / ".ckpts.fsdp-claim"]
+        assert os.listdir(root) == []
 
     @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the folder to another user")
     def test_a_folder_not_ours_moves_the_claim_to_the_cache_dir(self, root: Path, tmp_path: Path,

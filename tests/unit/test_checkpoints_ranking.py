@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 import supervisor.checkpoints.ranking as scan_module
-from supervisor.checkpoints import DiskUsage, RetentionRules, newest_complete, plan_retention, quarantine, scan
+from supervisor.checkpoints import (
+    CheckpointInfo,
+    DiskUsage,
+    RetentionRules,
+    newest_complete,
+    plan_retention,
+    quarantine,
+    scan,
+)
 from supervisor.checkpoints.retention import GIB
 from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.errors import CheckpointError
@@ -210,6 +218,15 @@ class TestNewestComplete:
         assert newest_complete(tmp_path).step == 1
 
 
+def assert_only_the_run_is_resumed_and_pruned(root: Path, infos: dict[str, CheckpointInfo]) -> None:
+    """The run's own step_00000030 is the newest; keep_last=1 deletes its step_10 and step_20, no copy."""
+    newest = newest_complete(root)
+    assert newest is not None and newest.name == "step_00000030"
+    plan = plan_retention(list(infos.values()), rules=RetentionRules(keep_last=1, partial_max_age_s=0),
+                          disk=DiskUsage(100 * GIB, 90 * GIB), protect=set(), now=time.time() + 1e6)
+    assert sorted(d.name for d in plan.deletions) == ["step_00000010", "step_00000020"]
+
+
 class TestACopiedSeriesInsideTheRoot:
     """A user copies checkpoints into `backup/` inside the root mid-run (issue 21): a copy, not a root set too high."""
 
@@ -228,11 +245,7 @@ class TestACopiedSeriesInsideTheRoot:
         check_root(root)  # no CheckpointDirectoryError: the root has checkpoints of its own
         infos = {c.name: c for c in scan(root)}
         assert infos["backup"].state == "foreign" and "a copy: never touched" in (infos["backup"].reason or "")
-        newest = newest_complete(root)
-        assert newest is not None and newest.name == "step_00000030"
-        plan = plan_retention(list(infos.values()), rules=RetentionRules(keep_last=1, partial_max_age_s=0),
-                              disk=DiskUsage(100 * GIB, 90 * GIB), protect=set(), now=time.time() + 1e6)
-        assert sorted(d.name for d in plan.deletions) == ["step_00000010", "step_00000020"]
+        assert_only_the_run_is_resumed_and_pruned(root, infos)
 
     def test_a_root_holding_only_the_series_is_still_set_too_high(self, root: Path) -> None:
         """Without checkpoints of its own the same folder means the root is one level too high: refused."""
@@ -242,3 +255,31 @@ class TestACopiedSeriesInsideTheRoot:
             shutil.rmtree(root / f"step_{step:08d}")
         with pytest.raises(CheckpointDirectoryError, match="did you mean"):
             scan(root)
+
+
+class TestACopyBesideTheOriginal:
+    """`cp -a step_00000030 step_00000030.bak` in the root (issue 21, review): the copy's name carries no step, its
+    manifest says 30, the original's name says 30. It tied with the original (same mtime after `cp -a`), outranked
+    it, and retention deleted the run's own step_00000030 first and the user's copy later."""
+
+    @pytest.fixture
+    def root(self, tmp_path: Path) -> Path:
+        r = tmp_path / "ckpts"
+        for step in (10, 20, 30):
+            write_checkpoint(r, step)
+        for source, copy in [(30, "step_00000030.bak"), (30, "step_00000030-old"), (20, "step_20_backup")]:
+            shutil.copytree(r / f"step_{source:08d}", r / copy)  # copy2: the mtimes too, as `cp -a` keeps them
+        return r
+
+    def test_foreign_never_resumed_from_never_deleted(self, root: Path) -> None:
+        infos = {c.name: c for c in scan(root)}
+        for copy in ("step_00000030.bak", "step_00000030-old", "step_20_backup"):
+            assert infos[copy].state == "foreign" and "a copy of step_000000" in (infos[copy].reason or ""), copy
+        assert_only_the_run_is_resumed_and_pruned(root, infos)
+
+    def test_a_name_without_a_step_and_no_twin_is_still_a_checkpoint(self, tmp_path: Path) -> None:
+        """The reference trainer's manifest gives the step of a dir named `latest` when no sibling's name has it."""
+        write_checkpoint(tmp_path, 10)
+        write_checkpoint(tmp_path, 20, name="latest")
+        assert [(c.name, c.step, c.state) for c in scan(tmp_path)] == [("latest", 20, "complete"),
+                                                                       ("step_00000010", 10, "complete")]

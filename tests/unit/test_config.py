@@ -97,6 +97,33 @@ class TestErrors:
         msg = str(ei.value)
         assert needle in msg and "\n" not in msg and str(tmp_path) in msg
 
+    @pytest.mark.parametrize(
+        ("text", "needle"),
+        [
+            (MINIMAL + "keep_lsat = 3\n", "[checkpoints.keep_lsat] unknown key (did you mean 'keep_last'?)"),
+            (MINIMAL + "[heath]\nhang_timeout_s = 60\n", "[heath] unknown key (did you mean 'health'?)"),
+            (MINIMAL + "[health]\nhang_timeout = 60\n",
+             "[health.hang_timeout] unknown key (did you mean 'hang_timeout_s'?)"),
+            (MINIMAL + 'keep_best = { metrc = "val_loss", k = 1 }\n',
+             "[checkpoints.keep_best.metrc] unknown key (did you mean 'metric'?)"),  # before "metric is missing"
+            (MINIMAL.replace("command", "comand"), "[job.comand] unknown key (did you mean 'command'?)"),
+            (MINIMAL.replace("[checkpoints]", "[chekpoints]"), "[checkpoints] section is missing (is [chekpoints] a"),
+        ],
+    )
+    def test_a_misspelt_key_names_the_one_meant(self, tmp_path: Path, text: str, needle: str) -> None:
+        """A misspelt key or table says which one was probably meant (an unknown key is reported before the
+        "required key is missing" it causes)."""
+        with pytest.raises(ConfigError) as ei:
+            load_config(write(tmp_path, text))
+        assert needle in str(ei.value), str(ei.value)
+
+    @pytest.mark.parametrize("extra", ["[health]\nbogus = 1\n", "pth = 'x'\n"])
+    def test_no_guess_for_a_key_like_no_other(self, tmp_path: Path, extra: str) -> None:
+        """No guess when nothing is close, and never the loader's own `path` field, which is not a key."""
+        with pytest.raises(ConfigError) as ei:
+            load_config(write(tmp_path, extra + MINIMAL))
+        assert "unknown key" in str(ei.value) and "did you mean" not in str(ei.value), str(ei.value)
+
     def test_missing_file(self, tmp_path: Path) -> None:
         """A missing config file is a ConfigError naming the path."""
         with pytest.raises(ConfigError, match="not found"):

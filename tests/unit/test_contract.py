@@ -17,6 +17,8 @@ from supervisor.contract import (
     manifest_record,
     parse_heartbeat,
     parse_manifest,
+    rank_heartbeat_name,
+    rank_of_heartbeat,
 )
 from supervisor.errors import ManifestError
 
@@ -45,6 +47,7 @@ class TestParseHeartbeat:
         ("loss", "NaN"), ("loss", "Infinity"), ("loss", "-Infinity"), ("loss", "1e999"), ("loss", '"low"'),
         ("loss", "1e31"), ("val_loss", "NaN"), ("val_loss", "[1]"), ("time", "-5"), ("time", "1e300"),
         ("phase", '"warmup"'), ("phase", "3"), ("loss", "9" * 400), ("val_loss", "-" + "9" * 400), ("time", "9" * 400),
+        ("step_s", "-1"), ("step_s", "NaN"), ("step_s", '"fast"'), ("step_s", "1e99"),
     ])
     def test_a_bad_field_is_dropped_with_a_note(self, field: str, value: str) -> None:
         """A non-finite, huge, negative or wrong-typed field is dropped; the step still counts (an integer loss
@@ -52,6 +55,11 @@ class TestParseHeartbeat:
         b, problems = beat(f'{{"step": 3, "{field}": {value}}}')
         assert b is not None and b.step == 3 and getattr(b, field) is None
         assert len(problems) == 1 and field in problems[0]
+
+    def test_a_rank_s_own_step_time(self) -> None:
+        """`step_s` (a per-rank beat's own step time) comes through; trailing padding is no problem."""
+        b, problems = beat('{"step": 9, "time": 1.0, "phase": "train", "step_s": 0.125}' + " " * 40 + "\n")
+        assert b is not None and b.step_s == 0.125 and problems == []
 
     def test_oversized_input_is_refused_unread(self) -> None:
         """A heartbeat file larger than the cap is not parsed at all."""
@@ -108,3 +116,16 @@ class TestManifestSchema:
     def test_bad_manifests_name_the_field(self, doc: dict) -> None:
         with pytest.raises(ManifestError):
             parse_manifest(json.dumps(doc).encode())
+
+
+class TestRankFiles:
+    @pytest.mark.parametrize(("name", "rank"), [
+        ("rank-0.json", 0), ("rank-15.json", 15), ("rank-1234567.json", 1234567), ("rank-12345678.json", None),
+        ("rank--1.json", None), ("rank-1.json.tmp", None), (".rank-1.json", None), ("rank-x.json", None),
+        ("heartbeat.json", None),
+    ])
+    def test_only_the_contract_s_names_are_rank_beats(self, name: str, rank: int | None) -> None:
+        assert rank_of_heartbeat(name) == rank
+
+    def test_names_round_trip(self) -> None:
+        assert all(rank_of_heartbeat(rank_heartbeat_name(r)) == r for r in (0, 7, 4095))

@@ -212,6 +212,55 @@ class TestStopAndHang:
         assert "hang" not in fake.advance(10_000, core) and not fake.worker_signals
 
 
+
+class TestWorkersLeftByTheAgent:
+    """Slurm signals every process of a step: torchrun, signalled again, exits before its workers finish saving."""
+
+    WORKER = (7001, "python")
+
+    def stopping_with_workers_left(self, tmp_path: Path, after_s: float = 0) -> tuple[Core, FakeSystem, RecordingLog]:
+        core, fake, log = make_core(tmp_path)
+        core.begin(None)
+        core.on_signal(signal.SIGTERM)
+        fake.advance(after_s, core)
+        fake.left_behind = [self.WORKER]
+        exit_job(core, fake, 1)
+        return core, fake, log
+
+    def test_the_workers_finish_their_emergency_save(self, tmp_path: Path) -> None:
+        """The agent exits during a graceful stop: its workers are not killed; the stop ends when the last one exits."""
+        core, fake, log = self.stopping_with_workers_left(tmp_path)
+        assert not core.done and core.status.state is State.STOPPING and fake.left_behind == [self.WORKER]
+        assert "waiting_for_workers" in log.names() and "survivors_killed" not in log.names()
+        fake.left_behind = []
+        core.on_job_exit(self.WORKER[0], 0)
+        assert core.exit_code == 0 and core.status.state is State.STOPPED and len(fake.spawned) == 1
+        assert "survivors_killed" not in log.names() and core.status.last_exit.reason == "stopped"
+
+    def test_they_get_only_the_rest_of_stop_timeout_s(self, tmp_path: Path) -> None:
+        """Workers still saving when stop_timeout_s (counted from the SIGTERM) runs out are killed, and the stop ends."""
+        core, fake, log = self.stopping_with_workers_left(tmp_path, after_s=10)
+        assert fake.advance(19, core) == [] and not core.done
+        assert fake.advance(1, core) == ["stop_kill"] and fake.left_behind == []
+        assert core.exit_code == 0 and core.status.state is State.STOPPED
+        assert {"job_killed", "survivors_killed"} <= set(log.names()) and fake.killed_trees == []
+
+    def test_stop_force_kills_them_at_once(self, tmp_path: Path) -> None:
+        """`stop --force` while the workers save: they are killed now (no exit of the agent is left to wait for)."""
+        core, fake, log = self.stopping_with_workers_left(tmp_path)
+        core.on_signal(signal.SIGUSR2)
+        assert core.exit_code == 0 and fake.left_behind == [] and "survivors_killed" in log.names()
+        assert core.status.reason == "force-stopped (stop --force)"
+
+    def test_without_a_stop_they_are_killed_at_once(self, tmp_path: Path) -> None:
+        """A crash of the agent (no stop asked) leaves nothing worth waiting for: its workers are killed as before."""
+        core, fake, log = make_core(tmp_path)
+        core.begin(None)
+        fake.left_behind = [self.WORKER]
+        exit_job(core, fake, 1)
+        assert fake.left_behind == [] and "survivors_killed" in log.names() and core.status.state is State.BACKOFF
+
+
 class TestStatusFile:
     def test_state_json_fields(self, tmp_path: Path) -> None:
         """state.json is written on each change (a beat's within BEAT_PUBLISH_S) and carries the documented fields."""

@@ -10,6 +10,8 @@ the worker run alone with RANK=1. torchtitan_checkpoint_exception.log is the fai
 of the real torchtitan (CPU shims, `make test-clients`, test_titan_self_resume_is_not_claimed_and_torn_newest_
 quarantines_nothing) loading a torn step-10: torch prints each rank's uncaught exception as `[rank0]: ...`, and
 dcp's CheckpointException message embeds the ranks' own tracebacks. None of them had an error file (no `@record`).
+torchrun_peer_killed.log is the reference trainer under torchrun (2 ranks, gloo) whose rank 1 was SIGKILLed
+mid-training: rank 0's all_reduce raised "Connection reset by peer" (paths shortened, training lines left out).
 torchrun_no_traceback.log is a prewarmed `torchrun --nproc-per-node=1 x.py` whose x.py does not exist: the worker's
 Python prints one line and no traceback (paths shortened).
 """
@@ -133,6 +135,12 @@ class TestWorkerException:
         log.write_text("[default1]:[rank1]: Traceback (most recent call last):\n[default1]:[rank1]:   File \"x\"\n"
                        "[default1]:[rank1]: KeyError: 'w'\n")
         assert root_cause(None, log).describe() == "KeyError: 'w'"
+
+    def test_a_killed_rank_is_the_cause_not_its_peers_reaction(self) -> None:
+        """Rank 1 SIGKILLed (the OOM killer, say): its signal is the cause, not rank 0's "Connection reset by peer"."""
+        cause = root_cause(None, DATA / "torchrun_peer_killed.log")
+        assert cause.describe() == "rank 1: exitcode -9 (SIGKILL)"
+        assert any("Connection reset by peer" in line for line in cause.last_output)  # still shown as the last lines
 
     def test_filtered_output_names_no_agent_exception(self) -> None:
         """The failing rank's lines were filtered out: rank and code only, never torchrun's own traceback."""

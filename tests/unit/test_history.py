@@ -84,6 +84,27 @@ class TestCoreRecords:
         assert skipped == 0 and [r["attempt"] for r in recs if r["kind"] == "attempt_start"] == [1, 2]
         assert summarize(recs).sessions == 2
 
+    def test_steps_lost_are_the_ranks_own_step_minus_the_resume_step_in_status_and_report(self, tmp_path: Path) -> None:
+        """The node's beat lags a second behind (step 50); every rank's own file says 57: 7 lost, not 2, and the
+        same number in status (the daemon's fold) and in the report (the file's)."""
+        from supervisor.checkpoints.testing import write_checkpoint
+        from supervisor.contract import RANK_HEARTBEAT_DIR
+
+        core, fake, _, _ = make_core(tmp_path)
+        write_checkpoint(core.cfg.checkpoints.dir, 50)
+        core.begin(None)
+        beats(core, fake, range(45, 51))
+        for rank in (0, 1):
+            (core.run_dir / RANK_HEARTBEAT_DIR / f"rank-{rank}.json").write_text('{"step": 57, "phase": "train"}')
+        exit_job(core, fake, 1)
+        fake.advance(1, core)
+        assert fake.spawned[-1].argv[-1].endswith("step_00000050")
+        beats(core, fake, [50], phase="load")
+        beats(core, fake, range(51, 53))
+        assert core.status.steps_lost == [7] == summarize(records(core)).steps_lost
+        assert core.status.last_failure is not None and core.status.last_failure["reached"] == 57
+        assert "first_beat" in kinds(records(core))
+
     def test_unwritable_history_warns_once_and_supervision_goes_on(self, tmp_path: Path) -> None:
         """A history that cannot be written (here: a directory in its place) costs one warning, not the run;
         once writable again, records resume after a `history_write_recovered`."""

@@ -87,6 +87,23 @@ class TestRenderMetrics:
         assert (buckets['{le="1"}'], buckets['{le="5"}'], buckets['{le="30"}'], buckets['{le="60"}']) == (1, 2, 2, 3)
         assert m["fsdp_supervisor_restart_latency_seconds_sum"] == [("", 49.5)]
 
+    def test_ranks_stragglers_hangs_and_time_lost(self) -> None:
+        """Every watched rank's step and step time, the straggler flag, the last hang's ranks, time lost by phase."""
+        st = running_status()
+        st.ranks = [{"rank": 0, "step": 57, "phase": "train", "step_s": 0.1, "at": 1.0, "straggler": False},
+                    {"rank": 1, "step": 57, "phase": "train", "step_s": 0.4, "at": 1.0, "straggler": True}]
+        st.stragglers = [1]
+        st.last_hang = {"attempt": 2, "at": 1800.0, "step": 50, "idle_s": 10.0,
+                        "ranks": [{"rank": 1, "why": "stopped"}], "stacks": None}
+        st.time_lost_s = {"detection": 10.0, "stop": 2.5, "relaunch": 0.3, "worker_start": 3.9, "load": 1.7, "redo": 1.0}
+        m = parse(render_metrics(st, now=2000.0))
+        assert m["fsdp_supervisor_rank_step"] == [('{rank="0"}', 57), ('{rank="1"}', 57)]
+        assert m["fsdp_supervisor_rank_step_seconds"] == [('{rank="0"}', 0.1), ('{rank="1"}', 0.4)]
+        assert m["fsdp_supervisor_rank_straggler"] == [('{rank="0"}', 0), ('{rank="1"}', 1)]
+        assert m["fsdp_supervisor_stragglers"] == [("", 1)]
+        assert m["fsdp_supervisor_last_hang_timestamp_seconds"] == [('{ranks="1"}', 1800.0)]
+        assert dict(m["fsdp_supervisor_time_lost_seconds_total"])['{phase="stop"}'] == 2.5
+
     def test_state_is_one_hot(self) -> None:
         """One sample per state, exactly the current one set to 1."""
         samples = parse(render_metrics(running_status(), now=2000.0))["fsdp_supervisor_state"]

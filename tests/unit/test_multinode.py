@@ -12,7 +12,7 @@ SBATCH = REPO / "deploy" / "slurm" / "fsdp-supervisor.sbatch"
 
 class TestSlurmScript:
     def test_slurm_directives(self) -> None:
-        """One task per node, a pre-timeout SIGTERM to the batch shell, and requeue allowed."""
+        """One task per node, a pre-timeout USR1 to the batch shell alone, and requeue allowed."""
         directives = [line.split(None, 1)[1] for line in SBATCH.read_text().splitlines() if line.startswith("#SBATCH ")]
         assert "--ntasks-per-node=1" in directives and "--requeue" in directives
-        assert any(d.startswith("--signal=B:TERM@") for d in directives)
+        assert any(d.startswith("--signal=B:USR1@") for d in directives)

@@ -123,6 +123,52 @@ def test_summary_of_scripted_histories(records: list[dict[str, Any]], expected: 
     assert sum(got[k] for k in parts) >= got["wall_s"] - 1e-3 and all(got[k] >= 0 for k in parts)
 
 
+HANG_AND_RESUME = [  # attempt 1 trains 100 steps in 100 s, reaches step 63 by its ranks' own beats, hangs
+    rec(0, "supervisor_start"), start(0, 1), rec(1, "first_beat", attempt=1, step=0, phase="load"),
+    beat(37, 1, 0, phase="train"), beat(100, 1, 60, train_s=60),
+    rec(110, "hang", attempt=1, at=110, step=63, idle_s=10, ranks=[{"rank": 1, "why": "stopped"}], stacks="/s.txt"),
+    {**end(114, 1, "hang", 63, train_s=63), "progress_at": 100.0, "detected_at": 110.0, "hung_ranks": [1]},
+    start(114.5, 2, 53), rec(118.4, "first_beat", attempt=2, step=0, phase="load"),
+    rec(120.1, "first_step", attempt=2, step=54, from_step=53), beat(120.1, 2, 54),
+    beat(150, 2, 80, train_s=30), end(150, 2, "stopped", 80, train_s=30),
+    rec(151, "supervisor_end", state="stopped", reason="signal"),
+]
+
+
+def test_a_failure_s_cost_split_by_phase() -> None:
+    """Steps reached (the exit's max_step) minus resumed, and the time from the last progress to training again."""
+    got = summarize(HANG_AND_RESUME).to_json()
+    assert got["steps_lost"] == [10]
+    [loss] = got["losses"]
+    assert loss["reached"] == 63 and loss["resumed"] == 53 and loss["hung_ranks"] == [1]
+    assert loss["time_lost_s"] == pytest.approx({"detection": 10, "stop": 4, "relaunch": 0.5, "worker_start": 3.9,
+                                                 "load": 1.7, "redo": 10.0})
+    assert got["time_lost_s"] == pytest.approx(loss["time_lost_s"])
+
+
+def test_the_page_shows_what_each_failure_cost() -> None:
+    """The failures table: hung rank, steps reached / resumed / lost, each phase's seconds, where the stacks are."""
+    fold = Fold(keep=True).add_all(HANG_AND_RESUME)
+    page = render_html(fold, fold.summary(), source="job.toml", generated=200.0)
+    table = page.split("What failures cost", 1)[1].split("</table>", 1)[0]
+    assert "<td>1</td><td>hang</td><td>1</td><td>63 / 53 / 10</td>" in table and "/s.txt" in table
+    assert "<td>10.0</td><td>4.0</td><td>0.5</td><td>3.9</td><td>1.7</td><td>10.0</td>" in table
+    assert "hang at step 63: rank 1: stopped; stacks: /s.txt" in page  # the timeline's mark
+
+
+def test_a_job_that_picks_its_own_checkpoint_loses_from_its_load_step() -> None:
+    """No resume_step from the supervisor (resume_args = []): the relaunch's first_step says where it resumed."""
+    records = [
+        rec(0, "supervisor_start"), start(0, 1), beat(100, 1, 91, train_s=90), end(102, 1, "signal", 91, train_s=90),
+        start(103, 2, None), beat(130, 2, 50, phase="load"),
+        rec(140, "first_step", attempt=2, step=51, from_step=50), beat(140, 2, 51),
+    ]
+    assert summarize(records).steps_lost == [41]
+    never_trained = [*records[:6], end(135, 2, "crash", None)]
+    summary = summarize(never_trained)
+    assert summary.steps_lost == [] and summary.losses[0].steps_lost is None
+
+
 def test_live_session_runs_to_now() -> None:
     """Without a supervisor_end, `now` extends the running session's wall time (not a finished one's)."""
     live = CRASH_AND_RESUME[:-1]

@@ -28,7 +28,7 @@ def test_goodput_and_loss_rows() -> None:
     """A terminal gets the sparkline; a pipe the same numbers in words; goodput with its latency and loss."""
     tty = render_status(status(), running=True, now=0.0, spark=True)
     assert "loss: █▅▃▁ 2, val_loss 2.25" in tty
-    assert "goodput: 87.3%\n                 last restart latency 12.3s, 7 steps lost in 1 failures\n" in tty
+    assert "goodput: 87.3%\n                 last restart latency 12.3s, 7 steps lost in 1 failure\n" in tty
     plain = render_status(status(), running=True, now=0.0)
     assert "▁" not in plain and "loss: 2 (last 4 samples: min 2, max 4), val_loss 2.25" in plain
 
@@ -109,3 +109,23 @@ def test_no_none_in_human_output() -> None:
     assert "None" not in text, text
     assert "last checkpoint: /c/epoch_3\n" in text and "best checkpoint: val_loss 1.5 /c/epoch_2" in text
     assert "ckpt epoch_3" in one_line(st)
+
+
+def test_ranks_stragglers_hang_and_the_last_failure() -> None:
+    """The watched ranks, a straggler with its step time, the last hang's culprit and stacks, the last failure's cost."""
+    st = status()
+    st.ranks = [{"rank": 0, "step": 57, "phase": "train", "step_s": 0.1, "at": 0.0, "straggler": False},
+                {"rank": 1, "step": 56, "phase": "train", "step_s": 0.4, "at": 0.0, "straggler": True}]
+    st.stragglers = [1]
+    st.last_hang = {"attempt": 1, "at": 0.0, "step": 63, "idle_s": 10.0,
+                    "ranks": [{"rank": 1, "why": "stopped (SIGSTOP or SIGTSTP)"}], "stacks": "/run/errors/a.stacks.txt"}
+    st.last_failure = {"attempt": 1, "reason": "hang", "reached": 63, "resumed": 53, "steps_lost": 10,
+                       "hung_ranks": [1], "time_lost_s": {"detection": 10.0, "stop": 2.5, "relaunch": 0.3,
+                                                          "worker_start": 3.9, "load": 1.7, "redo": 0.5}}
+    text = render_status(st, running=True, now=0.0)
+    assert "ranks: 2 watched, steps 56-57 (behind: rank 1)" in text
+    assert "stragglers: rank 1 0.4 s/step, others 0.1 s" in text
+    assert ("last hang: attempt 1 at step 63: rank 1 stopped (SIGSTOP or SIGTSTP); "
+            "stack dumps: /run/errors/a.stacks.txt") in text
+    assert ("last failure: attempt 1 hang (hung: rank 1): 10 steps lost (reached 63, resumed from 53); 18.9 s lost: "
+            "detection 10.0, stop 2.5, relaunch 0.3, worker start 3.9, load 1.7, redo 0.5") in text

@@ -1,6 +1,7 @@
 """`fsdp-supervisor systemd-unit` and the shipped template unit, checked by `systemd-analyze verify`."""
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import pytest
 
 from supervisor.cli.systemd import (
     SERVICE_PATH,
+    START_MARGIN_S,
     STOP_MARGIN_S,
     UnitOptions,
     default_name,
@@ -17,8 +19,9 @@ from supervisor.cli.systemd import (
     unit_notes,
     unit_path,
     unit_paths,
+    write_paths,
 )
-from supervisor.config import load_config
+from supervisor.config import Config, HealthSection, load_config
 from supervisor.errors import UsageError
 from tests.supervise import REPO, write_config
 
@@ -77,7 +80,8 @@ class TestRenderUnit:
         assert k["StartLimitIntervalSec"] and k["StartLimitBurst"]
         assert k["NoNewPrivileges"] == ["yes"] and k["ProtectSystem"] == ["strict"]
         assert k["PrivateTmp"] == ["no" if Path("/tmp") in config.parents else "yes"]  # TestPrivateTmp
-        assert k["ReadWritePaths"][0].split() == [str(config.parent / "ckpts"), str(config.parent / ".fsdp-supervisor")]
+        assert k["RequiresMountsFor"][0].split() == [str(config.parent / "ckpts"), str(config.parent / ".fsdp-supervisor")]
+        assert k["ReadWritePaths"][0].split() == [str(p) for p in write_paths(cfg)]  # TestWritePaths
         assert k["OOMPolicy"] == ["continue"]
         assert k["SyslogIdentifier"] == ["job"]
 
@@ -106,7 +110,9 @@ class TestRenderUnit:
         k = keys(render_unit(cfg, ["/x/fsdp-supervisor"], UnitOptions(name="job")))
         escaped = str(d).replace("%", "%%")
         assert k["ExecStart"] == [f'/x/fsdp-supervisor run -c "{escaped.replace("$", "$$")}/job.toml"']
-        assert k["ReadWritePaths"] == k["RequiresMountsFor"] == [f'"{escaped}/ckpts" "{escaped}/.fsdp-supervisor"']
+        assert k["RequiresMountsFor"] == [f'"{escaped}/ckpts" "{escaped}/.fsdp-supervisor"']
+        under_tmp = Path("/tmp") in d.parents  # then /tmp itself is writable (TestWritePaths)
+        assert k["ReadWritePaths"] == ["/tmp /var/tmp" if under_tmp else f'"{escaped}"']
         assert k["WorkingDirectory"] == [escaped]
 
     def test_backslash_in_path_refused(self, tmp_path: Path) -> None:
@@ -170,6 +176,42 @@ class TestDefaultName:
         assert default_name(Path(config)) == name
 
 
+class TestWritePaths:
+    """ReadWritePaths=: what the sandbox of ProtectSystem=strict leaves writable. The supervisor parks deletions,
+    and keeps its claim and in-use markers, next to the checkpoint root: with only the root writable (a bind mount
+    of its own) retention failed every rename with EXDEV and deleted nothing."""
+
+    @staticmethod
+    def placed(tmp_path: Path, ckpts: str, run_dir: str) -> Config:
+        """A config at /srv/llm/job.toml with these (absolute) paths, which need not exist: render_unit is pure."""
+        cfg = load_config(write_config(tmp_path, ["true"]))
+        return cfg.model_copy(update={
+            "path": Path("/srv/llm/job.toml"),
+            "checkpoints": cfg.checkpoints.model_copy(update={"dir": Path(ckpts)}),
+            "supervisor": cfg.supervisor.model_copy(update={"run_dir": Path(run_dir)}),
+        })
+
+    @pytest.mark.parametrize(("ckpts", "run_dir", "expected"), [
+        ("/srv/llm/ckpts", "/srv/llm/.fsdp-supervisor", ["/srv/llm"]),          # the usual layout: one folder
+        ("/shared/ckpts/llm", "/srv/llm/run", ["/shared/ckpts", "/srv/llm/run"]),
+        ("/ckpts", "/srv/run", ["/ckpts", "/srv/run"]),                          # never ReadWritePaths=/
+        ("/tmp/x/ckpts", "/srv/run", ["/tmp", "/var/tmp", "/srv/run"]),           # PrivateTmp=no: /tmp writable
+    ])
+    def test_table(self, tmp_path: Path, ckpts: str, run_dir: str, expected: list[str]) -> None:
+        """The checkpoint root's folder and the run dir, each once; /tmp and /var/tmp when they are not private."""
+        cfg = self.placed(tmp_path, ckpts, run_dir)
+        got = [str(p) for p in write_paths(cfg)]
+        assert sorted(got) == sorted(expected)
+        unit = render_unit(cfg, ["/x"], UnitOptions(name="job"))
+        assert keys(unit)["ReadWritePaths"] == [" ".join(got)]
+        assert keys(unit)["RequiresMountsFor"] == [f"{ckpts} {run_dir}"]  # the mounts are the root's, not its folder's
+
+    def test_a_symlinked_root_writes_next_to_its_target(self, tmp_path: Path) -> None:
+        """The sidecars go next to the resolved root: its folder is the one made writable."""
+        cfg = self.placed(tmp_path, "/srv/llm/ckpts", "/srv/llm/run")
+        assert write_paths(cfg, Path("/scratch/alice/ckpts")) == [Path("/scratch/alice"), Path("/srv/llm/run")]
+
+
 class TestPrivateTmp:
     @pytest.mark.parametrize(("paths", "hidden"), [
         (["/srv/llm/job.toml", "/srv/llm/ckpts"], []),
@@ -220,6 +262,14 @@ class TestCommand:
             if key not in per_config:
                 assert template.get(key) == values, key
         assert template["PrivateTmp"] == ["yes"]
+
+    def test_template_timeouts_cover_the_default_stop_timeout(self) -> None:
+        """An /etc/fsdp-supervisor/NAME.toml that leaves stop_timeout_s at its default gets the whole emergency save:
+        systemd's TimeoutStopSec= SIGKILLs the service, so it must be at least what a generated unit would say."""
+        default = HealthSection().stop_timeout_s
+        k = keys(TEMPLATE.read_text())
+        assert int(k["TimeoutStopSec"][0]) >= math.ceil(default) + STOP_MARGIN_S
+        assert int(k["TimeoutStartSec"][0]) >= math.ceil(default) + START_MARGIN_S
 
     def test_template_installs_what_exists(self) -> None:
         """The template's install line installs this project from a checkout or its wheel (it is not on the

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
-from trainer.heartbeat import HEARTBEAT_ENV, Heartbeat
+from supervisor.contract import ENV_HEARTBEAT_DIR, parse_heartbeat
+from trainer.heartbeat import HEARTBEAT_ENV, Heartbeat, RankBeat
 
 
 class FakeClock:
@@ -89,3 +91,56 @@ class TestFromEnv:
         monkeypatch.delenv(HEARTBEAT_ENV)
         hb = Heartbeat.from_env(rank=0)
         assert not hb.enabled and not hb.beat(1, "train")
+
+
+class TestRankBeat:
+    def test_every_step_in_place_with_a_fixed_size(self, tmp_path, clock) -> None:
+        """Each new step is one in-place rewrite of the same file (same inode, same size): a parseable beat."""
+        path = tmp_path / "rank-3.json"
+        rb = RankBeat(path)
+        assert rb.beat(1, "train", clock.now, step_s=0.25)
+        inode = os.stat(path).st_ino
+        for step in range(2, 50):
+            assert rb.beat(step, "train", clock.now)
+        assert os.stat(path).st_ino == inode and os.stat(path).st_size == RankBeat.SIZE
+        beat, problems = parse_heartbeat(path.read_bytes())
+        assert beat is not None and beat.step == 49 and beat.phase == "train" and problems == []
+
+    def test_the_same_step_again_only_as_a_keepalive(self, tmp_path, clock) -> None:
+        """A long evaluation beats the same step: rewritten at most every min_interval_s, so it stays alive."""
+        rb = RankBeat(tmp_path / "rank-0.json")
+        assert rb.beat(5, "eval", clock.now)
+        assert not rb.beat(5, "eval", clock.now + 0.5)
+        assert rb.beat(5, "eval", clock.now + 1.0)
+        assert rb.beat(5, "save", clock.now + 1.1)
+
+    def test_a_failed_write_turns_it_off(self, tmp_path, clock) -> None:
+        rb = RankBeat(tmp_path / "missing" / "rank-0.json")
+        assert not rb.beat(1, "train", clock.now) and isinstance(rb.last_error, OSError)
+        assert not rb.beat(2, "train", clock.now)
+
+
+class TestEveryRank:
+    def test_every_rank_writes_its_own_file_named_by_its_global_rank(self, tmp_path, monkeypatch, clock) -> None:
+        """With the folder set, local rank 1 (global rank 9) keeps rank-9.json; only local rank 0 the node's file."""
+        monkeypatch.setenv(HEARTBEAT_ENV, str(tmp_path / "hb.json"))
+        monkeypatch.setenv(ENV_HEARTBEAT_DIR, str(tmp_path))
+        monkeypatch.setenv("RANK", "9")
+        hb = Heartbeat.from_env(rank=1, clock=clock)
+        assert hb.enabled and hb.path is None
+        hb.beat(4, "train", 1.0, step_s=0.5)
+        beat, _ = parse_heartbeat((tmp_path / "rank-9.json").read_bytes())
+        assert beat is not None and beat.step == 4 and beat.step_s == 0.5
+        assert not (tmp_path / "hb.json").exists()
+
+    def test_rank_beats_are_not_throttled(self, tmp_path, monkeypatch, clock) -> None:
+        """The node's file is written once a second; the rank's file on every step (the step reached, exactly)."""
+        monkeypatch.setenv(HEARTBEAT_ENV, str(tmp_path / "hb.json"))
+        monkeypatch.setenv(ENV_HEARTBEAT_DIR, str(tmp_path))
+        monkeypatch.setenv("RANK", "0")
+        hb = Heartbeat.from_env(rank=0, clock=clock)
+        for step in range(1, 11):
+            hb.beat(step, "train", 1.0)
+            clock.now += 0.05
+        assert json.loads((tmp_path / "hb.json").read_text())["step"] == 1
+        assert parse_heartbeat((tmp_path / "rank-0.json").read_bytes())[0].step == 10

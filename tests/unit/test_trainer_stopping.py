@@ -37,14 +37,24 @@ class TestHandle:
         stop.handle(signal.SIGTERM)
         assert exits == []
 
-    def test_second_signal_exits_at_once_with_128_plus_signum(self) -> None:
-        """A repeat after the grace window exits immediately, non-zero."""
+    def test_second_sigint_exits_at_once_with_128_plus_signum(self) -> None:
+        """A Ctrl+C after the grace window exits immediately, non-zero."""
         clock, exits = FakeClock(), []
         stop = make(clock, exits)
         stop.handle(signal.SIGTERM)
         clock.now += 1.5
         stop.handle(signal.SIGINT)
         assert exits == [128 + signal.SIGINT]
+
+    def test_a_repeated_sigterm_never_cuts_the_save_short(self) -> None:
+        """Slurm's SIGTERM to every process after the supervisor's own stop is no "stop now": the save goes on."""
+        clock, exits = FakeClock(), []
+        stop = make(clock, exits)
+        stop.handle(signal.SIGTERM)
+        for _ in range(3):
+            clock.now += 5.0
+            stop.handle(signal.SIGTERM)
+        assert exits == [] and stop.signum == signal.SIGTERM
 
 
 class TestInstall:

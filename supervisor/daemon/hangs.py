@@ -1,0 +1,247 @@
+"""Every rank watched, and the hang path: when an attempt counts as hung, what is kept, and the fast kill.
+
+`Core` owns the attempt; this part owns its heartbeat sources (the node's file, which Core reads on every
+file event, and the per-rank folder, looked at every `RANK_POLL_S`), the hang timers and the evidence:
+
+1. The HANG timer is set for when the slowest source overstays its allowance (supervisor/policy/ranks.py).
+   When it fires nothing is judged from what was read before: the node's file and the per-rank folder are
+   read again first, so beats queued behind the timer (a busy loop, a supervisor that was suspended) count.
+   A timer that fires more than `SUSPENDED_S` late means nobody watched meanwhile (SIGSTOP/SIGTSTP of the
+   supervisor, a stalled machine): every source's allowance starts over instead of a verdict.
+2. Hung: the culprit ranks are named (workers that cannot run, else the ranks behind the others), SIGUSR1
+   asks every worker for its stacks, and the wait ends as soon as every worker that can run has dumped (at
+   most `stack_dump_wait_s`). The dumps are copied to `errors/attempt-NNNN.stacks.txt`.
+3. SIGTERM to the agent, then SIGKILL of the whole job `hang_kill_grace_s` later: a rank stuck in a collective
+   cannot write an emergency checkpoint, so `stop_timeout_s` (a requested stop's grace) is not waited.
+"""
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from typing import Any
+
+from supervisor.config import Config
+from supervisor.contract import MAX_RANK_FILES, RANK_HEARTBEAT_DIR, Beat, Phase, rank_of_heartbeat
+from supervisor.daemon.events import Events
+from supervisor.daemon.evidence import count_dumps, read_rank_beats, read_span
+from supervisor.daemon.system import System
+from supervisor.daemon.timers import Timer
+from supervisor.host.atomic import write_atomic
+from supervisor.policy.attempt import Job, apply_beat, hang_timeout
+from supervisor.policy.ranks import STUCK_STATES, RankWatch
+from supervisor.policy.state import Status
+
+__all__ = ["Hangs", "RANK_POLL_S", "SUSPENDED_S", "STACKS_MAX_BYTES"]
+
+RANK_POLL_S = 1.0  # how often the per-rank folder is read (bounded: supervisor/contract.py's limits)
+SUSPENDED_S = 2.0  # a hang timer this late was not watched for: its verdict waits for a fresh allowance
+DUMP_POLL_S = 0.1  # how often the job's output is checked for the stack dumps asked for
+STACKS_MAX_BYTES = 256 * 1024  # of the job's output after SIGUSR1, kept as the attempt's stack dumps
+_TIMERS = (Timer.HANG, Timer.HANG_DUMPS, Timer.HANG_TERM, Timer.HANG_KILL, Timer.RANKS)
+
+
+class Hangs:
+    def __init__(self, cfg: Config, system: System, log: Any, events: Events, status: Status, *,
+                 refresh: Callable[[], None], publish: Callable[[], None]) -> None:
+        self.cfg, self.sys, self.log, self.events, self.status = cfg, system, log, events, status
+        self.refresh = refresh  # Core reads the node's heartbeat file (and tells us through `seen`)
+        self.publish = publish  # a status change to write (held back like a beat's)
+        self.folder = cfg.run_dir / RANK_HEARTBEAT_DIR
+        self.watch = RankWatch()
+        self._deadline: float | None = None  # when HANG is set for
+        self._startup_from = 0.0  # the startup allowance counts from here (the launch, or a resume from suspension)
+        self._dump: tuple[int, int] | None = None  # (output offset at SIGUSR1, processes expected to dump)
+
+    # ---- an attempt's lifetime ---------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Before a launch: the per-rank folder exists (owner-only) and holds no stale beat (a stale beat is no
+        progress). Only names of the contract's pattern are removed, at most as many as a look reads. OSError."""
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with os.scandir(self.folder) as entries:
+            stale = [e.path for _, e in zip(range(4 * MAX_RANK_FILES), entries) if rank_of_heartbeat(e.name) is not None]
+        for path in stale:
+            os.unlink(path)
+
+    def started(self, job: Job) -> None:
+        """A new attempt runs: fresh sources, the startup allowance, the first look at the ranks in a second."""
+        self.watch, self._dump = RankWatch(), None
+        self._startup_from = job.started_mono
+        self.status.ranks, self.status.stragglers = [], []
+        self._arm(job)
+        self.sys.timers.set(Timer.RANKS, self.sys.monotonic() + RANK_POLL_S)
+
+    def ended(self, job: Job) -> None:
+        """The attempt's process ended: a last look at its ranks (the step each reached), then nothing is due."""
+        self._read(job)
+        self.cancel()
+        self.status.ranks, self.status.stragglers = [], []
+
+    def cancel(self) -> None:
+        for t in _TIMERS:
+            self.sys.timers.cancel(t)
+        self._deadline = None
+
+    # ---- heartbeats --------------------------------------------------------------------------------------
+    def seen(self, job: Job, rank: int | None, beat: Beat) -> bool:
+        """A beat of `rank`'s source (None: the node's file); True when it is progress."""
+        if not self.watch.see(rank, beat, self.sys.monotonic()):
+            return False
+        if beat.phase != Phase.LOAD and (job.max_step is None or beat.step > job.max_step):
+            job.max_step, job.progress_at = beat.step, self.sys.now()  # a load beat names a step not trained here
+        self._arm(job)
+        return True
+
+    def on_ranks_timer(self, job: Job) -> None:
+        """Every RANK_POLL_S: read the ranks' beats, look for stragglers, show both."""
+        changed = self._read(job)
+        factor = self.cfg.health.straggler_factor
+        for change in self.watch.look(factor) if factor > 0 else []:
+            self.events.straggler(job, change)
+            changed = True
+        self.status.stragglers = self.watch.stragglers()
+        if changed:
+            self._show()
+            self.publish()
+        if not job.hang:
+            self.sys.timers.set(Timer.RANKS, self.sys.monotonic() + RANK_POLL_S)
+
+    def _read(self, job: Job) -> bool:
+        got = read_rank_beats(self.folder)
+        if (got.problems or got.dropped) and not job.ranks_warned:
+            job.ranks_warned = True  # once per attempt: a bad writer beats every step
+            self.log.warning("heartbeat_invalid", attempt=job.number, problems=got.problems[:3],
+                             ranks_ignored=got.dropped, folder=str(self.folder))
+        changed = False
+        for rank, beat in got.beats.items():
+            changed = self.seen(job, rank, beat) or changed
+        if changed and None not in self.watch.sources:  # no node file: the ranks' beats are the job's step
+            top = max(got.beats.values(), key=lambda b: b.step)
+            apply_beat(self.status, top, self.sys.now(), job.rate)
+        return changed
+
+    def _show(self) -> None:
+        now, wall = self.sys.monotonic(), self.sys.now()
+        self.status.ranks = [
+            {"rank": s.rank, "step": s.beat.step, "phase": s.beat.phase, "at": round(wall - (now - s.changed), 3),
+             "step_s": None if s.step_s is None else round(s.step_s, 4), "straggler": s.straggler}
+            for s in self.watch.ranks()]
+
+    # ---- when it counts as hung --------------------------------------------------------------------------
+    def _due(self) -> float | None:
+        if self.watch.sources:
+            return self.watch.deadline(self.cfg.health)
+        allowance = hang_timeout(self.cfg.health, None, startup=True)
+        return None if allowance is None else self._startup_from + allowance
+
+    def _arm(self, job: Job) -> None:
+        if job.hang or job.stopping:
+            return
+        self._deadline = self._due()
+        if self._deadline is None:
+            self.sys.timers.cancel(Timer.HANG)
+        else:
+            self.sys.timers.set(Timer.HANG, self._deadline)
+
+    def on_hang(self, job: Job) -> None:
+        """The HANG timer fired: read every source again, make up for a suspension, or judge the attempt hung."""
+        now = self.sys.monotonic()
+        late = now - self._deadline if self._deadline is not None else 0.0
+        self.refresh()
+        self._read(job)
+        if job.hang or job.stopping:
+            return
+        due = self._due()
+        if due is None or due > now:  # progress since (or detection turned off): the timer is set again
+            self._arm(job)
+            return
+        if late > SUSPENDED_S:
+            self.watch.restart(now)
+            self._startup_from = max(self._startup_from, now)
+            self.log.warning("hang_check_deferred", attempt=job.number, late_s=round(late, 1),
+                             reason="the supervisor was not running (suspended?): the job gets a fresh allowance")
+            self._arm(job)
+            return
+        self._hung(job, now)
+
+    def _hung(self, job: Job, now: float) -> None:
+        job.hang = True
+        self.sys.timers.cancel(Timer.RANKS)
+        states = self.sys.worker_states(job.pid)
+        culprits = self.watch.culprits({rank: state for rank, (_, state) in states.items()})
+        job.hung_ranks = [(c.rank, c.why) for c in culprits]
+        job.detected_at = self.sys.now()
+        idle = self.watch.idle(now)
+        idle = round(idle if idle is not None else now - self._startup_from, 1)
+        beat = job.beat
+        self.log.error("hang_detected", attempt=job.number, step=beat.step if beat else self.watch.reached(),
+                       phase=beat.phase if beat else None, idle_s=idle,
+                       ranks=[f"rank {r}: {why}" for r, why in job.hung_ranks] or "not known")
+        offset = _size(job.log_path)
+        dumped = self.sys.signal_workers(job.pid, signal.SIGUSR1)
+        stuck = {pid for pid, state in states.values() if state in STUCK_STATES}
+        expected = sum(1 for pid in dumped if pid not in stuck)  # a stopped process cannot dump before SIGCONT
+        self._dump = (offset, expected)
+        self.log.info("stack_dump_requested", workers=dumped, log=str(job.log_path))
+        self.status.last_hang = {"attempt": job.number, "at": job.detected_at, "step": job.max_step, "idle_s": idle,
+                                 "ranks": [{"rank": r, "why": why} for r, why in job.hung_ranks], "stacks": None}
+        self.publish()
+        if expected == 0:
+            self.on_term(job)
+            return
+        self.sys.timers.set(Timer.HANG_TERM, now + self.cfg.health.stack_dump_wait_s)
+        self.sys.timers.set(Timer.HANG_DUMPS, now + DUMP_POLL_S)
+
+    def on_dumps(self, job: Job) -> None:
+        """Have the stack dumps landed? Then stop now rather than at the end of stack_dump_wait_s."""
+        if self._dump is None:
+            return
+        offset, expected = self._dump
+        if count_dumps(job.log_path, offset) >= expected:
+            self.on_term(job)
+        else:
+            self.sys.timers.set(Timer.HANG_DUMPS, self.sys.monotonic() + DUMP_POLL_S)
+
+    def on_term(self, job: Job) -> None:
+        """Keep the dumps, SIGTERM the agent, and SIGKILL everything hang_kill_grace_s later."""
+        if self._dump is None or not job.hang:
+            return
+        offset, _ = self._dump
+        self._dump = None
+        for t in (Timer.HANG_DUMPS, Timer.HANG_TERM):
+            self.sys.timers.cancel(t)
+        job.stacks = self._keep_stacks(job, offset)
+        job.stopping = True
+        self.sys.send_signal(job.pid, signal.SIGTERM)
+        grace = self.cfg.health.hang_kill_grace_s
+        self.sys.timers.set(Timer.HANG_KILL, self.sys.monotonic() + grace)
+        self.events.hang(job, idle_s=(self.status.last_hang or {}).get("idle_s"))
+        if self.status.last_hang is not None:
+            self.status.last_hang["stacks"] = job.stacks
+        self.log.warning("hang_stopping", attempt=job.number, kill_after_s=grace, stacks=job.stacks)
+        self.publish()
+
+    def on_kill(self, job: Job) -> None:
+        killed = self.sys.kill_job_tree(job.pid)
+        self.log.warning("job_killed", attempt=job.number, after_s=self.cfg.health.hang_kill_grace_s,
+                         processes=len(killed), reason="hang")
+
+    def _keep_stacks(self, job: Job, offset: int) -> str | None:
+        """What the job wrote since SIGUSR1 (its stack dumps), as `errors/attempt-NNNN.stacks.txt`; its path."""
+        data = read_span(job.log_path, offset, STACKS_MAX_BYTES)
+        if not data:
+            return None
+        path = job.error_file.with_name(f"attempt-{job.number:04d}.stacks.txt")
+        try:
+            write_atomic(path, data, durable=False, mode=0o600)
+        except OSError as exc:
+            self.log.warning("run_dir_write_failed", what="stack dumps", error=f"{exc.strerror or exc}", path=str(path))
+            return None
+        return str(path)
+
+
+def _size(path: os.PathLike[str] | None) -> int:
+    try:
+        return os.stat(path).st_size if path is not None else 0
+    except OSError:
+        return 0

@@ -1,0 +1,53 @@
+"""Which mount a path is on: a rename between two mounts fails (EXDEV) even on one file system.
+
+A bind mount (`mount --bind data/ckpts view`) shows the same `st_dev` as its source and its parent, so comparing
+devices cannot tell that `view` is a mount point: parking a deletion of `view/step_10` in `view`'s parent fails
+with EXDEV, and a bind mount over a running root looks like the same file system. The mount is read from
+/proc/self/mountinfo: the entry with the longest mount point above the path (the last one for a point mounted
+twice: the one on top). None when that cannot be read (not Linux, no /proc): callers then go by `st_dev` alone.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+__all__ = ["mount_id", "same_mount"]
+
+_MOUNTINFO = "/proc/self/mountinfo"
+_ESCAPED = re.compile(rb"\\([0-7]{3})")  # mountinfo writes space, tab, newline and backslash as \ooo
+PathLike = str | os.PathLike[str]
+
+
+def _unescape(field: bytes) -> bytes:
+    return _ESCAPED.sub(lambda m: bytes([int(m.group(1), 8)]), field)
+
+
+def _under(path: bytes, point: bytes) -> bool:
+    return point == b"/" or path == point or path.startswith(point.rstrip(b"/") + b"/")
+
+
+def mount_id(path: PathLike, mountinfo: bytes | None = None) -> int | None:
+    """The id of the mount `path` (symlinks resolved) is on, or None when unknown. `mountinfo`: the file's
+    content, for tests."""
+    real = os.fsencode(os.path.realpath(path))
+    if mountinfo is None:
+        try:
+            with open(_MOUNTINFO, "rb") as f:
+                mountinfo = f.read()
+        except OSError:
+            return None
+    best: tuple[int, int] | None = None  # (length of the mount point, mount id)
+    for line in mountinfo.splitlines():
+        fields = line.split(b" ")
+        if len(fields) < 5 or not fields[0].isdigit():
+            continue
+        point = _unescape(fields[4])
+        if _under(real, point) and (best is None or len(point) >= best[0]):
+            best = (len(point), int(fields[0]))
+    return best[1] if best is not None else None
+
+
+def same_mount(a: PathLike, b: PathLike) -> bool:
+    """Whether a rename between `a` and `b` stays on one mount (True when that cannot be told)."""
+    ma, mb = mount_id(a), mount_id(b)
+    return ma is None or mb is None or ma == mb

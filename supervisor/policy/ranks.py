@@ -1,0 +1,145 @@
+"""Every rank watched: what the heartbeats say about progress, a hang's culprit and stragglers (pure).
+
+A job's progress comes from several sources: the node's heartbeat file (key `None`) and, when the job writes
+them, one file per rank (key: its global rank; supervisor/contract.py). `Core` reads them and hands each beat
+in with the monotonic time it was read; `RankWatch` remembers when each source last changed and decides:
+
+- **when the attempt counts as hung**: the slowest source decides. Each source gets the allowance of its
+  own phase (`hang_timeout_s`, or `save_timeout_s` while it says load or save) from when it last changed;
+  the attempt is hung when any source overstays (`deadline`). A source counts from its first beat on.
+- **who hung** (`culprits`): a worker process that cannot run (stopped by SIGSTOP or a debugger, in
+  uninterruptible sleep, a zombie) is named first, whatever the beats say; otherwise the ranks whose step is
+  behind the others'. Ranks in lockstep that all stopped at one step name nobody: the beats cannot tell.
+- **stragglers** (`look`): a rank whose own step time (its beat's `step_s`, else its step rate between two
+  looks) stays above `factor` times the median of the other ranks' for `STRAGGLER_LOOKS` looks in a row.
+"""
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from supervisor.config import HealthSection
+from supervisor.contract import Beat, Phase
+from supervisor.policy.attempt import hang_timeout
+
+__all__ = ["RankWatch", "Source", "Culprit", "StragglerChange", "STRAGGLER_LOOKS", "STUCK_STATES"]
+
+STRAGGLER_LOOKS = 3  # consecutive looks above the factor before a rank is flagged (one look a second)
+_SMOOTHING = 0.3  # weight of the newest step time in a rank's moving average
+# psutil's words for a process that cannot run, and how `status` says it.
+STUCK_STATES = {
+    "stopped": "stopped (SIGSTOP or SIGTSTP)",
+    "tracing-stop": "stopped by a debugger",
+    "disk-sleep": "in uninterruptible sleep (I/O)",
+    "zombie": "exited, not reaped",
+    "dead": "exited",
+}
+
+
+@dataclass
+class Source:
+    """One heartbeat source: the node's file (rank None) or one rank's own file."""
+
+    rank: int | None
+    beat: Beat
+    changed: float  # monotonic time its beat last changed
+    step_s: float | None = None  # moving average of the rank's own step time
+    above: int = 0  # consecutive looks with step_s above factor x the others' median
+    straggler: bool = False
+
+
+@dataclass(frozen=True)
+class Culprit:
+    rank: int
+    why: str
+
+
+@dataclass(frozen=True)
+class StragglerChange:
+    rank: int
+    flagged: bool  # True: became a straggler; False: no longer one
+    step_s: float | None
+    others_s: float | None  # the median of the other ranks' step times
+
+
+@dataclass
+class RankWatch:
+    sources: dict[int | None, Source] = field(default_factory=dict)
+    dropped: int = 0  # rank files beyond the contract's bound, last look
+
+    def see(self, rank: int | None, beat: Beat, now: float) -> bool:
+        """A beat read from `rank`'s source at `now`; True when it changed (progress)."""
+        src = self.sources.get(rank)
+        if src is None:
+            self.sources[rank] = Source(rank, beat, now, step_s=beat.step_s)
+            return True
+        if beat == src.beat:
+            return False
+        sample = beat.step_s if beat.step_s is not None else _rate(src.beat, beat)
+        if sample is not None:
+            src.step_s = sample if src.step_s is None else (1 - _SMOOTHING) * src.step_s + _SMOOTHING * sample
+        src.beat, src.changed = beat, now
+        return True
+
+    def restart(self, now: float) -> None:
+        """Nothing was watched until `now` (the supervisor was suspended): every source's allowance starts over."""
+        for src in self.sources.values():
+            src.changed = max(src.changed, now)
+
+    def deadline(self, health: HealthSection) -> float | None:
+        """When the slowest source overstays its allowance; None without a source or with hang detection off."""
+        ends = [src.changed + t for src in self.sources.values()
+                if (t := hang_timeout(health, src.beat, startup=False)) is not None]
+        return min(ends, default=None)
+
+    def idle(self, now: float) -> float | None:
+        """Seconds since the slowest source last changed."""
+        return max((now - s.changed for s in self.sources.values()), default=None)
+
+    def ranks(self) -> list[Source]:
+        """The per-rank sources, by rank."""
+        return sorted((s for s in self.sources.values() if s.rank is not None), key=lambda s: s.rank or 0)
+
+    def reached(self) -> int | None:
+        """The highest step a source reported training (a `load` beat names the step being loaded)."""
+        return max((s.beat.step for s in self.sources.values() if s.beat.phase != Phase.LOAD), default=None)
+
+    def culprits(self, states: Mapping[int, str]) -> list[Culprit]:
+        """Who hung: workers that cannot run (`states`: rank -> psutil status), else the ranks behind the others."""
+        stuck = [Culprit(rank, STUCK_STATES[state]) for rank, state in sorted(states.items()) if state in STUCK_STATES]
+        if stuck:
+            return stuck
+        ranks = self.ranks()
+        steps = {s.beat.step for s in ranks}
+        if len(steps) < 2:
+            return []
+        low, high = min(steps), max(steps)
+        return [Culprit(s.rank, f"behind: step {low}, others up to {high}")
+                for s in ranks if s.rank is not None and s.beat.step == low]
+
+    def look(self, factor: float) -> list[StragglerChange]:
+        """One look at the ranks' step times; the stragglers flagged or cleared by it."""
+        timed = [s for s in self.ranks() if s.step_s is not None]
+        changes: list[StragglerChange] = []
+        for src in timed:
+            others = [o.step_s for o in timed if o is not src and o.step_s is not None]
+            median = statistics.median(others) if others else None
+            slow = factor > 0 and median is not None and median > 0 and (src.step_s or 0) > factor * median
+            src.above = src.above + 1 if slow else 0
+            flagged = src.above >= STRAGGLER_LOOKS or (src.straggler and slow)
+            if flagged != src.straggler:
+                src.straggler = flagged
+                assert src.rank is not None
+                changes.append(StragglerChange(src.rank, flagged, src.step_s, median))
+        return changes
+
+    def stragglers(self) -> list[int]:
+        return [s.rank for s in self.ranks() if s.straggler and s.rank is not None]
+
+
+def _rate(old: Beat, new: Beat) -> float | None:
+    """Seconds per step between two beats of one rank, from the job's own clock; None when it cannot tell."""
+    if old.time is None or new.time is None or new.step <= old.step or new.time <= old.time:
+        return None
+    return (new.time - old.time) / (new.step - old.step)

@@ -1,0 +1,206 @@
+"""deploy/slurm/fsdp-supervisor.sbatch's own decisions, with stand-ins for srun, scontrol and the supervisor.
+
+Fast, and in `make test`: which config each node gets, and what the script does on each signal and each exit of
+the supervisors (requeue or not, a `stop` on every node or not). tests/slurm/ runs the same script on a real
+cluster (`make test-slurm`): what Slurm really sends, and the emergency checkpoint that follows.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import TAG_ENV, assert_no_orphans, wait_for
+from tests.unit.test_multinode import SBATCH
+
+# srun: runs the command once per node (SLURM_NODEID), options ignored, exits with the highest status.
+_FAKE_SRUN = """#!/bin/bash
+while [[ $1 == --* ]]; do shift; done
+pids=()
+for ((i = 0; i < SLURM_JOB_NUM_NODES; i++)); do SLURM_NODEID=$i "$@" & pids+=($!); done
+rc=0
+for p in "${pids[@]}"; do wait "$p"; s=$?; (( s > rc )) && rc=$s; done
+exit $rc
+"""
+# scontrol: two hosts whose NodeAddr differs from their names; the job's state from FAKE_JOB_STATE/REASON
+# (what the batch shell asks on a SIGTERM); requeues recorded.
+_FAKE_SCONTROL = """#!/bin/bash
+case "$1 $2" in
+    "show hostnames") printf 'node-a\\nnode-b\\n' ;;
+    "show node") printf 'NodeName=%s Arch=x86_64\\n   NodeAddr=10.9.8.7 NodeHostName=%s Version=22.05.8\\n' "$3" "$3" ;;
+    "show job") printf 'JobId=%s\n   JobState=%s Reason=%s\n' "$3" "${FAKE_JOB_STATE:-RUNNING}" "${FAKE_JOB_REASON:-None}" ;;
+    requeue*) echo "$@" >> "$FAKE_DIR/requeued" ;;
+    *) exit 1 ;;
+esac
+"""
+# fsdp-supervisor: `run` validates the generated config with the real loader, records it, then exits with
+# FAKE_EXIT_<node>, or for "wait" waits for SIGTERM (its pid in FAKE_DIR/pid-<node>) and exits 0 as a graceful
+# stop does; `stop` records itself and SIGTERMs that node's `run`.
+_FAKE_SUPERVISOR = """#!{python}
+import json, os, signal, sys, time
+from pathlib import Path
+from supervisor.config import load_config
+fake, node = Path(os.environ["FAKE_DIR"]), os.environ["SLURM_NODEID"]
+assert sys.argv[2] == "-c" and sys.argv[3].endswith(f"node-{{node}}.toml"), sys.argv
+if sys.argv[1] == "stop":
+    (fake / f"stop-{{node}}").write_text("1")
+    os.kill(int((fake / f"pid-{{node}}").read_text()), signal.SIGTERM)
+    sys.exit(0)
+cfg = load_config(sys.argv[3])
+record = {{"node": node, "prune": cfg.checkpoints.prune, "command": cfg.job.command,
+          "resume_args": cfg.job.resume_args, "env": cfg.job.env, "run_dir": str(cfg.run_dir),
+          "ckpts": str(cfg.checkpoints.dir), "stop_timeout_s": cfg.health.stop_timeout_s}}
+mode = os.environ["FAKE_EXIT_" + node]
+if mode == "wait":
+    signal.signal(signal.SIGTERM, lambda *_: ((fake / f"term-{{node}}").write_text("1"), sys.exit(0)))
+    (fake / f"pid-{{node}}").write_text(str(os.getpid()))
+(fake / f"node-{{node}}.json").write_text(json.dumps(record))
+while mode == "wait":
+    time.sleep(0.05)
+sys.exit(int(mode))
+"""
+
+
+@pytest.fixture
+def slurm_tag() -> Iterator[str]:
+    """A tag for the fake Slurm processes; none may outlive the test."""
+    tag = uuid.uuid4().hex
+    yield tag
+    assert_no_orphans(tag)
+
+
+def fake_slurm(tmp_path: Path, exits: tuple[str, str], tag: str, **extra: str) -> tuple[list[str], dict[str, str]]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", _FAKE_SRUN), ("scontrol", _FAKE_SCONTROL),
+                       ("fsdp-supervisor", _FAKE_SUPERVISOR.format(python=sys.executable))):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    (bin_dir / "python").symlink_to(sys.executable)  # the sbatch uses the python next to fsdp-supervisor
+    env = {k: v for k, v in os.environ.items() if k != "RDZV_PORT"}
+    env.update({"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_DIR": str(tmp_path),
+                "SUPERVISOR": str(bin_dir / "fsdp-supervisor"), "CKPT_DIR": str(tmp_path / "ckpts"),
+                "RUN_ROOT": str(tmp_path / "run"), "SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2",
+                "SLURM_JOB_NODELIST": "node-[a-b]", "SLURM_RESTART_COUNT": "0",
+                "FAKE_EXIT_0": exits[0], "FAKE_EXIT_1": exits[1], TAG_ENV: tag, **extra})
+    return ["bash", str(SBATCH)], env
+
+
+def requeues(tmp_path: Path) -> list[list[str]]:
+    try:
+        return [line.split() for line in (tmp_path / "requeued").read_text().splitlines()]
+    except FileNotFoundError:
+        return []
+
+
+def configs(tmp_path: Path) -> list[dict]:
+    return [json.loads((tmp_path / f"node-{n}.json").read_text()) for n in (0, 1)]
+
+
+def signalled(tmp_path: Path, sig: int, tag: str, *, slurm_too: bool = False, **extra: str) -> tuple[int, str]:
+    """Run the script with both supervisors waiting; send `sig` to the batch shell (and, with `slurm_too`, SIGTERM
+    to every supervisor as Slurm does to every process of a job it ends); its exit status and stderr."""
+    argv, env = fake_slurm(tmp_path, ("wait", "wait"), tag, **extra)
+    p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        wait_for(lambda: all((tmp_path / f"pid-{n}").exists() for n in (0, 1)), 60, "both supervisors")
+        p.send_signal(sig)
+        if slurm_too:
+            for n in (0, 1):
+                os.kill(int((tmp_path / f"pid-{n}").read_text()), signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    return p.returncode, err
+
+
+class TestNodeConfigs:
+    def test_bash_syntax(self) -> None:
+        """The sbatch script parses (bash -n)."""
+        r = subprocess.run(["bash", "-n", str(SBATCH)], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+
+    def test_each_node_gets_a_valid_config(self, tmp_path: Path, slurm_tag: str) -> None:
+        """Same c10d endpoint (the head node's NodeAddr, a port from the job id) and id (the job's), node 0 hosts the
+        store and is the one pruner, an own run dir per node."""
+        argv, env = fake_slurm(tmp_path, ("0", "0"), slurm_tag)
+        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        nodes = configs(tmp_path)
+        assert [n["prune"] for n in nodes] == [True, False]
+        assert all(n["resume_args"] == [] and n["ckpts"] == str(tmp_path / "ckpts") for n in nodes)
+        assert all(n["env"].get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1" for n in nodes)
+        assert nodes[0]["run_dir"] != nodes[1]["run_dir"]
+        for n, host in zip(nodes, ("1", "0"), strict=True):
+            cmd = n["command"]
+            assert "--rdzv-endpoint=10.9.8.7:24242" in cmd and "--rdzv-backend=c10d" in cmd  # 20000 + 4242 % 10000
+            assert f"--rdzv-conf=is_host={host}" in cmd and "--rdzv-id=fsdp-4242" in cmd
+            assert cmd[cmd.index("--resume") + 1] == "auto"
+        assert not requeues(tmp_path)
+
+    def test_port_and_host_can_be_set(self, tmp_path: Path, slurm_tag: str) -> None:
+        """RDZV_PORT and RDZV_HOST override the derived endpoint."""
+        argv, env = fake_slurm(tmp_path, ("0", "0"), slurm_tag, RDZV_PORT="29577", RDZV_HOST="head.example")
+        assert subprocess.run(argv, env=env, capture_output=True, timeout=60).returncode == 0
+        assert all("--rdzv-endpoint=head.example:29577" in n["command"] for n in configs(tmp_path))
+
+
+class TestExits:
+    @pytest.mark.parametrize("code", ["2", "3"])
+    def test_config_error_and_gave_up_are_not_requeued(self, tmp_path: Path, slurm_tag: str, code: str) -> None:
+        """A supervisor exiting 2 (bad config) or 3 (gave up) fails the job with that code, no requeue."""
+        argv, env = fake_slurm(tmp_path, ("0", code), slurm_tag)
+        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == int(code) and not requeues(tmp_path), r.stderr
+
+    def test_other_failure_is_requeued(self, tmp_path: Path, slurm_tag: str) -> None:
+        """A supervisor failing any other way (here exit 1) requeues the job."""
+        argv, env = fake_slurm(tmp_path, ("1", "0"), slurm_tag)
+        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert requeues(tmp_path) == [["requeue", "4242"]], r.stderr
+
+    def test_requeues_are_bounded(self, tmp_path: Path, slurm_tag: str) -> None:
+        """After MAX_REQUEUES requeues a failure ends the job with the failure's code."""
+        argv, env = fake_slurm(tmp_path, ("1", "0"), slurm_tag, SLURM_RESTART_COUNT="20", MAX_REQUEUES="20")
+        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and not requeues(tmp_path), r.stderr
+
+
+class TestSignals:
+    def test_time_limit_warning_stops_every_supervisor_and_requeues(self, tmp_path: Path, slurm_tag: str) -> None:
+        """USR1 (--signal=B:USR1@...) to the batch shell: a `stop` on every node, then one requeue."""
+        rc, err = signalled(tmp_path, signal.SIGUSR1, slurm_tag)
+        assert rc == 0, err
+        assert all((tmp_path / f"stop-{n}").exists() and (tmp_path / f"term-{n}").exists() for n in (0, 1))
+        assert requeues(tmp_path) == [["requeue", "4242"]]
+
+    def test_term_to_the_batch_shell_stops_for_good(self, tmp_path: Path, slurm_tag: str) -> None:
+        """SIGTERM to the batch shell alone, the job still RUNNING (`scancel --batch --signal=TERM`): a `stop` on
+        every node, no requeue."""
+        rc, err = signalled(tmp_path, signal.SIGTERM, slurm_tag)
+        assert rc == 0, err
+        assert all((tmp_path / f"stop-{n}").exists() for n in (0, 1)) and not requeues(tmp_path)
+
+    def test_slurm_ending_the_job_is_left_to_slurm(self, tmp_path: Path, slurm_tag: str) -> None:
+        """scancel, scontrol requeue, preemption: Slurm signals every process; the script neither sends a `stop`
+        (the supervisors have their SIGTERM) nor requeues (a cancel stays one; Slurm requeues a requeue itself)."""
+        rc, err = signalled(tmp_path, signal.SIGTERM, slurm_tag, slurm_too=True, FAKE_JOB_STATE="COMPLETING")
+        assert rc == 0, err
+        assert not any((tmp_path / f"stop-{n}").exists() for n in (0, 1)) and not requeues(tmp_path)
+
+    def test_time_limit_reached_without_warning_requeues(self, tmp_path: Path, slurm_tag: str) -> None:
+        """The time limit itself (the warning came too late, or never): Slurm stops everything; the script requeues."""
+        rc, err = signalled(tmp_path, signal.SIGTERM, slurm_tag, slurm_too=True, FAKE_JOB_STATE="COMPLETING",
+                            FAKE_JOB_REASON="TimeLimit")
+        assert rc == 0, err
+        assert requeues(tmp_path) == [["requeue", "4242"]]

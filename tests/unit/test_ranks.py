@@ -1,0 +1,109 @@
+"""supervisor/policy/ranks.py: the slowest source's deadline, hung ranks, stragglers (pure, tables)."""
+from __future__ import annotations
+
+import pytest
+
+from supervisor.config import HealthSection
+from supervisor.contract import Beat, Phase
+from supervisor.policy.ranks import STRAGGLER_LOOKS, RankWatch
+
+HEALTH = HealthSection(hang_timeout_s=10, save_timeout_s=100)
+
+
+def b(step: int, phase: Phase = Phase.TRAIN, step_s: float | None = None, time: float | None = None) -> Beat:
+    return Beat(step, time, phase, None, None, step_s)
+
+
+class TestProgress:
+    def test_only_a_changed_beat_is_progress(self) -> None:
+        """The same record read again is no progress; any change is."""
+        w = RankWatch()
+        assert w.see(0, b(1), 0.0) and not w.see(0, b(1), 5.0) and w.see(0, b(2), 6.0)
+        assert w.sources[0].changed == 6.0
+
+    def test_the_slowest_source_sets_the_deadline_with_its_own_phase_allowance(self) -> None:
+        """Each source gets its phase's allowance from its own last change; the earliest end counts."""
+        w = RankWatch()
+        w.see(None, b(5), 0.0)
+        w.see(0, b(5, Phase.SAVE), 1.0)
+        w.see(1, b(5), 4.0)
+        assert w.deadline(HEALTH) == 10.0
+        w.see(None, b(6), 8.0)
+        assert w.deadline(HEALTH) == 14.0  # rank 1's train allowance; rank 0 saves until 101
+        assert w.deadline(HealthSection(hang_timeout_s=0)) is None
+
+    def test_a_suspension_restarts_every_allowance(self) -> None:
+        w = RankWatch()
+        w.see(0, b(5), 0.0)
+        w.restart(30.0)
+        assert w.deadline(HEALTH) == 40.0
+
+    def test_the_step_reached_ignores_load_beats(self) -> None:
+        """A load beat names the checkpoint's step, not one this attempt trained."""
+        w = RankWatch()
+        w.see(0, b(70, Phase.LOAD), 0.0)
+        assert w.reached() is None
+        w.see(1, b(52), 0.0)
+        assert w.reached() == 52
+
+
+class TestCulprits:
+    @pytest.mark.parametrize(("states", "steps", "named"), [
+        ({0: "sleeping", 1: "stopped"}, {0: 5, 1: 5}, [(1, "stopped (SIGSTOP or SIGTSTP)")]),
+        ({0: "disk-sleep", 1: "sleeping"}, {0: 5, 1: 6}, [(0, "in uninterruptible sleep (I/O)")]),
+        ({0: "sleeping", 1: "sleeping"}, {0: 6, 1: 5, 2: 6}, [(1, "behind: step 5, others up to 6")]),
+        ({0: "sleeping", 1: "running"}, {0: 5, 1: 5}, []),  # lockstep, nobody behind: the beats cannot tell
+        ({}, {}, []),
+    ])
+    def test_table(self, states: dict[int, str], steps: dict[int, int], named: list[tuple[int, str]]) -> None:
+        """Workers that cannot run come first; else the ranks behind; else nobody."""
+        w = RankWatch()
+        for rank, step in steps.items():
+            w.see(rank, b(step), 0.0)
+        assert [(c.rank, c.why) for c in w.culprits(states)] == named
+
+
+class TestStragglers:
+    def looks(self, w: RankWatch, times: dict[int, float], n: int, start: int = 0) -> list[tuple[int, bool]]:
+        out = []
+        for i in range(n):
+            for rank, t in times.items():
+                w.see(rank, b(start + i, step_s=t), float(i))
+            out += [(c.rank, c.flagged) for c in w.look(1.5)]
+        return out
+
+    def test_flagged_only_after_staying_slow(self) -> None:
+        """Above 1.5x the others' median for STRAGGLER_LOOKS looks in a row; one fast look resets the count."""
+        w = RankWatch()
+        assert self.looks(w, {0: 0.1, 1: 0.1, 2: 0.3}, STRAGGLER_LOOKS - 1) == []
+        assert self.looks(w, {0: 0.1, 1: 0.1, 2: 0.3}, 1, start=10) == [(2, True)]
+        assert w.stragglers() == [2]
+
+    def test_cleared_when_it_is_no_longer_slow(self) -> None:
+        w = RankWatch()
+        self.looks(w, {0: 0.1, 1: 0.5}, STRAGGLER_LOOKS)
+        assert w.stragglers() == [1]
+        changes = self.looks(w, {0: 0.1, 1: 0.1}, 10, start=10)
+        assert changes == [(1, False)] and w.stragglers() == []
+
+    def test_equal_ranks_and_a_single_rank_are_never_stragglers(self) -> None:
+        w = RankWatch()
+        assert self.looks(w, {0: 0.2, 1: 0.2, 2: 0.2}, 10) == []
+        solo = RankWatch()
+        assert self.looks(solo, {0: 9.0}, 10) == []
+
+    def test_without_step_s_the_rate_between_beats_counts(self) -> None:
+        """A job that reports no step_s: seconds per step from its beats' own times."""
+        w = RankWatch()
+        for i in range(STRAGGLER_LOOKS + 2):
+            w.see(0, b(10 * i, time=float(i)), float(i))  # 0.1 s/step
+            w.see(1, b(2 * i, time=float(i)), float(i))  # 0.5 s/step
+            w.look(1.5)
+        assert w.stragglers() == [1]
+
+    def test_factor_zero_is_off(self) -> None:
+        w = RankWatch()
+        for i in range(10):
+            w.see(0, b(i, step_s=0.1), 0.0)
+            w.see(1, b(i, step_s=9.0), 0.0)
+            assert w.look(0) == []
