@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
-from supervisor.checkpoints import hftrainer, lightning
+from supervisor.checkpoints import lightning
 from supervisor.checkpoints.completeness import (
     COMPLETE,
     FOREIGN,
@@ -41,6 +41,7 @@ from supervisor.checkpoints.completeness import (
     against_reference,
     verify,
 )
+from supervisor.checkpoints.keeps import with_holds
 from supervisor.checkpoints.manifest import Manifest, read_manifest
 from supervisor.checkpoints.markers import is_pinned, is_quarantined
 from supervisor.checkpoints.naming import is_temporary, name_ordinal, name_step
@@ -404,34 +405,7 @@ def scan(root: str | os.PathLike[str], *, verify_all: bool = True) -> list[Check
         infos.append(info)
         found_newest = found_newest or (info.complete and not info.quarantined and not c.is_link)
     infos.sort(key=age_order, reverse=True)
-    return _with_holds(path, infos)
-
-
-def _with_holds(root: Path, infos: list[CheckpointInfo]) -> list[CheckpointInfo]:
-    """Mark what the training program itself still needs (retention.py never deletes it): Lightning's every
-    `last*.ckpt` (what `ckpt_path="last"` loads), the checkpoint a `last*.ckpt` link names, and what its
-    ModelCheckpoint keeps in its top-k, read from the newest `meta.pt`; transformers' `best_model_checkpoint`.
-    When Lightning's state cannot be read, its complete checkpoints say why (`keeps_unknown`): retention then
-    warns when its keep rules delete one."""
-    holds: dict[str, str] = {}
-    for c in infos:
-        if lightning.is_last_name(c.name) and c.state != FOREIGN:
-            holds[c.name] = lightning.POINTER_HOLD
-            if c.alias_of is not None and c.path.is_symlink():
-                holds.setdefault(c.alias_of, f"{c.name} links to it (Lightning's resume pointer)")
-    trainer = [c for c in infos if c.complete and hftrainer.is_trainer_name(c.name)]
-    best = hftrainer.held_by_trainer(root, max(trainer, key=age_order).path) if trainer else None
-    if best is not None:
-        holds[best] = "transformers' best_model_checkpoint (trainer_state.json): its own rotation keeps it too"
-    saves = {c.name: c for c in infos if c.complete and lightning.is_lightning_name(c.name) and not c.path.is_symlink()}
-    unknown = None
-    if saves:
-        newest = max(saves.values(), key=lambda c: _lmtime(c.path / lightning.META_NAME) or 0.0)
-        held, unknown = lightning.held_by_lightning(root, newest.path)
-        for name in held:
-            holds.setdefault(name, f"kept by Lightning's ModelCheckpoint (its top-k, as {newest.name}/meta.pt says)")
-    return [replace(c, hold=holds.get(c.name), keeps_unknown=unknown if c.name in saves else None)
-            if c.name in holds or (unknown and c.name in saves) else c for c in infos]
+    return with_holds(path, infos)
 
 
 def newest_complete(root: str | os.PathLike[str]) -> CheckpointInfo | None:
