@@ -43,7 +43,7 @@ run: $(STAMP)
 CLIENTS_VENV ?= .venv-clients
 CLIENTS_PY := $(CLIENTS_VENV)/bin/python
 CLIENTS_STAMP := $(CLIENTS_VENV)/.installed
-CLIENT_PACKAGES := torchtitan==0.3.0 accelerate==1.16.0
+CLIENT_PACKAGES := torchtitan==0.3.0 accelerate==1.16.0 lightning==2.6.6 transformers==5.17.0
 
 $(CLIENTS_STAMP): pyproject.toml
 	test -x $(CLIENTS_PY) || $(PYTHON) -m venv $(CLIENTS_VENV)

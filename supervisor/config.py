@@ -98,7 +98,8 @@ class JobSection(_Section):
         default_factory=lambda: ["--resume", CHECKPOINT_PLACEHOLDER],
         description="appended when a checkpoint exists; {checkpoint} becomes its absolute path and {step} its step "
         "(torchtitan: [\"--checkpoint.load_step\", \"{step}\"]; a checkpoint without a step is then an error); "
-        "[] or no placeholder: the job picks its own checkpoint, so none is recorded as resumed from or quarantined",
+        "[] or no placeholder: the job picks its own checkpoint, so none is recorded as resumed from or quarantined, "
+        "and a save cut short above the newest complete one is deleted before each launch (docs/clients.md)",
     )
     cwd: DirPath | None = Field(default=None, description="working directory; default: the config file's directory")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables for the job")

@@ -24,6 +24,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from supervisor.checkpoints import hftrainer, lightning
 from supervisor.checkpoints._files import sha256_file
 from supervisor.checkpoints.manifest import Manifest, read_manifest
 from supervisor.checkpoints.metadata.reader import DcpMetadata, read_metadata
@@ -71,6 +72,7 @@ class Verdict:
     metadata: DcpMetadata | None = None
     checksummed: bool = False  # True only when --deep compared every sha256 the manifest carries
     members: frozenset[str] = frozenset()  # a nested folder's DCP dirs (relative paths); empty for a flat one
+    markers: frozenset[str] = frozenset()  # plain files its layout writes last (transformers: trainer_state.json)
     kind: MetadataKind | None = None  # for verdicts decided by .metadata
 
     @property
@@ -217,7 +219,11 @@ def _verify_dcp(directory: Path, deep: bool, root: Path) -> Verdict:
     checksummed = bool(deep and manifest is not None and manifest.sha256)
     if checksummed and not problems.invalid and not problems.torn:
         _check_checksums(directory, manifest, problems)  # type: ignore[arg-type]
-    return problems.verdict(manifest=manifest, metadata=meta, checksummed=checksummed)
+    verdict = problems.verdict(manifest=manifest, metadata=meta, checksummed=checksummed)
+    meta_pt = lightning.meta_problem(directory) if verdict.complete else None
+    if meta_pt is not None:  # Lightning's `meta.pt`, written after the DCP files
+        return Verdict(INVALID if meta_pt[0] else PARTIAL, meta_pt[1], manifest=manifest, metadata=meta)
+    return verdict
 
 
 def _verify_nested(directory: Path, members: frozenset[str], deep: bool) -> Verdict:
@@ -225,7 +231,11 @@ def _verify_nested(directory: Path, members: frozenset[str], deep: bool) -> Verd
     found = {m: _verify_dcp(directory / m, deep, directory.parent) for m in sorted(members)}
     bad = [(m, v) for m, v in found.items() if not v.complete]
     if not bad:
-        return Verdict(COMPLETE, members=members, checksummed=deep and all(v.checksummed for v in found.values()))
+        wanting = hftrainer.state_problem(directory) if hftrainer.is_trainer_name(directory.name) else None
+        if wanting is not None:  # transformers' trainer_state.json, written after everything else
+            return Verdict(INVALID if wanting[0] else PARTIAL, wanting[1], members=members)
+        return Verdict(COMPLETE, members=members, markers=hftrainer.markers(directory),
+                       checksummed=deep and all(v.checksummed for v in found.values()))
     state = max((v.state for _, v in bad), key=_SEVERITY.__getitem__)
     reason = "; ".join(f"{m}: {v.reason}" for m, v in bad[:_MAX_REASONS])
     if len(bad) > _MAX_REASONS:
@@ -234,10 +244,12 @@ def _verify_nested(directory: Path, members: frozenset[str], deep: bool) -> Verd
     return Verdict(state, reason, members=members, kind=kind)
 
 
-def against_reference(verdict: Verdict, reference: frozenset[str], sibling: str) -> Verdict:
-    """A complete nested folder that lacks a member its reference sibling has is partial (a save cut between
-    members); extra members are fine (a save that added a model). Pure: the caller picks the sibling."""
-    missing = sorted(reference - verdict.members)
+def against_reference(verdict: Verdict, reference: frozenset[str], sibling: str,
+                      markers: frozenset[str] = frozenset()) -> Verdict:
+    """A complete nested folder that lacks a member (or a commit marker) its reference sibling has is partial
+    (a save cut between members, or before its last file); extra members are fine (a save that added a
+    model). Pure: the caller picks the sibling."""
+    missing = sorted((reference - verdict.members) | (markers - verdict.markers))
     if not verdict.complete or not verdict.members or not missing:
         return verdict
     shown = ", ".join(missing[:_MAX_REASONS])

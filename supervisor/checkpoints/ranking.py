@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
+from supervisor.checkpoints import lightning
 from supervisor.checkpoints.completeness import (
     COMPLETE,
     FOREIGN,
@@ -40,6 +41,7 @@ from supervisor.checkpoints.completeness import (
     against_reference,
     verify,
 )
+from supervisor.checkpoints.keeps import with_holds
 from supervisor.checkpoints.manifest import Manifest, read_manifest
 from supervisor.checkpoints.markers import is_pinned, is_quarantined
 from supervisor.checkpoints.naming import is_temporary, name_ordinal, name_step
@@ -70,13 +72,16 @@ class _Dated(Protocol):  # read-only members: CheckpointInfo is a frozen datacla
     def ordinal(self) -> int | None: ...
     @property
     def mtime(self) -> float: ...
+    @property
+    def alias_of(self) -> str | None: ...
 
 
-def age_order(c: _Dated) -> tuple[bool, int, float]:
+def age_order(c: _Dated) -> tuple[bool, int, bool, float]:
     """The one ordering of checkpoints, oldest first: unranked dirs before ranked ones, then the rank (save
-    ordinal, else step), then mtime."""
+    ordinal, else step), then an alias before the checkpoint it repeats (Lightning's `last.ckpt`: the named
+    save of the same step is the one to pick), then mtime."""
     rank = c.ordinal if c.ordinal is not None else c.step
-    return (rank is not None, rank or 0, c.mtime)
+    return (rank is not None, rank or 0, c.alias_of is None, c.mtime)
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,9 @@ class CheckpointInfo:
     ordinal: int | None = None  # Accelerate's save number N of `checkpoint_<N>` (not a step)
     inode: int = 0  # of the dir when it was judged (0: unknown); retention deletes only that very dir
     tier: Tier = Tier.DURABLE  # a scan of one root says durable; tiers.py tags the local tier's
+    alias_of: str | None = None  # the sibling holding the same save (Lightning's last.ckpt: a copy or a link)
+    hold: str | None = None  # why the training program itself needs it kept (retention never deletes it)
+    keeps_unknown: str | None = None  # why the program's own keep list (Lightning's top-k) could not be read
 
     @property
     def complete(self) -> bool:
@@ -112,6 +120,8 @@ class _Candidate:
     ordinal: int | None = None
     inode: int = 0
     named: bool = False  # the step comes from the name (not from a manifest or sidecar inside)
+    alias_of: str | None = None
+    target: str | None = None  # for a Lightning last*.ckpt symlink: the sibling it names
 
 
 def _open_root(root: str | os.PathLike[str]) -> tuple[Path, os._ScandirIterator[str]]:
@@ -138,7 +148,11 @@ def _step_without_name(directory: Path) -> int | None:
         manifest = read_manifest(directory)
     except ManifestError:
         return None
-    return manifest.step if manifest else sidecar_step(directory)
+    if manifest:
+        return manifest.step
+    if lightning.is_lightning_name(directory.name):  # a copied last.ckpt: global_step in its meta.pt
+        return lightning.meta_step(directory)
+    return sidecar_step(directory)
 
 
 def checkpoint_step(directory: Path, manifest: Manifest | None) -> int | None:
@@ -168,12 +182,32 @@ def _list_root(root: str | os.PathLike[str]) -> tuple[Path, list[_Candidate]]:
             child = path / entry.name
             step, ordinal = name_step(entry.name), name_ordinal(entry.name)
             named = step is not None
-            if step is None and ordinal is None and not is_link:
+            target = lightning.link_target(child) if is_link and lightning.is_last_name(entry.name) else None
+            if target is not None:
+                step = name_step(target)
+            elif step is None and ordinal is None and not is_link:
                 step = _step_without_name(child)
             mtime = st.st_mtime if is_link else (_lmtime(child / METADATA_NAME) or st.st_mtime)
-            found.append(_Candidate(entry.name, child, is_link, step, mtime, ordinal, st.st_ino, named))
+            found.append(_Candidate(entry.name, child, is_link, step, mtime, ordinal, st.st_ino, named, target=target))
+    found = _with_aliases(found)
     found.sort(key=age_order, reverse=True)
     return path, found
+
+
+def _with_aliases(found: list[_Candidate]) -> list[_Candidate]:
+    """Mark Lightning's `last*.ckpt` as an alias of the sibling holding the same save: the one a link names, or
+    for a copy the named checkpoint of the same step (so it is never selected over it, nor counted twice)."""
+    names = {c.name for c in found}
+    by_step = {c.step: c.name for c in sorted(found, key=lambda c: c.name)
+               if c.step is not None and not c.is_link and not lightning.is_last_name(c.name)}
+    out = []
+    for c in found:
+        if c.target is not None:
+            c = replace(c, alias_of=c.target if c.target in names else None)
+        elif lightning.is_last_name(c.name) and not c.is_link and c.step is not None:
+            c = replace(c, alias_of=by_step.get(c.step))
+        out.append(c)
+    return out
 
 
 def _usage(directory: Path) -> tuple[int, float]:
@@ -218,6 +252,10 @@ def _foreign(c: _Candidate, reason: str | None) -> CheckpointInfo:
 
 
 def _info(c: _Candidate, verdict: Verdict | None) -> CheckpointInfo:
+    if c.is_link and c.alias_of is not None and verdict is not None:  # Lightning's save_last="link"
+        why = f'a link to {c.alias_of} (Lightning\'s save_last="link")'
+        return CheckpointInfo(c.name, c.path, c.step, verdict.state, why if verdict.complete else
+                              f"{why}, which is {verdict.state}: {verdict.reason}", 0, c.mtime, alias_of=c.alias_of)
     if c.is_link:
         return CheckpointInfo(c.name, c.path, c.step, INVALID, "the checkpoint dir is a symlink", 0, c.mtime,
                               ordinal=c.ordinal)
@@ -246,6 +284,7 @@ def _info(c: _Candidate, verdict: Verdict | None) -> CheckpointInfo:
         metrics=dict(manifest.metrics) if manifest else {},
         ordinal=c.ordinal,
         inode=c.inode,
+        alias_of=c.alias_of,
     )
 
 
@@ -282,8 +321,8 @@ class _Judge:
     def _copy_beside(self, c: _Candidate, shape: Shape) -> Shape | None:
         """Foreign when `c` is a copy of a sibling checkpoint under a name without its step (`step_30.bak`,
         `step_00000030-old`): the step its manifest says is the one the sibling's name carries."""
-        if not shape.ours or c.named or c.is_link or c.step is None or c.ordinal is not None:
-            return None
+        if not shape.ours or c.named or c.is_link or c.step is None or c.ordinal is not None or c.alias_of:
+            return None  # Lightning's last.ckpt is a copy by design: an alias (_with_aliases), not a stray one
         twin = self._named.get(c.step)
         if twin is None or not self._identify(twin).ours:
             return None
@@ -308,16 +347,16 @@ class _Judge:
         v = self.own(c)
         return v if v is not None and v.complete else None
 
-    def reference(self, name: str) -> tuple[frozenset[str], str] | None:
-        """The members of the nearest older nested sibling whose DCP dirs are all complete (else the nearest
-        newer one), and its name."""
+    def reference(self, name: str) -> tuple[frozenset[str], frozenset[str], str] | None:
+        """The members and commit markers of the nearest older nested sibling whose DCP dirs are all complete
+        (else the nearest newer one), and its name."""
         at = self._index.get(name)
         if at is None:
             return None
         for other in (*self.candidates[at + 1:], *reversed(self.candidates[:at])):
             v = self._settled(other)
             if v is not None:
-                return v.members, other.name
+                return v.members, v.markers, other.name
         return None
 
     def _confirmed(self, name: str, members: frozenset[str]) -> bool:
@@ -329,14 +368,22 @@ class _Judge:
                 return True
         return False
 
+    def linked(self, c: _Candidate) -> Verdict | None:
+        """The verdict of the sibling a Lightning `last*.ckpt` link names (None: not such a link, or it is gone)."""
+        at = self._index.get(c.alias_of) if c.is_link and c.alias_of else None
+        return None if at is None else self.verdict(self.candidates[at])
+
     def verdict(self, c: _Candidate) -> Verdict | None:
         v = self.own(c)
         if v is None or not (v.complete and v.members):
             return v
         ref = self.reference(c.name)
-        if ref is None or ref[0] <= v.members or self._confirmed(c.name, v.members):
+        if ref is None or (ref[0] <= v.members and ref[1] <= v.markers):
             return v
-        return against_reference(v, *ref)
+        if ref[1] <= v.markers and self._confirmed(c.name, v.members):
+            return v
+        members, markers, sibling = ref
+        return against_reference(v, members, sibling, markers)
 
 
 def scan(root: str | os.PathLike[str], *, verify_all: bool = True) -> list[CheckpointInfo]:
@@ -360,14 +407,14 @@ def scan(root: str | os.PathLike[str], *, verify_all: bool = True) -> list[Check
         if found_newest and not verify_all:
             infos.append(_info(c, None))
             continue
-        verdict = None if c.is_link else judge.verdict(c)
+        verdict = judge.linked(c) if c.is_link else judge.verdict(c)
         if verdict is None and not c.is_link:
             continue  # gone
         info = _info(c, verdict)
         infos.append(info)
-        found_newest = found_newest or (info.complete and not info.quarantined)
+        found_newest = found_newest or (info.complete and not info.quarantined and not c.is_link)
     infos.sort(key=age_order, reverse=True)
-    return infos
+    return with_holds(path, infos)
 
 
 def newest_complete(root: str | os.PathLike[str]) -> CheckpointInfo | None:

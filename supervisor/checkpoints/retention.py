@@ -5,13 +5,19 @@ How the rules interact:
    as a checkpoint of a known layout) are not ours: never deleted and not counted in any total.
 1. Guards: never deleted, whatever else says so: the newest complete non-quarantined checkpoint, every
    path in `protect` (the one a running job resumed from: the caller passes its own and the live in-use
-   markers of other processes), pinned dirs, partial/torn dirs younger than `partial_max_age_s` (a save
-   may still be in flight), invalid dirs and symlinks (we may not own them: a torch upgrade could make new
-   metadata look invalid, and deleting through a symlink is never OK), and unverified dirs.
+   markers of other processes), pinned dirs, what the training program itself still needs (`hold`:
+   Lightning's `last*.ckpt` and its top-k, ranking.py), partial/torn dirs younger than `partial_max_age_s`
+   (a save may still be in flight), invalid dirs and symlinks (we may not own them: a torch upgrade could
+   make new metadata look invalid, and deleting through a symlink is never OK), and unverified dirs.
 2. Keep rules: `keep_last`, `keep_every`, `keep_best` each *keep* complete checkpoints (quarantined ones
-   included: they are evidence). When at least one keep rule is on, a complete checkpoint kept by none of
-   them is deleted. When all are off, complete checkpoints are kept.
-3. Debris: partial and torn dirs idle longer than `partial_max_age_s` are deleted.
+   included: they are evidence). An alias (Lightning's `last.ckpt` holding the same save as a named
+   sibling) is not counted: one save, one place in `keep_last`. When at least one keep rule is on, a complete
+   checkpoint kept by none of them is deleted (when the program's own keep list could not be read, with a
+   `client_keeps_unknown` finding). When all are off, complete checkpoints are kept.
+3. Debris: partial and torn dirs idle longer than `partial_max_age_s` are deleted. With `settled` (no save
+   can be in flight: the job is down, and it picks its own checkpoint, as transformers' Trainer with
+   `resume_from_checkpoint=True` or Accelerate's `load_state()` do), those that rank above the newest
+   complete checkpoint are deleted at once: the job would load one of them and fail at every start.
 4. Disk: then, while free space is below `min_free_gb` or the checkpoints' total is above
    `max_total_gb`, the oldest remaining deletable checkpoint goes (rule-kept ones included, guarded ones
    never). A floor that cannot be met this way yields a `disk_pressure` finding.
@@ -69,7 +75,8 @@ class RetentionRules(BaseModel):
         default=0, ge=0, description="delete oldest deletable while checkpoints exceed this many GiB (0 = off)"
     )
     partial_max_age_s: float = Field(
-        default=3600, ge=0, description="partial/torn dirs idle longer than this many seconds are deleted"
+        default=3600, ge=0, description="partial/torn dirs idle longer than this many seconds are deleted (those "
+        "above the newest complete at once, before a launch whose job picks its own checkpoint)"
     )
 
     def keep_rules_on(self) -> bool:
@@ -107,9 +114,22 @@ class RetentionPlan:
     kept: dict[Path, str] = field(default_factory=dict)  # why each non-deleted dir stays
 
 
-def _guards(cps: Sequence[CheckpointInfo], rules: RetentionRules, protect: set[str], now: float) -> dict[Path, str]:
+def _newest(cps: Sequence[CheckpointInfo]) -> CheckpointInfo | None:
     usable = [c for c in cps if c.complete and not c.quarantined]
-    newest = max(usable, key=age_order) if usable else None
+    return max(usable, key=age_order) if usable else None
+
+
+def _unfinished_above(cps: Sequence[CheckpointInfo], settled: bool) -> set[Path]:
+    """With `settled`: the partial and torn dirs that rank above the newest complete checkpoint."""
+    newest = _newest(cps)
+    if not settled or newest is None:
+        return set()
+    return {c.path for c in cps if c.state in (PARTIAL, TORN) and age_order(c) > age_order(newest)}
+
+
+def _guards(cps: Sequence[CheckpointInfo], rules: RetentionRules, protect: set[str], now: float,
+            early: set[Path]) -> dict[Path, str]:
+    newest = _newest(cps)
     guards: dict[Path, str] = {}
     for c in cps:
         if newest is not None and c.path == newest.path:
@@ -118,8 +138,10 @@ def _guards(cps: Sequence[CheckpointInfo], rules: RetentionRules, protect: set[s
             guards[c.path] = "in use by the running job"
         elif c.pinned:
             guards[c.path] = "pinned"
+        elif c.hold is not None:
+            guards[c.path] = c.hold
         elif c.state in (PARTIAL, TORN):
-            if now - c.mtime <= rules.partial_max_age_s:
+            if c.path not in early and now - c.mtime <= rules.partial_max_age_s:
                 guards[c.path] = f"{c.state}, idle {max(0.0, now - c.mtime):.0f} s: may be in flight"
         elif c.state != COMPLETE:
             guards[c.path] = f"{c.state}: left for a human"
@@ -127,7 +149,7 @@ def _guards(cps: Sequence[CheckpointInfo], rules: RetentionRules, protect: set[s
 
 
 def _rule_keeps(cps: Sequence[CheckpointInfo], rules: RetentionRules) -> dict[Path, list[str]]:
-    complete = sorted((c for c in cps if c.complete), key=age_order, reverse=True)
+    complete = sorted((c for c in cps if c.complete and c.alias_of is None), key=age_order, reverse=True)
     keeps: dict[Path, list[str]] = {}
     for c in complete[: rules.keep_last]:
         keeps.setdefault(c.path, []).append(f"keep_last={rules.keep_last}")
@@ -164,6 +186,19 @@ def _disk_message(free: int, total: int, rules: RetentionRules) -> tuple[str, in
     return None
 
 
+def _unknown_keeps(cps: Sequence[CheckpointInfo], deletions: list[Deletion], rules: RetentionRules) -> list[Finding]:
+    """A warning when the keep rules delete a checkpoint the program may still count as one of its own (its
+    keep list, e.g. Lightning's top-k, could not be read): the user should know what to set."""
+    gone = {d.path for d in deletions}
+    unsure = [c for c in cps if c.path in gone and c.keeps_unknown]
+    if not unsure:
+        return []
+    return [Finding("client_keeps_unknown", (
+        f"keep_last={rules.keep_last} deletes {unsure[0].name}, which Lightning's ModelCheckpoint may still count "
+        f"in its top-k: its state could not be read ({unsure[0].keeps_unknown}). Set keep_last = 0 to leave the "
+        "rotation to save_top_k, or keep_last above save_top_k"))]
+
+
 def plan_retention(
     checkpoints: Sequence[CheckpointInfo],
     *,
@@ -171,11 +206,13 @@ def plan_retention(
     disk: DiskUsage,
     protect: Collection[str | os.PathLike[str]] = (),
     now: float,
+    settled: bool = False,
 ) -> RetentionPlan:
     """Decide what to delete and why (pure: no I/O; see the module docstring for the rules)."""
     foreign = {c.path: "foreign: not a checkpoint, never deleted" for c in checkpoints if c.state == FOREIGN}
     cps = sorted((c for c in checkpoints if c.state != FOREIGN), key=age_order)  # oldest first: deletion order
-    guards = _guards(cps, rules, {os.path.abspath(p) for p in protect}, now)
+    early = _unfinished_above(cps, settled)
+    guards = _guards(cps, rules, {os.path.abspath(p) for p in protect}, now, early)
     keeps = _rule_keeps(cps, rules)
     any_rule_on = rules.keep_rules_on()
     deletions: list[Deletion] = []
@@ -188,12 +225,15 @@ def plan_retention(
                 kept[c.path] = ", ".join(keeps.get(c.path, ["no keep rule on"]))
                 continue
             reason = "kept by no keep rule"
+        elif c.path in early:
+            reason = (f"{c.state} and newer than the newest complete checkpoint, with the job down: the job picks "
+                      "its own checkpoint and would load this one")
         else:  # partial/torn and idle past the limit (younger ones are guarded)
             reason = f"{c.state} and idle {now - c.mtime:.0f} s > partial_max_age_s={rules.partial_max_age_s:g}"
         deletions.append(Deletion(c.path, c.name, reason, c.size_bytes, c.inode))
     freed = sum(d.size_bytes for d in deletions)
     free, total = disk.free_bytes + freed, sum(c.size_bytes for c in cps) - freed
-    findings: list[Finding] = []
+    findings = _unknown_keeps(cps, deletions, rules)
     by_age = iter([c for c in cps if c.path in kept and c.path not in guards])  # oldest rule-kept first
     while (unmet := _disk_message(free, total, rules)) is not None:
         victim = next(by_age, None)

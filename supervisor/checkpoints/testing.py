@@ -3,11 +3,16 @@
 The `.metadata` written here is byte-for-byte the shape torch's FileSystemWriter pickles (protocol 4,
 NEWOBJ + BUILD for the dataclasses, REDUCE for torch.Size, dtypes by name), so real torch loads it
 too (`tests/integration/test_checkpoints_testing.py` checks that in a subprocess). Shards hold zeros.
+The clients' layouts on top of it: Lightning's `meta.pt` (a torch.save zip, protocol 2, tensors as
+persistent ids: `write_torch_file`, `write_lightning_checkpoint`) and transformers' `checkpoint-N/`
+(`write_trainer_checkpoint`).
 """
 from __future__ import annotations
 
+import json
 import os
 import pickle
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,7 +21,8 @@ from supervisor.checkpoints.manifest import build_manifest
 from supervisor.checkpoints.manifest import write_manifest as _write_manifest
 from supervisor.layout import METADATA_NAME, step_dir_name
 
-__all__ = ["dcp_metadata_bytes", "storage_metadata_bytes", "write_checkpoint", "write_manifest", "DEFAULT_TENSORS"]
+__all__ = ["dcp_metadata_bytes", "storage_metadata_bytes", "write_checkpoint", "write_manifest", "DEFAULT_TENSORS",
+           "tensor", "write_torch_file", "lightning_meta", "write_lightning_checkpoint", "write_trainer_checkpoint"]
 
 DEFAULT_TENSORS: dict[str, int] = {"model.w": 64, "model.b": 8, "optim.w.exp_avg": 64}  # fqn -> float32 elems
 
@@ -45,11 +51,19 @@ class _Call:
         self.func, self.args = func, args
 
 
+class _Stored:
+    """A storage torch.save keeps outside the pickle: emitted as a persistent id."""
+
+    def __init__(self, key: str) -> None:
+        self.pid = ("storage", _Global("torch", "FloatStorage"), key, "cpu", 1)
+
+
 if TYPE_CHECKING:
     class _PurePickler(pickle._Pickler):
         """The pure pickler's undocumented internals that _Pickler uses (typeshed declares only the public API)."""
 
         memo: dict[int, tuple[int, Any]]
+        proto: int
 
         def write(self, data: bytes) -> None: ...
         def get(self, i: int) -> bytes: ...
@@ -70,7 +84,10 @@ class _Pickler(_PurePickler):  # the pure pickler lets us emit opcodes
         if isinstance(obj, (_Global, _New, _Call)):
             if self._memoized(obj):
                 return
-            if isinstance(obj, _Global):
+            if isinstance(obj, _Global) and self.proto < 4:  # torch.save's protocol 2: GLOBAL, as torch writes it
+                self.write(pickle.GLOBAL + f"{obj.module}\n{obj.name}\n".encode())
+                self.memoize(obj)
+            elif isinstance(obj, _Global):
                 self.save(obj.module)
                 self.save(obj.name)
                 self.write(pickle.STACK_GLOBAL)
@@ -89,6 +106,9 @@ class _Pickler(_PurePickler):  # the pure pickler lets us emit opcodes
                 self.memoize(obj)
             return
         super().save(obj, save_persistent_id)
+
+    def persistent_id(self, obj: Any) -> Any:
+        return obj.pid if isinstance(obj, _Stored) else None
 
 
 _DCP = "torch.distributed.checkpoint.metadata"
@@ -150,9 +170,9 @@ def storage_metadata_bytes(items: Sequence[tuple[Any, Any, Any]]) -> bytes:
     return _dumps(meta)
 
 
-def _dumps(obj: Any) -> bytes:
+def _dumps(obj: Any, protocol: int = 4) -> bytes:
     buf = _BytesSink()
-    _Pickler(buf, protocol=4).dump(obj)
+    _Pickler(buf, protocol=protocol).dump(obj)
     return bytes(buf.data)
 
 
@@ -203,4 +223,69 @@ def write_checkpoint(
     (directory / METADATA_NAME).write_bytes(data)
     if manifest:
         write_manifest(directory, step, metrics=metrics, world_size=shards, sha256=sha256)
+    return directory
+
+
+# ---- the clients' layouts ------------------------------------------------------------------------------------
+
+def tensor() -> Any:
+    """A 0-d float tensor as torch.save pickles it (`_rebuild_tensor_v2` of a persistent storage of zeros)."""
+    return _Call(_Global("torch._utils", "_rebuild_tensor_v2"),
+                 _Stored("0"), 0, (), (), False, _Call(_Global("collections", "OrderedDict")))
+
+
+def write_torch_file(path: Path, obj: Any, *, archive: str = "meta") -> Path:
+    """Write `obj` as torch.save does (protocol 2 in `<archive>/data.pkl`, storages beside it, stored zip)."""
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as z:
+        z.writestr(f"{archive}/data.pkl", _dumps(obj, protocol=2))
+        z.writestr(f"{archive}/.format_version", "1")
+        z.writestr(f"{archive}/byteorder", "little")
+        z.writestr(f"{archive}/data/0", bytes(4))
+        z.writestr(f"{archive}/version", "3\n")
+    return path
+
+
+def lightning_meta(step: int, *, epoch: int = 0, dirpath: Path | None = None, top_k: Sequence[str] = (),
+                   best: str = "", last: str = "") -> dict[str, Any]:
+    """What Lightning 2.6's sharded save puts in `meta.pt`: the step, and one ModelCheckpoint's state (names in
+    `dirpath`)."""
+    def where(name: str) -> str:
+        return str(Path(dirpath or ".") / name) if name else ""
+
+    state = {"monitor": "train_loss" if top_k else None, "best_model_score": tensor(), "best_model_path": where(best),
+             "current_score": tensor(), "dirpath": str(dirpath or ""),
+             "best_k_models": {where(n): tensor() for n in top_k}, "kth_best_model_path": "", "kth_value": tensor(),
+             "last_model_path": where(last)}
+    key = "ModelCheckpoint{'monitor': 'train_loss', 'mode': 'min', 'every_n_train_steps': 5, 'every_n_epochs': 0}"
+    return {"epoch": epoch, "global_step": step, "pytorch-lightning_version": "2.6.6", "loops": {"fit_loop": {}},
+            "callbacks": {key: state}, "lr_schedulers": []}
+
+
+def write_lightning_checkpoint(root: str | os.PathLike[str], step: int, *, name: str | None = None,
+                               meta: Mapping[str, Any] | None = None, with_meta: bool = True) -> Path:
+    """Lightning's sharded `epoch=0-step=<step>.ckpt/`: a DCP dir, then `meta.pt` (unless `with_meta=False`:
+    a save cut between the two)."""
+    directory = write_checkpoint(root, step, name=name or f"epoch=0-step={step}.ckpt", manifest=False)
+    if with_meta:
+        write_torch_file(directory / "meta.pt", dict(meta) if meta is not None else lightning_meta(step))
+    return directory
+
+
+def write_trainer_checkpoint(root: str | os.PathLike[str], step: int, *, upto: str = "trainer_state.json",
+                             ranks: int = 2) -> Path:
+    """transformers' Trainer `checkpoint-<step>/` (FSDP, SHARDED_STATE_DICT), written in its order and stopped
+    after `upto` (one of pytorch_model_fsdp_0, optimizer_0, scheduler.pt, rng_state, trainer_state.json)."""
+    directory = Path(root) / f"checkpoint-{step}"
+    order = ["pytorch_model_fsdp_0", "optimizer_0", "scheduler.pt", "rng_state", "trainer_state.json"]
+    for part in order[: order.index(upto) + 1]:
+        if part in ("pytorch_model_fsdp_0", "optimizer_0"):
+            write_checkpoint(directory, step, name=part, manifest=False)
+        elif part == "scheduler.pt":
+            write_torch_file(directory / part, {"last_epoch": step}, archive="scheduler")
+        elif part == "rng_state":
+            for r in range(ranks):
+                write_torch_file(directory / f"rng_state_{r}.pth", {"python": None}, archive=f"rng_state_{r}")
+        else:
+            (directory / part).write_text(json.dumps({"global_step": step, "log_history": []}, indent=2,
+                                                     sort_keys=True) + "\n")
     return directory

@@ -94,16 +94,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def info_json(c: CheckpointInfo) -> dict[str, Any]:
-    """The fixed `list --json` object (plus `state`, `metrics` and `ordinal`).
+    """The fixed `list --json` object (plus `state`, `metrics`, `ordinal`, `alias_of` and `kept_by`).
 
     `step` is the training step when known; `ordinal` is the save number of an Accelerate `checkpoint_<N>`
-    (null otherwise). A `foreign` entry (not a checkpoint) has `size_bytes` 0: it is never walked.
+    (null otherwise). A `foreign` entry (not a checkpoint) has `size_bytes` 0: it is never walked. `alias_of`
+    names the sibling holding the same save (Lightning's `last.ckpt`); `kept_by` says why the training program
+    itself still needs the entry (retention never deletes it).
     """
     return {
         "name": c.name, "path": str(c.path), "step": c.step, "complete": c.complete,
         "reason": None if c.complete else (c.reason or c.state), "size_bytes": c.size_bytes, "mtime": c.mtime,
         "pinned": c.pinned, "quarantined": c.quarantined, "state": c.state, "metrics": c.metrics,
-        "ordinal": c.ordinal, "tier": c.tier,
+        "ordinal": c.ordinal, "tier": c.tier, "alias_of": c.alias_of, "kept_by": c.hold,
     }
 
 
@@ -124,8 +126,8 @@ def _table(infos: list[CheckpointInfo], now: float, metrics: tuple[str, ...] = (
     rows = [(*(("TIER",) if tiers else ()), "NAME", "STEP", "STATE", *(printable(m).upper() for m in metrics), "SIZE",
              "AGE", "FLAGS", "REASON")]
     for c in infos:
-        flags = ("P" if c.pinned else "") + ("Q" if c.quarantined else "")
-        reason = c.reason or ""
+        flags = ("P" if c.pinned else "") + ("Q" if c.quarantined else "") + ("K" if c.hold else "")
+        reason = c.reason or (f"alias of {c.alias_of}" if c.alias_of else "")
         if c.quarantined:  # why it is skipped for resume is what an operator needs to see
             reason = "; ".join(filter(None, [reason, f"quarantined: {quarantine_reason(c.path) or 'no reason recorded'}"]))
         state = "export" if c.state == FOREIGN and reason == EXPORT_REASON else str(c.state)

@@ -196,7 +196,14 @@ class Core:
 
     # ---- housekeeping passes ---------------------------------------------------------------------------------
     def _request_pass(self, *, prune: bool = True) -> None:
-        self.passes.request(self._protected(), prune=prune)
+        self.passes.request(self._protected(), prune=prune, settled=self._settled())
+
+    def _settled(self) -> bool:
+        """A launch waits, no save can be in flight (no job, no orphan of a predecessor) and the job picks its own
+        checkpoint (no {checkpoint} in resume_args): a pass may clear the cut-short saves above the newest complete
+        one, which the job would otherwise load at every start (retention.py, rule 3). Only a node that prunes."""
+        return (self._launch_pending and self.job is None and self.stops.orphans is None and self.cfg.checkpoints.prune
+                and resume.chooses_itself(self.cfg.job.resume_args))
 
     def _protected(self) -> list[Path]:
         return [self.in_use] if self.in_use else []
@@ -223,9 +230,12 @@ class Core:
         if self.ended is not None:
             self._judge_exit()
         elif self._launch_pending and self.status.state in (State.STARTING, State.BACKOFF):
-            self._launch(result)
+            if result.settled or result.error is not None or not self._settled():
+                self._launch(result)  # a failed look is _plan's to judge (retry, or refuse)
+            else:  # the job would pick its own checkpoint: first clear what it must not pick
+                self._request_pass()
         if not self.done:
-            self.passes.follow_up(self._protected())
+            self.passes.follow_up(self._protected(), settled=self._settled())
         if not self.done:
             self._publish()
 
@@ -256,7 +266,7 @@ class Core:
         """Launch as soon as a pass has said which checkpoint to resume from."""
         self._launch_pending = True
         fresh = self.passes.fresh()
-        if fresh is not None:
+        if fresh is not None and (fresh.settled or not self._settled()):
             self._launch(fresh)
         else:
             self._request_pass()

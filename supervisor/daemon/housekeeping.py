@@ -40,7 +40,9 @@ from typing import Any
 
 from supervisor import checkpoints as store
 from supervisor.checkpoints.claim import RootClaim
+from supervisor.checkpoints.hftrainer import JIT_SENTINEL
 from supervisor.checkpoints.inuse import in_use_dir
+from supervisor.checkpoints.lightning import META_NAME as LIGHTNING_META
 from supervisor.checkpoints.pruning import parking_problem
 from supervisor.checkpoints.sidecars import open_sidecar, resolved, trusted_owners
 from supervisor.checkpoints.tiers import TierClaims
@@ -50,6 +52,8 @@ from supervisor.host.mounts import mount_id
 from supervisor.layout import MANIFEST_NAME, METADATA_NAME
 
 __all__ = ["Housekeeper", "PassResult", "best_checkpoint", "look_at_root", "retention_problem"]
+
+_SAID_ONCE = frozenset({"client_keeps_unknown"})  # findings about the config, not the moment: one warning per run
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ class PassResult:
     error: str | None = None  # the root could not be read; nothing else in the result is meaningful
     root_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the root this pass looked at
     retention_stopped: str | None = None  # why retention deletes nothing (no usable trash), when it cannot
+    settled: bool = False  # planned with no save in flight (retention.plan_retention's `settled`)
 
     @property
     def quarantined(self) -> list[str]:
@@ -134,9 +139,11 @@ class Housekeeper:
         self._more_trash = False  # something was parked since the emptier last looked
         self._emptying = False
         self._marker: tuple[Path, int, Path] | None = None  # the running attempt's in-use marker, job pid, its root
+        self._said: set[str] = set()  # kinds of _SAID_ONCE already warned about
 
     def concerns(self, path: Path) -> bool:
-        """Is this file event a possible checkpoint commit (a top-level rename/create, or DCP's .metadata)?"""
+        """Is this file event a possible checkpoint commit (a top-level rename/create, DCP's .metadata, or a
+        client's last file: Lightning's meta.pt, transformers' trainer_state.json or its JIT sentinel going)?"""
         for root in filter(None, (self.root, self.local_root)):
             try:
                 rel = path.relative_to(root)
@@ -146,17 +153,18 @@ class Housekeeper:
         else:
             return False
         # A JSON file in a checkpoint folder may be the sidecar that says an Accelerate checkpoint's step.
-        return len(rel.parts) == 1 or rel.name in (METADATA_NAME, MANIFEST_NAME) or (
+        return len(rel.parts) == 1 or rel.name in (METADATA_NAME, MANIFEST_NAME, LIGHTNING_META, JIT_SENTINEL) or (
             len(rel.parts) == 2 and rel.suffix == ".json")
 
     # ---- off the loop ------------------------------------------------------------------------------------
     def run_pass(self, *, generation: int, protect: Collection[Path], prune: bool = True,
-                 unless_newest: Path | None = None) -> PassResult:
+                 unless_newest: Path | None = None, settled: bool = False) -> PassResult:
         """Scan the root once and prune it (if this node prunes), protecting `protect`; thread-safe, no state.
 
         With `prune=False` retention runs only when the newest complete checkpoint is no longer
         `unless_newest`, i.e. on a new commit (a file event in the root that committed nothing is no
-        reason to delete anything).
+        reason to delete anything). `settled`: no save can be in flight (the core says when), so the
+        unfinished saves a job that picks its own checkpoint would load go now (retention.py, rule 3).
         """
         root_id, problem = look_at_root(self.spelled, self.root, self.device, self.mount)
         if problem is not None:
@@ -176,11 +184,12 @@ class Housekeeper:
             newest = usable[0] if usable else None  # newest first, the local copy first at equal steps
             plan, deleted = store.RetentionPlan(), list[store.Deletion]()
             committed = newest is not None and newest.path != unless_newest
-            if self.cfg.checkpoints.prune and (prune or committed) and stopped is None:
+            if self.cfg.checkpoints.prune and (prune or committed or settled) and stopped is None:
                 store.migrate_legacy_trash(self.root, fallback=self.cfg.run_dir)
-                plan, deleted, stopped = self._retention(self.root, durable, self.cfg.checkpoints, usage, protect)
-            if self.cfg.checkpoints.prune and (prune or committed) and local:
-                deleted += self._local_retention(local, protect)
+                plan, deleted, stopped = self._retention(self.root, durable, self.cfg.checkpoints, usage, protect,
+                                                         settled)
+            if self.cfg.checkpoints.prune and (prune or committed or settled) and local:
+                deleted += self._local_retention(local, protect, settled)
         except (CheckpointError, OSError) as exc:
             return PassResult(generation, error=str(exc), root_id=root_id)
         gone = {d.path for d in deleted}
@@ -188,25 +197,26 @@ class Housekeeper:
             generation, checkpoints=[c for c in found if c.path not in gone], newest=newest, deleted=deleted,
             findings=plan.findings, disk_free=usage.free_bytes,
             checkpoint_bytes=sum(c.size_bytes for c in durable if c.complete and c.path not in gone),
-            root_id=root_id, retention_stopped=stopped,
+            root_id=root_id, retention_stopped=stopped, settled=settled,
         )
 
     def _retention(self, root: Path, found: list[store.CheckpointInfo], rules: store.RetentionRules,
-                   usage: store.DiskUsage, protect: Collection[Path],
+                   usage: store.DiskUsage, protect: Collection[Path], settled: bool,
                    ) -> tuple[store.RetentionPlan, list[store.Deletion], str | None]:
         """Plan and carry out retention in one root: (plan, deleted, why it stopped). A sidecar that cannot be used
         stops retention only (SidecarError), never the pass."""
         plan = store.RetentionPlan()
         try:
             plan = store.plan_retention(found, rules=rules, disk=usage, protect={*protect, *store.in_use(root)},
-                                        now=self.now())
+                                        now=self.now(), settled=settled)
             deleted = (store.execute_retention(root, plan, empty_trash=False, fallback=self.cfg.run_dir)
                        if plan.deletions else [])
         except SidecarError as exc:
             return plan, [], str(exc)
         return plan, deleted, None
 
-    def _local_retention(self, local: list[store.CheckpointInfo], protect: Collection[Path]) -> list[store.Deletion]:
+    def _local_retention(self, local: list[store.CheckpointInfo], protect: Collection[Path],
+                         settled: bool) -> list[store.Deletion]:
         """The local tier keeps its `local_keep` newest complete (tiers.local_rules); it has no disk floor of its own,
         and a tier whose deletions cannot be parked just keeps what it has (the durable root's retention decides
         `retention_stopped`)."""
@@ -215,7 +225,7 @@ class Housekeeper:
         if retention_problem(root, self.cfg.run_dir) is not None:
             return []
         rules = store.local_rules(self.cfg.checkpoints, self.cfg.checkpoints.local_keep)
-        return self._retention(root, local, rules, store.disk_usage(root), protect)[1]
+        return self._retention(root, local, rules, store.disk_usage(root), protect, settled)[1]
 
     def empty_trash(self) -> None:
         """Remove trash contents on a worker thread: a slow rmtree must not stall the loop (or its watchdog)."""
@@ -281,7 +291,10 @@ class Housekeeper:
         first = self.last is None
         self.latest, self.last, self.disk_free = result.newest, result, result.disk_free
         for f in result.findings:
-            self.log.warning(f.kind, message=f.message)
+            if f.kind not in self._said:
+                self.log.warning(f.kind, message=f.message)
+            if f.kind in _SAID_ONCE:
+                self._said.add(f.kind)
         for d in result.deleted:
             self.log.info("retention_deleted", path=str(d.path), reason=d.reason, size_bytes=d.size_bytes)
         # The first pass also empties what a predecessor killed mid-delete left parked: waiting for the next

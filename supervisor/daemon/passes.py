@@ -33,10 +33,11 @@ class PassScheduler:
         """The root changed (a file event, a quarantine): the last pass no longer describes it."""
         self.generation += 1
 
-    def request(self, protect: Sequence[Path], *, prune: bool = True) -> None:
+    def request(self, protect: Sequence[Path], *, prune: bool = True, settled: bool = False) -> None:
         """Run a pass off the loop, or one more after the running one.
 
-        `prune=False` (file events): retention runs only if the pass finds a new commit.
+        `prune=False` (file events): retention runs only if the pass finds a new commit. `settled`: no save
+        can be in flight (Housekeeper.run_pass).
         """
         if self.running:
             self._wanted = True
@@ -47,7 +48,8 @@ class PassScheduler:
         known = self.house.latest.path if self.house.latest else None
 
         def work() -> PassResult:
-            return self.house.run_pass(generation=generation, protect=protect, prune=prune, unless_newest=known)
+            return self.house.run_pass(generation=generation, protect=protect, prune=prune, unless_newest=known,
+                                       settled=settled)
 
         self.sys.run_off_loop(work, self._on_done)
 
@@ -60,10 +62,10 @@ class PassScheduler:
         self._done_mono = self.sys.monotonic() if outcome.error is None else None
         return outcome
 
-    def follow_up(self, protect: Sequence[Path]) -> None:
-        """Run the pass that was asked for while the last one ran, if any."""
+    def follow_up(self, protect: Sequence[Path], *, settled: bool = False) -> None:
+        """Run the pass that was asked for while the last one ran, if any (`settled`: as of now)."""
         if self._wanted:
-            self.request(protect, prune=self._prune)
+            self.request(protect, prune=self._prune, settled=settled)
 
     def fresh(self) -> PassResult | None:
         """The last pass, if it still tells the truth: finished within FRESH_PASS_S, no change since it began."""

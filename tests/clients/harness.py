@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +27,38 @@ import psutil
 from tests.helpers import TAG_ENV
 from tests.supervise import REPO, Supervisors, cli, kill_tree
 
-__all__ = ["CLIENTS", "TORCHRUN", "SupervisedClient", "run_plain", "strip_ansi"]
+__all__ = ["CLIENTS", "TORCHRUN", "STEP_LINE", "RESTART_FAST", "SupervisedClient", "run_plain", "strip_ansi", "printed",
+           "assert_losses_match"]
 
 CLIENTS = Path(__file__).resolve().parent
 # `python -m torch.distributed.run` is `torchrun` of this interpreter's venv, whichever venv runs the tests.
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=0"]
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# What the test scripts print on rank 0 for every step (accelerate_train, lightning_train, hf_train, user_dcp_script)
+STEP_LINE = re.compile(r"^step=(\d+) loss=(\S+)$", re.M)
+# Quick relaunches, and room for a client's own save on SIGTERM
+RESTART_FAST = "\n[restart]\nbackoff_initial_s = 0.5\nbackoff_max_s = 2\n\n[health]\nstop_timeout_s = 60\n"
 
 
 def strip_ansi(text: str) -> str:
     return _ANSI.sub("", text)
+
+
+def printed(pattern: re.Pattern[str], log: str) -> dict[int, Any]:
+    """step -> what a client printed for it (`pattern`: the step, then one or more values; the first line wins)."""
+    out: dict[int, Any] = {}
+    for m in pattern.finditer(log):
+        values = m.groups()[1:]
+        out.setdefault(int(m.group(1)), values[0] if len(values) == 1 else values)
+    return out
+
+
+def assert_losses_match(reference: Mapping[int, Any], log: str, attempt: int, pattern: re.Pattern[str]) -> None:
+    """Every step attempt `attempt` printed prints what the uninterrupted run printed for it, exactly."""
+    got = printed(pattern, log)
+    assert got, f"attempt {attempt} printed no training step"
+    diff = {s: (v, reference.get(s)) for s, v in got.items() if reference.get(s) != v}
+    assert not diff, f"attempt {attempt}: steps whose loss differs from the uninterrupted run: {diff}"
 
 
 def _toml(value: Any) -> str:
@@ -66,7 +88,7 @@ class SupervisedClient:
 
     # ---- running ----------------------------------------------------------------------------------------------
     def start(self) -> SupervisedClient:
-        with open(self.console, "wb") as out:  # a file, not a pipe: nobody drains a pipe during a long run
+        with open(self.console, "ab") as out:  # a file, not a pipe: nobody drains a pipe during a long run
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "supervisor", "run", "-c", str(self.config)], cwd=REPO, stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True,
@@ -80,6 +102,12 @@ class SupervisedClient:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             raise AssertionError(f"the supervisor did not exit within {timeout:.0f}s\n{self.tails()}") from None
+
+    def stop(self, timeout: float) -> int:
+        """SIGTERM the supervisor (what systemd, Slurm or Ctrl+C do) and wait for its graceful stop; its exit code."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.wait_exit(timeout)
 
     def wait_for(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
         """Poll `predicate`; fail with the log tails on timeout or when the supervisor exits first."""

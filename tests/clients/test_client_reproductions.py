@@ -164,6 +164,21 @@ class TestExampleConfigs:
         assert cfg.job.resume_args == ["--resume-from", "{checkpoint}"]  # what the real tier runs
         assert cfg.checkpoints.dir == Path(project) / "checkpoints"
 
+    def test_lightning_example_resumes_by_itself_in_its_dirpath(self) -> None:
+        """deploy/examples/lightning.toml loads; Lightning's own ckpt_path="last", the root is ModelCheckpoint's dirpath."""
+        from supervisor.config import load_config
+
+        cfg = load_config(REPO / "deploy" / "examples" / "lightning.toml")
+        assert cfg.job.resume_args == [] and cfg.checkpoints.keep_last == 2  # what the real tier runs
+        assert str(cfg.checkpoints.dir) == cfg.job.command[cfg.job.command.index("--ckpt-dir") + 1]
+
+    def test_hf_trainer_example_passes_the_supervisors_pick_and_watches_output_dir(self) -> None:
+        from supervisor.config import load_config
+
+        cfg = load_config(REPO / "deploy" / "examples" / "hf_trainer.toml")
+        assert cfg.job.resume_args == ["--resume_from_checkpoint", "{checkpoint}"]
+        assert str(cfg.checkpoints.dir) == cfg.job.command[cfg.job.command.index("--output_dir") + 1]
+
 
 # ---- the reproductions under the real `fsdp-supervisor run` ---------------------------------------------------------
 FAST = "\n[restart]\nbackoff_initial_s = 0.05\nbackoff_max_s = 0.2\n"
@@ -214,13 +229,29 @@ class TestUnderTheSupervisor:
         assert listing(root) == [(f"step-{s}", "complete", s) for s in (5, 10, 15, 20)]
         assert layout_problems(root, TITAN_ENTRY, TITAN_FILES) == []
 
-    def test_titan_picking_its_torn_newest_itself_is_not_blamed_on_good_checkpoints(
+    def test_titan_picking_its_own_newest_gets_the_torn_one_cleared_first(
             self, tmp_path: Path, supervisors: Supervisors) -> None:
-        """resume_args = []: torchtitan loads its torn step-10 on every launch; the supervisor gives up (3)
-        claiming no resume point, quarantining nothing, with the job's CheckpointException as the detail."""
+        """resume_args = []: torchtitan would load its torn step-10 on every launch. The job is down and picks its
+        own checkpoint, so the supervisor deletes step-10 before the launch; torchtitan loads step-5 by itself
+        and finishes. No resume point is claimed, nothing is quarantined."""
         root = self.titan_root(tmp_path, torn=10)
         job = supervised(supervisors, tmp_path, [TITAN, "--dump_folder", tmp_path / "dump", "--training.steps", 20],
                          [], root, "keep_last = 0\n" + GIVE_UP)
+        assert job.wait_exit(60) == 0, job.tails()
+        assert f"Loading the checkpoint from {root / 'step-5'}." in job.attempt_logs()[0]
+        gone = job.events("retention_deleted")
+        assert [Path(e["path"]).name for e in gone] == ["step-10"] and "would load" in gone[0]["reason"]
+        assert claims(job) == [(None, None)] and job.state().get("quarantined") in (None, [])
+        assert listing(root) == [(f"step-{s}", "complete", s) for s in (5, 10, 15, 20)]
+
+    def test_titan_picking_its_torn_newest_itself_is_not_blamed_on_good_checkpoints(
+            self, tmp_path: Path, supervisors: Supervisors) -> None:
+        """resume_args = [] on a node that does not prune (prune = false): nothing is cleared, torchtitan loads its
+        torn step-10 on every launch; the supervisor gives up (3) claiming no resume point, quarantining nothing,
+        with the job's CheckpointException as the detail."""
+        root = self.titan_root(tmp_path, torn=10)
+        job = supervised(supervisors, tmp_path, [TITAN, "--dump_folder", tmp_path / "dump", "--training.steps", 20],
+                         [], root, "prune = false\n" + GIVE_UP)
         assert job.wait_exit(60) == 3, job.tails()
         logs = job.attempt_logs()
         assert len(logs) == 2 and all(f"Loading the checkpoint from {root / 'step-10'}." in log for log in logs)
@@ -262,17 +293,19 @@ class TestUnderTheSupervisor:
         assert claims(job) == [(None, None), (None, None)]
         assert os.listdir(root) == ["checkpoint_3"] and listing(root) == [("checkpoint_3", "complete", 20)]
 
-    def test_accelerate_load_state_takes_a_save_cut_short(self, tmp_path: Path, supervisors: Supervisors) -> None:
-        """resume_args = []: load_state() takes the highest number, the partial checkpoint_2, and fails on every
-        launch; the supervisor gives up (3) without claiming a resume point or quarantining checkpoint_1."""
+    def test_accelerate_load_state_is_not_relaunched_onto_a_save_cut_short(
+            self, tmp_path: Path, supervisors: Supervisors) -> None:
+        """resume_args = []: load_state() takes the highest number, which after a kill mid-save is the partial
+        checkpoint_2. The supervisor deletes it before the relaunch (the job is down: nothing in flight), so
+        load_state() picks checkpoint_1 and the job numbers on; no resume point is claimed."""
         root = tmp_path / "project" / "checkpoints"
         job = supervised(supervisors, tmp_path, self.accelerate(tmp_path, "--steps", 20, "--die-at-save", 15,
                                                                  "--die-after", "optimizer_0/__1_0.distcp",
                                                                  "--die-attempt", 1),
                          [], root, GIVE_UP)
-        assert job.wait_exit(60) == 3, job.tails()
-        assert all(f"Loading states from {root / 'checkpoint_2'}" in log for log in job.attempt_logs()[1:])
-        assert claims(job) == [(None, None)] * 3
-        assert job.state().get("quarantined") in (None, [])
-        assert listing(root)[:2] == [("checkpoint_0", "complete", 5), ("checkpoint_1", "complete", 10)]
-        assert "CheckpointException" in (job.state()["last_exit"]["detail"] or "")
+        assert job.wait_exit(60) == 0, job.tails()
+        assert [(m["loaded"], m["start"]) for m in launches(tmp_path / "marks")] == [(None, 1), ("checkpoint_1", 11)]
+        assert claims(job) == [(None, None)] * 2 and job.state().get("quarantined") in (None, [])
+        cleared = [Path(e["path"]).name for e in job.events("retention_deleted") if "would load" in e["reason"]]
+        assert cleared == ["checkpoint_2"]
+        assert listing(root)[-2:] == [("checkpoint_2", "complete", 15), ("checkpoint_3", "complete", 20)]

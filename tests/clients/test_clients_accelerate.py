@@ -120,3 +120,41 @@ def test_accelerate_resumes_from_the_supervisors_pick(supervisors: Supervisors, 
         "`checkpoints list` must show each checkpoint_<i> (nested DCP dirs pytorch_model_fsdp_0/ and optimizer_0/"
         " plus Accelerate's files) as complete, with the training step from trainer_state.json, not the save"
         f" ordinal in the name, and keep_last = {KEEP} the newest three:\n got      {listing}\n expected {expected}")
+
+
+def test_accelerate_picks_its_own_past_a_torn_newest_and_stops(supervisors: Supervisors, tmp_path: Path,
+                                                               reference: dict[int, str]) -> None:
+    """resume_args = [] (the script calls load_state() with no argument) and Accelerate's own rotation
+    (total_limit = 3, the supervisor's keep_last = 0: one deleter per folder): cut the step-10 save's model shard
+    and kill -> the supervisor deletes it before the relaunch (load_state() would take it), so load_state() takes
+    the step-5 one; SIGTERM -> Accelerate saves nothing, the supervisor exits 0 'stopped'; `run` again ->
+    load_state() takes the newest and the run finishes. Every loss is the uninterrupted run's."""
+    workdir = tmp_path
+    project = workdir / "project"
+    job = SupervisedClient(supervisors, workdir, command=accelerate_command(project, "--total-limit", "3"),
+                           resume_args=[], checkpoint_dir=project / "checkpoints",
+                           extra_toml=TOML.replace(f"keep_last = {KEEP}", "keep_last = 0")).start()
+    job.wait_for(lambda: saved(job, 10), RUN_TIMEOUT, "the step-10 save")
+    (torn,) = [p.parent for p in job.checkpoint_dir.glob("checkpoint_*/trainer_state.json")
+               if json.loads(p.read_text()).get("global_step") == 10]
+    shard = torn / "pytorch_model_fsdp_0" / "__1_0.distcp"
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size // 2)
+    job.kill_rank(1)
+    job.wait_for(lambda: len(job.attempt_logs()) >= 2 and saved(job, 15), RUN_TIMEOUT, "attempt 2's step-15 save")
+    assert job.stop(RUN_TIMEOUT) == 0 and job.state().get("state") == "stopped", job.tails()
+    job.start()
+    assert job.wait_exit(RUN_TIMEOUT) == 0, job.tails()
+    logs = job.attempt_logs()
+    resumed = [RESUMED.search(log) for log in logs[1:]]
+    assert [m.group(1) if m else None for m in resumed] == ["5", "15"], job.tails()
+    cleared = [Path(e["path"]).name for e in job.events("retention_deleted") if "would load" in e["reason"]]
+    assert cleared == [torn.name], job.events("retention_deleted")
+    assert [e.get("resumed_from") for e in job.events("job_started")] == [None] * 3
+    for i, log in enumerate(logs, 1):
+        diff = {s: (v, reference.get(s)) for s, v in steps_printed(log).items() if reference.get(s) != v}
+        assert not diff, f"attempt {i}: steps whose loss differs from the uninterrupted run: {diff}"
+    assert max(steps_printed(logs[-1])) == STEPS
+    assert len(list(job.checkpoint_dir.iterdir())) == 3, "total_limit = 3: Accelerate keeps three"
+    problems = layout_problems(job.checkpoint_dir, ACCELERATE_ENTRY, ACCELERATE_FILES)
+    assert problems == [], f"files or folders Accelerate did not write, inside its checkpoints folder: {problems}"

@@ -28,7 +28,9 @@ from supervisor.checkpoints import (
     plan_retention,
     scan,
 )
+from supervisor.checkpoints.naming import name_step
 from supervisor.checkpoints.retention import GIB
+from supervisor.checkpoints.testing import write_torch_file
 from supervisor.daemon.housekeeping import Housekeeper
 from tests.fakes import RecordingLog
 from tests.supervise import REPO
@@ -242,7 +244,7 @@ class TestOtherLayouts:
         """Lightning's `epoch=E-step=S.ckpt/` (DCP files + meta.pt): step S; epoch 2 of a short epoch is older."""
         root = tmp_path / "lightning"
         for name in ("epoch=0-step=900.ckpt", "epoch=2-step=300.ckpt", "epoch=1-step=600.ckpt"):
-            (make_checkpoint(root, name) / "meta.pt").write_bytes(b"\x80\x02}q\x00.")
+            write_torch_file(make_checkpoint(root, name) / "meta.pt", {"global_step": name_step(name)})
         assert _rows(root) == [("epoch=0-step=900.ckpt", "complete", 900), ("epoch=1-step=600.ckpt", "complete", 600),
                                ("epoch=2-step=300.ckpt", "complete", 300)]
 

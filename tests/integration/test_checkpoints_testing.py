@@ -34,3 +34,42 @@ class TestFidelityWithTorch:
         for _, rel, off, length in got["storage"]:
             ends[rel] = max(ends.get(rel, 0), off + length)
         assert ends == sizes
+
+
+_TORCH_SAVE_AND_LOAD = """
+import json, sys
+import torch
+if sys.argv[1] == "save":  # what Lightning's sharded save puts in meta.pt, tensors included
+    state = {"best_k_models": {sys.argv[3] + "/epoch=0-step=10.ckpt": torch.tensor(1.5)},
+             "best_model_path": sys.argv[3] + "/epoch=0-step=10.ckpt", "best_model_score": torch.tensor(1.5)}
+    torch.save({"global_step": 40, "epoch": 1, "callbacks": {"ModelCheckpoint{'monitor': 'train_loss'}": state}},
+               sys.argv[2])
+else:
+    meta = torch.load(sys.argv[2], weights_only=False)
+    cb = next(iter(meta["callbacks"].values()))
+    print(json.dumps({"global_step": meta["global_step"], "top_k": sorted(cb["best_k_models"])}))
+"""
+
+
+class TestTorchSaveFidelity:
+    def _torch(self, *args: str) -> str:
+        return subprocess.run([sys.executable, "-c", _TORCH_SAVE_AND_LOAD, *args], capture_output=True, text=True,
+                              timeout=120, check=True).stdout
+
+    def test_the_reader_walks_a_real_torch_save(self, tmp_path):
+        """A meta.pt written by torch.save (tensors as persistent storages): whole, and its step and top-k read."""
+        from supervisor.checkpoints import lightning, torchzip
+
+        ckpt = tmp_path / "epoch=1-step=40.ckpt"
+        ckpt.mkdir()
+        self._torch("save", str(ckpt / "meta.pt"), str(tmp_path))
+        assert torchzip.zip_problem(ckpt / "meta.pt") is None
+        assert lightning.meta_step(ckpt) == 40
+        assert lightning.held_by_lightning(tmp_path, ckpt) == ({"epoch=0-step=10.ckpt"}, None)
+
+    def test_real_torch_loads_the_synthetic_meta_pt(self, tmp_path):
+        """torch.load reads supervisor.checkpoints.testing's meta.pt as the dict it stands for."""
+        from supervisor.checkpoints.testing import lightning_meta, write_torch_file
+
+        path = write_torch_file(tmp_path / "meta.pt", lightning_meta(40, dirpath=tmp_path, top_k=["a.ckpt"]))
+        assert json.loads(self._torch("load", str(path))) == {"global_step": 40, "top_k": [str(tmp_path / "a.ckpt")]}

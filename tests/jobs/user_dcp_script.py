@@ -1,14 +1,21 @@
 """A user's own training script, written after the PyTorch DCP tutorial (FSDP1, SHARDED_STATE_DICT).
 
 It knows nothing of fsdp-supervisor: it saves plain DCP dirs `epoch_<E>/` into --ckpt-dir every
---save-every epochs and resumes with --resume-from PATH. Used to prove such scripts are supervisable with
-only `command` and `resume_args`. `--crash-at-epoch E` makes the first attempt (no --resume-from) fail there.
+--save-every epochs, keeps the newest --keep of them if asked (the tutorial's own cleanup: `shutil.rmtree` of the
+older ones, rank 0, after the save), and resumes with --resume-from PATH. No signal handling: SIGTERM ends it where
+it is. One epoch is one optimizer step on a fixed batch per rank. Rank 0 prints `step=<E> loss=<repr>` per epoch
+and `resumed step=<E> from=<path>`. Used to prove such scripts are supervisable with only `command` and
+`resume_args` (tests/integration/test_supervisor_torchrun.py, and the tutorial row of tests/clients).
+`--crash-at-epoch E` makes the first attempt (no --resume-from) fail there; `--step-s` sleeps in every epoch.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import shutil
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -21,6 +28,13 @@ from torch.distributed.fsdp import StateDictType
 from supervisor.contract import ENV_ATTEMPT
 
 
+def rotate(ckpt_dir: Path, keep: int) -> None:
+    """The tutorial's cleanup: keep the newest `keep` epoch dirs (by number), remove the rest."""
+    numbered = sorted((int(m.group(1)), p) for p in ckpt_dir.iterdir() if (m := re.fullmatch(r"epoch_(\d+)", p.name)))
+    for _, old in numbered[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--ckpt-dir", type=Path, required=True)
@@ -28,7 +42,9 @@ def main() -> int:
     p.add_argument("--save-every", type=int, default=2)
     p.add_argument("--resume-from", type=Path, default=None)
     p.add_argument("--crash-at-epoch", type=int, default=-1)
-    p.add_argument("--record", type=Path, required=True)
+    p.add_argument("--record", type=Path, default=None)
+    p.add_argument("--keep", type=int, default=0, help="keep the newest K epoch dirs (0: all)")
+    p.add_argument("--step-s", type=float, default=0.0)
     a = p.parse_args()
     dist.init_process_group("gloo")
     torch.manual_seed(0)
@@ -45,7 +61,10 @@ def main() -> int:
                                                       dcp.FileSystemReader(str(a.resume_from)))
             opt.load_state_dict(FSDP.optim_state_dict_to_load(model, opt, optim["optimizer"]))
             start = state["epoch"] + 1
+            if dist.get_rank() == 0:
+                print(f"resumed step={state['epoch']} from={a.resume_from}", flush=True)
         for epoch in range(start, a.epochs):
+            time.sleep(a.step_s)
             if epoch == a.crash_at_epoch and a.resume_from is None:
                 raise RuntimeError(f"simulated crash at epoch {epoch}")
             g = torch.Generator().manual_seed(epoch * 100 + dist.get_rank())
@@ -54,10 +73,14 @@ def main() -> int:
             opt.zero_grad()
             loss.backward()
             opt.step()
+            if dist.get_rank() == 0:
+                print(f"step={epoch} loss={loss.item()!r}", flush=True)
             if epoch % a.save_every == 0:
                 state = {"model": model.state_dict(), "optimizer": FSDP.optim_state_dict(model, opt), "epoch": epoch}
                 dcp.save(state, checkpoint_id=str(a.ckpt_dir / f"epoch_{epoch}"))
-    if dist.get_rank() == 0:
+                if a.keep and dist.get_rank() == 0:
+                    rotate(a.ckpt_dir, a.keep)
+    if a.record is not None and dist.get_rank() == 0:
         with open(a.record, "a") as f:
             f.write(f"start={start} resume={a.resume_from} attempt={os.environ.get(ENV_ATTEMPT)}\n")
     dist.destroy_process_group()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.checkpoints.testing import write_checkpoint
+from supervisor.checkpoints.testing import lightning_meta, write_checkpoint, write_lightning_checkpoint
 from supervisor.cli import app as top_cli
 from supervisor.layout import tmp_dir_name
 
@@ -90,3 +90,20 @@ class TestOneLinePerFact:
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and len(err) == 1 and "cannot prune: Permission denied" in err[0], err
         assert (root / "step_00000010").exists()
+
+
+class TestClientsInTheListing:
+    def test_lightning_last_ckpt_shows_as_an_alias_kept_by_lightning(self, tmp_path, capsys):
+        """`list --json`: last.ckpt has the step it holds, `alias_of` its named save and a `kept_by`; the table
+        says `alias of ...` with the K flag."""
+        root = tmp_path / "ckpts"
+        write_lightning_checkpoint(root, 10)
+        write_lightning_checkpoint(root, 10, name="last.ckpt", meta=lightning_meta(10))
+        assert top_cli.main(["checkpoints", "list", "--dir", str(root), "--json"]) == 0
+        rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+        last = rows["last.ckpt"]
+        assert (last["step"], last["alias_of"], last["kept_by"] is not None) == (10, "epoch=0-step=10.ckpt", True)
+        assert rows["epoch=0-step=10.ckpt"]["alias_of"] is None
+        assert top_cli.main(["checkpoints", "list", "--dir", str(root)]) == 0
+        line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("last.ckpt"))
+        assert " K " in line and line.endswith("alias of epoch=0-step=10.ckpt")

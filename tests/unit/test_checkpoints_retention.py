@@ -297,3 +297,23 @@ class TestPolicyModel:
     def test_every_field_is_described(self):
         """Each field has a description (it feeds --help and the config reference)."""
         assert all(f.description for f in RetentionRules.model_fields.values())
+
+
+class TestSettled:
+    """settled=True: the job is down and picks its own checkpoint, so no save is in flight."""
+
+    def test_unfinished_saves_above_the_newest_complete_go_at_once(self):
+        """Partial or torn and above the newest complete: deleted whatever their age; below it they wait."""
+        cps = [ck(10), ck(5, "partial", mtime=NOW), ck(20, "partial", mtime=NOW), ck(30, "torn", mtime=NOW),
+               ck(40, "invalid", mtime=NOW)]
+        assert deleted(plan(cps, keep_last=0)) == set()
+        got = plan_retention(cps, rules=RetentionRules(keep_last=0), disk=BIG_DISK, now=NOW, settled=True)
+        assert deleted(got) == {"step_00000020", "step_00000030"}
+        assert all("would load" in d.reason for d in got.deletions)
+
+    def test_nothing_without_a_complete_checkpoint_or_when_pinned(self):
+        """No complete checkpoint to resume from: the unfinished ones wait as before; a pin always wins."""
+        alone = [ck(20, "partial", mtime=NOW)]
+        assert deleted(plan_retention(alone, rules=RetentionRules(), disk=BIG_DISK, now=NOW, settled=True)) == set()
+        pinned = [ck(10), ck(20, "partial", mtime=NOW, pinned=True)]
+        assert deleted(plan_retention(pinned, rules=RetentionRules(), disk=BIG_DISK, now=NOW, settled=True)) == set()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.checkpoints.testing import write_trainer_checkpoint
 from supervisor.config import load_config
 from supervisor.daemon.core import Core
 from supervisor.daemon.statefile import read_status
@@ -297,3 +298,39 @@ class TestBeatPublishing:
         fake.advance(0.5, core)
         assert writes == [1, 100]
         assert json.loads((core.run_dir / "state.json").read_text())["step"] == 100
+
+
+class TestJobPicksItsOwnCheckpoint:
+    """resume_args without {checkpoint} (transformers' resume_from_checkpoint=True, Accelerate's load_state()):
+    the job loads the highest checkpoint-N itself, complete or not."""
+
+    def _crash_during_a_save(self, tmp_path: Path, job: str, checkpoints: str = "keep_last = 3"
+                             ) -> tuple[Core, FakeSystem, RecordingLog, Path]:
+        core, fake, log = make_core(tmp_path, checkpoints=checkpoints, job=job)
+        root = core.cfg.checkpoints.dir
+        write_trainer_checkpoint(root, 10)
+        core.begin(None)
+        write_trainer_checkpoint(root, 20, upto="optimizer_0")  # the attempt's save, cut by its crash
+        exit_job(core, fake, 1)
+        fake.advance(core.sys.timers.next_deadline() - fake.clock, core)
+        return core, fake, log, root
+
+    def test_the_cut_save_it_would_load_goes_before_the_relaunch(self, tmp_path: Path) -> None:
+        """The job is down, so nothing is in flight: checkpoint-20 goes before attempt 2, which then picks 10."""
+        core, fake, log, root = self._crash_during_a_save(tmp_path, "resume_args = []")
+        assert len(fake.spawned) == 2
+        assert sorted(p.name for p in root.iterdir()) == ["checkpoint-10"]
+        gone = [f for e, f in log.events if e == "retention_deleted"]
+        assert [Path(f["path"]).name for f in gone] == ["checkpoint-20"] and "would load" in gone[0]["reason"]
+
+    def test_with_the_supervisors_pick_the_cut_save_waits(self, tmp_path: Path) -> None:
+        """With {checkpoint} the job loads what it is told: the cut save waits for partial_max_age_s as before."""
+        _, fake, _, root = self._crash_during_a_save(tmp_path, 'resume_args = ["--resume", "{checkpoint}"]')
+        assert fake.spawned[1].argv[-1] == str(root / "checkpoint-10")
+        assert sorted(p.name for p in root.iterdir()) == ["checkpoint-10", "checkpoint-20"]
+
+    def test_a_node_that_does_not_prune_clears_nothing(self, tmp_path: Path) -> None:
+        """prune = false (every node but one of a multi-node job): nothing is deleted here."""
+        _, fake, _, root = self._crash_during_a_save(tmp_path, "resume_args = []", "prune = false")
+        assert len(fake.spawned) == 2
+        assert sorted(p.name for p in root.iterdir()) == ["checkpoint-10", "checkpoint-20"]

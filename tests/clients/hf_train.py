@@ -1,0 +1,86 @@
+"""A user's Hugging Face `transformers.Trainer` script: torch FSDP, SHARDED_STATE_DICT, a tiny model from a config.
+
+Written the way the transformers docs suggest and knowing nothing of fsdp-supervisor: a 2-layer Llama built
+from `LlamaConfig` (no download), `TrainingArguments(fsdp="full_shard", fsdp_config={"state_dict_type":
+"SHARDED_STATE_DICT"}, save_strategy="steps", save_steps=--save-every, save_total_limit=--total-limit)`,
+checkpoints in `<output-dir>/checkpoint-<global_step>/`. Resume either way transformers offers:
+`--resume_from_checkpoint PATH` (the supervisor's pick, `resume_args = ["--resume_from_checkpoint",
+"{checkpoint}"]`) or `--resume-auto` (`trainer.train(resume_from_checkpoint=True)`: transformers picks the
+highest-numbered `checkpoint-N` itself). `--jit-checkpoint`: transformers' own emergency save on SIGTERM
+(`enable_jit_checkpoint=True`: `checkpoint-<step>/` at the step it reached).
+
+Rank 0 prints `step=N loss=<repr>` per step (a TrainerCallback's `on_log`, logging every step) and, after a
+resume, `resumed step=N from=<folder>`. `--step-s` sleeps in every step (every rank): a stand-in for a model
+whose steps take time, so that a test's kill lands between two saves.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import Any
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_utils import get_last_checkpoint
+
+SEQ, VOCAB = 32, 128
+
+
+class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Fixed random token sequences: the labels are the inputs (causal LM)."""
+
+    def __init__(self, n: int) -> None:
+        self.ids = torch.randint(0, VOCAB, (n, SEQ), generator=torch.Generator().manual_seed(1))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+class Printer(TrainerCallback):
+    def __init__(self, step_s: float) -> None:
+        self.step_s = step_s
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        time.sleep(self.step_s)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        if state.is_world_process_zero and logs and "loss" in logs:
+            print(f"step={state.global_step} loss={logs['loss']!r}", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--output-dir", required=True)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--save-every", type=int, default=5)
+    p.add_argument("--total-limit", type=int, default=None)
+    p.add_argument("--resume_from_checkpoint", default=None)
+    p.add_argument("--resume-auto", action="store_true", help="trainer.train(resume_from_checkpoint=True)")
+    p.add_argument("--jit-checkpoint", action="store_true", help="enable_jit_checkpoint: save on SIGTERM")
+    p.add_argument("--step-s", type=float, default=0.0)
+    a = p.parse_args()
+    args = TrainingArguments(
+        output_dir=a.output_dir, max_steps=a.steps, per_device_train_batch_size=4, learning_rate=1e-3,
+        logging_steps=1, save_strategy="steps", save_steps=a.save_every, save_total_limit=a.total_limit,
+        fsdp="full_shard", fsdp_config={"state_dict_type": "SHARDED_STATE_DICT"}, use_cpu=True, seed=0,
+        report_to=[], disable_tqdm=True, dataloader_num_workers=0, enable_jit_checkpoint=a.jit_checkpoint)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=SEQ)
+    trainer = Trainer(model=LlamaForCausalLM(config), args=args, train_dataset=Tokens(a.steps * 8),
+                      callbacks=[Printer(a.step_s)])
+    resume: str | bool | None = a.resume_from_checkpoint
+    if a.resume_auto and os.path.isdir(a.output_dir) and get_last_checkpoint(a.output_dir):
+        resume = True  # transformers raises when there is none: a first run starts fresh
+    if resume and args.process_index == 0:
+        picked = resume if isinstance(resume, str) else get_last_checkpoint(a.output_dir)
+        print(f"resuming from={picked}", flush=True)
+    trainer.train(resume_from_checkpoint=resume)
+
+
+if __name__ == "__main__":
+    main()
