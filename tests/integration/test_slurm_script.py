@@ -6,11 +6,13 @@ cluster (`make test-slurm`): what Slurm really sends, and the emergency checkpoi
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,7 +44,8 @@ esac
 """
 # fsdp-supervisor: `run` validates the generated config with the real loader, records it, then exits with
 # FAKE_EXIT_<node>, or for "wait" waits for SIGTERM (its pid in FAKE_DIR/pid-<node>) and exits 0 as a graceful
-# stop does; `stop` records itself and SIGTERMs that node's `run`.
+# stop does (with FAKE_HOLD: once FAKE_DIR/release exists, a save still going on); `stop` records itself and
+# SIGTERMs that node's `run`.
 _FAKE_SUPERVISOR = """#!{python}
 import json, os, signal, sys, time
 from pathlib import Path
@@ -58,8 +61,13 @@ record = {{"node": node, "prune": cfg.checkpoints.prune, "command": cfg.job.comm
           "resume_args": cfg.job.resume_args, "env": cfg.job.env, "run_dir": str(cfg.run_dir),
           "ckpts": str(cfg.checkpoints.dir), "stop_timeout_s": cfg.health.stop_timeout_s}}
 mode = os.environ["FAKE_EXIT_" + node]
+def stopped(*_):
+    (fake / f"term-{{node}}").write_text("1")
+    while os.environ.get("FAKE_HOLD") and not (fake / "release").exists():
+        time.sleep(0.05)
+    sys.exit(0)
 if mode == "wait":
-    signal.signal(signal.SIGTERM, lambda *_: ((fake / f"term-{{node}}").write_text("1"), sys.exit(0)))
+    signal.signal(signal.SIGTERM, stopped)
     (fake / f"pid-{{node}}").write_text(str(os.getpid()))
 (fake / f"node-{{node}}.json").write_text(json.dumps(record))
 while mode == "wait":
@@ -104,25 +112,36 @@ def configs(tmp_path: Path) -> list[dict]:
     return [json.loads((tmp_path / f"node-{n}.json").read_text()) for n in (0, 1)]
 
 
-def signalled(tmp_path: Path, sig: int, tag: str, *, slurm_too: bool = False, **extra: str) -> tuple[int, str]:
+def signalled(tmp_path: Path, sig: int, tag: str, *, slurm_too: bool = False, again: int | None = None,
+              **extra: str) -> tuple[int, str]:
     """Run the script with both supervisors waiting; send `sig` to the batch shell (and, with `slurm_too`, SIGTERM
-    to every supervisor as Slurm does to every process of a job it ends); its exit status and stderr."""
+    to every supervisor as Slurm does to every process of a job it ends); its exit status and stderr. `again`: a
+    second signal to the batch shell once it has logged its answer to the first, while both supervisors are still
+    saving (they finish once it is sent)."""
+    if again is not None:
+        extra["FAKE_HOLD"] = "1"
     argv, env = fake_slurm(tmp_path, ("wait", "wait"), tag, **extra)
-    p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+    err_path = tmp_path / "stderr"
+    with err_path.open("w") as err_file:
+        p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err_file, start_new_session=True)
     try:
         wait_for(lambda: all((tmp_path / f"pid-{n}").exists() for n in (0, 1)), 60, "both supervisors")
         p.send_signal(sig)
         if slurm_too:
             for n in (0, 1):
                 os.kill(int((tmp_path / f"pid-{n}").read_text()), signal.SIGTERM)
-        _, err = p.communicate(timeout=60)
+        if again is not None:
+            wait_for(lambda: "fsdp-supervisor.sbatch:" in err_path.read_text(), 60, "the script's answer")
+            wait_for(lambda: all((tmp_path / f"term-{n}").exists() for n in (0, 1)), 60, "both supervisors stopping")
+            p.send_signal(again)
+            time.sleep(0.2)  # the shell takes it in its wait for srun (were it later, the test could only pass)
+            (tmp_path / "release").write_text("1")
+        p.wait(timeout=60)
     finally:
-        if p.poll() is None:
+        with contextlib.suppress(ProcessLookupError):  # what a dead batch shell left: Slurm would kill it too
             os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-    return p.returncode, err
-
+        p.wait()
+    return p.returncode, err_path.read_text()
 
 class TestNodeConfigs:
     def test_bash_syntax(self) -> None:
@@ -204,3 +223,28 @@ class TestSignals:
                             FAKE_JOB_REASON="TimeLimit")
         assert rc == 0, err
         assert requeues(tmp_path) == [["requeue", "4242"]]
+
+
+class TestRepeatedSignals:
+    """A second signal while the supervisors save (a second `scancel`, the time limit after its warning, Slurm's
+    SIGTERM repeated): the batch shell keeps its first decision and lives to act on it. (A bare `return` in a
+    trap returns the status of the command it interrupted, the `wait`'s 128+n, which `set -e` made fatal.)"""
+
+    def test_warning_twice_requeues_once(self, tmp_path: Path, slurm_tag: str) -> None:
+        """`scancel --batch --signal=USR1` twice: one stop, one requeue, exit 0."""
+        rc, err = signalled(tmp_path, signal.SIGUSR1, slurm_tag, again=signal.SIGUSR1)
+        assert rc == 0, err
+        assert requeues(tmp_path) == [["requeue", "4242"]]
+
+    def test_term_after_the_warning_still_requeues(self, tmp_path: Path, slurm_tag: str) -> None:
+        """USR1, then SIGTERM to the batch shell alone while the stop runs: the time limit's path goes on."""
+        rc, err = signalled(tmp_path, signal.SIGUSR1, slurm_tag, again=signal.SIGTERM)
+        assert rc == 0, err
+        assert requeues(tmp_path) == [["requeue", "4242"]]
+
+    def test_slurm_term_twice_is_left_to_slurm(self, tmp_path: Path, slurm_tag: str) -> None:
+        """Slurm's SIGTERM to every process, then again (a second scancel or requeue): no stop, no requeue, exit 0."""
+        rc, err = signalled(tmp_path, signal.SIGTERM, slurm_tag, slurm_too=True, again=signal.SIGTERM,
+                            FAKE_JOB_STATE="COMPLETING")
+        assert rc == 0, err
+        assert not any((tmp_path / f"stop-{n}").exists() for n in (0, 1)) and not requeues(tmp_path)
