@@ -22,8 +22,10 @@ import pytest
 from tests.helpers import TAG_ENV, assert_no_orphans, wait_for
 from tests.unit.test_multinode import SBATCH
 
-# srun: runs the command once per node (SLURM_NODEID), options ignored, exits with the highest status.
+# srun: runs the command once per node (SLURM_NODEID), options ignored, exits with the highest status; the main step
+# (no --overlap) leaves FAKE_DIR/main-step as it starts.
 _FAKE_SRUN = """#!/bin/bash
+[[ " $* " == *" --overlap "* ]] || touch "$FAKE_DIR/main-step"
 while [[ $1 == --* ]]; do shift; done
 pids=()
 for ((i = 0; i < SLURM_JOB_NUM_NODES; i++)); do SLURM_NODEID=$i "$@" & pids+=($!); done
@@ -31,11 +33,12 @@ rc=0
 for p in "${pids[@]}"; do wait "$p"; s=$?; (( s > rc )) && rc=$s; done
 exit $rc
 """
-# scontrol: two hosts whose NodeAddr differs from their names; the job's state from FAKE_JOB_STATE/REASON
+# scontrol: two hosts whose NodeAddr differs from their names (the first thing the script asks; FAKE_DIR/hostnames
+# says it was asked, FAKE_HOSTNAMES_DELAY delays the answer); the job's state from FAKE_JOB_STATE/REASON
 # (what the batch shell asks on a SIGTERM); requeues recorded.
 _FAKE_SCONTROL = """#!/bin/bash
 case "$1 $2" in
-    "show hostnames") printf 'node-a\\nnode-b\\n' ;;
+    "show hostnames") touch "$FAKE_DIR/hostnames"; sleep "${FAKE_HOSTNAMES_DELAY:-0}"; printf 'node-a\\nnode-b\\n' ;;
     "show node") printf 'NodeName=%s Arch=x86_64\\n   NodeAddr=10.9.8.7 NodeHostName=%s Version=22.05.8\\n' "$3" "$3" ;;
     "show job") printf 'JobId=%s\n   JobState=%s Reason=%s\n' "$3" "${FAKE_JOB_STATE:-RUNNING}" "${FAKE_JOB_REASON:-None}" ;;
     requeue*) echo "$@" >> "$FAKE_DIR/requeued" ;;
@@ -43,15 +46,27 @@ case "$1 $2" in
 esac
 """
 # fsdp-supervisor: `run` validates the generated config with the real loader, records it, then exits with
-# FAKE_EXIT_<node>, or for "wait" waits for SIGTERM (its pid in FAKE_DIR/pid-<node>) and exits 0 as a graceful
-# stop does (with FAKE_HOLD: once FAKE_DIR/release exists, a save still going on); `stop` records itself and
-# SIGTERMs that node's `run`.
+# FAKE_EXIT_<node>, or for "wait" is up after FAKE_UP_AFTER seconds, waits for SIGTERM (its pid in
+# FAKE_DIR/pid-<node>) and exits 0 as a graceful stop does (with FAKE_HOLD: once FAKE_DIR/release exists, a save
+# still going on), or without one after FAKE_WAIT_MAX seconds, as a run that finished; `stop` records itself and
+# SIGTERMs that node's `run` (none up yet: says so, exit 0); `status` exits 0 while that node's `run` is up, else 3.
 _FAKE_SUPERVISOR = """#!{python}
 import json, os, signal, sys, time
 from pathlib import Path
 from supervisor.config import load_config
 fake, node = Path(os.environ["FAKE_DIR"]), os.environ["SLURM_NODEID"]
 assert sys.argv[2] == "-c" and sys.argv[3].endswith(f"node-{{node}}.toml"), sys.argv
+def up():
+    try:
+        os.kill(int((fake / f"pid-{{node}}").read_text()), 0)
+        return True
+    except (OSError, ValueError):
+        return False
+if sys.argv[1] == "status":
+    sys.exit(0 if up() else 3)
+if sys.argv[1] == "stop" and not up():
+    print("no supervisor is running")  # as the real one: exit 0
+    sys.exit(0)
 if sys.argv[1] == "stop":
     (fake / f"stop-{{node}}").write_text("1")
     os.kill(int((fake / f"pid-{{node}}").read_text()), signal.SIGTERM)
@@ -67,12 +82,14 @@ def stopped(*_):
         time.sleep(0.05)
     sys.exit(0)
 if mode == "wait":
+    time.sleep(float(os.environ.get("FAKE_UP_AFTER", "0")))
     signal.signal(signal.SIGTERM, stopped)
     (fake / f"pid-{{node}}").write_text(str(os.getpid()))
 (fake / f"node-{{node}}.json").write_text(json.dumps(record))
-while mode == "wait":
+deadline = time.monotonic() + float(os.environ.get("FAKE_WAIT_MAX", "600"))
+while mode == "wait" and time.monotonic() < deadline:
     time.sleep(0.05)
-sys.exit(int(mode))
+sys.exit(0 if mode == "wait" else int(mode))
 """
 
 
@@ -113,11 +130,12 @@ def configs(tmp_path: Path) -> list[dict]:
 
 
 def signalled(tmp_path: Path, sig: int, tag: str, *, slurm_too: bool = False, again: int | None = None,
-              **extra: str) -> tuple[int, str]:
+              early: str | None = None, **extra: str) -> tuple[int, str]:
     """Run the script with both supervisors waiting; send `sig` to the batch shell (and, with `slurm_too`, SIGTERM
     to every supervisor as Slurm does to every process of a job it ends); its exit status and stderr. `again`: a
     second signal to the batch shell once it has logged its answer to the first, while both supervisors are still
-    saving (they finish once it is sent)."""
+    saving (they finish once it is sent). `early`: send `sig` as soon as FAKE_DIR/<early> appears (`main-step`: the
+    main step has started; `hostnames`: the script has just begun), before the supervisors are up."""
     if again is not None:
         extra["FAKE_HOLD"] = "1"
     argv, env = fake_slurm(tmp_path, ("wait", "wait"), tag, **extra)
@@ -125,7 +143,10 @@ def signalled(tmp_path: Path, sig: int, tag: str, *, slurm_too: bool = False, ag
     with err_path.open("w") as err_file:
         p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err_file, start_new_session=True)
     try:
-        wait_for(lambda: all((tmp_path / f"pid-{n}").exists() for n in (0, 1)), 60, "both supervisors")
+        if early:
+            wait_for(lambda: (tmp_path / early).exists(), 60, early)
+        else:
+            wait_for(lambda: all((tmp_path / f"pid-{n}").exists() for n in (0, 1)), 60, "both supervisors")
         p.send_signal(sig)
         if slurm_too:
             for n in (0, 1):
@@ -222,6 +243,36 @@ class TestSignals:
         rc, err = signalled(tmp_path, signal.SIGTERM, slurm_tag, slurm_too=True, FAKE_JOB_STATE="COMPLETING",
                             FAKE_JOB_REASON="TimeLimit")
         assert rc == 0, err
+        assert requeues(tmp_path) == [["requeue", "4242"]]
+
+
+class TestSignalsDuringStartUp:
+    """A time limit shorter than --signal's lead: Slurm sends the warning at its first look (within 30 s of the
+    start), possibly before the supervisors are up, when a `stop` finds none to ask."""
+
+    def test_warning_before_the_supervisors_are_up_still_stops_them(self, tmp_path: Path, slurm_tag: str) -> None:
+        """USR1 while both supervisors are still starting: each is asked once it is up, then one requeue."""
+        rc, err = signalled(tmp_path, signal.SIGUSR1, slurm_tag, early="main-step", FAKE_UP_AFTER="3",
+                            FAKE_WAIT_MAX="20")
+        assert rc == 0, err
+        assert all((tmp_path / f"term-{n}").exists() for n in (0, 1)), f"a supervisor never got its stop: {err}"
+        assert requeues(tmp_path) == [["requeue", "4242"]]
+
+    def test_stop_before_the_supervisors_are_up_still_stops_them(self, tmp_path: Path, slurm_tag: str) -> None:
+        """`scancel --batch --signal=TERM` while both supervisors are still starting: each is stopped, no requeue."""
+        rc, err = signalled(tmp_path, signal.SIGTERM, slurm_tag, early="main-step", FAKE_UP_AFTER="3",
+                            FAKE_WAIT_MAX="20")
+        assert rc == 0, err
+        assert all((tmp_path / f"term-{n}").exists() for n in (0, 1)), f"a supervisor never got its stop: {err}"
+        assert not requeues(tmp_path)
+
+    def test_warning_before_the_handlers_exist_is_kept_for_them(self, tmp_path: Path, slurm_tag: str) -> None:
+        """USR1 in the script's first moments (USR1's default action would end the shell: the job FAILED, exit 0:10):
+        remembered, then answered as the time limit's warning."""
+        rc, err = signalled(tmp_path, signal.SIGUSR1, slurm_tag, early="hostnames", FAKE_HOSTNAMES_DELAY="1",
+                            FAKE_UP_AFTER="1", FAKE_WAIT_MAX="20")
+        assert rc == 0, err
+        assert all((tmp_path / f"term-{n}").exists() for n in (0, 1)), f"a supervisor never got its stop: {err}"
         assert requeues(tmp_path) == [["requeue", "4242"]]
 
 
