@@ -6,7 +6,7 @@ running supervisor), and two jobs on one root prune each other's checkpoints and
 other's saves. So every supervisor also claims the root it resolved:
 
     <parent>/.<root-name>.fsdp-claim/<host>-<pid>-<pid namespace>.json
-        {job, pid, host, pidns, start_time, config, run_dir, time, refresh_s}
+        {job, pid, host, pidns, start_time, config, run_dir, time, refresh_s, slurm}
 
 an owner-only sidecar (sidecars.py), next to the root like the in-use markers, so that it survives the
 root's deletion and every spelling of the root meets it. `pid`/`start_time` are the supervisor's own.
@@ -24,6 +24,11 @@ the root, but supervisors on other hosts cannot see it. Every reader looks in bo
   supervisor refreshes it at every housekeeping pass, at least every `retention_interval_s`); a time
   further in the future than sidecars.CLOCK_SKEW_S is not trusted. A stale claim is taken over with a
   warning; a live one of another job refuses the start (ClaimedError, exit 2) naming its holder.
+- **A Slurm job's earlier run** (`slurm`: the cluster, job id and SLURM_RESTART_COUNT of the supervisor's
+  job) is stale from another host at once: Slurm runs a job once at a time and starts a requeued one only
+  after every process of its previous run has ended. Without this, a job requeued after its supervisors
+  were SIGKILLed (KillWait, the OOM killer, a lost node) onto other nodes met their claims, live for 15
+  minutes, and exited 2: failed, not requeued. On this host the process check still decides.
 - **Checked before every launch** (`RootClaim.check`): a claim file removed meanwhile is written again,
   and a live claim of another job that appeared meanwhile stops the launch.
 
@@ -39,7 +44,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,7 +58,8 @@ from supervisor.errors import ClaimedError, SidecarError
 from supervisor.host.atomic import write_atomic
 from supervisor.layout import CLAIM_SUFFIX
 
-__all__ = ["CLAIM_MAX_AGE_S", "Holder", "RootClaim", "holder_state", "conflicts", "claim_homes", "live_holders"]
+__all__ = ["CLAIM_MAX_AGE_S", "Holder", "RootClaim", "SlurmRun", "holder_state", "conflicts", "claim_homes",
+           "live_holders"]
 
 CLAIM_MAX_AGE_S = 900.0  # a claim from another host not refreshed for this long (or 3 refresh periods) is stale
 _MAX_BYTES = 16 * 1024
@@ -62,6 +68,41 @@ _START_SLACK_S = 0.05
 _LOCK_WAIT_S = 5.0
 _CHECK_WAIT_S = 0.2
 PathLike = str | os.PathLike[str]
+
+
+@dataclass(frozen=True)
+class SlurmRun:
+    """The Slurm job a supervisor runs in, and which run of it (SLURM_RESTART_COUNT: absent, then 1, 2, ... after
+    each requeue). `cluster` is SLURM_CLUSTER_NAME: job ids are per cluster."""
+
+    cluster: str
+    job_id: str
+    restart: int
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> SlurmRun | None:
+        job_id = environ.get("SLURM_JOB_ID", "")
+        if not job_id:
+            return None
+        count = environ.get("SLURM_RESTART_COUNT", "")
+        return cls(environ.get("SLURM_CLUSTER_NAME", ""), job_id, int(count) if count.isdigit() else 0)
+
+    @classmethod
+    def from_doc(cls, doc: Any) -> SlurmRun | None:
+        if not isinstance(doc, dict):
+            return None
+        cluster, job_id, restart = doc.get("cluster"), doc.get("job"), doc.get("restart")
+        if not (isinstance(cluster, str) and isinstance(job_id, str) and isinstance(restart, int)):
+            return None
+        return cls(cluster, job_id, restart)
+
+    def doc(self) -> dict[str, Any]:
+        return {"cluster": self.cluster, "job": self.job_id, "restart": self.restart}
+
+    def follows(self, other: SlurmRun | None) -> bool:
+        """This is a later run of the Slurm job `other` ran in (pure)."""
+        return (other is not None and (other.cluster, other.job_id) == (self.cluster, self.job_id)
+                and other.restart < self.restart)
 
 
 @dataclass(frozen=True)
@@ -78,15 +119,16 @@ class Holder:
     written: float | None  # the claim's last write, as far as it can be trusted
     refresh_s: float
     pidns: int | None = None  # the holder's pid namespace (inode of /proc/self/ns/pid), when known
+    slurm: SlurmRun | None = None  # the Slurm job and run it was in, if any
 
     def describe(self) -> str:
         return f"supervisor pid {self.pid} on {self.host}, config {self.config} (run dir {self.run_dir})"
 
 
 def holder_state(h: Holder, *, host: str, now: float, started: Callable[[int], float | None],
-                 pidns: int | None = None) -> str | None:
+                 pidns: int | None = None, slurm: SlurmRun | None = None) -> str | None:
     """Why the claim `h` is stale, or None while it is live (pure; `started(pid)` is a process's start time in
-    our pid namespace `pidns`; a holder in another one is judged as from another host)."""
+    our pid namespace `pidns`; a holder in another one is judged as from another host; `slurm`: our Slurm run)."""
     if h.host == host and (h.pidns is None or pidns is None or h.pidns == pidns):
         actual = started(h.pid)
         if actual is None:
@@ -94,6 +136,10 @@ def holder_state(h: Holder, *, host: str, now: float, started: Callable[[int], f
         if h.start_time is not None and abs(actual - h.start_time) > _START_SLACK_S:
             return f"pid {h.pid} is another process now"
         return None
+    if slurm is not None and slurm.follows(h.slurm):
+        assert h.slurm is not None
+        return (f"it is from an earlier run of Slurm job {h.slurm.job_id} (restart {h.slurm.restart}; this is "
+                f"{slurm.restart}), which Slurm ended before this one")
     if h.written is None:
         return "it bears no usable time (dated in the future?)"
     limit = max(CLAIM_MAX_AGE_S, 3 * h.refresh_s)
@@ -154,7 +200,8 @@ def _holder(path: Path, now: float) -> Holder | None:
                   start_time=_number(doc.get("start_time")), config=str(doc.get("config", "?")),
                   run_dir=str(doc.get("run_dir", "?")), written=written_at((st.st_mtime, _number(doc.get("time"))), now),
                   refresh_s=min(max(refresh, 0.0), _MAX_REFRESH_S),
-                  pidns=doc["pidns"] if isinstance(doc.get("pidns"), int) else None)
+                  pidns=doc["pidns"] if isinstance(doc.get("pidns"), int) else None,
+                  slurm=SlurmRun.from_doc(doc.get("slurm")))
 
 
 def _read_all(folder: Path, now: float) -> list[Holder]:
@@ -180,9 +227,10 @@ def _readable(root: PathLike) -> list[Path]:
 
 def live_holders(root: PathLike) -> list[Holder]:
     """The live claims on `root` (read only: nothing is created, stale ones are left for `run` to take over)."""
-    host, now, pidns = socket.gethostname(), time.time(), _pidns()
+    host, now, pidns, slurm = socket.gethostname(), time.time(), _pidns(), SlurmRun.from_env(os.environ)
     found = [h for folder in _readable(root) for h in _read_all(folder, now)]
-    return [h for h in found if holder_state(h, host=host, now=now, started=_started, pidns=pidns) is None]
+    return [h for h in found
+            if holder_state(h, host=host, now=now, started=_started, pidns=pidns, slurm=slurm) is None]
 
 
 @contextlib.contextmanager
@@ -210,8 +258,8 @@ class RootClaim:
     """This supervisor's claim on its (resolved) checkpoint root."""
 
     def __init__(self, root: PathLike, *, job: str | None, config: PathLike, run_dir: PathLike,
-                 refresh_s: float) -> None:
-        self.root, self.job, self.refresh_s = resolved(root), job, refresh_s
+                 refresh_s: float, slurm: SlurmRun | None = None) -> None:
+        self.root, self.job, self.refresh_s, self.slurm = resolved(root), job, refresh_s, slurm
         self.config, self.run_dir = str(config), str(run_dir)
         self.host, self.pid, self.pidns = socket.gethostname(), os.getpid(), _pidns()
         self.name = f"{self.host}-{self.pid}{f'-{self.pidns}' if self.pidns else ''}.json"
@@ -281,7 +329,7 @@ class RootClaim:
             for h in _read_all(folder, now):
                 if h.path == self.path:
                     continue
-                why = holder_state(h, host=self.host, now=now, started=_started, pidns=self.pidns)
+                why = holder_state(h, host=self.host, now=now, started=_started, pidns=self.pidns, slurm=self.slurm)
                 if why is None:
                     live.append(h)
                     continue
@@ -301,5 +349,5 @@ class RootClaim:
         assert self.path is not None
         doc = {"job": self.job, "pid": self.pid, "host": self.host, "pidns": self.pidns,
                "start_time": _started(self.pid), "config": self.config, "run_dir": self.run_dir, "time": time.time(),
-               "refresh_s": self.refresh_s}
+               "refresh_s": self.refresh_s, "slurm": self.slurm.doc() if self.slurm else None}
         write_atomic(self.path, json.dumps(doc).encode(), durable=False, mode=0o600)

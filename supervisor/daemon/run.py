@@ -7,9 +7,10 @@ anything is written.
 """
 from __future__ import annotations
 
+import os
 import sys
 
-from supervisor.checkpoints.claim import RootClaim
+from supervisor.checkpoints.claim import RootClaim, SlurmRun
 from supervisor.checkpoints.metadata import child as metadata_child
 from supervisor.config import Config
 from supervisor.daemon import preflight
@@ -42,7 +43,8 @@ def run(cfg: Config) -> int:
     except OSError as exc:  # e.g. something else planted under the lock's name
         raise ConfigError(f"{cfg.path}: [supervisor.run_dir] cannot lock {run_dir}: {exc.strerror or exc}") from None
     claim = RootClaim(cfg.checkpoints.dir, job=preflight.rendezvous_key(cfg.job.command), config=cfg.path,
-                      run_dir=run_dir, refresh_s=cfg.checkpoints.retention_interval_s)
+                      run_dir=run_dir, refresh_s=cfg.checkpoints.retention_interval_s,
+                      slurm=SlurmRun.from_env(os.environ))
     try:
         try:
             notes = claim.acquire()  # ClaimedError (exit 2): another job runs on this root
