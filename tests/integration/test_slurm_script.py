@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.helpers import TAG_ENV, assert_no_orphans, wait_for
@@ -48,7 +49,9 @@ esac
 # fsdp-supervisor: `run` validates the generated config with the real loader, records it, then exits with
 # FAKE_EXIT_<node>, or for "wait" is up after FAKE_UP_AFTER seconds, waits for SIGTERM (its pid in
 # FAKE_DIR/pid-<node>) and exits 0 as a graceful stop does (with FAKE_HOLD: once FAKE_DIR/release exists, a save
-# still going on), or without one after FAKE_WAIT_MAX seconds, as a run that finished; `stop` records itself and
+# still going on), or without one after FAKE_WAIT_MAX seconds, as a run that finished, or for "killed" starts a job
+# in a session of its own (the run token in its environment and in run_dir/job.token, its pid in
+# FAKE_DIR/job-<node>) and dies by SIGKILL, as a supervisor the OOM killer took; `stop` records itself and
 # SIGTERMs that node's `run` (none up yet: says so, exit 0); `status` exits 0 while that node's `run` is up, else 3.
 _FAKE_SUPERVISOR = """#!{python}
 import json, os, signal, sys, time
@@ -76,6 +79,15 @@ record = {{"node": node, "prune": cfg.checkpoints.prune, "command": cfg.job.comm
           "resume_args": cfg.job.resume_args, "env": cfg.job.env, "run_dir": str(cfg.run_dir),
           "ckpts": str(cfg.checkpoints.dir), "stop_timeout_s": cfg.health.stop_timeout_s}}
 mode = os.environ["FAKE_EXIT_" + node]
+if mode == "killed":
+    import subprocess
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    (cfg.run_dir / "job.token").write_text("tok" + node)
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
+                           env={{**os.environ, "FSDP_SUPERVISOR_RUN_TOKEN": "tok" + node}},
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    (fake / f"job-{{node}}").write_text(str(job.pid))
+    os.kill(os.getpid(), signal.SIGKILL)
 def stopped(*_):
     (fake / f"term-{{node}}").write_text("1")
     while os.environ.get("FAKE_HOLD") and not (fake / "release").exists():
@@ -208,6 +220,16 @@ class TestExits:
         argv, env = fake_slurm(tmp_path, ("1", "0"), slurm_tag)
         r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
         assert requeues(tmp_path) == [["requeue", "4242"]], r.stderr
+
+    def test_a_killed_supervisors_job_does_not_outlive_it(self, tmp_path: Path, slurm_tag: str) -> None:
+        """A supervisor SIGKILLed (the OOM killer, kill -9) leaves its job running in a session of its own, which
+        Slurm's proctrack/linuxproc no longer counts as the step's: the node's wrapper kills it (found by the run
+        token in its environment), then the job is requeued as for any failure. (The fixture: no process left.)"""
+        argv, env = fake_slurm(tmp_path, ("killed", "0"), slurm_tag)
+        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert requeues(tmp_path) == [["requeue", "4242"]], r.stderr
+        job = int((tmp_path / "job-0").read_text())
+        assert not psutil.pid_exists(job) or psutil.Process(job).status() == psutil.STATUS_ZOMBIE, r.stderr
 
     def test_requeues_are_bounded(self, tmp_path: Path, slurm_tag: str) -> None:
         """After MAX_REQUEUES requeues a failure ends the job with the failure's code."""
