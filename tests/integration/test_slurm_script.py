@@ -182,6 +182,19 @@ class TestNodeConfigs:
         r = subprocess.run(["bash", "-n", str(SBATCH)], capture_output=True, text=True, timeout=30)
         assert r.returncode == 0, r.stderr
 
+    @pytest.mark.parametrize("how", ["sh", "bash outside Slurm"])
+    def test_run_the_wrong_way_says_so_in_one_line(self, tmp_path: Path, slurm_tag: str, how: str) -> None:
+        """`sh fsdp-supervisor.sbatch` (dash has no pipefail), or bash outside a Slurm job: exit 2, one line."""
+        argv, env = fake_slurm(tmp_path, ("0", "0"), slurm_tag)
+        if how == "sh":
+            argv[0] = "sh"
+        else:
+            env = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
+        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("fsdp-supervisor.sbatch: "), r.stderr
+        assert ("bash" if how == "sh" else "sbatch") in lines[0] and not (tmp_path / "run").exists()
+
     def test_each_node_gets_a_valid_config(self, tmp_path: Path, slurm_tag: str) -> None:
         """Same c10d endpoint (the head node's NodeAddr, a port from the job id) and id (the job's), node 0 hosts the
         store and is the one pruner, an own run dir per node."""
