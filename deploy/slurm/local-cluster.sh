@@ -39,10 +39,12 @@ dir=$(cd "$2" && pwd)
 conf=$dir/slurm.conf
 daemons=(slurmd-n1 slurmd-n2 slurmctld munged)   # stopped in this order
 
-pid_of() {  # the pid in DIR/NAME.pid when that process still runs
-    local pid
+pid_of() {  # the pid in DIR/NAME.pid while that process runs and is ours (its argv names a file under DIR): a pid
+    local pid    # file outliving its daemon may hold a pid some other process has now
     pid=$(cat "$dir/$1.pid" 2>/dev/null) || return 1
-    [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null && echo "$pid"
+    [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null || return 1
+    tr '\0' '\n' < "/proc/$pid/cmdline" 2>/dev/null | grep -qF "$dir/" || return 1
+    echo "$pid"
 }
 
 free_ports() {  # N TCP ports that were free a moment ago
@@ -104,7 +106,7 @@ wait_idle() {
         [[ $states == "idle " ]] && return 0
         sleep 0.5
     done
-    die "the nodes did not become idle within 60 s (sinfo: ${states:-no answer}; logs in $dir/log)"
+    abort_up "the nodes did not become idle within 60 s (sinfo: ${states:-no answer}; logs in $dir/log)"
 }
 
 up() {
@@ -123,12 +125,17 @@ up() {
     export SLURM_CONF=$conf
     munged --force --key-file="$dir/munge/munge.key" --socket="$dir/munge/munge.socket" \
         --pid-file="$dir/munged.pid" --log-file="$dir/log/munged.log" --seed-file="$dir/munge/seed" \
-        || die "munged did not start ($dir/log/munged.log)"
-    slurmctld -f "$conf" -i || die "slurmctld did not start ($dir/log/slurmctld.log)"
-    slurmd -f "$conf" -N n1 || die "slurmd -N n1 did not start ($dir/log/slurmd-n1.log)"
-    slurmd -f "$conf" -N n2 || die "slurmd -N n2 did not start ($dir/log/slurmd-n2.log)"
+        || abort_up "munged did not start ($dir/log/munged.log)"
+    slurmctld -f "$conf" -i || abort_up "slurmctld did not start ($dir/log/slurmctld.log)"
+    slurmd -f "$conf" -N n1 || abort_up "slurmd -N n1 did not start ($dir/log/slurmd-n1.log)"
+    slurmd -f "$conf" -N n2 || abort_up "slurmd -N n2 did not start ($dir/log/slurmd-n2.log)"
     wait_idle
     echo "export SLURM_CONF=$conf"
+}
+
+abort_up() {  # MESSAGE: `up` failed halfway: stop the daemons it had started (nobody calls `down` after an error)
+    stop_daemons
+    die "$1"
 }
 
 wait_gone() {  # PIDS...: wait up to 30 s for them to exit, then SIGKILL what is left
@@ -143,7 +150,7 @@ wait_gone() {  # PIDS...: wait up to 30 s for them to exit, then SIGKILL what is
 }
 
 down() {
-    local name pid pids=() jobs=""
+    local jobs=""
     if pid_of slurmctld >/dev/null; then
         # Jobs first, with their KillWait: a stopped slurmd would leave its slurmstepd and their tasks behind.
         SLURM_CONF=$conf scancel --user=root 2>/dev/null || true
@@ -156,6 +163,11 @@ down() {
         done
         [[ -z $jobs ]] || echo "local-cluster.sh: jobs still there after 120 s: $jobs" >&2
     fi
+    stop_daemons
+}
+
+stop_daemons() {  # exactly the daemons `up` started for DIR (pid_of: by pid file, and only if still theirs)
+    local name pid pids=()
     for name in "${daemons[@]}"; do
         if pid=$(pid_of "$name"); then
             kill -TERM "$pid" 2>/dev/null || true

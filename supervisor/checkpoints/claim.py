@@ -6,7 +6,7 @@ running supervisor), and two jobs on one root prune each other's checkpoints and
 other's saves. So every supervisor also claims the root it resolved:
 
     <parent>/.<root-name>.fsdp-claim/<host>-<pid>-<pid namespace>.json
-        {job, pid, host, pidns, start_time, config, run_dir, time, refresh_s, root}
+        {job, pid, host, pidns, start_time, config, run_dir, time, refresh_s, root, slurm}
 
 an owner-only sidecar (sidecars.py), next to the root like the in-use markers, so that it survives the
 root's deletion and every spelling of the root meets it. `pid`/`start_time` are the supervisor's own.
@@ -31,6 +31,11 @@ three places.
   warning; a live one of another job refuses the start (ClaimedError, exit 2) naming its holder. A claim of
   this host whose supervisor is gone (SIGKILL, OOM) still holds the root while its job runs on (in its own
   session, found by its run dir in its environment: procs.job_of): only that run dir's next `run` takes over.
+- **A Slurm job's earlier run** (`slurm`: the cluster, job id and SLURM_RESTART_COUNT of the supervisor's
+  job) is stale from another host at once: Slurm runs a job once at a time and starts a requeued one only
+  after every process of its previous run has ended. Without this, a job requeued after its supervisors
+  were SIGKILLed (KillWait, the OOM killer, a lost node) onto other nodes met their claims, live for 15
+  minutes, and exited 2: failed, not requeued. On this host the process check still decides.
 - **Checked before every launch** (`RootClaim.check`): a claim file removed meanwhile is written again,
   and a live claim of another job that appeared meanwhile stops the launch. Every pass (`refresh`) writes
   it again too when it was removed (`rm -rf` of the folder), so a second job does not find the root free
@@ -59,12 +64,13 @@ import psutil
 from supervisor.checkpoints._files import read_small_json
 from supervisor.checkpoints.metadata.cache import cache_dir
 from supervisor.checkpoints.sidecars import open_sidecar, resolved, sidecar_path, trusted_owners, written_at
+from supervisor.checkpoints.slurmrun import SlurmRun
 from supervisor.errors import ClaimedError, SidecarError
 from supervisor.host import procs
 from supervisor.host.atomic import write_atomic
 from supervisor.layout import CLAIM_SUFFIX
 
-__all__ = ["CLAIM_MAX_AGE_S", "Holder", "RootClaim", "holder_state", "conflicts", "claim_homes", "identity_home",
+__all__ = ["CLAIM_MAX_AGE_S", "Holder", "RootClaim", "SlurmRun", "holder_state", "conflicts", "claim_homes", "identity_home",
            "live_holders"]
 
 CLAIM_MAX_AGE_S = 900.0  # a claim from another host not refreshed for this long (or 3 refresh periods) is stale
@@ -91,6 +97,7 @@ class Holder:
     refresh_s: float
     pidns: int | None = None  # the holder's pid namespace (inode of /proc/self/ns/pid), when known
     orphan: int | None = None  # its supervisor is gone, but this process of its job still runs here
+    slurm: SlurmRun | None = None  # the Slurm job and run it was in, if any
 
     def describe(self) -> str:
         who = f"supervisor pid {self.pid} on {self.host}"
@@ -100,9 +107,9 @@ class Holder:
 
 
 def holder_state(h: Holder, *, host: str, now: float, started: Callable[[int], float | None],
-                 pidns: int | None = None) -> str | None:
+                 pidns: int | None = None, slurm: SlurmRun | None = None) -> str | None:
     """Why the claim `h` is stale, or None while it is live (pure; `started(pid)` is a process's start time in
-    our pid namespace `pidns`; a holder in another one is judged as from another host)."""
+    our pid namespace `pidns`; a holder in another one is judged as from another host; `slurm`: our Slurm run)."""
     if h.host == host and (h.pidns is None or pidns is None or h.pidns == pidns):
         actual = started(h.pid)
         if actual is None:
@@ -110,6 +117,10 @@ def holder_state(h: Holder, *, host: str, now: float, started: Callable[[int], f
         if h.start_time is not None and abs(actual - h.start_time) > _START_SLACK_S:
             return f"pid {h.pid} is another process now"
         return None
+    if slurm is not None and slurm.follows(h.slurm):
+        assert h.slurm is not None
+        return (f"it is from an earlier run of Slurm job {h.slurm.job_id} (restart {h.slurm.restart}; this is "
+                f"{slurm.restart}), which Slurm ended before this one")
     if h.written is None:
         return "it bears no usable time (dated in the future?)"
     limit = max(CLAIM_MAX_AGE_S, 3 * h.refresh_s)
@@ -201,7 +212,8 @@ def _holder(path: Path, now: float, ident: tuple[int, int] | None = None) -> Hol
                   start_time=_number(doc.get("start_time")), config=str(doc.get("config", "?")),
                   run_dir=str(doc.get("run_dir", "?")), written=written_at((st.st_mtime, _number(doc.get("time"))), now),
                   refresh_s=min(max(refresh, 0.0), _MAX_REFRESH_S),
-                  pidns=doc["pidns"] if isinstance(doc.get("pidns"), int) else None)
+                  pidns=doc["pidns"] if isinstance(doc.get("pidns"), int) else None,
+                  slurm=SlurmRun.from_doc(doc.get("slurm")))
 
 
 def _read_all(folder: Path, now: float, ident: tuple[int, int] | None = None) -> list[Holder]:
@@ -240,8 +252,9 @@ def _holders(root: PathLike, now: float) -> list[Holder]:
 
 def live_holders(root: PathLike) -> list[Holder]:
     """The live claims on `root` (read only: nothing is created, stale ones are left for `run` to take over)."""
-    host, now, pidns = socket.gethostname(), time.time(), _pidns()
-    return [h for h in _holders(root, now) if holder_state(h, host=host, now=now, started=_started, pidns=pidns) is None]
+    host, now, pidns, slurm = socket.gethostname(), time.time(), _pidns(), SlurmRun.from_env(os.environ)
+    return [h for h in _holders(root, now) if holder_state(h, host=host, now=now, started=_started, pidns=pidns,
+                                                          slurm=slurm) is None]
 
 
 @contextlib.contextmanager
@@ -269,8 +282,8 @@ class RootClaim:
     """This supervisor's claim on its (resolved) checkpoint root."""
 
     def __init__(self, root: PathLike, *, job: str | None, config: PathLike, run_dir: PathLike,
-                 refresh_s: float) -> None:
-        self.root, self.job, self.refresh_s = resolved(root), job, refresh_s
+                 refresh_s: float, slurm: SlurmRun | None = None) -> None:
+        self.root, self.job, self.refresh_s, self.slurm = resolved(root), job, refresh_s, slurm
         self.config, self.run_dir = str(config), str(run_dir)
         self.host, self.pid, self.pidns = socket.gethostname(), os.getpid(), _pidns()
         self.name = f"{self.host}-{self.pid}{f'-{self.pidns}' if self.pidns else ''}.json"
@@ -365,7 +378,8 @@ class RootClaim:
                 if (h.host, h.pid, h.pidns) == (self.host, self.pid, self.pidns) or key in live:
                     continue  # ours (in any folder), or a holder already judged live
                 if key not in stale:
-                    why = holder_state(h, host=self.host, now=now, started=_started, pidns=self.pidns)
+                    why = holder_state(h, host=self.host, now=now, started=_started, pidns=self.pidns,
+                                       slurm=self.slurm)
                     orphan = self._orphan_job(h) if why is not None else None
                     if why is None or orphan is not None:  # an orphan: a killed supervisor's job trains on
                         live[key] = h if orphan is None else dataclasses.replace(h, orphan=orphan)
@@ -401,7 +415,8 @@ class RootClaim:
         assert self.path is not None
         doc = {"job": self.job, "pid": self.pid, "host": self.host, "pidns": self.pidns,
                "start_time": _started(self.pid), "config": self.config, "run_dir": self.run_dir, "time": time.time(),
-               "refresh_s": self.refresh_s, "root": str(self.root)}
+               "refresh_s": self.refresh_s, "root": str(self.root),
+               "slurm": self.slurm.doc() if self.slurm else None}
         body = json.dumps(doc).encode()
         if not (missing_only and os.path.lexists(self.path)):
             write_atomic(self.path, body, durable=False, mode=0o600)

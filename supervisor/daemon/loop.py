@@ -53,6 +53,7 @@ logging.getLogger("watchdog.observers.inotify").addFilter(_not_the_stop_race)
 
 _HANDLED = HANDLED  # stop, force stop, child exits (supervisor/host/signals.py)
 _MAX_WAIT_S = 3600.0
+_FROZEN_S = 1.0  # a select this much later than asked: the daemon did not run meanwhile
 
 
 class _Forward(FileSystemEventHandler):
@@ -188,8 +189,11 @@ class EventLoop:
             while not self.core.done:
                 deadline = self.sys.timers.next_deadline()
                 # Capped: epoll cannot wait ~25 days; a farther timer is simply looked at again later.
-                timeout = None if deadline is None else min(_MAX_WAIT_S, max(0.0, deadline - self.sys.monotonic()))
+                before = self.sys.monotonic()
+                timeout = None if deadline is None else min(_MAX_WAIT_S, max(0.0, deadline - before))
                 sel.select(timeout)
+                if timeout is not None:
+                    self._thawed(self.sys.monotonic() - before - timeout)
                 try:
                     while os.read(rfd, 4096):
                         pass
@@ -208,6 +212,17 @@ class EventLoop:
             sel.close()
             os.close(rfd)
             os.close(self._wfd)
+
+    def _thawed(self, late: float) -> None:
+        """The select came back `late` seconds after it was due: this process did not run meanwhile, frozen with its
+        job (Slurm's `scontrol suspend` stops every process of a job, a cgroup freezer, SIGSTOP, a paused VM). That
+        was no time of the job's: the hang allowance, stop_timeout_s and the backoff go on where they stood. (The
+        loop wakes every second for its ticks, so `late` falls short of the freeze by a second at most.)"""
+        if late < _FROZEN_S:
+            return
+        self.sys.timers.postpone(late)
+        self.core.log.warning("frozen", frozen_s=round(late, 1),
+                              note="the supervisor did not run (suspended with its job?): its timers were paused")
 
     def _keep_watching(self) -> None:
         """Watch again what was deleted or replaced, once it exists again (tried at most once a second)."""

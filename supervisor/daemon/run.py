@@ -7,9 +7,10 @@ anything is written.
 """
 from __future__ import annotations
 
+import os
 import sys
 
-from supervisor.checkpoints.claim import RootClaim
+from supervisor.checkpoints.claim import RootClaim, SlurmRun
 from supervisor.checkpoints.metadata import child as metadata_child
 from supervisor.checkpoints.tiers import TierClaims
 from supervisor.config import Config
@@ -44,7 +45,8 @@ def run(cfg: Config) -> int:
         raise ConfigError(f"{cfg.path}: [supervisor.run_dir] cannot lock {run_dir}: {exc.strerror or exc}") from None
     roots = [cfg.checkpoints.dir, *([cfg.checkpoints.local_dir] if cfg.checkpoints.local_dir is not None else [])]
     claim = TierClaims([RootClaim(root, job=preflight.rendezvous_key(cfg.job.command), config=cfg.path,
-                                  run_dir=run_dir, refresh_s=cfg.checkpoints.retention_interval_s) for root in roots])
+                                  run_dir=run_dir, refresh_s=cfg.checkpoints.retention_interval_s,
+                                  slurm=SlurmRun.from_env(os.environ)) for root in roots])
     try:
         try:
             notes = claim.acquire()  # ClaimedError (exit 2): another job runs on this root

@@ -52,6 +52,11 @@ class Timers:
     def cancel(self, key: TimerKey) -> None:
         self._deadlines.pop(key, None)
 
+    def postpone(self, by: float) -> None:
+        """Move every deadline `by` seconds later (time the daemon spent frozen was nobody's time)."""
+        for key in self._deadlines:
+            self._deadlines[key] += by
+
     def pending(self, key: TimerKey) -> bool:
         return key in self._deadlines
 

@@ -36,10 +36,13 @@ from supervisor.policy.state import ExitInfo, ExitReason, Status
 __all__ = ["Job", "StepRate", "job_env", "apply_beat", "hang_timeout", "named_by_beat", "RATE_WINDOW_S",
            "REACHED_BY_RANKS", "REACHED_BY_HEARTBEAT"]
 
+_TORCHRUN_GRACE_EXTRA_S = 86400  # torchrun's own stop grace: stop_timeout_s and this (see job_env)
+
 # Job.reached_by (attempt_exit's `reached_by`): whose beat max_step is. The ranks' own files are written every step
 # (exact); the node's file alone may lag the job (the trainer writes it once a second): steps lost are a lower bound.
 REACHED_BY_RANKS = "ranks"
 REACHED_BY_HEARTBEAT = "heartbeat"
+
 RATE_WINDOW_S = 30.0  # the step rate is measured over about this much of the attempt's latest steps
 _RATE_MIN_SPAN_S = 2.0  # less than this between the first and the last step seen: no rate yet
 
@@ -127,8 +130,10 @@ def job_env(cfg: Config, environ: Mapping[str, str], *, number: int, heartbeat: 
     env = dict(environ)
     # torchrun SIGKILLs workers 30 s after forwarding SIGTERM unless told otherwise; an emergency save must
     # get the whole stop_timeout_s the user granted (an explicit setting in env or --shutdown-timeout wins).
-    # Whole seconds: torchrun parses it with int() when it starts, so "90.5" or "1e+06" failed every launch.
-    grace = str(math.ceil(cfg.health.stop_timeout_s))
+    # The supervisor ends the stop after stop_timeout_s, not counting time it was frozen with the job (Slurm's
+    # suspend); torchrun's clock counts it and would SIGKILL a suspended save on waking, so its grace only backs
+    # ours up: a day more. Whole seconds: torchrun int()s it when it starts ("90.5", "1e+06" failed every launch).
+    grace = str(math.ceil(cfg.health.stop_timeout_s) + _TORCHRUN_GRACE_EXTRA_S)
     env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT") or grace
     # torchrun's rendezvous store shared with the workers keeps the previous round's keys: restarted workers
     # of a multi-node job then hang in init_process_group (pytorch/pytorch#135712; docs/operations.md, More

@@ -21,9 +21,12 @@ def config(tmp_path: Path, extra: str = "") -> Config:
 
 
 class TestJobEnv:
-    @pytest.mark.parametrize(("stop_timeout_s", "grace"), [("90.5", "91"), ("1e6", "1000000"), ("0.25", "1"), ("30", "30")])
+    @pytest.mark.parametrize(("stop_timeout_s", "grace"),
+                             [("90.5", "86491"), ("1e6", "1086400"), ("0.25", "86401"), ("30", "86430")])
     def test_torchrun_grace_is_whole_seconds(self, tmp_path: Path, stop_timeout_s: str, grace: str) -> None:
-        """torchrun int()s TORCH_ELASTIC_SHUTDOWN_TIMEOUT at start: a fractional or huge stop_timeout_s is rounded up."""
+        """torchrun int()s TORCH_ELASTIC_SHUTDOWN_TIMEOUT at start: a fractional or huge stop_timeout_s is rounded up.
+        It is stop_timeout_s and a day: the supervisor ends the stop, not counting time frozen (Slurm's suspend),
+        which torchrun's own clock would count, SIGKILLing a suspended save on waking."""
         cfg = config(tmp_path, f"[health]\nstop_timeout_s = {stop_timeout_s}")
         env = job_env(cfg, {}, number=1, heartbeat=tmp_path / "hb", error_file=tmp_path / "e", token="t")
         assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == grace

@@ -15,6 +15,7 @@ from supervisor.checkpoints.claim import (
     CLAIM_MAX_AGE_S,
     Holder,
     RootClaim,
+    SlurmRun,
     claim_homes,
     conflicts,
     holder_state,
@@ -66,14 +67,15 @@ def test_conflicts(mine: str | None, theirs: str | None, conflict: bool) -> None
 
 
 def _plant(root: Path, *, pid: int, start: float | None, job: str | None = None, host: str | None = None,
-           when: float | None = None, config: str = "/other/job.toml") -> Path:
+           when: float | None = None, config: str = "/other/job.toml", slurm: dict | None = None) -> Path:
     """Another supervisor's claim file, as its RootClaim would write it."""
     folder = claim_homes(root)[0]
     folder.mkdir(mode=0o700, exist_ok=True)
     host = host or socket.gethostname()
     path = folder / f"{host}-{pid}.json"
     path.write_text(json.dumps({"job": job, "pid": pid, "host": host, "start_time": start, "config": config,
-                                "run_dir": "/other/.fsdp-supervisor", "time": when or time.time(), "refresh_s": 300}))
+                                "run_dir": "/other/.fsdp-supervisor", "time": when or time.time(), "refresh_s": 300,
+                                "slurm": slurm}))
     if when is not None:
         os.utime(path, (when, when))
     return path
@@ -86,8 +88,8 @@ def root(tmp_path: Path) -> Path:
     return r
 
 
-def claim(root: Path, job: str | None = None) -> RootClaim:
-    return RootClaim(root, job=job, config="/me/job.toml", run_dir="/me/.fsdp-supervisor", refresh_s=300)
+def claim(root: Path, job: str | None = None, slurm: SlurmRun | None = None) -> RootClaim:
+    return RootClaim(root, job=job, config="/me/job.toml", run_dir="/me/.fsdp-supervisor", refresh_s=300, slurm=slurm)
 
 
 PARENT = os.getppid()  # a live process that is not this one: another supervisor, for the claim's purposes
@@ -216,3 +218,53 @@ def test_a_holder_in_another_pid_namespace_is_judged_by_age() -> None:
                written=NOW - 60, refresh_s=300, pidns=111)
     assert holder_state(h, host=HOST, now=NOW, started=started, pidns=222) is None
     assert holder_state(h, host=HOST, now=NOW, started=started, pidns=111) == "its supervisor (pid 44) is gone"
+
+
+class TestSlurmRuns:
+    """A Slurm job requeued after its supervisors were SIGKILLed (KillWait ran out, the OOM killer, a lost node) may
+    start on other nodes, whose supervisors see the dead ones' claims as from another host: live for 15 minutes. Slurm
+    runs one job once at a time (a requeued job starts only once every process of its previous run has ended), so a
+    claim of an earlier run of the same Slurm job is stale: without that, the requeued job exited 2, not requeued."""
+
+    JOB = SlurmRun(cluster="c1", job_id="4242", restart=1)
+
+    @pytest.mark.parametrize(("theirs", "stale"), [
+        (SlurmRun("c1", "4242", 0), True),  # the run before this one
+        (SlurmRun("c1", "4242", 1), False),  # this very run (another node of it, or a second supervisor of ours)
+        (SlurmRun("c1", "4243", 0), False),  # another Slurm job
+        (SlurmRun("c2", "4242", 0), False),  # the same number on another cluster
+        (None, False),  # not under Slurm
+    ])
+    def test_an_earlier_run_of_this_slurm_job_is_stale(self, theirs: SlurmRun | None, stale: bool) -> None:
+        h = Holder(path=Path("x.json"), job=None, pid=44, host="node-b", start_time=5.0, config="c", run_dir="r",
+                   written=NOW - 60, refresh_s=300, slurm=theirs)
+        why = holder_state(h, host=HOST, now=NOW, started=started, slurm=self.JOB)
+        assert (why is not None) is stale and (not stale or "earlier run of Slurm job 4242" in (why or ""))
+
+    def test_on_this_host_the_process_still_decides(self) -> None:
+        """A live supervisor of an earlier run on this very host (Slurm's process tracking missed it) stays live."""
+        h = Holder(path=Path("x.json"), job=None, pid=42, host=HOST, start_time=5.0, config="c", run_dir="r",
+                   written=NOW - 60, refresh_s=300, slurm=SlurmRun("c1", "4242", 0))
+        assert holder_state(h, host=HOST, now=NOW, started=started, slurm=self.JOB) is None
+
+    def test_from_the_environment(self) -> None:
+        env = {"SLURM_JOB_ID": "4242", "SLURM_CLUSTER_NAME": "c1", "SLURM_RESTART_COUNT": "2"}
+        assert SlurmRun.from_env(env) == SlurmRun("c1", "4242", 2)
+        assert SlurmRun.from_env({"SLURM_JOB_ID": "7"}) == SlurmRun("", "7", 0)  # the first run: no count yet
+        assert SlurmRun.from_env({"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "x"}) == SlurmRun("", "7", 0)
+        assert SlurmRun.from_env({}) is None
+
+    def test_requeued_elsewhere_takes_over_the_earlier_runs_claim(self, root: Path) -> None:
+        """The earlier run's claim from another host (another rendezvous too: node 0 moved) is taken over with a
+        warning, and ours records our run; a live claim of another Slurm job from another host still refuses."""
+        planted = _plant(root, pid=PARENT, start=None, host="node-z", job="rdzv 10.0.0.1:24242 fsdp-4242",
+                         slurm={"cluster": "c1", "job": "4242", "restart": 0})
+        c = claim(root, job="rdzv 10.0.0.2:24242 fsdp-4242", slurm=self.JOB)
+        notes = c.acquire()
+        assert [e for e, _ in notes] == ["root_claim_taken_over"] and "earlier run of Slurm job 4242" in notes[0][1]
+        assert not planted.exists() and c.path is not None
+        assert json.loads(c.path.read_text())["slurm"] == {"cluster": "c1", "job": "4242", "restart": 1}
+        c.release()
+        _plant(root, pid=PARENT, start=None, host="node-z", slurm={"cluster": "c1", "job": "4243", "restart": 0})
+        with pytest.raises(ClaimedError):
+            claim(root, slurm=self.JOB).acquire()

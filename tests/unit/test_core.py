@@ -63,7 +63,7 @@ class TestLaunch:
         assert sp.env["FSDP_SUPERVISOR_HEARTBEAT"] == str(core.heartbeat_path)
         assert sp.env["FSDP_SUPERVISOR_RUN_DIR"] == str(core.run_dir)
         assert sp.env["TORCHELASTIC_ERROR_FILE"].endswith("attempt-0001.json")
-        assert sp.env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "30"  # torchrun's grace = our stop_timeout_s
+        assert sp.env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "86430"  # torchrun's grace: our stop_timeout_s + a day
         assert sp.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
         assert core.status.state is State.RUNNING and "job_started" in log.names()
 
