@@ -50,12 +50,12 @@ def train_args(root: str = "ckpts", steps: int = STEPS, save_every: int = SAVE_E
 
 
 def job_config(base: Path, extra_toml: str, *, root: Path | None = None, command: list[str] | None = None,
-               env: dict[str, str] | None = None) -> Path:
-    """`base/job.toml` running the reference trainer (or `command`) on `root` (default `base/ckpts`)."""
+               env: dict[str, str] | None = None, name: str = "job.toml") -> Path:
+    """`base/<name>` running the reference trainer (or `command`) on `root` (default `base/ckpts`)."""
     root = root or base / "ckpts"
     command = command or TORCHRUN + train_args(str(root))
     env_toml = ", ".join(f"{k} = {json.dumps(v)}" for k, v in {"OMP_NUM_THREADS": "1", **(env or {})}.items())
-    path = base / "job.toml"
+    path = base / name
     path.write_text(f"[job]\ncommand = {json.dumps(command)}\nresume_args = [\"--resume\", \"{{checkpoint}}\"]\n"
                     f"env = {{ {env_toml} }}\n\n[checkpoints]\ndir = {json.dumps(str(root))}\n{extra_toml}")
     return path
@@ -183,7 +183,8 @@ class RunDir:
 class Monitor(threading.Thread):
     """Samples every 0.1 s: at most one job of this test alive (never two jobs on one checkpoint dir),
     state.json always parses, and the newest complete checkpoint never goes backwards (except for the
-    one a fault tears on purpose, through `tear`)."""
+    one a fault tears on purpose, through `tear`). `timeline` keeps (wall time, newest complete step) per
+    sample: what the root held when an attempt was launched."""
 
     def __init__(self, dirs: RunDir, tag: str) -> None:
         super().__init__(daemon=True, name="chaos-monitor")
@@ -193,6 +194,7 @@ class Monitor(threading.Thread):
         self.violations: list[str] = []
         self.high: int | None = None  # newest complete step seen
         self.max_jobs = 0
+        self.timeline: list[tuple[float, int | None]] = []
         self._envs: dict[tuple[int, float], dict[str, str] | None] = {}
 
     def tear(self, damage: Callable[[], None]) -> int | None:
@@ -235,6 +237,7 @@ class Monitor(threading.Thread):
         except ValueError as exc:
             self.violations.append(f"state.json did not parse: {exc}")
         with self.lock:
+            seen_at = time.time()  # the look begins: it sees the root as it is at this time or later
             try:
                 newest = newest_complete(self.dirs.root) if self.dirs.root.is_dir() else None
             except CheckpointError:
@@ -244,6 +247,7 @@ class Monitor(threading.Thread):
                 self.violations.append(f"newest complete checkpoint went back from step {self.high} to {step}")
             if step is not None and (self.high is None or step > self.high):
                 self.high = step
+            self.timeline.append((seen_at, step))
 
     def run(self) -> None:  # type: ignore[override]
         while not self.stopped.wait(0.1):
