@@ -55,6 +55,14 @@ _HANDLED = HANDLED  # stop, force stop, child exits (supervisor/host/signals.py)
 _MAX_WAIT_S = 3600.0
 
 
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 class _Forward(FileSystemEventHandler):
     def __init__(self, sink: queue.SimpleQueue[Path], wake: Callable[[], None], lost: queue.SimpleQueue[Path],
                  watched: set[Path]) -> None:
@@ -155,6 +163,11 @@ class EventLoop:
         self._lost_events: queue.SimpleQueue[Path] = queue.SimpleQueue()
         self._lost: set[Path] = set()
         self._next_rewatch = 0.0
+        # (device, inode) of what each watch was put on: a dir moved aside and replaced under the same path (`mv
+        # ckpts ckpts.old && cp -a ckpts.old ckpts`) sends the watched dir no event, and its watch follows the old
+        # one to its new name. Compared at most once a second.
+        self._ids: dict[Path, tuple[int, int] | None] = {}
+        self._next_id_check = 0.0
 
     def _wake(self) -> None:  # from any thread
         try:
@@ -176,6 +189,7 @@ class EventLoop:
         observer = self._observer = Observer()
         self._handler = _Forward(self.files, self._wake, self._lost_events, {p for p, _ in self.watch})
         for path, recursive in self.watch:
+            self._ids[path] = _identity(path)
             self._watches[path] = (observer.schedule(self._handler, str(path), recursive=recursive), recursive)
         observer.start()
         sel = selectors.DefaultSelector()
@@ -220,6 +234,9 @@ class EventLoop:
             self.core.watch_stale = False
             self._lost.add(self.core.house.root)
         now = self.sys.monotonic()
+        if now >= self._next_id_check:
+            self._next_id_check = now + 1.0
+            self._lost.update(p for p, known in self._ids.items() if p not in self._lost and _identity(p) != known)
         if not self._lost or now < self._next_rewatch or self._observer is None or self._handler is None:
             return
         self._next_rewatch = now + 1.0
@@ -231,6 +248,7 @@ class EventLoop:
                 with contextlib.suppress(KeyError, OSError):
                     self._observer.unschedule(old)
             try:
+                self._ids[path] = _identity(path)
                 self._watches[path] = (self._observer.schedule(self._handler, str(path), recursive=recursive), recursive)
             except OSError:
                 self._watches[path] = (None, recursive)

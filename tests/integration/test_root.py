@@ -229,6 +229,24 @@ class TestRootChangesMidRun:
         rc, out = stop(p)
         assert rc == 0 and "watch_restored" in out, out
 
+    def test_a_root_moved_aside_and_restored_is_watched_again(self, tmp_path: Path, supervisors: Supervisors) -> None:
+        """`mv ckpts ckpts.old && cp -a ckpts.old ckpts` (a restore): the watch followed the old directory to its
+        new name, and commits into the restored root went unseen until the next periodic pass (found by the setup
+        matrix: 20 s of commits missed, up to `retention_interval_s`)."""
+        root = tmp_path / "ckpts"
+        write_checkpoint(root, 10)
+        marker = tmp_path / "launches"
+        p = supervisors.start(write_config(tmp_path, sleeper(tmp_path, marker), FAST))
+        wait_for(lambda: launches(marker), 20, "the job")
+        wait_for(lambda: latest_step(tmp_path / ".fsdp-supervisor") == 10, 20, "the first pass")
+        os.rename(root, tmp_path / "ckpts.old")
+        shutil.copytree(tmp_path / "ckpts.old", root)
+        commit(root, 20)
+        wait_for(lambda: latest_step(tmp_path / ".fsdp-supervisor") == 20, 20, "the commit in the restored root")
+        rc, out = stop(p)
+        assert rc == 0 and "watch_restored" in out, out
+        assert sorted(os.listdir(tmp_path / "ckpts.old")) == ["step_00000010"]
+
     def test_a_bind_mount_over_the_root_is_no_fresh_start(self, tmp_path: Path, supervisors: Supervisors,
                                                           mounts: list[Path]) -> None:
         """An empty folder of the same file system is bind-mounted over the running root (same device, the
