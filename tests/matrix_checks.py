@@ -16,9 +16,11 @@ from typing import Any
 
 from supervisor.checkpoints.naming import name_step
 from tests.chaos import ChaosRun
+from tests.chaos_faults import PLANTED
 
-__all__ = ["history", "resume_violations", "deletion_violations"]
+__all__ = ["OURS", "history", "resume_violations", "deletion_violations"]
 
+OURS = re.compile(rf"step_\d{{8}}|{PLANTED}")  # the trainer's names, and the old checkpoint a fault plants
 _RESUMING = re.compile(r"event=resuming rank=0 path=(\S+) step=(\d+)")
 
 
@@ -68,7 +70,7 @@ def resume_violations(c: ChaosRun) -> list[str]:
     return found
 
 
-def deletion_violations(c: ChaosRun, ours: re.Pattern[str]) -> list[str]:
+def deletion_violations(c: ChaosRun, ours: re.Pattern[str] = OURS) -> list[str]:
     """Deletions of anything but a checkpoint of the run directly under the resolved root (names like `ours`)."""
     found = []
     for e in c.dirs.events("retention_deleted"):

@@ -5,7 +5,8 @@ The faults (tests/chaos_faults.py): SIGKILL of a worker or the agent at a random
 temporary dir exists; SIGSTOP of a worker (a hang) during which a shard of the newest checkpoint is truncated
 (it must be skipped); SIGKILL of the supervisor in the middle of a retention delete, then a new supervisor (the
 orphaned job must be stopped first). Throughout, a monitor checks: never two jobs on the checkpoint dir, state.json always
-parses, the newest complete checkpoint never goes backwards. Reproduce a run with FSDP_CHAOS_SEED=<seed>;
+parses, the newest complete checkpoint never goes backwards; at the end every launch is checked to have resumed from
+the newest complete checkpoint the root held (tests/matrix_checks.py). Reproduce a run with FSDP_CHAOS_SEED=<seed>;
 FSDP_CHAOS_SOAK=K runs K more seeds (see docs/reliability.md).
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from supervisor.checkpoints import newest_complete
 from tests.chaos import STEPS, ChaosRun, assert_same_weights, chaos_seeds, export_weights, job_config, reference
 from tests.chaos_faults import assert_no_incomplete_final_dirs, plan, prepare_planted
 from tests.helpers import assert_no_orphans
+from tests.matrix_checks import deletion_violations, resume_violations
 from tests.supervise import Supervisors, supervisors  # noqa: F401
 
 CONFIG = """keep_last = 2
@@ -61,6 +63,8 @@ def test_seeded_faults_in_one_run_end_bit_identical(seed: int, tmp_path: Path, s
     assert st["state"] == "completed" and st["attempt"] == 1 + len(faults), (st, c.notes)
     assert c.monitor.violations == [], c.monitor.violations
     assert c.monitor.max_jobs == 1
+    assert resume_violations(c) == []  # every launch resumed from the newest complete checkpoint the root held
+    assert deletion_violations(c) == []
     assert_no_orphans(supervisors.tag)
     c.torn.clear()
     assert_no_incomplete_final_dirs(c)
