@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from supervisor.checkpoints import newest_complete
-from tests.chaos import TORCHRUN, ChaosRun, Reference, job_config, train_args
+from tests.chaos import STEPS, TIMEOUT, TORCHRUN, ChaosRun, Reference, job_config, train_args
 from tests.chaos_faults import (
     PLANTED,
     assert_no_incomplete_final_dirs,
@@ -71,9 +71,9 @@ class CellRun(ChaosRun):
         self.slow.unlink()
 
     def newest(self) -> Path:
-        found = newest_complete(self.dirs.root)
-        assert found is not None, "no complete checkpoint yet"
-        return found.path
+        """The newest complete checkpoint of the run (waiting for the first one)."""
+        found = wait_for(lambda: newest_complete(self.dirs.root), TIMEOUT, "a complete checkpoint")
+        return found.path  # type: ignore[attr-defined]
 
 
 # ---- a second supervisor on the root -----------------------------------------------------------------------
@@ -124,12 +124,14 @@ def suspend(c: CellRun, contend_meanwhile: bool) -> str:
 
 # ---- a copy appears in the root ----------------------------------------------------------------------------
 def backup(c: CellRun, kind: str) -> str:
-    """Copy checkpoints into the root as a user does (`cp -a`): a `backup/` folder, a `step_N.bak`, or both."""
+    """Copy checkpoints into the root as a user does (`cp -a`): a `backup/` folder, a `step_N.bak`, or both. The
+    folder also holds the last checkpoint of another run of this job, newer than anything this run has: ranked,
+    it would be resumed from."""
     c.wait_training(1)
     newest, made = c.newest(), []
     if kind in ("backup_dir", "both"):
         folder = c.dirs.root / "backup"
-        shutil.copytree(c.ref.ckpts / "step_00000005", folder / "step_00000005")  # an older backup
+        shutil.copytree(c.ref.ckpts / f"step_{STEPS:08d}", folder / f"step_{STEPS:08d}")
         shutil.copytree(newest, folder / newest.name)
         made.append(folder)
     if kind in ("bak_copy", "both"):
