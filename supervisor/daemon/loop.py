@@ -31,6 +31,7 @@ from supervisor.daemon.core import Core
 from supervisor.daemon.system import LoopSystem
 from supervisor.daemon.timers import Tick
 from supervisor.host import procs
+from supervisor.host.mounts import identity
 from supervisor.host.regularfile import open_regular
 from supervisor.host.signals import HANDLED
 from supervisor.observe.console import Console
@@ -53,14 +54,6 @@ logging.getLogger("watchdog.observers.inotify").addFilter(_not_the_stop_race)
 
 _HANDLED = HANDLED  # stop, force stop, child exits (supervisor/host/signals.py)
 _MAX_WAIT_S = 3600.0
-
-
-def _identity(path: Path) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
 
 
 class _Forward(FileSystemEventHandler):
@@ -189,7 +182,7 @@ class EventLoop:
         observer = self._observer = Observer()
         self._handler = _Forward(self.files, self._wake, self._lost_events, {p for p, _ in self.watch})
         for path, recursive in self.watch:
-            self._ids[path] = _identity(path)
+            self._ids[path] = identity(path)
             self._watches[path] = (observer.schedule(self._handler, str(path), recursive=recursive), recursive)
         observer.start()
         sel = selectors.DefaultSelector()
@@ -236,7 +229,7 @@ class EventLoop:
         now = self.sys.monotonic()
         if now >= self._next_id_check:
             self._next_id_check = now + 1.0
-            self._lost.update(p for p, known in self._ids.items() if p not in self._lost and _identity(p) != known)
+            self._lost.update(p for p, known in self._ids.items() if p not in self._lost and identity(p) != known)
         if not self._lost or now < self._next_rewatch or self._observer is None or self._handler is None:
             return
         self._next_rewatch = now + 1.0
@@ -248,7 +241,7 @@ class EventLoop:
                 with contextlib.suppress(KeyError, OSError):
                     self._observer.unschedule(old)
             try:
-                self._ids[path] = _identity(path)
+                self._ids[path] = identity(path)
                 self._watches[path] = (self._observer.schedule(self._handler, str(path), recursive=recursive), recursive)
             except OSError:
                 self._watches[path] = (None, recursive)
