@@ -29,7 +29,7 @@ integration: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests/integration
 
 # Opt-in, not part of `make test`: every cell of the setup matrix and SOAK_SEEDS more chaos seeds (docs/reliability.md),
-# ~20 s of device-free CPU per cell-minute on two busy cores: about 40 minutes. Root for the mounts (else those cells skip).
+# about 40 minutes on two busy cores. As root: the matrix mounts tmpfs roots (without root those cells skip).
 SOAK_SEEDS ?= 5
 soak: $(STAMP)
 	OMP_NUM_THREADS=1 FSDP_MATRIX=full FSDP_CHAOS_SOAK=$(SOAK_SEEDS) $(PY) -m pytest -q -s -ra --durations=0 \

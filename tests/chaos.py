@@ -32,7 +32,7 @@ from tests.helpers import TAG_ENV, Launcher, wait_for
 from tests.supervise import Supervisors
 
 __all__ = [
-    "SEED_ENV", "SOAK_ENV", "STEPS", "SAVE_EVERY", "TRAIN_SEED", "TORCHRUN", "TIMEOUT", "train_args", "job_config",
+    "SEED_ENV", "SOAK_ENV", "STEPS", "SAVE_EVERY", "TRAIN_SEED", "TORCHRUN", "TIMEOUT", "CONFIG", "train_args", "job_config",
     "chaos_seeds", "Reference", "reference", "export_weights", "assert_same_weights", "RunDir", "Monitor", "ChaosRun",
 ]
 
@@ -42,6 +42,16 @@ SOAK_ENV = "FSDP_CHAOS_SOAK"
 STEPS, SAVE_EVERY, TRAIN_SEED = 50, 5, 3  # trainer seed fixed: one reference serves every chaos seed
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=0"]
 TIMEOUT = 300
+CONFIG = """keep_last = 2
+[restart]
+backoff_initial_s = 0.2
+backoff_max_s = 1
+max_no_progress_restarts = 6
+[health]
+hang_timeout_s = 8
+stack_dump_wait_s = 1
+stop_timeout_s = 6
+"""  # a chaos run's and a matrix cell's job.toml, after [checkpoints] dir
 
 
 def train_args(root: str = "ckpts", steps: int = STEPS, save_every: int = SAVE_EVERY) -> list[str]:

@@ -11,7 +11,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from tests.chaos import SAVE_EVERY, ChaosRun
 from tests.helpers import wait_for
 
 __all__ = ["Fault", "plan", "prepare_planted", "assert_no_incomplete_final_dirs", "take_over", "kill_at_random_moment",
-           "kill_during_save", "kill_supervisor_mid_retention", "PLANTED", "PAD_FILES"]
+           "kill_during_save", "kill_supervisor_mid_retention", "strike", "PLANTED", "PAD_FILES"]
 
 PLANTED = "step_00000001"  # an old complete checkpoint retention will delete (slowly: it carries PAD_FILES)
 PAD_FILES = 4000
@@ -183,6 +183,30 @@ def assert_no_incomplete_final_dirs(c: ChaosRun) -> None:
         if is_temporary(info.name) or info.name in c.torn or info.state == FOREIGN:
             continue
         assert info.complete, f"{info.name} looks like a checkpoint but is {info.state}: {info.reason}"
+
+
+def strike(c: ChaosRun, events: Sequence[tuple[str, Callable[[Any], str]]],
+           before_the_end: Callable[[], None] | None = None) -> tuple[int, str]:
+    """Start the supervisor, strike each event in order and wait for the run's end: (exit code, output tail).
+    The monitor samples throughout; after each event no checkpoint under a final name is incomplete and no
+    process of the test lives outside the supervisor's tree."""
+    started = time.monotonic()
+    c.monitor.start()
+    try:
+        c.start_supervisor()
+        c.wait_running(1)
+        for name, event in events:
+            t0 = time.monotonic()
+            c.say(f"{name}: {event(c)} [{time.monotonic() - t0:.1f}s]")
+            assert_no_incomplete_final_dirs(c)
+            assert c.strays() == [], f"processes outside the supervisor's tree after {name}"
+        if before_the_end is not None:
+            before_the_end()
+        rc, out = c.finish()
+    finally:
+        c.monitor.stop()
+    c.say(f"finished in {time.monotonic() - started:.1f}s, {c.attempt()} attempts")
+    return rc, out
 
 
 def plan(rng: random.Random, planted: Path) -> list[Fault]:

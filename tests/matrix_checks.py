@@ -14,11 +14,13 @@ import re
 from pathlib import Path
 from typing import Any
 
+from supervisor.checkpoints import newest_complete
 from supervisor.checkpoints.naming import name_step
-from tests.chaos import ChaosRun
-from tests.chaos_faults import PLANTED
+from tests.chaos import STEPS, ChaosRun, Reference, assert_same_weights, export_weights
+from tests.chaos_faults import PLANTED, assert_no_incomplete_final_dirs
+from tests.helpers import assert_no_orphans
 
-__all__ = ["OURS", "history", "resume_violations", "deletion_violations"]
+__all__ = ["OURS", "history", "resume_violations", "deletion_violations", "assert_promises_kept"]
 
 OURS = re.compile(rf"step_\d{{8}}|{PLANTED}")  # the trainer's names, and the old checkpoint a fault plants
 _RESUMING = re.compile(r"event=resuming rank=0 path=(\S+) step=(\d+)")
@@ -78,3 +80,20 @@ def deletion_violations(c: ChaosRun, ours: re.Pattern[str] = OURS) -> list[str]:
         if path.parent != c.dirs.root or not ours.fullmatch(path.name) or name_step(path.name) is None:
             found.append(f"retention deleted {path} ({e.get('reason')}): not a checkpoint of the run")
     return found
+
+
+def assert_promises_kept(c: ChaosRun, rc: int, out: str, *, attempts: int, ref: Reference, context: str) -> None:
+    """The end of a chaos run or matrix cell: completed in exactly `attempts` attempts, no monitor violation,
+    every launch resumed right, only the run's checkpoints deleted, no process left, bit-identical weights."""
+    assert rc == 0, out
+    st = c.dirs.state()
+    assert st["state"] == "completed" and st["attempt"] == attempts, (st, c.notes)
+    assert c.monitor.violations == [] and c.monitor.max_jobs == 1, c.monitor.violations
+    assert resume_violations(c) == []
+    assert deletion_violations(c) == []
+    assert_no_orphans(c.supervisors.tag)
+    c.torn.clear()
+    assert_no_incomplete_final_dirs(c)
+    final = newest_complete(c.dirs.root)
+    assert final is not None and final.step == STEPS
+    assert_same_weights(export_weights(final.path, c.dirs.base / "out.pt"), ref.weights, context)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from supervisor.checkpoints import newest_complete
-from tests.chaos import STEPS, TIMEOUT, TORCHRUN, ChaosRun, Reference, job_config, train_args
+from tests.chaos import CONFIG, STEPS, TIMEOUT, TORCHRUN, ChaosRun, Reference, job_config, train_args
 from tests.chaos_faults import (
     PLANTED,
     assert_no_incomplete_final_dirs,
@@ -33,18 +33,8 @@ from tests.matrix import SUSPEND_S, Cell
 from tests.matrix_setup import Keep, Root
 from tests.supervise import Supervisors
 
-__all__ = ["CONFIG", "CellRun", "plan"]
+__all__ = ["CellRun", "plan"]
 
-CONFIG = """keep_last = 2
-[restart]
-backoff_initial_s = 0.2
-backoff_max_s = 1
-max_no_progress_restarts = 6
-[health]
-hang_timeout_s = 8
-stack_dump_wait_s = 1
-stop_timeout_s = 6
-"""
 SLOW_S = 1.0  # rank 0's extra seconds per step while the events happen: time for them, and steps left for each
 Event = Callable[["CellRun"], str]
 

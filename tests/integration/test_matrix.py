@@ -11,17 +11,14 @@ cell (FSDP_MATRIX=full). The mounts need root: those cells skip, saying why, wit
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
 
 import pytest
 
-from supervisor.checkpoints import newest_complete
-from tests.chaos import STEPS, assert_same_weights, chaos_seeds, export_weights, reference
-from tests.chaos_faults import assert_no_incomplete_final_dirs
-from tests.helpers import assert_no_orphans
+from tests.chaos import chaos_seeds, reference
+from tests.chaos_faults import strike
 from tests.matrix import Cell, session_cells
-from tests.matrix_checks import deletion_violations, resume_violations
+from tests.matrix_checks import assert_promises_kept
 from tests.matrix_events import CellRun, plan
 from tests.matrix_setup import build_root, plant_foreign, prepopulate
 from tests.mounts import mounts  # noqa: F401
@@ -46,34 +43,11 @@ def test_setup_cell_keeps_every_promise(cell: Cell, tmp_path: Path, supervisors:
     events = plan(c)
     c.say(f"cell {cell} (rerun: FSDP_CHAOS_SEED={SEED} pytest tests/integration/test_matrix.py -k '{cell}', or every "
           f"cell: FSDP_MATRIX=full); root from step {start}; events: {', '.join(name for name, _ in events)}")
-    started = time.monotonic()
-    c.monitor.start()
-    try:
-        c.start_supervisor()
-        c.wait_running(1)
-        for name, event in events:
-            t0 = time.monotonic()
-            c.say(f"{name}: {event(c)} [{time.monotonic() - t0:.1f}s]")
-            assert_no_incomplete_final_dirs(c)
-            assert c.strays() == [], f"processes outside the supervisor's tree after {name}"
-        c.fast()
-        rc, out = c.finish()
-    finally:
-        c.monitor.stop()
-    c.say(f"finished in {time.monotonic() - started:.1f}s, {c.attempt()} attempts")
+    rc, out = strike(c, events, before_the_end=c.fast)
     assert rc == 0, out
-    st = c.dirs.state()
-    assert st["state"] == "completed" and st["attempt"] == 2, (st, c.notes)  # one fault: exactly one relaunch
-    assert c.monitor.violations == [] and c.monitor.max_jobs == 1, c.monitor.violations
-    assert resume_violations(c) == []
-    assert deletion_violations(c) == []
     assert c.keep.changed() == []
     if not root.retention:
         assert c.dirs.events("retention_stopped") and not c.dirs.events("retention_deleted")
     if cell.root != "recreated":  # a pass while the root is moved aside fails (and says so): elsewhere none may
         assert not c.dirs.events("checkpoint_scan_failed"), c.dirs.events("checkpoint_scan_failed")
-    assert_no_orphans(supervisors.tag)
-    assert_no_incomplete_final_dirs(c)
-    final = newest_complete(c.dirs.root)
-    assert final is not None and final.step == STEPS
-    assert_same_weights(export_weights(final.path, tmp_path / "out.pt"), ref.weights, f"(cell {cell}, seed {seed})")
+    assert_promises_kept(c, rc, out, attempts=2, ref=ref, context=f"(cell {cell}, seed {seed})")  # one fault: one relaunch
