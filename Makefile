@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint unit integration run bench clean test-clients test-slurm
+.PHONY: test lint unit integration soak run bench clean test-clients test-slurm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,13 @@ unit: $(STAMP)  # no torch, no subprocess: also runs in a venv without torch (do
 
 integration: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests/integration
+
+# Opt-in, not part of `make test`: every cell of the setup matrix and SOAK_SEEDS more chaos seeds (docs/reliability.md),
+# about 40 minutes on two busy cores. As root: the matrix mounts tmpfs roots (without root those cells skip).
+SOAK_SEEDS ?= 5
+soak: $(STAMP)
+	OMP_NUM_THREADS=1 FSDP_MATRIX=full FSDP_CHAOS_SOAK=$(SOAK_SEEDS) $(PY) -m pytest -q -s -ra --durations=0 \
+		tests/integration/test_matrix.py tests/integration/test_chaos.py
 
 RUN_CONFIG ?= deploy/examples/demo.toml
 # deploy/foreground.py hands the terminal to the supervisor: Ctrl+C stops the job gracefully and `make run`

@@ -32,7 +32,7 @@ from tests.helpers import TAG_ENV, Launcher, wait_for
 from tests.supervise import Supervisors
 
 __all__ = [
-    "SEED_ENV", "SOAK_ENV", "STEPS", "SAVE_EVERY", "TRAIN_SEED", "TORCHRUN", "TIMEOUT", "train_args", "job_config",
+    "SEED_ENV", "SOAK_ENV", "STEPS", "SAVE_EVERY", "TRAIN_SEED", "TORCHRUN", "TIMEOUT", "CONFIG", "train_args", "job_config",
     "chaos_seeds", "Reference", "reference", "export_weights", "assert_same_weights", "RunDir", "Monitor", "ChaosRun",
 ]
 
@@ -42,6 +42,16 @@ SOAK_ENV = "FSDP_CHAOS_SOAK"
 STEPS, SAVE_EVERY, TRAIN_SEED = 50, 5, 3  # trainer seed fixed: one reference serves every chaos seed
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=0"]
 TIMEOUT = 300
+CONFIG = """keep_last = 2
+[restart]
+backoff_initial_s = 0.2
+backoff_max_s = 1
+max_no_progress_restarts = 6
+[health]
+hang_timeout_s = 8
+stack_dump_wait_s = 1
+stop_timeout_s = 6
+"""  # a chaos run's and a matrix cell's job.toml, after [checkpoints] dir
 
 
 def train_args(root: str = "ckpts", steps: int = STEPS, save_every: int = SAVE_EVERY) -> list[str]:
@@ -50,12 +60,12 @@ def train_args(root: str = "ckpts", steps: int = STEPS, save_every: int = SAVE_E
 
 
 def job_config(base: Path, extra_toml: str, *, root: Path | None = None, command: list[str] | None = None,
-               env: dict[str, str] | None = None) -> Path:
-    """`base/job.toml` running the reference trainer (or `command`) on `root` (default `base/ckpts`)."""
+               env: dict[str, str] | None = None, name: str = "job.toml") -> Path:
+    """`base/<name>` running the reference trainer (or `command`) on `root` (default `base/ckpts`)."""
     root = root or base / "ckpts"
     command = command or TORCHRUN + train_args(str(root))
     env_toml = ", ".join(f"{k} = {json.dumps(v)}" for k, v in {"OMP_NUM_THREADS": "1", **(env or {})}.items())
-    path = base / "job.toml"
+    path = base / name
     path.write_text(f"[job]\ncommand = {json.dumps(command)}\nresume_args = [\"--resume\", \"{{checkpoint}}\"]\n"
                     f"env = {{ {env_toml} }}\n\n[checkpoints]\ndir = {json.dumps(str(root))}\n{extra_toml}")
     return path
@@ -183,7 +193,8 @@ class RunDir:
 class Monitor(threading.Thread):
     """Samples every 0.1 s: at most one job of this test alive (never two jobs on one checkpoint dir),
     state.json always parses, and the newest complete checkpoint never goes backwards (except for the
-    one a fault tears on purpose, through `tear`)."""
+    one a fault tears on purpose, through `tear`). `timeline` keeps (wall time, newest complete step) per
+    sample: what the root held when an attempt was launched."""
 
     def __init__(self, dirs: RunDir, tag: str) -> None:
         super().__init__(daemon=True, name="chaos-monitor")
@@ -193,6 +204,7 @@ class Monitor(threading.Thread):
         self.violations: list[str] = []
         self.high: int | None = None  # newest complete step seen
         self.max_jobs = 0
+        self.timeline: list[tuple[float, int | None]] = []
         self._envs: dict[tuple[int, float], dict[str, str] | None] = {}
 
     def tear(self, damage: Callable[[], None]) -> int | None:
@@ -235,6 +247,7 @@ class Monitor(threading.Thread):
         except ValueError as exc:
             self.violations.append(f"state.json did not parse: {exc}")
         with self.lock:
+            seen_at = time.time()  # the look begins: it sees the root as it is at this time or later
             try:
                 newest = newest_complete(self.dirs.root) if self.dirs.root.is_dir() else None
             except CheckpointError:
@@ -244,6 +257,7 @@ class Monitor(threading.Thread):
                 self.violations.append(f"newest complete checkpoint went back from step {self.high} to {step}")
             if step is not None and (self.high is None or step > self.high):
                 self.high = step
+            self.timeline.append((seen_at, step))
 
     def run(self) -> None:  # type: ignore[override]
         while not self.stopped.wait(0.1):

@@ -11,20 +11,21 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from supervisor.checkpoints import TORN, scan, verify
+from supervisor.checkpoints import FOREIGN, TORN, scan, verify
 from supervisor.checkpoints.naming import is_temporary, name_step
 from supervisor.layout import MANIFEST_NAME, TRASH_SUFFIX, sidecar_name
 from tests.chaos import SAVE_EVERY, ChaosRun
 from tests.helpers import wait_for
 
-__all__ = ["Fault", "plan", "prepare_planted", "assert_no_incomplete_final_dirs", "PLANTED", "PAD_FILES"]
+__all__ = ["Fault", "plan", "prepare_planted", "assert_no_incomplete_final_dirs", "take_over", "kill_at_random_moment",
+           "kill_during_save", "kill_supervisor_mid_retention", "strike", "PLANTED", "PAD_FILES"]
 
 PLANTED = "step_00000001"  # an old complete checkpoint retention will delete (slowly: it carries PAD_FILES)
 PAD_FILES = 4000
@@ -137,9 +138,10 @@ def prepare_planted(stage: Path, reference_ckpts: Path) -> Path:
     return planted
 
 
-def kill_supervisor_mid_retention(c: ChaosRun, planted: Path) -> str:
+def kill_supervisor_mid_retention(c: ChaosRun, planted: Path, while_orphaned: Callable[[], str] | None = None) -> str:
     """Plant an old checkpoint retention must delete, SIGKILL the supervisor while it is removing it, start a
-    new supervisor: the orphaned job is stopped before anything launches and the trash is cleared."""
+    new supervisor: the orphaned job is stopped before anything launches and the trash is cleared.
+    `while_orphaned` runs between the kill and the new supervisor (a second config tried meanwhile)."""
     attempt = c.attempt()
     c.wait_training(1)
     os.rename(planted, c.dirs.root / PLANTED)
@@ -152,25 +154,59 @@ def kill_supervisor_mid_retention(c: ChaosRun, planted: Path) -> str:
     assert parked.exists(), "the supervisor finished the delete before it was killed: nothing was tested"
     assert not (c.dirs.root / PLANTED).exists()
     assert_no_incomplete_final_dirs(c)
+    st, agent, also = take_over(c, attempt, while_orphaned)
+    wait_for(lambda: not any(trash.iterdir()), 60, "trash leftovers cleared by the new supervisor")
+    return f"SIGKILL supervisor while removing {parked.name}; {also}new supervisor stopped orphan {agent}, " \
+           f"resumed from {st['resumed_from']}"
+
+
+def take_over(c: ChaosRun, attempt: int, while_orphaned: Callable[[], str] | None = None) -> tuple[dict[str, Any], int, str]:
+    """After the supervisor was SIGKILLed: its job runs on; a new supervisor on the same config stops that orphan
+    before it launches attempt `attempt` + 1. Returns (state at the relaunch, the orphan's pid, what
+    `while_orphaned` said)."""
     agent = c.dirs.job()
     assert agent is not None, "the job should have survived its supervisor"
     orphans = [agent, *agent.children(recursive=True)]
+    also = f"{while_orphaned()}; " if while_orphaned is not None else ""
     c.start_supervisor()
     st = c.wait_relaunch(attempt)
     assert not [p.pid for p in orphans if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     stopped = c.dirs.events("orphan_job_stopped")
     assert stopped and stopped[-1]["job_pid"] == agent.pid, stopped
-    wait_for(lambda: not any(trash.iterdir()), 60, "trash leftovers cleared by the new supervisor")
-    return f"SIGKILL supervisor while removing {parked.name}; new supervisor stopped orphan {agent.pid}, " \
-           f"resumed from {st['resumed_from']}"
+    return st, agent.pid, also
 
 
 def assert_no_incomplete_final_dirs(c: ChaosRun) -> None:
-    """No checkpoint under a final name is incomplete, except one a fault tore on purpose (until re-saved)."""
+    """No checkpoint under a final name is incomplete, except one a fault tore on purpose (until re-saved); what
+    is not a checkpoint (a backup copy, TensorBoard logs) is foreign, neither."""
     for info in scan(c.dirs.root):
-        if is_temporary(info.name) or info.name in c.torn:
+        if is_temporary(info.name) or info.name in c.torn or info.state == FOREIGN:
             continue
         assert info.complete, f"{info.name} looks like a checkpoint but is {info.state}: {info.reason}"
+
+
+def strike(c: ChaosRun, events: Sequence[tuple[str, Callable[[Any], str]]],
+           before_the_end: Callable[[], None] | None = None) -> tuple[int, str]:
+    """Start the supervisor, strike each event in order and wait for the run's end: (exit code, output tail).
+    The monitor samples throughout; after each event no checkpoint under a final name is incomplete and no
+    process of the test lives outside the supervisor's tree."""
+    started = time.monotonic()
+    c.monitor.start()
+    try:
+        c.start_supervisor()
+        c.wait_running(1)
+        for name, event in events:
+            t0 = time.monotonic()
+            c.say(f"{name}: {event(c)} [{time.monotonic() - t0:.1f}s]")
+            assert_no_incomplete_final_dirs(c)
+            assert c.strays() == [], f"processes outside the supervisor's tree after {name}"
+        if before_the_end is not None:
+            before_the_end()
+        rc, out = c.finish()
+    finally:
+        c.monitor.stop()
+    c.say(f"finished in {time.monotonic() - started:.1f}s, {c.attempt()} attempts")
+    return rc, out
 
 
 def plan(rng: random.Random, planted: Path) -> list[Fault]:

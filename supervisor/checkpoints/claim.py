@@ -68,6 +68,7 @@ from supervisor.checkpoints.slurmrun import SlurmRun
 from supervisor.errors import ClaimedError, SidecarError
 from supervisor.host import procs
 from supervisor.host.atomic import write_atomic
+from supervisor.host.mounts import identity
 from supervisor.layout import CLAIM_SUFFIX
 
 __all__ = ["CLAIM_MAX_AGE_S", "Holder", "RootClaim", "SlurmRun", "holder_state", "conflicts", "claim_homes", "identity_home",
@@ -151,19 +152,11 @@ def claim_homes(root: PathLike) -> list[Path]:
     return homes
 
 
-def _identity(path: PathLike) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
 def identity_home(root: PathLike) -> tuple[Path, tuple[int, int]] | None:
     """This user's folder of claims on the directory `root` is, whoever's path reached it: (folder, (st_dev,
     st_ino)) of the root. A bind mount (or a second mount of one share) gives one root two paths, hence two
     folders next to it; on this host both paths meet here. None without a cache dir or a root."""
-    cache, ident = _cache(root), _identity(root)
+    cache, ident = _cache(root), identity(root)
     if cache is None or ident is None:
         return None
     return cache / "claims" / f"id-{hashlib.sha256(f'{ident[0]}:{ident[1]}'.encode()).hexdigest()[:32]}", ident
@@ -204,7 +197,7 @@ def _holder(path: Path, now: float, ident: tuple[int, int] | None = None) -> Hol
     doc, st = read
     if not isinstance(doc, dict) or not isinstance(doc.get("pid"), int) or not isinstance(doc.get("host"), str):
         return None
-    if ident is not None and not (isinstance(doc.get("root"), str) and _identity(doc["root"]) == ident):
+    if ident is not None and not (isinstance(doc.get("root"), str) and identity(doc["root"]) == ident):
         return None
     job = doc.get("job")
     refresh = _number(doc.get("refresh_s")) or 0.0

@@ -16,7 +16,7 @@ import re
 
 from supervisor.layout import TMP_PREFIX
 
-__all__ = ["name_step", "name_ordinal", "is_temporary", "is_checkpoint_name"]
+__all__ = ["name_step", "name_ordinal", "is_temporary", "is_checkpoint_name", "embedded_steps"]
 
 # The step is a trailing integer that follows a checkpoint word (optionally after a prefix: `run1_step_120`), or
 # the whole name (`1500/`). Any other trailing number (`backup-20241203`, `llama2-7b-v2`) is no step: a dated
@@ -30,6 +30,9 @@ _ORDINAL = re.compile(r"checkpoint_(\d+)")
 # (`pytorch_model_fsdp_0`, `optimizer_0`) end in digits too and must not match.
 _CHECKPOINT_NAME = re.compile(
     r"(?:step|epoch|ckpt|checkpoint|global_step|iter|iteration)[-_]?\d+|.*(?:^|[-_.])step=\d+.*", re.IGNORECASE)
+# A checkpoint name inside a longer one (`step_00000030.bak`, `step_30_backup`, `old-step-30`): how users name a copy.
+_EMBEDDED_STEP = re.compile(r"(?<![a-z])(?:step|epoch|ckpt|checkpoint|global_step|iter|iteration)[-_=]?(\d+)(?!\d)",
+                            re.IGNORECASE)
 
 
 def is_temporary(name: str) -> bool:
@@ -57,6 +60,11 @@ def name_step(name: str) -> int | None:
         return int(lightning.group(1))
     match = _TRAILING_STEP.fullmatch(name)
     return int(match.group(1) or match.group(2)) if match else None
+
+
+def embedded_steps(name: str) -> set[int]:
+    """The steps of the checkpoint names a name contains, wherever they are in it (`step_00000030.bak`: {30})."""
+    return {int(m) for m in _EMBEDDED_STEP.findall(name)}
 
 
 def is_checkpoint_name(name: str) -> bool:

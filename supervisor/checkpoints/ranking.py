@@ -44,7 +44,7 @@ from supervisor.checkpoints.completeness import (
 from supervisor.checkpoints.keeps import with_holds
 from supervisor.checkpoints.manifest import Manifest, read_manifest
 from supervisor.checkpoints.markers import is_pinned, is_quarantined
-from supervisor.checkpoints.naming import is_temporary, name_ordinal, name_step
+from supervisor.checkpoints.naming import embedded_steps, is_temporary, name_ordinal, name_step
 from supervisor.checkpoints.shapes import DIRECTORY, NESTED, CheckpointDirectoryError, Shape, identify
 from supervisor.checkpoints.shapes import FOREIGN as FOREIGN_SHAPE
 from supervisor.checkpoints.sidecar import sidecar_step
@@ -319,15 +319,20 @@ class _Judge:
         raise CheckpointDirectoryError(self.root, c.path / shape.within, shape.series)
 
     def _copy_beside(self, c: _Candidate, shape: Shape) -> Shape | None:
-        """Foreign when `c` is a copy of a sibling checkpoint under a name without its step (`step_30.bak`,
-        `step_00000030-old`): the step its manifest says is the one the sibling's name carries."""
+        """Foreign when `c` is a copy of a checkpoint under a name without its step: the step its manifest says
+        is the one a sibling's name carries (`cp -a step_30 latest`), or its own name holds that step with
+        something after it (`step_30.bak`, `step_00000030-old`), which still says so once retention pruned the
+        original."""
         if not shape.ours or c.named or c.is_link or c.step is None or c.ordinal is not None or c.alias_of:
             return None  # Lightning's last.ckpt is a copy by design: an alias (_with_aliases), not a stray one
         twin = self._named.get(c.step)
-        if twin is None or not self._identify(twin).ours:
-            return None
-        return Shape(FOREIGN_SHAPE, reason=f"a copy of {twin.name} (its step {c.step}, under a name without it): "
-                                           "never touched")
+        if twin is not None and self._identify(twin).ours:
+            return Shape(FOREIGN_SHAPE, reason=f"a copy of {twin.name} (its step {c.step}, under a name without "
+                                               "it): never touched")
+        if c.step in embedded_steps(c.name) and not is_temporary(c.name):  # the trainer's set-aside is its own
+            return Shape(FOREIGN_SHAPE, reason=f"a copy of a checkpoint of step {c.step} (its name says so): "
+                                               "never touched")
+        return None
 
     def own(self, c: _Candidate) -> Verdict | None:
         """verify() of the child alone; None when it vanished after listing (renamed by retention or the trainer)."""

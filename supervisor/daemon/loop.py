@@ -31,6 +31,7 @@ from supervisor.daemon.core import Core
 from supervisor.daemon.system import LoopSystem
 from supervisor.daemon.timers import Tick
 from supervisor.host import procs
+from supervisor.host.mounts import identity
 from supervisor.host.regularfile import open_regular
 from supervisor.host.signals import HANDLED
 from supervisor.observe.console import Console
@@ -156,6 +157,11 @@ class EventLoop:
         self._lost_events: queue.SimpleQueue[Path] = queue.SimpleQueue()
         self._lost: set[Path] = set()
         self._next_rewatch = 0.0
+        # (device, inode) of what each watch was put on: a dir moved aside and replaced under the same path (`mv
+        # ckpts ckpts.old && cp -a ckpts.old ckpts`) sends the watched dir no event, and its watch follows the old
+        # one to its new name. Compared at most once a second.
+        self._ids: dict[Path, tuple[int, int] | None] = {}
+        self._next_id_check = 0.0
 
     def _wake(self) -> None:  # from any thread
         try:
@@ -177,6 +183,7 @@ class EventLoop:
         observer = self._observer = Observer()
         self._handler = _Forward(self.files, self._wake, self._lost_events, {p for p, _ in self.watch})
         for path, recursive in self.watch:
+            self._ids[path] = identity(path)
             self._watches[path] = (observer.schedule(self._handler, str(path), recursive=recursive), recursive)
         observer.start()
         sel = selectors.DefaultSelector()
@@ -235,6 +242,9 @@ class EventLoop:
             self.core.watch_stale = False
             self._lost.add(self.core.house.root)
         now = self.sys.monotonic()
+        if now >= self._next_id_check:
+            self._next_id_check = now + 1.0
+            self._lost.update(p for p, known in self._ids.items() if p not in self._lost and identity(p) != known)
         if not self._lost or now < self._next_rewatch or self._observer is None or self._handler is None:
             return
         self._next_rewatch = now + 1.0
@@ -246,6 +256,7 @@ class EventLoop:
                 with contextlib.suppress(KeyError, OSError):
                     self._observer.unschedule(old)
             try:
+                self._ids[path] = identity(path)
                 self._watches[path] = (self._observer.schedule(self._handler, str(path), recursive=recursive), recursive)
             except OSError:
                 self._watches[path] = (None, recursive)

@@ -5,17 +5,28 @@ devices cannot tell that `view` is a mount point: parking a deletion of `view/st
 with EXDEV, and a bind mount over a running root looks like the same file system. The mount is read from
 /proc/self/mountinfo: the entry with the longest mount point above the path (the last one for a point mounted
 twice: the one on top). None when that cannot be read (not Linux, no /proc): callers then go by `st_dev` alone.
+`identity` is a directory's (st_dev, st_ino): the same path naming another directory (re-created, moved aside
+and replaced, mounted over) has another.
 """
 from __future__ import annotations
 
 import os
 import re
 
-__all__ = ["mount_id", "same_mount"]
+__all__ = ["mount_id", "same_mount", "identity"]
 
 _MOUNTINFO = "/proc/self/mountinfo"
 _ESCAPED = re.compile(rb"\\([0-7]{3})")  # mountinfo writes space, tab, newline and backslash as \ooo
 PathLike = str | os.PathLike[str]
+
+
+def identity(path: PathLike) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of what `path` names now (symlinks followed), or None when it cannot be stat'ed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _unescape(field: bytes) -> bytes:

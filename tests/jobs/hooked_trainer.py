@@ -22,6 +22,11 @@ FSDP_TRAINER_TEST_PACE_SAVES=1          every save waits (at most 60 s) until th
                                         space if retention does not free what it should.
 FSDP_TRAINER_TEST_SLOW_RANK=R           rank R sleeps S seconds in every optimizer step (after the backward's last
 FSDP_TRAINER_TEST_SLOW_S=S              collective, before the loss all-reduce): a straggler the others wait for.
+FSDP_TRAINER_TEST_SLOW_WHILE=F          with SLOW_RANK: only while the file F exists (a job a test slows down on cue,
+                                        so that it still trains, but does not finish, while the test waits).
+FSDP_TRAINER_TEST_SAVE_GATE=F           while the file F exists, every rank holds its next save (once the previous
+                                        save committed, before writing anything) and shows it by a file
+                                        `F.held-<rank>` (removed when it goes on): a test acts between two saves.
 """
 from __future__ import annotations
 
@@ -42,6 +47,8 @@ HOLD_TRAIN_STEP_ENV = "FSDP_TRAINER_TEST_HOLD_TRAIN_STEP"
 HOLD_TRAIN_UNTIL_ENV = "FSDP_TRAINER_TEST_HOLD_TRAIN_UNTIL"
 SLOW_RANK_ENV = "FSDP_TRAINER_TEST_SLOW_RANK"
 SLOW_S_ENV = "FSDP_TRAINER_TEST_SLOW_S"
+SLOW_WHILE_ENV = "FSDP_TRAINER_TEST_SLOW_WHILE"
+SAVE_GATE_ENV = "FSDP_TRAINER_TEST_SAVE_GATE"
 PACE_MAX_S = 60.0
 _COMMITTED = re.compile(r"step_(\d{8})")  # the reference trainer's committed name (supervisor/layout.py)
 HOLD_MAX_S = 600.0
@@ -56,6 +63,21 @@ def _hold(step: int) -> None:
         deadline = time.monotonic() + HOLD_MAX_S
         while not os.path.exists(until) and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+def _gate() -> None:
+    """SAVE_GATE: wait (at most HOLD_MAX_S) while the gate file exists, saying so by `<gate>.held-<rank>`."""
+    gate = os.environ.get(SAVE_GATE_ENV)
+    if not gate or not os.path.exists(gate):
+        return
+    held = Path(f"{gate}.held-{os.environ.get('RANK', '0')}")
+    held.touch()
+    try:
+        deadline = time.monotonic() + HOLD_MAX_S
+        while os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        held.unlink(missing_ok=True)
 
 
 def _seen_step(run_dir: Path) -> int:
@@ -90,6 +112,7 @@ def install() -> None:
     def held_save(self: Checkpointer, step: int, state: dict[str, Any], **kwargs: Any) -> SaveResult:
         self.wait()  # the previous save commits first (save's own first step, a no-op when repeated)
         _hold(step)
+        _gate()
         _pace(self.root)
         return save(self, step, state, **kwargs)
 
@@ -131,10 +154,12 @@ def _slow_rank() -> None:
     import torch
 
     delay = float(os.environ.get(SLOW_S_ENV, "0.2"))
+    only_while = os.environ.get(SLOW_WHILE_ENV)
     step = torch.optim.AdamW.step
 
     def slow_step(self: Any, *args: Any, **kwargs: Any) -> Any:
-        time.sleep(delay)
+        if only_while is None or os.path.exists(only_while):
+            time.sleep(delay)
         return step(self, *args, **kwargs)
 
     torch.optim.AdamW.step = slow_step  # type: ignore[method-assign]

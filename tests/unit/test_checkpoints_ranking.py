@@ -283,3 +283,17 @@ class TestACopyBesideTheOriginal:
         write_checkpoint(tmp_path, 20, name="latest")
         assert [(c.name, c.step, c.state) for c in scan(tmp_path)] == [("latest", 20, "complete"),
                                                                        ("step_00000010", 10, "complete")]
+
+    def test_a_copy_stays_foreign_once_retention_pruned_its_original(self, root: Path) -> None:
+        """Found by the setup matrix: `step_00000025.bak` was foreign only while `step_00000025` existed; once
+        keep_last pruned the original, the copy ranked as step 25 again and the next pass deleted the user's copy.
+        A name that carries the step its manifest says, with something after it, is a copy by its name alone."""
+        for step in (20, 30):
+            shutil.rmtree(root / f"step_{step:08d}")  # retention pruned the originals as the run went on
+        write_checkpoint(root, 40)
+        infos = {c.name: c for c in scan(root)}
+        for copy in ("step_00000030.bak", "step_00000030-old", "step_20_backup"):
+            assert infos[copy].state == "foreign" and "a copy" in (infos[copy].reason or ""), infos[copy]
+        plan = plan_retention(list(infos.values()), rules=RetentionRules(keep_last=1, partial_max_age_s=0),
+                              disk=DiskUsage(100 * GIB, 90 * GIB), protect=set(), now=time.time() + 1e6)
+        assert sorted(d.name for d in plan.deletions) == ["step_00000010"]
