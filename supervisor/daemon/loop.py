@@ -18,6 +18,7 @@ import os
 import queue
 import selectors
 import signal
+import time
 import warnings
 from collections import deque
 from collections.abc import Callable
@@ -206,7 +207,11 @@ class EventLoop:
                         pass
                 except BlockingIOError:
                     pass
+                # A freeze can also land while the loop works (Slurm suspends at any moment; the busiest moment
+                # is a stop's): wall time the dispatch took beyond its own CPU time is time it did not run.
+                began, cpu = self.sys.monotonic(), time.thread_time()
                 self._dispatch()
+                self._thawed(self.sys.monotonic() - began - (time.thread_time() - cpu))
             if self.echo is not None:
                 self.echo.drain()
             return int(self.core.exit_code or 0)
@@ -221,7 +226,8 @@ class EventLoop:
             os.close(self._wfd)
 
     def _thawed(self, late: float) -> None:
-        """The select came back `late` seconds after it was due: this process did not run meanwhile, frozen with its
+        """The select came back `late` seconds after it was due, or a dispatch took `late` seconds of wall time beyond
+        its CPU time: this process did not run meanwhile, frozen with its
         job (Slurm's `scontrol suspend` stops every process of a job, a cgroup freezer, SIGSTOP, a paused VM). That
         was no time of the job's: the hang allowance, stop_timeout_s and the backoff go on where they stood. (The
         loop wakes every second for its ticks, so `late` falls short of the freeze by a second at most.)"""
