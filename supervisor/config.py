@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from supervisor import torchrun_args
 from supervisor.checkpoints import RetentionRules
 from supervisor.contract import (
     ENV_ATTEMPT,
@@ -39,6 +40,7 @@ else:  # pragma: no cover - exercised only on 3.10
 
 __all__ = [
     "Config",
+    "local_tier_nodes_error",
     "JobSection",
     "CheckpointsSection",
     "RestartSection",
@@ -328,16 +330,6 @@ def _root_error(cfg: Config, key: str, given: Path) -> str | None:
     return None
 
 
-def _torchrun_nnodes(command: list[str]) -> str | None:
-    """The value of torchrun's --nnodes in `command`, if it passes one."""
-    for i, arg in enumerate(command):
-        if arg == "--nnodes" and i + 1 < len(command):
-            return command[i + 1]
-        if arg.startswith("--nnodes="):
-            return arg.split("=", 1)[1]
-    return None
-
-
 def _local_tier_error(cfg: Config) -> str | None:
     """Why `[checkpoints] local_dir` cannot be used with this config, or None."""
     local = cfg.checkpoints.local_dir
@@ -347,12 +339,19 @@ def _local_tier_error(cfg: Config) -> str | None:
     if _inside(here, durable) or _inside(durable, here):
         return (f"[checkpoints.local_dir] {local} and [checkpoints.dir] {cfg.checkpoints.dir} overlap: each tier is a "
                 "root of its own, neither inside the other")
-    nnodes = _torchrun_nnodes(cfg.job.command)
-    if nnodes is not None and nnodes not in ("1", "1:1"):
-        return (f"[checkpoints.local_dir] the local tier is for single-node jobs, and this job runs torchrun "
-                f"--nnodes {nnodes}: a resume could pick a step that another node's tier lacks; remove local_dir "
-                "(docs/checkpoints.md, The local tier)")
-    return _root_error(cfg, "local_dir", local)
+    return local_tier_nodes_error(cfg, cfg.job.env) or _root_error(cfg, "local_dir", local)
+
+
+def local_tier_nodes_error(cfg: Config, env: typing.Mapping[str, str]) -> str | None:
+    """Why the local tier is refused to this job run with `env` (torchrun's flag, or PET_NNODES there), or None.
+
+    The config alone knows `[job] env`; `run` asks again with its own environment, which the job inherits."""
+    nnodes = torchrun_args.nnodes(cfg.job.command, env)
+    if cfg.checkpoints.local_dir is None or not torchrun_args.spans_nodes(nnodes):
+        return None
+    return (f"[checkpoints.local_dir] the local tier is for single-node jobs, and this job runs torchrun with "
+            f"--nnodes {nnodes}: a resume could pick a step that another node's tier lacks; remove local_dir "
+            "(docs/checkpoints.md, The local tier)")
 
 
 def _placement_error(cfg: Config) -> str | None:

@@ -117,6 +117,7 @@ def _become(spec: dict[str, Any], fds: list[int]) -> None:
     pdeathsig(0)
     # `ps`, `pgrep -f` and py-spy find the rank by the command a cold rank has (cut to our own argv's length).
     set_title(" ".join([spec["argv0"], *spec["argv"]]))
+    sys.orig_argv = [spec["argv0"], *spec["argv"]]  # what a script re-executing itself (os.execv) must find
 
 
 def _run_script(path: str, main: types.ModuleType) -> None:

@@ -20,7 +20,8 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from supervisor.config import Config
+from supervisor import torchrun_args
+from supervisor.config import Config, local_tier_nodes_error
 from supervisor.errors import CheckpointError, ConfigError
 from supervisor.host.regularfile import open_regular
 
@@ -98,38 +99,6 @@ def _interpreter_problem(program: str) -> str | None:
     return f"its #! interpreter {interpreter} is missing, not a file or not executable"
 
 
-def _is_torchrun(command: Sequence[str]) -> bool:
-    """`torchrun ...`, or `python -m torch.distributed.run ...` (pure)."""
-    if not command:
-        return False
-    if os.path.basename(command[0]) == "torchrun":
-        return True
-    return any(a == "-m" and b == "torch.distributed.run" for a, b in zip(command, command[1:]))
-
-
-def _launcher_args(command: Sequence[str]) -> Sequence[str]:
-    """torchrun's own arguments: after the program (or `-m torch.distributed.run`), before the job's module or script."""
-    start = 1
-    for i, (a, b) in enumerate(zip(command, command[1:])):
-        if a == "-m" and b == "torch.distributed.run":
-            start = i + 2
-            break
-    rest = command[start:]
-    for i, arg in enumerate(rest):
-        if arg in ("-m", "--module") or arg.endswith(".py"):
-            return rest[:i]  # the job's own flags follow: a trainer's --nnodes is not torchrun's
-    return rest
-
-
-def _flag(args: Sequence[str], name: str) -> str | None:
-    """The value of flag `name` in `args` (`--x=v` or `--x v`; `-` and `_` spellings alike), else None."""
-    for i, arg in enumerate(args):
-        key, eq, value = arg.partition("=")
-        if key.replace("_", "-") == name:
-            return value if eq else (args[i + 1] if i + 1 < len(args) else None)
-    return None
-
-
 def rendezvous_key(command: Sequence[str]) -> str | None:
     """The multi-node job a torchrun command joins (its rendezvous), or None for a single-node job (pure).
 
@@ -137,16 +106,13 @@ def rendezvous_key(command: Sequence[str]) -> str | None:
     name the same rendezvous (`--rdzv-endpoint` and `--rdzv-id`, or `--master-addr` and `--master-port`).
     A command with `--nnodes` 1 (or none), or not torchrun at all, is a job of its own.
     """
-    if not _is_torchrun(command):
+    if not torchrun_args.spans_nodes(torchrun_args.nnodes(command, {})):
         return None
-    args = _launcher_args(command)
-    nnodes = _flag(args, "--nnodes")
-    if nnodes is None or nnodes.strip() in ("1", "1:1"):
-        return None
-    endpoint, rdzv_id = _flag(args, "--rdzv-endpoint"), _flag(args, "--rdzv-id")
+    args = torchrun_args.launcher_args(command)
+    endpoint, rdzv_id = torchrun_args.flag(args, "--rdzv-endpoint"), torchrun_args.flag(args, "--rdzv-id")
     if endpoint or (rdzv_id and rdzv_id != "none"):
         return f"rdzv {endpoint or ''} {rdzv_id or 'none'}"
-    addr, port = _flag(args, "--master-addr"), _flag(args, "--master-port")
+    addr, port = torchrun_args.flag(args, "--master-addr"), torchrun_args.flag(args, "--master-port")
     return f"master {addr or '127.0.0.1'}:{port or '29500'}"
 
 
@@ -157,7 +123,7 @@ def command_warnings(command: Sequence[str]) -> list[str]:
     would restart the workers behind the supervisor's back, from no checkpoint the supervisor chose: the
     README says to always pass it; a command without it gets one warning.
     """
-    if not _is_torchrun(command):
+    if not torchrun_args.is_torchrun(command):
         return []
     flags = {a.split("=", 1)[0] for a in command[1:]}
     if flags & {"--max-restarts", "--max_restarts"}:
@@ -253,6 +219,9 @@ def check_setup(cfg: Config) -> None:
         problem = _dir_problem(path)
         if problem:
             raise ConfigError(f"{cfg.path}: [{key}] {problem}")
+    problem = local_tier_nodes_error(cfg, {**os.environ, **cfg.job.env})
+    if problem:
+        raise ConfigError(f"{cfg.path}: {problem}")
     if cfg.checkpoints.dir.is_dir():
         _check_root_layout(cfg)
 

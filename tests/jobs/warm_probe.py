@@ -3,9 +3,9 @@
 Run as a script (`torchrun ... tests/jobs/warm_probe.py OUT`) or a module (`torchrun ... -m tests.jobs.warm_probe
 OUT`, cwd = the repo). Each rank writes `OUT/attempt-<A>-rank-<R>.json` at once: argv, sys.path[0], directory,
 environment, its `__main__`'s globals, its standard streams, session, priority, parent-death signal, threads,
-whether CUDA was initialised, and which of our modules were already imported. Then it beats `train` (so the
-supervisor's idle spare starts its warm workers), and on attempt 1 waits for `OUT/go` and exits 3; on any other
-attempt it exits 0.
+whether CUDA was initialised, which of our modules were already imported, signal dispositions and masks, umask,
+rlimits, sys.orig_argv and open descriptors. Then it beats `train` (so the supervisor's idle spare starts its warm
+workers), and on attempt 1 waits for `OUT/go` and exits 3; on any other attempt it exits 0.
 """
 from __future__ import annotations
 
@@ -56,7 +56,28 @@ def record() -> dict[str, object]:
         "threads": len(os.listdir("/proc/self/task")), "flags": list(sys.flags),
         "cuda_initialized": torch.cuda.is_initialized(), "our_modules_before_main": _SEEN_MODULES,
         "listed_imported": "tests.jobs.marks" in sys.modules or "marks" in sys.modules, "pid": os.getpid(),
-        "cmdline": _cmdline(),
+        "cmdline": _cmdline(), **_extra(),
+    }
+
+
+def _extra() -> dict[str, object]:
+    """What the interpreter and the kernel hold for us beyond the above: signals, umask, limits, argv as started."""
+    import faulthandler
+    import resource
+    import signal
+
+    with open("/proc/self/status") as fh:
+        status = dict(line.split(":\t", 1) for line in fh.read().splitlines() if ":\t" in line)
+    mask = os.umask(0)
+    os.umask(mask)
+    return {
+        "signal_masks": {k: status[k].strip() for k in ("SigBlk", "SigIgn", "SigCgt")}, "umask": mask,
+        "handlers": {s.name: str(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1,
+                                                                signal.SIGPIPE, signal.SIGHUP)},
+        "rlimits": [resource.getrlimit(getattr(resource, n)) for n in sorted(dir(resource)) if n.startswith("RLIMIT_")],
+        "orig_argv": sys.orig_argv, "warnoptions": sys.warnoptions, "faulthandler": faulthandler.is_enabled(),
+        "stdio": [sys.stdout.encoding, sys.stdout.line_buffering, sys.stderr.line_buffering],
+        "fds": sorted(os.listdir("/proc/self/fd")), "excepthook": str(sys.excepthook),
     }
 
 

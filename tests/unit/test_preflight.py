@@ -73,6 +73,18 @@ class TestPaths:
             preflight.make_dirs(cfg)
         assert sorted(os.listdir(tmp_path / "conf")) == ["job.toml"]
 
+    def test_the_local_tier_is_refused_to_a_job_our_environment_puts_on_several_nodes(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """PET_NNODES in the supervisor's environment is torchrun's --nnodes for a job that passes none: no local tier."""
+        (tmp_path / "job.toml").write_text(
+            f"[job]\ncommand = {json.dumps([sys.executable, '-m', 'torch.distributed.run', '-m', 'trainer'])}\n"
+            '[checkpoints]\ndir = "ckpts"\nlocal_dir = "local"\n')
+        cfg = load_config(tmp_path / "job.toml")
+        monkeypatch.setenv("PET_NNODES", "1:2")
+        refused(cfg, "[checkpoints.local_dir]", "single-node", "--nnodes 1:2")
+        monkeypatch.setenv("PET_NNODES", "1")
+        preflight.check_setup(cfg)
+
     def test_usable_paths_are_created(self, tmp_path: Path) -> None:
         """The good case: check passes and make_dirs creates run dir, logs/ and the root."""
         cfg = config(tmp_path, dir=str(tmp_path / "deep" / "er" / "ckpts"))
@@ -154,6 +166,8 @@ class TestRootTooHigh:
       "--master-port=1234", "train.py"], "master 10.0.0.1:1234"),  # static rendezvous
     (["torchrun", "--nnodes=1", "--rdzv-id=x", "-m", "trainer"], None),  # one node: a job of its own
     (["torchrun", "--nproc-per-node=8", "-m", "trainer"], None),
+    (["torchrun", "--nnode", "2", "--rdzv-id=x", "-m", "trainer"], "rdzv  x"),  # abbreviated, as argparse allows
+    (["torchrun", "--nnodes=2", "--nnodes=1", "--rdzv-id=x", "-m", "trainer"], None),  # the last one wins
     (["torchrun", "--standalone", "-m", "trainer", "--nnodes=2", "--rdzv-id=x"], None),  # the trainer's own flags
     (["python", "train.py", "--nnodes=2", "--rdzv-id=x"], None),  # not torchrun
 ])

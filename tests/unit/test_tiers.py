@@ -146,18 +146,30 @@ class TestConfig:
             load_config(write(tmp_path, _with(checkpoints=checkpoints)))
         assert needle in str(ei.value)
 
-    @pytest.mark.parametrize("nnodes", [["--nnodes=2"], ["--nnodes", "1:4"], ["--nnodes=$NNODES"]])
-    def test_a_multi_node_job_is_refused_the_local_tier(self, tmp_path: Path, nnodes: list[str]) -> None:
+    @pytest.mark.parametrize(("nnodes", "env"), [
+        (["--nnodes=2"], ""), (["--nnodes", "1:4"], ""), (["--nnodes=$NNODES"], ""),
+        (["--nnode", "2"], ""), (["--nn=2"], ""),  # abbreviations torchrun's argparse accepts
+        (["--nnodes=1", "--nnodes=2"], ""),  # the last one wins
+        ([], 'PET_NNODES = "2"'),  # torchrun's default for an absent --nnodes
+    ])
+    def test_a_multi_node_job_is_refused_the_local_tier(self, tmp_path: Path, nnodes: list[str], env: str) -> None:
         """torchrun --nnodes other than 1: a resume could pick a step another node's tier lacks; exit 2 says why."""
         command = str(["torchrun", *nnodes, "-m", "trainer"]).replace("'", '"')
+        job = f"env = {{ {env} }}\n" if env else ""
         with pytest.raises(ConfigError) as ei:
-            load_config(write(tmp_path, _with(command=command, checkpoints='dir = "c"\nlocal_dir = "l"')))
+            load_config(write(tmp_path, _with(command=command, job=job, checkpoints='dir = "c"\nlocal_dir = "l"')))
         assert "single-node" in str(ei.value) and ei.value.exit_code == 2
 
-    @pytest.mark.parametrize("nnodes", [[], ["--nnodes=1"], ["--nnodes", "1:1"]])
+    @pytest.mark.parametrize("nnodes", [[], ["--nnodes=1"], ["--nnodes", "1:1"], ["--nnodes=2", "--nnodes=1"]])
     def test_a_single_node_job_may_use_it(self, tmp_path: Path, nnodes: list[str]) -> None:
         """One node (or no --nnodes at all): the tier is first-class."""
         command = str(["torchrun", *nnodes, "-m", "trainer"]).replace("'", '"')
+        cfg = load_config(write(tmp_path, _with(command=command, checkpoints='dir = "c"\nlocal_dir = "l"')))
+        assert cfg.checkpoints.local_dir == tmp_path / "l"
+
+    def test_the_jobs_own_nnodes_flag_is_not_torchruns(self, tmp_path: Path) -> None:
+        """`--nnodes 4` after the job's module is the job's own argument: torchrun runs one node."""
+        command = '["torchrun", "--standalone", "-m", "trainer", "--nnodes", "4"]'
         cfg = load_config(write(tmp_path, _with(command=command, checkpoints='dir = "c"\nlocal_dir = "l"')))
         assert cfg.checkpoints.local_dir == tmp_path / "l"
 
