@@ -143,6 +143,19 @@ class TestLightningLast:
         assert newest_complete(root).name == "epoch=0-step=30.ckpt"
         assert deleted_by(root, keep_last=1) == {"epoch=0-step=10.ckpt"}
 
+    @pytest.mark.parametrize("link", [True, False])
+    def test_the_daemon_resumes_from_the_named_save_not_last_ckpt(self, tmp_path, link):
+        """A pass merges both tiers' lists, and that order ignored aliases: last.ckpt, made after the named save of
+        its step, came first, so `{checkpoint}` passed last.ckpt (seen with Lightning 2.6.6, save_last="link")."""
+        root = lightning_root(tmp_path)
+        time.sleep(0.01)  # last.ckpt is made after the save it repeats
+        if link:
+            os.symlink("epoch=0-step=30.ckpt", root / "last.ckpt")
+        else:
+            copy_last(root, 30)
+        house = housekeeper(tmp_path, root)
+        assert house.run_pass(generation=0, protect=()).newest.name == "epoch=0-step=30.ckpt"
+
     def test_a_torn_last_ckpt_is_said_before_a_launch(self, tmp_path):
         """save_last=True rewrites last.ckpt in place after each named save: a kill then leaves it torn, and
         `ckpt_path="last"` (resume_args = []) fails to load it at every start (seen with Lightning 2.6.6:
