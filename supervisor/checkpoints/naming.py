@@ -6,7 +6,8 @@ The names the store knows (docs/checkpoints.md, "Layouts"):
   trainer's `step_<N>`, torchtitan's `step-<N>`, most user scripts). A number after any other word
   (`backup-20241203`) is not a step;
 - `epoch=1-step=500.ckpt` (Lightning, also with a `-v1` suffix): the step is the number after `step=`,
-  not the epoch;
+  not the epoch; only in a name ending in `.ckpt` (Lightning's `FILE_EXTENSION`): `epoch=1-step=500.ckpt.bak`
+  is someone's copy, and carries no step (ranking.py then finds it a copy);
 - `checkpoint_3` (Accelerate's automatic naming): 3 is a *save ordinal*, not a training step. It ranks
   the folder among its siblings; the step, when known, comes from the folder's contents.
 """
@@ -55,7 +56,7 @@ def name_step(name: str) -> int | None:
         name = name[len(TMP_PREFIX):].rpartition("-")[0]
     if name_ordinal(name) is not None:
         return None
-    lightning = _LIGHTNING_STEP.search(name)
+    lightning = _LIGHTNING_STEP.search(name) if name.endswith(".ckpt") else None
     if lightning:
         return int(lightning.group(1))
     match = _TRAILING_STEP.fullmatch(name)

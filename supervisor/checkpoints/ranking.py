@@ -150,8 +150,11 @@ def _step_without_name(directory: Path) -> int | None:
         return None
     if manifest:
         return manifest.step
-    if lightning.is_lightning_name(directory.name):  # a copied last.ckpt: global_step in its meta.pt
-        return lightning.meta_step(directory)
+    # Lightning's: a copied last.ckpt, a name without `step=` (`ckpt-30.ckpt`), a user's `epoch=0-step=30.ckpt.bak`
+    if lightning.is_lightning_name(directory.name) or os.path.lexists(directory / lightning.META_NAME):
+        step = lightning.meta_step(directory)
+        if step is not None or lightning.is_lightning_name(directory.name):
+            return step
     return sidecar_step(directory)
 
 
@@ -202,8 +205,9 @@ def _with_aliases(found: list[_Candidate]) -> list[_Candidate]:
                if c.step is not None and not c.is_link and not lightning.is_last_name(c.name)}
     out = []
     for c in found:
-        if c.target is not None:
-            c = replace(c, alias_of=c.target if c.target in names else None)
+        if c.target is not None:  # a name without `step=` (`ckpt-30.ckpt`): the step its target has
+            step = c.step if c.step is not None else next((o.step for o in found if o.name == c.target), None)
+            c = replace(c, alias_of=c.target if c.target in names else None, step=step)
         elif lightning.is_last_name(c.name) and not c.is_link and c.step is not None:
             c = replace(c, alias_of=by_step.get(c.step))
         out.append(c)
@@ -329,7 +333,9 @@ class _Judge:
         if twin is not None and self._identify(twin).ours:
             return Shape(FOREIGN_SHAPE, reason=f"a copy of {twin.name} (its step {c.step}, under a name without "
                                                "it): never touched")
-        if c.step in embedded_steps(c.name) and not is_temporary(c.name):  # the trainer's set-aside is its own
+        # The trainer's set-aside is its own; Lightning's names carry what its `filename` template says
+        # (`ckpt-{step}` gives `ckpt-30.ckpt`), and a hand copy does not end in `.ckpt` (`...ckpt.bak`).
+        if c.step in embedded_steps(c.name) and not (is_temporary(c.name) or lightning.is_lightning_name(c.name)):
             return Shape(FOREIGN_SHAPE, reason=f"a copy of a checkpoint of step {c.step} (its name says so): "
                                                "never touched")
         return None

@@ -33,6 +33,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from supervisor.checkpoints.completeness import COMPLETE, FOREIGN, PARTIAL, TORN
+from supervisor.checkpoints.lightning import is_last_name
 from supervisor.checkpoints.ranking import CheckpointInfo, age_order
 
 __all__ = [
@@ -199,6 +200,23 @@ def _unknown_keeps(cps: Sequence[CheckpointInfo], deletions: list[Deletion], rul
         "rotation to save_top_k, or keep_last above save_top_k"))]
 
 
+def _unfinished_pointer(cps: Sequence[CheckpointInfo], settled: bool) -> list[Finding]:
+    """With `settled`: a warning when the last*.ckpt Lightning's `ckpt_path="last"` loads (the most recently
+    modified) is not complete. `save_last=True` rewrites it in place after each named save, so a kill then tears
+    it; it is kept (without it Lightning starts from scratch), and the job will fail to load it."""
+    pointers = [c for c in cps if is_last_name(c.name)]
+    picked = max(pointers, key=lambda c: c.mtime) if settled and pointers else None
+    if picked is None or picked.complete:
+        return []
+    newest = _newest(cps)
+    fallback = (f"the newest complete save is {newest.name}: replace {picked.name} by a copy of it (cp -r), or resume "
+                'with resume_args = ["--ckpt-path", "{checkpoint}"]' if newest else "no complete save to go back to")
+    return [Finding("lightning_last_unfinished", (
+        f'{picked.name} is {picked.state} ({picked.reason}): Lightning\'s ckpt_path="last" loads it and will fail at '
+        f"every start (with save_last=True it is rewritten in place after each save; a kill then tears it); {fallback}"
+        "; save_last=\"link\" leaves no such window"))]
+
+
 def plan_retention(
     checkpoints: Sequence[CheckpointInfo],
     *,
@@ -233,7 +251,7 @@ def plan_retention(
         deletions.append(Deletion(c.path, c.name, reason, c.size_bytes, c.inode))
     freed = sum(d.size_bytes for d in deletions)
     free, total = disk.free_bytes + freed, sum(c.size_bytes for c in cps) - freed
-    findings = _unknown_keeps(cps, deletions, rules)
+    findings = _unknown_keeps(cps, deletions, rules) + _unfinished_pointer(cps, settled)
     by_age = iter([c for c in cps if c.path in kept and c.path not in guards])  # oldest rule-kept first
     while (unmet := _disk_message(free, total, rules)) is not None:
         victim = next(by_age, None)

@@ -31,11 +31,12 @@ __all__ = ["Tier", "TierClaims", "tier_order", "tagged", "merged", "scan_local",
 PathLike = str | os.PathLike[str]
 
 
-def tier_order(c: CheckpointInfo) -> tuple[bool, int, bool, float]:
-    """The ordering across tiers, oldest first: the store's (save ordinal, else step), then local after durable at
-    the same rank (so it comes first newest-first), then mtime."""
+def tier_order(c: CheckpointInfo) -> tuple[bool, int, bool, bool, float]:
+    """The ordering across tiers, oldest first: the store's (save ordinal, else step, then an alias before the save
+    it repeats: ranking.age_order), then local after durable at the same rank (so it comes first newest-first),
+    then mtime."""
     rank = c.ordinal if c.ordinal is not None else c.step
-    return (rank is not None, rank or 0, c.tier == Tier.LOCAL, c.mtime)
+    return (rank is not None, rank or 0, c.alias_of is None, c.tier == Tier.LOCAL, c.mtime)
 
 
 def tagged(infos: Iterable[CheckpointInfo], tier: Tier) -> list[CheckpointInfo]:

@@ -143,6 +143,34 @@ class TestLightningLast:
         assert newest_complete(root).name == "epoch=0-step=30.ckpt"
         assert deleted_by(root, keep_last=1) == {"epoch=0-step=10.ckpt"}
 
+    @pytest.mark.parametrize("link", [True, False])
+    def test_the_daemon_resumes_from_the_named_save_not_last_ckpt(self, tmp_path, link):
+        """A pass merges both tiers' lists, and that order ignored aliases: last.ckpt, made after the named save of
+        its step, came first, so `{checkpoint}` passed last.ckpt (seen with Lightning 2.6.6, save_last="link")."""
+        root = lightning_root(tmp_path)
+        time.sleep(0.01)  # last.ckpt is made after the save it repeats
+        if link:
+            os.symlink("epoch=0-step=30.ckpt", root / "last.ckpt")
+        else:
+            copy_last(root, 30)
+        house = housekeeper(tmp_path, root)
+        assert house.run_pass(generation=0, protect=()).newest.name == "epoch=0-step=30.ckpt"
+
+    def test_a_torn_last_ckpt_is_said_before_a_launch(self, tmp_path):
+        """save_last=True rewrites last.ckpt in place after each named save: a kill then leaves it torn, and
+        `ckpt_path="last"` (resume_args = []) fails to load it at every start (seen with Lightning 2.6.6:
+        CheckpointException). It stays (without it Lightning starts from scratch); the pass before a launch says
+        why the job will fail and what to do, naming the newest complete save."""
+        root = lightning_root(tmp_path)
+        shard = sorted(copy_last(root, 30).glob("*.distcp"))[0]
+        shard.write_bytes(shard.read_bytes()[:3])
+        found = plan_retention(scan(root), rules=RetentionRules(keep_last=1), disk=DISK, now=1e10, settled=True)
+        assert "last.ckpt" not in {d.name for d in found.deletions}
+        said = [f for f in found.findings if f.kind == "lightning_last_unfinished"]
+        assert len(said) == 1 and "last.ckpt" in said[0].message and "epoch=0-step=30.ckpt" in said[0].message
+        running = plan_retention(scan(root), rules=RetentionRules(keep_last=1), disk=DISK, now=1e10)
+        assert not running.findings  # the job is up: Lightning may be rewriting it right now
+
     def test_a_link_out_of_the_root_is_still_invalid(self, tmp_path):
         """A last.ckpt pointing anywhere but a sibling is not followed."""
         root = lightning_root(tmp_path, (10,))
