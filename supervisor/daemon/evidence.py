@@ -69,6 +69,8 @@ def root_cause(error_file: Path | None, job_log: Path | None) -> RootCause:
         text = _read_regular(job_log, _TAIL_BYTES, tail=True)
         if text:
             found = scan_job_output(text.splitlines())
+    if found.exitcode is not None and found.exitcode < 0:
+        return found  # a worker killed by a signal recorded nothing: an error file is a peer's reaction to it
     message = _error_file_message(error_file) if error_file is not None else None
     if message and message.strip():  # what the worker itself recorded beats what we parse from its output
         found.message = message

@@ -38,6 +38,9 @@ LAST_OUTPUT_LINES = 5  # the job's last lines kept with a failure (console, stat
 _MAX_OUTPUT_LINE = 240
 # torch's own log lines (`E1204 20:40:03.630000 14460 torch/distributed/...] failed (exitcode: 2) ...`): the agent's
 _TORCH_LOG = re.compile(r"[DIWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ torch/")
+# A rank's exception that says only that a peer vanished: the consequence of a peer's death, never its cause.
+_PEER_LOST = re.compile(r"by peer|broken pipe|connection (reset|closed|refused)|remote (worker|process)|"
+                        r"communicator was aborted|DistBackendError", re.I)
 _ERROR_WORDS = re.compile(r"error|exception|fail|can't|cannot|not found|no such|denied|abort|fatal|killed|"
                           r"segmentation|refused|timed? ?out|invalid", re.I)
 
@@ -151,6 +154,7 @@ class _OutputScan:
         self._in_root = False
         self._report = False  # inside torchrun's failure report, before its Root Cause block
         self._open: set[str] = set()  # sources inside a traceback, waiting for its exception line
+        self.others: list[tuple[int | None, int | None, int | None]] = []  # the report's other failures
 
     def feed(self, line: str) -> None:
         line = line.rstrip("\r")
@@ -166,7 +170,13 @@ class _OutputScan:
             elif self.exitcode is None and (code := _field(line, "exitcode")) is not None:
                 self.exitcode = code
             return
-        if self._report or _TORCH_LOG.match(line):
+        if self._report:
+            if (rank := _field(line, "rank")) is not None:
+                self.others.append((rank, _local_rank(line), None))
+            elif self.others and self.others[-1][2] is None and (code := _field(line, "exitcode")) is not None:
+                self.others[-1] = (*self.others[-1][:2], code)
+            return
+        if _TORCH_LOG.match(line):
             return
         source, rank, body = _split_prefix(line)
         if body == _TRACEBACK:
@@ -219,7 +229,21 @@ def scan_job_output(lines: Iterable[str]) -> RootCause:
     scan = _OutputScan()
     for line in lines:
         scan.feed(line)
-    return RootCause(scan.rank, scan.exitcode, scan.worker_exception(), scan.last_output())
+    message = scan.worker_exception()
+    killed = _killed_peer(scan, message)
+    if killed is not None:
+        return RootCause(killed[0], killed[2], None, scan.last_output())
+    return RootCause(scan.rank, scan.exitcode, message, scan.last_output())
+
+
+def _killed_peer(scan: _OutputScan, message: str | None) -> tuple[int | None, int | None, int | None] | None:
+    """A rank of the report's other failures killed by a signal, when torchrun's root cause is a rank whose only
+    error is that its peer vanished. torchrun names as root cause the failure with the earliest time, and a raising
+    rank's error file is dated when it raised, a killed one's when the agent saw it: the rank SIGKILLed first can
+    come second (a real sample: tests/data/torchrun_peer_reset_first.log)."""
+    if scan.exitcode is None or scan.exitcode < 0 or not (message and _PEER_LOST.search(message)):
+        return None
+    return next((f for f in scan.others if f[2] is not None and f[2] < 0), None)
 
 
 def _agent_relayed_stop(returncode: int, cause: RootCause | None) -> bool:

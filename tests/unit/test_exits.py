@@ -12,6 +12,9 @@ quarantines_nothing) loading a torn step-10: torch prints each rank's uncaught e
 dcp's CheckpointException message embeds the ranks' own tracebacks. None of them had an error file (no `@record`).
 torchrun_peer_killed.log is the reference trainer under torchrun (2 ranks, gloo) whose rank 1 was SIGKILLed
 mid-training: rank 0's all_reduce raised "Connection reset by peer" (paths shortened, training lines left out).
+torchrun_peer_reset_first.log is the same kill from the setup matrix (tests/integration/test_matrix.py): there rank 0's
+"Connection reset by peer" error file was dated a second before the agent saw rank 1's SIGKILL, so torchrun named
+rank 0 its root cause and listed rank 1 under "Failures".
 torchrun_no_traceback.log is a prewarmed `torchrun --nproc-per-node=1 x.py` whose x.py does not exist: the worker's
 Python prints one line and no traceback (paths shortened).
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -29,6 +33,7 @@ from hypothesis import strategies as st
 
 from supervisor.daemon.evidence import read_oom_kills, root_cause
 from supervisor.policy.exits import RootCause, classify_exit
+from supervisor.policy.state import ExitReason
 
 DATA = Path(__file__).parents[1] / "data"
 OOM = "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
@@ -141,6 +146,25 @@ class TestWorkerException:
         cause = root_cause(None, DATA / "torchrun_peer_killed.log")
         assert cause.describe() == "rank 1: exitcode -9 (SIGKILL)"
         assert any("Connection reset by peer" in line for line in cause.last_output)  # still shown as the last lines
+
+    def test_a_killed_rank_listed_after_its_peers_reaction_is_still_the_cause(self, tmp_path: Path) -> None:
+        """torchrun's root cause is the earliest failure by time, and rank 0's error file was dated before the agent
+        saw rank 1's SIGKILL: the killed rank is the cause all the same, and rank 0's error file is not its message."""
+        err = tmp_path / "e.json"
+        err.write_text(json.dumps({"message": {"message": "RuntimeError: Read error: Connection reset by peer",
+                                               "extraInfo": {}}}))
+        for error_file in (None, err):
+            cause = root_cause(error_file, DATA / "torchrun_peer_reset_first.log")
+            assert cause.describe() == "rank 1: exitcode -9 (SIGKILL)"
+        info = classify_exit(1, at=0.0, cause=cause)
+        assert info.reason == ExitReason.SIGNAL
+
+    def test_a_raising_root_cause_is_kept_beside_a_killed_rank(self, tmp_path: Path) -> None:
+        """A root cause with an error of its own (not a lost peer) stays the cause, whatever else failed."""
+        text = re.sub(r"RuntimeError: .*", "RuntimeError: bad shape", (DATA / "torchrun_peer_reset_first.log").read_text())
+        log = tmp_path / "a.log"
+        log.write_text(text)
+        assert root_cause(None, log).describe() == "rank 0: exitcode 1: RuntimeError: bad shape"
 
     def test_filtered_output_names_no_agent_exception(self) -> None:
         """The failing rank's lines were filtered out: rank and code only, never torchrun's own traceback."""
