@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --progress-bar on -e '.[dev]'   # dev includes the trainer extra (torch, numpy, safetensors, tqdm)
 	touch $(STAMP)
 
-test: lint  # tests/unit, tests/integration and tests/clients' reproductions (the real clients skip without their venv; tests/slurm skips: make test-slurm)
+test: lint  # tests/unit, tests/integration and tests/clients' reproductions (tests marked clients skip: make test-clients; tests/slurm skips: make test-slurm)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -ra tests
 
 lint: $(STAMP)

@@ -32,8 +32,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Mark everything under tests/integration/ `integration`; refuse a test outside the tiers or marked against its
     folder (a test under tests/unit/ that says `integration` belongs in tests/integration/)."""
     wrong = []
+    opted_in = "clients" in (config.getoption("markexpr", "") or "")
     for item in items:
         path = Path(item.path).resolve()
+        if path.is_relative_to(CLIENTS) and item.get_closest_marker("clients") is not None and not opted_in:
+            item.add_marker(pytest.mark.skip(reason="real-client tier: run `make test-clients`"))
         if path.is_relative_to(INTEGRATION):
             item.add_marker(pytest.mark.integration)
             if item.get_closest_marker("integration") is None:
