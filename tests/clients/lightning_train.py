@@ -64,6 +64,22 @@ class Heartbeat(Callback):
             os.replace(tmp, self.path)
 
 
+class Hold(Callback):
+    """Before training the step after each of `steps`, wait until `release-<step>` exists in `folder`: the test
+    acts on a save (cuts it, kills a rank) while the job cannot move on to the next one, however loaded the
+    machine (a job that trained on past the next save made the test's kill land too late)."""
+
+    def __init__(self, steps: list[int], folder: str | None) -> None:
+        self.steps, self.folder = set(steps), folder
+
+    def on_train_batch_start(self, trainer: pl.Trainer, module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if self.folder and trainer.global_step in self.steps:
+            release = os.path.join(self.folder, f"release-{trainer.global_step}")
+            while not os.path.exists(release):
+                time.sleep(0.05)
+
+
 class Resumed(Callback):
     def on_train_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         if trainer.ckpt_path and trainer.is_global_zero:
@@ -80,6 +96,8 @@ def main() -> None:
     p.add_argument("--save-last", default="true", choices=["true", "link", "false"])
     p.add_argument("--ckpt-path", default="last", help='"last" (Lightning picks), a path, or "none"')
     p.add_argument("--step-s", type=float, default=0.0)
+    p.add_argument("--hold-at", type=int, action="append", default=[], help="wait after this step (and its save)")
+    p.add_argument("--hold-dir", default=None, help="where the test puts release-<step> to end a --hold-at")
     a = p.parse_args()
     pl.seed_everything(0, verbose=False)
     n = a.save_every * BATCH * WORLD  # one epoch = --save-every steps on each rank
@@ -89,7 +107,8 @@ def main() -> None:
     checkpoint = ModelCheckpoint(dirpath=a.ckpt_dir, every_n_train_steps=a.save_every, save_top_k=a.top_k,
                                  monitor=a.metric, save_last=save_last, save_on_exception=True)
     trainer = pl.Trainer(accelerator="cpu", devices=WORLD, strategy=FSDPStrategy(state_dict_type="sharded"),
-                         max_steps=a.steps, callbacks=[checkpoint, Heartbeat(), Resumed()], logger=False,
+                         max_steps=a.steps, callbacks=[checkpoint, Heartbeat(), Resumed(), Hold(a.hold_at, a.hold_dir)],
+                         logger=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
     trainer.fit(Tiny(a.step_s), loader, ckpt_path=None if a.ckpt_path == "none" else a.ckpt_path)
 

@@ -146,12 +146,16 @@ def test_lightning_resumes_from_the_supervisors_pick(supervisors: Supervisors, t
     """resume_args = ["--ckpt-path", "{checkpoint}"], save_last="link", save_top_k=-1: kill after step 10 -> the
     named step-10 save; the step-15 save without its meta.pt (cut before Lightning's last write), kill -> step 10
     again; last.ckpt is listed as an alias of the save it links to."""
+    holds = tmp_path / "holds"  # the job waits after steps 10 and 15 until the test releases it
+    holds.mkdir()
     job = lightning_job(supervisors, tmp_path, ["--ckpt-path", "{checkpoint}"],
-                        ["--top-k", "-1", "--save-last", "link"], "keep_last = 3\n")
+                        ["--top-k", "-1", "--save-last", "link", "--hold-at", "10", "--hold-at", "15",
+                         "--hold-dir", str(holds)], "keep_last = 3\n")
     root = job.checkpoint_dir
     job.start()
     job.wait_for(lambda: saved_step(root / "epoch=1-step=10.ckpt") == 10, RUN_TIMEOUT, "the step-10 save")
     job.kill_rank(1)
+    (holds / "release-10").touch()
     step10 = str(root / "epoch=1-step=10.ckpt")
     started = job.wait_for(lambda: len(job.events("job_started")) >= 2 and job.events("job_started"), RUN_TIMEOUT,
                            "attempt 2")
@@ -159,6 +163,7 @@ def test_lightning_resumes_from_the_supervisors_pick(supervisors: Supervisors, t
     job.wait_for(lambda: saved_step(root / "epoch=2-step=15.ckpt") == 15, RUN_TIMEOUT, "attempt 2's step-15 save")
     (root / "epoch=2-step=15.ckpt" / "meta.pt").unlink()  # as a kill between the DCP files and meta.pt leaves it
     job.kill_rank(1)
+    (holds / "release-15").touch()
     assert job.wait_exit(RUN_TIMEOUT) == 0, job.tails()
     started = job.events("job_started")
     assert [e["argv"][-2:] for e in started[1:]] == [["--ckpt-path", step10]] * 2, job.tails()
