@@ -28,6 +28,7 @@ from supervisor.checkpoints import newest_complete
 from supervisor.checkpoints.naming import name_step
 from supervisor.contract import HEARTBEAT_FILE, Beat, parse_heartbeat
 from supervisor.errors import CheckpointError
+from supervisor.host.spares import handed_ranks
 from tests.helpers import TAG_ENV, Launcher, wait_for
 from tests.supervise import Supervisors
 
@@ -175,10 +176,13 @@ class RunDir:
             return None
 
     def worker(self, rank: int) -> psutil.Process | None:
+        """The job's worker of `rank`: by RANK in its environment, or (a warm rank, whose /proc environment is the
+        one it was started with) by the spare's hand-off line."""
         agent = self.job()
+        handed = handed_ranks(self.run_dir / "logs")
         try:
             for w in agent.children() if agent else []:
-                if w.environ().get("RANK") == str(rank):
+                if w.environ().get("RANK") == str(rank) or handed.get(w.pid) == rank:
                     return w
         except psutil.Error:
             return None

@@ -22,7 +22,6 @@ process now sends SIGKILL; cutting the emergency save short would only lose it.
 """
 from __future__ import annotations
 
-import faulthandler
 import os
 import signal
 import sys
@@ -30,6 +29,8 @@ import time
 from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any
+
+from trainer.stackdump import StackDump
 
 __all__ = ["GracefulStop"]
 
@@ -58,6 +59,7 @@ class GracefulStop:
         self.signum: int | None = None
         self._first_at = 0.0
         self._previous: dict[int, Any] = {}
+        self._dump: StackDump | None = None
 
     @property
     def requested(self) -> bool:
@@ -68,7 +70,7 @@ class GracefulStop:
         """Take over the stop signals and make SIGUSR1 dump all thread stacks (main thread only)."""
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self.handle)
-        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
+        self._dump = StackDump().install()  # SIGUSR1: every thread's stack, safely (trainer/stackdump.py)
         return self
 
     def uninstall(self) -> None:
@@ -76,7 +78,9 @@ class GracefulStop:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
-        faulthandler.unregister(signal.SIGUSR1)
+        if self._dump is not None:
+            self._dump.uninstall()
+            self._dump = None
 
     def handle(self, signum: int, frame: FrameType | None = None) -> None:
         """Signal handler: the first signal sets the flag; a later SIGINT exits at once, a SIGTERM never."""

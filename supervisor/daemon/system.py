@@ -21,7 +21,7 @@ from supervisor.daemon.evidence import read_oom_kills
 from supervisor.daemon.timers import Timers
 from supervisor.host import procs
 from supervisor.host.signals import STOP_SIGNALS
-from supervisor.host.spares import Prewarmer
+from supervisor.host.spares import Prewarmer, handed_ranks
 
 __all__ = ["System", "LoopSystem", "RealSystem"]
 
@@ -161,7 +161,8 @@ class RealSystem:
         return procs.signal_catchers(pid, sig)
 
     def worker_states(self, pid: int) -> dict[int, tuple[int, str]]:
-        return procs.worker_states(pid)
+        log_dir = self.prewarmer.log_dir if self.prewarmer is not None else None
+        return procs.worker_states(pid, handed_ranks(log_dir) if log_dir is not None else {})
 
     def kill_job_tree(self, pid: int) -> list[tuple[int, str]]:
         try:

@@ -144,10 +144,11 @@ def signal_catchers(pid: int, sig: int) -> list[int]:
     return sent
 
 
-def worker_states(pid: int) -> dict[int, tuple[int, str]]:
+def worker_states(pid: int, handed: Mapping[int, int] | None = None) -> dict[int, tuple[int, str]]:
     """torchrun's workers (the direct children of `pid`) by the `RANK` in their environment: (pid, psutil status).
 
-    A child without a readable RANK (not a torchrun worker, or gone) is left out.
+    A warm worker's environment shows no RANK (it took the rank's over in-process): `handed` (pid -> rank, from
+    the spare's log: spares.handed_ranks) names it. A child with neither (not a torchrun worker, or gone) is left out.
     """
     try:
         kids = psutil.Process(pid).children()
@@ -159,6 +160,8 @@ def worker_states(pid: int) -> dict[int, tuple[int, str]]:
             rank = k.environ().get("RANK", "")
             if rank.isdecimal() and len(rank) <= 7:
                 out[int(rank)] = (k.pid, k.status())
+            elif handed and k.pid in handed:
+                out[handed[k.pid]] = (k.pid, k.status())
         except psutil.Error:
             continue
     return out

@@ -15,10 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos import CONFIG, ChaosRun, chaos_seeds, job_config, reference
+from tests.chaos import CONFIG, TORCHRUN, ChaosRun, chaos_seeds, job_config, reference, train_args
 from tests.chaos_faults import plan, prepare_planted, strike
+from tests.helpers import HOOKED_ENTRY
+from tests.jobs.hooked_trainer import SLOW_RANK_ENV, SLOW_S_ENV
 from tests.matrix_checks import assert_promises_kept
 from tests.supervise import Supervisors, supervisors  # noqa: F401
+
+SLOW_S = 0.15
 
 
 @pytest.mark.timeout(900)  # the first seed also pays for the reference run; both are slower on a busy machine
@@ -27,7 +31,11 @@ def test_seeded_faults_in_one_run_end_bit_identical(seed: int, tmp_path: Path, s
                                                    tmp_path_factory: pytest.TempPathFactory) -> None:
     """Four seeded faults in one supervised run: it finishes, bit-identical, with every invariant held."""
     ref = reference(tmp_path_factory.getbasetemp())
-    c = ChaosRun(tmp_path, supervisors, seed, job_config(tmp_path, CONFIG))
+    # Rank 0 takes SLOW_S more a step: with warm workers a relaunch takes a second on a quiet machine, and the
+    # job ran to its end before the next fault found a worker to kill.
+    command = [*TORCHRUN, str(HOOKED_ENTRY), *train_args(str(tmp_path / "ckpts"))[2:]]
+    config = job_config(tmp_path, CONFIG, command=command, env={SLOW_RANK_ENV: "0", SLOW_S_ENV: str(SLOW_S)})
+    c = ChaosRun(tmp_path, supervisors, seed, config)
     faults = plan(c.rng, prepare_planted(tmp_path / "stage", ref.ckpts))
     c.say(f"seed {seed} (rerun: FSDP_CHAOS_SEED={seed}); plan: {', '.join(map(str, faults))}")
     rc, out = strike(c, [(fault.name, fault) for fault in faults])

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from supervisor.contract import ENV_RUN_DIR, ENV_RUN_TOKEN
-from supervisor.host.procs import find_orphans, signal_catchers, stop_processes
+from supervisor.host.procs import find_orphans, signal_catchers, stop_processes, worker_states
 from tests.helpers import TAG_ENV, assert_no_orphans
 
 TOKEN = "0123456789abcdef" * 2
@@ -139,3 +139,16 @@ class TestStackDumpSignal:
         finally:
             os.killpg(p.pid, signal.SIGKILL)  # the whole tree: it leads its own session
             p.wait()
+
+
+class TestWorkerStates:
+    def test_a_warm_rank_is_named_by_its_handoff_not_its_environment(self) -> None:
+        """A warm worker's /proc environment holds no RANK: the spare's hand-off names it; without it, nobody."""
+        env = {k: v for k, v in os.environ.items() if k != "RANK"}
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+        try:
+            assert child.pid not in {pid for pid, _ in worker_states(os.getpid()).values()}
+            assert worker_states(os.getpid(), {child.pid: 1})[1][0] == child.pid
+        finally:
+            child.kill()
+            child.wait()

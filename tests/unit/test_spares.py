@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.host.spares import SPARE_SCRIPT, Plan, is_spare_cmdline, plan
+from supervisor.host.spares import PREWARM_LOG, SPARE_SCRIPT, Plan, handed_ranks, is_spare_cmdline, plan
 
 
 def _script(path: Path, text: str) -> Path:
@@ -51,3 +51,18 @@ class TestPlan:
         """A spare's argv (kept after it became a job) is recognised; a job's own argv is not."""
         assert is_spare_cmdline([sys.executable, str(SPARE_SCRIPT), "123"])
         assert not is_spare_cmdline([sys.executable, "-m", "torch.distributed.run", "x.py"])
+
+
+class TestHandedRanks:
+    def test_the_spares_handoff_lines_name_warm_ranks(self, tmp_path: Path) -> None:
+        """A warm rank's /proc environment has no RANK: the spare's log names it; the latest line for a pid wins."""
+        (tmp_path / PREWARM_LOG).write_bytes(
+            b"event=prewarm_ready pid=10 import_s=1.2\n"
+            b"event=warm_handoff pid=11 local_rank=0 rank=0\n"
+            b"event=warm_handoff pid=12 local_rank=1 rank=1\n"
+            b"garbage event=warm_handoff pid=13 local_rank=1 rank=9\n"
+            b"event=warm_handoff pid=11 local_rank=1 rank=3\n")
+        assert handed_ranks(tmp_path) == {11: 3, 12: 1}
+
+    def test_no_log_no_ranks(self, tmp_path: Path) -> None:
+        assert handed_ranks(tmp_path) == {}
