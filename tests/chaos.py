@@ -179,7 +179,8 @@ class RunDir:
         """The job's worker of `rank`: by RANK in its environment, or (a warm rank, whose /proc environment is the
         one it was started with) by the spare's hand-off line."""
         agent = self.job()
-        handed = handed_ranks(self.run_dir / "logs")
+        logs = sorted((self.run_dir / "logs").glob("attempt-*.log"))
+        handed = handed_ranks(logs[-1]) if logs else {}
         try:
             for w in agent.children() if agent else []:
                 if w.environ().get("RANK") == str(rank) or handed.get(w.pid) == rank:
@@ -346,19 +347,19 @@ class ChaosRun:
     def strays(self) -> list[str]:
         """Live processes of this test that are neither the supervisor nor its descendants (should be none)."""
         assert self.proc is not None
+        tagged = []
+        for p in psutil.process_iter(["pid", "name"]):
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(TAG_ENV) == self.supervisors.tag:
+                    tagged.append(p)
+            except psutil.Error:
+                continue
+        # The tree after the scan: a process started meanwhile (a spare's new warm worker) is in it by now.
         try:
             mine = {self.proc.pid, *(p.pid for p in psutil.Process(self.proc.pid).children(recursive=True))}
         except psutil.Error:
             mine = set()
-        found = []
-        for p in psutil.process_iter(["pid", "name"]):
-            try:
-                if p.pid not in mine and p.status() != psutil.STATUS_ZOMBIE \
-                        and p.environ().get(TAG_ENV) == self.supervisors.tag:
-                    found.append(f"{p.pid}:{p.info['name']}")
-            except psutil.Error:
-                continue
-        return found
+        return [f"{p.pid}:{p.info['name']}" for p in tagged if p.pid not in mine and p.is_running()]
 
     def finish(self, timeout: float = TIMEOUT) -> tuple[int, str]:
         assert self.proc is not None

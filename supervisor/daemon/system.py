@@ -83,6 +83,7 @@ class RealSystem:
             self.prewarmer: Prewarmer | None = Prewarmer(get_logger(), workers=warm_workers, modules=warm_modules)
         else:
             self.prewarmer = None
+        self._job_log: Path | None = None
         self.waker: Callable[[], None] = lambda: None  # set by the event loop: wakes its select()
         self._finished: queue.SimpleQueue[tuple[Callable[[Any], None], Any]] = queue.SimpleQueue()
 
@@ -118,6 +119,7 @@ class RealSystem:
 
     def spawn(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_path: Path | None) -> tuple[int, float]:
         # A spare opens the attempt log itself: without one (an unwritable run dir) the launch goes cold.
+        self._job_log = log_path  # where a warm agent says which worker took which rank (worker_states)
         warm = self.prewarmer.launch(argv, cwd=cwd, env=env, log_path=log_path) if self.prewarmer and log_path else None
         p = warm or procs.spawn(argv, cwd=cwd, env=env, log_path=log_path)
         self._popen[p.pid] = p
@@ -161,8 +163,8 @@ class RealSystem:
         return procs.signal_catchers(pid, sig)
 
     def worker_states(self, pid: int) -> dict[int, tuple[int, str]]:
-        log_dir = self.prewarmer.log_dir if self.prewarmer is not None else None
-        return procs.worker_states(pid, handed_ranks(log_dir) if log_dir is not None else {})
+        warm = self.prewarmer is not None and self._job_log is not None
+        return procs.worker_states(pid, handed_ranks(self._job_log) if warm and self._job_log else {})
 
     def kill_job_tree(self, pid: int) -> list[tuple[int, str]]:
         try:

@@ -48,7 +48,7 @@ VOLATILE_ENV = frozenset({ENV_ATTEMPT, ENV_ERROR_FILE})
 _MODULE = "torch.distributed.run"
 _CONSOLE_MARK = b"from torch.distributed.run import main"
 _HANDOFF = re.compile(rb"^event=warm_handoff pid=(\d+) local_rank=\S+ rank=(\d+)$", re.M)
-_HANDOFF_TAIL = 1 << 16
+_HANDOFF_HEAD = 1 << 16
 HANDOFF_NOTE = "a torchrun agent started ahead, torch already imported, runs this attempt (ps: torchrun ...)"
 _MAX_SPEC_BYTES = 60_000  # stays below a pipe's buffer: the hand-off never blocks the event loop
 
@@ -117,18 +117,18 @@ class _Spare:
     started: float
 
 
-def handed_ranks(log_dir: Path) -> dict[int, int]:
-    """pid -> rank of the warm workers the spares handed ranks to (their `event=warm_handoff` lines in prewarm.log).
+def handed_ranks(job_log: Path) -> dict[int, int]:
+    """pid -> rank of the warm workers an agent handed its ranks to: its `event=warm_handoff` lines, at the head
+    of the attempt's log (the agent writes them as its round starts).
 
     A warm rank took its environment over in-process: /proc/PID/environ still shows the one it was started with,
     without torchrun's RANK, so the job's workers are named by these lines instead (the latest for a pid wins)."""
     try:
-        with open(log_dir / PREWARM_LOG, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - _HANDOFF_TAIL))
-            tail = f.read(_HANDOFF_TAIL)
+        with open(job_log, "rb") as f:
+            head = f.read(_HANDOFF_HEAD)
     except OSError:
         return {}
-    return {int(pid): int(rank) for pid, rank in _HANDOFF.findall(tail)}
+    return {int(pid): int(rank) for pid, rank in _HANDOFF.findall(head)}
 
 
 class Prewarmer:
@@ -138,7 +138,6 @@ class Prewarmer:
         self.log = log  # the daemon's structlog logger (host/ knows nothing of how logs are rendered)
         self.workers, self.modules = workers, list(modules)
         self._spare: _Spare | None = None
-        self.log_dir: Path | None = None  # where prewarm.log is (handed_ranks)
 
     def launch(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str],
                log_path: Path) -> subprocess.Popen[bytes] | None:
@@ -189,7 +188,6 @@ class Prewarmer:
 
     def _start(self, p: Plan, *, cwd: Path, env: Mapping[str, str], log_dir: Path) -> _Spare | None:
         log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.log_dir = log_dir
         try:
             with open(joblog.open_log(log_dir / PREWARM_LOG), "ab", buffering=0) as out:
                 proc = subprocess.Popen(

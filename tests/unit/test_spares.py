@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.host.spares import PREWARM_LOG, SPARE_SCRIPT, Plan, handed_ranks, is_spare_cmdline, plan
+from supervisor.host.spares import SPARE_SCRIPT, Plan, handed_ranks, is_spare_cmdline, plan
 
 
 def _script(path: Path, text: str) -> Path:
@@ -56,13 +56,13 @@ class TestPlan:
 class TestHandedRanks:
     def test_the_spares_handoff_lines_name_warm_ranks(self, tmp_path: Path) -> None:
         """A warm rank's /proc environment has no RANK: the spare's log names it; the latest line for a pid wins."""
-        (tmp_path / PREWARM_LOG).write_bytes(
+        (tmp_path / "attempt-0002.log").write_bytes(
             b"event=prewarm_ready pid=10 import_s=1.2\n"
             b"event=warm_handoff pid=11 local_rank=0 rank=0\n"
             b"event=warm_handoff pid=12 local_rank=1 rank=1\n"
             b"garbage event=warm_handoff pid=13 local_rank=1 rank=9\n"
             b"event=warm_handoff pid=11 local_rank=1 rank=3\n")
-        assert handed_ranks(tmp_path) == {11: 3, 12: 1}
+        assert handed_ranks(tmp_path / "attempt-0002.log") == {11: 3, 12: 1}
 
     def test_no_log_no_ranks(self, tmp_path: Path) -> None:
-        assert handed_ranks(tmp_path) == {}
+        assert handed_ranks(tmp_path / "attempt-0001.log") == {}
