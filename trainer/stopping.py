@@ -22,6 +22,7 @@ process now sends SIGKILL; cutting the emergency save short would only lose it.
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import sys
@@ -29,8 +30,6 @@ import time
 from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any
-
-from trainer.stackdump import StackDump
 
 __all__ = ["GracefulStop"]
 
@@ -59,7 +58,6 @@ class GracefulStop:
         self.signum: int | None = None
         self._first_at = 0.0
         self._previous: dict[int, Any] = {}
-        self._dump: StackDump | None = None
 
     @property
     def requested(self) -> bool:
@@ -70,7 +68,12 @@ class GracefulStop:
         """Take over the stop signals and make SIGUSR1 dump all thread stacks (main thread only)."""
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self.handle)
-        self._dump = StackDump().install()  # SIGUSR1: every thread's stack, safely (trainer/stackdump.py)
+        # faulthandler writes from the signal handler itself: a rank stuck in a collective, or holding the GIL in C
+        # code, still dumps, and so do forked children (DataLoader workers). Walking the other threads' frames while
+        # they run can crash the process (seen once: SIGSEGV with an async save thread mid-call); a dump thread
+        # holding the GIL was tried and dropped (it lost dumps to threads started before install() and in forked
+        # children, and left SIGUSR1 blocked in every child process): docs/trainer.md.
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
         return self
 
     def uninstall(self) -> None:
@@ -78,9 +81,7 @@ class GracefulStop:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
-        if self._dump is not None:
-            self._dump.uninstall()
-            self._dump = None
+        faulthandler.unregister(signal.SIGUSR1)
 
     def handle(self, signum: int, frame: FrameType | None = None) -> None:
         """Signal handler: the first signal sets the flag; a later SIGINT exits at once, a SIGTERM never."""

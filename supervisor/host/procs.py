@@ -147,8 +147,9 @@ def signal_catchers(pid: int, sig: int) -> list[int]:
 def worker_states(pid: int, handed: Mapping[int, int] | None = None) -> dict[int, tuple[int, str]]:
     """torchrun's workers (the direct children of `pid`) by the `RANK` in their environment: (pid, psutil status).
 
-    A warm worker's environment shows no RANK (it took the rank's over in-process): `handed` (pid -> rank, from
-    the spare's log: spares.handed_ranks) names it. A child with neither (not a torchrun worker, or gone) is left out.
+    A warm worker's environment shows no RANK, or the one it inherited (it took the rank's over in-process):
+    `handed` (pid -> rank, the agent's hand-off lines: spares.handed_ranks) names it first. A child with neither
+    (not a torchrun worker, or gone) is left out.
     """
     try:
         kids = psutil.Process(pid).children()
@@ -157,11 +158,12 @@ def worker_states(pid: int, handed: Mapping[int, int] | None = None) -> dict[int
     out: dict[int, tuple[int, str]] = {}
     for k in kids:
         try:
+            if handed and k.pid in handed:  # first: a warm rank's environment may hold a stale RANK of ours
+                out[handed[k.pid]] = (k.pid, k.status())
+                continue
             rank = k.environ().get("RANK", "")
             if rank.isdecimal() and len(rank) <= 7:
                 out[int(rank)] = (k.pid, k.status())
-            elif handed and k.pid in handed:
-                out[handed[k.pid]] = (k.pid, k.status())
         except psutil.Error:
             continue
     return out

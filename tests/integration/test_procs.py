@@ -152,3 +152,13 @@ class TestWorkerStates:
         finally:
             child.kill()
             child.wait()
+
+    def test_the_handoff_beats_a_stale_rank_in_the_environment(self) -> None:
+        """A supervisor run with RANK set passes it to the warm workers: the hand-off line still names each."""
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, "RANK": "0"})
+        try:
+            assert worker_states(os.getpid())[0][0] == child.pid
+            assert {rank: pid for rank, (pid, _) in worker_states(os.getpid(), {child.pid: 1}).items()} == {1: child.pid}
+        finally:
+            child.kill()
+            child.wait()
