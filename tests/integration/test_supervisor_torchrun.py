@@ -16,6 +16,8 @@ import psutil
 import pytest
 
 from supervisor.checkpoints import newest_complete, scan
+from tests.helpers import HOOKED_ENTRY
+from tests.jobs.hooked_trainer import HOLD_TRAIN_STEP_ENV, HOLD_TRAIN_UNTIL_ENV
 from tests.supervise import Supervisors, cli, stop, supervisors, wait_for, write_config  # noqa: F401
 
 STEPS, SAVE_EVERY, SEED = 40, 5, 3
@@ -120,11 +122,22 @@ class TestStopAndResume:
     def test_sigint_emergency_checkpoint_then_next_run_resumes(self, tmp_path: Path, supervisors: Supervisors,
                                                                 reference: dict) -> None:
         """SIGINT: the job saves the current step, the supervisor exits 0 'stopped'; the next run resumes there."""
-        cfg = write_config(tmp_path, TORCHRUN + TRAIN, FAST)
+        # The job holds after step 8 until the stop is under way: on a quiet machine the remaining steps take about
+        # a second, and the SIGINT landed after the last one (nothing left to stop).
+        held, go = 8, tmp_path / "go"
+        cfg = write_config(tmp_path, [*TORCHRUN, str(HOOKED_ENTRY), *TRAIN[2:]], FAST)
+        cfg.write_text(cfg.read_text().replace('env = { OMP_NUM_THREADS = "1" }', (
+            f'env = {{ OMP_NUM_THREADS = "1", {HOLD_TRAIN_STEP_ENV} = "{held}", '
+            f'{HOLD_TRAIN_UNTIL_ENV} = {json.dumps(str(go))} }}')))
         p = supervisors.start(cfg)
-        wait_for(lambda: (state(tmp_path).get("step") or 0) >= 7 and state(tmp_path).get("phase") == "train",
-                 TIMEOUT, "step 7")
-        rc, out = stop(p, signal.SIGINT, timeout=120)
+        wait_for(lambda: (state(tmp_path).get("step") or 0) >= 1 and state(tmp_path).get("phase") == "train",
+                 TIMEOUT, "training")  # the heartbeat is throttled to once a second: held at 8, it may say 1
+        p.send_signal(signal.SIGINT)
+        log_path = tmp_path / ".fsdp-supervisor" / "supervisor.log"
+        wait_for(lambda: '"stopping"' in log_path.read_text(), 60, "the stop")
+        go.with_name(f"go.{held}").touch()
+        out, _ = p.communicate(timeout=120)
+        rc = p.returncode
         assert rc == 0, out[-3000:]
         st = state(tmp_path)
         assert st["state"] == "stopped" and st["restarts"] == 0
