@@ -163,8 +163,8 @@ class RealSystem:
         return procs.signal_catchers(pid, sig)
 
     def worker_states(self, pid: int) -> dict[int, tuple[int, str]]:
-        warm = self.prewarmer is not None and self._job_log is not None
-        return procs.worker_states(pid, handed_ranks(self._job_log) if warm and self._job_log else {})
+        log = self._job_log if self.prewarmer is not None else None  # read on a hang only, not on a clock
+        return procs.worker_states(pid, handed_ranks(log) if log is not None else {})
 
     def kill_job_tree(self, pid: int) -> list[tuple[int, str]]:
         try:
