@@ -47,6 +47,7 @@ __all__ = [
     "MANIFEST_FORMAT",
     "MAX_MANIFEST_BYTES",
     "Manifest",
+    "CHECKSUM_ALGORITHM",
     "parse_manifest",
     "manifest_record",
 ]
@@ -204,6 +205,8 @@ class Manifest:
     files: dict[str, int] = field(default_factory=dict)  # relative name -> size in bytes
     sha256: dict[str, str] = field(default_factory=dict)
     torch_version: str | None = None
+    # file name -> [(offset, length, xxh3_64 hex)], written while saving (supervisor.checkpoints.integrity)
+    checksums: dict[str, list[tuple[int, int, str]]] | None = None
 
 
 def _is_int(v: Any) -> TypeGuard[int]:
@@ -249,12 +252,29 @@ def parse_manifest(data: bytes) -> Manifest:
         files=_str_map(raw.get("files"), "files", lambda v: _is_int(v) and v >= 0, "sizes"),
         sha256=_str_map(raw.get("sha256"), "sha256", lambda v: isinstance(v, str), "hex digests"),
         torch_version=version if isinstance(version, str) else None,
+        checksums=_checksums(raw.get("checksums")),
     )
+
+
+CHECKSUM_ALGORITHM = "xxh3_64"
+
+
+def _checksums(raw: Any) -> dict[str, list[tuple[int, int, str]]] | None:
+    if raw is None:
+        return None
+    files = raw.get("files") if isinstance(raw, dict) and raw.get("algorithm") == CHECKSUM_ALGORITHM else None
+    if not isinstance(files, dict) or not all(isinstance(segs, list) and all(
+            isinstance(s, list) and len(s) == 3 and _is_int(s[0]) and _is_int(s[1]) and s[0] >= 0 and s[1] >= 0
+            and isinstance(s[2], str) and len(s[2]) == 16 for s in segs) for segs in files.values()):
+        raise ManifestError(f"manifest 'checksums' must be {{'algorithm': {CHECKSUM_ALGORITHM!r}, 'files': "
+                            "{name: [[offset, length, hex], ...]}}")
+    return {str(name): [(s[0], s[1], s[2]) for s in segs] for name, segs in files.items()}
 
 
 def manifest_record(*, step: int, world_size: int, time: float, torch_version: str,
                     metrics: Mapping[str, float | None], files: Mapping[str, int],
-                    sha256: Mapping[str, str] | None = None) -> dict[str, Any]:
+                    sha256: Mapping[str, str] | None = None,
+                    checksums: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The JSON object of a manifest (the writer's side of `parse_manifest`); non-finite metrics become null."""
     clean = {str(k): (_finite(v, math.inf) if v is not None else None) for k, v in metrics.items()}
     record: dict[str, Any] = {
@@ -269,4 +289,7 @@ def manifest_record(*, step: int, world_size: int, time: float, torch_version: s
     }
     if sha256 is not None:
         record["sha256"] = dict(sha256)
+    if checksums is not None:
+        record["checksums"] = {"algorithm": CHECKSUM_ALGORITHM,
+                               "files": {n: sorted([list(s) for s in segs]) for n, segs in checksums.items()}}
     return record

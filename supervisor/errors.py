@@ -25,6 +25,7 @@ __all__ = [
     "UnknownClassError",
     "ManifestError",
     "CheckpointIOError",
+    "CheckpointCorruptError",
     "BestFileError",
     "ExportConflictError",
 ]
@@ -109,6 +110,12 @@ class ManifestError(Exception):
 
 class CheckpointIOError(RuntimeError):
     """A DCP save or load failed on some rank; the message carries every rank's error (last line: the cause)."""
+
+
+class CheckpointCorruptError(RuntimeError):
+    """A checkpoint's bytes do not match the checksums recorded for them; the message names the file and range.
+
+    The supervisor classifies a job that exits with it as `corrupt` (policy/exits.py): its name is the contract."""
 
 
 class BestFileError(ValueError):

@@ -24,6 +24,7 @@ exists, the manifest is written and everything is fsynced (see trainer/commit.py
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import time
 from concurrent.futures import Future
@@ -34,9 +35,14 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.storage import WriteResult
 
+from supervisor.checkpoints.integrity import Segment
+from supervisor.errors import CheckpointCorruptError
 from supervisor.host.gcpause import collector_paused
 from supervisor.layout import step_dir_name, tmp_dir_name
+from trainer.checksums import HashingFileSystem, checked_results, collect
 from trainer.commit import build_manifest, commit
 from trainer.reader import CheckpointReader
 from trainer.staging import CachedStager
@@ -61,21 +67,34 @@ def broadcast_from_rank0(value: _T, group: dist.ProcessGroup | None) -> _T:
 
 
 class _Writer(FileSystemWriter):
-    """DCP's file writer, minus the zip CRC32 that `torch.save` computes for every tensor record.
+    """DCP's file writer that checksums every item as it writes it (trainer/checksums.py), minus the zip CRC32
+    that `torch.save` computes for every tensor record.
 
-    Nothing checks it (neither `torch.load` nor DCP's reader), and it cost ~20% of a save's write time on
-    2 CPU cores. The switch is process-wide, so it is off only while this writer writes. The other writer
-    settings (one thread, one file per rank, fsync per file) are DCP's defaults on purpose: measured
-    alternatives were no faster (docs/performance-scale.md).
+    Nothing checks that CRC32 (neither `torch.load` nor DCP's reader), and it cost ~20% of a save's write time
+    on 2 CPU cores; our xxh3_64 ranges are checked by every load. The switch is process-wide, so it is off only
+    while this writer writes. The other writer settings (one thread, one file per rank, fsync per file) are
+    DCP's defaults on purpose: measured alternatives were no faster (docs/performance-scale.md).
     """
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.fs: HashingFileSystem = HashingFileSystem()
+        self.checksums: dict[str, list[Segment]] | None = None  # on the coordinator, once `.metadata` is written
 
     def write_data(self, plan: Any, planner: Any) -> Any:
         previous = torch.serialization.get_crc32_options()
         torch.serialization.set_crc32_options(False)
         try:
-            return super().write_data(plan, planner)
+            results = super().write_data(plan, planner).wait()
         finally:
             torch.serialization.set_crc32_options(previous)
+        done: torch.futures.Future[list[WriteResult]] = torch.futures.Future()
+        done.set_result(checked_results(results, self.fs, Path(self.path)))
+        return done
+
+    def finish(self, metadata: Any, results: list[list[WriteResult]]) -> None:
+        super().finish(metadata, results)
+        self.checksums = collect(results, self.fs, Path(self.path))
 
 
 class SaveResult:
@@ -86,6 +105,7 @@ class SaveResult:
         self.future: Future[None] | None = None
         self.created: bool | None = None  # rank 0 after commit: False if an existing `final` won
         self.seconds: float | None = None
+        self.writer: _Writer | None = None
 
 
 class Checkpointer:
@@ -122,7 +142,7 @@ class Checkpointer:
         into = self.root if root is None else Path(root)
         tmp = into / tmp_dir_name(step, self.nonce)
         result = SaveResult(step, tmp, into / step_dir_name(step), dict(metrics or {}), time.monotonic())
-        writer = _Writer(tmp)
+        writer = result.writer = _Writer(tmp)
         if (self.async_save if blocking is None else not blocking):
             if self._stager is None:
                 self._stager = CachedStager()
@@ -165,6 +185,7 @@ class Checkpointer:
                 torch_version=torch.__version__,
                 metrics=result.metrics,
                 sha256=self.sha256,
+                checksums=result.writer.checksums if result.writer is not None else None,
             )
             result.final, result.created = commit(result.tmp, result.final, manifest)
         result.seconds = time.monotonic() - result.started
@@ -179,6 +200,9 @@ def save_checkpoint(root: str | os.PathLike[str], step: int, state: dict[str, An
     return saver.save(step, state, metrics=metrics, blocking=True).final
 
 
+_CORRUPT = re.compile(r"checkpoint corrupt: [^;\n]*")
+
+
 def load_checkpoint(path: str | os.PathLike[str], state: dict[str, Any], *,
                     process_group: dist.ProcessGroup | None = None) -> None:
     """Collective: load `path` into `state` in place (Stateful entries get `load_state_dict`); DCP reshards.
@@ -188,8 +212,15 @@ def load_checkpoint(path: str | os.PathLike[str], state: dict[str, Any], *,
     """
     # Our reader: records that are exactly their destination are read in place (trainer/reader.py).
     with collector_paused():
-        dcp.load(state, checkpoint_id=os.fspath(path), storage_reader=CheckpointReader(path),
-                 process_group=process_group)
+        try:
+            dcp.load(state, checkpoint_id=os.fspath(path), storage_reader=CheckpointReader(path),
+                     process_group=process_group)
+        except CheckpointException as exc:  # a rank found bytes that fail their checksum: say which, on every rank
+            # DCP folds a failed `.metadata` read into an AssertionError's message: find ours by its words.
+            found = [m.group(0) for f in exc.failures.values() if (m := _CORRUPT.search(str(f[0])))]
+            if found:
+                raise CheckpointCorruptError(found[0]) from exc
+            raise
 
 
 def resolve_resume(spec: str, root: str | os.PathLike[str], *, group: dist.ProcessGroup | None = None,

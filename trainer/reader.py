@@ -22,12 +22,17 @@ import stat
 import sys
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import IO, Any, cast
 
 import torch
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
+
+from supervisor.checkpoints.integrity import Hasher, check_bytes, covering, mismatch
+from supervisor.checkpoints.manifest import read_manifest
+from trainer.checksums import VerifyingFileSystem
 
 __all__ = ["CheckpointReader", "record_layout", "RecordLayout", "READ_THREADS"]
 
@@ -163,6 +168,21 @@ class CheckpointReader(FileSystemReader):
         super().__init__(path)
         self.direct, self.threads = direct, max(1, threads)
         self.direct_items = 0  # how many items the last read_data read in place (the rest: DCP's path)
+        # The ranges hashed at save (trainer/checksums.py): every byte read is checked as it is read.
+        manifest = read_manifest(Path(path))
+        self.checksums = manifest.checksums if manifest is not None else None
+        self.where = os.path.join(os.fspath(path), "")
+        if self.checksums:
+            self.fs = VerifyingFileSystem(self.checksums, self.where)
+
+    def _slice_file(self, file: Any, sinfo: Any) -> IO[bytes]:
+        """DCP's path: an item's bytes, checked against their checksums before DCP decodes them."""
+        if not self.checksums:
+            return super()._slice_file(file, sinfo)
+        file.seek(sinfo.offset)
+        data = file.read(sinfo.length)
+        check_bytes(self.checksums, sinfo.relative_path, sinfo.offset, data, self.where)
+        return io.BytesIO(data)
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         self.direct_items = 0
@@ -221,6 +241,22 @@ class CheckpointReader(FileSystemReader):
                 or layout.stride != tuple(dest.stride()) or layout.storage_offset != 0
                 or layout.storage_numel != dest.numel() or layout.data_offset + nbytes > info.length):
             return False
+        hasher = None
+        if self.checksums:
+            ranges = covering(self.checksums, info.relative_path, info.offset, info.length, self.where)
+            if len(ranges) != 1:
+                return False  # several ranges in one record: DCP's path checks each
+            hasher, head = Hasher(), bytearray(layout.data_offset)
+            _pread_into(fd, memoryview(head), info.offset)
+            hasher.update(head)
+        data = dest.reshape(-1).view(torch.uint8).numpy().data
         if nbytes:
-            _pread_into(fd, dest.reshape(-1).view(torch.uint8).numpy().data, info.offset + layout.data_offset)
+            _pread_into(fd, data, info.offset + layout.data_offset)
+        if hasher is not None:
+            tail = bytearray(info.length - layout.data_offset - nbytes)
+            _pread_into(fd, memoryview(tail), info.offset + layout.data_offset + nbytes)
+            hasher.update(data)
+            hasher.update(tail)
+            if hasher.hexdigest() != ranges[0][2]:
+                raise mismatch(info.relative_path, info.offset, info.length, self.where)
         return True
