@@ -5,14 +5,16 @@ without the capability); the `mounts` fixture unmounts, in reverse order, every 
 """
 from __future__ import annotations
 
+import mmap
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-__all__ = ["mount_tmpfs", "bind_mount", "remount_read_only", "mounts"]
+__all__ = ["mount_tmpfs", "bind_mount", "remount_read_only", "mounts", "loop_ext4", "flip_on_device"]
 
 
 def _mount(args: list[str], what: str) -> None:
@@ -49,3 +51,64 @@ def mounts() -> Iterator[list[Path]]:
     finally:
         for m in reversed(made):
             subprocess.run(["umount", "-l", str(m)], capture_output=True)
+
+
+def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(args, capture_output=True, text=True, timeout=60)
+    except OSError as exc:  # the tool is not installed here
+        return subprocess.CompletedProcess(args, 127, "", str(exc))
+
+
+@pytest.fixture
+def loop_ext4(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """(mount point, its loop device): a 64 MiB ext4 on a loop device; unmounted and detached afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("a loop-mounted file system needs root")
+    img, where = tmp_path / "fs.img", tmp_path / "fs"
+    where.mkdir()
+    with open(img, "wb") as f:
+        f.truncate(64 << 20)
+    if (r := _run(["mkfs.ext4", "-q", "-F", str(img)])).returncode:
+        pytest.skip(f"cannot make an ext4 file system here: {r.stderr.strip()}")
+    if (r := _run(["losetup", "-f", "--show", str(img)])).returncode:
+        pytest.skip(f"no loop device here: {r.stderr.strip()}")
+    device = r.stdout.strip()
+    try:
+        if (r := _run(["mount", "-t", "ext4", device, str(where)])).returncode:
+            pytest.skip(f"cannot mount {device} here: {r.stderr.strip()}")
+        try:
+            yield where, device
+        finally:
+            _run(["umount", str(where)])
+    finally:
+        _run(["losetup", "-d", device])
+
+
+def flip_on_device(device: str, path: Path, offset: int, bit: int = 0x04) -> None:
+    """Flip one bit of `path`'s byte at `offset` on the block device below its file system, as media rot does:
+    the file's size, mtime and ctime stay as they are. The file's cached pages are dropped after."""
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())  # its blocks are allocated and on the device
+    out = _run(["filefrag", "-v", str(path)]).stdout
+    size = re.search(r"blocks? of (\d+) bytes", out)
+    assert size, out
+    bs = int(size.group(1))
+    block = offset // bs
+    for m in re.finditer(r"^\s*\d+:\s*(\d+)\.\.\s*(\d+):\s*(\d+)\.\.", out, re.M):
+        first, last, physical = map(int, m.groups())
+        if first <= block <= last:
+            at = (physical + block - first) * bs
+            break
+    else:
+        raise AssertionError(f"no extent of {path} holds block {block}: {out}")
+    buf = mmap.mmap(-1, bs)  # page-aligned, as O_DIRECT wants
+    fd = os.open(device, os.O_RDWR | os.O_DIRECT)
+    try:
+        assert os.preadv(fd, [buf], at) == bs
+        buf[offset % bs] ^= bit
+        assert os.pwritev(fd, [buf], at) == bs
+    finally:
+        os.close(fd)
+    with open(path, "rb") as f:
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # the next read comes from the device

@@ -426,7 +426,9 @@ class Core:
 
     def _maybe_quarantine(self) -> None:
         """Quarantine a checkpoint only on evidence that the failures are its own (restarts.quarantine_candidate)."""
-        found = restarts.quarantine_candidate(self.attempts, self.cfg.restart.quarantine_after)
+        found = (restarts.corrupt_quarantine(self.attempts[-1], self.status.last_exit.detail
+                                             if self.status.last_exit else None)
+                 or restarts.quarantine_candidate(self.attempts, self.cfg.restart.quarantine_after))
         if found is None or found.path in self.status.quarantined or found.path in self._unmarked:
             return
         path, reason = found.path, found.reason

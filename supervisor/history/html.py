@@ -23,7 +23,7 @@ LEFT, RIGHT = 64, 14
 MAX_TABLE_ROWS = 200
 REASON_COLORS = {
     "completed": "#2e7d32", "stopped": "#78909c", "crash": "#c62828", "signal": "#ef6c00", "oom": "#6a1b9a",
-    "hang": "#8d6e63", "running": "#64b5f6", "unknown": "#bdbdbd",
+    "hang": "#8d6e63", "corrupt": "#ad1457", "running": "#64b5f6", "unknown": "#bdbdbd",
 }
 _CSS = """
 body{font:13px/1.4 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:14px 22px;color:#222;background:#fff}

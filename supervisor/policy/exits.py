@@ -32,6 +32,7 @@ _TRACEBACK = "Traceback (most recent call last):"
 _AGENT_EXCEPTION = "ChildFailedError"  # torchrun's own footer: names no worker's error
 # torchrun's agent re-raises a SIGTERM/SIGINT it received (after forwarding it to the workers) as this, and exits 1
 AGENT_SIGNAL_EXCEPTION = "SignalException"
+CORRUPT_EXCEPTION = "CheckpointCorruptError:"  # a load that found bytes failing their checksums (trainer library)
 _MAX_PREFIX = 80  # `[<role><rank>]:`; torchrun's roles are short names
 _MAX_DETAIL = 300
 LAST_OUTPUT_LINES = 5  # the job's last lines kept with a failure (console, status, the log's job_exited)
@@ -281,6 +282,8 @@ def classify_exit(
         reason = ExitReason.OOM
     elif returncode < 0 or worker_sig is not None:
         reason = ExitReason.SIGNAL
+    elif cause is not None and (cause.message or "").startswith(CORRUPT_EXCEPTION):
+        reason = ExitReason.CORRUPT  # the trainer library's load found rotten bytes (supervisor.errors)
     else:
         reason = ExitReason.CRASH
     detail = cause.describe() if cause else None

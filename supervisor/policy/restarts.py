@@ -13,7 +13,7 @@ from supervisor.contract import Phase
 from supervisor.policy.state import ExitReason
 
 __all__ = ["Attempt", "Restart", "GiveUp", "Finish", "Decision", "Quarantine", "decide", "backoff_delay",
-           "quarantine_candidate"]
+           "quarantine_candidate", "corrupt_quarantine"]
 
 
 @dataclass(frozen=True)
@@ -93,8 +93,20 @@ def _no_progress_streak(history: Sequence[Attempt]) -> int:
     return n
 
 
+def _corrupt_load(a: Attempt) -> bool:
+    """Ended by a load that found rotten bytes in a checkpoint we know: that checkpoint's fault, not the job's."""
+    return a.reason == ExitReason.CORRUPT and _loading(a) is not None
+
+
 def decide(history: Sequence[Attempt], cfg: RestartSection, *, jitter: float = 0.5) -> Decision:
-    """What to do after the last attempt in `history` ended (history is non-empty)."""
+    """What to do after the last attempt in `history` ended (history is non-empty).
+
+    An attempt whose load found a known checkpoint corrupt is relaunched at once and counts for nothing (no
+    restart, no failure): that checkpoint is quarantined (`corrupt_quarantine`), so each such attempt uses one up.
+    """
+    if _corrupt_load(history[-1]):
+        return Restart(0.0, reason=ExitReason.CORRUPT)
+    history = [a for a in history if not _corrupt_load(a)]
     last = history[-1]
     restarts_so_far = len(history) - 1
     if last.succeeded and cfg.policy != "always":
@@ -127,6 +139,14 @@ def _stalled(a: Attempt) -> bool:
     """Failed without getting anywhere: no new checkpoint, no heartbeat step past the one it resumed at."""
     past = a.max_step is not None and a.resumed_step is not None and a.max_step > a.resumed_step
     return not a.succeeded and not a.new_checkpoint and not past
+
+
+def corrupt_quarantine(a: Attempt, detail: str | None) -> Quarantine | None:
+    """The checkpoint whose bytes the attempt's load found failing their checksums, at once; `detail`: its error."""
+    path = _loading(a)
+    if not _corrupt_load(a) or path is None:
+        return None
+    return Quarantine(path, f"its bytes fail their checksums: {detail or 'CheckpointCorruptError'}")
 
 
 def quarantine_candidate(history: Sequence[Attempt], quarantine_after: int) -> Quarantine | None:

@@ -61,6 +61,7 @@ class ExitReason(Vocabulary):
     SIGNAL = "signal"  # killed by a signal (the agent or a worker)
     OOM = "oom"  # SIGKILLed while the cgroup's OOM-kill counter rose
     HANG = "hang"  # stopped by us after its heartbeat stalled
+    CORRUPT = "corrupt"  # its load found bytes that fail their checksums (CheckpointCorruptError): not a crash
 
 
 ABRUPT_ENDS = frozenset({State.STOPPED, State.FAILED})  # where `transition(..., abrupt=True)` may go

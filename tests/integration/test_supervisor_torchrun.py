@@ -6,6 +6,7 @@ unchanged, exported weights bit-identical to one uninterrupted run.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import pytest
 from supervisor.checkpoints import newest_complete, scan
 from tests.helpers import HOOKED_ENTRY
 from tests.jobs.hooked_trainer import HOLD_TRAIN_STEP_ENV, HOLD_TRAIN_UNTIL_ENV
+from tests.mounts import flip_on_device, loop_ext4  # noqa: F401
 from tests.supervise import Supervisors, cli, stop, supervisors, wait_for, write_config  # noqa: F401
 
 STEPS, SAVE_EVERY, SEED = 40, 5, 3
@@ -203,12 +205,65 @@ class TestQuarantine:
         assert p.returncode == 0, out[-3000:]
         st = state(tmp_path)
         assert st["quarantined"] == [str(newest.path)]
+        # Its checksums fail on the first load: quarantined at once, not after quarantine_after crashes.
         assert (st["resumed_from"] == str(tmp_path / "ckpts" / "step_00000005")
-                and st["attempt"] == 4)  # 1 + 3 (numbering continues)
+                and st["attempt"] == 3 and st["restarts"] == 1)  # 1 + 2 (numbering continues)
         infos = {c.name: c for c in scan(tmp_path / "ckpts")}
         assert infos[newest.path.name].quarantined and infos["step_00000015"].complete
-        assert ("quarantined: 2 consecutive attempts died while loading it"
-                in cli("checkpoints", "list", "-c", str(cfg2)).stdout)
+        listed = cli("checkpoints", "list", "-c", str(cfg2)).stdout
+        assert "quarantined: its bytes fail their checksums" in listed and "distcp bytes " in listed, listed
+
+    @pytest.mark.parametrize("rot", ["write", "device"])
+    def test_a_rotten_bit_is_caught_on_load_and_the_run_ends_bit_identical(
+            self, tmp_path: Path, supervisors: Supervisors, reference: dict, rot: str,
+            request: pytest.FixtureRequest) -> None:
+        """One bit flipped in the newest checkpoint's tensor data, with size, mtime and ctime unchanged (`device`:
+        on the loop device below an ext4 root, caches dropped, as media rot does; `write`: through the file with
+        its times put back): the relaunch's load fails `corrupt` naming the file and range, the checkpoint is
+        quarantined and the run goes on from the one before at once (no backoff, no restart counted against the
+        job) and ends bit-identical to an uninterrupted one."""
+        if rot == "device":
+            where, device = request.getfixturevalue("loop_ext4")
+            (where / "ckpts").mkdir()
+            (tmp_path / "ckpts").symlink_to(where / "ckpts")
+        held, go = 15, tmp_path / "go"
+        cfg = write_config(tmp_path, [*TORCHRUN, str(HOOKED_ENTRY), *TRAIN[2:]], FAST)
+        cfg.write_text(cfg.read_text().replace('env = { OMP_NUM_THREADS = "1" }', (
+            f'env = {{ OMP_NUM_THREADS = "1", {HOLD_TRAIN_STEP_ENV} = "{held}", '
+            f'{HOLD_TRAIN_UNTIL_ENV} = {json.dumps(str(go))} }}')))
+        p = supervisors.start(cfg)
+        wait_for(lambda: latest_step(tmp_path) >= held, TIMEOUT, f"the checkpoint of step {held}")
+        rotten = (tmp_path / "ckpts").resolve() / f"step_{held:08d}"
+        manifest = json.loads((rotten / "manifest.json").read_text())
+        name, ranges = max(((n, r) for n, r in manifest["checksums"]["files"].items() if n.endswith(".distcp")),
+                           key=lambda kv: max(r[1] for r in kv[1]))
+        off, size, _ = max(ranges, key=lambda r: r[1])
+        shard = rotten / name
+        before, data = shard.stat(), shard.read_bytes()
+        if rot == "device":
+            flip_on_device(device, shard, off + size // 2)
+        else:
+            with open(shard, "r+b") as f:
+                f.seek(off + size // 2)
+                f.write(bytes([data[off + size // 2] ^ 0x04]))
+            os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
+        after = shard.stat()
+        assert shard.read_bytes() != data and after.st_size == before.st_size
+        assert after.st_mtime_ns == before.st_mtime_ns and (rot != "device" or after.st_ctime_ns == before.st_ctime_ns)
+        wait_for(lambda: job_workers(tmp_path), 30, "workers")[-1].kill()
+        go.with_name(f"go.{held}").touch()
+        finish_and_compare(tmp_path, p, reference)
+        assert state(tmp_path)["attempt"] == 3
+        events = [json.loads(line) for line in (tmp_path / ".fsdp-supervisor" / "supervisor.log").read_text().splitlines()]
+        exits = [e for e in events if e.get("event") == "job_exited"]
+        assert [e["reason"] for e in exits] == ["signal", "corrupt", "completed"], exits
+        assert [e["resumed_from"] for e in events if e.get("event") == "job_started"][1:] == [
+            str(rotten), str(rotten.with_name(f"step_{held - 5:08d}"))]
+        q = [e for e in events if e.get("event") == "quarantined"]
+        assert len(q) == 1 and q[0]["path"] == str(rotten), q
+        assert f"{shard} bytes {off}-{off + size} do not match" in q[0]["reason"], q
+        backoffs = [e for e in events if e.get("event") == "backoff"]
+        assert backoffs[-1]["delay_s"] == 0 and backoffs[-1]["reason"] == "corrupt", backoffs
 
 
 class TestUserScript:

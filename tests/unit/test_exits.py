@@ -65,6 +65,11 @@ class TestClassify:
             (-9, {"oom_before": 2, "oom_after": 2}, "signal", "SIGKILL"),
             (1, {"cause": RootCause(0, -9, None), "oom_before": 0, "oom_after": 1}, "oom", None),
             (1, {"cause": RootCause(0, -11, None)}, "signal", None),
+            (1, {"cause": RootCause(0, 1, "CheckpointCorruptError: checkpoint corrupt: /r/step_5/__0_0.distcp "
+                                          "bytes 0-9 do not match their xxh3_64 checksum recorded at save")},
+             "corrupt", None),
+            (1, {"cause": RootCause(0, 1, "RuntimeError: CheckpointCorruptError: elsewhere")}, "crash", None),
+            (-9, {"cause": RootCause(0, -9, "CheckpointCorruptError: checkpoint corrupt: x")}, "signal", "SIGKILL"),
         ],
     )
     def test_table(self, rc: int, kw: dict, reason: str, sig: str | None) -> None:

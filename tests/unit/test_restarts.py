@@ -8,7 +8,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from supervisor.config import RestartSection
-from supervisor.policy.restarts import Attempt, Finish, GiveUp, Restart, backoff_delay, decide, quarantine_candidate
+from supervisor.policy.restarts import (
+    Attempt,
+    Finish,
+    GiveUp,
+    Restart,
+    backoff_delay,
+    corrupt_quarantine,
+    decide,
+    quarantine_candidate,
+)
 
 
 def fail(n: int, *, dur: float = 5.0, progressed: bool = False, resumed: str | None = None, step: int | None = None,
@@ -119,6 +128,36 @@ def died_loading(n: int, path: str | None = C20, step: int | None = 20, **kw) ->
     """An attempt whose last heartbeat said `load`: it died loading `path` (passed to it unless told otherwise)."""
     return replace(fail(n, resumed=path, step=step, max_step=kw.pop("max_step", step), **kw), beat=True,
                    last_phase="load")
+
+
+class TestCorrupt:
+    """A load that found a known checkpoint's bytes failing their checksums (reason `corrupt`, policy/exits.py)."""
+
+    def test_quarantined_at_once_naming_the_error(self) -> None:
+        a = fail(1, resumed="/r/step_5", reason="corrupt")
+        found = corrupt_quarantine(a, "rank 0: CheckpointCorruptError: checkpoint corrupt: /r/step_5/x bytes 0-9")
+        assert found is not None and found.path == "/r/step_5" and "/r/step_5/x bytes 0-9" in found.reason
+        assert corrupt_quarantine(fail(1, beat_checkpoint="/r/step_5", reason="corrupt"), None) is not None
+        assert corrupt_quarantine(fail(1, reason="corrupt"), "x") is None  # which checkpoint: unknown
+        assert corrupt_quarantine(fail(1, resumed="/r/step_5"), "x") is None  # a plain crash
+
+    def test_relaunched_at_once_and_not_counted(self) -> None:
+        """No backoff, no restart spent, no failure in the no-progress streak: the checkpoint was at fault."""
+        cfg = RestartSection(max_restarts=2, max_no_progress_restarts=1, backoff_jitter=0)
+        corrupt = [fail(i, resumed=f"/r/step_{i}", reason="corrupt") for i in range(1, 6)]
+        assert decide(corrupt, cfg) == Restart(0.0, reason="corrupt")
+        d = decide([*corrupt, fail(6)], cfg)
+        assert isinstance(d, Restart) and d.delay_s == cfg.backoff_initial_s  # the first failure that counts
+        assert isinstance(decide([*corrupt, fail(6), fail(7)], cfg), GiveUp)  # as without the corrupt loads
+        assert isinstance(decide([fail(6), fail(7)], cfg), GiveUp)
+        budget = [fail(i, progressed=True) for i in range(6, 9)]
+        assert isinstance(decide([*corrupt, *budget[:2]], cfg), Restart)  # 5 corrupt + 2: one restart spent
+        assert isinstance(decide([*corrupt, *budget], cfg), GiveUp)
+
+    def test_unknown_checkpoint_counts_as_a_crash(self) -> None:
+        """Corrupt but nobody knows which checkpoint (nothing to quarantine): a failure like any other."""
+        cfg = RestartSection(max_no_progress_restarts=1, backoff_jitter=0)
+        assert isinstance(decide([fail(1, reason="corrupt"), fail(2, reason="corrupt")], cfg), GiveUp)
 
 
 class TestQuarantine:
