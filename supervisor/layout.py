@@ -22,6 +22,7 @@ __all__ = [
     "TRASH_SUFFIX",
     "IN_USE_SUFFIX",
     "CLAIM_SUFFIX",
+    "SEAL_SUFFIX",
     "PIN_MARKER",
     "QUARANTINE_MARKER",
     "step_dir_name",
@@ -38,6 +39,7 @@ TMP_PREFIX = ".tmp-"  # in-flight saves: `.tmp-step_00000120-<nonce>`; never com
 LEGACY_TRASH_DIR = ".trash"  # inside the root, by earlier versions: migrated next to the root on first use
 TRASH_SUFFIX = ".fsdp-trash"  # `<parent>/.<root-name>.fsdp-trash/`: retention renames here first, then removes
 IN_USE_SUFFIX = ".fsdp-inuse"  # `<parent>/.<root-name>.fsdp-inuse/<host>-<pid>.json`: checkpoints a job resumed from
+SEAL_SUFFIX = ".fsdp-seals"  # `<parent>/.<root-name>.fsdp-seals/<name>.json`: checksums of checkpoints we sealed
 CLAIM_SUFFIX = ".fsdp-claim"  # `<parent>/.<root-name>.fsdp-claim/<host>-<pid>.json`: the supervisor(s) of the root's job
 PIN_MARKER = ".pinned"  # file inside a checkpoint dir: retention never deletes it
 QUARANTINE_MARKER = ".quarantined"  # file inside a checkpoint dir: never selected for resume
@@ -60,4 +62,4 @@ def sidecar_name(root_name: str, suffix: str) -> str:
 
 def is_sidecar_name(name: str) -> bool:
     """Is `name` one of the supervisor's own sidecars (of any root)? Listings leave them out."""
-    return name.startswith(".") and name.endswith((TRASH_SUFFIX, IN_USE_SUFFIX, CLAIM_SUFFIX))
+    return name.startswith(".") and name.endswith((TRASH_SUFFIX, IN_USE_SUFFIX, CLAIM_SUFFIX, SEAL_SUFFIX))

@@ -230,7 +230,9 @@ class Core:
         if self.ended is not None:
             self._judge_exit()
         elif self._launch_pending and self.status.state in (State.STARTING, State.BACKOFF):
-            if result.settled or result.error is not None or not self._settled():
+            if result.error is None and not result.verified:
+                self._request_pass()  # begun before the launch was asked for: its resume point is unread
+            elif result.settled or result.error is not None or not self._settled():
                 self._launch(result)  # a failed look is _plan's to judge (retry, or refuse)
             else:  # the job would pick its own checkpoint: first clear what it must not pick
                 self._request_pass()
@@ -264,9 +266,9 @@ class Core:
     # ---- launching -------------------------------------------------------------------------------------------
     def _request_launch(self) -> None:
         """Launch as soon as a pass has said which checkpoint to resume from."""
-        self._launch_pending = True
+        self._launch_pending = self.house.verify_launch = True  # never a resume point unread (daemon/integrity.py)
         fresh = self.passes.fresh()
-        if fresh is not None and (fresh.settled or not self._settled()):
+        if fresh is not None and fresh.verified and (fresh.settled or not self._settled()):
             self._launch(fresh)
         else:
             self._request_pass()
@@ -297,7 +299,7 @@ class Core:
         self.files.bound(self.job)
 
     def _launch(self, scan: PassResult) -> None:
-        self._launch_pending = False
+        self._launch_pending = self.house.verify_launch = False
         plan = self._plan(scan)
         if plan is None:
             return

@@ -47,6 +47,7 @@ from supervisor.checkpoints.pruning import parking_problem
 from supervisor.checkpoints.sidecars import open_sidecar, resolved, trusted_owners
 from supervisor.checkpoints.tiers import TierClaims
 from supervisor.config import Config
+from supervisor.daemon.integrity import good_ones
 from supervisor.errors import CheckpointError, SidecarError
 from supervisor.host.mounts import mount_id
 from supervisor.layout import MANIFEST_NAME, METADATA_NAME
@@ -71,6 +72,7 @@ class PassResult:
     root_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the root this pass looked at
     retention_stopped: str | None = None  # why retention deletes nothing (no usable trash), when it cannot
     settled: bool = False  # planned with no save in flight (retention.plan_retention's `settled`)
+    verified: bool = False  # its resume point's bytes were read and matched their checksums (daemon/integrity.py)
 
     @property
     def quarantined(self) -> list[str]:
@@ -140,6 +142,7 @@ class Housekeeper:
         self._emptying = False
         self._marker: tuple[Path, int, Path] | None = None  # the running attempt's in-use marker, job pid, its root
         self._said: set[str] = set()  # kinds of _SAID_ONCE already warned about
+        self.verify_launch = False  # a launch waits: the next pass reads its resume point's bytes (the core sets it)
 
     def concerns(self, path: Path) -> bool:
         """Is this file event a possible checkpoint commit (a top-level rename/create, DCP's .metadata, or a
@@ -181,6 +184,8 @@ class Housekeeper:
             local = store.scan_local(self.local_root)
             found = store.merged(durable, local)
             usable = [c for c in found if c.complete and not c.quarantined]
+            verify = self.verify_launch
+            found, usable, findings = good_ones(found, usable, verify=verify, roots=(self.root, self.local_root))
             newest = usable[0] if usable else None  # newest first, the local copy first at equal steps
             plan, deleted = store.RetentionPlan(), list[store.Deletion]()
             committed = newest is not None and newest.path != unless_newest
@@ -195,7 +200,7 @@ class Housekeeper:
         gone = {d.path for d in deleted}
         return PassResult(
             generation, checkpoints=[c for c in found if c.path not in gone], newest=newest, deleted=deleted,
-            findings=plan.findings, disk_free=usage.free_bytes,
+            findings=[*findings, *plan.findings], verified=verify, disk_free=usage.free_bytes,
             checkpoint_bytes=sum(c.size_bytes for c in durable if c.complete and c.path not in gone),
             root_id=root_id, retention_stopped=stopped, settled=settled,
         )

@@ -1,0 +1,176 @@
+"""Good, not only complete: the checksums a checkpoint is checked against, and the check (docs/checkpoints.md).
+
+A checkpoint of the trainer library carries its own (the manifest's `checksums`, hashed while it was written).
+Any other (plain DCP, torchtitan, Lightning, Accelerate, transformers) is **sealed** by the supervisor when a
+pass first sees it complete: every file hashed (xxh3_64), read at low I/O priority and bounded bandwidth, the
+seal kept outside the root under the sidecars' rules (`<parent>/.<root>.fsdp-seals/<name>.json`, owner-only,
+refused when not ours). A seal records when it was made: a checkpoint changed between its commit and its seal
+cannot be told apart from one written that way. A checkpoint whose files were rewritten by a process since (a
+new inode, size, mtime or ctime: Lightning's `last.ckpt` re-committed in place) is sealed again; media rot changes
+none of those, and the check never looks at them: it reads every byte. A rewrite counts only when the layout's
+last file was rewritten after every other change (`_recommitted`): a cut rewrite, or a job writing into a
+checkpoint after its commit, keeps the old seal, fails it, and is never resumed.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import platform
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from supervisor.checkpoints._files import open_regular, read_small_json
+from supervisor.checkpoints.integrity import ALGORITHM, Checksums, Hasher, Segment
+from supervisor.checkpoints.manifest import read_manifest
+from supervisor.checkpoints.sidecars import open_sidecar, sidecar_path, trusted_owners
+from supervisor.errors import CheckpointError, ManifestError
+from supervisor.host.atomic import write_atomic
+from supervisor.layout import PIN_MARKER, QUARANTINE_MARKER, SEAL_SUFFIX
+
+__all__ = ["expected", "seal", "check", "seal_path", "SEAL_MB_S"]
+
+SEAL_MB_S = 200.0  # a seal reads at most this fast (training keeps the disk); a check before a launch reads at full speed
+_CHUNK = 8 << 20
+_MAX_SEAL_BYTES = 64 << 20
+_OURS = (PIN_MARKER, QUARANTINE_MARKER)
+_LAST_FILES = (".metadata", "meta.pt", "trainer_state.json")  # what a layout writes last (docs/checkpoints.md)
+_IOPRIO_SET = {"x86_64": 251, "aarch64": 30}.get(platform.machine())
+
+
+def _idle_io() -> None:
+    """This thread's reads at idle I/O priority (Linux's ioprio_set; nothing elsewhere)."""
+    if _IOPRIO_SET is not None:
+        try:
+            ctypes.CDLL(None, use_errno=True).syscall(_IOPRIO_SET, 1, 0, 3 << 13)  # IOPRIO_CLASS_IDLE, this thread
+        except (OSError, AttributeError):
+            pass
+
+
+def seal_path(root: Path, name: str) -> Path:
+    return sidecar_path(root, SEAL_SUFFIX) / f"{name}.json"
+
+
+def _files(directory: Path, depth: int = 2) -> Iterator[tuple[str, os.stat_result]]:
+    """(relative name, stat) of the regular files in a checkpoint, two levels down (nested layouts)."""
+    with os.scandir(directory) as it:
+        for entry in sorted(it, key=lambda e: e.name):
+            st = entry.stat(follow_symlinks=False)
+            if entry.is_dir(follow_symlinks=False) and depth > 1:
+                yield from ((f"{entry.name}/{n}", s) for n, s in _files(Path(entry.path), depth - 1))
+            elif entry.is_file(follow_symlinks=False) and entry.name not in _OURS:
+                yield entry.name, st
+
+
+def _ids(directory: Path) -> dict[str, list[int]]:
+    return {n: [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns] for n, st in _files(directory)}
+
+
+def _read_seal(root: Path, name: str) -> dict[str, Any] | None:
+    """The seal of checkpoint `name`, None when there is none or its folder is not ours (SidecarError)."""
+    if not open_sidecar(sidecar_path(root, SEAL_SUFFIX), trusted_owners(root), create=False):
+        return None
+    read = read_small_json(seal_path(root, name), _MAX_SEAL_BYTES)
+    doc = read[0] if read else None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("files"), dict) else None
+
+
+def expected(root: Path, path: Path) -> tuple[str, Checksums] | None:
+    """(`manifest` or `seal`, the checksums) a checkpoint is checked against; None: neither (not sealed yet)."""
+    try:
+        manifest = read_manifest(path) if path.is_dir() else None
+    except ManifestError:
+        manifest = None
+    if manifest is not None and manifest.checksums:
+        return "manifest", manifest.checksums
+    doc = _read_seal(root, path.name)
+    if doc is None:
+        return None
+    return "seal", {n: [(s[0], s[1], s[2]) for s in segs] for n, segs in doc["files"].items()}
+
+
+def _hash_file(path: Path, segments: list[Segment] | None, mb_s: float | None) -> list[Segment] | str:
+    """The file's one whole-file range (`segments` None), or the first recorded range it fails (a message)."""
+    if mb_s is not None:
+        _idle_io()
+    try:
+        f, st = open_regular(path, 1 << 62, CheckpointError)
+    except FileNotFoundError:
+        return f"{path} is missing"
+    except CheckpointError as exc:
+        return f"{path}: {exc}"
+    with f:
+        wanted = segments if segments is not None else [(0, st.st_size, "")]
+        end = max((o + n for o, n, _ in wanted), default=0)
+        if st.st_size != end:
+            return f"{path} has {st.st_size} bytes, its checksums cover {end}"
+        out: list[Segment] = []
+        started = time.monotonic()
+        done = 0
+        for offset, size, digest in sorted(wanted):
+            f.seek(offset)
+            hasher, left = Hasher(), size
+            while left:
+                block = f.read(min(_CHUNK, left))
+                if not block:
+                    return f"{path} ends at byte {offset + size - left}"
+                hasher.update(block)
+                left -= len(block)
+                done += len(block)
+                if mb_s is not None:  # bounded bandwidth: sleep off what ran ahead of the budget
+                    time.sleep(max(0.0, done / (mb_s * 1e6) - (time.monotonic() - started)))
+            if segments is not None and hasher.hexdigest() != digest:
+                return f"{path} bytes {offset}-{offset + size} do not match their {ALGORITHM} checksum"
+            out.append((offset, size, hasher.hexdigest()))
+        return out
+
+
+def check(root: Path, path: Path, checksums: Checksums, *, threads: int = 4) -> str | None:
+    """Read every byte the checksums cover (files in parallel, full speed): None when all match, else the first
+    mismatch (`<file> bytes A-B ...`)."""
+    names = sorted(checksums)
+    with ThreadPoolExecutor(max(1, min(threads, len(names)))) as pool:
+        results = pool.map(lambda n: _hash_file(path / n, list(checksums[n]), None), names)
+        for result in results:
+            if isinstance(result, str):
+                return result
+    return None
+
+
+def _recommitted(old: Any, new: dict[str, list[int]]) -> bool:
+    """Were the files rewritten and committed again since the seal? Only when the layout's last file (`.metadata`,
+    Lightning's `meta.pt`, transformers' `trainer_state.json`) was rewritten too, after every other change: a shard
+    changed after it (a job writing after its commit, a rewrite cut before its last file) keeps the old seal."""
+    if old == new:
+        return False
+    if not isinstance(old, dict):
+        return True
+    changed = [n for n, i in new.items() if old.get(n) != i]
+    last = [n for n in changed if n.rsplit("/", 1)[-1] in _LAST_FILES]
+    return bool(last) and max(new[n][3] for n in last) >= max(new[n][3] for n in changed)
+
+
+def seal(root: Path, path: Path, *, mb_s: float = SEAL_MB_S) -> bool:
+    """Seal `path` unless its seal still describes its files (the same inodes, sizes and times); whether it sealed.
+    SidecarError when the seals' folder is not ours; OSError when it cannot be written."""
+    doc = _read_seal(root, path.name)
+    ids = _ids(path)
+    if doc is not None and not _recommitted(doc.get("ids"), ids):
+        return False
+    files: dict[str, list[Segment]] = {}
+    for name in ids:
+        result = _hash_file(path / name, None, mb_s)
+        if isinstance(result, str):
+            raise CheckpointError(f"cannot seal {path}: {result}")
+        files[name] = result
+    if _ids(path) != ids:
+        return False  # rewritten while we read it: the next pass seals what is there then
+    folder = sidecar_path(root, SEAL_SUFFIX)
+    open_sidecar(folder, trusted_owners(root), create=True)
+    record = {"by": "fsdp-supervisor", "time": time.time(), "algorithm": ALGORITHM, "ids": ids,
+              "files": {n: [list(s) for s in segs] for n, segs in files.items()}}
+    write_atomic(seal_path(root, path.name), json.dumps(record).encode(), durable=False, mode=0o600)
+    return True

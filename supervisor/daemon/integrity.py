@@ -1,0 +1,55 @@
+"""Good, not only complete, in a housekeeping pass (off the loop): seal what has no checksums, and before a launch
+read the resume point's bytes against its checksums (supervisor/checkpoints/seals.py, docs/checkpoints.md).
+
+A resume point whose bytes fail is quarantined with the reason `corrupt: <file> bytes A-B ...` (never resumed, the
+marker says why, nothing deleted for it) and the next newest is read in its place, until one matches.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+from supervisor import checkpoints as store
+from supervisor.checkpoints.seals import check, expected, seal
+from supervisor.checkpoints.tiers import Tier
+from supervisor.errors import CheckpointError, SidecarError
+
+__all__ = ["good_ones", "CORRUPT_PREFIX"]
+
+CORRUPT_PREFIX = "corrupt: "  # the quarantine reason of a checkpoint whose bytes failed their checksums
+
+
+def good_ones(found: list[store.CheckpointInfo], usable: list[store.CheckpointInfo], *, verify: bool,
+              roots: Sequence[Path | None]) -> tuple[list[store.CheckpointInfo], list[store.CheckpointInfo],
+                                                     list[store.Finding]]:
+    """(found, usable, findings) after sealing every usable checkpoint that has no checksums yet and, with
+    `verify`, reading the newest usable ones until one matches its checksums (the others quarantined as corrupt)."""
+    findings: list[store.Finding] = []
+    bad: dict[Path, str] = {}
+    good: list[store.CheckpointInfo] = []
+    for c in usable:
+        root = roots[0] if c.tier is Tier.DURABLE else roots[1]
+        if root is None or c.path.is_symlink():  # a link (Lightning's last.ckpt "link") is its target's save
+            good.append(c)
+            continue
+        try:
+            sums = expected(root, c.path)
+            if (sums is None or sums[0] == "seal") and seal(root, c.path):  # new, or its files rewritten since
+                sums = expected(root, c.path)
+            problem = check(root, c.path, sums[1]) if sums is not None and verify and not good else None
+        except (CheckpointError, SidecarError, OSError) as exc:
+            findings.append(store.Finding("seal_failed", f"{c.path}: {exc}"))
+            problem = None
+        if problem is None:
+            good.append(c)
+            continue
+        reason = f"{CORRUPT_PREFIX}{problem}"
+        try:
+            store.quarantine(c.path, reason)
+        except (CheckpointError, OSError) as exc:
+            reason += f" (the quarantine marker could not be written: {exc})"
+        bad[c.path] = reason
+        findings.append(store.Finding("checkpoint_corrupt", f"{c.path} is never resumed: {reason}"))
+    found = [dataclasses.replace(c, quarantined=True, reason=bad[c.path]) if c.path in bad else c for c in found]
+    return found, good, findings

@@ -1,0 +1,147 @@
+"""Seals of checkpoints without checksums of their own, and the check before a launch (supervisor/checkpoints/seals.py,
+supervisor/daemon/integrity.py): read every byte, never trust size or times."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from supervisor.checkpoints.seals import check, expected, seal, seal_path
+from supervisor.checkpoints.testing import write_checkpoint
+from supervisor.errors import SidecarError
+from tests.unit.test_core import exit_job, make_core
+
+
+def _flip(path: Path, offset: int) -> None:
+    """One bit changed in place, the file's size and mtime put back (only its ctime tells)."""
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 1]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.fixture
+def plain(tmp_path: Path, make_checkpoint: Callable[[Path, str], Path]) -> tuple[Path, Path]:
+    root = tmp_path / "ckpts"
+    return root, make_checkpoint(root, "step_10")
+
+
+def test_a_seal_is_kept_outside_the_root_and_checks_every_byte(plain: tuple[Path, Path]) -> None:
+    root, ck = plain
+    assert expected(root, ck) is None
+    assert seal(root, ck) and not seal(root, ck)  # sealed once; its files unchanged since: not again
+    path = seal_path(root, ck.name)
+    assert path.parent == root.parent / ".ckpts.fsdp-seals" and oct(path.parent.stat().st_mode)[-3:] == "700"
+    assert not any(".fsdp" in p.name for p in ck.iterdir())  # nothing of ours inside the checkpoint
+    source, sums = expected(root, ck)  # type: ignore[misc]
+    assert source == "seal" and set(sums) == {p.name for p in ck.iterdir()}
+    assert check(root, ck, sums) is None
+    shard = next(p for p in ck.iterdir() if p.suffix == ".distcp")
+    _flip(shard, shard.stat().st_size // 2)
+    assert not seal(root, ck)  # same inode, size and times: rot is never sealed over
+    problem = check(root, ck, sums)
+    assert problem == f"{shard} bytes 0-{shard.stat().st_size} do not match their xxh3_64 checksum", problem
+
+
+def _rewrite(path: Path, flip: bool) -> None:
+    data = bytearray(path.read_bytes())
+    if flip:
+        data[0] ^= 1
+    tmp = path.with_name("new")
+    tmp.write_bytes(bytes(data))
+    os.replace(tmp, path)
+
+
+def test_a_recommit_is_sealed_again_a_cut_one_or_a_write_after_commit_is_not(plain: tuple[Path, Path]) -> None:
+    """Lightning's last.ckpt re-committed in place (shards, then the last file): a new seal that matches. Shards
+    rewritten with no last file after them (a rewrite cut short, a job writing after its commit): the old seal
+    stays, and the check fails."""
+    root, ck = plain
+    seal(root, ck)
+    shard = next(p for p in ck.iterdir() if p.suffix == ".distcp")
+    _rewrite(shard, flip=True)
+    assert not seal(root, ck)
+    assert "do not match" in (check(root, ck, expected(root, ck)[1]) or "")  # type: ignore[index]
+    _rewrite(ck / ".metadata", flip=False)  # the commit's last file, after the shards
+    assert seal(root, ck)
+    assert check(root, ck, expected(root, ck)[1]) is None  # type: ignore[index]
+    _rewrite(shard, flip=True)  # written after that commit
+    assert not seal(root, ck) and check(root, ck, expected(root, ck)[1]) is not None  # type: ignore[index]
+
+
+def test_cut_and_missing_files_fail(plain: tuple[Path, Path]) -> None:
+    root, ck = plain
+    seal(root, ck)
+    sums = expected(root, ck)[1]  # type: ignore[index]
+    shard = next(p for p in ck.iterdir() if p.suffix == ".distcp")
+    size = shard.stat().st_size
+    os.truncate(shard, size - 1)
+    assert check(root, ck, sums) == f"{shard} has {size - 1} bytes, its checksums cover {size}"
+    shard.unlink()
+    assert check(root, ck, sums) == f"{shard} is missing"
+
+
+def test_a_seals_folder_not_ours_is_refused(plain: tuple[Path, Path]) -> None:
+    root, ck = plain
+    folder = root.parent / ".ckpts.fsdp-seals"
+    folder.mkdir(mode=0o777)
+    folder.chmod(0o777)  # group- and world-writable: anybody could forge a seal in it
+    with pytest.raises(SidecarError):
+        seal(root, ck)
+    with pytest.raises(SidecarError):
+        expected(root, ck)
+
+
+def test_trainer_checkpoints_use_their_manifest(tmp_path: Path) -> None:
+    """A manifest with checksums is what the check uses; nothing is sealed for it."""
+    ck = write_checkpoint(tmp_path / "ckpts", 5)
+    raw = json.loads((ck / "manifest.json").read_text())
+    raw["checksums"] = {"algorithm": "xxh3_64", "files": {".metadata": [[0, (ck / ".metadata").stat().st_size,
+                                                                          "0000000000000000"]]}}
+    (ck / "manifest.json").write_text(json.dumps(raw))
+    source, sums = expected(tmp_path / "ckpts", ck)  # type: ignore[misc]
+    assert source == "manifest"
+    assert "ckpt" in (check(tmp_path / "ckpts", ck, sums) or "")  # a wrong digest: the .metadata fails
+
+
+class TestBeforeLaunch:
+    def test_a_rotten_resume_point_is_quarantined_as_corrupt_and_the_one_before_used(
+            self, tmp_path: Path, make_checkpoint: Callable[[Path, str], Path]) -> None:
+        """Sealed when first seen complete; rotten afterwards (size and mtime unchanged); the pass before the next
+        launch reads it, quarantines it (`corrupt: <file> bytes ...`) and the job gets the one before."""
+        core, fake, log = make_core(tmp_path)
+        ck = core.cfg.checkpoints.dir
+        make_checkpoint(ck, "step_10")
+        make_checkpoint(ck, "step_20")
+        core.begin(None)
+        core.house.wait_idle(30)
+        assert fake.spawned[-1].argv[-1] == str(ck / "step_20")
+        assert seal_path(ck, "step_10").exists() and seal_path(ck, "step_20").exists()
+        shard = next(p for p in (ck / "step_20").iterdir() if p.suffix == ".distcp")
+        _flip(shard, 3)
+        exit_job(core, fake, 1)
+        fake.advance(10, core)
+        assert fake.spawned[-1].argv[-1] == str(ck / "step_10")
+        corrupt = [f for e, f in log.events if e == "checkpoint_corrupt"]
+        assert len(corrupt) == 1 and f"{shard} bytes 0-" in corrupt[0]["message"], log.events
+        marker = json.loads((ck / "step_20" / ".quarantined").read_text())
+        assert marker["reason"].startswith(f"corrupt: {shard} bytes 0-")
+        assert (ck / "step_20").exists()  # kept for a person to look at
+
+    def test_a_removed_seal_is_made_again_and_the_launch_still_reads(
+            self, tmp_path: Path, make_checkpoint: Callable[[Path, str], Path]) -> None:
+        core, fake, _ = make_core(tmp_path)
+        ck = core.cfg.checkpoints.dir
+        make_checkpoint(ck, "step_10")
+        core.begin(None)
+        shutil.rmtree(seal_path(ck, "step_10").parent)
+        exit_job(core, fake, 1)
+        fake.advance(10, core)
+        assert fake.spawned[-1].argv[-1] == str(ck / "step_10") and seal_path(ck, "step_10").exists()
