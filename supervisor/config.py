@@ -172,6 +172,11 @@ class CheckpointsSection(RetentionRules):
         "(exit 3) naming it. An empty root, or one with only partial saves, always starts fresh",
     )
     retention_interval_s: float = Field(default=300, gt=0, description="periodic retention pass, seconds")
+    scrub_interval_s: float = Field(
+        default=86400, ge=0, description="re-read every kept checkpoint against its checksums this often, seconds, "
+        "in a housekeeping pass at idle I/O priority and bounded bandwidth: one whose bytes fail is quarantined as "
+        "corrupt before a crash needs it (docs/checkpoints.md, Good, not only complete); 0: off",
+    )
     local_dir: DirPath | None = Field(
         default=None,
         description="node-local checkpoint tier (tmpfs, a local NVMe) for saves between durable ones: the job gets "

@@ -128,12 +128,12 @@ def _hash_file(path: Path, segments: list[Segment] | None, mb_s: float | None) -
         return out
 
 
-def check(root: Path, path: Path, checksums: Checksums, *, threads: int = 4) -> str | None:
-    """Read every byte the checksums cover (files in parallel, full speed): None when all match, else the first
-    mismatch (`<file> bytes A-B ...`)."""
+def check(root: Path, path: Path, checksums: Checksums, *, threads: int = 4, mb_s: float | None = None) -> str | None:
+    """Read every byte the checksums cover (files in parallel; at full speed, or idle and at most `mb_s` per file):
+    None when all match, else the first mismatch (`<file> bytes A-B ...`)."""
     names = sorted(checksums)
     with ThreadPoolExecutor(max(1, min(threads, len(names)))) as pool:
-        results = pool.map(lambda n: _hash_file(path / n, list(checksums[n]), None), names)
+        results = pool.map(lambda n: _hash_file(path / n, list(checksums[n]), mb_s), names)
         for result in results:
             if isinstance(result, str):
                 return result

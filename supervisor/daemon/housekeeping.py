@@ -143,6 +143,7 @@ class Housekeeper:
         self._marker: tuple[Path, int, Path] | None = None  # the running attempt's in-use marker, job pid, its root
         self._said: set[str] = set()  # kinds of _SAID_ONCE already warned about
         self.verify_launch = False  # a launch waits: the next pass reads its resume point's bytes (the core sets it)
+        self._scrubbed = now()  # the last scrub (daemon/integrity.py): the first one a scrub_interval_s after start
 
     def concerns(self, path: Path) -> bool:
         """Is this file event a possible checkpoint commit (a top-level rename/create, DCP's .metadata, or a
@@ -184,8 +185,11 @@ class Housekeeper:
             local = store.scan_local(self.local_root)
             found = store.merged(durable, local)
             usable = [c for c in found if c.complete and not c.quarantined]
-            verify = self.verify_launch
-            found, usable, findings = good_ones(found, usable, verify=verify, roots=(self.root, self.local_root))
+            verify, every = self.verify_launch, self.cfg.checkpoints.scrub_interval_s
+            scrub = every > 0 and self.now() - self._scrubbed >= every
+            self._scrubbed = self.now() if scrub else self._scrubbed
+            found, usable, findings = good_ones(found, usable, verify=verify, roots=(self.root, self.local_root),
+                                                scrub=scrub)
             newest = usable[0] if usable else None  # newest first, the local copy first at equal steps
             plan, deleted = store.RetentionPlan(), list[store.Deletion]()
             committed = newest is not None and newest.path != unless_newest

@@ -1,5 +1,6 @@
-"""Good, not only complete, in a housekeeping pass (off the loop): seal what has no checksums, and before a launch
-read the resume point's bytes against its checksums (supervisor/checkpoints/seals.py, docs/checkpoints.md).
+"""Good, not only complete, in a housekeeping pass (off the loop): seal what has no checksums, before a launch
+read the resume point's bytes against its checksums, and every `scrub_interval_s` every kept checkpoint's
+(supervisor/checkpoints/seals.py, docs/checkpoints.md).
 
 A resume point whose bytes fail is quarantined with the reason `corrupt: <file> bytes A-B ...` (never resumed, the
 marker says why, nothing deleted for it) and the next newest is read in its place, until one matches.
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from supervisor import checkpoints as store
-from supervisor.checkpoints.seals import check, expected, seal
+from supervisor.checkpoints.seals import SEAL_MB_S, check, expected, seal
 from supervisor.checkpoints.tiers import Tier
 from supervisor.errors import CheckpointError, SidecarError
 
@@ -20,11 +21,14 @@ __all__ = ["good_ones", "CORRUPT_PREFIX"]
 CORRUPT_PREFIX = "corrupt: "  # the quarantine reason of a checkpoint whose bytes failed their checksums
 
 
-def good_ones(found: list[store.CheckpointInfo], usable: list[store.CheckpointInfo], *, verify: bool,
-              roots: Sequence[Path | None]) -> tuple[list[store.CheckpointInfo], list[store.CheckpointInfo],
-                                                     list[store.Finding]]:
+Infos = list[store.CheckpointInfo]
+
+
+def good_ones(found: Infos, usable: Infos, *, verify: bool, roots: Sequence[Path | None],
+              scrub: bool = False) -> tuple[Infos, Infos, list[store.Finding]]:
     """(found, usable, findings) after sealing every usable checkpoint that has no checksums yet and, with
-    `verify`, reading the newest usable ones until one matches its checksums (the others quarantined as corrupt)."""
+    `verify`, reading the newest usable ones until one matches its checksums (the others quarantined as corrupt);
+    `scrub`: reading every usable one, idle and at bounded bandwidth."""
     findings: list[store.Finding] = []
     bad: dict[Path, str] = {}
     good: list[store.CheckpointInfo] = []
@@ -37,7 +41,9 @@ def good_ones(found: list[store.CheckpointInfo], usable: list[store.CheckpointIn
             sums = expected(root, c.path)
             if (sums is None or sums[0] == "seal") and seal(root, c.path):  # new, or its files rewritten since
                 sums = expected(root, c.path)
-            problem = check(root, c.path, sums[1]) if sums is not None and verify and not good else None
+            launch = verify and not good  # the resume point: read at full speed, a launch waits for it
+            problem = (check(root, c.path, sums[1], mb_s=None if launch else SEAL_MB_S)
+                       if sums is not None and (launch or scrub) else None)
         except (CheckpointError, SidecarError, OSError) as exc:
             findings.append(store.Finding("seal_failed", f"{c.path}: {exc}"))
             problem = None

@@ -145,3 +145,22 @@ class TestBeforeLaunch:
         exit_job(core, fake, 1)
         fake.advance(10, core)
         assert fake.spawned[-1].argv[-1] == str(ck / "step_10") and seal_path(ck, "step_10").exists()
+
+    @pytest.mark.parametrize("every", [0, 100])
+    def test_the_scrub_finds_rot_in_a_kept_checkpoint(self, tmp_path: Path, every: int,
+                                                      make_checkpoint: Callable[[Path, str], Path]) -> None:
+        """`scrub_interval_s`: every kept checkpoint is read again in a pass that often, not only the resume point;
+        one that fails is quarantined as corrupt while the job runs. 0: never."""
+        core, fake, log = make_core(tmp_path, checkpoints=f"scrub_interval_s = {every}\nretention_interval_s = 30")
+        ck = core.cfg.checkpoints.dir
+        make_checkpoint(ck, "step_10")
+        make_checkpoint(ck, "step_20")
+        core.begin(None)
+        core.house.wait_idle(30)
+        _flip(next(p for p in (ck / "step_10").iterdir() if p.suffix == ".distcp"), 3)
+        for _ in range(8):
+            fake.advance(31, core)
+            core.house.wait_idle(30)
+        corrupt = [f["message"] for e, f in log.events if e == "checkpoint_corrupt"]
+        assert len(corrupt) == (1 if every else 0) and all(str(ck / "step_10") in m for m in corrupt), corrupt
+        assert (ck / "step_10" / ".quarantined").exists() == bool(every)
