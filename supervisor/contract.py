@@ -207,6 +207,7 @@ class Manifest:
     torch_version: str | None = None
     # file name -> [(offset, length, xxh3_64 hex)], written while saving (supervisor.checkpoints.integrity)
     checksums: dict[str, list[tuple[int, int, str]]] | None = None
+    lineage: str | None = None  # the run that wrote it (supervisor.checkpoints.lineage)
 
 
 def _is_int(v: Any) -> TypeGuard[int]:
@@ -253,6 +254,7 @@ def parse_manifest(data: bytes) -> Manifest:
         sha256=_str_map(raw.get("sha256"), "sha256", lambda v: isinstance(v, str), "hex digests"),
         torch_version=version if isinstance(version, str) else None,
         checksums=_checksums(raw.get("checksums")),
+        lineage=raw["lineage"] if isinstance(raw.get("lineage"), str) else None,
     )
 
 
@@ -274,7 +276,7 @@ def _checksums(raw: Any) -> dict[str, list[tuple[int, int, str]]] | None:
 def manifest_record(*, step: int, world_size: int, time: float, torch_version: str,
                     metrics: Mapping[str, float | None], files: Mapping[str, int],
                     sha256: Mapping[str, str] | None = None,
-                    checksums: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                    checksums: Mapping[str, Any] | None = None, lineage: str | None = None) -> dict[str, Any]:
     """The JSON object of a manifest (the writer's side of `parse_manifest`); non-finite metrics become null."""
     clean = {str(k): (_finite(v, math.inf) if v is not None else None) for k, v in metrics.items()}
     record: dict[str, Any] = {
@@ -289,6 +291,8 @@ def manifest_record(*, step: int, world_size: int, time: float, torch_version: s
     }
     if sha256 is not None:
         record["sha256"] = dict(sha256)
+    if lineage is not None:
+        record["lineage"] = lineage
     if checksums is not None:
         record["checksums"] = {"algorithm": CHECKSUM_ALGORITHM,
                                "files": {n: sorted([list(s) for s in segs]) for n, segs in checksums.items()}}

@@ -23,6 +23,7 @@ __all__ = [
     "IN_USE_SUFFIX",
     "CLAIM_SUFFIX",
     "SEAL_SUFFIX",
+    "LINEAGE_FILE",
     "PIN_MARKER",
     "QUARANTINE_MARKER",
     "step_dir_name",
@@ -39,6 +40,7 @@ TMP_PREFIX = ".tmp-"  # in-flight saves: `.tmp-step_00000120-<nonce>`; never com
 LEGACY_TRASH_DIR = ".trash"  # inside the root, by earlier versions: migrated next to the root on first use
 TRASH_SUFFIX = ".fsdp-trash"  # `<parent>/.<root-name>.fsdp-trash/`: retention renames here first, then removes
 IN_USE_SUFFIX = ".fsdp-inuse"  # `<parent>/.<root-name>.fsdp-inuse/<host>-<pid>.json`: checkpoints a job resumed from
+LINEAGE_FILE = ".fsdp-lineage.json"  # in a root the trainer library saves to: the run's identity (lineage.py)
 SEAL_SUFFIX = ".fsdp-seals"  # `<parent>/.<root-name>.fsdp-seals/<name>.json`: checksums of checkpoints we sealed
 CLAIM_SUFFIX = ".fsdp-claim"  # `<parent>/.<root-name>.fsdp-claim/<host>-<pid>.json`: the supervisor(s) of the root's job
 PIN_MARKER = ".pinned"  # file inside a checkpoint dir: retention never deletes it

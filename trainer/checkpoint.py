@@ -39,6 +39,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.storage import WriteResult
 
 from supervisor.checkpoints.integrity import Segment
+from supervisor.checkpoints.lineage import root_lineage
 from supervisor.errors import CheckpointCorruptError
 from supervisor.host.gcpause import collector_paused
 from supervisor.layout import step_dir_name, tmp_dir_name
@@ -108,6 +109,16 @@ class SaveResult:
         self.writer: _Writer | None = None
 
 
+def _lineage(root: Path) -> str | None:
+    if _rank() != 0:
+        return None
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        return root_lineage(root, create=True)
+    except OSError:  # no lineage: local saves are then no run's, and never resumed
+        return None
+
+
 class Checkpointer:
     """Saves `step_<N>` checkpoints under `root`, sync or async; at most one save in flight."""
 
@@ -128,8 +139,9 @@ class Checkpointer:
         self.pending: SaveResult | None = None
         self.last: SaveResult | None = None
         self._stager: CachedStager | None = None  # CPU buffers reused by every async save (one in flight)
-        # One nonce per run (rank 0 draws, all ranks agree): temp names never collide with a dead attempt's.
-        self.nonce = broadcast_from_rank0(secrets.token_hex(4), control_group)
+        # One nonce per run (rank 0 draws, all ranks agree): temp names never collide with a dead attempt's. And
+        # the run's lineage, written into every manifest: a local-tier save is resumed only by its run (lineage.py).
+        self.nonce, self.lineage = broadcast_from_rank0((secrets.token_hex(4), _lineage(self.root)), control_group)
 
     def save(self, step: int, state: dict[str, Any], *, metrics: dict[str, Any] | None = None,
              blocking: bool | None = None, root: str | os.PathLike[str] | None = None) -> SaveResult:
@@ -186,6 +198,7 @@ class Checkpointer:
                 metrics=result.metrics,
                 sha256=self.sha256,
                 checksums=result.writer.checksums if result.writer is not None else None,
+                lineage=self.lineage,
             )
             result.final, result.created = commit(result.tmp, result.final, manifest)
         result.seconds = time.monotonic() - result.started

@@ -36,7 +36,7 @@ def _listed_files(directory: Path) -> list[str]:
 
 def build_manifest(directory: Path, *, step: int, world_size: int, torch_version: str,
                    metrics: Mapping[str, float | None], sha256: bool = False, now: float | None = None,
-                   checksums: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                   checksums: Mapping[str, Any] | None = None, lineage: str | None = None) -> dict[str, Any]:
     """The manifest of `directory` as it is now, as a JSON-ready dict (every file but the manifest); `checksums`:
     the ranges hashed while the files were written (supervisor.checkpoints.integrity)."""
     names = _listed_files(directory)
@@ -44,6 +44,7 @@ def build_manifest(directory: Path, *, step: int, world_size: int, torch_version
         step=step, world_size=world_size, time=time.time() if now is None else now, torch_version=torch_version,
         metrics=metrics, files={n: (directory / n).stat().st_size for n in names},
         sha256={n: sha256_file(directory / n) for n in names} if sha256 else None, checksums=checksums,
+        lineage=lineage,
     )
 
 

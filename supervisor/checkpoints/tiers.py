@@ -17,8 +17,10 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from supervisor.checkpoints.lineage import foreign
 from supervisor.checkpoints.ranking import CheckpointInfo, Tier, newest_complete, scan
 
 if TYPE_CHECKING:  # retention needs pydantic, claims psutil: the trainer's `--resume auto` must not pay for them
@@ -68,8 +70,8 @@ def newest_across(durable: PathLike, local: PathLike | None) -> CheckpointInfo |
     found = []
     if os.path.isdir(durable):
         found += tagged(filter(None, [newest_complete(durable)]), Tier.DURABLE)
-    if local is not None and os.path.isdir(local):
-        found += tagged(filter(None, [newest_complete(local)]), Tier.LOCAL)
+    if local is not None and os.path.isdir(local):  # of this run only (lineage.py)
+        found += tagged([c for c in [newest_complete(local)] if c and foreign(Path(durable), c.path) is None], Tier.LOCAL)
     return max(found, key=tier_order, default=None)
 
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from supervisor import checkpoints as store
+from supervisor.checkpoints.lineage import foreign
 from supervisor.checkpoints.seals import SEAL_MB_S, check, expected, seal
 from supervisor.checkpoints.tiers import Tier
 from supervisor.errors import CheckpointError, SidecarError
@@ -34,6 +35,9 @@ def good_ones(found: Infos, usable: Infos, *, verify: bool, roots: Sequence[Path
     good: list[store.CheckpointInfo] = []
     for c in usable:
         root = roots[0] if c.tier is Tier.DURABLE else roots[1]
+        if c.tier is Tier.LOCAL and roots[0] is not None and (why := foreign(roots[0], c.path)) is not None:
+            findings.append(store.Finding("local_tier_foreign", why))
+            continue
         if root is None or c.path.is_symlink():  # a link (Lightning's last.ckpt "link") is its target's save
             good.append(c)
             continue
