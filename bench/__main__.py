@@ -28,7 +28,7 @@ from bench.local_tier import K as LOCAL_K
 __all__ = ["main", "GOALS", "evaluate", "render"]
 
 SECTIONS = ("imports", "discovery", "metadata", "recovery", "hangs", "heartbeat", "save_stall", "checkpoint_io",
-            "loop_stall", "throughput", "local_tier")
+            "loop_stall", "throughput", "local_tier", "integrity")
 # (dotted key in bench-results.json, comparison, goal) from issues 7, 12, 25 and 26.
 GOALS: list[tuple[str, str, float]] = [
     ("recovery_s.ratio", "<=", 0.5),  # issue 26: every rank back (world size unchanged), through warm workers
@@ -57,6 +57,9 @@ GOALS: list[tuple[str, str, float]] = [
     ("local_tier.throughput_ratio", ">=", 0.97),  # local saves every K steps / none
     ("local_tier.steps_lost_median", "<=", float(LOCAL_K)),
     ("local_tier.load_speedup", ">=", 2.0),  # cold 1.2 GB load: the durable root's time / the local tier's
+    # Issue 34: checksums written while saving cost (almost) nothing; the supervisor's check reads near dd's speed.
+    ("integrity.write_overhead", "<=", 0.03),
+    ("integrity.verify_ratio", ">=", 0.8),
 ]
 # Context rows printed under the goals (not gated).
 INFO = [
@@ -206,9 +209,14 @@ def _sections(quick: bool, repeats: int | None, say: Callable[[str], None]) -> d
 
         return {"local_tier": tier.run(repeats=1 if quick else (repeats or 3), quick=quick, progress=say)}
 
+    def integrity() -> dict[str, Any]:
+        from bench import integrity as ig
+
+        return {"integrity": ig.run(mb=64 if quick else 512, repeats=2 if quick else (repeats or 5))}
+
     return {"imports": imports, "discovery": discovery, "metadata": metadata, "recovery": recovery, "hangs": hangs,
             "heartbeat": heartbeat, "save_stall": save_stall, "checkpoint_io": checkpoint_io, "loop_stall": loop_stall,
-            "throughput": throughput, "local_tier": local_tier}
+            "throughput": throughput, "local_tier": local_tier, "integrity": integrity}
 
 
 def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:
