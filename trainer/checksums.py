@@ -15,6 +15,7 @@ import io
 import os
 import threading
 from collections.abc import Generator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,10 @@ from supervisor.layout import METADATA_NAME
 __all__ = ["HashingFileSystem", "CheckedWriteResult", "VerifyingFileSystem", "checked_results", "collect"]
 
 
+_OVERLAP_BYTES = 1 << 20
+_HASHER = ThreadPoolExecutor(1, thread_name_prefix="ckpt-hash")  # one writer thread per rank: one hasher
+
+
 class _HashingStream:
     """A binary file being written, hashed range by range: a range ends wherever the position is asked for."""
 
@@ -40,8 +45,15 @@ class _HashingStream:
         self._hasher = Hasher()
 
     def write(self, data: Any) -> int:
-        self._hasher.update(data)
-        n = int(self.raw.write(data))
+        if memoryview(data).nbytes < _OVERLAP_BYTES:
+            self._hasher.update(data)
+            n = int(self.raw.write(data))
+        else:  # a tensor's bytes: hashed on another core while they are written (both release the GIL)
+            hashed = _HASHER.submit(self._hasher.update, data)
+            try:
+                n = int(self.raw.write(data))
+            finally:
+                hashed.result()
         self._pos += n
         return n
 

@@ -114,7 +114,10 @@ def _hash_file(path: Path, segments: list[Segment] | None, mb_s: float | None) -
             f.seek(offset)
             hasher, left = Hasher(), size
             while left:
-                block = f.read(min(_CHUNK, left))
+                try:
+                    block = f.read(min(_CHUNK, left))
+                except OSError as exc:  # EIO: the medium itself
+                    return f"{path} bytes {offset}-{offset + size} cannot be read: {exc.strerror or exc}"
                 if not block:
                     return f"{path} ends at byte {offset + size - left}"
                 hasher.update(block)
@@ -153,7 +156,7 @@ def _recommitted(old: Any, new: dict[str, list[int]]) -> bool:
     return bool(last) and max(new[n][3] for n in last) >= max(new[n][3] for n in changed)
 
 
-def seal(root: Path, path: Path, *, mb_s: float = SEAL_MB_S) -> bool:
+def seal(root: Path, path: Path, *, mb_s: float | None = SEAL_MB_S) -> bool:
     """Seal `path` unless its seal still describes its files (the same inodes, sizes and times); whether it sealed.
     SidecarError when the seals' folder is not ours; OSError when it cannot be written."""
     doc = _read_seal(root, path.name)

@@ -33,6 +33,7 @@ def good_ones(found: Infos, usable: Infos, *, verify: bool, roots: Sequence[Path
     findings: list[store.Finding] = []
     bad: dict[Path, str] = {}
     good: list[store.CheckpointInfo] = []
+    hashed = False  # one checkpoint sealed (or looked at for a re-commit) per pass besides the resume point
     for c in usable:
         root = roots[0] if c.tier is Tier.DURABLE else roots[1]
         if c.tier is Tier.LOCAL and roots[0] is not None and (why := foreign(roots[0], c.path)) is not None:
@@ -43,11 +44,15 @@ def good_ones(found: Infos, usable: Infos, *, verify: bool, roots: Sequence[Path
             continue
         try:
             sums = expected(root, c.path)
-            if (sums is None or sums[0] == "seal") and seal(root, c.path):  # new, or its files rewritten since
-                sums = expected(root, c.path)
             launch = verify and not good  # the resume point: read at full speed, a launch waits for it
+            # New, or its files rewritten since: sealed now if it is the resume point, else one a pass (idle).
+            fresh = False  # sealed just now: the bytes were just read, and are what the seal says
+            if (sums is None or sums[0] == "seal") and (launch or not hashed):
+                hashed = hashed or not launch
+                if fresh := seal(root, c.path, mb_s=None if launch else SEAL_MB_S):
+                    sums = expected(root, c.path)
             problem = (check(root, c.path, sums[1], mb_s=None if launch else SEAL_MB_S)
-                       if sums is not None and (launch or scrub) else None)
+                       if sums is not None and (launch or scrub) and not fresh else None)
         except (CheckpointError, SidecarError, OSError) as exc:
             findings.append(store.Finding("seal_failed", f"{c.path}: {exc}"))
             problem = None

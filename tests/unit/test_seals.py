@@ -164,3 +164,32 @@ class TestBeforeLaunch:
         corrupt = [f["message"] for e, f in log.events if e == "checkpoint_corrupt"]
         assert len(corrupt) == (1 if every else 0) and all(str(ck / "step_10") in m for m in corrupt), corrupt
         assert (ck / "step_10" / ".quarantined").exists() == bool(every)
+
+
+class TestCorruptExit:
+    def test_a_load_that_fails_its_checksums_quarantines_at_once_and_relaunches_without_backoff(
+            self, tmp_path: Path, make_checkpoint: Callable[[Path, str], Path]) -> None:
+        """The job's own load found rot the pass before its launch did not (it came after, or the job chose its
+        own checkpoint): exit `corrupt`, the checkpoint quarantined naming file and range, relaunched at once from
+        the one before, no restart counted against the job."""
+        core, fake, log = make_core(tmp_path, restart="quarantine_after = 5\nbackoff_initial_s = 30")
+        ck = core.cfg.checkpoints.dir
+        make_checkpoint(ck, "step_10")
+        make_checkpoint(ck, "step_20")
+        core.begin(None)
+        core.house.wait_idle(30)
+        shard = ck / "step_20" / "__0_0.distcp"
+        (core.run_dir / "logs" / "attempt-0001.log").write_text(
+            "[rank0]: Traceback (most recent call last):\n[rank0]:   File \"x.py\", line 1, in <module>\n"
+            f"[rank0]: supervisor.errors.CheckpointCorruptError: checkpoint corrupt: {shard} bytes 5-9 do not match "
+            "their xxh3_64 checksum recorded at save\n")
+        exit_job(core, fake, 1)
+        fake.advance(0.5, core)
+        core.house.wait_idle(30)
+        fake.advance(0.5, core)
+        assert core.status.last_exit is not None and core.status.last_exit.reason == "corrupt"
+        assert fake.spawned[-1].argv[-1] == str(ck / "step_10") and len(fake.spawned) == 2
+        q = [f for e, f in log.events if e == "quarantined"]
+        assert len(q) == 1 and f"{shard} bytes 5-9" in q[0]["reason"], q
+        backoff = [f for e, f in log.events if e == "backoff"]
+        assert backoff[-1]["delay_s"] == 0 and backoff[-1]["reason"] == "corrupt"
