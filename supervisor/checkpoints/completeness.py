@@ -29,6 +29,7 @@ from supervisor.checkpoints._files import sha256_file
 from supervisor.checkpoints.manifest import Manifest, read_manifest
 from supervisor.checkpoints.metadata.reader import DcpMetadata, read_metadata
 from supervisor.checkpoints.naming import name_step
+from supervisor.checkpoints.seals import check_files as check
 from supervisor.checkpoints.shapes import DCP, DIRECTORY, NESTED, TEMPORARY, UNSTARTED, Shape, identify
 from supervisor.errors import (
     CheckpointError,
@@ -216,9 +217,11 @@ def _verify_dcp(directory: Path, deep: bool, root: Path) -> Verdict:
     _check_storage(directory, meta, problems)
     if manifest is not None:
         _check_manifest(directory, manifest, problems)
-    checksummed = bool(deep and manifest is not None and manifest.sha256)
+    checksummed = bool(deep and manifest is not None and (manifest.sha256 or manifest.checksums))
     if checksummed and not problems.invalid and not problems.torn:
         _check_checksums(directory, manifest, problems)  # type: ignore[arg-type]
+        bad = check(directory, manifest.checksums) if manifest and manifest.checksums and not problems.torn else None
+        problems.torn += [bad] if bad else []  # the xxh3_64 ranges written while it was saved (seals.py)
     verdict = problems.verdict(manifest=manifest, metadata=meta, checksummed=checksummed)
     meta_pt = lightning.meta_problem(directory) if verdict.complete else None
     if meta_pt is not None:  # Lightning's `meta.pt`, written after the DCP files

@@ -134,6 +134,10 @@ def _hash_file(path: Path, segments: list[Segment] | None, mb_s: float | None) -
 def check(root: Path, path: Path, checksums: Checksums, *, threads: int = 4, mb_s: float | None = None) -> str | None:
     """Read every byte the checksums cover (files in parallel; at full speed, or idle and at most `mb_s` per file):
     None when all match, else the first mismatch (`<file> bytes A-B ...`)."""
+    return check_files(path, checksums, threads=threads, mb_s=mb_s)
+
+
+def check_files(path: Path, checksums: Checksums, *, threads: int = 4, mb_s: float | None = None) -> str | None:
     names = sorted(checksums)
     with ThreadPoolExecutor(max(1, min(threads, len(names)))) as pool:
         results = pool.map(lambda n: _hash_file(path / n, list(checksums[n]), mb_s), names)

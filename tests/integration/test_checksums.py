@@ -112,3 +112,15 @@ def test_checkpoints_without_checksums_still_load(tmp_path: Path) -> None:
     (saved / "manifest.json").write_text(json.dumps(raw))
     _flip(saved / "__0_0.distcp", 5000)
     load_checkpoint(saved, _blank())  # nothing to check against: loads (the old behaviour)
+
+
+def test_verify_deep_reads_the_ranges_too(saved: Path) -> None:
+    """`checkpoints verify --deep` checks the checksums written at save (size and times cannot tell)."""
+    from supervisor.checkpoints import verify
+
+    name, off, size = max(_ranges(saved), key=lambda r: r[2])
+    assert verify(saved, deep=True).complete
+    _flip(saved / name, off + size // 2)
+    assert verify(saved).complete  # structure only
+    deep = verify(saved, deep=True)
+    assert deep.state == "torn" and f"{saved / name} bytes {off}-{off + size} do not match" in (deep.reason or "")
