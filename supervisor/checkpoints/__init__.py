@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 # Names are loaded on first use (PEP 562): a trainer worker that only validates `--resume PATH` imports
 # `completeness` (standard library only), not pydantic and structlog, before its own `import torch`.
 _HOME = {
-    **dict.fromkeys(("COMPLETE", "FOREIGN", "INVALID", "PARTIAL", "STATES", "TORN", "Verdict", "verify"),
+    **dict.fromkeys(("COMPLETE", "CORRUPT", "FOREIGN", "INVALID", "PARTIAL", "STATES", "TORN", "Verdict", "verify"),
                     "completeness"),
     **dict.fromkeys(("CheckpointDirectoryError", "identify"), "shapes"),
     **dict.fromkeys(("IN_USE_MAX_AGE_S", "clear_in_use", "in_use", "mark_in_use", "refresh_in_use"), "inuse"),
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     # added to _HOME but not here is a mypy error where it is used, as mypy is not shown __getattr__.
     from supervisor.checkpoints._files import open_regular as open_regular
     from supervisor.checkpoints.completeness import COMPLETE as COMPLETE
+    from supervisor.checkpoints.completeness import CORRUPT as CORRUPT
     from supervisor.checkpoints.completeness import FOREIGN as FOREIGN
     from supervisor.checkpoints.completeness import INVALID as INVALID
     from supervisor.checkpoints.completeness import PARTIAL as PARTIAL

@@ -29,7 +29,6 @@ from supervisor.checkpoints._files import sha256_file
 from supervisor.checkpoints.manifest import Manifest, read_manifest
 from supervisor.checkpoints.metadata.reader import DcpMetadata, read_metadata
 from supervisor.checkpoints.naming import name_step
-from supervisor.checkpoints.seals import check_files as check
 from supervisor.checkpoints.shapes import DCP, DIRECTORY, NESTED, TEMPORARY, UNSTARTED, Shape, identify
 from supervisor.errors import (
     CheckpointError,
@@ -42,7 +41,7 @@ from supervisor.errors import (
 from supervisor.layout import METADATA_NAME, RANK_METADATA_NAME
 from supervisor.vocabulary import Vocabulary
 
-__all__ = ["CheckpointState", "COMPLETE", "PARTIAL", "TORN", "INVALID", "FOREIGN", "STATES", "Verdict",
+__all__ = ["CheckpointState", "COMPLETE", "PARTIAL", "TORN", "INVALID", "FOREIGN", "CORRUPT", "STATES", "Verdict",
            "verify", "against_reference"]
 
 class CheckpointState(Vocabulary):
@@ -53,12 +52,14 @@ class CheckpointState(Vocabulary):
     TORN = "torn"  # its metadata names files that are missing or short
     INVALID = "invalid"  # unreadable, unsafe or not DCP: never resumed
     FOREIGN = "foreign"  # not a checkpoint (TensorBoard dirs, exports, code): never touched
+    CORRUPT = "corrupt"  # complete, but its bytes fail their checksums (a quarantine `corrupt: ...`): kept for a human
     UNVERIFIED = "unverified"  # scan(verify_all=False) only: older than the newest complete, not looked at
 
 
 COMPLETE, PARTIAL, TORN, INVALID, FOREIGN = (CheckpointState.COMPLETE, CheckpointState.PARTIAL, CheckpointState.TORN,
                                              CheckpointState.INVALID, CheckpointState.FOREIGN)
-STATES = (COMPLETE, PARTIAL, TORN, INVALID, FOREIGN)
+CORRUPT = CheckpointState.CORRUPT
+STATES = (COMPLETE, PARTIAL, TORN, INVALID, FOREIGN, CORRUPT)
 _SEVERITY = {COMPLETE: 0, PARTIAL: 1, TORN: 2, INVALID: 3}  # a nested folder is as bad as its worst member
 _MAX_REASONS = 3
 
@@ -220,7 +221,9 @@ def _verify_dcp(directory: Path, deep: bool, root: Path) -> Verdict:
     checksummed = bool(deep and manifest is not None and (manifest.sha256 or manifest.checksums))
     if checksummed and not problems.invalid and not problems.torn:
         _check_checksums(directory, manifest, problems)  # type: ignore[arg-type]
-        bad = check(directory, manifest.checksums) if manifest and manifest.checksums and not problems.torn else None
+        from supervisor.checkpoints.seals import check_files  # xxhash: only for --deep (the trainer's import stays light)
+
+        bad = check_files(directory, manifest.checksums) if manifest and manifest.checksums and not problems.torn else None
         problems.torn += [bad] if bad else []  # the xxh3_64 ranges written while it was saved (seals.py)
     verdict = problems.verdict(manifest=manifest, metadata=meta, checksummed=checksummed)
     meta_pt = lightning.meta_problem(directory) if verdict.complete else None

@@ -14,9 +14,10 @@ import xxhash
 from supervisor.contract import CHECKSUM_ALGORITHM as ALGORITHM
 from supervisor.errors import CheckpointCorruptError
 
-__all__ = ["ALGORITHM", "Segment", "Checksums", "Hasher", "digest", "covering", "check_bytes", "mismatch",
+__all__ = ["ALGORITHM", "Segment", "Checksums", "Hasher", "digest", "covering", "check_bytes", "mismatch", "CORRUPT_PREFIX",
            "CheckpointCorruptError"]
 
+CORRUPT_PREFIX = "corrupt: "  # the quarantine reason of a checkpoint whose bytes failed: its state is `corrupt`
 Segment = tuple[int, int, str]  # offset, length, hex digest
 Checksums = Mapping[str, Sequence[Segment]]
 

@@ -34,6 +34,7 @@ from typing import Protocol
 from supervisor.checkpoints import lightning
 from supervisor.checkpoints.completeness import (
     COMPLETE,
+    CORRUPT,
     FOREIGN,
     INVALID,
     CheckpointState,
@@ -41,9 +42,10 @@ from supervisor.checkpoints.completeness import (
     against_reference,
     verify,
 )
+from supervisor.checkpoints.integrity import CORRUPT_PREFIX
 from supervisor.checkpoints.keeps import with_holds
 from supervisor.checkpoints.manifest import Manifest, read_manifest
-from supervisor.checkpoints.markers import is_pinned, is_quarantined
+from supervisor.checkpoints.markers import is_pinned, is_quarantined, quarantine_reason
 from supervisor.checkpoints.naming import embedded_steps, is_temporary, name_ordinal, name_step
 from supervisor.checkpoints.shapes import DIRECTORY, NESTED, CheckpointDirectoryError, Shape, identify
 from supervisor.checkpoints.shapes import FOREIGN as FOREIGN_SHAPE
@@ -272,6 +274,9 @@ def _info(c: _Candidate, verdict: Verdict | None) -> CheckpointInfo:
         state, reason = UNVERIFIED, "not verified: older than the newest complete checkpoint"
     else:
         state, reason = verdict.state, verdict.reason
+    held = quarantine_reason(c.path) if state == COMPLETE and is_quarantined(c.path) else None
+    if held and held.startswith(CORRUPT_PREFIX):  # its bytes failed their checksums (daemon/integrity.py)
+        state, reason = CORRUPT, held.removeprefix(CORRUPT_PREFIX)
     step = manifest.step if manifest else c.step
     if step is None and c.ordinal is not None:
         step = sidecar_step(c.path)

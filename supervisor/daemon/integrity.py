@@ -12,14 +12,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from supervisor import checkpoints as store
+from supervisor.checkpoints.completeness import CORRUPT
+from supervisor.checkpoints.integrity import CORRUPT_PREFIX
 from supervisor.checkpoints.lineage import foreign
 from supervisor.checkpoints.seals import SEAL_MB_S, check, expected, seal
 from supervisor.checkpoints.tiers import Tier
 from supervisor.errors import CheckpointError, SidecarError
 
-__all__ = ["good_ones", "CORRUPT_PREFIX"]
+__all__ = ["good_ones"]
 
-CORRUPT_PREFIX = "corrupt: "  # the quarantine reason of a checkpoint whose bytes failed their checksums
 
 
 Infos = list[store.CheckpointInfo]
@@ -66,5 +67,6 @@ def good_ones(found: Infos, usable: Infos, *, verify: bool, roots: Sequence[Path
             reason += f" (the quarantine marker could not be written: {exc})"
         bad[c.path] = reason
         findings.append(store.Finding("checkpoint_corrupt", f"{c.path} is never resumed: {reason}"))
-    found = [dataclasses.replace(c, quarantined=True, reason=bad[c.path]) if c.path in bad else c for c in found]
+    found = [dataclasses.replace(c, quarantined=True, state=CORRUPT, reason=bad[c.path].removeprefix(CORRUPT_PREFIX))
+             if c.path in bad else c for c in found]
     return found, good, findings

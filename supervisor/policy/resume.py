@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from supervisor.checkpoints import COMPLETE, INVALID, TORN, CheckpointInfo
+from supervisor.checkpoints import COMPLETE, CORRUPT, INVALID, TORN, CheckpointInfo
 from supervisor.checkpoints.naming import is_temporary
 from supervisor.config import CHECKPOINT_PLACEHOLDER, STEP_PLACEHOLDER
 
@@ -58,7 +58,7 @@ def _blocking(c: CheckpointInfo, skip: Collection[str]) -> str | None:
         return None
     if c.state == COMPLETE:
         return "quarantined" if c.quarantined or str(c.path) in skip else None
-    if c.state in (TORN, INVALID):
+    if c.state in (TORN, INVALID, CORRUPT):
         return f"{c.state}: {c.reason}" if c.reason else c.state
     return None
 

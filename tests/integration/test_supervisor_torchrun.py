@@ -209,9 +209,10 @@ class TestQuarantine:
         assert (st["resumed_from"] == str(tmp_path / "ckpts" / "step_00000005")
                 and st["attempt"] == 2 and st["restarts"] == 0)  # 1 + 1 (numbering continues)
         infos = {c.name: c for c in scan(tmp_path / "ckpts")}
-        assert infos[newest.path.name].quarantined and infos["step_00000015"].complete
+        assert infos[newest.path.name].state == "corrupt" and infos["step_00000015"].complete
         listed = cli("checkpoints", "list", "-c", str(cfg2)).stdout
-        assert "quarantined: corrupt: " in listed and "distcp bytes " in listed, listed
+        row = next(line for line in listed.splitlines() if line.startswith(newest.path.name))
+        assert " corrupt " in row and "distcp bytes " in row, listed
 
     @pytest.mark.parametrize("rot", ["write", "device"])
     def test_a_rotten_bit_is_caught_on_load_and_the_run_ends_bit_identical(

@@ -134,6 +134,13 @@ class TestBeforeLaunch:
         marker = json.loads((ck / "step_20" / ".quarantined").read_text())
         assert marker["reason"].startswith(f"corrupt: {shard} bytes 0-")
         assert (ck / "step_20").exists()  # kept for a person to look at
+        from supervisor.checkpoints import DiskUsage, RetentionRules, plan_retention, scan
+
+        infos = {c.name: c for c in scan(ck)}
+        assert infos["step_20"].state == "corrupt" and (infos["step_20"].reason or "").startswith(f"{shard} bytes 0-")
+        plan = plan_retention(list(infos.values()), rules=RetentionRules(keep_last=1),
+                              disk=DiskUsage(total_bytes=1 << 40, free_bytes=1 << 39), protect=set(), now=1e10)
+        assert [d.path for d in plan.deletions] == []  # step_10 is the newest good; the corrupt one is a human's
 
     def test_a_removed_seal_is_made_again_and_the_launch_still_reads(
             self, tmp_path: Path, make_checkpoint: Callable[[Path, str], Path]) -> None:

@@ -21,6 +21,7 @@ from supervisor.checkpoints import (
     scan_local,
     scan_tiers,
 )
+from supervisor.checkpoints.lineage import root_lineage
 from supervisor.checkpoints.retention import GIB
 from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.checkpoints.tiers import TierClaims
@@ -42,6 +43,15 @@ def tiers(tmp_path: Path) -> tuple[Path, Path]:
     return durable, local
 
 
+def _ours(durable: Path, local: Path, step: int, **kw: object) -> Path:
+    """A local checkpoint of the durable root's run (its lineage in the manifest: checkpoints/lineage.py)."""
+    ck = write_checkpoint(local, step, **kw)  # type: ignore[arg-type]
+    raw = json.loads((ck / "manifest.json").read_text())
+    raw["lineage"] = root_lineage(durable, create=True)
+    (ck / "manifest.json").write_text(json.dumps(raw))
+    return ck
+
+
 def _tear(path: Path) -> None:
     next(p for p in path.iterdir() if p.name.endswith(".distcp")).unlink()
 
@@ -52,7 +62,7 @@ class TestOneOrder:
         durable, local = tiers
         for step in (10, 20):
             write_checkpoint(durable, step)
-        write_checkpoint(local, 25)
+        _ours(durable, local, 25)
         best = newest_across(durable, local)
         assert best is not None and (best.path, best.tier) == (local / "step_00000025", Tier.LOCAL)
 
@@ -60,7 +70,7 @@ class TestOneOrder:
         """The local 25 lost a shard: the durable 20 is the resume, never the torn copy."""
         durable, local = tiers
         write_checkpoint(durable, 20)
-        _tear(write_checkpoint(local, 25))
+        _tear(_ours(durable, local, 25))
         best = newest_across(durable, local)
         assert best is not None and (best.step, best.tier) == (20, Tier.DURABLE)
         launch = plan_resume(scan_tiers(durable, local), resume_args=["--resume", "{checkpoint}"],
@@ -71,7 +81,7 @@ class TestOneOrder:
         """Both tiers hold step 30 (the faster one loads): the local copy ranks first, the durable one second."""
         durable, local = tiers
         write_checkpoint(durable, 30)
-        write_checkpoint(local, 30)
+        _ours(durable, local, 30)
         os.utime(local / "step_00000030" / ".metadata", (1, 1))  # older on disk: the tier decides, not the mtime
         first, second = scan_tiers(durable, local)[:2]
         assert (first.tier, second.tier) == (Tier.LOCAL, Tier.DURABLE)
@@ -90,7 +100,7 @@ class TestOneOrder:
         for step in (10, 20):
             write_checkpoint(durable, step)
         for step in (15, 25):
-            write_checkpoint(local, step)
+            _ours(durable, local, step)
         got = [(c.step, c.tier) for c in merged(scan(durable), scan(local))]
         assert got == [(25, Tier.LOCAL), (20, Tier.DURABLE), (15, Tier.LOCAL), (10, Tier.DURABLE)]
 
@@ -121,7 +131,7 @@ class TestRetentionPerTier:
         durable, local = tiers
         for step in (10, 20, 30):
             write_checkpoint(durable, step)
-        write_checkpoint(local, 35)
+        _ours(durable, local, 35)
         plan = plan_retention(scan(durable), rules=RetentionRules(keep_last=1), disk=DISK, now=1e12)
         assert sorted(d.name for d in plan.deletions) == ["step_00000010", "step_00000020"]
         assert local_rules(RetentionRules(min_free_gb=50, keep_every=10), 2) == RetentionRules(keep_last=2)
@@ -193,7 +203,7 @@ class TestDaemonPass:
         for step in (10, 20, 30):
             write_checkpoint(durable, step)
         for step in (15, 25, 35):
-            write_checkpoint(local, step)
+            _ours(durable, local, step)
         house = self._house(tmp_path)
         result = house.run_pass(generation=0, protect=[local / "step_00000015"])
         assert result.error is None
@@ -226,7 +236,7 @@ class TestCli:
         for step in (10, 20):
             write_checkpoint(durable, step)
         for step in (15, 25):
-            write_checkpoint(local, step)
+            _ours(durable, local, step)
         return write(tmp_path, _with(checkpoints='dir = "ckpts"\nlocal_dir = "shm/ckpts"\nkeep_last = 5'))
 
     def test_list_shows_the_tier(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
