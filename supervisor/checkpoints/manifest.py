@@ -2,7 +2,7 @@
 
 The manifest is optional: plain DCP dirs from user scripts have none. When it is there it is checked
 strictly, because it is what the trainer promises about the dir. The trainer (trainer/commit.py) and the
-torch-free test writer (checkpoints/testing.py) both write it through `build_manifest` + `write_manifest`.
+torch-free test writer (tests/jobs/dcp_files.py) both write it through `build_manifest` + `write_manifest`.
 """
 from __future__ import annotations
 

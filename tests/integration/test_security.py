@@ -16,10 +16,10 @@ from pathlib import Path
 
 import psutil
 
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.observe.metrics import is_loopback
 from supervisor.observe.redact import MASK
 from tests.helpers import REPO, TAG_ENV
+from tests.jobs.dcp_files import write_checkpoint
 from tests.supervise import FAKEJOB, Supervisors, cli, stop, supervisors, wait_for, write_config  # noqa: F401
 from tests.unit.test_security import TRAPS, _plant, _snapshot
 

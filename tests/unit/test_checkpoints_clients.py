@@ -16,15 +16,15 @@ import pytest
 
 from supervisor.checkpoints import DiskUsage, RetentionRules, newest_complete, plan_retention, scan, torchzip
 from supervisor.checkpoints.retention import GIB
-from supervisor.checkpoints.testing import (
+from supervisor.config import load_config
+from supervisor.daemon.housekeeping import Housekeeper
+from tests.fakes import RecordingLog
+from tests.jobs.dcp_files import (
     lightning_meta,
     write_lightning_checkpoint,
     write_torch_file,
     write_trainer_checkpoint,
 )
-from supervisor.config import load_config
-from supervisor.daemon.housekeeping import Housekeeper
-from tests.fakes import RecordingLog
 
 DISK = DiskUsage(total_bytes=1000 * GIB, free_bytes=900 * GIB)
 

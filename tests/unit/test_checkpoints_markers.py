@@ -15,9 +15,9 @@ from supervisor.checkpoints import (
     unpin,
     unquarantine,
 )
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.errors import CheckpointError
 from supervisor.layout import PIN_MARKER, QUARANTINE_MARKER
+from tests.jobs.dcp_files import write_checkpoint
 
 
 class TestPin:

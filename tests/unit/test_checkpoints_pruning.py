@@ -25,9 +25,9 @@ from supervisor.checkpoints import (
     trash_dir,
 )
 from supervisor.checkpoints.retention import GIB
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.errors import CheckpointError
 from tests.fakes import RecordingLog
+from tests.jobs.dcp_files import write_checkpoint
 
 
 def _plan(*paths: Path) -> RetentionPlan:

@@ -19,9 +19,9 @@ from supervisor.checkpoints import (
     scan,
 )
 from supervisor.checkpoints.retention import GIB
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.errors import CheckpointError
 from supervisor.layout import LEGACY_TRASH_DIR, METADATA_NAME, tmp_dir_name
+from tests.jobs.dcp_files import write_checkpoint
 
 
 def _tear(d: Path) -> Path:

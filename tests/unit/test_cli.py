@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.daemon.statefile import write_status
 from supervisor.policy.state import Status
+from tests.jobs.dcp_files import write_checkpoint
 
 CONFIG = '[job]\ncommand = ["true"]\n[checkpoints]\ndir = "ckpts"\n'
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.checkpoints.testing import write_trainer_checkpoint
 from supervisor.config import load_config
 from supervisor.daemon.core import Core
 from supervisor.daemon.statefile import read_status
 from supervisor.policy.state import State, Status
 from tests.fakes import FakeSystem, RecordingLog
+from tests.jobs.dcp_files import write_trainer_checkpoint
 
 BASE = """
 [job]

@@ -19,12 +19,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from supervisor.checkpoints import DiskUsage, RetentionRules, clear_trash, execute_retention, plan_retention, scan
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.errors import CheckpointError, ConfigError
 from supervisor.layout import LEGACY_TRASH_DIR
 from supervisor.observe.metrics import is_loopback, parse_listen
 from supervisor.observe.redact import MASK, redact_argv
 from tests.helpers import REPO
+from tests.jobs.dcp_files import write_checkpoint
 
 PACKAGES = [REPO / "supervisor", REPO / "trainer"]
 
