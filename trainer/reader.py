@@ -60,7 +60,13 @@ def _rebuild(storage: Any, storage_offset: int, size: tuple[int, ...], stride: t
 
 
 class _LayoutUnpickler(pickle.Unpickler):
-    """Decodes `torch.save(tensor)`'s pickle into the rebuild call's arguments; refuses every other global."""
+    """Decodes `torch.save(tensor)`'s pickle into the rebuild call's arguments; refuses every other global.
+
+    The C unpickler, not the supervisor's walker (supervisor/checkpoints/metadata/scan.py), on purpose: these
+    are the records of the checkpoint this trainer is loading, which DCP would `torch.load` anyway (every item
+    this fast path does not take goes there); the walker exists for the daemon, which reads any file under the
+    root and must survive it. A hostile record costs no more here than in torch's own load: `find_class` keeps
+    the allowlist, and at most _MAX_PICKLE_BYTES are unpickled."""
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
