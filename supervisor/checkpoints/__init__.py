@@ -20,7 +20,7 @@ _HOME = {
     **dict.fromkeys(("IN_USE_MAX_AGE_S", "clear_in_use", "in_use", "mark_in_use", "refresh_in_use"), "inuse"),
     **dict.fromkeys(("checkpoint_in_root", "is_pinned", "is_quarantined", "pin", "quarantine", "quarantine_reason",
                      "unpin", "unquarantine"), "markers"),
-    **dict.fromkeys(("clear_trash", "disk_usage", "execute_retention", "migrate_legacy_trash", "trash_dir"), "pruning"),
+    **dict.fromkeys(("clear_trash", "disk_usage", "execute_retention", "trash_dir"), "pruning"),
     **dict.fromkeys(("UNVERIFIED", "CheckpointInfo", "Tier", "age_order", "check_root", "judge", "newest_complete",
                      "scan"), "ranking"),
     **dict.fromkeys(("local_rules", "merged", "newest_across", "scan_local", "scan_tiers", "tier_order"), "tiers"),
@@ -58,7 +58,6 @@ if TYPE_CHECKING:
     from supervisor.checkpoints.pruning import clear_trash as clear_trash
     from supervisor.checkpoints.pruning import disk_usage as disk_usage
     from supervisor.checkpoints.pruning import execute_retention as execute_retention
-    from supervisor.checkpoints.pruning import migrate_legacy_trash as migrate_legacy_trash
     from supervisor.checkpoints.pruning import trash_dir as trash_dir
     from supervisor.checkpoints.ranking import UNVERIFIED as UNVERIFIED
     from supervisor.checkpoints.ranking import CheckpointInfo as CheckpointInfo

@@ -185,7 +185,6 @@ class Housekeeper:
             plan, deleted = store.RetentionPlan(), list[store.Deletion]()
             committed = newest is not None and newest.path != unless_newest
             if self.cfg.checkpoints.prune and (prune or committed or settled) and stopped is None:
-                store.migrate_legacy_trash(self.root, fallback=self.cfg.run_dir)
                 plan, deleted, stopped = self._retention(self.root, durable, self.cfg.checkpoints, usage, protect,
                                                          settled)
             if self.cfg.checkpoints.prune and (prune or committed or settled) and local:

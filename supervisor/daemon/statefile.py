@@ -22,7 +22,7 @@ def write_status(run_dir: Path, status: Status) -> None:
 
 def remove_torn_writes(run_dir: Path) -> None:
     """Delete the temp files of `write_status` calls cut short by a SIGKILL (only with the run lock held)."""
-    for tmp in [*temporaries(run_dir / STATE_FILE), *run_dir.glob(".state-*.tmp")]:  # the second: before 0.2
+    for tmp in temporaries(run_dir / STATE_FILE):
         tmp.unlink(missing_ok=True)
 
 
