@@ -30,7 +30,7 @@ from supervisor.checkpoints.shapes import identify
 from supervisor.checkpoints.sidecars import open_sidecar, resolved, sidecar_problem, trusted_owners
 from supervisor.errors import CheckpointError, SidecarError
 from supervisor.host.mounts import same_mount
-from supervisor.layout import LEGACY_TRASH_DIR, TRASH_SUFFIX, is_sidecar_name, sidecar_name
+from supervisor.layout import TRASH_SUFFIX, is_sidecar_name, sidecar_name
 
 __all__ = ["disk_usage", "execute_retention", "clear_trash", "trash_dir", "parking_problem"]
 
@@ -166,7 +166,7 @@ def clear_trash(root: PathLike, fallback: PathLike | None = None) -> int:
 def _refusal(root: Path, target: Path, inode: int = 0) -> str | None:
     """Why `target` may not be deleted, or None when it is a real checkpoint dir directly inside `root` (and,
     with `inode`, still the very dir that was judged)."""
-    if target.parent != root or target.name in ("", ".", "..", LEGACY_TRASH_DIR) or is_sidecar_name(target.name):
+    if target.parent != root or target.name in ("", ".", "..") or is_sidecar_name(target.name):
         return "not a direct child of the checkpoint root"
     try:
         st = os.lstat(target)
