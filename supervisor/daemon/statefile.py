@@ -30,6 +30,6 @@ def read_status(run_dir: Path) -> Status | None:
     """The last written status, or None when there is none or it cannot be parsed."""
     try:
         with open_regular(run_dir / STATE_FILE) as f:  # whatever was planted there, `status` never hangs
-            return Status.from_json(json.loads(f.read(_MAX_STATE_BYTES)))
+            return Status.from_json(f.read(_MAX_STATE_BYTES))
     except (OSError, ValueError, TypeError, KeyError, RecursionError):  # RecursionError: `[[[[...` nested deep
         return None
