@@ -27,13 +27,13 @@ _HOME = {
     **dict.fromkeys(("GIB", "Deletion", "DiskUsage", "Finding", "KeepBest", "RetentionPlan", "RetentionRules",
                      "plan_retention", "by_metric"), "retention"),
     # The careful open (no symlink, no FIFO, a size cap) for the trainer's own small files (best.json).
-    "open_regular": "_files",
+    "open_capped": "_files",
 }
 
 if TYPE_CHECKING:
     # What mypy sees: the same names with their types (through __getattr__ they would all be Any). A name
     # added to _HOME but not here is a mypy error where it is used, as mypy is not shown __getattr__.
-    from supervisor.checkpoints._files import open_regular as open_regular
+    from supervisor.checkpoints._files import open_capped as open_capped
     from supervisor.checkpoints.completeness import COMPLETE as COMPLETE
     from supervisor.checkpoints.completeness import FOREIGN as FOREIGN
     from supervisor.checkpoints.completeness import INVALID as INVALID

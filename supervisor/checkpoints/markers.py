@@ -21,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from supervisor.checkpoints._files import open_regular
+from supervisor.checkpoints._files import open_capped
 from supervisor.checkpoints.shapes import DCP, DIRECTORY, NESTED, TEMPORARY, UNSTARTED, identify
 from supervisor.errors import CheckpointError
 from supervisor.host.atomic import write_atomic
@@ -71,7 +71,7 @@ def checkpoint_in_root(path: str | os.PathLike[str], root: str | os.PathLike[str
 def _foreign_marker(marker: Path) -> str | None:
     """Why the entry at `marker` is not a marker we wrote, or None when it is ours (FileNotFoundError: none)."""
     try:
-        f, _ = open_regular(marker, _MAX_MARKER_BYTES, CheckpointError)
+        f, _ = open_capped(marker, _MAX_MARKER_BYTES, CheckpointError)
     except CheckpointError as exc:
         return str(exc)
     with f:
@@ -180,7 +180,7 @@ def quarantine_reason(path: str | os.PathLike[str]) -> str | None:
     """Why the dir was quarantined, or None when it is not."""
     marker = Path(path) / QUARANTINE_MARKER
     try:
-        f, _ = open_regular(marker, _MAX_MARKER_BYTES, CheckpointError)
+        f, _ = open_capped(marker, _MAX_MARKER_BYTES, CheckpointError)
     except FileNotFoundError:
         return None
     except CheckpointError as exc:

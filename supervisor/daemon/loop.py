@@ -102,7 +102,7 @@ class Echo:
             self._end_line()
             self.path, self.offset, self.lines = path, 0, LineSplitter()
         try:
-            with open_regular(path) as f:  # the job may have put a FIFO there: never block the loop on it
+            with open(open_regular(path), "rb") as f:  # the job may have put a FIFO there: never block the loop on it
                 size = os.fstat(f.fileno()).st_size
                 if size < self.offset:  # truncated under us: start over
                     self.offset, self.lines = 0, LineSplitter()

@@ -84,7 +84,7 @@ def _interpreter_problem(program: str) -> str | None:
     file that is there. Only an absolute interpreter is checked: that is the one the kernel runs as is.
     """
     try:
-        with open_regular(program) as f:
+        with open(open_regular(program), "rb") as f:
             head = f.read(256)
     except OSError:
         return None
@@ -162,7 +162,7 @@ def _job_python(cfg: Config, program: str) -> str | None:
     if os.path.basename(program).startswith("python"):
         return program
     try:
-        with open_regular(program) as f:
+        with open(open_regular(program), "rb") as f:
             head = f.read(256)
     except OSError:
         return None

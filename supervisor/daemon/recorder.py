@@ -38,9 +38,9 @@ from supervisor.history.records import (
     VERSION,
     compact_lines,
     iter_file_records,
-    open_regular,
 )
 from supervisor.host.atomic import TMP_SUFFIX
+from supervisor.host.regularfile import open_regular
 from supervisor.policy.state import ExitInfo, State, Status
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ def remove_torn_writes(run_dir: Path) -> None:
 def read_status(run_dir: Path) -> Status | None:
     """The last written status, or None when there is none or it cannot be parsed."""
     try:
-        with open_regular(run_dir / STATE_FILE) as f:  # whatever was planted there, `status` never hangs
+        with open(open_regular(run_dir / STATE_FILE), "rb") as f:  # whatever was planted there, `status` never hangs
             return Status.from_json(f.read(_MAX_STATE_BYTES))
     except (OSError, ValueError, TypeError, KeyError, RecursionError):  # RecursionError: `[[[[...` nested deep
         return None
