@@ -243,7 +243,7 @@ def _missing(path: Path) -> list[Path]:
 
 
 def _owner_only(d: Path) -> None:
-    """Take group and other access off a run-dir folder of ours that an earlier version made 0750/0755."""
+    """Take group and other access off a run-dir folder of ours made wider (the user's `mkdir` under umask 022)."""
     try:
         st = os.lstat(d)
         if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o077:
