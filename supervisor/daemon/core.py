@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from supervisor.checkpoints.claim import RootClaim
 from supervisor.checkpoints.tiers import TierClaims
@@ -40,6 +39,7 @@ from supervisor.daemon.system import System
 from supervisor.daemon.timers import Timer, TimerKey
 from supervisor.errors import EXIT_GAVE_UP, EXIT_OK, EXIT_SUPERVISOR_FAILED, CheckpointError
 from supervisor.host.identity import run_token
+from supervisor.host.log import Log
 from supervisor.observe.redact import redact_argv
 from supervisor.policy import restarts, resume
 from supervisor.policy.attempt import Job, apply_beat, job_env, named_by_beat
@@ -54,7 +54,7 @@ _LAUNCH_SCAN_TRIES = 3  # passes that could not read the root before a launch gi
 
 
 class Core:
-    def __init__(self, cfg: Config, system: System, log: Any, notify: Callable[[Status], object] | None = None,
+    def __init__(self, cfg: Config, system: System, log: Log, notify: Callable[[Status], object] | None = None,
                  history: NullHistory | None = None, claim: RootClaim | TierClaims | None = None) -> None:
         self.cfg, self.sys, self.log = cfg, system, log
         self.history = history or NullHistory()  # run_dir/history.jsonl (supervisor.daemon.recorder)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable
-from typing import Any
 
 from supervisor.config import Config
 from supervisor.contract import MAX_RANK_FILES, RANK_HEARTBEAT_DIR, Beat, Phase, rank_of_heartbeat
@@ -28,6 +27,7 @@ from supervisor.daemon.evidence import count_dumps, read_rank_beats, read_span
 from supervisor.daemon.system import System
 from supervisor.daemon.timers import Timer
 from supervisor.host.atomic import write_atomic
+from supervisor.host.log import Log
 from supervisor.policy.attempt import REACHED_BY_HEARTBEAT, REACHED_BY_RANKS, Job, apply_beat, hang_timeout
 from supervisor.policy.ranks import STUCK_STATES, RankWatch
 from supervisor.policy.state import Status
@@ -41,7 +41,7 @@ _TIMERS = (Timer.HANG, Timer.HANG_DUMPS, Timer.HANG_TERM, Timer.HANG_KILL, Timer
 
 
 class Hangs:
-    def __init__(self, cfg: Config, system: System, log: Any, events: Events, status: Status, *,
+    def __init__(self, cfg: Config, system: System, log: Log, events: Events, status: Status, *,
                  refresh: Callable[[], None], publish: Callable[[], None]) -> None:
         self.cfg, self.sys, self.log, self.events, self.status = cfg, system, log, events, status
         self.refresh = refresh  # Core reads the node's heartbeat file (and tells us through `seen`)

@@ -12,11 +12,11 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from supervisor.config import Config
 from supervisor.daemon.system import System
 from supervisor.daemon.timers import Timer
+from supervisor.host.log import Log
 from supervisor.policy.attempt import Job
 from supervisor.policy.exits import signal_name
 from supervisor.policy.state import State, Status
@@ -36,7 +36,7 @@ class Then(Vocabulary):
 
 
 class Stops:
-    def __init__(self, cfg: Config, system: System, log: Any, status: Status, *, cancel_hang: Callable[[], None]) -> None:
+    def __init__(self, cfg: Config, system: System, log: Log, status: Status, *, cancel_hang: Callable[[], None]) -> None:
         self.cfg, self.sys, self.log, self.status = cfg, system, log, status
         self.cancel_hang = cancel_hang  # a hang's own timers: a forced stop supersedes them
         self.reason = STOPPED_BY_SIGNAL  # status.reason once the run has stopped
