@@ -22,7 +22,9 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-unit: $(STAMP)  # no torch, no subprocess: also runs in a venv without torch (docs/development.md)
+# No torch, no subprocess: any venv with the supervisor and the test tools runs it, one without torch too
+# (`make unit VENV=/tmp/notorch`, docs/development.md): only the default venv is bootstrapped (with torch).
+unit: $(if $(filter .venv,$(VENV)),$(STAMP))
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests/unit
 
 integration: $(STAMP)

@@ -176,6 +176,13 @@ class TestDaemonOnlyInstall:
         assert re.match(r"pip install torch==2\.13\.0 && pip install '\.\[trainer\]' ", full), full
         assert "pip install --progress-bar on torch==2.13.0" in (REPO / "Makefile").read_text()
 
+    def test_make_unit_runs_in_a_venv_without_torch(self) -> None:
+        """`make unit VENV=...` runs tests/unit with that venv's Python and installs nothing into it (torch least of
+        all): docs/development.md's check of a venv without torch."""
+        out = subprocess.run(["make", "-n", "unit", "VENV=/tmp/notorch"], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout
+        assert out.splitlines() == ["OMP_NUM_THREADS=1 /tmp/notorch/bin/python -m pytest -q tests/unit"]
+
 
 def _fake_distribution(root: Path, name: str, version: str) -> Path:
     """A distribution `name` that installed a package `name` (what pip leaves: the package and its dist-info)."""
