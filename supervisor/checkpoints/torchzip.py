@@ -21,15 +21,13 @@ imports completeness.
 """
 from __future__ import annotations
 
-import errno
 import io
-import os
-import stat
 import struct
 import zipfile
 from pathlib import Path
 from typing import Any
 
+from supervisor.checkpoints._files import open_capped
 from supervisor.checkpoints.metadata.allowlist import INERT
 from supervisor.checkpoints.metadata.scan import Policy, ScannedDict, scan
 from supervisor.errors import MetadataError
@@ -53,19 +51,10 @@ class _Unreadable(Exception):
 
 def _open(path: Path) -> tuple[Any, int]:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        f, st = open_capped(path, MAX_FILE_BYTES, _Unreadable)
     except FileNotFoundError:
         raise _Unreadable("missing") from None
-    except OSError as exc:
-        raise _Unreadable("a symlink" if exc.errno == errno.ELOOP else f"cannot be read: {exc.strerror}") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise _Unreadable("not a regular file")
-    if st.st_size > MAX_FILE_BYTES:
-        os.close(fd)
-        raise _Unreadable(f"{st.st_size} bytes, over the {MAX_FILE_BYTES} byte cap")
-    return os.fdopen(fd, "rb"), st.st_size
+    return f, st.st_size
 
 
 def _members(f: Any, size: int) -> tuple[zipfile.ZipFile, list[zipfile.ZipInfo]]:
