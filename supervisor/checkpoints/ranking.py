@@ -1,6 +1,6 @@
 """List the children of a checkpoint root, newest first, judge them, and find the newest complete one fast.
 
-Only immediate children are considered. The supervisor's own entries (the legacy `.trash`) are left out;
+Only immediate children are considered. Entries named like the supervisor's sidecars are left out;
 a symlinked child is listed as `invalid` and never followed; temporary `.tmp-` dirs are listed as
 `partial` (retention needs them); a child that is not a checkpoint is listed as `foreign` with a reason
 and is never walked, sized, counted or selected (shapes.py says what is what). A child that is a whole
@@ -49,7 +49,7 @@ from supervisor.checkpoints.shapes import DIRECTORY, NESTED, CheckpointDirectory
 from supervisor.checkpoints.shapes import FOREIGN as FOREIGN_SHAPE
 from supervisor.checkpoints.sidecar import sidecar_step
 from supervisor.errors import CheckpointError, ManifestError
-from supervisor.layout import LEGACY_TRASH_DIR, METADATA_NAME, is_sidecar_name
+from supervisor.layout import METADATA_NAME, is_sidecar_name
 from supervisor.vocabulary import Vocabulary
 
 __all__ = ["UNVERIFIED", "CheckpointInfo", "Tier", "age_order", "scan", "newest_complete", "judge", "check_root",
@@ -173,8 +173,8 @@ def _list_root(root: str | os.PathLike[str]) -> tuple[Path, list[_Candidate]]:
     found = []
     with entries:
         for entry in entries:
-            if entry.name == LEGACY_TRASH_DIR or is_sidecar_name(entry.name):
-                continue  # ours (pruning.py migrates the legacy trash out of the root)
+            if is_sidecar_name(entry.name):
+                continue  # ours
             try:
                 st = entry.stat(follow_symlinks=False)
             except OSError:

@@ -6,10 +6,9 @@ system. Each sidecar is `<parent>/.<name><suffix>` of the resolved root (layout.
 
 A sidecar decides what is deleted (the trash), what is protected (in-use markers) and who may run on the
 root (the claim), so it must be ours: a plain directory (never a symlink), owned by us or by the owner of
-the root itself (who can delete its checkpoints anyway), and writable by nobody else. We create them 0700;
-one made wider by an earlier version (0755) is narrowed when it is ours. Anything else - another user's
-folder pre-created in a shared `/tmp`, a group- or world-writable one - is refused with `SidecarError`
-naming it, and nothing is read from, written to or deleted through it.
+the root itself (who can delete its checkpoints anyway), and writable by nobody else. We create them 0700.
+Anything else - another user's folder pre-created in a shared `/tmp`, a group- or world-writable one - is
+refused with `SidecarError` naming it, and nothing is read from, written to or deleted through it.
 
 Times written by other hosts (in-use markers, claims) count only up to a small clock skew into the
 future (`written_at`): a marker dated next year must not protect a checkpoint, or hold a root, forever.
@@ -82,11 +81,6 @@ def open_sidecar(path: Path, owners: Collection[int], *, create: bool) -> bool:
     if problem:
         raise SidecarError(f"{problem}; refusing to use it. Remove it (or give it to the user that runs the "
                            "supervisor, mode 0700) and try again")
-    if st.st_uid == os.geteuid() and st.st_mode & 0o077:
-        try:
-            os.chmod(path, 0o700)  # made 0755 by an earlier version: owner-only now, as documented
-        except OSError:
-            pass
     return True
 
 

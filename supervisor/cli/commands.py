@@ -138,7 +138,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         print(f"no {'job output' if args.job else 'supervisor log'} in {cfg.run_dir} yet", file=sys.stderr)
         return EXIT_NOT_OK
     try:
-        f = open_regular(path)
+        f = open(open_regular(path), "rb")  # noqa: SIM115 - closed by the caller below
     except OSError as exc:  # e.g. a FIFO planted under the name: nothing to show, and never a block
         if args.follow:
             print(f"cannot follow {path}: {exc.strerror or exc}", file=sys.stderr)
@@ -182,7 +182,7 @@ def _follow(f: BinaryIO, offset: int, path: Path, run_dir: Path, job: bool, rend
             nxt = _current_job_log(run_dir) if job else path
             try:
                 if nxt is not None and (nxt != path or os.stat(nxt).st_ino != ino):
-                    new = open_regular(nxt)
+                    new = open(open_regular(nxt), "rb")  # noqa: SIM115 - replaces f, closed with it
                     while data := f.read(_FOLLOW_CHUNK):  # the rest of the old file first
                         show(lines.feed(data))
                     show([lines.frame] if lines.frame else [])

@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from supervisor.checkpoints.claim import RootClaim
 from supervisor.checkpoints.tiers import TierClaims
@@ -40,6 +39,7 @@ from supervisor.daemon.system import System
 from supervisor.daemon.timers import Timer, TimerKey
 from supervisor.errors import EXIT_GAVE_UP, EXIT_OK, EXIT_SUPERVISOR_FAILED, CheckpointError
 from supervisor.host.identity import run_token
+from supervisor.host.log import Log
 from supervisor.observe.redact import redact_argv
 from supervisor.policy import restarts, resume
 from supervisor.policy.attempt import Job, apply_beat, job_env, named_by_beat
@@ -54,7 +54,7 @@ _LAUNCH_SCAN_TRIES = 3  # passes that could not read the root before a launch gi
 
 
 class Core:
-    def __init__(self, cfg: Config, system: System, log: Any, notify: Callable[[Status], object] | None = None,
+    def __init__(self, cfg: Config, system: System, log: Log, notify: Callable[[Status], object] | None = None,
                  history: NullHistory | None = None, claim: RootClaim | TierClaims | None = None) -> None:
         self.cfg, self.sys, self.log = cfg, system, log
         self.history = history or NullHistory()  # run_dir/history.jsonl (supervisor.daemon.recorder)
@@ -91,8 +91,7 @@ class Core:
         """Stop any job a killed supervisor left running on this run dir, then launch the first attempt.
 
         The job is found by the run dir's token in its environment (supervisor/host/identity.py), so a `#!` script,
-        a prewarmed job or a lost state.json hide nothing; state.json's pid and start time also catch a job
-        started before tokens existed. It is stopped off the loop: its emergency save may take up to
+        a prewarmed job or a lost state.json hide nothing. It is stopped off the loop: its emergency save may take up to
         stop_timeout_s, during which `stop` and `stop --force` must still work.
         """
         self.history.supervisor_start()
@@ -100,16 +99,13 @@ class Core:
         if error:
             self.log.warning("run_dir_write_failed", what="job token", error=error)
         self.token = self.status.run_token = token
-        recorded = None
-        if previous is not None and previous.job_pid and previous.job_create_time is not None:
-            recorded = (previous.job_pid, previous.job_create_time)
         if previous is not None:
             self.status.restarts = previous.restarts if not previous.state.final else 0
         # Attempt numbers continue so logs/attempt-NNNN.log and the history's attempts stay unique, even when
         # state.json was lost and only the history remembers them.
         self.status.attempt = max(previous.attempt if previous is not None else 0, self.history.last_attempt)
         self.sys.timers.set(Timer.RETENTION, self.sys.monotonic() + self.cfg.checkpoints.retention_interval_s)
-        self.sys.run_off_loop(self.stops.stop_orphans(self.run_dir, (token, recorded)), self._on_orphans_stopped)
+        self.sys.run_off_loop(self.stops.stop_orphans(self.run_dir, token), self._on_orphans_stopped)
         self._publish()  # `status` shows this supervisor, starting, not the killed one's last words
 
     def _on_orphans_stopped(self, outcome: list[int] | BaseException) -> None:

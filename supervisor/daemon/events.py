@@ -6,11 +6,11 @@ event sink: it is a snapshot of `Status` that Core publishes after a change, dae
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from supervisor.checkpoints import CheckpointInfo
 from supervisor.daemon.housekeeping import PassResult
 from supervisor.daemon.recorder import NullHistory
+from supervisor.host.log import Log
 from supervisor.observe.redact import redact_argv, redact_env
 from supervisor.policy.attempt import Job
 from supervisor.policy.ranks import StragglerChange
@@ -25,7 +25,7 @@ def _round(x: float | None) -> float | None:
 
 
 class Events:
-    def __init__(self, log: Any, history: NullHistory) -> None:
+    def __init__(self, log: Log, history: NullHistory) -> None:
         self.log, self.history = log, history
 
     def attempt_started(self, job: Job, argv: Sequence[str], env: Mapping[str, str]) -> None:

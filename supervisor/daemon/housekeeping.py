@@ -48,6 +48,7 @@ from supervisor.checkpoints.sidecars import open_sidecar, resolved, trusted_owne
 from supervisor.checkpoints.tiers import TierClaims
 from supervisor.config import Config
 from supervisor.errors import CheckpointError, SidecarError
+from supervisor.host.log import Log
 from supervisor.host.mounts import mount_id
 from supervisor.layout import MANIFEST_NAME, METADATA_NAME
 
@@ -118,7 +119,7 @@ def retention_problem(root: Path, fallback: Path) -> str | None:
 
 
 class Housekeeper:
-    def __init__(self, cfg: Config, log: Any, now: Callable[[], float]) -> None:
+    def __init__(self, cfg: Config, log: Log, now: Callable[[], float]) -> None:
         self.spelled = cfg.checkpoints.dir  # as the config writes it, for the look at the root's identity
         self.root = resolved(cfg.checkpoints.dir)  # resolved once: scanned, watched, compared by this path
         try:
@@ -185,7 +186,6 @@ class Housekeeper:
             plan, deleted = store.RetentionPlan(), list[store.Deletion]()
             committed = newest is not None and newest.path != unless_newest
             if self.cfg.checkpoints.prune and (prune or committed or settled) and stopped is None:
-                store.migrate_legacy_trash(self.root, fallback=self.cfg.run_dir)
                 plan, deleted, stopped = self._retention(self.root, durable, self.cfg.checkpoints, usage, protect,
                                                          settled)
             if self.cfg.checkpoints.prune and (prune or committed or settled) and local:

@@ -84,7 +84,7 @@ def _interpreter_problem(program: str) -> str | None:
     file that is there. Only an absolute interpreter is checked: that is the one the kernel runs as is.
     """
     try:
-        with open_regular(program) as f:
+        with open(open_regular(program), "rb") as f:
             head = f.read(256)
     except OSError:
         return None
@@ -162,7 +162,7 @@ def _job_python(cfg: Config, program: str) -> str | None:
     if os.path.basename(program).startswith("python"):
         return program
     try:
-        with open_regular(program) as f:
+        with open(open_regular(program), "rb") as f:
             head = f.read(256)
     except OSError:
         return None
@@ -243,7 +243,7 @@ def _missing(path: Path) -> list[Path]:
 
 
 def _owner_only(d: Path) -> None:
-    """Take group and other access off a run-dir folder of ours that an earlier version made 0750/0755."""
+    """Take group and other access off a run-dir folder of ours made wider (the user's `mkdir` under umask 022)."""
     try:
         st = os.lstat(d)
         if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o077:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from supervisor.daemon.statefile import STATE_FILE, write_status
 from supervisor.daemon.system import System
 from supervisor.daemon.timers import Timer
+from supervisor.host.log import Log
 from supervisor.policy.state import Status
 
 __all__ = ["StatePublisher", "BEAT_PUBLISH_S"]
@@ -26,7 +27,7 @@ class _Annotates(Protocol):
 
 
 class StatePublisher:
-    def __init__(self, run_dir: Path, system: System, log: Any, history: _Annotates,
+    def __init__(self, run_dir: Path, system: System, log: Log, history: _Annotates,
                  notify: Callable[[Status], object] | None = None) -> None:
         self.path = run_dir / STATE_FILE
         self.run_dir, self.sys, self.log, self.history, self.notify = run_dir, system, log, history, notify

@@ -38,9 +38,10 @@ from supervisor.history.records import (
     VERSION,
     compact_lines,
     iter_file_records,
-    open_regular,
 )
 from supervisor.host.atomic import TMP_SUFFIX
+from supervisor.host.log import Log
+from supervisor.host.regularfile import open_regular
 from supervisor.policy.state import ExitInfo, State, Status
 
 if TYPE_CHECKING:
@@ -145,7 +146,7 @@ def _line(rec: dict[str, Any]) -> bytes:
 class HistoryRecorder(NullHistory):
     """Appends history records for one run dir (the run lock is held: nobody else writes it)."""
 
-    def __init__(self, path: Path, *, now: Callable[[], float], log: Any, compact_bytes: int = COMPACT_BYTES) -> None:
+    def __init__(self, path: Path, *, now: Callable[[], float], log: Log, compact_bytes: int = COMPACT_BYTES) -> None:
         self.path, self.now, self.log = path, now, log
         self.compact_bytes = compact_bytes
         self.fold = Fold()
@@ -166,7 +167,7 @@ class HistoryRecorder(NullHistory):
         self._load()
 
     @classmethod
-    def for_run_dir(cls, run_dir: Path, *, now: Callable[[], float], log: Any) -> HistoryRecorder:
+    def for_run_dir(cls, run_dir: Path, *, now: Callable[[], float], log: Log) -> HistoryRecorder:
         return cls(run_dir / HISTORY_FILE, now=now, log=log)
 
     # ---- the file --------------------------------------------------------------------------------------------

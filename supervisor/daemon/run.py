@@ -17,7 +17,6 @@ from supervisor.config import Config
 from supervisor.daemon import preflight
 from supervisor.daemon.core import Core
 from supervisor.daemon.loop import Echo, EventLoop
-from supervisor.daemon.loopprobe import INTERVAL_S, LoopProbe
 from supervisor.daemon.recorder import HistoryRecorder
 from supervisor.daemon.statefile import read_status, remove_torn_writes
 from supervisor.daemon.system import RealSystem
@@ -93,9 +92,6 @@ def run(cfg: Config) -> int:
 
         ticks = [*(notifier.ticks(lambda: not core.done) if notifier else []), (TICK_S, progress.tick),
                  (TICK_S, core.bound_output), (TICK_S, keep_run_dir)]
-        probe = LoopProbe.from_env()  # a diagnostic for bench/loop_stall.py; None unless asked for
-        if probe is not None:
-            ticks.append((INTERVAL_S, probe.tick))
         loop = EventLoop(core, system, watch, echo=echo, ticks=ticks)
 
         def begin() -> None:
@@ -114,8 +110,6 @@ def run(cfg: Config) -> int:
             history.close()
             if metrics:
                 metrics.stop()
-            if probe is not None:
-                probe.write()
         if notifier:
             notifier.stopping()
         return rc

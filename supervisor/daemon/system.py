@@ -52,7 +52,7 @@ class System(Protocol):
     def reap_survivors(self) -> list[tuple[int, str]]:
         """After an attempt: kill any descendant still alive; return what was killed."""
     def oom_kills(self) -> int | None: ...
-    def stop_orphans(self, token: str, run_dir: Path, recorded: tuple[int, float] | None, timeout: float) -> list[int]:
+    def stop_orphans(self, token: str, run_dir: Path, timeout: float) -> list[int]:
         """Stop every live process of a job this run dir's supervisor started (procs.find_orphans); their pids."""
     def stop_job(self, pid: int, timeout: float) -> list[int]:
         """Outside the event loop (the supervisor is failing): SIGTERM the job, wait, then kill what is left."""
@@ -182,8 +182,8 @@ class RealSystem:
     def oom_kills(self) -> int | None:
         return read_oom_kills()
 
-    def stop_orphans(self, token: str, run_dir: Path, recorded: tuple[int, float] | None, timeout: float) -> list[int]:
-        found = procs.find_orphans(token, run_dir, recorded)
+    def stop_orphans(self, token: str, run_dir: Path, timeout: float) -> list[int]:
+        found = procs.find_orphans(token, run_dir)
         return procs.stop_processes(found, timeout) if found else []
 
     def stop_job(self, pid: int, timeout: float) -> list[int]:

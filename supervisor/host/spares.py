@@ -25,12 +25,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psutil
 
 from supervisor.contract import ENV_ATTEMPT, ENV_ERROR_FILE
 from supervisor.host import joblog
+from supervisor.host.log import Log
 
 __all__ = ["Plan", "Prewarmer", "plan", "is_spare_cmdline", "handed_ranks", "SPARE_SCRIPT", "PREWARM_LOG", "VOLATILE_ENV",
            "HANDOFF_NOTE"]
@@ -134,7 +134,7 @@ def handed_ranks(job_log: Path) -> dict[int, int]:
 class Prewarmer:
     """Owns at most one idle spare (and its warm workers); `RealSystem` asks it first on every launch."""
 
-    def __init__(self, log: Any, *, workers: bool = False, modules: Sequence[str] = ()) -> None:
+    def __init__(self, log: Log, *, workers: bool = False, modules: Sequence[str] = ()) -> None:
         self.log = log  # the daemon's structlog logger (host/ knows nothing of how logs are rendered)
         self.workers, self.modules = workers, list(modules)
         self._spare: _Spare | None = None

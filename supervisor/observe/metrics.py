@@ -17,6 +17,7 @@ from typing import Any
 from supervisor import __version__
 from supervisor.config import Config
 from supervisor.errors import ConfigError
+from supervisor.host.log import Log
 from supervisor.policy.state import State, Status
 
 __all__ = [
@@ -193,7 +194,7 @@ def listen_address(cfg: Config) -> tuple[str, int] | None:
         raise ConfigError(f"{cfg.path}: {exc}") from None
 
 
-def start_metrics(cfg: Config, snapshot: Callable[[], Status], log: Any) -> MetricsServer | None:
+def start_metrics(cfg: Config, snapshot: Callable[[], Status], log: Log) -> MetricsServer | None:
     """Start the endpoint configured by `[metrics] listen` (unset: off); a bad address or busy port is a ConfigError."""
     address = listen_address(cfg)
     if address is None:

@@ -148,13 +148,13 @@ def render_status(st: Status, *, running: bool, now: float, spark: bool = False)
     ck = st.latest_checkpoint
     if ck:
         age = f", {human_age(now - ck['mtime'])} old" if ck.get("mtime") else ""
-        step = f"step {ck['step']} " if isinstance(ck.get("step"), int) else ""
+        step = f"step {ck['step']} " if ck.get("step") is not None else ""  # validated: int or None
         rows.append(("last checkpoint", f"{step}{ck.get('path')}{age}"))
     else:
         rows.append(("last checkpoint", "none"))
     best = st.best_checkpoint
     if best:
-        step = f"step {best['step']} " if isinstance(best.get("step"), int) else ""
+        step = f"step {best['step']} " if best.get("step") is not None else ""
         rows.append(("best checkpoint", f"{step}{best.get('metric')} {best.get('value'):.4g} {best.get('path')}"))
     if st.resumed_from:
         rows.append(("resumed from", st.resumed_from))

@@ -88,11 +88,11 @@ class RankWatch:
         src.beat, src.changed, src.since = beat, now, now
         return True
 
-    def restart(self, now: float) -> None:
-        """Nothing was watched until `now` (the supervisor was suspended): every source's allowance starts over
-        (its silence, `idle`, still counts from its last change)."""
+    def postpone(self, by: float) -> None:
+        """Nothing was watched for `by` seconds (the supervisor did not run): every source's allowance goes on
+        where it stood (its silence, `idle`, still counts from its last change)."""
         for src in self.sources.values():
-            src.since = max(src.since, now)
+            src.since += by
 
     def deadline(self, health: HealthSection) -> float | None:
         """When the slowest source overstays its allowance (only busy sources count while there is one: the

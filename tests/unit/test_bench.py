@@ -103,7 +103,7 @@ class TestHelpers:
 class TestLoopProbe:
     def test_records_lateness_and_writes_json(self, tmp_path: Path) -> None:
         """Each tick records how late it ran against the previous tick's deadline; the file holds them all."""
-        from supervisor.daemon.loopprobe import INTERVAL_S, LoopProbe
+        from bench.loopprobe import INTERVAL_S, LoopProbe
 
         now = [100.0]
         probe = LoopProbe(tmp_path / "p.json", clock=lambda: now[0])
@@ -117,7 +117,7 @@ class TestLoopProbe:
 
     def test_off_without_the_variable(self, tmp_path: Path) -> None:
         """Without FSDP_SUPERVISOR_LOOP_PROBE there is no probe; with it, one writing to that path."""
-        from supervisor.daemon.loopprobe import PROBE_ENV, LoopProbe
+        from bench.loopprobe import PROBE_ENV, LoopProbe
 
         assert LoopProbe.from_env({}) is None
         probe = LoopProbe.from_env({PROBE_ENV: str(tmp_path / "x.json")})

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.checkpoints import IN_USE_MAX_AGE_S, in_use, mark_in_use
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.errors import CheckpointError
+from tests.jobs.dcp_files import write_checkpoint
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 import supervisor.checkpoints
 from supervisor.checkpoints.metadata import reader as md
 from supervisor.checkpoints.metadata import scan as metadata_scan
-from supervisor.checkpoints.testing import dcp_metadata_bytes, storage_metadata_bytes, write_checkpoint
+from tests.jobs.dcp_files import dcp_metadata_bytes, storage_metadata_bytes, write_checkpoint
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "metadata"
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())

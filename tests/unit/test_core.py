@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.checkpoints.testing import write_trainer_checkpoint
 from supervisor.config import load_config
 from supervisor.daemon.core import Core
 from supervisor.daemon.statefile import read_status
 from supervisor.policy.state import State, Status
 from tests.fakes import FakeSystem, RecordingLog
+from tests.jobs.dcp_files import write_trainer_checkpoint
 
 BASE = """
 [job]
@@ -68,8 +68,9 @@ class TestLaunch:
         assert core.status.state is State.RUNNING and "job_started" in log.names()
 
     def test_orphan_stopped_before_launch(self, tmp_path: Path) -> None:
-        """A job recorded by a killed supervisor is stopped before the first spawn."""
+        """The job of a killed supervisor (found by its token) is stopped before the first spawn."""
         core, fake, log = make_core(tmp_path)
+        fake.orphans = [4242]
         prev = Status(state=State.RUNNING, job_pid=4242, job_create_time=1.0, job_cmdline=["torchrun"])
         core.begin(prev)
         assert fake.orphans_stopped == [4242] and len(fake.spawned) == 1

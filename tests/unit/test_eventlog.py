@@ -12,8 +12,8 @@ import pytest
 import structlog
 
 from supervisor.checkpoints import pin
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.observe.eventlog import LOG_FILE, configure, configure_cli, get_logger
+from tests.jobs.dcp_files import write_checkpoint
 
 
 @pytest.fixture

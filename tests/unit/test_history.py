@@ -103,8 +103,8 @@ class TestCoreRecords:
     def test_steps_lost_are_the_ranks_own_step_minus_the_resume_step_in_status_and_report(self, tmp_path: Path) -> None:
         """The node's beat lags a second behind (step 50); every rank's own file says 57: 7 lost, not 2, and the
         same number in status (the daemon's fold) and in the report (the file's)."""
-        from supervisor.checkpoints.testing import write_checkpoint
         from supervisor.contract import RANK_HEARTBEAT_DIR
+        from tests.jobs.dcp_files import write_checkpoint
 
         core, fake, _, _ = make_core(tmp_path)
         write_checkpoint(core.cfg.checkpoints.dir, 50)

@@ -50,12 +50,13 @@ class TestProgress:
         w.see(0, b(31), 6.0)  # rank 0 trains again: everyone by their own allowance
         assert w.deadline(HEALTH) == 10.0
 
-    def test_a_suspension_restarts_every_allowance(self) -> None:
+    def test_a_freeze_postpones_every_allowance(self) -> None:
+        """Frozen 30 s, 4 s into a 10 s allowance: 6 s of it are left after the thaw; the silence counts all."""
         w = RankWatch()
         w.see(0, b(5), 0.0)
-        w.restart(30.0)
+        w.postpone(30.0)
         assert w.deadline(HEALTH) == 40.0
-        assert w.idle(35.0) == 35.0  # the allowance starts over; the silence does not
+        assert w.idle(35.0) == 35.0
 
 
 class TestCulprits:

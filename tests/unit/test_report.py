@@ -308,7 +308,7 @@ class TestCommand:
 
     def test_commits_beside_the_checkpoints_on_disk(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """Five commits, two left by retention: the report says both, not "checkpoints 5" (issue 22, item 6)."""
-        from supervisor.checkpoints.testing import write_checkpoint
+        from tests.jobs.dcp_files import write_checkpoint
 
         commits = [rec(10.0 * i, "checkpoint_committed", attempt=1, step=i, path=f"/c/step_{i}") for i in range(1, 6)]
         cfg = self.history(tmp_path, [*CRASH_AND_RESUME[:-1], *commits, CRASH_AND_RESUME[-1]])

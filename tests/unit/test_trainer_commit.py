@@ -6,8 +6,8 @@ import json
 import pytest
 
 from supervisor.checkpoints import verify
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.layout import MANIFEST_FORMAT, MANIFEST_NAME, METADATA_NAME, tmp_dir_name
+from tests.jobs.dcp_files import write_checkpoint
 from trainer.commit import build_manifest, commit
 
 
