@@ -257,11 +257,12 @@ class Housekeeper:
         self._emptier.start()
 
     # ---- in-use marker ------------------------------------------------------------------------------------
-    def mark_in_use(self, path: Path, pid: int, start_time: float | None) -> None:
-        """The attempt `pid` (started at `start_time`) resumed from `path`: tell every prune of its root (either tier)."""
+    def mark_in_use(self, path: Path, pid: int, start: float | None) -> None:
+        """The attempt `pid` (its start ticks: `start`) resumed from `path`: tell every prune of its root (either tier)."""
         self.clear_in_use()
         try:
-            self._marker = (store.mark_in_use(path.parent, path, pid=pid, start_time=start_time), pid, path.parent)
+            self._marker = (store.mark_in_use(path.parent, path, pid=pid, start=int(start) if start else None), pid,
+                            path.parent)
         except CheckpointError as exc:  # the daemon's own retention still protects it (core's in_use)
             self.log.warning("in_use_marker_failed", path=str(path), error=str(exc))
 

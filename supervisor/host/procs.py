@@ -15,6 +15,7 @@ import psutil
 
 from supervisor.contract import ENV_RUN_DIR, ENV_RUN_TOKEN
 from supervisor.host import joblog
+from supervisor.host.boot import start_ticks
 
 __all__ = [
     "set_child_subreaper",
@@ -232,7 +233,7 @@ def job_of(run_dir: Path) -> int | None:
 def _recorded_job(pid: int, create_time: float, token: str) -> psutil.Process | None:
     try:
         p = psutil.Process(pid)
-        if abs(p.create_time() - create_time) > 0.05 or os.getsid(pid) != pid or p.status() == psutil.STATUS_ZOMBIE:
+        if start_ticks(pid) != int(create_time) or os.getsid(pid) != pid or p.status() == psutil.STATUS_ZOMBIE:
             return None
         other = p.environ().get(ENV_RUN_TOKEN)
     except (psutil.Error, OSError):

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from supervisor.checkpoints import clear_in_use, in_use, mark_in_use
+from supervisor.host.boot import boot_id, pid_namespace, start_ticks
 from tests.integration.test_checkpoints_cli import fsup
 from tests.unit.test_checkpoints_inuse import (
     _markers,
@@ -32,13 +33,14 @@ def job() -> Iterator[subprocess.Popen[bytes]]:
 
 class TestMarkers:
     def test_written_next_to_the_root_with_its_fields(self, root, job):
-        """`<parent>/.<root>.fsdp-inuse/<host>-<pid>.json` holds path, pid, host, start_time and time."""
+        """`<parent>/.<root>.fsdp-inuse/<host>-<pid>-<pidns>.json`: a lease (host, pidns, boot, pid, start ticks,
+        time) holding the path."""
         marker = mark_in_use(root, root / "step_00000010", pid=job.pid)
         host = socket.gethostname()
-        assert marker == root.parent / ".ckpts.fsdp-inuse" / f"{host}-{job.pid}.json"
+        assert marker == root.parent / ".ckpts.fsdp-inuse" / f"{host}-{job.pid}-{pid_namespace()}.json"
         doc = json.loads(marker.read_text())
         assert doc["path"] == str(root / "step_00000010") and (doc["pid"], doc["host"]) == (job.pid, host)
-        assert isinstance(doc["start_time"], float) and abs(doc["time"] - time.time()) < 60
+        assert doc["start"] == start_ticks(job.pid) and doc["boot"] == boot_id() and abs(doc["time"] - time.time()) < 60
         assert sorted(os.listdir(root)) == ["step_00000010", "step_00000020", "step_00000030"]
 
     def test_live_while_its_process_runs_then_stale_and_removed(self, root, job):
@@ -51,7 +53,7 @@ class TestMarkers:
 
     def test_a_reused_pid_is_not_the_same_process(self, root, job):
         """Same pid, another start time: stale."""
-        mark_in_use(root, root / "step_00000010", pid=job.pid, start_time=1.0)
+        mark_in_use(root, root / "step_00000010", pid=job.pid, start=1)
         assert in_use(root) == set()
 
     def test_clear_removes_only_that_pid(self, root, job):
@@ -92,3 +94,25 @@ class TestPrune:
         r = fsup("checkpoints", "prune", "--dir", root, "--keep-last", "1")
         assert r.returncode == 0 and "deleted step_00000010" in r.stdout
         assert sorted(os.listdir(root)) == ["step_00000030"] and _markers(root) == []
+
+
+def test_a_marker_written_in_another_pid_namespace_is_honoured_not_deleted(root):
+    """A real container sharing our host name (`unshare --pid`): its job's marker names a pid of its own namespace
+    (1 or so, some other process here, or none); the checkpoint stays protected and the marker stays."""
+    code = ("import sys, time; from supervisor.checkpoints import mark_in_use; "
+            "print(mark_in_use(sys.argv[1], sys.argv[1] + '/step_00000010'), flush=True); time.sleep(60)")
+    try:
+        proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code, str(root)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except OSError as exc:
+        pytest.skip(f"no unshare: {exc}")
+    try:
+        line = proc.stdout.readline().decode().strip() if proc.stdout else ""
+        if not line:
+            pytest.skip(f"cannot make a pid namespace here: {proc.stderr.read().decode() if proc.stderr else ''}")
+        assert in_use(root) == {root / "step_00000010"} and os.path.exists(line)
+        r = fsup("checkpoints", "prune", "--dir", root, "--keep-last", "1")
+        assert r.returncode == 0 and (root / "step_00000010").is_dir() and os.path.exists(line)
+    finally:
+        proc.kill()
+        proc.wait()

@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from supervisor.contract import ENV_RUN_DIR, ENV_RUN_TOKEN
+from supervisor.host.boot import start_ticks
 from supervisor.host.procs import find_orphans, signal_catchers, stop_processes, worker_states
 from tests.helpers import TAG_ENV, assert_no_orphans
 
@@ -65,18 +66,18 @@ class TestFindOrphans:
         assert ours.pid in found and copy.pid not in found and other.pid not in found
 
     def test_recorded_pid_needs_its_start_time_and_session(self, tmp_path: Path, sleepers: Sleepers) -> None:
-        """A job without a token (an older supervisor's) is found by pid and start time; a reused pid is not."""
+        """A job without a token (an older supervisor's) is found by pid and start ticks; a reused pid is not."""
         old = sleepers.start({}, tmp_path / "t")
-        created = psutil.Process(old.pid).create_time()
+        created = float(start_ticks(old.pid) or 0)
         assert [p.pid for p in find_orphans(TOKEN, tmp_path, (old.pid, created))] == [old.pid]
         assert find_orphans(TOKEN, tmp_path, (old.pid, created - 5.0)) == []  # same pid, another process
         mine = os.getpid()
-        assert find_orphans(TOKEN, tmp_path, (mine, psutil.Process(mine).create_time())) == []  # never ourselves
+        assert find_orphans(TOKEN, tmp_path, (mine, float(start_ticks(mine) or 0))) == []  # never ourselves
 
     def test_another_run_dirs_job_is_never_taken_for_the_recorded_one(self, tmp_path: Path, sleepers: Sleepers) -> None:
         """The recorded pid now carries another token: not ours, whatever its start time says."""
         theirs = sleepers.start({ENV_RUN_TOKEN: "f" * 32, ENV_RUN_DIR: str(tmp_path)}, tmp_path / "t")
-        created = psutil.Process(theirs.pid).create_time()
+        created = float(start_ticks(theirs.pid) or 0)
         assert find_orphans(TOKEN, tmp_path, (theirs.pid, created)) == []
 
     def test_stop_processes_terms_then_kills(self, tmp_path: Path, sleepers: Sleepers) -> None:
