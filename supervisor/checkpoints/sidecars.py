@@ -52,15 +52,18 @@ def trusted_owners(root: PathLike) -> set[int]:
     return owners
 
 
-def sidecar_problem(path: Path, st: os.stat_result, owners: Collection[int]) -> str | None:
-    """Why the existing entry `path` (lstat `st`) is not a sidecar we may use, or None (pure)."""
+def sidecar_problem(path: Path, st: os.stat_result, owners: Collection[int], *, folder: bool = True,
+                    sticky_ok: bool = False) -> str | None:
+    """Why the existing entry `path` (lstat `st`) is not a sidecar (`folder`, else a file) we may use, or None;
+    `sticky_ok`: a folder writable by others is ours with the sticky bit (nobody else may rename our files; pure)."""
     if stat.S_ISLNK(st.st_mode):
-        return f"{path} is a symlink, not a folder of ours"
-    if not stat.S_ISDIR(st.st_mode):
-        return f"{path} is not a plain directory"
+        return f"{path} is a symlink, not a {'folder' if folder else 'file'} of ours"
+    if not (stat.S_ISDIR if folder else stat.S_ISREG)(st.st_mode):
+        return f"{path} is not a plain {'directory' if folder else 'file'}"
     if st.st_uid not in owners:
-        return f"{path} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}) or the root's owner"
-    if st.st_mode & 0o022:
+        also = " or the root's owner" if set(owners) != {os.geteuid()} else ""
+        return f"{path} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}){also}"
+    if folder and st.st_mode & 0o022 and not (sticky_ok and st.st_mode & stat.S_ISVTX):
         return f"{path} is writable by its group or by others (mode {stat.S_IMODE(st.st_mode):04o})"
     return None
 

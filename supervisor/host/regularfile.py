@@ -18,16 +18,20 @@ from typing import BinaryIO
 __all__ = ["open_regular"]
 
 
-def open_regular(path: str | os.PathLike[str], *, follow_symlinks: bool = True) -> BinaryIO:
+def open_regular(path: str | os.PathLike[str], *, follow_symlinks: bool = True, mine: bool = False) -> BinaryIO:
     """Open `path` for reading in binary mode; OSError unless it is a regular file (never blocks).
 
-    Not a regular file: EINVAL. A symlink when `follow_symlinks` is false: ELOOP.
+    Not a regular file: EINVAL. A symlink when `follow_symlinks` is false: ELOOP. With `mine`, another user's file
+    (planted in a folder others may write to): EPERM.
     """
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
     fd = os.open(path, flags)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+        if mine and st.st_uid != os.geteuid():
+            raise OSError(errno.EPERM, f"owned by uid {st.st_uid}, not by you", os.fspath(path))
         return os.fdopen(fd, "rb")  # O_NONBLOCK changes nothing for a regular file's reads
     except BaseException:
         os.close(fd)

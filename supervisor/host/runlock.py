@@ -34,7 +34,7 @@ class RunLock:
         self.fd, self._file = self._take()
 
     def _take(self) -> tuple[int, tuple[int, int]]:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW, 0o600)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):  # something else planted under the lock's name
@@ -86,7 +86,7 @@ class RunLock:
         """pid of the live supervisor holding the lock, or None when nobody holds it."""
         path = run_dir / LOCK_FILE
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO planted there must not block `status`
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)  # a FIFO must not block `status`
         except OSError:
             return None
         try:

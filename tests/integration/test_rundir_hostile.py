@@ -1,0 +1,48 @@
+"""A run dir is ours or refused (issue 35 item 3), with the real CLI: another user's run dir, and symlinks planted
+under the names of the daemon's files, are refused with exit 2 and one line; the file a symlink names is intact."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.supervise import FAKEJOB, cli, launches, write_config
+
+NOBODY = 65534
+
+
+def _config(tmp_path: Path) -> tuple[Path, Path, Path]:
+    marker = tmp_path / "launches"
+    cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--sleep", "60", "--marker", str(marker)],
+                       '[supervisor]\nrun_dir = "run"\n')
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    return cfg, run_dir, marker
+
+
+@pytest.mark.parametrize("name", ["supervisor.lock", "supervisor.log", "history.jsonl", "state.json"])
+def test_a_planted_symlink_is_refused_and_its_target_untouched(tmp_path: Path, name: str) -> None:
+    cfg, run_dir, marker = _config(tmp_path)
+    victim = tmp_path / "victim-notes.txt"
+    victim.write_text("precious\n")
+    (run_dir / name).symlink_to(victim)
+    r = cli("run", "-c", str(cfg))
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{run_dir / name} is a symlink" in lines[0] and "Remove it" in lines[0], r.stderr
+    assert victim.read_text() == "precious\n" and launches(marker) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the run dir to another user")
+@pytest.mark.parametrize("which", ["run", "run/logs", "run/heartbeats"])
+def test_another_users_run_dir_is_refused(tmp_path: Path, which: str) -> None:
+    cfg, run_dir, marker = _config(tmp_path)
+    target = tmp_path / which
+    target.mkdir(exist_ok=True)
+    os.chown(target, NOBODY, NOBODY)
+    r = cli("run", "-c", str(cfg))
+    assert r.returncode == 2 and f"{target} belongs to uid {NOBODY}" in r.stderr, r.stdout + r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and launches(marker) == []
+    assert sorted(os.listdir(run_dir)) == (["logs"] if which == "run/logs" else ["heartbeats"] if which != "run" else [])
