@@ -8,8 +8,8 @@ btime part, without the right to mount: root).
 """
 from __future__ import annotations
 
+import glob
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -33,11 +33,18 @@ from tests.supervise import (  # noqa: F401
     write_config,
 )
 
-FAKETIME = shutil.which("faketime")
-pytestmark = pytest.mark.skipif(FAKETIME is None, reason="libfaketime missing (apt-get install faketime)")
+LIBFAKETIME = next(iter(sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))), None)
+pytestmark = pytest.mark.skipif(LIBFAKETIME is None, reason="libfaketime missing (apt-get install faketime)")
 # In a private mount namespace: /proc/stat with `btime` an hour later, then the command under faketime +1h.
 _STEP = ('set -e; t=$(mktemp); awk \'$1=="btime"{$2=$2+3600} {print}\' /proc/stat > "$t"; '
          'mount --bind "$t" /proc/stat; exec "$@"')
+
+
+def faked(offset: str) -> dict[str, str]:
+    """The environment of a process (and its children) whose clock reads `offset` later (`faketime -f`, but the
+    process is the command itself, not a child of `faketime`: signals reach it)."""
+    assert LIBFAKETIME is not None
+    return {**os.environ, "LD_PRELOAD": LIBFAKETIME, "FAKETIME": offset}
 
 
 def stepped(argv: list[str]) -> list[str]:
@@ -46,15 +53,14 @@ def stepped(argv: list[str]) -> list[str]:
                            capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.skip(f"cannot move /proc/stat's btime here (needs root): {probe.stderr.strip()}")
-    assert FAKETIME is not None
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", _STEP, "-", FAKETIME, "-f", "+1h", *argv]
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", _STEP, "-", *argv]
 
 
 def run_stepped(config: Path, tag: str) -> tuple[int | None, str]:
     """`fsdp-supervisor run -c config` after the step: its exit status (None: still running after 30 s), output."""
     p = subprocess.Popen(stepped([sys.executable, "-m", "supervisor", "run", "-c", str(config)]), cwd=REPO, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                         env={**os.environ, TAG_ENV: tag})
+                         env={**faked("+1h"), TAG_ENV: tag})
     try:
         out, _ = p.communicate(timeout=30)
     except subprocess.TimeoutExpired:
@@ -101,10 +107,8 @@ def test_retention_does_not_take_a_save_in_flight_for_an_idle_one(tmp_path: Path
         write_checkpoint(root, step)
     partial = write_checkpoint(root, 30)
     (partial / ".metadata").unlink()
-    assert FAKETIME is not None
-    argv = [FAKETIME, "-f", "+2h", sys.executable, "-m", "supervisor", "checkpoints", "prune", "--dir", str(root),
-            "--keep-last", "1"]
-    r = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60)
+    argv = [sys.executable, "-m", "supervisor", "checkpoints", "prune", "--dir", str(root), "--keep-last", "1"]
+    r = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60, env=faked("+2h"))
     assert r.returncode == 0, r.stderr
     assert partial.is_dir() and "step_00000030" not in r.stdout and "deleted step_00000010" in r.stdout, r.stdout
     old = time.time() - 7200
@@ -112,3 +116,22 @@ def test_retention_does_not_take_a_save_in_flight_for_an_idle_one(tmp_path: Path
         os.utime(f, (old, old))
     r = fsup("checkpoints", "prune", "--dir", root, "--keep-last", "1")
     assert r.returncode == 0 and not partial.exists() and "idle" in r.stdout, r.stdout
+
+
+def test_the_daemons_retention_keeps_a_save_in_flight(tmp_path: Path, supervisors: Supervisors) -> None:
+    """The same under `run`: a supervisor (and its job) under libfaketime +2 h deletes the old complete checkpoint
+    (keep_last = 1) at its first pass but keeps the partial save written a moment ago."""
+    root = tmp_path / "ckpts"
+    for step in (10, 20):
+        write_checkpoint(root, step)
+    partial = write_checkpoint(root, 30)
+    (partial / ".metadata").unlink()
+    marker = tmp_path / "launches"
+    cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--sleep", "60", "--marker", str(marker)],
+                       '[supervisor]\nrun_dir = "run"\n')
+    cfg.write_text(cfg.read_text().replace('dir = "ckpts"\n', 'dir = "ckpts"\nkeep_last = 1\n'))
+    p = supervisors.start(cfg, env=faked("+2h"))
+    wait_for(lambda: launches(marker) and not (root / "step_00000010").exists(), 30, "the first retention pass")
+    assert partial.is_dir() and (root / "step_00000020").is_dir()
+    rc, out = stop(p)
+    assert rc == 0, out
