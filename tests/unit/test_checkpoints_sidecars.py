@@ -125,7 +125,7 @@ class TestInUseTimes:
         marker = folder / "node-b-42.json"
         when = time.time() + ahead
         marker.write_text(json.dumps({"path": str(root / "step_00000010"), "pid": 42, "host": "node-b",
-                                      "start_time": 1.0, "time": when}))
+                                      "start": 1, "time": when}))
         os.utime(marker, (when, when))
         assert (in_use(root) == {root / "step_00000010"}) is live
         assert marker.exists() is live  # a stale marker is removed by its reader
