@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from supervisor.config import load_config
+from supervisor.daemon.preflight import check_setup
+from supervisor.errors import ConfigError
 from tests.supervise import FAKEJOB, cli, launches, write_config
 
 NOBODY = 65534
@@ -46,3 +50,38 @@ def test_another_users_run_dir_is_refused(tmp_path: Path, which: str) -> None:
     assert r.returncode == 2 and f"{target} belongs to uid {NOBODY}" in r.stderr, r.stdout + r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and launches(marker) == []
     assert sorted(os.listdir(run_dir)) == (["logs"] if which == "run/logs" else ["heartbeats"] if which != "run" else [])
+
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to check as another user")
+def test_a_run_dir_planted_for_another_user_is_refused_by_that_users_check() -> None:
+    """`run`'s checks made by another user (nobody, in a forked process: the interpreter here may not be theirs
+    to execute) whose run dir, in a shared sticky folder, someone else (here root) made first and left writable for
+    them: refused naming it."""
+    with tempfile.TemporaryDirectory() as shared:
+        base = Path(shared)
+        os.chmod(base, 0o1777)
+        cfg = write_config(base, ["/bin/sleep", "60"], '[supervisor]\nrun_dir = "run"\n')  # theirs to run
+        os.chmod(cfg, 0o644)
+        (base / "run").mkdir()
+        os.chmod(base / "run", 0o777)  # made writable for its victim
+        config = load_config(cfg)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setgroups([])
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+                check_setup(config)
+                os.write(write, b"accepted")
+            except ConfigError as exc:
+                os.write(write, str(exc).encode()[:4000])
+            finally:
+                os._exit(0)
+        os.close(write)
+        os.waitpid(pid, 0)
+        with os.fdopen(read, "rb") as f:
+            said = f.read().decode()
+        assert f"[supervisor.run_dir] {base / 'run'} belongs to uid 0, not to you (uid {NOBODY})" in said, said
+        assert os.listdir(base / "run") == []
