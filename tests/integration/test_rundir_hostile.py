@@ -85,3 +85,51 @@ def test_a_run_dir_planted_for_another_user_is_refused_by_that_users_check() -> 
             said = f.read().decode()
         assert f"[supervisor.run_dir] {base / 'run'} belongs to uid 0, not to you (uid {NOBODY})" in said, said
         assert os.listdir(base / "run") == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to look as another user")
+@pytest.mark.parametrize("command", ["stop", "status"])
+def test_another_users_live_run_is_not_called_not_running(command: str) -> None:
+    """`stop`/`status` by a user who may not read the run dir of a live supervisor (root's, here held by this
+    process): exit 2 saying permission denied, never "no supervisor is running" with exit 0 (nothing stopped)."""
+    import ctypes  # noqa: F401 - imported here, as root: nobody may not read this interpreter's library
+    import importlib
+    import pkgutil
+
+    import supervisor
+    from supervisor.cli import main
+    from supervisor.host.runlock import RunLock
+
+    for module in pkgutil.walk_packages(supervisor.__path__, "supervisor."):
+        if not module.name.endswith("__main__"):
+            importlib.import_module(module.name)
+
+    with tempfile.TemporaryDirectory() as shared:
+        os.chmod(shared, 0o755)
+        cfg = write_config(Path(shared), ["/bin/sleep", "60"], '[supervisor]\nrun_dir = "run"\n')
+        os.chmod(cfg, 0o644)
+        (Path(shared) / "run").mkdir(mode=0o700)
+        lock = RunLock(Path(shared) / "run")
+        lock.acquire()
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            rc = 1
+            try:
+                sys.stdout = sys.stderr = os.fdopen(write, "w")  # what main says
+                os.setgroups([])
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+                rc = main([command, "-c", str(cfg)])
+            except BaseException as exc:  # noqa: BLE001 - said, for the assertion below
+                print(repr(exc))
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(rc)
+        os.close(write)
+        _, code = os.waitpid(pid, 0)
+        with os.fdopen(read, "rb") as f:
+            said = f.read().decode()
+        lock.release()
+        assert os.waitstatus_to_exitcode(code) == 2 and "permission denied" in said, said
