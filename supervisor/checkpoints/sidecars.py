@@ -11,7 +11,7 @@ one made wider by an earlier version (0755) is narrowed when it is ours. Anythin
 folder pre-created in a shared `/tmp`, a group- or world-writable one - is refused with `SidecarError`
 naming it, and nothing is read from, written to or deleted through it.
 
-Times written by other hosts (in-use markers, claims) count only up to a small clock skew into the
+Times written by other hosts (in-use markers, claims) count only up to a day of clock skew into the
 future (`written_at`): a marker dated next year must not protect a checkpoint, or hold a root, forever.
 """
 from __future__ import annotations
@@ -27,7 +27,8 @@ from supervisor.layout import sidecar_name
 __all__ = ["CLOCK_SKEW_S", "resolved", "sidecar_path", "trusted_owners", "sidecar_problem", "open_sidecar",
            "written_at"]
 
-CLOCK_SKEW_S = 300.0  # a time written by another host may be this far ahead of ours (clocks disagree a little)
+CLOCK_SKEW_S = 86400.0  # a time written by another host may be this far ahead of ours: clocks an hour apart (a
+# time zone taken for UTC, a pruner under faketime -1h) must not make every live lease of the other host stale
 PathLike = str | os.PathLike[str]
 
 

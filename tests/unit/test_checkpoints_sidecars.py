@@ -116,6 +116,7 @@ class TestInUseTimes:
     @pytest.mark.parametrize(("ahead", "live"), [
         (0.0, True),
         (CLOCK_SKEW_S / 2, True),  # another host's clock a little fast
+        (3600.0, True),  # an hour fast (or our clock an hour slow): was judged stale and removed while live
         (365 * 86400.0, False),  # dated next year: was live forever
     ])
     def test_a_marker_from_the_future_is_not_live_forever(self, root: Path, ahead: float, live: bool) -> None:
