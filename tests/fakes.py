@@ -69,6 +69,9 @@ class FakeSystem:
     def monotonic(self) -> float:
         return self.clock
 
+    def file_now(self) -> float:
+        return self.now()
+
     def random(self) -> float:
         return self.jitter
 

@@ -41,13 +41,13 @@ from supervisor.checkpoints.completeness import (
     against_reference,
     verify,
 )
+from supervisor.checkpoints.jsonstep import json_step
 from supervisor.checkpoints.keeps import with_holds
 from supervisor.checkpoints.manifest import Manifest, read_manifest
 from supervisor.checkpoints.markers import is_pinned, is_quarantined
 from supervisor.checkpoints.naming import embedded_steps, is_temporary, name_ordinal, name_step
 from supervisor.checkpoints.shapes import DIRECTORY, NESTED, CheckpointDirectoryError, Shape, identify
 from supervisor.checkpoints.shapes import FOREIGN as FOREIGN_SHAPE
-from supervisor.checkpoints.sidecar import sidecar_step
 from supervisor.errors import CheckpointError, ManifestError
 from supervisor.layout import METADATA_NAME, is_sidecar_name
 from supervisor.vocabulary import Vocabulary
@@ -155,7 +155,7 @@ def _step_without_name(directory: Path) -> int | None:
         step = lightning.meta_step(directory)
         if step is not None or lightning.is_lightning_name(directory.name):
             return step
-    return sidecar_step(directory)
+    return json_step(directory)
 
 
 def checkpoint_step(directory: Path, manifest: Manifest | None) -> int | None:
@@ -164,7 +164,7 @@ def checkpoint_step(directory: Path, manifest: Manifest | None) -> int | None:
     if manifest is not None:
         return manifest.step
     step = name_step(directory.name)
-    return step if step is not None else sidecar_step(directory)
+    return step if step is not None else json_step(directory)
 
 
 def _list_root(root: str | os.PathLike[str]) -> tuple[Path, list[_Candidate]]:
@@ -274,7 +274,7 @@ def _info(c: _Candidate, verdict: Verdict | None) -> CheckpointInfo:
         state, reason = verdict.state, verdict.reason
     step = manifest.step if manifest else c.step
     if step is None and c.ordinal is not None:
-        step = sidecar_step(c.path)
+        step = json_step(c.path)
     return CheckpointInfo(
         name=c.name,
         path=c.path,

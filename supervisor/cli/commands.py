@@ -16,7 +16,7 @@ from supervisor.config import Config, load_config
 from supervisor.daemon.statefile import read_status
 from supervisor.errors import EXIT_NOT_OK, EXIT_NOT_RUNNING, EXIT_OK, UsageError
 from supervisor.host.regularfile import open_regular
-from supervisor.host.runlock import RunLock
+from supervisor.host.runlock import LOCK_FILE, RunLock
 from supervisor.observe.eventlog import LOG_FILE, render_line
 from supervisor.observe.lines import LineSplitter, tail_lines
 from supervisor.observe.sanitize import visible
@@ -87,6 +87,13 @@ def _running(cfg: Config, *, say: bool = True) -> tuple[int | None, Path]:
     pid = RunLock.holder(cfg.run_dir)
     if pid is not None:
         return pid, cfg.run_dir
+    try:  # another user's run dir: its lock cannot be read, which is no "not running"
+        os.close(os.open(cfg.run_dir / LOCK_FILE, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC))
+    except PermissionError:
+        raise UsageError(f"cannot tell whether a supervisor runs on {cfg.run_dir}: permission denied; run this as "
+                         "the user that runs it") from None
+    except OSError:
+        pass  # none there, or a symlink or a FIFO: nobody holds that lock
     host = socket.gethostname()
     for h in live_holders(cfg.checkpoints.dir):
         if h.host == host and h.config == str(cfg.path):

@@ -66,7 +66,7 @@ class Core:
         self.ended: Job | None = None  # the attempt that exited, until a pass lets it be judged
         self.exit_code: int | None = None
         self.high_water_step: int | None = None
-        self.house = Housekeeper(cfg, log, now=system.now)
+        self.house = Housekeeper(cfg, log, now=system.file_now, monotonic=system.monotonic)
         self.claim = self.house.claim = claim  # this job's claim on the checkpoint root (checkpoints/claim.py)
         self._root_id: tuple[int, int] | None = None  # the root the passes look at (re-created: a new one)
         self.watch_stale = False  # the root was replaced: the loop watches it anew (and clears this)

@@ -84,7 +84,7 @@ def read_oom_kills(cgroup_root: Path = Path("/sys/fs/cgroup"), proc_self: Path =
 def read_beat(path: Path) -> tuple[Beat | None, list[str]]:
     """The heartbeat file's beat and its problems; (None, []) if it is gone or not a regular file."""
     try:
-        with open(open_regular(path), "rb") as f:  # a FIFO or a device planted there must not block us
+        with open(open_regular(path, follow_symlinks=False, mine=True), "rb") as f:  # nor a FIFO, a device, a foreign file
             data = f.read(MAX_HEARTBEAT_BYTES + 1)
     except OSError:
         return None, []  # gone between the event and the read (the next beat will do), or not a file
@@ -136,7 +136,7 @@ def _rank_beat(path: Path, rank: int, problems: list[str]) -> Beat | None:
     beat: Beat | None = None
     for _ in range(2):  # a torn read of an in-place rewrite, once
         try:
-            with open(open_regular(path, follow_symlinks=False), "rb") as f:
+            with open(open_regular(path, follow_symlinks=False, mine=True), "rb") as f:
                 data = f.read(MAX_RANK_BEAT_BYTES + 1)
         except FileNotFoundError:
             return None  # gone since the scan (the job rewrote it by rename, or ended)

@@ -21,9 +21,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from supervisor import torchrun_args
+from supervisor.checkpoints.sidecars import sidecar_problem
 from supervisor.config import Config, local_tier_nodes_error
+from supervisor.contract import HEARTBEAT_FILE, RANK_HEARTBEAT_DIR
+from supervisor.daemon.statefile import STATE_FILE
 from supervisor.errors import CheckpointError, ConfigError
+from supervisor.history.records import HISTORY_FILE
+from supervisor.host.identity import TOKEN_FILE
 from supervisor.host.regularfile import open_regular
+from supervisor.host.runlock import LOCK_FILE
+from supervisor.observe.eventlog import LOG_FILE
 
 __all__ = ["check_setup", "command_warnings", "job_program", "make_dirs", "rendezvous_key", "trainer_module",
            "trainer_problem"]
@@ -219,11 +226,31 @@ def check_setup(cfg: Config) -> None:
         problem = _dir_problem(path)
         if problem:
             raise ConfigError(f"{cfg.path}: [{key}] {problem}")
+    problem = run_dir_problem(cfg.run_dir)
+    if problem:
+        raise ConfigError(f"{cfg.path}: [supervisor.run_dir] {problem}; refusing to use it. Remove it (or give it to "
+                          "the user that runs the supervisor, folders mode 0700) and try again")
     problem = local_tier_nodes_error(cfg, {**os.environ, **cfg.job.env})
     if problem:
         raise ConfigError(f"{cfg.path}: {problem}")
     if cfg.checkpoints.dir.is_dir():
         _check_root_layout(cfg)
+
+
+def run_dir_problem(run_dir: Path) -> str | None:
+    """Why the run dir, a folder of it or a file the daemon writes or reads there is not ours to use, or None: a
+    symlink, another user's, a folder writable by others without the sticky bit (issue 35: a planted
+    `supervisor.lock -> ~victim/notes.txt` truncated the victim's file, a foreign beat got a job killed as hung)."""
+    folders = ("", "logs", RANK_HEARTBEAT_DIR, "errors")
+    for name in (*folders, LOCK_FILE, LOG_FILE, HISTORY_FILE, STATE_FILE, TOKEN_FILE, HEARTBEAT_FILE):
+        try:
+            st = os.lstat(run_dir / name)
+        except OSError:
+            continue  # not there (yet): made ours by whoever makes it
+        problem = sidecar_problem(run_dir / name, st, {os.geteuid()}, folder=name in folders, sticky_ok=True)
+        if problem:
+            return problem
+    return None
 
 
 def _dirs(cfg: Config) -> list[tuple[str, Path]]:

@@ -234,7 +234,7 @@ class HistoryRecorder(NullHistory):
         data = (b"\n" if self._torn else b"") + line
         try:
             if self._fd is None:
-                self._fd = open_regular(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+                self._fd = open_regular(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW)
             view = memoryview(data)
             while view:
                 view = view[self.os_write(self._fd, view):]

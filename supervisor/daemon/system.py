@@ -20,6 +20,7 @@ from supervisor.checkpoints.metadata import child as metadata_child
 from supervisor.daemon.evidence import read_oom_kills
 from supervisor.daemon.timers import Timers
 from supervisor.host import procs
+from supervisor.host.boot import start_ticks, wall_now
 from supervisor.host.signals import STOP_SIGNALS
 from supervisor.host.spares import Prewarmer, handed_ranks
 
@@ -36,9 +37,10 @@ class System(Protocol):
 
     def now(self) -> float: ...  # wall clock, for humans and files
     def monotonic(self) -> float: ...  # durations and timers
+    def file_now(self) -> float: ...  # the wall clock the kernel stamps files with, for their ages (not libfaketime's)
     def random(self) -> float: ...  # jitter in [0, 1)
     def spawn(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_path: Path | None) -> tuple[int, float]:
-        """Start the job, its output appended to `log_path` (None: the supervisor's own); (pid, create_time)."""
+        """Start the job, its output appended to `log_path` (None: the supervisor's own); (pid, its start ticks)."""
     def send_signal(self, pid: int, sig: int) -> None:
         """Send `sig` to `pid`; a stop signal is followed by SIGCONT, so that a stopped process acts on it."""
     def signal_workers(self, pid: int, sig: int) -> list[int]:
@@ -114,6 +116,9 @@ class RealSystem:
     def monotonic(self) -> float:
         return time.monotonic()
 
+    def file_now(self) -> float:
+        return wall_now()
+
     def random(self) -> float:
         return random.random()
 
@@ -125,13 +130,7 @@ class RealSystem:
         self._popen[p.pid] = p
         if self.prewarmer is not None and log_path is not None:  # after the job, so that it gets the head start
             self.prewarmer.refill(argv, cwd=cwd, env=env, log_dir=log_path.parent)
-        try:
-            import psutil
-
-            ctime = psutil.Process(p.pid).create_time()
-        except Exception:  # noqa: BLE001 - it may already have exited; identity is then moot
-            ctime = time.time()
-        return p.pid, ctime
+        return p.pid, float(start_ticks(p.pid) or 0)  # 0: it has exited already; identity is then moot
 
     def forget(self, pid: int, returncode: int) -> None:
         """The loop reaped `pid` itself: tell Popen so it never waits on it again."""

@@ -20,16 +20,19 @@ __all__ = ["open_regular", "read_json"]
 
 
 def open_regular(path: str | os.PathLike[str], flags: int = os.O_RDONLY, mode: int = 0o600, *,
-                 follow_symlinks: bool = True) -> int:
+                 follow_symlinks: bool = True, mine: bool = False) -> int:
     """`os.open` that never blocks and accepts a regular file only (the fd is blocking again once checked).
 
-    Not a regular file: OSError EINVAL. A symlink when `follow_symlinks` is false: ELOOP. Read it with
-    `open(open_regular(path), "rb")`.
+    Not a regular file: OSError EINVAL. A symlink when `follow_symlinks` is false: ELOOP. With `mine`, another
+    user's file (planted in a folder others may write to): EPERM. Read it with `open(open_regular(path), "rb")`.
     """
     fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW), mode)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+        if mine and st.st_uid != os.geteuid():
+            raise OSError(errno.EPERM, f"owned by uid {st.st_uid}, not by you", os.fspath(path))
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)

@@ -33,7 +33,8 @@ class RunLock:
         self.fd, self._file = self._take()
 
     def _take(self) -> tuple[int, tuple[int, int]]:
-        fd = open_regular(self.path, os.O_RDWR | os.O_CREAT)  # something else planted under its name: EINVAL
+        # something else planted under its name: EINVAL; a symlink (to a victim's file): ELOOP
+        fd = open_regular(self.path, os.O_RDWR | os.O_CREAT, follow_symlinks=False)
         try:
             st = os.fstat(fd)
             try:
@@ -83,7 +84,7 @@ class RunLock:
         """pid of the live supervisor holding the lock, or None when nobody holds it."""
         path = run_dir / LOCK_FILE
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO planted there must not block `status`
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)  # a FIFO must not block `status`
         except OSError:
             return None
         try:
