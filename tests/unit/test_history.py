@@ -10,7 +10,7 @@ import pytest
 
 from supervisor.config import load_config
 from supervisor.daemon.core import Core
-from supervisor.daemon.recorder import HistoryRecorder, NullHistory
+from supervisor.daemon.recorder import HistoryRecorder
 from supervisor.history.fold import summarize
 from supervisor.history.records import HISTORY_FILE, MAX_LINE, bucket_width, compact_lines, parse_lines, read_history, thin
 from supervisor.policy.state import State
@@ -193,11 +193,6 @@ class TestCoreRecords:
         exit_job(core2, fake2, 0)
         assert log.names().count("history_failed") == 1 and core2.status.state is State.COMPLETED
         assert [r["attempt"] for r in records(core2) if r["kind"] == "attempt_start"] == [1, 2]
-
-    def test_null_history_has_every_hook(self) -> None:
-        """The recorder adds no hook the null history lacks (Core calls them without checking)."""
-        hooks = {n for n in vars(HistoryRecorder) if not n.startswith("_") and callable(getattr(HistoryRecorder, n))}
-        assert hooks - {"for_run_dir"} <= set(vars(NullHistory))
 
 
 class TestReader:
