@@ -284,6 +284,32 @@ class MetricsSection(_Section):
     listen: str | None = Field(default=None, description='Prometheus endpoint, e.g. "127.0.0.1:9400"; off if unset')
 
 
+AlertKind = Literal["gave_up", "diverged", "rolled_back", "hang_detected", "crash_loop", "disk_low", "stopped",
+                    "completed"]
+
+
+class NotifySection(_Section):
+    command: list[str] = Field(
+        default_factory=list, description="alert command, argv (no shell): gets one alert's JSON object on stdin "
+        "(schema: docs/operations.md), e.g. [\"sh\", \"-c\", \"mail -s alert ops@example.com\"]")
+    webhook: str | None = Field(
+        default=None, description="URL POSTed each alert's JSON plus a one-line `text` (a Slack or Mattermost "
+        "incoming webhook); never logged: it is a secret")
+    events: list[AlertKind] = Field(
+        default=["gave_up", "diverged", "rolled_back", "hang_detected", "crash_loop", "disk_low", "stopped"],
+        description="which events alert: gave_up, diverged, rolled_back, hang_detected, crash_loop (one failure "
+        "without progress short of the give-up), disk_low, stopped (only when its emergency save failed), completed")
+    min_interval_s: float = Field(default=300, ge=0, description="at most one alert of each kind this often")
+    timeout_s: float = Field(default=10, gt=0, le=600, description="the command's time, and each webhook try's")
+
+    @field_validator("webhook")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"https?://[^\s/]+\S*", v):
+            raise ValueError("must be an http:// or https:// URL")
+        return v
+
+
 class Config(_Section):
     job: JobSection
     checkpoints: CheckpointsSection
@@ -291,6 +317,7 @@ class Config(_Section):
     health: HealthSection = Field(default_factory=HealthSection)
     supervisor: SupervisorSection = Field(default_factory=SupervisorSection)
     metrics: MetricsSection = Field(default_factory=MetricsSection)
+    notify: NotifySection = Field(default_factory=NotifySection)
     path: Path = Field(description="absolute path of the config file (set by the loader)")
 
     @property

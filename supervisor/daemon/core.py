@@ -419,6 +419,9 @@ class Core:
             self.sys.timers.set(Timer.LAUNCH, self.sys.monotonic() + decision.delay_s)
             self.log.info("backoff", delay_s=round(decision.delay_s, 3), reason=decision.reason,
                           restarts=self.status.restarts)
+            if (streak := restarts.crash_loop(self.attempts, self.cfg.restart)) is not None:
+                self.bus.publish(ev.Alarm("crash_loop", f"{streak} attempts in a row failed without progress (last: "
+                                          f"{info.reason}); one more gives up", {"failures": streak}))
 
     def _maybe_quarantine(self) -> None:
         """Quarantine a checkpoint only on evidence that the failures are its own (restarts.quarantine_candidate)."""

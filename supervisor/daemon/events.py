@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from supervisor.policy.restarts import Attempt
 
 __all__ = ["Bus", "Event", "SupervisorStarted", "AttemptStarted", "BeatRead", "AttemptExited", "HangRecorded",
-           "StragglerChanged", "PassAbsorbed", "Quarantined", "Finished", "StatusChanged", "Alarm", "to_log"]
+           "StragglerChanged", "PassAbsorbed", "Quarantined", "Finished", "StatusChanged", "Alarm", "AlertSent", "to_log"]
 
 
 class SupervisorStarted(NamedTuple):  # a `run` began (the run dir locked, before any orphan is stopped)
@@ -85,8 +85,14 @@ class Alarm(NamedTuple):  # something a person may want to know while the run go
     fields: Mapping[str, Any] | None = None
 
 
+class AlertSent(NamedTuple):  # an alert's delivery ended (daemon/alerts.py): {channel: error or None}
+    kind: str
+    outcome: Mapping[str, str | None]
+    warn: bool = False  # a channel failed that worked before (or was not tried): said once until it works again
+
+
 Event = (SupervisorStarted | AttemptStarted | BeatRead | AttemptExited | HangRecorded | StragglerChanged | PassAbsorbed
-         | Quarantined | Finished | StatusChanged | Alarm)
+         | Quarantined | Finished | StatusChanged | Alarm | AlertSent)
 Subscriber = Callable[[Event], None]
 
 
@@ -137,5 +143,8 @@ def to_log(log: Any) -> Subscriber:
                 log.info("stopped", attempt=ev.attempt, reason=ev.reason, emergency_save_failed=ev.save_failed)
         elif isinstance(ev, Alarm):
             log.warning(ev.kind, reason=ev.reason, **(ev.fields or {}))
+        elif isinstance(ev, AlertSent) and ev.warn:
+            log.warning("alert_failed", alert=ev.kind, errors={k: v for k, v in ev.outcome.items() if v},
+                        effect="the run goes on; every alert's outcome is in history.jsonl")
 
     return say

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from supervisor import __version__
 from supervisor.contract import Beat, Phase
 from supervisor.daemon.events import (
+    AlertSent,
     AttemptExited,
     AttemptStarted,
     BeatRead,
@@ -327,6 +328,8 @@ class HistoryRecorder:
             self.quarantined(ev.path, ev.reason)
         elif isinstance(ev, Finished):
             self.finish(ev.state, ev.reason)
+        elif isinstance(ev, AlertSent):
+            self._write("alert", {"event": ev.kind, "outcome": dict(ev.outcome), "ok": not any(ev.outcome.values())})
 
     def supervisor_start(self) -> None:
         self._write("supervisor_start", {"pid": os.getpid(), "version": __version__}, durable=True)

@@ -15,6 +15,7 @@ from supervisor.checkpoints.metadata import child as metadata_child
 from supervisor.checkpoints.tiers import TierClaims
 from supervisor.config import Config
 from supervisor.daemon import preflight
+from supervisor.daemon.alerts import Alerts
 from supervisor.daemon.core import Core
 from supervisor.daemon.loop import Echo, EventLoop
 from supervisor.daemon.loopprobe import INTERVAL_S, LoopProbe
@@ -76,6 +77,8 @@ def run(cfg: Config) -> int:
         notifier = Notifier.from_env()
         history = HistoryRecorder.for_run_dir(run_dir, now=system.now, log=log)
         core = Core(cfg, system, log, notify=notifier.status if notifier else None, history=history, claim=claim)
+        if cfg.notify.command or cfg.notify.webhook:
+            core.bus.append(Alerts(cfg, core.status, system=system, publish=core.bus.publish).notify)
         core.house.check_retention()  # a root whose deletions cannot be parked: said now, before the first pass
         echo = Echo(console) if console.tty else None
         # The job's output dir is watched only to echo it: each line the job logs would wake us otherwise. The root

@@ -1,0 +1,214 @@
+"""Alerts: the events that need a person, sent to `[notify]`'s command and webhook, off the loop.
+
+One more subscriber of the run's events (daemon/events.py). `alert_of` picks the events that are alerts (a pure
+function); `Alerts.notify` holds back one of a kind within `min_interval_s` and hands the rest to the System
+seam's off-loop work, which runs the command (argv, no shell, the alert's JSON on stdin; killed with its process
+group after `timeout_s`; at most `_OUTPUT_BYTES` of its output kept) and POSTs the JSON plus `text` to the webhook
+(`timeout_s` a try, `_TRIES` tries with backoff, no redirect followed). The outcome comes back to the loop as an
+`AlertSent` event: the history records it, and a channel that fails is one warning until it works again. Nothing
+here blocks or fails the loop; the schema is docs/operations.md's ("Alerts"), kept by tests/unit/test_alerts.py.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from supervisor.config import Config
+from supervisor.daemon import events as ev
+from supervisor.daemon.system import System
+from supervisor.observe.redact import MASK, looks_secret, redact_argv
+from supervisor.policy.state import State, Status
+
+__all__ = ["SCHEMA", "Alerts", "alert_of", "render", "deliver"]
+
+SCHEMA = 1
+_IN_FLIGHT, _WAITING = 4, 32  # deliveries at once, and alerts waiting for one (more are dropped, and recorded)
+_OUTPUT_BYTES = 2000  # of a command's output, kept for the warning
+_TRIES, _BACKOFF_S = 3, 1.0  # webhook tries, and the first wait between them (doubling)
+_GIB = 1 << 30
+
+
+def alert_of(event: Any) -> tuple[str, str] | None:
+    """(kind, reason) when `event` is an alert, else None."""
+    if isinstance(event, ev.Finished):
+        if event.state is State.FAILED:
+            return "gave_up", event.reason
+        if event.state is State.COMPLETED:
+            return "completed", event.reason
+        return ("stopped", f"{event.reason}; the emergency save failed") if event.save_failed else None
+    if isinstance(event, ev.HangRecorded):
+        ranks = ", ".join(f"rank {r}: {why}" for r, why in event.job.hung_ranks) or "ranks not known"
+        return "hang_detected", f"no progress for {event.idle_s} s ({ranks}); relaunching"
+    if isinstance(event, ev.Alarm):
+        return event.kind, event.reason
+    if isinstance(event, ev.PassAbsorbed):  # the next save may not fit, or retention cannot free what it must
+        result, newest = event.result, event.result.newest
+        for f in result.findings:
+            if f.kind == "disk_pressure":
+                return "disk_low", f.message
+        if result.disk_free is not None and newest is not None and result.disk_free < newest.size_bytes:
+            return "disk_low", (f"free {result.disk_free / _GIB:.2f} GiB on the checkpoint file system < the newest "
+                                f"checkpoint's {newest.size_bytes / _GIB:.2f} GiB: the next save may not fit")
+    return None
+
+
+def _redact(text: str, secrets: list[str]) -> str:
+    for value in secrets:
+        text = text.replace(value, MASK)
+    return " ".join(redact_argv(text.split(" ")))
+
+
+def render(cfg: Config, status: Status, kind: str, reason: str, *, at: float, suppressed: int = 0) -> dict[str, Any]:
+    """The alert's JSON object (schema: docs/operations.md), with no secret: values of the job's and our
+    environment's secret-looking variables, and `--token x`/`KEY=x` words, are masked."""
+    secrets = [v for k, v in {**os.environ, **cfg.job.env}.items() if looks_secret(k) and len(v) >= 6]
+    latest = status.latest_checkpoint
+    return {
+        "schema": SCHEMA, "event": kind, "reason": _redact(reason, secrets)[:2000], "at": round(at, 3),
+        "run": {"config": str(cfg.path), "host": socket.gethostname(), "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+                "run_dir": str(cfg.run_dir)},
+        "state": status.state.value, "attempt": status.attempt, "step": status.step,
+        "last_checkpoint": None if latest is None else {"path": latest["path"], "step": latest["step"]},
+        "suppressed": suppressed,
+    }
+
+
+def text_of(alert: Mapping[str, Any]) -> str:
+    """The webhook's one-line `text` (what a Slack or Mattermost channel shows)."""
+    run, ck = alert["run"], alert["last_checkpoint"]
+    where = run["host"] + (f" (Slurm job {run['slurm_job_id']})" if run["slurm_job_id"] else "")
+    return (f"fsdp-supervisor {alert['event']} on {where}, {run['config']}: step {alert['step']}, last checkpoint "
+            f"{ck['path'] if ck else 'none'}: {alert['reason']}").replace("\n", " ")
+
+
+_WRAP = """import os, signal, subprocess, sys
+p = subprocess.Popen(sys.argv[2:], stdout=2, start_new_session=True)
+try:
+    print(p.wait(float(sys.argv[1])))
+except subprocess.TimeoutExpired:
+    os.killpg(p.pid, signal.SIGKILL)
+    print("timeout")
+"""
+
+
+def run_command(argv: list[str], alert: Mapping[str, Any], timeout: float) -> str | None:
+    """Run `argv` with the alert on stdin; None, or why it failed. A small Python wrapper reports the exit code
+    (the daemon's loop reaps every child, so ours could lose it) and kills the command's group on timeout."""
+    with tempfile.TemporaryFile() as out:
+        try:  # the command's output goes to a temp file: what it prints costs no memory and never blocks it
+            proc = subprocess.Popen([sys.executable, "-I", "-c", _WRAP, str(timeout), *argv], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=out, close_fds=True, start_new_session=True)
+        except OSError as exc:
+            return f"cannot start the wrapper: {exc}"
+        try:
+            said, _ = proc.communicate(json.dumps(alert).encode(), timeout=timeout + 5)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            said = b"timeout"
+        except BrokenPipeError:  # it did not read stdin
+            said, _ = proc.communicate()
+        end = out.seek(0, os.SEEK_END)
+        out.seek(max(0, end - _OUTPUT_BYTES))
+        tail = out.read().decode(errors="replace").strip()
+    code = said.strip().decode(errors="replace") or "no exit code"
+    if code == "0":
+        return None
+    what = f"timed out after {timeout:g} s" if code == "timeout" else f"exit {code}"
+    return f"{argv[0]}: {what}" + (f": {tail[-300:]}" if tail else "")
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:  # a 3xx is an HTTPError: the alert failed
+        return None
+
+
+def post_webhook(url: str, alert: Mapping[str, Any], timeout: float, *, tries: int = _TRIES,
+                 sleep: Callable[[float], None] = time.sleep) -> str | None:
+    """POST the alert plus `text` as JSON; None, or why the last try failed (the URL, a secret, is never said)."""
+    data = json.dumps({**alert, "text": text_of(alert)}).encode()
+    opener = urllib.request.build_opener(_NoRedirect)
+    error = "no try"
+    for i in range(tries):
+        if i:
+            sleep(_BACKOFF_S * 2 ** (i - 1))
+        request = urllib.request.Request(url, data, {"Content-Type": "application/json"}, method="POST")
+        try:
+            with opener.open(request, timeout=timeout) as response:
+                response.read(4096)
+                return None
+        except urllib.error.HTTPError as exc:
+            error = f"HTTP {exc.code}"
+            if 300 <= exc.code < 500 and exc.code != 429:  # a redirect or a refusal will not change on a retry
+                break
+        except (OSError, ValueError) as exc:  # refused, unreachable, timed out, a reply that is not HTTP
+            error = type(exc).__name__ if isinstance(exc, TimeoutError) else str(getattr(exc, "reason", exc))
+    return f"webhook: {error}"
+
+
+def deliver(cfg: Config, alert: Mapping[str, Any]) -> dict[str, str | None]:
+    """Send `alert` through every configured channel: {channel: error or None}."""
+    n = cfg.notify
+    outcome: dict[str, str | None] = {}
+    if n.command:
+        outcome["command"] = run_command(n.command, alert, n.timeout_s)
+    if n.webhook:
+        outcome["webhook"] = post_webhook(n.webhook, alert, n.timeout_s)
+    return outcome
+
+
+class Alerts:
+    """The bus's subscriber that sends alerts; `send` is also `notify-test`'s way in."""
+
+    def __init__(self, cfg: Config, status: Status, *, system: System, publish: Callable[[ev.Event], None]) -> None:
+        self.cfg, self.status, self.sys, self.publish = cfg, status, system, publish
+        self._last: dict[str, float] = {}  # kind -> monotonic time of its last alert sent
+        self._held: dict[str, int] = {}  # kind -> alerts held back since (min_interval_s)
+        self._in_flight, self._waiting = 0, deque[tuple[str, dict[str, Any]]]()
+        self._failing: set[str] = set()  # channels whose last delivery failed (warned once until they work)
+
+    def notify(self, event: Any) -> None:
+        found = alert_of(event)
+        if found is not None and found[0] in self.cfg.notify.events:
+            self.send(*found)
+
+    def send(self, kind: str, reason: str) -> None:
+        now, last = self.sys.monotonic(), self._last.get(kind)
+        if last is not None and now - last < self.cfg.notify.min_interval_s:
+            self._held[kind] = self._held.get(kind, 0) + 1
+            return
+        if len(self._waiting) >= _WAITING:
+            self._sent(kind, {"all": f"dropped: {_WAITING} alerts wait to be sent"}, flight=0)
+            return
+        self._last[kind] = now
+        alert = render(self.cfg, self.status, kind, reason, at=self.sys.now(), suppressed=self._held.pop(kind, 0))
+        self._waiting.append((kind, alert))
+        self._start()
+
+    def _start(self) -> None:
+        while self._waiting and self._in_flight < _IN_FLIGHT:
+            kind, alert = self._waiting.popleft()
+            self._in_flight += 1
+            self.sys.run_off_loop(functools.partial(deliver, self.cfg, alert), functools.partial(self._sent, kind))
+
+    def _sent(self, kind: str, outcome: dict[str, str | None] | BaseException, flight: int = 1) -> None:
+        self._in_flight -= flight
+        self._start()
+        if isinstance(outcome, BaseException):  # a bug: the alert is lost, never the run
+            outcome = {"all": f"{type(outcome).__name__}: {outcome}"}
+        failed = {channel for channel, error in outcome.items() if error}
+        warn = bool(failed - self._failing)
+        self._failing = (self._failing | failed) - {c for c, error in outcome.items() if not error}
+        self.publish(ev.AlertSent(kind, outcome, warn))
