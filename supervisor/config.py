@@ -232,8 +232,13 @@ class RestartSection(_Section):
 
 
 class HealthSection(_Section):
-    hang_timeout_s: float = Field(default=0, ge=0, description="0 = off; heartbeat not advancing this long = hang")
-    save_timeout_s: float = Field(default=1800, gt=0, description="allowance while the heartbeat says load or save")
+    hang_timeout_s: float | Literal["auto"] = Field(
+        default="auto", description='"auto": while the job beats, hung when a heartbeat has not advanced for '
+        "max(hang_min_s, hang_factor x its recent p99 step time); a number: this many seconds; 0 = off")
+    hang_min_s: float = Field(default=60, gt=0, description='"auto": the shortest hang allowance, seconds')
+    hang_factor: float = Field(default=10, ge=1, description='"auto": allowance in multiples of the recent p99 step time')
+    save_timeout_s: float = Field(
+        default=1800, gt=0, description="allowance while the heartbeat says load or save (and eval with \"auto\")")
     startup_timeout_s: float = Field(
         default=0, ge=0, description="0 = off; no first heartbeat this long after launch = hang"
     )
@@ -257,6 +262,13 @@ class HealthSection(_Section):
         description="0 = off; a rank whose own step time stays above this times the other ranks' median (3 looks, "
                     "a second apart) is flagged as a straggler in status, metrics and the report",
     )
+
+    @field_validator("hang_timeout_s")
+    @classmethod
+    def _hang(cls, v: float | str) -> float | str:
+        if not isinstance(v, str) and v < 0:
+            raise ValueError('must be "auto", 0 (off) or a number of seconds')
+        return v
 
     @field_validator("straggler_factor")
     @classmethod

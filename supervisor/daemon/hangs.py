@@ -149,6 +149,7 @@ class Hangs:
         if job.hang or job.stopping:
             return
         self._deadline = self._due()
+        self.status.hang_detection = self.watch.describe(self.cfg.health)
         if self._deadline is None:
             self.sys.timers.cancel(Timer.HANG)
         else:

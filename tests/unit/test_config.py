@@ -32,7 +32,7 @@ class TestLoad:
         assert cfg.job.resume_args == ["--resume", "{checkpoint}"]
         assert (cfg.restart.policy, cfg.restart.max_restarts, cfg.restart.max_no_progress_restarts) == ("on-failure", 100, 3)
         assert (cfg.checkpoints.keep_last, cfg.checkpoints.partial_max_age_s) == (3, 3600)
-        assert (cfg.health.hang_timeout_s, cfg.health.stop_timeout_s) == (0, 120)
+        assert (cfg.health.hang_timeout_s, cfg.health.stop_timeout_s) == ("auto", 120)
 
     def test_full_example_from_the_issue(self, tmp_path: Path) -> None:
         """Every key the issue documents is accepted."""
