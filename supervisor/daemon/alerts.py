@@ -23,13 +23,15 @@ import urllib.error
 import urllib.request
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from supervisor.config import Config
 from supervisor.daemon import events as ev
-from supervisor.daemon.system import System
 from supervisor.observe.redact import MASK, looks_secret, redact_argv
 from supervisor.policy.state import State, Status
+
+if TYPE_CHECKING:
+    from supervisor.daemon.system import System
 
 __all__ = ["SCHEMA", "Alerts", "alert_of", "render", "deliver"]
 
@@ -94,7 +96,7 @@ def text_of(alert: Mapping[str, Any]) -> str:
 
 
 _WRAP = """import os, signal, subprocess, sys
-p = subprocess.Popen(sys.argv[2:], stdout=2, start_new_session=True)
+p = subprocess.Popen(sys.argv[2:], stdout=2, preexec_fn=os.setpgrp)
 try:
     print(p.wait(float(sys.argv[1])))
 except subprocess.TimeoutExpired:
@@ -103,15 +105,25 @@ except subprocess.TimeoutExpired:
 """
 
 
+_sessions: set[int] = set()  # of the commands running now (their wrapper's pid): never a job's survivors
+
+
+def running_sessions() -> frozenset[int]:
+    """Sessions of the alert commands running now: what they start is never killed as a finished job's."""
+    return frozenset(_sessions)
+
+
 def run_command(argv: list[str], alert: Mapping[str, Any], timeout: float) -> str | None:
-    """Run `argv` with the alert on stdin; None, or why it failed. A small Python wrapper reports the exit code
-    (the daemon's loop reaps every child, so ours could lose it) and kills the command's group on timeout."""
+    """Run `argv` with the alert on stdin; None, or why it failed. A small Python wrapper, in a session of its own,
+    reports the exit code (the daemon's loop reaps every child: ours could lose it) and kills the command's group
+    on timeout."""
     with tempfile.TemporaryFile() as out:
         try:  # the command's output goes to a temp file: what it prints costs no memory and never blocks it
             proc = subprocess.Popen([sys.executable, "-I", "-c", _WRAP, str(timeout), *argv], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=out, close_fds=True, start_new_session=True)
         except OSError as exc:
             return f"cannot start the wrapper: {exc}"
+        _sessions.add(proc.pid)
         try:
             said, _ = proc.communicate(json.dumps(alert).encode(), timeout=timeout + 5)
         except subprocess.TimeoutExpired:
@@ -120,6 +132,8 @@ def run_command(argv: list[str], alert: Mapping[str, Any], timeout: float) -> st
             said = b"timeout"
         except BrokenPipeError:  # it did not read stdin
             said, _ = proc.communicate()
+        finally:
+            _sessions.discard(proc.pid)
         end = out.seek(0, os.SEEK_END)
         out.seek(max(0, end - _OUTPUT_BYTES))
         tail = out.read().decode(errors="replace").strip()

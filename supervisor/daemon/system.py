@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from supervisor.checkpoints.metadata import child as metadata_child
+from supervisor.daemon import alerts
 from supervisor.daemon.evidence import read_oom_kills
 from supervisor.daemon.timers import Timers
 from supervisor.host import procs
@@ -69,6 +70,13 @@ class LoopSystem(System, Protocol):
         """The `done` callbacks of off-loop work that finished, with their results (to call on the loop)."""
     def forget(self, pid: int, returncode: int) -> None:
         """A child the loop reaped: drop what was kept for it."""
+
+
+def _session(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:  # gone
+        return None
 
 
 class RealSystem:
@@ -147,9 +155,12 @@ class RealSystem:
             self.prewarmer.close()
 
     def _keep(self) -> set[int]:
-        """Our own children that are not the job's: the idle spare, a `.metadata` parse (metadata_child)."""
+        """Our own children that are not the job's: the idle spare, a `.metadata` parse (metadata_child), an alert's
+        command and what it started (its session: daemon/alerts.py)."""
         spares = self.prewarmer.spare_pids() if self.prewarmer is not None else set()
-        return set(spares) | metadata_child.running_pids()
+        sessions = alerts.running_sessions()
+        alerting = {p.pid for p in procs.descendants() if _session(p.pid) in sessions} if sessions else set()
+        return set(spares) | metadata_child.running_pids() | alerting
 
     def send_signal(self, pid: int, sig: int) -> None:
         try:

@@ -162,3 +162,33 @@ def test_notify_test_command(tmp_path: Path, server: Any, capsys: pytest.Capture
     assert main(["notify-test", "-c", str(cfg)]) == 1 and "webhook: HTTP 500" in capsys.readouterr().err
     cfg.write_text(base)
     assert main(["notify-test", "-c", str(cfg)]) == 2
+
+
+def test_an_alert_command_is_no_job_survivor(tmp_path: Path) -> None:
+    """An alert command (and what it starts) running when an attempt ends is neither a survivor nor killed with them."""
+    from supervisor.daemon.alerts import run_command
+    from supervisor.daemon.system import RealSystem
+
+    mark = tmp_path / "done"
+    child = f"import time, pathlib; time.sleep(1.5); pathlib.Path({str(mark)!r}).write_text('ok')"
+    cmd = [sys.executable, "-c", f"import subprocess, sys; sys.exit(subprocess.call([sys.executable, '-c', {child!r}]))"]
+    result: list[str | None] = []
+    t = threading.Thread(target=lambda: result.append(run_command(cmd, {"event": "test"}, 30)))
+    t.start()
+    system = RealSystem()
+    try:
+        wait = threading.Event()
+        while not alerts_running() and t.is_alive():
+            wait.wait(0.05)
+        wait.wait(0.5)  # the command's own child is up
+        assert system.survivors() == [] and system.reap_survivors() == []
+    finally:
+        t.join(30)
+        system.close()
+    assert result == [None] and mark.read_text() == "ok"
+
+
+def alerts_running() -> bool:
+    from supervisor.daemon.alerts import running_sessions
+
+    return bool(running_sessions())
