@@ -11,6 +11,7 @@ checked by `supervisor.daemon.preflight` before `run` creates anything.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 import sys
@@ -263,11 +264,11 @@ class HealthSection(_Section):
                     "a second apart) is flagged as a straggler in status, metrics and the report",
     )
 
-    @field_validator("hang_timeout_s")
+    @field_validator("hang_timeout_s", mode="before")
     @classmethod
-    def _hang(cls, v: float | str) -> float | str:
-        if not isinstance(v, str) and v < 0:
-            raise ValueError('must be "auto", 0 (off) or a number of seconds')
+    def _hang(cls, v: Any) -> Any:
+        if v != "auto" and (type(v) not in (int, float) or not 0 <= v < math.inf):
+            raise ValueError(f'must be "auto", 0 (off) or a number of seconds, not {v!r}')
         return v
 
     @field_validator("straggler_factor")
@@ -305,21 +306,14 @@ class NotifySection(_Section):
         default_factory=list, description="alert command, argv (no shell): gets one alert's JSON object on stdin "
         "(schema: docs/operations.md), e.g. [\"sh\", \"-c\", \"mail -s alert ops@example.com\"]")
     webhook: str | None = Field(
-        default=None, description="URL POSTed each alert's JSON plus a one-line `text` (a Slack or Mattermost "
-        "incoming webhook); never logged: it is a secret")
+        default=None, pattern=r"^https?://\S+$", description="http(s) URL POSTed each alert's JSON plus a one-line "
+        "`text` (a Slack or Mattermost incoming webhook); never logged: it is a secret")
     events: list[AlertKind] = Field(
         default=["gave_up", "diverged", "rolled_back", "hang_detected", "crash_loop", "disk_low", "stopped"],
         description="which events alert: gave_up, diverged, rolled_back, hang_detected, crash_loop (one failure "
         "without progress short of the give-up), disk_low, stopped (only when its emergency save failed), completed")
     min_interval_s: float = Field(default=300, ge=0, description="at most one alert of each kind this often")
     timeout_s: float = Field(default=10, gt=0, le=600, description="the command's time, and each webhook try's")
-
-    @field_validator("webhook")
-    @classmethod
-    def _url(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"https?://[^\s/]+\S*", v):
-            raise ValueError("must be an http:// or https:// URL")
-        return v
 
 
 class Config(_Section):

@@ -21,7 +21,6 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections import deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -36,10 +35,9 @@ if TYPE_CHECKING:
 __all__ = ["SCHEMA", "Alerts", "alert_of", "render", "deliver"]
 
 SCHEMA = 1
-_IN_FLIGHT, _WAITING = 4, 32  # deliveries at once, and alerts waiting for one (more are dropped, and recorded)
+_IN_FLIGHT = 8  # deliveries at once: more (a storm with min_interval_s = 0) are dropped, and recorded as such
 _OUTPUT_BYTES = 2000  # of a command's output, kept for the warning
 _TRIES, _BACKOFF_S = 3, 1.0  # webhook tries, and the first wait between them (doubling)
-_GIB = 1 << 30
 
 
 def alert_of(event: Any) -> tuple[str, str] | None:
@@ -57,28 +55,22 @@ def alert_of(event: Any) -> tuple[str, str] | None:
         return event.kind, event.reason
     if isinstance(event, ev.PassAbsorbed):  # the next save may not fit, or retention cannot free what it must
         result, newest = event.result, event.result.newest
-        for f in result.findings:
-            if f.kind == "disk_pressure":
-                return "disk_low", f.message
+        if pressure := next((f.message for f in result.findings if f.kind == "disk_pressure"), None):
+            return "disk_low", pressure
         if result.disk_free is not None and newest is not None and result.disk_free < newest.size_bytes:
-            return "disk_low", (f"free {result.disk_free / _GIB:.2f} GiB on the checkpoint file system < the newest "
-                                f"checkpoint's {newest.size_bytes / _GIB:.2f} GiB: the next save may not fit")
+            return "disk_low", (f"free {result.disk_free / 2**30:.2f} GiB on the checkpoint file system < the newest "
+                                f"checkpoint's {newest.size_bytes / 2**30:.2f} GiB: the next save may not fit")
     return None
-
-
-def _redact(text: str, secrets: list[str]) -> str:
-    for value in secrets:
-        text = text.replace(value, MASK)
-    return " ".join(redact_argv(text.split(" ")))
 
 
 def render(cfg: Config, status: Status, kind: str, reason: str, *, at: float, suppressed: int = 0) -> dict[str, Any]:
     """The alert's JSON object (schema: docs/operations.md), with no secret: values of the job's and our
     environment's secret-looking variables, and `--token x`/`KEY=x` words, are masked."""
-    secrets = [v for k, v in {**os.environ, **cfg.job.env}.items() if looks_secret(k) and len(v) >= 6]
+    for name, value in {**os.environ, **cfg.job.env}.items():
+        reason = reason.replace(value, MASK) if looks_secret(name) and len(value) >= 6 else reason
     latest = status.latest_checkpoint
     return {
-        "schema": SCHEMA, "event": kind, "reason": _redact(reason, secrets)[:2000], "at": round(at, 3),
+        "schema": SCHEMA, "event": kind, "reason": " ".join(redact_argv(reason.split(" ")))[:2000], "at": round(at, 3),
         "run": {"config": str(cfg.path), "host": socket.gethostname(), "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
                 "run_dir": str(cfg.run_dir)},
         "state": status.state.value, "attempt": status.attempt, "step": status.step,
@@ -146,7 +138,7 @@ def run_command(argv: list[str], alert: Mapping[str, Any], timeout: float) -> st
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, *args: Any, **kwargs: Any) -> None:  # a 3xx is an HTTPError: the alert failed
-        return None
+        pass
 
 
 def post_webhook(url: str, alert: Mapping[str, Any], timeout: float, *, tries: int = _TRIES,
@@ -175,12 +167,8 @@ def post_webhook(url: str, alert: Mapping[str, Any], timeout: float, *, tries: i
 def deliver(cfg: Config, alert: Mapping[str, Any]) -> dict[str, str | None]:
     """Send `alert` through every configured channel: {channel: error or None}."""
     n = cfg.notify
-    outcome: dict[str, str | None] = {}
-    if n.command:
-        outcome["command"] = run_command(n.command, alert, n.timeout_s)
-    if n.webhook:
-        outcome["webhook"] = post_webhook(n.webhook, alert, n.timeout_s)
-    return outcome
+    return {**({"command": run_command(n.command, alert, n.timeout_s)} if n.command else {}),
+            **({"webhook": post_webhook(n.webhook, alert, n.timeout_s)} if n.webhook else {})}
 
 
 class Alerts:
@@ -190,7 +178,7 @@ class Alerts:
         self.cfg, self.status, self.sys, self.publish = cfg, status, system, publish
         self._last: dict[str, float] = {}  # kind -> monotonic time of its last alert sent
         self._held: dict[str, int] = {}  # kind -> alerts held back since (min_interval_s)
-        self._in_flight, self._waiting = 0, deque[tuple[str, dict[str, Any]]]()
+        self._in_flight = 0
         self._failing: set[str] = set()  # channels whose last delivery failed (warned once until they work)
 
     def notify(self, event: Any) -> None:
@@ -203,23 +191,15 @@ class Alerts:
         if last is not None and now - last < self.cfg.notify.min_interval_s:
             self._held[kind] = self._held.get(kind, 0) + 1
             return
-        if len(self._waiting) >= _WAITING:
-            self._sent(kind, {"all": f"dropped: {_WAITING} alerts wait to be sent"}, flight=0)
+        if self._in_flight >= _IN_FLIGHT:
+            self._sent(kind, {"all": f"dropped: {_IN_FLIGHT} alerts are being sent"}, flight=0)
             return
-        self._last[kind] = now
+        self._last[kind], self._in_flight = now, self._in_flight + 1
         alert = render(self.cfg, self.status, kind, reason, at=self.sys.now(), suppressed=self._held.pop(kind, 0))
-        self._waiting.append((kind, alert))
-        self._start()
-
-    def _start(self) -> None:
-        while self._waiting and self._in_flight < _IN_FLIGHT:
-            kind, alert = self._waiting.popleft()
-            self._in_flight += 1
-            self.sys.run_off_loop(functools.partial(deliver, self.cfg, alert), functools.partial(self._sent, kind))
+        self.sys.run_off_loop(functools.partial(deliver, self.cfg, alert), functools.partial(self._sent, kind))
 
     def _sent(self, kind: str, outcome: dict[str, str | None] | BaseException, flight: int = 1) -> None:
         self._in_flight -= flight
-        self._start()
         if isinstance(outcome, BaseException):  # a bug: the alert is lost, never the run
             outcome = {"all": f"{type(outcome).__name__}: {outcome}"}
         failed = {channel for channel, error in outcome.items() if error}

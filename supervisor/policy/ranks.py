@@ -117,14 +117,12 @@ class RankWatch:
     def describe(self, health: HealthSection) -> str:
         """What hang detection does now, for `status`."""
         setting, p99 = health.hang_timeout_s, self.p99()
-        if not setting:
-            return "off (hang_timeout_s = 0)"
-        if not self.sources:
-            return "off: the job does not beat (no heartbeat yet this attempt); progress is judged by its checkpoints"
-        if setting != "auto":
-            return f"after {setting:g} s without progress"
-        if p99 is None:
-            return f"auto: save_timeout_s ({health.save_timeout_s:g} s) until {MIN_GAPS} steps are seen"
+        if not setting or not self.sources:
+            return ("off: the job does not beat (no heartbeat yet this attempt); progress is judged by its checkpoints"
+                    if setting else "off (hang_timeout_s = 0)")
+        if setting != "auto" or p99 is None:
+            return (f"after {setting:g} s without progress" if setting != "auto" else
+                    f"auto: save_timeout_s ({health.save_timeout_s:g} s) until {MIN_GAPS} steps are seen")
         return f"auto: after {hang_timeout(health, None, startup=False, p99=p99):.0f} s (recent p99 step {p99:.3g} s)"
 
     def idle(self, now: float) -> float | None:

@@ -88,6 +88,10 @@ class TestErrors:
             (MINIMAL.replace('["torchrun", "-m", "trainer"]', '"torchrun -m trainer"'), "[job.command]"),
             (MINIMAL + "[checkpoints.extra]\n", "[checkpoints.extra] unknown key"),
             ("[job\n", "invalid TOML"),
+            *((MINIMAL + f"[health]\nhang_timeout_s = {v}\n", '[health.hang_timeout_s] must be "auto", 0 (off) or a')
+              for v in ("-1", '"x"', "true", "nan", "inf")),
+            (MINIMAL + '[notify]\nwebhook = "ftp://x"\n', "[notify.webhook]"),
+            (MINIMAL + '[notify]\nevents = ["gave_up", "exploded"]\n', "[notify.events"),
         ],
     )
     def test_one_line_naming_the_key(self, tmp_path: Path, text: str, needle: str) -> None:
