@@ -1,6 +1,7 @@
 """Alerts through real channels: an http.server on 127.0.0.1 and a real command; failures cost one warning."""
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import psutil
 import pytest
 
 from supervisor.cli.app import main
@@ -192,3 +194,16 @@ def alerts_running() -> bool:
     from supervisor.daemon.alerts import running_sessions
 
     return bool(running_sessions())
+
+
+def test_a_hanging_command_is_killed_with_what_it_started(tmp_path: Path) -> None:
+    """A command that never ends (and its child): killed, process group and all, after timeout_s; one error."""
+    from supervisor.daemon.alerts import run_command
+
+    pid_file = tmp_path / "child.pid"
+    child = f"import os, time, pathlib; pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid())); time.sleep(600)"
+    cmd = [sys.executable, "-c", f"import subprocess, sys; subprocess.call([sys.executable, '-c', {child!r}])"]
+    error = run_command(cmd, {"event": "test"}, 2)
+    assert error is not None and "timed out after 2 s" in error
+    with contextlib.suppress(psutil.NoSuchProcess):
+        psutil.Process(int(pid_file.read_text())).wait(10)  # psutil.TimeoutExpired if it outlived the kill
