@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -179,6 +180,8 @@ class Alerts:
         self._last: dict[str, float] = {}  # kind -> monotonic time of its last alert sent
         self._held: dict[str, int] = {}  # kind -> alerts held back since (min_interval_s)
         self._in_flight = 0
+        self._sending = threading.Condition()  # counts deliveries not yet returned, for `drain`
+        self._unfinished = 0
         self._failing: set[str] = set()  # channels whose last delivery failed (warned once until they work)
 
     def notify(self, event: Any) -> None:
@@ -196,7 +199,22 @@ class Alerts:
             return
         self._last[kind], self._in_flight = now, self._in_flight + 1
         alert = render(self.cfg, self.status, kind, reason, at=self.sys.now(), suppressed=self._held.pop(kind, 0))
-        self.sys.run_off_loop(functools.partial(deliver, self.cfg, alert), functools.partial(self._sent, kind))
+        with self._sending:
+            self._unfinished += 1
+        self.sys.run_off_loop(functools.partial(self._deliver, alert), functools.partial(self._sent, kind))
+
+    def _deliver(self, alert: dict[str, Any]) -> dict[str, str | None]:  # off the loop
+        try:
+            return deliver(self.cfg, alert)
+        finally:
+            with self._sending:
+                self._unfinished -= 1
+                self._sending.notify_all()
+
+    def drain(self) -> bool:
+        """At exit: wait up to timeout_s + 5 s for the alerts being sent (a give-up's above all); whether all were."""
+        with self._sending:
+            return self._sending.wait_for(lambda: self._unfinished == 0, self.cfg.notify.timeout_s + 5)
 
     def _sent(self, kind: str, outcome: dict[str, str | None] | BaseException, flight: int = 1) -> None:
         self._in_flight -= flight

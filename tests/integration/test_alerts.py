@@ -22,6 +22,7 @@ from supervisor.daemon.recorder import HistoryRecorder
 from supervisor.history.records import HISTORY_FILE, read_history
 from supervisor.policy.state import State
 from tests.fakes import FakeSystem
+from tests.supervise import FAKEJOB, Supervisors, supervisors, write_config  # noqa: F401
 from tests.unit.test_core import exit_job, make_core
 
 DEFAULTS = ["gave_up", "diverged", "rolled_back", "hang_detected", "crash_loop", "disk_low", "stopped"]
@@ -207,3 +208,20 @@ def test_a_hanging_command_is_killed_with_what_it_started(tmp_path: Path) -> Non
     assert error is not None and "timed out after 2 s" in error
     with contextlib.suppress(psutil.NoSuchProcess):
         psutil.Process(int(pid_file.read_text())).wait(10)  # psutil.TimeoutExpired if it outlived the kill
+
+
+def test_a_real_run_alerts_its_crash_loop_and_give_up(tmp_path: Path, server: Any, supervisors: Supervisors) -> None:
+    """`fsdp-supervisor run` wires the alerts: a job that always fails alerts crash_loop, then gave_up (exit 3), to
+    the webhook and the command, each outcome recorded in the history."""
+    out = tmp_path / "alerts.jsonl"
+    cmd = [sys.executable, str(FAKEJOB), "--exit", "1"]
+    extra = (f'[restart]\nbackoff_initial_s = 0.05\nbackoff_max_s = 0.1\n[notify]\ncommand = {json.dumps(_writer(out))}\n'
+             f'webhook = "http://127.0.0.1:{server.server_port}/"\n')
+    p = supervisors.start(write_config(tmp_path, cmd, extra))
+    p.communicate(timeout=120)
+    assert p.returncode == 3
+    posted = [server.bodies.get(timeout=30)["event"] for _ in range(2)]
+    assert sorted(posted) == ["crash_loop", "gave_up"]
+    recs = read_history(tmp_path / ".fsdp-supervisor" / HISTORY_FILE)[0]
+    assert sorted(r["event"] for r in recs if r["kind"] == "alert" and r["ok"]) == ["crash_loop", "gave_up"]
+    assert sorted(json.loads(line)["event"] for line in out.read_text().splitlines()) == ["crash_loop", "gave_up"]
