@@ -148,3 +148,16 @@ def test_a_failing_channel_is_one_warning(tmp_path: Path, sent: list[dict[str, A
     for kind in ("crash_loop", "disk_low", "crash_loop"):
         core.bus.publish(ev.Alarm(kind, "x"))
     assert len(sent) == 3 and log.names().count("alert_failed") == 1
+
+
+def test_an_alert_names_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Config path, host, the Slurm job id when there is one, the step and the last checkpoint, in the JSON and
+    in the webhook's one line."""
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    core, fake, _ = make_core(tmp_path)
+    core.status.step, core.status.latest_checkpoint = 120, {"path": "/c/step_100", "step": 100, "mtime": 1.0}
+    alert = render(core.cfg, core.status, "hang_detected", "no progress", at=fake.now())
+    assert alert["run"]["slurm_job_id"] == "4242" and alert["run"]["config"] == str(core.cfg.path)
+    assert alert["step"] == 120 and alert["last_checkpoint"] == {"path": "/c/step_100", "step": 100}
+    line = text_of(alert)
+    assert "\n" not in line and "Slurm job 4242" in line and "step 120" in line and "/c/step_100" in line
