@@ -161,3 +161,19 @@ def test_an_alert_names_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert alert["step"] == 120 and alert["last_checkpoint"] == {"path": "/c/step_100", "step": 100}
     line = text_of(alert)
     assert "\n" not in line and "Slurm job 4242" in line and "step 120" in line and "/c/step_100" in line
+
+
+@pytest.mark.parametrize(("code", "save_failed"), [(0, False), (-9, True), (1, True)])
+def test_a_stop_whose_emergency_save_failed_alerts(tmp_path: Path, code: int, save_failed: bool) -> None:
+    """SIGTERM, then the job exits: 0 is a clean stop (no alert); killed after stop_timeout_s, or failing, is
+    `stopped` with a failed emergency save."""
+    import signal
+
+    core, fake, _ = make_core(tmp_path)
+    finished: list[ev.Finished] = []
+    core.bus.append(lambda e: finished.append(e) if isinstance(e, ev.Finished) else None)
+    core.begin(None)
+    core.on_signal(signal.SIGTERM)
+    exit_job(core, fake, code)
+    assert core.status.state is State.STOPPED and [f.save_failed for f in finished] == [save_failed]
+    assert (alert_of(finished[0]) is not None) == save_failed
