@@ -1,12 +1,8 @@
-"""Alerts: the events that need a person, sent to `[notify]`'s command and webhook, off the loop.
+"""Alerts: the events that need a person, sent to `[notify]`'s command and webhook off the loop (docs/operations.md).
 
-One more subscriber of the run's events (daemon/events.py). `alert_of` picks the events that are alerts (a pure
-function); `Alerts.notify` holds back one of a kind within `min_interval_s` and hands the rest to the System
-seam's off-loop work, which runs the command (argv, no shell, the alert's JSON on stdin; killed with its process
-group after `timeout_s`; at most `_OUTPUT_BYTES` of its output kept) and POSTs the JSON plus `text` to the webhook
-(`timeout_s` a try, `_TRIES` tries with backoff, no redirect followed). The outcome comes back to the loop as an
-`AlertSent` event: the history records it, and a channel that fails is one warning until it works again. Nothing
-here blocks or fails the loop; the schema is docs/operations.md's ("Alerts"), kept by tests/unit/test_alerts.py.
+One more subscriber of the run's events (daemon/events.py): `alert_of` picks the alerts (pure), `Alerts` holds back
+one of a kind within `min_interval_s` and sends the rest through the System seam's off-loop work; the outcome comes
+back as an `AlertSent` event (the history records it; a failing channel is one warning until it works again).
 """
 from __future__ import annotations
 
@@ -89,7 +85,10 @@ def text_of(alert: Mapping[str, Any]) -> str:
 
 
 _WRAP = """import os, signal, subprocess, sys
-p = subprocess.Popen(sys.argv[2:], stdout=2, preexec_fn=os.setpgrp)
+try:
+    p = subprocess.Popen(sys.argv[2:], stdout=2, preexec_fn=os.setpgrp)
+except OSError as e:
+    sys.exit(print("cannot start it:", e.strerror or e))
 try:
     print(p.wait(float(sys.argv[1])))
 except subprocess.TimeoutExpired:
@@ -98,12 +97,7 @@ except subprocess.TimeoutExpired:
 """
 
 
-_sessions: set[int] = set()  # of the commands running now (their wrapper's pid): never a job's survivors
-
-
-def running_sessions() -> frozenset[int]:
-    """Sessions of the alert commands running now: what they start is never killed as a finished job's."""
-    return frozenset(_sessions)
+SESSIONS: set[int] = set()  # of the commands running now (their wrapper's pid): never a finished job's survivors
 
 
 def run_command(argv: list[str], alert: Mapping[str, Any], timeout: float) -> str | None:
@@ -116,24 +110,22 @@ def run_command(argv: list[str], alert: Mapping[str, Any], timeout: float) -> st
                                     stdout=subprocess.PIPE, stderr=out, close_fds=True, start_new_session=True)
         except OSError as exc:
             return f"cannot start the wrapper: {exc}"
-        _sessions.add(proc.pid)
+        SESSIONS.add(proc.pid)
         try:
             said, _ = proc.communicate(json.dumps(alert).encode(), timeout=timeout + 5)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
             said = b"timeout"
-        except BrokenPipeError:  # it did not read stdin
-            said, _ = proc.communicate()
         finally:
-            _sessions.discard(proc.pid)
+            SESSIONS.discard(proc.pid)
         end = out.seek(0, os.SEEK_END)
         out.seek(max(0, end - _OUTPUT_BYTES))
         tail = out.read().decode(errors="replace").strip()
     code = said.strip().decode(errors="replace") or "no exit code"
     if code == "0":
         return None
-    what = f"timed out after {timeout:g} s" if code == "timeout" else f"exit {code}"
+    what = f"timed out after {timeout:g} s" if code == "timeout" else f"exit {code}" if code[-1:].isdigit() else code
     return f"{argv[0]}: {what}" + (f": {tail[-300:]}" if tail else "")
 
 

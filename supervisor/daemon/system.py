@@ -158,7 +158,7 @@ class RealSystem:
         """Our own children that are not the job's: the idle spare, a `.metadata` parse (metadata_child), an alert's
         command and what it started (its session: daemon/alerts.py)."""
         spares = self.prewarmer.spare_pids() if self.prewarmer is not None else set()
-        sessions = alerts.running_sessions()
+        sessions = set(alerts.SESSIONS)
         alerting = {p.pid for p in procs.descendants() if _session(p.pid) in sessions} if sessions else set()
         return set(spares) | metadata_child.running_pids() | alerting
 

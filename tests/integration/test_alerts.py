@@ -192,9 +192,9 @@ def test_an_alert_command_is_no_job_survivor(tmp_path: Path) -> None:
 
 
 def alerts_running() -> bool:
-    from supervisor.daemon.alerts import running_sessions
+    from supervisor.daemon.alerts import SESSIONS
 
-    return bool(running_sessions())
+    return bool(SESSIONS)
 
 
 def test_a_hanging_command_is_killed_with_what_it_started(tmp_path: Path) -> None:
@@ -225,3 +225,11 @@ def test_a_real_run_alerts_its_crash_loop_and_give_up(tmp_path: Path, server: An
     recs = read_history(tmp_path / ".fsdp-supervisor" / HISTORY_FILE)[0]
     assert sorted(r["event"] for r in recs if r["kind"] == "alert" and r["ok"]) == ["crash_loop", "gave_up"]
     assert sorted(json.loads(line)["event"] for line in out.read_text().splitlines()) == ["crash_loop", "gave_up"]
+
+
+def test_a_command_that_cannot_start_says_why(tmp_path: Path) -> None:
+    """A missing program is one line naming it and the reason, no traceback."""
+    from supervisor.daemon.alerts import run_command
+
+    missing = str(tmp_path / "no-such-program")
+    assert run_command([missing], {"event": "test"}, 5) == f"{missing}: cannot start it: No such file or directory"
