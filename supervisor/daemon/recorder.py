@@ -1,6 +1,6 @@
 """The daemon's side of `history.jsonl`: a subscriber of the run's events, heartbeats sampled, size bounded.
 
-`notify` calls a hook per event the history records (schema: supervisor.history.records) and never
+`notify` writes the records of each event the history keeps (schema: supervisor.history.records) and never
 looks at the result: a history that cannot be written (full disk, read-only run dir) costs one `history_write_failed`
 warning and the records meanwhile, never the supervision (`history_write_recovered` when writes work
 again). The recorder also keeps the run's `report.Fold` up to date, loaded from the file at start-up so that
@@ -52,12 +52,9 @@ from supervisor.history.records import (
     open_regular,
 )
 from supervisor.host.atomic import TMP_SUFFIX
-from supervisor.policy.state import ExitInfo, State, Status
+from supervisor.policy.state import ExitInfo, Status
 
 if TYPE_CHECKING:
-    from supervisor.checkpoints import CheckpointInfo
-    from supervisor.daemon.housekeeping import PassResult
-    from supervisor.policy.ranks import StragglerChange
     from supervisor.policy.restarts import Attempt
 
 __all__ = ["HistoryRecorder"]
@@ -305,40 +302,42 @@ class HistoryRecorder:
     # ---- hooks -----------------------------------------------------------------------------------------------
     @_guarded
     def notify(self, ev: Event) -> None:
-        """The bus's subscriber (daemon/events.py): the events history.jsonl keeps, each to its hook."""
+        """The bus's subscriber (daemon/events.py): the records each event the history keeps makes."""
         if isinstance(ev, BeatRead):  # first: the most frequent by far
             self.beat(ev.number, ev.beat)
         elif isinstance(ev, SupervisorStarted):
-            self.supervisor_start()
+            self._write("supervisor_start", {"pid": os.getpid(), "version": __version__}, durable=True)
         elif isinstance(ev, AttemptStarted):
-            self.attempt_start(ev.job.number, ev.job.resumed_from, ev.job.resumed_step)
+            job = ev.job
+            self._live, self._last_attempt = _Live(job.number, job.resumed_step), job.number
+            self._write("attempt_start", {"attempt": job.number, "resumed_from": job.resumed_from,
+                                          "resumed_step": job.resumed_step}, durable=True)
         elif isinstance(ev, AttemptExited):
             job = ev.job
             self.attempt_exit(ev.attempt, ev.info, progress_at=job.progress_at, detected_at=job.detected_at,
                               hung_ranks=job.hung_ranks, reached_by=job.reached_by)
         elif isinstance(ev, HangRecorded):
             job = ev.job
-            self.hang(job.number, at=job.detected_at or self.now(), step=job.max_step, idle_s=ev.idle_s,
-                      ranks=job.hung_ranks, stacks=job.stacks)
+            self._write("hang", {"attempt": job.number, "at": round(job.detected_at or self.now(), 3),
+                                 "step": job.max_step, "idle_s": None if ev.idle_s is None else round(ev.idle_s, 1),
+                                 "ranks": [{"rank": r, "why": why[:200]} for r, why in job.hung_ranks[:64]],
+                                 "stacks": job.stacks}, durable=True)
         elif isinstance(ev, StragglerChanged):
-            self.straggler(ev.job.number, ev.change)
+            c = ev.change
+            self._write("straggler", {"attempt": ev.job.number, "rank": c.rank, "flagged": c.flagged,
+                                      "step_s": _short(c.step_s), "others_s": _short(c.others_s)})
         elif isinstance(ev, PassAbsorbed):
-            self.housekeeping(ev.result, ev.committed)
+            if (new := ev.committed) is not None:
+                self._write("checkpoint_committed", {"attempt": self._last_attempt, "path": str(new.path),
+                                                     "step": new.step, "size_bytes": new.size_bytes})
+            for d in ev.result.deleted:
+                self._write("retention_deleted", {"path": str(d.path), "reason": d.reason, "size_bytes": d.size_bytes})
         elif isinstance(ev, Quarantined):
-            self.quarantined(ev.path, ev.reason)
+            self._write("quarantined", {"path": ev.path, "reason": ev.reason}, durable=True)
         elif isinstance(ev, Finished):
-            self.finish(ev.state, ev.reason)
+            self._write("supervisor_end", {"state": ev.state.value, "reason": ev.reason}, durable=True)
         elif isinstance(ev, AlertSent):
             self._write("alert", {"event": ev.kind, "outcome": dict(ev.outcome), "ok": not any(ev.outcome.values())})
-
-    def supervisor_start(self) -> None:
-        self._write("supervisor_start", {"pid": os.getpid(), "version": __version__}, durable=True)
-
-    def attempt_start(self, number: int, resumed_from: str | None, resumed_step: int | None) -> None:
-        self._live = _Live(number, resumed_step)
-        self._last_attempt = number
-        self._write("attempt_start", {"attempt": number, "resumed_from": resumed_from, "resumed_step": resumed_step},
-                    durable=True)
 
     def beat(self, number: int, beat: Beat) -> None:
         live, t = self._live, self.now()
@@ -397,30 +396,6 @@ class HistoryRecorder:
         }, durable=True)
         if live is not None:
             self._live = None
-
-    def hang(self, number: int, *, at: float, step: int | None, idle_s: float | None,
-             ranks: Sequence[tuple[int, str]], stacks: str | None) -> None:
-        self._write("hang", {"attempt": number, "at": round(at, 3), "step": step,
-                             "idle_s": None if idle_s is None else round(idle_s, 1),
-                             "ranks": [{"rank": r, "why": why[:200]} for r, why in ranks[:64]], "stacks": stacks},
-                    durable=True)
-
-    def straggler(self, number: int, change: StragglerChange) -> None:
-        self._write("straggler", {"attempt": number, "rank": change.rank, "flagged": change.flagged,
-                                  "step_s": _short(change.step_s), "others_s": _short(change.others_s)})
-
-    def housekeeping(self, result: PassResult, committed: CheckpointInfo | None) -> None:
-        if committed is not None:
-            self._write("checkpoint_committed", {"attempt": self._last_attempt, "path": str(committed.path),
-                                                 "step": committed.step, "size_bytes": committed.size_bytes})
-        for d in result.deleted:
-            self._write("retention_deleted", {"path": str(d.path), "reason": d.reason, "size_bytes": d.size_bytes})
-
-    def quarantined(self, path: str, reason: str) -> None:
-        self._write("quarantined", {"path": path, "reason": reason}, durable=True)
-
-    def finish(self, state: State, reason: str) -> None:
-        self._write("supervisor_end", {"state": state.value, "reason": reason}, durable=True)
 
     @_guarded
     def annotate(self, status: Status) -> None:
