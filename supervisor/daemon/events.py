@@ -79,7 +79,7 @@ class StatusChanged(NamedTuple):  # write state.json (beat: a heartbeat's change
     beat: bool = False
 
 
-class Alarm(NamedTuple):  # something a person may want to know while the run goes on: `crash_loop`, `disk_low`
+class Alarm(NamedTuple):  # for a person while the run goes on: `crash_loop` (Core), the divergence guard's words
     kind: str
     reason: str
     fields: Mapping[str, Any] | None = None
