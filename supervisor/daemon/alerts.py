@@ -16,8 +16,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -100,19 +98,19 @@ except subprocess.TimeoutExpired:
 SESSIONS: set[int] = set()  # of the commands running now (their wrapper's pid): never a finished job's survivors
 
 
-def run_command(argv: list[str], alert: Mapping[str, Any], timeout: float) -> str | None:
-    """Run `argv` with the alert on stdin; None, or why it failed. A small Python wrapper, in a session of its own,
-    reports the exit code (the daemon's loop reaps every child: ours could lose it) and kills the command's group
-    on timeout."""
+def _run(argv: list[str], data: Mapping[str, Any], timeout: float) -> tuple[str, str]:
+    """Run `argv` with `data`'s JSON on stdin: (its exit code, "timeout" or why it did not start; its output's
+    tail). A small Python wrapper, in a session of its own, reports the exit code (the daemon's loop reaps every
+    child: ours could lose it) and kills the command's group on timeout."""
     with tempfile.TemporaryFile() as out:
         try:  # the command's output goes to a temp file: what it prints costs no memory and never blocks it
             proc = subprocess.Popen([sys.executable, "-I", "-c", _WRAP, str(timeout), *argv], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=out, close_fds=True, start_new_session=True)
         except OSError as exc:
-            return f"cannot start the wrapper: {exc}"
+            return f"cannot start the wrapper: {exc}", ""
         SESSIONS.add(proc.pid)
         try:
-            said, _ = proc.communicate(json.dumps(alert).encode(), timeout=timeout + 5)
+            said, _ = proc.communicate(json.dumps(data).encode(), timeout=timeout + 5)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
@@ -121,39 +119,53 @@ def run_command(argv: list[str], alert: Mapping[str, Any], timeout: float) -> st
             SESSIONS.discard(proc.pid)
         end = out.seek(0, os.SEEK_END)
         out.seek(max(0, end - _OUTPUT_BYTES))
-        tail = out.read().decode(errors="replace").strip()
-    code = said.strip().decode(errors="replace") or "no exit code"
+        return said.strip().decode(errors="replace") or "no exit code", out.read().decode(errors="replace").strip()
+
+
+def run_command(argv: list[str], alert: Mapping[str, Any], timeout: float) -> str | None:
+    """Run `argv` with the alert on stdin; None, or why it failed."""
+    code, tail = _run(argv, alert, timeout)
     if code == "0":
         return None
     what = f"timed out after {timeout:g} s" if code == "timeout" else f"exit {code}" if code[-1:].isdigit() else code
     return f"{argv[0]}: {what}" + (f": {tail[-300:]}" if tail else "")
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:  # a 3xx is an HTTPError: the alert failed
-        pass
+_POST = """import base64, json, sys, urllib.error, urllib.parse, urllib.request as rq
+class NoRedirect(rq.HTTPRedirectHandler):
+    def redirect_request(self, *args): return None  # a 3xx is an HTTPError: the alert failed
+w = json.load(sys.stdin)
+u, head = urllib.parse.urlsplit(w["url"]), {"Content-Type": "application/json"}
+if u.username is not None:  # http://user:password@host/: basic auth, as curl does (urllib takes them for the host)
+    auth = urllib.parse.unquote(u.username) + ":" + urllib.parse.unquote(u.password or "")
+    head["Authorization"] = "Basic " + base64.b64encode(auth.encode()).decode()
+    u = u._replace(netloc=u.netloc.rpartition("@")[2])
+try:
+    rq.build_opener(NoRedirect).open(rq.Request(u.geturl(), json.dumps(w["body"]).encode(), head, method="POST")).close()
+except urllib.error.HTTPError as e:  # a redirect or a refusal will not change on a retry (exit 2)
+    sys.exit(print("HTTP", e.code) or (2 if 300 <= e.code < 500 and e.code != 429 else 1))
+except urllib.error.URLError as e:  # refused, unreachable, a bad certificate
+    sys.exit(print(e.reason) or 1)
+except Exception as e:  # a URL urllib cannot use: its message may quote the URL, a secret
+    sys.exit(print(type(e).__name__) or 2)
+"""
 
 
 def post_webhook(url: str, alert: Mapping[str, Any], timeout: float, *, tries: int = _TRIES,
                  sleep: Callable[[float], None] = time.sleep) -> str | None:
-    """POST the alert plus `text` as JSON; None, or why the last try failed (the URL, a secret, is never said)."""
-    data = json.dumps({**alert, "text": text_of(alert)}).encode()
-    opener = urllib.request.build_opener(_NoRedirect)
+    """POST the alert plus `text` as JSON; None, or why the last try failed (the URL, a secret, is never said).
+    Each try is a child that timeout_s ends, like a command: a server that answers byte by byte holds it no longer."""
     error = "no try"
     for i in range(tries):
         if i:
             sleep(_BACKOFF_S * 2 ** (i - 1))
-        request = urllib.request.Request(url, data, {"Content-Type": "application/json"}, method="POST")
-        try:
-            with opener.open(request, timeout=timeout) as response:
-                response.read(4096)
-                return None
-        except urllib.error.HTTPError as exc:
-            error = f"HTTP {exc.code}"
-            if 300 <= exc.code < 500 and exc.code != 429:  # a redirect or a refusal will not change on a retry
-                break
-        except (OSError, ValueError) as exc:  # refused, unreachable, timed out, a reply that is not HTTP
-            error = type(exc).__name__ if isinstance(exc, TimeoutError) else str(getattr(exc, "reason", exc))
+        code, said = _run([sys.executable, "-I", "-c", _POST], {"url": url, "body": {**alert, "text": text_of(alert)}},
+                          timeout)
+        if code == "0":
+            return None
+        error = f"timed out after {timeout:g} s" if code == "timeout" else said[-300:] or f"exit {code}"
+        if code == "2":
+            break
     return f"webhook: {error}"
 
 

@@ -29,15 +29,23 @@ DEFAULTS = ["gave_up", "diverged", "rolled_back", "hang_detected", "crash_loop",
 
 
 class Hook(BaseHTTPRequestHandler):
-    """Answers as `server.mode` says: ok, 500, redirect, or hold (until `server.release` is set)."""
+    """Answers as `server.mode` says: ok, 500, redirect, hold (until `server.release` is set), or trickle (a header
+    line every 0.2 s for 6 s: each read is quick, the answer is not)."""
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         srv: Any = self.server
-        srv.bodies.put(json.loads(body))
-        if srv.mode == "hold":
+        srv.bodies.put({**json.loads(body), "authorization": self.headers["Authorization"]})
+        if srv.mode == "trickle":
+            self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+            with contextlib.suppress(OSError):  # the client hung up
+                for _ in range(30):
+                    self.wfile.write(b"X-Slow: 1\r\n")
+                    self.wfile.flush()
+                    srv.release.wait(0.2)
+        if srv.mode in ("hold", "trickle"):
             srv.release.wait(30)
-        code = {"ok": 200, "500": 500, "redirect": 302, "hold": 200}[srv.mode]
+        code = {"ok": 200, "500": 500, "redirect": 302, "hold": 200, "trickle": 200}[srv.mode]
         self.send_response(code)
         if code == 302:
             self.send_header("Location", "http://127.0.0.1:1/elsewhere")
@@ -150,6 +158,20 @@ def test_webhook_retries_with_backoff_then_gives_up(server: Any) -> None:
     assert post_webhook(url, {"event": "x", "run": {"host": "h", "slurm_job_id": None, "config": "c"}, "step": 1,
                               "last_checkpoint": None, "reason": "r"}, 5, sleep=waits.append) == "webhook: HTTP 500"
     assert waits == [1.0, 2.0] and server.bodies.qsize() == 3
+
+
+def test_webhook_timeout_bounds_a_whole_try_and_the_url_is_never_said(server: Any) -> None:
+    """timeout_s ends a try whose server answers byte by byte; user:password in the URL is basic auth; a URL urllib
+    cannot use is one line that does not quote it (it may hold a secret), never an exception."""
+    alert = {"event": "x", "run": {"host": "h", "slurm_job_id": None, "config": "c"}, "step": 1,
+             "last_checkpoint": None, "reason": "r"}
+    server.mode = "trickle"
+    url = f"http://127.0.0.1:{server.server_port}/"
+    assert post_webhook(url, alert, 1, tries=1) == "webhook: timed out after 1 s"
+    server.mode = "ok"
+    assert post_webhook(f"http://bob:s3cr%40t@127.0.0.1:{server.server_port}/", alert, 5) is None
+    assert [server.bodies.get_nowait()["authorization"] for _ in range(2)] == [None, "Basic Ym9iOnMzY3JAdA=="]
+    assert post_webhook("http://127.0.0.1:T0KEN/hooks/T0KEN", alert, 5) == "webhook: InvalidURL"
 
 
 def test_notify_test_command(tmp_path: Path, server: Any, capsys: pytest.CaptureFixture[str]) -> None:
