@@ -96,6 +96,7 @@ except subprocess.TimeoutExpired:
 
 
 SESSIONS: set[int] = set()  # of the commands running now (their wrapper's pid): never a finished job's survivors
+STARTING = threading.Lock()  # held while one starts, and while survivors are killed: a new one is in SESSIONS
 
 
 def _run(argv: list[str], data: Mapping[str, Any], timeout: float) -> tuple[str, str]:
@@ -104,11 +105,12 @@ def _run(argv: list[str], data: Mapping[str, Any], timeout: float) -> tuple[str,
     child: ours could lose it) and kills the command's group on timeout."""
     with tempfile.TemporaryFile() as out:
         try:  # the command's output goes to a temp file: what it prints costs no memory and never blocks it
-            proc = subprocess.Popen([sys.executable, "-I", "-c", _WRAP, str(timeout), *argv], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=out, close_fds=True, start_new_session=True)
+            with STARTING:
+                proc = subprocess.Popen([sys.executable, "-I", "-c", _WRAP, str(timeout), *argv], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=out, close_fds=True, start_new_session=True)
+                SESSIONS.add(proc.pid)
         except OSError as exc:
             return f"cannot start the wrapper: {exc}", ""
-        SESSIONS.add(proc.pid)
         try:
             said, _ = proc.communicate(json.dumps(data).encode(), timeout=timeout + 5)
         except subprocess.TimeoutExpired:

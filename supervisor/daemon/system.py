@@ -72,6 +72,11 @@ class LoopSystem(System, Protocol):
         """A child the loop reaped: drop what was kept for it."""
 
 
+class _Kept(set[int]):  # and, asked at the moment, every process in an alert command's session
+    def __contains__(self, pid: object) -> bool:
+        return super().__contains__(pid) or (isinstance(pid, int) and _session(pid) in alerts.SESSIONS)
+
+
 def _session(pid: int) -> int | None:
     try:
         return os.getsid(pid)
@@ -156,11 +161,9 @@ class RealSystem:
 
     def _keep(self) -> set[int]:
         """Our own children that are not the job's: the idle spare, a `.metadata` parse (metadata_child), an alert's
-        command and what it started (its session: daemon/alerts.py)."""
+        command and what it started (its session, asked when each process is looked at: daemon/alerts.py)."""
         spares = self.prewarmer.spare_pids() if self.prewarmer is not None else set()
-        sessions = set(alerts.SESSIONS)
-        alerting = {p.pid for p in procs.descendants() if _session(p.pid) in sessions} if sessions else set()
-        return set(spares) | metadata_child.running_pids() | alerting
+        return _Kept(set(spares) | metadata_child.running_pids())
 
     def send_signal(self, pid: int, sig: int) -> None:
         try:
@@ -182,13 +185,15 @@ class RealSystem:
             os.killpg(pid, signal.SIGKILL)  # the job leads its own session: pgid == pid
         except (ProcessLookupError, PermissionError):
             pass
-        return procs.kill_descendants(signal.SIGKILL, exclude=self._keep())
+        return self.reap_survivors()
 
     def survivors(self) -> list[tuple[int, str]]:
-        return procs.named(procs.descendants(self._keep()))
+        with alerts.STARTING:
+            return procs.named(procs.descendants(self._keep()))
 
     def reap_survivors(self) -> list[tuple[int, str]]:
-        return procs.kill_descendants(signal.SIGKILL, exclude=self._keep())
+        with alerts.STARTING:  # no alert command starts between the look and the kill
+            return procs.kill_descendants(signal.SIGKILL, exclude=self._keep())
 
     def oom_kills(self) -> int | None:
         return read_oom_kills()

@@ -213,6 +213,29 @@ def test_an_alert_command_is_no_job_survivor(tmp_path: Path) -> None:
     assert result == [None] and mark.read_text() == "ok"
 
 
+def test_alert_commands_starting_while_survivors_are_killed_are_left_alone() -> None:
+    """A hang's alert starts as the hung job's leftovers are killed: a command (or its wrapper) that was starting
+    then is not taken for one of them (it was, and the alert said 'no exit code')."""
+    from supervisor.daemon.alerts import run_command
+    from supervisor.daemon.system import RealSystem
+
+    cmd = [sys.executable, "-c", "import subprocess, sys; sys.exit(subprocess.call([sys.executable, '-c', '']))"]
+    results: list[str | None] = []
+    threads = [threading.Thread(target=lambda: results.append(run_command(cmd, {"event": "test"}, 30)))
+               for _ in range(12)]
+    system = RealSystem()
+    try:
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads):
+            assert system.reap_survivors() == []
+    finally:
+        for t in threads:
+            t.join(60)
+        system.close()
+    assert results == [None] * 12
+
+
 def alerts_running() -> bool:
     from supervisor.daemon.alerts import SESSIONS
 
