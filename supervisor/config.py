@@ -11,6 +11,7 @@ checked by `supervisor.daemon.preflight` before `run` creates anything.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 import sys
@@ -232,8 +233,13 @@ class RestartSection(_Section):
 
 
 class HealthSection(_Section):
-    hang_timeout_s: float = Field(default=0, ge=0, description="0 = off; heartbeat not advancing this long = hang")
-    save_timeout_s: float = Field(default=1800, gt=0, description="allowance while the heartbeat says load or save")
+    hang_timeout_s: float | Literal["auto"] = Field(
+        default="auto", description='"auto": while the job beats, hung when a heartbeat has not advanced for '
+        "max(hang_min_s, hang_factor x its recent p99 step time); a number: this many seconds; 0 = off")
+    hang_min_s: float = Field(default=60, gt=0, description='"auto": the shortest hang allowance, seconds')
+    hang_factor: float = Field(default=10, ge=1, description='"auto": allowance in multiples of the recent p99 step time')
+    save_timeout_s: float = Field(
+        default=1800, gt=0, description="allowance while the heartbeat says load or save (and eval with \"auto\")")
     startup_timeout_s: float = Field(
         default=0, ge=0, description="0 = off; no first heartbeat this long after launch = hang"
     )
@@ -257,6 +263,13 @@ class HealthSection(_Section):
         description="0 = off; a rank whose own step time stays above this times the other ranks' median (3 looks, "
                     "a second apart) is flagged as a straggler in status, metrics and the report",
     )
+
+    @field_validator("hang_timeout_s", mode="before")
+    @classmethod
+    def _hang(cls, v: Any) -> Any:
+        if v != "auto" and (type(v) not in (int, float) or not 0 <= v < math.inf):
+            raise ValueError(f'must be "auto", 0 (off) or a number of seconds, not {v!r}')
+        return v
 
     @field_validator("straggler_factor")
     @classmethod
@@ -284,6 +297,25 @@ class MetricsSection(_Section):
     listen: str | None = Field(default=None, description='Prometheus endpoint, e.g. "127.0.0.1:9400"; off if unset')
 
 
+AlertKind = Literal["gave_up", "diverged", "rolled_back", "hang_detected", "crash_loop", "disk_low", "stopped",
+                    "completed"]
+
+
+class NotifySection(_Section):
+    command: list[str] = Field(
+        default_factory=list, description="alert command, argv (no shell): gets one alert's JSON object on stdin "
+        "(schema: docs/operations.md), e.g. [\"sh\", \"-c\", \"mail -s alert ops@example.com\"]")
+    webhook: str | None = Field(
+        default=None, pattern=r"^https?://\S+$", description="http(s) URL POSTed each alert's JSON plus a one-line "
+        "`text` (a Slack or Mattermost incoming webhook); never logged: it is a secret")
+    events: list[AlertKind] = Field(
+        default=["gave_up", "diverged", "rolled_back", "hang_detected", "crash_loop", "disk_low", "stopped"],
+        description="which events alert: gave_up, diverged, rolled_back, hang_detected, crash_loop (one failure "
+        "without progress short of the give-up), disk_low, stopped (only when its emergency save failed), completed")
+    min_interval_s: float = Field(default=300, ge=0, description="at most one alert of each kind this often")
+    timeout_s: float = Field(default=10, gt=0, le=600, description="the command's time, and each webhook try's")
+
+
 class Config(_Section):
     job: JobSection
     checkpoints: CheckpointsSection
@@ -291,6 +323,7 @@ class Config(_Section):
     health: HealthSection = Field(default_factory=HealthSection)
     supervisor: SupervisorSection = Field(default_factory=SupervisorSection)
     metrics: MetricsSection = Field(default_factory=MetricsSection)
+    notify: NotifySection = Field(default_factory=NotifySection)
     path: Path = Field(description="absolute path of the config file (set by the loader)")
 
     @property

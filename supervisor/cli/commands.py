@@ -21,6 +21,7 @@ from supervisor.observe.eventlog import LOG_FILE, render_line
 from supervisor.observe.lines import LineSplitter, tail_lines
 from supervisor.observe.sanitize import visible
 from supervisor.observe.statusview import render_status
+from supervisor.policy.state import Status
 
 __all__ = ["register"]
 
@@ -70,6 +71,25 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--force", action="store_true",
                    help="kill the job now (SIGUSR2 to the supervisor): an emergency checkpoint being written is lost")
     p.set_defaults(func=cmd_stop)
+
+    p = sub.add_parser("notify-test", help="send a test alert through [notify]'s command and webhook",
+                       epilog="exit codes: 0 every configured channel took it; 1 one failed (said on stderr); 2 usage "
+                       "or config error, or [notify] has no command and no webhook")
+    _config_arg(p)
+    p.set_defaults(func=cmd_notify_test)
+
+
+def cmd_notify_test(args: argparse.Namespace) -> int:
+    from supervisor.daemon.alerts import deliver, render
+
+    cfg = load_config(args.config)
+    if not (cfg.notify.command or cfg.notify.webhook):
+        raise UsageError(f"{cfg.path}: [notify] has no command and no webhook: nothing to test")
+    status = read_status(cfg.run_dir) or Status(pid=os.getpid(), started_at=time.time(), config=str(cfg.path))
+    outcome = deliver(cfg, render(cfg, status, "test", "a test alert (fsdp-supervisor notify-test)", at=time.time()))
+    for channel, error in outcome.items():
+        print(f"{channel}: {error or 'sent'}", file=sys.stderr if error else sys.stdout)
+    return EXIT_NOT_OK if any(outcome.values()) else EXIT_OK
 
 
 def cmd_run(args: argparse.Namespace) -> int:

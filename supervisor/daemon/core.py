@@ -3,7 +3,7 @@
 The event loop (supervisor/daemon/loop.py) turns the OS into calls on `Core`; tests call the same methods with a
 fake `System` and replay histories. Decisions are the pure policy modules' (`restarts`, `resume`, `stopping`,
 `exits`; the attempt's record and its own rules: `attempt`); Core's small parts own their state: when passes run
-(`passes`), how `Status` is published (`publisher`), where each event is said (`events`), every rank's heartbeat
+(`passes`), the events it publishes and their subscribers (`events`: log, history, state.json), every rank's heartbeat
 and the hang kill (`hangs`), a requested stop and its grace (`stops`), the attempt's files (`attemptfiles`).
 Checkpoint housekeeping is one pass (housekeeping.run_pass: scan, verify, prune) that runs off the loop
 through `System.run_off_loop`; its result comes back as an event (`_on_pass`). Whatever needs the
@@ -25,14 +25,14 @@ from supervisor.checkpoints.claim import RootClaim
 from supervisor.checkpoints.tiers import TierClaims
 from supervisor.config import Config
 from supervisor.contract import HEARTBEAT_FILE, Beat
+from supervisor.daemon import events as ev
 from supervisor.daemon.attemptfiles import AttemptFiles, try_write
-from supervisor.daemon.events import Events
 from supervisor.daemon.evidence import read_beat, root_cause
 from supervisor.daemon.hangs import Hangs
 from supervisor.daemon.housekeeping import Housekeeper, PassResult
 from supervisor.daemon.passes import PassScheduler
 from supervisor.daemon.publisher import StatePublisher
-from supervisor.daemon.recorder import NullHistory
+from supervisor.daemon.recorder import HistoryRecorder
 from supervisor.daemon.statefile import STATE_FILE
 from supervisor.daemon.stops import Stops, Then
 from supervisor.daemon.system import System
@@ -44,7 +44,7 @@ from supervisor.observe.redact import redact_argv
 from supervisor.policy import restarts, resume
 from supervisor.policy.attempt import Job, apply_beat, job_env, named_by_beat
 from supervisor.policy.exits import classify_exit
-from supervisor.policy.state import State, Status
+from supervisor.policy.state import ExitReason, State, Status
 
 __all__ = ["Core", "EXIT_CODES"]
 
@@ -55,9 +55,9 @@ _LAUNCH_SCAN_TRIES = 3  # passes that could not read the root before a launch gi
 
 class Core:
     def __init__(self, cfg: Config, system: System, log: Log, notify: Callable[[Status], object] | None = None,
-                 history: NullHistory | None = None, claim: RootClaim | TierClaims | None = None) -> None:
+                 history: HistoryRecorder | None = None, claim: RootClaim | TierClaims | None = None) -> None:
         self.cfg, self.sys, self.log = cfg, system, log
-        self.history = history or NullHistory()  # run_dir/history.jsonl (supervisor.daemon.recorder)
+        self.history = history  # run_dir/history.jsonl (supervisor.daemon.recorder): a subscriber, and its numbers
         self.run_dir = cfg.run_dir
         self.heartbeat_path = self.run_dir / HEARTBEAT_FILE
         self.status = Status(pid=os.getpid(), started_at=system.now(), config=str(cfg.path))
@@ -72,10 +72,11 @@ class Core:
         self.watch_stale = False  # the root was replaced: the loop watches it anew (and clears this)
         self.in_use: Path | None = None  # the checkpoint the running attempt resumed from: never pruned
         self.passes = PassScheduler(self.house, system, self._on_pass)
-        self.events = Events(log, self.history)
-        self.publisher = StatePublisher(self.run_dir, system, log, self.history, notify)
+        self.publisher = StatePublisher(self.run_dir, system, log, history.annotate if history else None, notify)
+        # Every event published once; the log, the history and state.json subscribe (run.py adds the alerts)
+        self.bus = ev.Bus([ev.to_log(log), *([history.notify] if history else []), self.publisher.notify_event])
         # Every rank's heartbeat, the hang timers and the fast kill (daemon/hangs.py)
-        self.hangs = Hangs(cfg, system, log, self.events, self.status, refresh=self._on_heartbeat,
+        self.hangs = Hangs(cfg, system, log, self.bus, self.status, refresh=self._on_heartbeat,
                            publish=self._publish_beat)
         self._launch_pending = False
         self._scan_failures = 0  # consecutive passes that could not read the root when a launch waited on them
@@ -94,7 +95,7 @@ class Core:
         a prewarmed job or a lost state.json hide nothing. It is stopped off the loop: its emergency save may take up to
         stop_timeout_s, during which `stop` and `stop --force` must still work.
         """
-        self.history.supervisor_start()
+        self.bus.publish(ev.SupervisorStarted())
         token, error = run_token(self.run_dir, previous.run_token if previous is not None else None)
         if error:
             self.log.warning("run_dir_write_failed", what="job token", error=error)
@@ -103,7 +104,7 @@ class Core:
             self.status.restarts = previous.restarts if not previous.state.final else 0
         # Attempt numbers continue so logs/attempt-NNNN.log and the history's attempts stay unique, even when
         # state.json was lost and only the history remembers them.
-        self.status.attempt = max(previous.attempt if previous is not None else 0, self.history.last_attempt)
+        self.status.attempt = max(previous.attempt if previous else 0, self.history.last_attempt if self.history else 0)
         self.sys.timers.set(Timer.RETENTION, self.sys.monotonic() + self.cfg.checkpoints.retention_interval_s)
         self.sys.run_off_loop(self.stops.stop_orphans(self.run_dir, token), self._on_orphans_stopped)
         self._publish()  # `status` shows this supervisor, starting, not the killed one's last words
@@ -118,7 +119,7 @@ class Core:
     def done(self) -> bool:
         return self.exit_code is not None
 
-    def _finish(self, state: State, reason: str) -> None:
+    def _finish(self, state: State, reason: str, *, save_failed: bool = False) -> None:
         self.status.transition(state)
         self.status.reason = reason
         self.status.job_pid = None
@@ -127,7 +128,7 @@ class Core:
         self._launch_pending = False
         for t in Timer:
             self.sys.timers.cancel(t)
-        self.history.finish(state, reason)
+        self.bus.publish(ev.Finished(state, reason, self.status.attempt, save_failed))  # the run's attempts, all sessions
         self._publish()
 
     def _sync_disk(self) -> None:
@@ -140,12 +141,8 @@ class Core:
         self.status.latest_checkpoint = self.house.latest_json()
         self.status.retention_stopped = self.house.retention_stopped
 
-    def _give_up(self, reason: str) -> None:
-        self._finish(State.FAILED, reason)
-        self.log.error("gave_up", reason=reason, attempts=self.status.attempt)  # the run's, not this session's
-
     def _publish(self) -> None:
-        self.publisher.publish(self.status)
+        self.bus.publish(ev.StatusChanged(self.status))
 
     # ---- leaving -----------------------------------------------------------------------------------------------
     def abandon(self, error: BaseException) -> int:
@@ -214,7 +211,7 @@ class Core:
             self.job.low_free = result.disk_free if low is None else min(low, result.disk_free)
         new = self.house.absorb(result)
         self._note_root(result.root_id)
-        self.events.pass_done(result, new)
+        self.bus.publish(ev.PassAbsorbed(result, new))
         if new is not None:
             job = self.job or self.ended
             if job is not None:
@@ -298,11 +295,11 @@ class Core:
         if plan is None:
             return
         if isinstance(plan, resume.Refuse):
-            self._give_up(plan.reason)
+            self._finish(State.FAILED, plan.reason)
             return
         held = self.claim.check() if self.claim is not None else None  # one job per root, checked every launch
         if held is not None:
-            self._give_up(held)
+            self._finish(State.FAILED, held)
             return
         number = self.status.attempt + 1
         if self.status.state is State.BACKOFF:
@@ -336,7 +333,7 @@ class Core:
         st.step, st.step_at, st.phase, st.loss, st.val_loss, st.rate_steps_per_s = None, None, None, None, None, None
         self._sync_disk()
         st.transition(State.RUNNING)
-        self.events.attempt_started(self.job, argv, self.cfg.job.env)
+        self.bus.publish(ev.AttemptStarted(self.job, argv, self.cfg.job.env))
         self.hangs.started(self.job)
         self._publish()
 
@@ -400,18 +397,17 @@ class Core:
         attempt = job.judged(progressed=progressed,
                              beat_checkpoint=named_by_beat(job, self.house.last.checkpoints if self.house.last else []))
         self.attempts.append(attempt)
-        self.events.attempt_exited(job, attempt, info, latest_step=latest)
+        self.bus.publish(ev.AttemptExited(job, attempt, info, latest))
         if self.status.state is State.STOPPING:
-            self._finish(State.STOPPED, self.stops.reason)
-            self.log.info("stopped", attempt=job.number, reason=info.reason)
+            clean = info.reason == ExitReason.STOPPED and not info.code and info.signal is None
+            self._finish(State.STOPPED, self.stops.reason, save_failed=not clean)  # its emergency save, if any
             return
         self._maybe_quarantine()
         decision = restarts.decide(self.attempts, self.cfg.restart, jitter=self.sys.random())
         if isinstance(decision, restarts.Finish):
             self._finish(State.COMPLETED, decision.reason)
-            self.log.info("completed", attempts=self.status.attempt)  # the run's attempts, earlier sessions too
         elif isinstance(decision, restarts.GiveUp):
-            self._give_up(decision.reason)
+            self._finish(State.FAILED, decision.reason)
         else:
             self.status.transition(State.BACKOFF)
             self.status.restarts += 1
@@ -419,6 +415,9 @@ class Core:
             self.sys.timers.set(Timer.LAUNCH, self.sys.monotonic() + decision.delay_s)
             self.log.info("backoff", delay_s=round(decision.delay_s, 3), reason=decision.reason,
                           restarts=self.status.restarts)
+            if (streak := restarts.crash_loop(self.attempts, self.cfg.restart)) is not None:
+                self.bus.publish(ev.Alarm("crash_loop", f"{streak} attempts in a row failed without progress (last: "
+                                          f"{info.reason}); one more gives up", {"failures": streak}))
 
     def _maybe_quarantine(self) -> None:
         """Quarantine a checkpoint only on evidence that the failures are its own (restarts.quarantine_candidate)."""
@@ -435,7 +434,7 @@ class Core:
             return
         self._unmarked.discard(path)
         self.status.quarantined = [*self.status.quarantined, path]
-        self.events.quarantined(path, reason)
+        self.bus.publish(ev.Quarantined(path, reason))
 
     # ---- signals ---------------------------------------------------------------------------------------------
     def on_signal(self, signum: int) -> None:
@@ -445,7 +444,6 @@ class Core:
     def _then(self, then: Then) -> None:
         if then is Then.FINISH:
             self._finish(State.STOPPED, self.stops.reason)
-            self.log.info("stopped", attempt=self.status.attempt, reason="no job running")
         elif then is Then.END_ATTEMPT and self.job is not None and self.job.agent_exit is not None:
             self._end_attempt(self.job, self.job.agent_exit)
         elif then is Then.PUBLISH:
@@ -508,8 +506,8 @@ class Core:
         apply_beat(self.status, beat, self.sys.now(), job.rate)
         job.beat, job.beat_mono = beat, self.sys.monotonic()
         self.hangs.seen(job, None, beat)  # the step it reached, and the hang timer set again
-        self.history.beat(job.number, beat)
+        self.bus.publish(ev.BeatRead(job.number, beat))
         self._publish_beat()
 
     def _publish_beat(self) -> None:
-        self.publisher.publish_beat(self.status)
+        self.bus.publish(ev.StatusChanged(self.status, beat=True))

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from supervisor.config import Config
 from supervisor.contract import MAX_RANK_FILES, RANK_HEARTBEAT_DIR, Beat, Phase, rank_of_heartbeat
-from supervisor.daemon.events import Events
+from supervisor.daemon.events import Bus, HangRecorded, StragglerChanged
 from supervisor.daemon.evidence import count_dumps, read_rank_beats, read_span
 from supervisor.daemon.system import System
 from supervisor.daemon.timers import Timer
@@ -41,9 +41,9 @@ _TIMERS = (Timer.HANG, Timer.HANG_DUMPS, Timer.HANG_TERM, Timer.HANG_KILL, Timer
 
 
 class Hangs:
-    def __init__(self, cfg: Config, system: System, log: Log, events: Events, status: Status, *,
+    def __init__(self, cfg: Config, system: System, log: Log, bus: Bus, status: Status, *,
                  refresh: Callable[[], None], publish: Callable[[], None]) -> None:
-        self.cfg, self.sys, self.log, self.events, self.status = cfg, system, log, events, status
+        self.cfg, self.sys, self.log, self.bus, self.status = cfg, system, log, bus, status
         self.refresh = refresh  # Core reads the node's heartbeat file (and tells us through `seen`)
         self.publish = publish  # a status change to write (held back like a beat's)
         self.folder = cfg.run_dir / RANK_HEARTBEAT_DIR
@@ -105,7 +105,7 @@ class Hangs:
         changed = self._read(job)
         factor = self.cfg.health.straggler_factor
         for change in self.watch.look(factor) if factor > 0 else []:
-            self.events.straggler(job, change)
+            self.bus.publish(StragglerChanged(job, change))
             changed = True
         self.status.stragglers = self.watch.stragglers()
         if changed:
@@ -146,6 +146,7 @@ class Hangs:
         if job.hang or job.stopping:
             return
         due = self._due()
+        self.status.hang_detection = self.watch.describe(self.cfg.health)
         if due is None:
             self.sys.timers.cancel(Timer.HANG)
         else:
@@ -222,7 +223,7 @@ class Hangs:
         self.sys.send_signal(job.pid, signal.SIGTERM)
         grace = self.cfg.health.hang_kill_grace_s
         self.sys.timers.set(Timer.HANG_KILL, self.sys.monotonic() + grace)
-        self.events.hang(job, idle_s=(self.status.last_hang or {}).get("idle_s"))
+        self.bus.publish(HangRecorded(job, (self.status.last_hang or {}).get("idle_s")))
         if self.status.last_hang is not None:
             self.status.last_hang["stacks"] = job.stacks
         self.log.warning("hang_stopping", attempt=job.number, kill_after_s=grace, stacks=job.stacks)

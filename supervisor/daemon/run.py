@@ -15,6 +15,7 @@ from supervisor.checkpoints.metadata import child as metadata_child
 from supervisor.checkpoints.tiers import TierClaims
 from supervisor.config import Config
 from supervisor.daemon import preflight
+from supervisor.daemon.alerts import Alerts
 from supervisor.daemon.core import Core
 from supervisor.daemon.loop import Echo, EventLoop
 from supervisor.daemon.recorder import HistoryRecorder
@@ -75,6 +76,9 @@ def run(cfg: Config) -> int:
         notifier = Notifier.from_env()
         history = HistoryRecorder.for_run_dir(run_dir, now=system.now, log=log)
         core = Core(cfg, system, log, notify=notifier.status if notifier else None, history=history, claim=claim)
+        alerts = Alerts(cfg, core.status, system=system, publish=core.bus.publish)
+        if cfg.notify.command or cfg.notify.webhook:
+            core.bus.append(alerts.notify)
         core.house.check_retention()  # a root whose deletions cannot be parked: said now, before the first pass
         echo = Echo(console) if console.tty else None
         # The job's output dir is watched only to echo it: each line the job logs would wake us otherwise. The root
@@ -107,6 +111,9 @@ def run(cfg: Config) -> int:
             progress.finish()
             system.close()
             core.house.wait_idle(timeout=60)  # finish emptying .trash rather than leave it for the next run
+            if alerts.drain():  # the run's last alerts (gave up, a failed emergency save) go out before we exit
+                for done, result in system.finished_work():  # their outcomes, into the history
+                    done(result)
             history.close()
             if metrics:
                 metrics.stop()

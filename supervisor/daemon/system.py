@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from supervisor.checkpoints.metadata import child as metadata_child
+from supervisor.daemon import alerts
 from supervisor.daemon.evidence import read_oom_kills
 from supervisor.daemon.timers import Timers
 from supervisor.host import procs
@@ -71,6 +72,18 @@ class LoopSystem(System, Protocol):
         """The `done` callbacks of off-loop work that finished, with their results (to call on the loop)."""
     def forget(self, pid: int, returncode: int) -> None:
         """A child the loop reaped: drop what was kept for it."""
+
+
+class _Kept(set[int]):  # and, asked at the moment, every process in an alert command's session
+    def __contains__(self, pid: object) -> bool:
+        return super().__contains__(pid) or (isinstance(pid, int) and _session(pid) in alerts.SESSIONS)
+
+
+def _session(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:  # gone
+        return None
 
 
 class RealSystem:
@@ -146,9 +159,10 @@ class RealSystem:
             self.prewarmer.close()
 
     def _keep(self) -> set[int]:
-        """Our own children that are not the job's: the idle spare, a `.metadata` parse (metadata_child)."""
+        """Our own children that are not the job's: the idle spare, a `.metadata` parse (metadata_child), an alert's
+        command and what it started (its session, asked when each process is looked at: daemon/alerts.py)."""
         spares = self.prewarmer.spare_pids() if self.prewarmer is not None else set()
-        return set(spares) | metadata_child.running_pids()
+        return _Kept(set(spares) | metadata_child.running_pids())
 
     def send_signal(self, pid: int, sig: int) -> None:
         try:
@@ -170,13 +184,15 @@ class RealSystem:
             os.killpg(pid, signal.SIGKILL)  # the job leads its own session: pgid == pid
         except (ProcessLookupError, PermissionError):
             pass
-        return procs.kill_descendants(signal.SIGKILL, exclude=self._keep())
+        return self.reap_survivors()
 
     def survivors(self) -> list[tuple[int, str]]:
-        return procs.named(procs.descendants(self._keep()))
+        with alerts.STARTING:
+            return procs.named(procs.descendants(self._keep()))
 
     def reap_survivors(self) -> list[tuple[int, str]]:
-        return procs.kill_descendants(signal.SIGKILL, exclude=self._keep())
+        with alerts.STARTING:  # no alert command starts between the look and the kill
+            return procs.kill_descendants(signal.SIGKILL, exclude=self._keep())
 
     def oom_kills(self) -> int | None:
         return read_oom_kills()

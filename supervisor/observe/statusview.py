@@ -99,6 +99,8 @@ def _ranks_rows(st: Status) -> list[tuple[str, str]]:
         rows.append(("stragglers", "; ".join(
             f"rank {r['rank']} {r['step_s']:.3g} s/step" if isinstance(r.get("step_s"), float) else f"rank {r['rank']}"
             for r in slow[:8]) + median))
+    if st.hang_detection and st.job_pid:
+        rows.append(("hangs", st.hang_detection))
     hang = st.last_hang
     if hang:
         named = "; ".join(f"rank {r.get('rank')} {r.get('why')}" for r in hang.get("ranks") or []) or "no rank named"

@@ -132,6 +132,7 @@ class Status:
     ranks: list[dict[str, Any]] = field(default_factory=list)
     stragglers: list[int] = field(default_factory=list)  # ranks flagged as stragglers now
     last_hang: dict[str, Any] | None = None  # {attempt, at, step, idle_s, ranks: [{rank, why}], stacks}
+    hang_detection: str | None = None  # the running attempt's hang allowance, or why there is none (policy/ranks.py)
     config: str | None = None
     updated_at: float = 0.0
 

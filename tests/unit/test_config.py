@@ -32,7 +32,7 @@ class TestLoad:
         assert cfg.job.resume_args == ["--resume", "{checkpoint}"]
         assert (cfg.restart.policy, cfg.restart.max_restarts, cfg.restart.max_no_progress_restarts) == ("on-failure", 100, 3)
         assert (cfg.checkpoints.keep_last, cfg.checkpoints.partial_max_age_s) == (3, 3600)
-        assert (cfg.health.hang_timeout_s, cfg.health.stop_timeout_s) == (0, 120)
+        assert (cfg.health.hang_timeout_s, cfg.health.stop_timeout_s) == ("auto", 120)
 
     def test_full_example_from_the_issue(self, tmp_path: Path) -> None:
         """Every key the issue documents is accepted."""
@@ -88,6 +88,10 @@ class TestErrors:
             (MINIMAL.replace('["torchrun", "-m", "trainer"]', '"torchrun -m trainer"'), "[job.command]"),
             (MINIMAL + "[checkpoints.extra]\n", "[checkpoints.extra] unknown key"),
             ("[job\n", "invalid TOML"),
+            *((MINIMAL + f"[health]\nhang_timeout_s = {v}\n", '[health.hang_timeout_s] must be "auto", 0 (off) or a')
+              for v in ("-1", '"x"', "true", "nan", "inf")),
+            (MINIMAL + '[notify]\nwebhook = "ftp://x"\n', "[notify.webhook]"),
+            (MINIMAL + '[notify]\nevents = ["gave_up", "exploded"]\n', "[notify.events"),
         ],
     )
     def test_one_line_naming_the_key(self, tmp_path: Path, text: str, needle: str) -> None:

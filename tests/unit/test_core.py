@@ -10,6 +10,7 @@ import pytest
 from supervisor.config import load_config
 from supervisor.daemon.core import Core
 from supervisor.daemon.statefile import read_status
+from supervisor.observe.statusview import render_status
 from supervisor.policy.state import State, Status
 from tests.fakes import FakeSystem, RecordingLog
 from tests.jobs.dcp_files import write_trainer_checkpoint
@@ -335,3 +336,23 @@ class TestJobPicksItsOwnCheckpoint:
         _, fake, _, root = self._crash_during_a_save(tmp_path, "resume_args = []", "prune = false")
         assert len(fake.spawned) == 2
         assert sorted(p.name for p in root.iterdir()) == ["checkpoint-10", "checkpoint-20"]
+
+
+class TestAutoHangs:
+    def test_default_config_detects_a_hang_after_hang_min_s(self, tmp_path: Path) -> None:
+        """No hang setting at all: after enough steps, silence of hang_min_s (60 s) is a hang, not before."""
+        core, fake, log = make_core(tmp_path)
+        core.begin(None)
+        for step in range(1, 16):
+            beat(core, step)
+            fake.advance(1, core)
+        assert "hang" not in fake.advance(58, core)
+        assert "hang" in fake.advance(2, core) and "hang_detected" in log.names()
+
+    def test_without_beats_status_says_detection_is_off(self, tmp_path: Path) -> None:
+        """A job that never beats: no hang, and `status` says why detection is off."""
+        core, fake, _ = make_core(tmp_path)
+        core.begin(None)
+        assert "hang" not in fake.advance(10_000, core)
+        assert "does not beat" in (core.status.hang_detection or "")
+        assert "does not beat" in render_status(core.status, running=True, now=fake.now())

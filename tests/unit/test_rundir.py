@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.contract import RANK_HEARTBEAT_DIR
+from supervisor.daemon.events import SupervisorStarted
 from supervisor.daemon.evidence import read_beat, read_rank_beats
 from supervisor.daemon.preflight import run_dir_problem
 from supervisor.daemon.recorder import HistoryRecorder
@@ -96,7 +97,7 @@ class TestNoWriteFollowsASymlink:
         (run_dir / "history.jsonl").symlink_to(victim)
         log = RecordingLog()
         history = HistoryRecorder.for_run_dir(run_dir, now=lambda: 1.0, log=log)
-        history.supervisor_start()
+        history.notify(SupervisorStarted())
         history.close()
         assert victim.read_text() == "precious\n" and "history_write_failed" in log.names()
 
