@@ -45,6 +45,7 @@ from supervisor.policy import restarts, resume
 from supervisor.policy.attempt import Job, apply_beat, job_env, named_by_beat
 from supervisor.policy.exits import classify_exit
 from supervisor.policy.state import State, Status
+from supervisor.policy.stopsave import emergency_save_failure
 
 __all__ = ["Core", "EXIT_CODES"]
 
@@ -404,6 +405,12 @@ class Core:
         attempt = job.judged(progressed=progressed,
                              beat_checkpoint=named_by_beat(job, self.house.last.checkpoints if self.house.last else []))
         self.attempts.append(attempt)
+        failed = emergency_save_failure(job, latest_step=latest, disk_note=self.house.full_disk_note(job.low_free),
+                                        grace_s=self.cfg.health.stop_timeout_s) if job.stopping else None
+        if failed:  # the history's record says so too: the real exit code, and why
+            info.code, info.detail = job.returncode, failed
+            self.stops.reason = f"{self.stops.reason}; {failed}"
+            self.log.error("emergency_save_failed", attempt=job.number, code=job.returncode, reason=failed)
         self.events.attempt_exited(job, attempt, info, latest_step=latest)
         if self.status.state is State.STOPPING:
             self._finish(State.STOPPED, self.stops.reason)
