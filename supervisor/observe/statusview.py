@@ -158,6 +158,8 @@ def render_status(st: Status, *, running: bool, now: float, spark: bool = False)
         rows.append(("best checkpoint", f"{step}{best.get('metric')} {best.get('value'):.4g} {best.get('path')}"))
     if st.resumed_from:
         rows.append(("resumed from", st.resumed_from))
+    if st.root_idle:
+        rows.append(("checkpoints", f"WARNING: {st.root_idle}"))
     if st.retention_stopped:
         rows.append(("retention", f"STOPPED, nothing is deleted: {st.retention_stopped}"))
     ex = st.last_exit

@@ -334,3 +334,25 @@ class TestJobPicksItsOwnCheckpoint:
         _, fake, _, root = self._crash_during_a_save(tmp_path, "resume_args = []", "prune = false")
         assert len(fake.spawned) == 2
         assert sorted(p.name for p in root.iterdir()) == ["checkpoint-10", "checkpoint-20"]
+
+
+class TestCheckpointsElsewhere:
+    """Issue 35 item 1 through Core: the idle root's warning, and the search before a fresh relaunch."""
+
+    def test_saves_that_never_reach_the_root_warn_once_in_log_and_status(self, tmp_path: Path) -> None:
+        core, fake, log = make_core(tmp_path)
+        core.begin(None)
+        for step in (5, 10, 15, 20):
+            beat(core, step - 1)
+            beat(core, step, "save")
+        assert log.names().count("checkpoint_root_idle") == 1
+        assert "said `save` 3 times" in (core.status.root_idle or "")
+
+    def test_a_fresh_relaunch_after_a_failure_gives_up_on_checkpoints_elsewhere(self, tmp_path: Path) -> None:
+        core, fake, log = make_core(tmp_path)
+        core.begin(None)
+        write_trainer_checkpoint(tmp_path / "elsewhere", 7)
+        exit_job(core, fake, 1)
+        fake.advance(5, core)  # the backoff
+        assert core.exit_code == 3 and len(fake.spawned) == 1 and "checkpoints_elsewhere" in log.names()
+        assert str(tmp_path / "elsewhere") in (core.status.reason or "")
