@@ -352,7 +352,8 @@ class Core:
         st.step, st.step_at, st.phase, st.loss, st.val_loss, st.rate_steps_per_s = None, None, None, None, None, None
         self._sync_disk()
         st.transition(State.RUNNING)
-        self.events.attempt_started(self.job, argv, self.cfg.job.env)
+        self.events.attempt_started(self.job, argv, self.cfg.job.env,
+                                    resume.passed_over(scan.checkpoints, ckpt) if ckpt else ())
         self.hangs.started(self.job)
         self._publish()
 

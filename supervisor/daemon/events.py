@@ -28,10 +28,11 @@ class Events:
     def __init__(self, log: Any, history: NullHistory) -> None:
         self.log, self.history = log, history
 
-    def attempt_started(self, job: Job, argv: Sequence[str], env: Mapping[str, str]) -> None:
+    def attempt_started(self, job: Job, argv: Sequence[str], env: Mapping[str, str], skipped: Sequence[str] = ()) -> None:
         self.log.info(
             "job_started", attempt=job.number, pid=job.pid, resumed_from=job.resumed_from,
             resumed_step=job.resumed_step, argv=redact_argv(argv), env=redact_env(env), log=str(job.log_path),
+            **({"skipped": list(skipped)} if skipped else {}),  # newer dirs the resume passed over, and why
         )
         self.history.attempt_start(job.number, job.resumed_from, job.resumed_step)
 

@@ -137,6 +137,8 @@ def render_status(st: Status, *, running: bool, now: float, spark: bool = False)
         rate = f", {st.rate_steps_per_s:.2f} step/s" if st.rate_steps_per_s else ""
         age = f", {human_age(now - st.step_at)} ago" if st.step_at else ""
         rows.append(("step", f"{st.step} ({st.phase or '?'}{rate}{age})"))
+    elif isinstance((st.latest_checkpoint or {}).get("step"), int):  # no heartbeat: the checkpoints say how far
+        rows.append(("step", f"{st.latest_checkpoint['step']} (the newest checkpoint's; no heartbeat)"))  # type: ignore[index]
     loss = _loss_row(st, spark)
     if loss is not None:
         rows.append(("loss", loss))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.checkpoints.testing import write_trainer_checkpoint
+from supervisor.checkpoints.testing import write_checkpoint, write_trainer_checkpoint
 from supervisor.config import load_config
 from supervisor.daemon.core import Core
 from supervisor.daemon.statefile import read_status
@@ -356,3 +356,15 @@ class TestCheckpointsElsewhere:
         fake.advance(5, core)  # the backoff
         assert core.exit_code == 3 and len(fake.spawned) == 1 and "checkpoints_elsewhere" in log.names()
         assert str(tmp_path / "elsewhere") in (core.status.reason or "")
+
+
+def test_job_started_says_which_newer_checkpoint_the_resume_skipped_and_why(tmp_path: Path) -> None:
+    """Issue 35 item 10: the newest dir is torn: the job resumes from the one before, and `job_started` names it."""
+    core, fake, log = make_core(tmp_path)
+    write_checkpoint(tmp_path / "ckpts", 10)
+    torn = write_checkpoint(tmp_path / "ckpts", 20)
+    next(p for p in torn.iterdir() if p.suffix == ".distcp").unlink()
+    core.begin(None)
+    started = next(fields for event, fields in log.events if event == "job_started")
+    assert started["resumed_step"] == 10 and len(started["skipped"]) == 1, started
+    assert started["skipped"][0].startswith(f"{torn}: torn"), started["skipped"]
