@@ -420,7 +420,7 @@ class Core:
         failed = emergency_save_failure(job, latest_step=latest, disk_note=self.house.full_disk_note(job.low_free),
                                         grace_s=self.cfg.health.stop_timeout_s) if job.stopping else None
         if failed:  # the history's record says so too: the real exit code, and why
-            info.code, info.detail = job.returncode, failed
+            info.code, info.detail = job.returncode if job.returncode and job.returncode > 0 else info.code, failed
             self.stops.reason = f"{self.stops.reason}; {failed}"
             self.log.error("emergency_save_failed", attempt=job.number, code=job.returncode, reason=failed)
         self.events.attempt_exited(job, attempt, info, latest_step=latest)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from supervisor.checkpoints import COMPLETE, INVALID, TORN, CheckpointInfo
+from supervisor.checkpoints import COMPLETE, FOREIGN, INVALID, TORN, CheckpointInfo
 from supervisor.checkpoints.naming import is_temporary
 from supervisor.config import CHECKPOINT_PLACEHOLDER, STEP_PLACEHOLDER
 
@@ -90,5 +90,6 @@ def plan_resume(checkpoints: Sequence[CheckpointInfo], *, resume_args: Sequence[
 
 def passed_over(checkpoints: Sequence[CheckpointInfo], chosen: CheckpointInfo) -> list[str]:
     """The dirs newer than `chosen` that a resume skips (torn, partial, corrupt, quarantined), each with why."""
-    newer = [c for c in checkpoints[:checkpoints.index(chosen)] if not is_temporary(c.name)] if chosen in checkpoints else []
+    newer = checkpoints[:checkpoints.index(chosen)] if chosen in checkpoints else []
+    newer = [c for c in newer if not is_temporary(c.name) and c.state != FOREIGN]  # not a save, or one in flight
     return [f"{c.path}: {'quarantined' if c.complete else c.state}{f' ({c.reason})' if c.reason else ''}" for c in newer]

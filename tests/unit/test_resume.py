@@ -78,7 +78,7 @@ class TestPassedOver:
     def test_newer_torn_partial_and_quarantined_ones_are_named(self) -> None:
         chosen = ck("step-10")
         scan = [ck("step-40", "torn", reason="shard short"), ck(".tmp-step-35", "partial"), ck("step-30", "partial"),
-                ck("step-20", quarantined=True), chosen, ck("step-5")]
+                ck("step-20", quarantined=True), ck("runs", "foreign", step=None), chosen, ck("step-5")]
         assert passed_over(scan, chosen) == ["/r/step-40: torn (shard short)", "/r/step-30: partial",
                                              "/r/step-20: quarantined"]
 
