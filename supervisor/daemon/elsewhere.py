@@ -8,6 +8,7 @@ job without a heartbeat, gets one warning (`checkpoint_root_idle`, and `status`)
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import Counter
@@ -24,8 +25,7 @@ __all__ = ["Elsewhere", "find_checkpoints"]
 
 MAX_DEPTH, MAX_ENTRIES, MAX_SECONDS = 4, 20_000, 5.0
 _SKIP = frozenset({".git", ".hg", ".venv", "venv", "__pycache__", "node_modules", "site-packages", ".fsdp-supervisor"})
-SAVES_WITHOUT_COMMIT = 3
-IDLE_WITHOUT_BEATS_S = 1800.0
+SAVES_WITHOUT_COMMIT, IDLE_WITHOUT_BEATS_S = 3, 1800.0
 
 
 def find_checkpoints(starts: Sequence[Path], *, exclude: Sequence[Path], since: float) -> list[Path]:
@@ -39,12 +39,10 @@ def find_checkpoints(starts: Sequence[Path], *, exclude: Sequence[Path], since: 
         if here in seen or any(here == r or here.startswith(r + os.sep) for r in skip):
             continue
         seen.add(here)
-        try:
+        with contextlib.suppress(OSError, CheckpointError):
             if os.stat(os.path.join(here, ".metadata")).st_mtime >= since and verify(here).complete:
                 found.append(Path(here))
                 continue
-        except (OSError, CheckpointError):
-            pass
         try:
             with os.scandir(here) as it:
                 for entry in it:

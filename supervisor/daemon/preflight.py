@@ -217,13 +217,18 @@ def check_setup(cfg: Config) -> None:
     _check_trainer(cfg, program)
     for key, path in _dirs(cfg):
         problem = _dir_problem(path)
-        if problem:
+        if problem and key != "checkpoints.local_dir":  # the local tier is an optimisation: `run` warns (tier_problem)
             raise ConfigError(f"{cfg.path}: [{key}] {problem}")
     problem = local_tier_nodes_error(cfg, {**os.environ, **cfg.job.env})
     if problem:
         raise ConfigError(f"{cfg.path}: {problem}")
     if cfg.checkpoints.dir.is_dir():
         _check_root_layout(cfg)
+
+
+def tier_problem(cfg: Config) -> str | None:
+    """Why the node-local tier cannot be written (the job then saves to the durable root only), or None."""
+    return _dir_problem(cfg.checkpoints.local_dir) if cfg.checkpoints.local_dir is not None else None
 
 
 def _dirs(cfg: Config) -> list[tuple[str, Path]]:

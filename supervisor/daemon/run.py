@@ -78,6 +78,9 @@ def run(cfg: Config) -> int:
         notifier = Notifier.from_env()
         history = HistoryRecorder.for_run_dir(run_dir, now=system.now, log=log)
         core = Core(cfg, system, log, notify=notifier.status if notifier else None, history=history, claim=claim)
+        if (tier := preflight.tier_problem(cfg)) is not None:  # training goes on with durable saves only
+            core.status.local_tier = f"degraded: {tier}"
+            log.warning("local_tier_unusable", dir=str(cfg.checkpoints.local_dir), reason=tier)
         core.house.check_retention()  # a root whose deletions cannot be parked: said now, before the first pass
         echo = Echo(console) if console.tty else None
         # The job's output dir is watched only to echo it: each line the job logs would wake us otherwise. The root

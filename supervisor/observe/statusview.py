@@ -162,6 +162,8 @@ def render_status(st: Status, *, running: bool, now: float, spark: bool = False)
         rows.append(("resumed from", st.resumed_from))
     if st.root_idle:
         rows.append(("checkpoints", f"WARNING: {st.root_idle}"))
+    if st.local_tier:
+        rows.append(("local tier", st.local_tier))
     if st.retention_stopped:
         rows.append(("retention", f"STOPPED, nothing is deleted: {st.retention_stopped}"))
     ex = st.last_exit
