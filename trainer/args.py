@@ -171,8 +171,12 @@ def validate(args: argparse.Namespace) -> None:
     _check_resume(args.resume)
     _check_local_tier(args)
     _check_writable(args.checkpoint_dir)
-    if args.local_save_every:
-        _check_writable(args.local_checkpoint_dir, "--local-checkpoint-dir")
+    args.local_tier_problem = None
+    if args.local_save_every:  # an optimisation, never a reason not to train: run() goes on without it, and says so
+        try:
+            _check_writable(args.local_checkpoint_dir, "--local-checkpoint-dir")
+        except UsageError as exc:
+            args.local_tier_problem = str(exc)
     if args.export_best is not None:
         _check_writable(args.export_best, "--export-best")
         _check_export_best(args.export_best)

@@ -227,7 +227,11 @@ class Trainer:
             self._report(result)
 
     def _report(self, result: Any) -> None:
-        if result is not None and self.dist.rank == 0:
+        if result is not None and result.error is not None:  # the local tier: training goes on with durable saves
+            if self.dist.rank == 0:
+                self.log.warning("local_save_failed", step=result.step, errno=result.errno, path=str(result.tmp.parent),
+                                 error=str(result.error).splitlines()[0][:300])
+        elif result is not None and self.dist.rank == 0:
             self.log.info("checkpoint_saved", step=result.step, path=str(result.final),
                           seconds=round(result.seconds, 3), created=result.created)
 
@@ -323,6 +327,11 @@ def run(args: argparse.Namespace) -> int:
     heartbeat.beat(0, "load")
     trainer = Trainer(args, d, stopper, heartbeat)
     log = trainer.log
+    problem = broadcast_from_rank0(getattr(args, "local_tier_problem", None), d.control)  # rank 0's look: all alike
+    if problem is not None and args.local_save_every:
+        args.local_save_every = 0
+        if d.rank == 0:
+            log.warning("local_tier_unusable", reason=problem, action="durable saves only")
     if d.rank == 0:
         log.info("started", world_size=d.world_size, device=str(d.device), fsdp=args.fsdp,
                  checkpoint_dir=str(args.checkpoint_dir))

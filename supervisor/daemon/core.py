@@ -27,6 +27,7 @@ from supervisor.config import Config
 from supervisor.contract import HEARTBEAT_FILE, Beat
 from supervisor.daemon import events as ev
 from supervisor.daemon.attemptfiles import AttemptFiles, try_write
+from supervisor.daemon.elsewhere import Elsewhere
 from supervisor.daemon.evidence import read_beat, root_cause
 from supervisor.daemon.hangs import Hangs
 from supervisor.daemon.housekeeping import Housekeeper, PassResult
@@ -45,6 +46,7 @@ from supervisor.policy import restarts, resume
 from supervisor.policy.attempt import Job, apply_beat, job_env, named_by_beat
 from supervisor.policy.exits import classify_exit
 from supervisor.policy.state import ExitReason, State, Status
+from supervisor.policy.stopsave import emergency_save_failure
 
 __all__ = ["Core", "EXIT_CODES"]
 
@@ -86,6 +88,8 @@ class Core:
         # Requested stops: signals, the grace, a predecessor's orphaned job (daemon/stops.py)
         self.stops = Stops(cfg, system, log, self.status, cancel_hang=self.hangs.cancel)
         self.files = AttemptFiles(cfg, system, log)  # the attempt's error file and bounded log
+        roots = [cfg.checkpoints.dir, *filter(None, [cfg.checkpoints.local_dir]), cfg.run_dir]
+        self.elsewhere = Elsewhere(cfg.job_cwd, cfg.job.command, roots, since=system.now())  # saves outside the root
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     def begin(self, previous: Status | None) -> None:
@@ -216,10 +220,13 @@ class Core:
             job = self.job or self.ended
             if job is not None:
                 job.new_checkpoint = True
+            self.elsewhere.committed(self.sys.monotonic())
+            self.status.root_idle = None
             if self.job is not None and self.in_use is not None and new.path != self.in_use:
                 self.in_use = None  # the attempt saved past its resume point: that one may go now
                 self.house.clear_in_use()
         self._sync_disk()
+        self._check_root_idle()
         if self.ended is not None:
             self._judge_exit()
         elif self._launch_pending and self.status.state in (State.STARTING, State.BACKOFF):
@@ -297,6 +304,10 @@ class Core:
         if isinstance(plan, resume.Refuse):
             self._finish(State.FAILED, plan.reason)
             return
+        if (plan.checkpoint is None and not plan.args and not resume.chooses_itself(self.cfg.job.resume_args)
+                and self.elsewhere.must_look(len(self.attempts))):  # a fresh relaunch: did the job save elsewhere?
+            self.sys.run_off_loop(self.elsewhere.look, lambda found: self._looked(found, scan))
+            return
         held = self.claim.check() if self.claim is not None else None  # one job per root, checked every launch
         if held is not None:
             self._finish(State.FAILED, held)
@@ -320,6 +331,7 @@ class Core:
             self._finish(State.FAILED, f"cannot launch {argv[0]!r}: {exc}")
             return
         now_m = self.sys.monotonic()
+        self.elsewhere.started(now_m)
         self.job = Job(
             number=number, pid=pid, started_mono=now_m, resumed_from=str(ckpt.path) if ckpt else None,
             resumed_step=ckpt.step if ckpt else None, error_file=error_file, log_path=log_path, oom_before=oom_before,
@@ -333,7 +345,8 @@ class Core:
         st.step, st.step_at, st.phase, st.loss, st.val_loss, st.rate_steps_per_s = None, None, None, None, None, None
         self._sync_disk()
         st.transition(State.RUNNING)
-        self.bus.publish(ev.AttemptStarted(self.job, argv, self.cfg.job.env))
+        self.bus.publish(ev.AttemptStarted(self.job, argv, self.cfg.job.env,
+                                           resume.passed_over(scan.checkpoints, ckpt) if ckpt else ()))
         self.hangs.started(self.job)
         self._publish()
 
@@ -397,10 +410,16 @@ class Core:
         attempt = job.judged(progressed=progressed,
                              beat_checkpoint=named_by_beat(job, self.house.last.checkpoints if self.house.last else []))
         self.attempts.append(attempt)
+        failed = emergency_save_failure(job, latest_step=latest, disk_note=self.house.full_disk_note(job.low_free),
+                                        grace_s=self.cfg.health.stop_timeout_s) if job.stopping else None
+        if failed:  # the history's record says so too: the real exit code, and why
+            info.code, info.detail = job.returncode if job.returncode and job.returncode > 0 else info.code, failed
+            self.stops.reason = f"{self.stops.reason}; {failed}"
+            self.log.error("emergency_save_failed", attempt=job.number, code=job.returncode, reason=failed)
         self.bus.publish(ev.AttemptExited(job, attempt, info, latest))
         if self.status.state is State.STOPPING:
             clean = info.reason == ExitReason.STOPPED and not info.code and info.signal is None
-            self._finish(State.STOPPED, self.stops.reason, save_failed=not clean)  # its emergency save, if any
+            self._finish(State.STOPPED, self.stops.reason, save_failed=not clean or bool(failed))  # its emergency save
             return
         self._maybe_quarantine()
         decision = restarts.decide(self.attempts, self.cfg.restart, jitter=self.sys.random())
@@ -504,10 +523,30 @@ class Core:
         if beat is None or beat == job.beat:
             return
         apply_beat(self.status, beat, self.sys.now(), job.rate)
+        self.elsewhere.beat(job.beat, beat)
         job.beat, job.beat_mono = beat, self.sys.monotonic()
+        self._check_root_idle()
         self.hangs.seen(job, None, beat)  # the step it reached, and the hang timer set again
         self.bus.publish(ev.BeatRead(job.number, beat))
         self._publish_beat()
+
+    def _looked(self, found: list[Path] | BaseException, scan: PassResult) -> None:
+        """The search before a fresh relaunch ended (daemon/elsewhere.py): give up naming what it found, or launch."""
+        if self.done:
+            return
+        if isinstance(found, BaseException):  # a bug in the search costs the search, not the relaunch
+            self.log.warning("checkpoints_elsewhere_unknown", error=f"{type(found).__name__}: {found}")
+        reason = None if isinstance(found, BaseException) else self.elsewhere.refusal(found, self.log)
+        if reason:
+            self._finish(State.FAILED, reason)
+        else:
+            self._launch(scan)
+
+    def _check_root_idle(self) -> None:
+        idle = self.elsewhere.idle(self.sys.monotonic(), beats=self.job.beat is not None) if self.job else None
+        if idle:
+            self.status.root_idle = idle
+            self.log.warning("checkpoint_root_idle", root=str(self.house.root), detail=idle)
 
     def _publish_beat(self) -> None:
         self.bus.publish(ev.StatusChanged(self.status, beat=True))

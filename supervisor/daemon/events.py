@@ -34,6 +34,7 @@ class AttemptStarted(NamedTuple):
     job: Job
     argv: Sequence[str]
     env: Mapping[str, str]
+    skipped: Sequence[str] = ()  # newer dirs the resume passed over, and why
 
 
 class BeatRead(NamedTuple):  # a new heartbeat of the running attempt (the node's file)
@@ -117,7 +118,7 @@ def to_log(log: Log) -> Subscriber:
             job = ev.job
             log.info("job_started", attempt=job.number, pid=job.pid, resumed_from=job.resumed_from,
                      resumed_step=job.resumed_step, argv=redact_argv(ev.argv), env=redact_env(ev.env),
-                     log=str(job.log_path))
+                     log=str(job.log_path), **({"skipped": list(ev.skipped)} if ev.skipped else {}))
         elif isinstance(ev, AttemptExited):
             job, info = ev.job, ev.info
             log.info("job_exited", attempt=job.number, code=info.code, signal=info.signal, reason=info.reason,

@@ -224,7 +224,7 @@ def check_setup(cfg: Config) -> None:
     _check_trainer(cfg, program)
     for key, path in _dirs(cfg):
         problem = _dir_problem(path)
-        if problem:
+        if problem and key != "checkpoints.local_dir":  # the local tier is an optimisation: `run` warns (tier_problem)
             raise ConfigError(f"{cfg.path}: [{key}] {problem}")
     problem = run_dir_problem(cfg.run_dir)
     if problem:
@@ -251,6 +251,11 @@ def run_dir_problem(run_dir: Path) -> str | None:
         if problem:
             return problem
     return None
+
+
+def tier_problem(cfg: Config) -> str | None:
+    """Why the node-local tier cannot be written (the job then saves to the durable root only), or None."""
+    return _dir_problem(cfg.checkpoints.local_dir) if cfg.checkpoints.local_dir is not None else None
 
 
 def _dirs(cfg: Config) -> list[tuple[str, Path]]:

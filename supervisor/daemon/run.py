@@ -28,6 +28,7 @@ from supervisor.observe.console import NOT_ECHOED, SUMMARY_EVERY_S, TICK_S, Cons
 from supervisor.observe.eventlog import configure, get_logger, reopen_file
 from supervisor.observe.metrics import listen_address, start_metrics
 from supervisor.observe.notify import Notifier
+from supervisor.observe.redact import secret_values
 
 __all__ = ["run"]
 
@@ -55,7 +56,8 @@ def run(cfg: Config) -> int:
             notes = [("root_claim_failed", f"{why}: a second job on this checkpoint root is not detected")]
         remove_torn_writes(run_dir)
         console = Console.for_stderr()
-        configure(run_dir, max_bytes=cfg.supervisor.log_max_bytes, backups=cfg.supervisor.log_backups, console=console)
+        configure(run_dir, max_bytes=cfg.supervisor.log_max_bytes, backups=cfg.supervisor.log_backups, console=console,
+                  secrets=secret_values({**os.environ, **cfg.job.env}, [*cfg.job.command, *cfg.job.resume_args]))
         log = get_logger().bind(run_dir=str(run_dir))
         if not console.tty:  # nohup, `run > out.log`, CI, Slurm: say once what this output holds
             console.note(NOT_ECHOED.format(every=SUMMARY_EVERY_S, logs=shown_path(str(run_dir / "logs"))))
@@ -79,6 +81,9 @@ def run(cfg: Config) -> int:
         alerts = Alerts(cfg, core.status, system=system, publish=core.bus.publish)
         if cfg.notify.command or cfg.notify.webhook:
             core.bus.append(alerts.notify)
+        if (tier := preflight.tier_problem(cfg)) is not None:  # training goes on with durable saves only
+            core.status.local_tier = f"degraded: {tier}"
+            log.warning("local_tier_unusable", dir=str(cfg.checkpoints.local_dir), reason=tier)
         core.house.check_retention()  # a root whose deletions cannot be parked: said now, before the first pass
         echo = Echo(console) if console.tty else None
         # The job's output dir is watched only to echo it: each line the job logs would wake us otherwise. The root

@@ -139,6 +139,8 @@ def render_status(st: Status, *, running: bool, now: float, spark: bool = False)
         rate = f", {st.rate_steps_per_s:.2f} step/s" if st.rate_steps_per_s else ""
         age = f", {human_age(now - st.step_at)} ago" if st.step_at else ""
         rows.append(("step", f"{st.step} ({st.phase or '?'}{rate}{age})"))
+    elif isinstance((st.latest_checkpoint or {}).get("step"), int):  # no heartbeat: the checkpoints say how far
+        rows.append(("step", f"{st.latest_checkpoint['step']} (the newest checkpoint's; no heartbeat)"))  # type: ignore[index]
     loss = _loss_row(st, spark)
     if loss is not None:
         rows.append(("loss", loss))
@@ -160,6 +162,10 @@ def render_status(st: Status, *, running: bool, now: float, spark: bool = False)
         rows.append(("best checkpoint", f"{step}{best.get('metric')} {best.get('value'):.4g} {best.get('path')}"))
     if st.resumed_from:
         rows.append(("resumed from", st.resumed_from))
+    if st.root_idle:
+        rows.append(("checkpoints", f"WARNING: {st.root_idle}"))
+    if st.local_tier:
+        rows.append(("local tier", st.local_tier))
     if st.retention_stopped:
         rows.append(("retention", f"STOPPED, nothing is deleted: {st.retention_stopped}"))
     ex = st.last_exit

@@ -116,6 +116,8 @@ class Status:
     checkpoint_bytes: int | None = None  # bytes in complete checkpoints under the root
     quarantined: list[str] = field(default_factory=list)
     retention_stopped: str | None = None  # why retention deletes nothing (no usable trash next to the root)
+    root_idle: str | None = None  # the job saves, but nothing reaches the root (daemon/elsewhere.py)
+    local_tier: str | None = None  # "degraded: why" when the node-local tier cannot be written
     next_launch_at: float | None = None
     reason: str | None = None  # why the supervisor ended (gave up, completed, stopped)
     # From the run's history (supervisor.history.fold has the definitions):

@@ -55,7 +55,7 @@ class TestLifecycle:
     def test_timers_beyond_epolls_range(self, tmp_path: Path, supervisors: Supervisors) -> None:
         """Timers weeks or years away (epoll waits at most ~24 days) do not break the loop."""
         cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--sleep", "1.5"],
-                           "retention_interval_s = 1e9\n[health]\nstartup_timeout_s = 3e6\n" + FAST)
+                           "retention_interval_s = 2.5e6\n[health]\nstartup_timeout_s = 2.5e6\n" + FAST)
         p = supervisors.start(cfg)
         out, _ = p.communicate(timeout=60)
         assert p.returncode == 0, out

@@ -13,7 +13,7 @@ from supervisor.daemon.statefile import read_status
 from supervisor.observe.statusview import render_status
 from supervisor.policy.state import State, Status
 from tests.fakes import FakeSystem, RecordingLog
-from tests.jobs.dcp_files import write_trainer_checkpoint
+from tests.jobs.dcp_files import write_checkpoint, write_trainer_checkpoint
 
 BASE = """
 [job]
@@ -356,3 +356,37 @@ class TestAutoHangs:
         assert "hang" not in fake.advance(10_000, core)
         assert "does not beat" in (core.status.hang_detection or "")
         assert "does not beat" in render_status(core.status, running=True, now=fake.now())
+
+
+class TestCheckpointsElsewhere:
+    """Issue 35 item 1 through Core: the idle root's warning, and the search before a fresh relaunch."""
+
+    def test_saves_that_never_reach_the_root_warn_once_in_log_and_status(self, tmp_path: Path) -> None:
+        core, fake, log = make_core(tmp_path)
+        core.begin(None)
+        for step in (5, 10, 15, 20):
+            beat(core, step - 1)
+            beat(core, step, "save")
+        assert log.names().count("checkpoint_root_idle") == 1
+        assert "said `save` 3 times" in (core.status.root_idle or "")
+
+    def test_a_fresh_relaunch_after_a_failure_gives_up_on_checkpoints_elsewhere(self, tmp_path: Path) -> None:
+        core, fake, log = make_core(tmp_path)
+        core.begin(None)
+        write_trainer_checkpoint(tmp_path / "elsewhere", 7)
+        exit_job(core, fake, 1)
+        fake.advance(5, core)  # the backoff
+        assert core.exit_code == 3 and len(fake.spawned) == 1 and "checkpoints_elsewhere" in log.names()
+        assert str(tmp_path / "elsewhere") in (core.status.reason or "")
+
+
+def test_job_started_says_which_newer_checkpoint_the_resume_skipped_and_why(tmp_path: Path) -> None:
+    """Issue 35 item 10: the newest dir is torn: the job resumes from the one before, and `job_started` names it."""
+    core, fake, log = make_core(tmp_path)
+    write_checkpoint(tmp_path / "ckpts", 10)
+    torn = write_checkpoint(tmp_path / "ckpts", 20)
+    next(p for p in torn.iterdir() if p.suffix == ".distcp").unlink()
+    core.begin(None)
+    started = next(fields for event, fields in log.events if event == "job_started")
+    assert started["resumed_step"] == 10 and len(started["skipped"]) == 1, started
+    assert started["skipped"][0].startswith(f"{torn}: torn"), started["skipped"]

@@ -431,3 +431,18 @@ def test_the_step_rate_is_one_labelled_line_per_attempt() -> None:
     chart = chart[:chart.index("</svg>")]
     assert re.findall(r"<title>(attempt \d+): steps per second</title>", chart) == ["attempt 1", "attempt 2"]
     assert chart.count('class="rate"') == 2 and ">#1</text>" in chart and ">#2</text>" in chart
+
+
+def test_a_job_without_a_heartbeat_shows_unknown_not_zero() -> None:
+    """Issue 35 item 10: no beats, two kills, commits: times only beats measure are `unknown`, the last step is the
+    newest checkpoint's (it said "productive 0s, time lost 0.0 s, last step n/a")."""
+    records = [rec(0, "supervisor_start"), start(0, 1), rec(60, "checkpoint_committed", attempt=1, step=20, path="/c/e20"),
+               end(90, 1, "signal", None), start(91, 2, 20), rec(150, "checkpoint_committed", attempt=2, step=40,
+                                                                  path="/c/e40"),
+               end(184, 2, "completed", None), rec(185, "supervisor_end", state="completed", reason="completed")]
+    fold = Fold(keep=True).add_all(records)
+    table = render_html(fold, fold.summary(), source="x", generated=200.0).split('<table class="summary">', 1)[1]
+    for label in ("productive", "start-up", "checkpoint overhead", "lost (redone)", "time lost"):
+        assert f"<th>{label}</th><td>unknown</td>" in table, label
+    assert "<th>last step</th><td>40 (the newest checkpoint&#x27;s)</td>" in table or \
+        "<th>last step</th><td>40 (the newest checkpoint's)</td>" in table, table

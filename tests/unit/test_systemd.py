@@ -1,6 +1,7 @@
 """`fsdp-supervisor systemd-unit`, checked by `systemd-analyze verify`."""
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -37,6 +38,21 @@ def keys(unit: str) -> dict[str, list[str]]:
 @pytest.fixture
 def config(tmp_path: Path) -> Path:
     return write_config(tmp_path, ["torchrun", "--standalone", "-m", "trainer"], "\n[health]\nstop_timeout_s = 200\n")
+
+
+class TestStopTimeoutBounds:
+    """Issue 35 item 2: no stop_timeout_s that loads can make a TimeoutStopSec systemd cannot parse."""
+
+    @pytest.mark.parametrize("seconds", ["1", "2592000", "2591999.5"])
+    def test_the_range_renders_whole_seconds(self, tmp_path: Path, seconds: str) -> None:
+        """Both ends of the range give plain whole seconds (1e300 gave 1e+300 + margin, which systemd rejects)."""
+        cfg = load_config(write_config(tmp_path, ["torchrun", "-m", "trainer"], f"\n[health]\nstop_timeout_s = {seconds}\n"))
+        value = keys(render_unit(cfg, ["/x/fsdp-supervisor"], UnitOptions(name="job", user="alice")))["TimeoutStopSec"][0]
+        assert value.isdigit() and int(value) >= math.ceil(float(seconds)) + STOP_MARGIN_S, value
+
+    def test_past_the_range_is_a_config_error(self, tmp_path: Path) -> None:
+        with pytest.raises(Exception, match=r"\[health.stop_timeout_s\] = 1e\+300 is out of range \[1, 2592000\]"):
+            load_config(write_config(tmp_path, ["torchrun", "-m", "trainer"], "\n[health]\nstop_timeout_s = 1e300\n"))
 
 
 class TestSupervisorCommand:
