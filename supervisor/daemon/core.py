@@ -25,8 +25,9 @@ from typing import Any
 from supervisor.checkpoints.claim import RootClaim
 from supervisor.checkpoints.tiers import TierClaims
 from supervisor.config import Config
-from supervisor.contract import HEARTBEAT_FILE, Beat
+from supervisor.contract import ENV_SKIP_STEPS, HEARTBEAT_FILE, SKIP_STEPS_PLACEHOLDER, Beat
 from supervisor.daemon.attemptfiles import AttemptFiles, try_write
+from supervisor.daemon.divergence import Guard
 from supervisor.daemon.events import Events
 from supervisor.daemon.evidence import read_beat, root_cause
 from supervisor.daemon.hangs import Hangs
@@ -76,7 +77,8 @@ class Core:
         self.publisher = StatePublisher(self.run_dir, system, log, self.history, notify)
         # Every rank's heartbeat, the hang timers and the fast kill (daemon/hangs.py)
         self.hangs = Hangs(cfg, system, log, self.events, self.status, refresh=self._on_heartbeat,
-                           publish=self._publish_beat)
+                           publish=self._publish_beat, loss=self._on_loss)
+        self.guard = Guard(cfg, log, self.events, self.status)  # the loss watched, rollbacks (daemon/divergence.py)
         self._launch_pending = False
         self._scan_failures = 0  # consecutive passes that could not read the root when a launch waited on them
         self.token = ""  # the run dir's job token (supervisor/host/identity.py), set by `begin`
@@ -105,6 +107,7 @@ class Core:
             recorded = (previous.job_pid, previous.job_create_time)
         if previous is not None:
             self.status.restarts = previous.restarts if not previous.state.final else 0
+            self.status.rollbacks = previous.rollbacks if not previous.state.final else 0
         # Attempt numbers continue so logs/attempt-NNNN.log and the history's attempts stay unique, even when
         # state.json was lost and only the history remembers them.
         self.status.attempt = max(previous.attempt if previous is not None else 0, self.history.last_attempt)
@@ -206,7 +209,8 @@ class Core:
                 and resume.chooses_itself(self.cfg.job.resume_args))
 
     def _protected(self) -> list[Path]:
-        return [self.in_use] if self.in_use else []
+        good = self.guard.protected(self.house.last.checkpoints if self.house.last else [])
+        return [self.in_use, *good] if self.in_use else good
 
     def _on_pass(self, outcome: PassResult | BaseException) -> None:
         """A pass finished (on the loop thread): note commits, then do what was waiting for it."""
@@ -217,6 +221,8 @@ class Core:
             low = self.job.low_free
             self.job.low_free = result.disk_free if low is None else min(low, result.disk_free)
         new = self.house.absorb(result)
+        if result.error is None:
+            self.guard.mark(result.checkpoints, self.status.attempt, self._quarantine)
         self._note_root(result.root_id)
         self.events.pass_done(result, new)
         if new is not None:
@@ -286,7 +292,8 @@ class Core:
             return resume.Refuse(f"cannot tell whether {ck.dir} holds a checkpoint to resume from: {scan.error}")
         self._scan_failures = 0
         plan = resume.plan_resume(scan.checkpoints, resume_args=job.resume_args,
-                                  allow_fresh_start=ck.allow_fresh_start, skip=self._unmarked)
+                                  allow_fresh_start=ck.allow_fresh_start,
+                                  skip=self._unmarked | self.guard.marked)
         if isinstance(plan, resume.Launch) and resume.chooses_itself(job.resume_args) and not self._choice_logged:
             self._choice_logged = True  # said once: the job, not the supervisor, decides what it loads
             self.log.info("resume_choice_left_to_job", resume_args=list(job.resume_args), root=str(ck.dir))
@@ -312,7 +319,8 @@ class Core:
         if self.status.state is State.BACKOFF:
             self.status.transition(State.STARTING)
         ckpt = plan.checkpoint
-        argv = [*self.cfg.job.command, *plan.args]
+        skip = self.guard.launching(number, ckpt)
+        argv = [*self.cfg.job.command, *(a.replace(SKIP_STEPS_PLACEHOLDER, str(skip)) for a in plan.args)]
         error_file = self.run_dir / "errors" / f"attempt-{number:04d}.json"
         log_path = self.run_dir / "logs" / f"attempt-{number:04d}.log"
         output = self.files.prepare(error_file, log_path, [
@@ -321,6 +329,7 @@ class Core:
         try:
             env = job_env(self.cfg, os.environ, number=number, heartbeat=self.heartbeat_path, error_file=error_file,
                           token=self.token)
+            env[ENV_SKIP_STEPS] = str(skip)
             pid, ctime = self.sys.spawn(argv, cwd=self.cfg.job_cwd, env=env, log_path=output)
         except OSError as exc:
             self.log.error("launch_failed", attempt=number, argv=redact_argv(argv), error=str(exc))
@@ -342,6 +351,7 @@ class Core:
         st.transition(State.RUNNING)
         self.events.attempt_started(self.job, argv, self.cfg.job.env)
         self.hangs.started(self.job)
+        self.guard.started()
         self._publish()
 
     # ---- job exit --------------------------------------------------------------------------------------------
@@ -360,6 +370,7 @@ class Core:
             if job.agent_exit is not None and not self.sys.survivors():
                 self._end_attempt(job, job.agent_exit)
             return
+        self.guard.alive = False  # a divergence in its last beats is acted on at its judgement, not by a stop
         self._on_heartbeat()  # its last beat, if the file watcher has not delivered it yet: the phase it died in
         if not self.stops.agent_exited(job, returncode):
             self._end_attempt(job, returncode)
@@ -403,11 +414,20 @@ class Core:
             self.high_water_step = max(job.max_step, self.high_water_step or job.max_step)
         attempt = job.judged(progressed=progressed,
                              beat_checkpoint=named_by_beat(job, self.house.last.checkpoints if self.house.last else []))
-        self.attempts.append(attempt)
+        verdict = self.guard.verdict if self.guard.found and self.guard.found[0] == job.number else None
+        if verdict is None:  # a rollback is no crash: no restart budget, no crash-loop count
+            self.attempts.append(attempt)
         self.events.attempt_exited(job, attempt, info, latest_step=latest)
         if self.status.state is State.STOPPING:
             self._finish(State.STOPPED, self.stops.reason)
             self.log.info("stopped", attempt=job.number, reason=info.reason)
+            return
+        if verdict is not None and verdict != "rollback":
+            self._give_up(verdict)
+            return
+        if verdict is not None:
+            self.status.transition(State.BACKOFF)
+            self.sys.timers.set(Timer.LAUNCH, self.sys.monotonic())
             return
         self._maybe_quarantine()
         decision = restarts.decide(self.attempts, self.cfg.restart, jitter=self.sys.random())
@@ -429,7 +449,9 @@ class Core:
         found = restarts.quarantine_candidate(self.attempts, self.cfg.restart.quarantine_after)
         if found is None or found.path in self.status.quarantined or found.path in self._unmarked:
             return
-        path, reason = found.path, found.reason
+        self._quarantine(found.path, found.reason)
+
+    def _quarantine(self, path: str, reason: str) -> None:
         self._unmarked.add(path)  # not resumed from again by this supervisor, whether or not the marker lands
         self.passes.changed()  # the root changed (or should have): the last pass no longer names the resume point
         try:
@@ -514,6 +536,16 @@ class Core:
         self.hangs.seen(job, None, beat)  # the step it reached, and the hang timer set again
         self.history.beat(job.number, beat)
         self._publish_beat()
+
+    def _on_loss(self, job: Job, rank: int | None, beat: Beat) -> None:
+        """A new beat (the node's or a rank's) for the divergence guard; a divergence that asks for it stops the job
+        gracefully (its emergency save is marked diverged by the next pass)."""
+        if self.guard.feed(job.number, rank, beat) is None:
+            return
+        if self.guard.stopping and self.guard.alive and not job.stopping and self.status.state is State.RUNNING:
+            self.stops.terminate(job)
+        self._request_pass(prune=False)
+        self._publish()
 
     def _publish_beat(self) -> None:
         self.publisher.publish_beat(self.status)

@@ -13,6 +13,7 @@ from supervisor.daemon.housekeeping import PassResult
 from supervisor.daemon.recorder import NullHistory
 from supervisor.observe.redact import redact_argv, redact_env
 from supervisor.policy.attempt import Job
+from supervisor.policy.divergence import Diverged
 from supervisor.policy.ranks import StragglerChange
 from supervisor.policy.restarts import Attempt
 from supervisor.policy.state import ExitInfo
@@ -70,3 +71,15 @@ class Events:
     def quarantined(self, path: str, reason: str) -> None:
         self.history.quarantined(path, reason)
         self.log.error("quarantined", path=path, reason=reason)
+
+    def diverged(self, attempt: int, found: Diverged, action: str) -> None:
+        fields = {"attempt": attempt, "onset_step": found.onset_step, "step": found.step, "rank": found.rank,
+                  "loss": found.loss, "why": found.why, "level": _round(found.level), "action": action}
+        self.history.divergence("diverged", fields)
+        self.log.error("diverged", **fields)
+
+    def rolled_back(self, attempt: int, from_step: int, to: CheckpointInfo | None, skip: int) -> None:
+        fields = {"attempt": attempt, "from_step": from_step, "to_checkpoint": str(to.path) if to else None,
+                  "to_step": to.step if to else None, "skip": skip}
+        self.history.divergence("rolled_back", fields)
+        self.log.warning("rolled_back", **fields)

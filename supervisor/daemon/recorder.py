@@ -90,6 +90,9 @@ class NullHistory:
     def quarantined(self, path: str, reason: str) -> None:
         """A checkpoint was quarantined."""
 
+    def divergence(self, kind: str, fields: dict[str, Any]) -> None:
+        """`diverged` or `rolled_back` (supervisor/daemon/divergence.py): the record's fields."""
+
     def finish(self, state: State, reason: str) -> None:
         """The supervisor ended: completed, stopped or failed."""
 
@@ -433,6 +436,10 @@ class HistoryRecorder(NullHistory):
     @_guarded
     def quarantined(self, path: str, reason: str) -> None:
         self._write("quarantined", {"path": path, "reason": reason}, durable=True)
+
+    @_guarded
+    def divergence(self, kind: str, fields: dict[str, Any]) -> None:
+        self._write(kind, fields, durable=True)
 
     @_guarded
     def finish(self, state: State, reason: str) -> None:
