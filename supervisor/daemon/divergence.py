@@ -42,7 +42,8 @@ class Guard:
         self.open: Open | None = self._load()
         self.found: tuple[int, Diverged] | None = None  # (attempt, divergence) to act on at that attempt's end
         self.verdict: str | None = None  # "rollback", or why the supervisor gives up
-        self.marked: set[str] = set()  # diverged saves quarantined (or to be) by this supervisor
+        self.marked: set[str] = set()  # diverged saves quarantined (or to be) by this supervisor: never resumed
+        self._seen: set[tuple[str, float]] = set()  # (path, mtime) marked: a save of the same step later is another
         self._detector: Detector | None = None
         self._lossless = 0  # beats of this attempt without a loss
         self.alive = False  # the attempt's process runs (Core clears it when the exit is seen)
@@ -128,7 +129,8 @@ class Guard:
         if op is None or attempt > op.attempt:
             return
         for c in diverged_saves(checkpoints, op.onset_step):
-            if str(c.path) not in self.marked:
+            if (str(c.path), c.mtime) not in self._seen:  # a pass that began before the marker was written
+                self._seen.add((str(c.path), c.mtime))
                 self.marked.add(str(c.path))  # never resumed, whether or not the marker lands
                 quarantine(str(c.path), f"diverged: saved at or after the onset at step {op.onset_step} ({op.why})")
         good = last_good(checkpoints, op.onset_step, 1)
@@ -144,7 +146,10 @@ class Guard:
 
     # ---- the relaunch -------------------------------------------------------------------------------------
     def launching(self, attempt: int, checkpoint: CheckpointInfo | None) -> int:
-        """A launch: the data steps it skips (0 unless it rolls a divergence back), said as `rolled_back`."""
+        """A launch: the data steps it skips (0 unless it rolls a divergence back), said as `rolled_back`. From now on
+        the markers on disk say what is diverged (one that could not be written: Core's unmarked set): a good save of
+        the same step by this attempt replaces a diverged one (trainer/commit.py) and may be resumed."""
+        self.marked = set()
         if self.verdict != "rollback" or self.found is None or self.open is None:
             self.verdict = None
             return 0

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from supervisor.checkpoints import verify
+from supervisor.checkpoints.markers import is_quarantined, quarantine
 from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.layout import MANIFEST_FORMAT, MANIFEST_NAME, METADATA_NAME, tmp_dir_name
 from trainer.commit import build_manifest, commit
@@ -78,3 +79,11 @@ class TestCommit:
         assert created and verify(final).complete and not tmp.exists()
         aside = [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-step_00000004-incomplete-")]
         assert len(aside) == 1 and not verify(aside[0]).complete
+
+    def test_a_quarantined_final_is_set_aside_and_replaced(self, tmp_path) -> None:
+        """A rolled-back run saves a step its diverged predecessor saved too: the diverged save makes way."""
+        old = write_checkpoint(tmp_path, 4)
+        quarantine(old, "diverged: saved at or after the onset at step 3 (nan)")
+        tmp = written_tmp(tmp_path, 4)
+        final, created = commit(tmp, old, self.manifest(tmp, 4))
+        assert created and verify(final).complete and not is_quarantined(final) and not tmp.exists()
