@@ -41,7 +41,7 @@ def history(tmp_path: Path, kind: str) -> list[dict]:
 
 class TestDivergence:
     def test_bad_data_is_rolled_back_skipped_and_equals_a_resume_by_hand(
-            self, tmp_path: Path, supervisors: Supervisors, torchrun: Launcher) -> None:  # noqa: F811
+            self, tmp_path: Path, supervisors: Supervisors, torchrun: Launcher) -> None:
         """A NaN on the batch of step 25: stopped, relaunched from step 20 with 5 + 2 data steps skipped, finished;
         its last checkpoint equals, bit for bit, a run resumed from step 20 by hand with --skip-steps 7."""
         sample = (NAN_STEP - 1) * WORLD * BATCH
@@ -72,7 +72,7 @@ class TestDivergence:
         assert same.returncode == 0, same.stdout + same.stderr
 
     def test_a_divergence_no_skip_avoids_gives_up_keeping_the_last_good_checkpoint(
-            self, tmp_path: Path, supervisors: Supervisors) -> None:  # noqa: F811
+            self, tmp_path: Path, supervisors: Supervisors) -> None:
         """NaN at step 25 whatever the data: one rollback, the same again, exit 3 naming the onset and step 20, which
         is still on disk although keep_last = 1 is fewer than the diverged saves."""
         cfg = config(tmp_path, {NAN_STEP_ENV: str(NAN_STEP)},
