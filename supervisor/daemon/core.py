@@ -422,8 +422,8 @@ class Core:
             self._finish(State.STOPPED, self.stops.reason)
             self.log.info("stopped", attempt=job.number, reason=info.reason)
             return
-        if verdict is not None and verdict != "rollback":
-            self._give_up(verdict)
+        if verdict == "give_up":
+            self._give_up(self.guard.reason())
             return
         if verdict is not None:
             self.status.transition(State.BACKOFF)

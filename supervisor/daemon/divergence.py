@@ -41,7 +41,7 @@ class Guard:
         self.path = cfg.run_dir / DIVERGENCE_FILE
         self.open: Open | None = self._load()
         self.found: tuple[int, Diverged] | None = None  # (attempt, divergence) to act on at that attempt's end
-        self.verdict: str | None = None  # "rollback", or why the supervisor gives up
+        self.verdict: str | None = None  # "rollback" or "give_up": what the attempt's end brings
         self.marked: set[str] = set()  # diverged saves quarantined (or to be) by this supervisor: never resumed
         self._seen: set[tuple[str, float]] = set()  # (path, mtime) marked: a save of the same step later is another
         self._detector: Detector | None = None
@@ -104,17 +104,18 @@ class Guard:
         if self.cfg.action == "rollback" and rollbacks < self.cfg.max_rollbacks:
             self.verdict = "rollback"
         elif self.cfg.action != "warn":
-            self.verdict = self._reason(found, rollbacks)
-        gives_up = self.verdict not in (None, "rollback")
-        self.events.diverged(attempt, found, "give_up" if gives_up else self.cfg.action)
+            self.verdict = "give_up"
+        self.events.diverged(attempt, found, self.verdict or self.cfg.action)
         return found
 
-    def _reason(self, found: Diverged, rollbacks: int) -> str:
-        good = self.good
-        loss = found.why if found.loss is None else f"{found.loss:.6g} (level {found.level:.6g})"
+    def reason(self) -> str:
+        """Why the supervisor gives up (at the diverged attempt's end: its saves are marked by then)."""
+        assert self.found is not None and self.open is not None
+        found, rollbacks = self.found[1], self.open.rollbacks
+        loss = found.why if found.loss is None else f"{found.loss:.6g} (level {found.level or 0:.6g})"
         tried = f" after {rollbacks} rollback(s) of the same region" if rollbacks else ""
         return (f"diverged ({found.why}) at step {found.onset_step} (seen at step {found.step}, loss {loss}){tried}; "
-                f"last good checkpoint: {good or 'none'} (kept)")
+                f"last good checkpoint: {self.good or 'none'} (kept)")
 
     @property
     def stopping(self) -> bool:

@@ -205,7 +205,8 @@ class TestRollback:
         nan_beat(core, 141)
         assert fake.signals
         exit_job(core, fake, 0)
-        assert core.exit_code == 3 and "diverged (nan) at step 141" in (core.status.reason or "")
+        reason = core.status.reason or ""
+        assert core.exit_code == 3 and "diverged (nan) at step 141" in reason and "step_00000120 (kept)" in reason
 
     @pytest.mark.parametrize("action", ["warn", "off"])
     def test_warn_and_off_do_not_stop(self, tmp_path: Path, action: str) -> None:
