@@ -111,6 +111,7 @@ class Core:
         # Attempt numbers continue so logs/attempt-NNNN.log and the history's attempts stay unique, even when
         # state.json was lost and only the history remembers them.
         self.status.attempt = max(previous.attempt if previous is not None else 0, self.history.last_attempt)
+        self.guard.resumed(self.status.attempt)
         self.sys.timers.set(Timer.RETENTION, self.sys.monotonic() + self.cfg.checkpoints.retention_interval_s)
         self.sys.run_off_loop(self.stops.stop_orphans(self.run_dir, (token, recorded)), self._on_orphans_stopped)
         self._publish()  # `status` shows this supervisor, starting, not the killed one's last words

@@ -117,6 +117,14 @@ class Guard:
         return (f"diverged ({found.why}) at step {found.onset_step} (seen at step {found.step}, loss {loss}){tried}; "
                 f"last good checkpoint: {self.good or 'none'} (kept)")
 
+    def resumed(self, attempt: int) -> None:
+        """A restarted supervisor whose last attempt diverged and was not rolled back yet: its first launch is that
+        rollback (with the skip), unless the region's rollbacks are spent."""
+        op = self.open
+        if op is not None and op.attempt == attempt and self.cfg.action == "rollback" \
+                and op.rollbacks < self.cfg.max_rollbacks:
+            self.found, self.verdict = (attempt, Diverged(op.onset_step, op.step, op.rank, op.loss, op.why)), "rollback"
+
     @property
     def stopping(self) -> bool:
         """The divergence found asks for the job to be stopped."""

@@ -223,3 +223,14 @@ class TestRollback:
         nan_beat(core, 141)
         again = Core(core.cfg, fake, log)
         assert again.guard.open is not None and again.guard.open.onset_step == 141
+
+    def test_a_supervisor_killed_before_the_rollback_makes_it_at_its_first_launch(self, tmp_path: Path) -> None:
+        """Killed between the divergence and the relaunch: the next `run` relaunches from the last good checkpoint
+        with the skip, as the killed one would have."""
+        core, fake, log, root = diverging(tmp_path)
+        core.begin(None)
+        nan_beat(core, 141)
+        again = Core(core.cfg, fake, log)
+        again.begin(core.status)
+        assert fake.spawned[-1].argv[-3:] == [str(root / "step_00000120"), "--skip-steps", "31"]
+        assert fake.spawned[-1].env["FSDP_SUPERVISOR_SKIP_STEPS"] == "31"
