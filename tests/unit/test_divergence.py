@@ -234,3 +234,13 @@ class TestRollback:
         again.begin(core.status)
         assert fake.spawned[-1].argv[-3:] == [str(root / "step_00000120"), "--skip-steps", "31"]
         assert fake.spawned[-1].env["FSDP_SUPERVISOR_SKIP_STEPS"] == "31"
+
+
+def test_a_rollback_s_skip_keeps_the_spare_agent_and_the_warm_workers() -> None:
+    """FSDP_SUPERVISOR_SKIP_STEPS is set per launch and read by the job after the hand-off: a spare started before
+    the rollback (and its warm workers) still runs it."""
+    from supervisor.host.spares import VOLATILE_ENV
+    from trainer.warm_pool import stable_env
+
+    env = {"PATH": "/usr/bin", "FSDP_SUPERVISOR_SKIP_STEPS": "0"}
+    assert stable_env({**env, "FSDP_SUPERVISOR_SKIP_STEPS": "31"}, VOLATILE_ENV) == stable_env(env, VOLATILE_ENV)
