@@ -119,7 +119,9 @@ class Trainer:
 
     def skip(self, steps: int, resumed: Path | None) -> None:
         """Advance the data position by `steps` global batches without training on them (a divergence's rollback);
-        the manifests of later saves say how many steps this run skipped in all (those of `resumed`, and these)."""
+        the manifests of later saves say how many steps this run skipped in all (those of `resumed`, and these).
+        Collective: rank 0's count wins (each node's supervisor judges the onset from its own beats)."""
+        steps = broadcast_from_rank0(steps, self.dist.control)
         before = _manifest_metric(resumed, "skipped_steps") if resumed is not None else None
         self.skipped = int(before or 0) + steps
         if steps == 0:
