@@ -176,11 +176,7 @@ def parse_heartbeat(data: bytes) -> tuple[Beat | None, list[str]]:
 
 
 def _nonfinite(value: Any) -> str | None:
-    """"nan" or "inf" for a loss that is a real number but not a usable one (a diverged run), else None.
-
-    JSON has no NaN: a writer sends the strings "nan", "inf" or "-inf" (`heartbeat_record`); Python's own NaN and
-    Infinity tokens, and a number beyond _MAX_LOSS, mean the same. Anything else (a word, a list) is garbage.
-    """
+    """"nan"/"inf" for a diverged loss: the words (JSON has none), Python's NaN/Infinity, a number over _MAX_LOSS."""
     if isinstance(value, str):
         value = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}.get(value.lower())
     if type(value) is int:

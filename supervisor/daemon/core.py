@@ -539,8 +539,7 @@ class Core:
         self._publish_beat()
 
     def _on_loss(self, job: Job, rank: int | None, beat: Beat) -> None:
-        """A new beat (the node's or a rank's) for the divergence guard; a divergence that asks for it stops the job
-        gracefully (its emergency save is marked diverged by the next pass)."""
+        """A new beat (the node's or a rank's) for the divergence guard, which may ask for a graceful stop."""
         if self.guard.feed(job.number, rank, beat) is None:
             return
         if self.guard.stopping and self.guard.alive and not job.stopping and self.status.state is State.RUNNING:

@@ -1,17 +1,14 @@
 """The divergence guard, Core's part: watch the loss of every beat, mark the saves after the onset, roll back.
 
-1. Every new beat of the running attempt (the node's and each rank's) goes through the attempt's `Detector`
-   (supervisor/policy/divergence.py). A divergence found is said (`diverged`) and recorded as open in
-   `run_dir/divergence.json`, so a restarted supervisor keeps it; with `action` rollback or stop the job is stopped
-   gracefully (its emergency save is `diverged` too).
-2. Until the next attempt is launched, every complete checkpoint saved at or after the onset is quarantined with a
-   reason that begins with "diverged": never a resume point, shown by `checkpoints list`, status and the history.
-   While the divergence is open, the last good checkpoint and the `keep_last` good ones before it are protected from
-   retention (the newest usable one is guarded anyway).
-3. The attempt's end is no crash: no restart budget, no crash-loop count. The relaunch resumes from the last good
-   checkpoint with `FSDP_SUPERVISOR_SKIP_STEPS` / `{skip_steps}` (`rolled_back`); after `max_rollbacks` for one region
-   the supervisor gives up (exit 3) naming the onset, the losses and the last good checkpoint.
-4. The divergence is closed once a later attempt reports a finite loss `skip_after_onset` steps past the onset.
+1. Every new beat of the attempt (the node's and each rank's) goes through its `Detector` (policy/divergence.py). A
+   divergence is said (`diverged`), kept open in `run_dir/divergence.json` (a restarted supervisor keeps it), and
+   with `action` rollback or stop the job is stopped gracefully.
+2. Until the next launch, the complete saves from `since` on (its emergency save too) are quarantined, the reason
+   beginning "diverged": never resumed, shown by `checkpoints list`, status and the history. While it is open the
+   last good checkpoint and the `keep_last` good ones before it are protected from retention.
+3. Its end is no crash (no restart budget, no crash-loop count): the relaunch resumes from the last good checkpoint
+   with `FSDP_SUPERVISOR_SKIP_STEPS` / `{skip_steps}` (`rolled_back`); after `max_rollbacks` for one region: exit 3.
+4. It is closed once a later attempt reports a finite loss `skip_after_onset` steps past the onset.
 """
 from __future__ import annotations
 
@@ -31,7 +28,7 @@ from supervisor.policy.state import Status
 __all__ = ["Guard", "DIVERGENCE_FILE"]
 
 DIVERGENCE_FILE = "divergence.json"  # in the run dir: the open divergence, if any
-_UNGUARDED_AFTER = 20  # beats without a loss before `status` and the log say the guard is off
+_UNGUARDED_AFTER = 20  # beats of an attempt without a loss before the log says the guard is off for it
 
 
 class Guard:
@@ -100,7 +97,7 @@ class Guard:
         before = self.open if same_region(self.open, found, self.cfg.skip_after_onset) else None
         rollbacks = before.rollbacks if before else 0
         self._save(Open(found.onset_step, found.step, found.rank, found.loss, found.why, attempt, rollbacks,
-                        before.resume_step if before else None, before.skip if before else 0))
+                        before.resume_step if before else None, before.skip if before else 0, found.since))
         if self.cfg.action == "rollback" and rollbacks < self.cfg.max_rollbacks:
             self.verdict = "rollback"
         elif self.cfg.action != "warn":
@@ -123,7 +120,8 @@ class Guard:
         op = self.open
         if op is not None and op.attempt == attempt and self.cfg.action == "rollback" \
                 and op.rollbacks < self.cfg.max_rollbacks:
-            self.found, self.verdict = (attempt, Diverged(op.onset_step, op.step, op.rank, op.loss, op.why)), "rollback"
+            self.found = (attempt, Diverged(op.onset_step, op.step, op.rank, op.loss, op.why, since=op.since))
+            self.verdict = "rollback"
 
     @property
     def stopping(self) -> bool:
@@ -137,12 +135,14 @@ class Guard:
         op = self.open
         if op is None or attempt > op.attempt:
             return
-        for c in diverged_saves(checkpoints, op.onset_step):
+        since = op.onset_step if op.since is None else op.since
+        for c in diverged_saves(checkpoints, since):
             if (str(c.path), c.mtime) not in self._seen:  # a pass that began before the marker was written
                 self._seen.add((str(c.path), c.mtime))
                 self.marked.add(str(c.path))  # never resumed, whether or not the marker lands
-                quarantine(str(c.path), f"diverged: saved at or after the onset at step {op.onset_step} ({op.why})")
-        good = last_good(checkpoints, op.onset_step, 1)
+                quarantine(str(c.path), f"diverged: saved after the last normal loss before the onset at step "
+                                        f"{op.onset_step} ({op.why})")
+        good = last_good(checkpoints, since, 1)
         self.good = str(good[0].path) if good else None
         self._show()
 
@@ -151,7 +151,8 @@ class Guard:
         op = self.open
         if op is None:
             return []
-        return [c.path for c in last_good(checkpoints, op.onset_step, 1 + self.keep_last)]
+        since = op.onset_step if op.since is None else op.since
+        return [c.path for c in last_good(checkpoints, since, 1 + self.keep_last)]
 
     # ---- the relaunch -------------------------------------------------------------------------------------
     def launching(self, attempt: int, checkpoint: CheckpointInfo | None) -> int:
@@ -165,7 +166,8 @@ class Guard:
         op, self.verdict = self.open, None
         resume = (checkpoint.step or 0) if checkpoint is not None else 0
         skip = skip_steps(op.onset_step, resume, self.cfg.skip_after_onset, op)
-        self._save(Open(op.onset_step, op.step, op.rank, op.loss, op.why, op.attempt, op.rollbacks + 1, resume, skip))
+        self._save(Open(op.onset_step, op.step, op.rank, op.loss, op.why, op.attempt, op.rollbacks + 1, resume, skip,
+                        op.since))
         self.status.rollbacks += 1
         self.events.rolled_back(attempt, op.step, checkpoint, skip)
         return skip

@@ -9,10 +9,10 @@
   first finite loss of an attempt is the level until more come, so a run that spikes at its second step is caught;
 - `val_loss` is never watched: an evaluation going up slowly is overfitting, not divergence, and a NaN val_loss
   alone is not one either.
-The onset is the first beat of the abnormal stretch (a NaN after a spike began: the spike's first beat).
-
-What follows a divergence (`region`, `skip_steps`, `last_good`) is decided here too; the daemon carries it out
-(supervisor/daemon/divergence.py).
+The onset is the first beat of the abnormal stretch (a NaN after a spike began: the spike's first beat). Beats are
+read about once a second, so the stretch may have begun unseen after the last normal beat: the saves from the step
+after it on (`since`) count as diverged, and the last good checkpoint is the newest before it.
+What follows (`same_region`, `skip_steps`, `last_good`) is decided here too; daemon/divergence.py carries it out.
 """
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ class Diverged:
     loss: float | None  # None for nan/inf
     why: str  # "nan", "inf" or "spike"
     level: float | None = None  # the running level a spike was measured against
+    since: int | None = None  # saves from this step on are diverged: the step after the last normal beat seen
 
 
 class Detector:
@@ -52,21 +53,25 @@ class Detector:
         self._normal: deque[float] = deque(maxlen=WINDOW)
         self._top: int | None = None  # the newest step whose loss is in `_normal`
         self._stretch: list[tuple[int, int | None, float]] = []  # the abnormal beats in a row: (step, rank, loss)
+        self._last_normal: int | None = None  # the newest step seen with a normal loss
 
     def level(self) -> float | None:
         return statistics.median(self._normal) if len(self._normal) >= MIN_HISTORY else None
 
     def feed(self, rank: int | None, beat: Beat) -> Diverged | None:
         """Take one new beat; a `Diverged` when this beat makes the loss a divergence, else None."""
-        onset = self._stretch[0][0] if self._stretch else beat.step
         if beat.loss_bad is not None:
-            return Diverged(min(onset, beat.step), beat.step, rank, None, beat.loss_bad)
+            return self._found(rank, beat, None, beat.loss_bad, None)
         loss = beat.loss
         if loss is None:
             return None
         level = self.level()
         if level is None or loss <= self.factor * level:
-            self._stretch = []
+            start = self._stretch[0][0] if self._stretch else None
+            if start is not None and beat.step <= start:  # older news (a source read late): the stretch goes on
+                self._last_normal = max(beat.step, self._last_normal or 0) if beat.step < start else self._last_normal
+                return None
+            self._stretch, self._last_normal = [], max(beat.step, self._last_normal or 0)
             if self._top is None or beat.step > self._top:
                 self._normal.append(loss)
                 self._top = beat.step
@@ -75,8 +80,12 @@ class Detector:
             self._stretch.append((beat.step, rank, loss))
         if len(self._stretch) < self.patience:
             return None
-        first = self._stretch[0]
-        return Diverged(first[0], beat.step, rank, loss, "spike", level)
+        return self._found(rank, beat, loss, "spike", level)
+
+    def _found(self, rank: int | None, beat: Beat, loss: float | None, why: str, level: float | None) -> Diverged:
+        onset = min(self._stretch[0][0], beat.step) if self._stretch else beat.step
+        since = onset if self._last_normal is None else min(onset, self._last_normal + 1)
+        return Diverged(onset, beat.step, rank, loss, why, level, since)
 
 
 @dataclass(frozen=True)
@@ -88,10 +97,11 @@ class Open:
     rank: int | None
     loss: float | None
     why: str
-    attempt: int  # the attempt that diverged: its saves from the onset on are `diverged`
+    attempt: int  # the attempt that diverged: its saves from `since` on are `diverged`
     rollbacks: int = 0  # rollbacks already made for this region
     resume_step: int | None = None  # where the last rollback resumed from
     skip: int = 0  # the data steps the last rollback skipped
+    since: int | None = None  # Diverged.since (None: the onset)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,12 +109,11 @@ class Open:
     @classmethod
     def from_json(cls, d: Any) -> Open:
         """ValueError for anything that is not an `Open` written by us."""
-        if not isinstance(d, dict) or set(d) != set(cls.__dataclass_fields__):
-            raise ValueError("not a divergence record")
-        ints = ("onset_step", "step", "attempt", "rollbacks", "skip")
-        if not all(type(d[k]) is int and d[k] >= 0 for k in ints) or d["why"] not in ("nan", "inf", "spike"):
-            raise ValueError("not a divergence record")
-        if not all(d[k] is None or type(d[k]) is t for k, t in (("rank", int), ("loss", float), ("resume_step", int))):
+        ints, typed = ("onset_step", "step", "attempt", "rollbacks", "skip"), (("rank", int), ("loss", float),
+                                                                             ("resume_step", int), ("since", int))
+        if not isinstance(d, dict) or set(d) != set(cls.__dataclass_fields__) or d["why"] not in ("nan", "inf", "spike") \
+                or not all(type(d[k]) is int and d[k] >= 0 for k in ints) \
+                or not all(d[k] is None or type(d[k]) is t for k, t in typed):
             raise ValueError("not a divergence record")
         return cls(**d)
 

@@ -75,6 +75,17 @@ class TestDetector:
     def test_not_found(self, losses: list[tuple[int, float | str]]) -> None:
         assert run(losses) is None
 
+    @pytest.mark.parametrize("losses,since", [
+        ([(10, 1.0), (30, 9.0), (50, 9.0), (70, 9.0)], 11),  # beats a second apart: it may have begun at step 11
+        ([(10, 1.0), (30, 1.0), (20, 1.0), (40, "nan")], 31),  # a late, older beat moves nothing back
+        ([(10, 1.0), (30, 9.0), (25, 1.0), (50, 9.0), (70, 9.0)], 26),  # older news does not end the stretch
+        ([(5, "nan")], 5),
+    ])
+    def test_saves_after_the_last_normal_beat_are_suspect(self, losses: list[tuple[int, float | str]],
+                                                          since: int) -> None:
+        found = run(losses)
+        assert found is not None and found.since == since and found.since <= found.onset_step
+
     def test_val_loss_is_not_watched(self) -> None:
         """A val_loss going up, or NaN, is no divergence: only `loss` is watched."""
         d = Detector(2.0, 1)
@@ -169,6 +180,18 @@ class TestRollback:
             assert is_quarantined(path) and (quarantine_reason(path) or "").startswith("diverged")
         assert "rolled_back" in log.names() and core.status.divergence is not None
         assert json.loads((core.run_dir / DIVERGENCE_FILE).read_text())["onset_step"] == 135
+
+    def test_a_save_between_the_last_normal_beat_and_the_first_bad_one_is_diverged(self, tmp_path: Path) -> None:
+        """Normal at 130, a save at 140, the first bad beat seen at 145: 140 may hold the spike's first steps."""
+        core, fake, _, root = diverging(tmp_path, keep_last=3)
+        core.begin(None)
+        nan_beat(core, 130, 1.0)
+        write_checkpoint(root, 140)
+        nan_beat(core, 145)
+        exit_job(core, fake, 0)
+        fake.advance(0, core)
+        assert is_quarantined(root / "step_00000140")
+        assert fake.spawned[-1].argv[-4:] == ["--resume", str(root / "step_00000120"), "--skip-steps", "35"]
 
     def test_the_divergence_closes_past_the_onset(self, tmp_path: Path) -> None:
         core, fake, _, root = diverging(tmp_path)
