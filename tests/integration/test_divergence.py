@@ -12,7 +12,7 @@ from pathlib import Path
 
 from supervisor.checkpoints.markers import quarantine_reason
 from tests.helpers import HOOKED_ENTRY, Launcher, compare_checkpoints, torchrun  # noqa: F401
-from tests.jobs.hooked_trainer import NAN_SAMPLE_ENV, NAN_STEP_ENV
+from tests.jobs.hooked_trainer import NAN_SAMPLE_ENV, NAN_STEP_ENV, SPIKE_ENV
 from tests.supervise import Supervisors, supervisors, write_config  # noqa: F401
 
 STEPS, SAVE_EVERY, SEED, WORLD, BATCH = 40, 10, 3, 2, 8
@@ -70,6 +70,26 @@ class TestDivergence:
         assert job.proc.returncode == 0, job.text()[-3000:]
         same = compare_checkpoints(by_hand / f"step_{STEPS:08d}", root / f"step_{STEPS:08d}", tmp_path)
         assert same.returncode == 0, same.stdout + same.stderr
+
+    def test_a_spike_with_saves_inside_never_resumes_one(self, tmp_path: Path, supervisors: Supervisors) -> None:
+        """The loss 50x higher on the batches of steps 41-100 (saves every 10): seen as a spike, every save from step 41
+        on is diverged, the relaunch resumes step 40, skips past the window and finishes."""
+        first, last = 41, 100
+        cfg = config(tmp_path, {SPIKE_ENV: f"{(first - 1) * WORLD * BATCH},{last * WORLD * BATCH}"},
+                     "keep_last = 0\n[health]\nstop_timeout_s = 60\n[divergence]\nskip_after_onset = 70\n")
+        cfg.write_text(cfg.read_text().replace(f'"--steps", "{STEPS}"', '"--steps", "120"'))
+        p = supervisors.start(cfg)
+        out, _ = p.communicate(timeout=TIMEOUT)
+        assert p.returncode == 0, out[-3000:]
+        [found] = history(tmp_path, "diverged")
+        assert found["why"] == "spike" and first <= found["onset_step"] <= last
+        [back] = history(tmp_path, "rolled_back")
+        assert back["to_step"] < first
+        diverged = {int(Path(q["path"]).name.rsplit("_", 1)[1]) for q in history(tmp_path, "quarantined")
+                    if q["reason"].startswith("diverged")}
+        assert set(range(first + 9, found["step"] + 1, 10)) <= diverged, "every save inside the spike seen is diverged"
+        resumed = [s["resumed_step"] for s in history(tmp_path, "attempt_start")]
+        assert resumed == [None, back["to_step"]]
 
     def test_a_divergence_no_skip_avoids_gives_up_keeping_the_last_good_checkpoint(
             self, tmp_path: Path, supervisors: Supervisors) -> None:
