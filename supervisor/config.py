@@ -294,7 +294,7 @@ class DivergenceSection(_Section):
         "exit 3; warn = events only; off = not watched (a job whose beats carry no loss is never watched)",
     )
     spike_factor: float = Field(
-        default=2.0, gt=1, le=1e6,
+        default=3.0, gt=1, le=1e6,
         description="a loss above this times the median of the recent normal losses is a spike",
     )
     spike_patience: int = Field(

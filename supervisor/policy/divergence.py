@@ -5,8 +5,9 @@
 - a *spike* is a finite loss above `spike_factor` x the running level for `spike_patience` beats in a row (distinct
   steps). The level is the median of the last `WINDOW` normal losses, one per step: a median ignores the
   occasional noisy batch that a mean (or an EMA) would follow, and abnormal losses never enter it, so the level
-  does not climb with the spike. The early fall of a run only lowers losses below the level (never a spike); the
-  first finite loss of an attempt is the level until more come, so a run that spikes at its second step is caught;
+  does not climb with the spike. The early fall of a run only lowers losses below the level (never a spike). Until
+  `MIN_HISTORY` losses came the level is `spike_factor` x the highest of them (a spike must then be factor² over
+  it: a run that spikes at its second step is caught, and a noisy first batch is not taken for a level);
 - `val_loss` is never watched: an evaluation going up slowly is overfitting, not divergence, and a NaN val_loss
   alone is not one either.
 The onset is the first beat of the abnormal stretch (a NaN after a spike began: the spike's first beat). Beats are
@@ -29,7 +30,7 @@ __all__ = ["WINDOW", "MIN_HISTORY", "Diverged", "Detector", "Open", "same_region
            "diverged_saves"]
 
 WINDOW = 32  # normal losses the level is the median of (one per step)
-MIN_HISTORY = 1  # normal losses seen before a spike can be judged (a run that spikes at its second step)
+MIN_HISTORY = 8  # normal losses before the level is their median (until then: factor x their highest)
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,9 @@ class Detector:
         self._last_normal: int | None = None  # the newest step seen with a normal loss
 
     def level(self) -> float | None:
-        return statistics.median(self._normal) if len(self._normal) >= MIN_HISTORY else None
+        if not self._normal:
+            return None
+        return statistics.median(self._normal) if len(self._normal) >= MIN_HISTORY else max(self._normal) * self.factor
 
     def feed(self, rank: int | None, beat: Beat) -> Diverged | None:
         """Take one new beat; a `Diverged` when this beat makes the loss a divergence, else None."""

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from supervisor.checkpoints.markers import is_quarantined, quarantine_reason
 from supervisor.checkpoints.testing import write_checkpoint
+from supervisor.config import DivergenceSection
 from supervisor.contract import Beat
 from supervisor.daemon.core import Core
 from supervisor.daemon.divergence import DIVERGENCE_FILE
@@ -46,7 +47,8 @@ class TestDetector:
     def test_the_reference_trainer_s_normal_run_never_trips_it(self, stride: int) -> None:
         """2,000 steps of the reference trainer's loss (its early fall and its noise), read every step or about once
         a second (every 20 steps), by the node's beat and two ranks' beats, trip no default detector."""
-        d = Detector(2.0, 3)
+        default = DivergenceSection()
+        d = Detector(default.spike_factor, default.spike_patience)
         for step, loss in reference_curve()[::stride]:
             for rank in (None, 0, 1):
                 assert d.feed(rank, Beat(step, loss=loss)) is None
@@ -71,6 +73,7 @@ class TestDetector:
         [(1, 1.0), (2, 1.9), (3, 1.9), (4, 1.99)],  # below 2x
         [(1, 1.0), (2, 9.0), (2, 9.0), (2, 9.0)],  # the same step thrice (node and ranks): one beat
         [(s, 6.0 - s / 100) for s in range(1, 400)],  # a fall
+        [(1, 0.4), (2, 1.3), (3, 1.3), (4, 1.3), (5, 1.2)],  # a low first batch is no level to judge by
     ])
     def test_not_found(self, losses: list[tuple[int, float | str]]) -> None:
         assert run(losses) is None
@@ -162,9 +165,9 @@ class TestRollback:
         assert fake.spawned[0].env["FSDP_SUPERVISOR_SKIP_STEPS"] == "0"
         assert fake.spawned[0].argv[-1] == "0"
         nan_beat(core, 130, 1.0)
-        nan_beat(core, 135, 9.0)
+        nan_beat(core, 135, 30.0)
         write_checkpoint(root, 140)
-        nan_beat(core, 140, 9.0)
+        nan_beat(core, 140, 30.0)
         assert not fake.signals
         nan_beat(core, 141)
         assert fake.signals[-1][0] == fake.spawned[0].pid and "diverged" in log.names()
