@@ -32,6 +32,7 @@ __all__ = [
     "ENV_LOCAL_DIR",
     "ENV_SKIP_STEPS",
     "SKIP_STEPS_PLACEHOLDER",
+    "DIVERGED",
     "HEARTBEAT_FILE",
     "RANK_HEARTBEAT_DIR",
     "MAX_RANK_FILES",
@@ -71,6 +72,7 @@ ENV_LOCAL_DIR = "FSDP_SUPERVISOR_LOCAL_DIR"
 # launch that rolls back a divergence (supervisor/policy/divergence.py), "0" on any other; also `{skip_steps}`.
 ENV_SKIP_STEPS = "FSDP_SUPERVISOR_SKIP_STEPS"
 SKIP_STEPS_PLACEHOLDER = "{skip_steps}"
+DIVERGED = "diverged: "  # how the reason of a quarantined save of a diverged run begins: a later save of its step wins
 
 # ---- heartbeat ----------------------------------------------------------------------------------------
 HEARTBEAT_FILE = "heartbeat.json"  # inside the run dir

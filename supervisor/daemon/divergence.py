@@ -19,7 +19,7 @@ from typing import Any
 
 from supervisor.checkpoints import CheckpointInfo
 from supervisor.config import Config
-from supervisor.contract import Beat
+from supervisor.contract import DIVERGED, Beat
 from supervisor.daemon.events import Events
 from supervisor.host.atomic import write_atomic
 from supervisor.policy.divergence import Detector, Diverged, Open, diverged_saves, last_good, same_region, skip_steps
@@ -140,7 +140,7 @@ class Guard:
             if (str(c.path), c.mtime) not in self._seen:  # a pass that began before the marker was written
                 self._seen.add((str(c.path), c.mtime))
                 self.marked.add(str(c.path))  # never resumed, whether or not the marker lands
-                quarantine(str(c.path), f"diverged: saved after the last normal loss before the onset at step "
+                quarantine(str(c.path), f"{DIVERGED}saved after the last normal loss before the onset at step "
                                         f"{op.onset_step} ({op.why})")
         good = last_good(checkpoints, since, 1)
         self.good = str(good[0].path) if good else None

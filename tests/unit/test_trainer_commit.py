@@ -80,10 +80,18 @@ class TestCommit:
         aside = [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-step_00000004-incomplete-")]
         assert len(aside) == 1 and not verify(aside[0]).complete
 
-    def test_a_quarantined_final_is_set_aside_and_replaced(self, tmp_path) -> None:
+    def test_a_diverged_final_is_set_aside_and_replaced(self, tmp_path) -> None:
         """A rolled-back run saves a step its diverged predecessor saved too: the diverged save makes way."""
         old = write_checkpoint(tmp_path, 4)
-        quarantine(old, "diverged: saved at or after the onset at step 3 (nan)")
+        quarantine(old, "diverged: saved after the last normal loss before the onset at step 3 (nan)")
         tmp = written_tmp(tmp_path, 4)
         final, created = commit(tmp, old, self.manifest(tmp, 4))
         assert created and verify(final).complete and not is_quarantined(final) and not tmp.exists()
+
+    def test_a_final_quarantined_for_crashes_stays(self, tmp_path) -> None:
+        """A save quarantined because attempts died loading it is evidence: it wins like any complete one."""
+        old = write_checkpoint(tmp_path, 4)
+        quarantine(old, "2 consecutive attempts died while loading it")
+        tmp = written_tmp(tmp_path, 4)
+        final, created = commit(tmp, old, self.manifest(tmp, 4))
+        assert not created and is_quarantined(final) and not tmp.exists()
