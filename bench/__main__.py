@@ -28,7 +28,7 @@ from bench.local_tier import K as LOCAL_K
 __all__ = ["main", "GOALS", "evaluate", "render"]
 
 SECTIONS = ("imports", "discovery", "metadata", "recovery", "hangs", "heartbeat", "save_stall", "checkpoint_io",
-            "loop_stall", "throughput", "local_tier")
+            "loop_stall", "throughput", "local_tier", "divergence")
 # (dotted key in bench-results.json, comparison, goal) from issues 7, 12, 25 and 26.
 GOALS: list[tuple[str, str, float]] = [
     ("recovery_s.ratio", "<=", 0.5),  # issue 26: every rank back (world size unchanged), through warm workers
@@ -57,6 +57,7 @@ GOALS: list[tuple[str, str, float]] = [
     ("local_tier.throughput_ratio", ">=", 0.97),  # local saves every K steps / none
     ("local_tier.steps_lost_median", "<=", float(LOCAL_K)),
     ("local_tier.load_speedup", ">=", 2.0),  # cold 1.2 GB load: the durable root's time / the local tier's
+    ("divergence.false_positives", "<=", 0.0),  # issue 33: diverged events over the benchmark's healthy training
 ]
 # Context rows printed under the goals (not gated).
 INFO = [
@@ -75,7 +76,7 @@ INFO = [
     "tokens_per_s.supervisor", "tokens_per_s.bare",
     "warm_workers.idle_rss_mb", "warm_workers.idle_uss_mb", "warm_workers.workers",
     "local_tier.k", "local_tier.cpu_per_step_ratio", "local_tier.recovery_s", "local_tier.load_s.durable",
-    "local_tier.load_s.local",
+    "local_tier.load_s.local", "divergence.rollback_s", "divergence.steps_checked",
 ]
 
 
@@ -206,7 +207,13 @@ def _sections(quick: bool, repeats: int | None, say: Callable[[str], None]) -> d
 
         return {"local_tier": tier.run(repeats=1 if quick else (repeats or 3), quick=quick, progress=say)}
 
-    return {"imports": imports, "discovery": discovery, "metadata": metadata, "recovery": recovery, "hangs": hangs,
+    def divergence() -> dict[str, Any]:
+        from bench import divergence as dv
+
+        return {"divergence": dv.run(repeats=1 if quick else (repeats or 2), steps=60 if quick else 200)}
+
+    return {"divergence": divergence,
+            "imports": imports, "discovery": discovery, "metadata": metadata, "recovery": recovery, "hangs": hangs,
             "heartbeat": heartbeat, "save_stall": save_stall, "checkpoint_io": checkpoint_io, "loop_stall": loop_stall,
             "throughput": throughput, "local_tier": local_tier}
 

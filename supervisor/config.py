@@ -48,6 +48,7 @@ __all__ = [
     "HealthSection",
     "SupervisorSection",
     "MetricsSection",
+    "DivergenceSection",
     "load_config",
     "CHECKPOINT_PLACEHOLDER",
     "STEP_PLACEHOLDER",
@@ -343,6 +344,35 @@ class NotifySection(_Section):
     timeout_s: float = Field(default=10, gt=0, le=600, description="the command's time, and each webhook try's")
 
 
+class DivergenceSection(_Section):
+    # Defaults measured on the reference trainer's loss (docs/reliability.md, The divergence guard).
+    action: Literal["rollback", "stop", "warn", "off"] = Field(
+        default="rollback",
+        description="a NaN/inf loss or a loss spike in the heartbeats: rollback = stop the job gracefully and "
+        "relaunch from the last checkpoint before the onset, skipping the data past it; stop = stop gracefully and "
+        "exit 3; warn = events only; off = not watched (a job whose beats carry no loss is never watched)",
+    )
+    spike_factor: float = Field(
+        default=3.0, gt=1, le=1e6,
+        description="a loss above this times the median of the recent normal losses is a spike",
+    )
+    spike_patience: int = Field(
+        default=3, ge=1, le=10_000,
+        description="beats (distinct steps) in a row above the spike level before it is a divergence; a NaN or "
+        "infinite loss is one at once",
+    )
+    skip_after_onset: int = Field(
+        default=10, ge=0, le=10**9,
+        description="data steps skipped past the onset on a rollback (FSDP_SUPERVISOR_SKIP_STEPS and {skip_steps} "
+        "= onset step - resume step + this)",
+    )
+    max_rollbacks: int = Field(
+        default=3, ge=0, le=1000,
+        description="rollbacks for one region (the run did not get skip_after_onset steps past the onset) before "
+        "the supervisor gives up (exit 3); rollbacks use no restart budget",
+    )
+
+
 class Config(_Section):
     job: JobSection
     checkpoints: CheckpointsSection
@@ -351,6 +381,7 @@ class Config(_Section):
     supervisor: SupervisorSection = Field(default_factory=SupervisorSection)
     metrics: MetricsSection = Field(default_factory=MetricsSection)
     notify: NotifySection = Field(default_factory=NotifySection)
+    divergence: DivergenceSection = Field(default_factory=DivergenceSection)
     path: Path = Field(description="absolute path of the config file (set by the loader)")
 
     @property

@@ -24,9 +24,10 @@ from pathlib import Path
 from supervisor.checkpoints.claim import RootClaim
 from supervisor.checkpoints.tiers import TierClaims
 from supervisor.config import Config
-from supervisor.contract import HEARTBEAT_FILE, Beat
+from supervisor.contract import ENV_SKIP_STEPS, HEARTBEAT_FILE, SKIP_STEPS_PLACEHOLDER, Beat
 from supervisor.daemon import events as ev
 from supervisor.daemon.attemptfiles import AttemptFiles, try_write
+from supervisor.daemon.divergence import Guard
 from supervisor.daemon.elsewhere import Elsewhere
 from supervisor.daemon.evidence import read_beat, root_cause
 from supervisor.daemon.hangs import Hangs
@@ -79,7 +80,8 @@ class Core:
         self.bus = ev.Bus([ev.to_log(log), *([history.notify] if history else []), self.publisher.notify_event])
         # Every rank's heartbeat, the hang timers and the fast kill (daemon/hangs.py)
         self.hangs = Hangs(cfg, system, log, self.bus, self.status, refresh=self._on_heartbeat,
-                           publish=self._publish_beat)
+                           publish=self._publish_beat, loss=self._on_loss)
+        self.guard = Guard(cfg, log, self.bus, self.status)  # the loss watched, rollbacks (daemon/divergence.py)
         self._launch_pending = False
         self._scan_failures = 0  # consecutive passes that could not read the root when a launch waited on them
         self.token = ""  # the run dir's job token (supervisor/host/identity.py), set by `begin`
@@ -106,9 +108,11 @@ class Core:
         self.token = self.status.run_token = token
         if previous is not None:
             self.status.restarts = previous.restarts if not previous.state.final else 0
+            self.status.rollbacks = previous.rollbacks if not previous.state.final else 0
         # Attempt numbers continue so logs/attempt-NNNN.log and the history's attempts stay unique, even when
         # state.json was lost and only the history remembers them.
         self.status.attempt = max(previous.attempt if previous else 0, self.history.last_attempt if self.history else 0)
+        self.guard.resumed(self.status.attempt)
         self.sys.timers.set(Timer.RETENTION, self.sys.monotonic() + self.cfg.checkpoints.retention_interval_s)
         self.sys.run_off_loop(self.stops.stop_orphans(self.run_dir, token), self._on_orphans_stopped)
         self._publish()  # `status` shows this supervisor, starting, not the killed one's last words
@@ -203,7 +207,8 @@ class Core:
                 and resume.chooses_itself(self.cfg.job.resume_args))
 
     def _protected(self) -> list[Path]:
-        return [self.in_use] if self.in_use else []
+        good = self.guard.protected(self.house.last.checkpoints if self.house.last else [])
+        return [self.in_use, *good] if self.in_use else good
 
     def _on_pass(self, outcome: PassResult | BaseException) -> None:
         """A pass finished (on the loop thread): note commits, then do what was waiting for it."""
@@ -214,6 +219,8 @@ class Core:
             low = self.job.low_free
             self.job.low_free = result.disk_free if low is None else min(low, result.disk_free)
         new = self.house.absorb(result)
+        if result.error is None:
+            self.guard.mark(result.checkpoints, self.status.attempt, self._quarantine)
         self._note_root(result.root_id)
         self.bus.publish(ev.PassAbsorbed(result, new))
         if new is not None:
@@ -286,7 +293,8 @@ class Core:
             return resume.Refuse(f"cannot tell whether {ck.dir} holds a checkpoint to resume from: {scan.error}")
         self._scan_failures = 0
         plan = resume.plan_resume(scan.checkpoints, resume_args=job.resume_args,
-                                  allow_fresh_start=ck.allow_fresh_start, skip=self._unmarked)
+                                  allow_fresh_start=ck.allow_fresh_start,
+                                  skip=self._unmarked | self.guard.marked)
         if isinstance(plan, resume.Launch) and resume.chooses_itself(job.resume_args) and not self._choice_logged:
             self._choice_logged = True  # said once: the job, not the supervisor, decides what it loads
             self.log.info("resume_choice_left_to_job", resume_args=list(job.resume_args), root=str(ck.dir))
@@ -316,7 +324,8 @@ class Core:
         if self.status.state is State.BACKOFF:
             self.status.transition(State.STARTING)
         ckpt = plan.checkpoint
-        argv = [*self.cfg.job.command, *plan.args]
+        skip = self.guard.launching(number, ckpt)
+        argv = [*self.cfg.job.command, *(a.replace(SKIP_STEPS_PLACEHOLDER, str(skip)) for a in plan.args)]
         error_file = self.run_dir / "errors" / f"attempt-{number:04d}.json"
         log_path = self.run_dir / "logs" / f"attempt-{number:04d}.log"
         output = self.files.prepare(error_file, log_path, [
@@ -325,6 +334,7 @@ class Core:
         try:
             env = job_env(self.cfg, os.environ, number=number, heartbeat=self.heartbeat_path, error_file=error_file,
                           token=self.token)
+            env[ENV_SKIP_STEPS] = str(skip)
             pid, ctime = self.sys.spawn(argv, cwd=self.cfg.job_cwd, env=env, log_path=output)
         except OSError as exc:
             self.log.error("launch_failed", attempt=number, argv=redact_argv(argv), error=str(exc))
@@ -348,6 +358,7 @@ class Core:
         self.bus.publish(ev.AttemptStarted(self.job, argv, self.cfg.job.env,
                                            resume.passed_over(scan.checkpoints, ckpt) if ckpt else ()))
         self.hangs.started(self.job)
+        self.guard.started()
         self._publish()
 
     # ---- job exit --------------------------------------------------------------------------------------------
@@ -366,6 +377,7 @@ class Core:
             if job.agent_exit is not None and not self.sys.survivors():
                 self._end_attempt(job, job.agent_exit)
             return
+        self.guard.alive = False  # a divergence in its last beats is acted on at its judgement, not by a stop
         self._on_heartbeat()  # its last beat, if the file watcher has not delivered it yet: the phase it died in
         if not self.stops.agent_exited(job, returncode):
             self._end_attempt(job, returncode)
@@ -409,7 +421,9 @@ class Core:
             self.high_water_step = max(job.max_step, self.high_water_step or job.max_step)
         attempt = job.judged(progressed=progressed,
                              beat_checkpoint=named_by_beat(job, self.house.last.checkpoints if self.house.last else []))
-        self.attempts.append(attempt)
+        verdict = self.guard.verdict if self.guard.found and self.guard.found[0] == job.number else None
+        if verdict is None:  # a rollback is no crash: no restart budget, no crash-loop count
+            self.attempts.append(attempt)
         failed = emergency_save_failure(job, latest_step=latest, disk_note=self.house.full_disk_note(job.low_free),
                                         grace_s=self.cfg.health.stop_timeout_s) if job.stopping else None
         if failed:  # the history's record says so too: the real exit code, and why
@@ -420,6 +434,13 @@ class Core:
         if self.status.state is State.STOPPING:
             clean = info.reason == ExitReason.STOPPED and not info.code and info.signal is None
             self._finish(State.STOPPED, self.stops.reason, save_failed=not clean or bool(failed))  # its emergency save
+            return
+        if verdict == "give_up":
+            self._finish(State.FAILED, self.guard.reason())
+            return
+        if verdict is not None:
+            self.status.transition(State.BACKOFF)
+            self.sys.timers.set(Timer.LAUNCH, self.sys.monotonic())
             return
         self._maybe_quarantine()
         decision = restarts.decide(self.attempts, self.cfg.restart, jitter=self.sys.random())
@@ -443,7 +464,9 @@ class Core:
         found = restarts.quarantine_candidate(self.attempts, self.cfg.restart.quarantine_after)
         if found is None or found.path in self.status.quarantined or found.path in self._unmarked:
             return
-        path, reason = found.path, found.reason
+        self._quarantine(found.path, found.reason)
+
+    def _quarantine(self, path: str, reason: str) -> None:
         self._unmarked.add(path)  # not resumed from again by this supervisor, whether or not the marker lands
         self.passes.changed()  # the root changed (or should have): the last pass no longer names the resume point
         try:
@@ -547,6 +570,15 @@ class Core:
         if idle:
             self.status.root_idle = idle
             self.log.warning("checkpoint_root_idle", root=str(self.house.root), detail=idle)
+
+    def _on_loss(self, job: Job, rank: int | None, beat: Beat) -> None:
+        """A new beat (the node's or a rank's) for the divergence guard, which may ask for a graceful stop."""
+        if self.guard.feed(job.number, rank, beat) is None:
+            return
+        if self.guard.stopping and self.guard.alive and not job.stopping and self.status.state is State.RUNNING:
+            self.stops.terminate(job)
+        self._request_pass(prune=False)
+        self._publish()
 
     def _publish_beat(self) -> None:
         self.bus.publish(ev.StatusChanged(self.status, beat=True))

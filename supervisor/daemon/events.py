@@ -143,8 +143,8 @@ def to_log(log: Log) -> Subscriber:
                 log.info("completed", attempts=ev.attempt)
             else:
                 log.info("stopped", attempt=ev.attempt, reason=ev.reason, emergency_save_failed=ev.save_failed)
-        elif isinstance(ev, Alarm):
-            log.warning(ev.kind, reason=ev.reason, **(ev.fields or {}))
+        elif isinstance(ev, Alarm):  # crash_loop; the divergence guard's diverged (an error) and rolled_back
+            (log.error if ev.kind == "diverged" else log.warning)(ev.kind, reason=ev.reason, **(ev.fields or {}))
         elif isinstance(ev, AlertSent) and ev.warn:
             log.warning("alert_failed", alert=ev.kind, errors={k: v for k, v in ev.outcome.items() if v},
                         effect="the run goes on; every alert's outcome is in history.jsonl")

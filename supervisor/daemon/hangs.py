@@ -42,8 +42,10 @@ _TIMERS = (Timer.HANG, Timer.HANG_DUMPS, Timer.HANG_TERM, Timer.HANG_KILL, Timer
 
 class Hangs:
     def __init__(self, cfg: Config, system: System, log: Log, bus: Bus, status: Status, *,
-                 refresh: Callable[[], None], publish: Callable[[], None]) -> None:
+                 refresh: Callable[[], None], publish: Callable[[], None],
+                 loss: Callable[[Job, int | None, Beat], None] = lambda job, rank, beat: None) -> None:
         self.cfg, self.sys, self.log, self.bus, self.status = cfg, system, log, bus, status
+        self.loss = loss  # every new beat, for the divergence guard (daemon/divergence.py)
         self.refresh = refresh  # Core reads the node's heartbeat file (and tells us through `seen`)
         self.publish = publish  # a status change to write (held back like a beat's)
         self.folder = cfg.run_dir / RANK_HEARTBEAT_DIR
@@ -84,6 +86,7 @@ class Hangs:
         """A beat of `rank`'s source (None: the node's file); True when it is progress."""
         if not self.watch.see(rank, beat, self.sys.monotonic()):
             return False
+        self.loss(job, rank, beat)
         if beat.phase != Phase.LOAD and (job.max_step is None or beat.step >= job.max_step):  # load: not trained here
             if job.max_step is None or beat.step > job.max_step:
                 job.max_step, job.progress_at, job.reached_by = beat.step, self._stepped_at(job, beat), None

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from supervisor import __version__
 from supervisor.contract import Beat, Phase
 from supervisor.daemon.events import (
+    Alarm,
     AlertSent,
     AttemptExited,
     AttemptStarted,
@@ -337,6 +338,8 @@ class HistoryRecorder:
             self._write("quarantined", {"path": ev.path, "reason": ev.reason}, durable=True)
         elif isinstance(ev, Finished):
             self._write("supervisor_end", {"state": ev.state.value, "reason": ev.reason}, durable=True)
+        elif isinstance(ev, Alarm) and ev.kind in ("diverged", "rolled_back"):
+            self._write(ev.kind, {**(ev.fields or {}), "reason": ev.reason}, durable=True)
         elif isinstance(ev, AlertSent):
             self._write("alert", {"event": ev.kind, "outcome": dict(ev.outcome), "ok": not any(ev.outcome.values())})
 

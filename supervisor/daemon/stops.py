@@ -100,6 +100,11 @@ class Stops:
             self.log.warning("orphan_job_killed", pids=killed)
         return Then.FINISH
 
+    def terminate(self, job: Job) -> None:
+        """Stop the job gracefully without stopping the run (a divergence's rollback): as on a stop signal."""
+        self.log.info("job_stopping", attempt=job.number, grace_s=self.cfg.health.stop_timeout_s)
+        self._terminate(job)
+
     def _terminate(self, job: Job) -> None:
         """SIGTERM the torchrun agent only (it forwards to workers once); SIGKILL after stop_timeout_s."""
         job.stopping = True

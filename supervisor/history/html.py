@@ -119,6 +119,9 @@ def _timeline(fold: Fold, t0: float, t1: float) -> str:
         elif m.kind == "hang":
             body.append(tag("rect", "hang", f"hang at step {m.step}: {m.detail or 'no rank named'}"
                             + (f"; stacks: {m.path}" if m.path else ""), x=mx - 3, y=50.0, width=6.0, height=6.0))
+        elif m.kind in ("diverged", "rolled_back"):  # a divergence (its why), and the rollback to `path`
+            what = f"{m.kind.replace('_', ' ')} at step {m.step}: {m.detail or m.path}"
+            body.append(tag("rect", "hang", what, x=mx - 3, y=50.0, width=6.0, height=6.0))
         elif m.kind == "retention_deleted":
             why = f" ({m.detail})" if m.detail else ""
             body.append(tag("line", "deletion", f"deleted {m.path}{why}", x1=mx, y1=64.0, x2=mx, y2=70.0))

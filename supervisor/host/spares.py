@@ -28,7 +28,7 @@ from pathlib import Path
 
 import psutil
 
-from supervisor.contract import ENV_ATTEMPT, ENV_ERROR_FILE
+from supervisor.contract import ENV_ATTEMPT, ENV_ERROR_FILE, ENV_SKIP_STEPS
 from supervisor.host import joblog
 from supervisor.host.log import Log
 
@@ -44,7 +44,7 @@ SPARE_SCRIPT = Path(_SPARE_SPEC.origin)
 PREWARM_LOG = "prewarm.log"  # the spares' own output before they become a job (import errors, readiness)
 # Set per attempt by the core and read by torchrun only at run time, so a spare started with the previous
 # attempt's values is still exactly the next job once the hand-off replaces its environment.
-VOLATILE_ENV = frozenset({ENV_ATTEMPT, ENV_ERROR_FILE})
+VOLATILE_ENV = frozenset({ENV_ATTEMPT, ENV_ERROR_FILE, ENV_SKIP_STEPS})  # the skip: a rollback is warm too
 _MODULE = "torch.distributed.run"
 _CONSOLE_MARK = b"from torch.distributed.run import main"
 _HANDOFF = re.compile(rb"^event=warm_handoff pid=(\d+) local_rank=\S+ rank=(\d+)$", re.M)

@@ -85,6 +85,8 @@ def render_metrics(st: Status, *, now: float) -> str:
     d.gauge("start_time_seconds", "Unix time the supervisor started.", st.started_at or None)
     d.family("restarts_total", "counter", "Job relaunches after a failure, carried across supervisor restarts.",
              [({}, st.restarts)])
+    d.family("rollbacks_total", "counter", "Divergences rolled back, carried across supervisor restarts.",
+             [({}, st.rollbacks)])
     d.gauge("attempt", "Number of the current (or last) job attempt.", st.attempt)
     d.gauge("job_step", "Training step from the job's heartbeat.", st.step)
     d.gauge("job_step_timestamp_seconds", "Unix time the heartbeat step last advanced.", st.step_at)

@@ -181,6 +181,9 @@ def render_status(st: Status, *, running: bool, now: float, spark: bool = False)
         rows.append(("next launch", f"in {human_age(st.next_launch_at - now)}"))
     if st.quarantined:
         rows.append(("quarantined", ", ".join(st.quarantined)))
+    if (dv := st.divergence) is not None:
+        seen = f"{dv.get('why')} at step {dv.get('onset_step')} (seen at step {dv.get('step')})"
+        rows.append(("DIVERGED", f"{seen}, rollbacks {dv.get('rollbacks')}, last good: {dv.get('last_good') or 'none'}"))
     rows.append(("free disk", human_bytes(st.disk_free_bytes)))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:>{width}}{':' if k else ' '} {printable(v)}" for k, v in rows)

@@ -135,6 +135,9 @@ class Status:
     stragglers: list[int] = field(default_factory=list)  # ranks flagged as stragglers now
     last_hang: dict[str, Any] | None = None  # {attempt, at, step, idle_s, ranks: [{rank, why}], stacks}
     hang_detection: str | None = None  # the running attempt's hang allowance, or why there is none (policy/ranks.py)
+    # The open divergence (supervisor/daemon/divergence.py): onset_step, step, rank, loss, why, rollbacks, last_good.
+    divergence: dict[str, Any] | None = None
+    rollbacks: int = 0  # divergences rolled back over the run
     config: str | None = None
     updated_at: float = 0.0
 
