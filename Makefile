@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint unit integration soak run bench clean test-clients test-slurm
+.PHONY: test lint pythons unit integration soak run bench clean test-clients test-slurm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --progress-bar on -e '.[dev]'   # dev includes the trainer extra (torch, numpy, safetensors, tqdm)
 	touch $(STAMP)
 
-test: lint  # tests/unit, tests/integration and tests/clients' reproductions (tests marked clients skip: make test-clients; tests/slurm skips: make test-slurm)
+test: lint pythons  # tests/unit, tests/integration and tests/clients' reproductions (tests marked clients skip: make test-clients; tests/slurm skips: make test-slurm)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -ra tests
 
 lint: $(STAMP)
@@ -22,8 +22,14 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-unit: $(STAMP)  # no torch, no subprocess: also runs in a venv without torch (docs/development.md)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests/unit
+# The daemon claims Python 3.10-3.13 (pyproject): mypy as the oldest and the newest, and tests/unit on each, in venvs
+# without torch (.venv-notorch-X.Y; interpreters from pyenv, a missing one is skipped with a line). ~1 min each.
+PYTHONS ?= 3.10 3.13
+pythons:
+	@for v in $(PYTHONS); do bash tests/notorch.sh $$v --mypy || exit 1; done
+
+unit:  # no torch, no subprocess: runs in a venv without torch (.venv-notorch-X.Y of $(PYTHON); docs/development.md)
+	bash tests/notorch.sh $(PYTHON)
 
 integration: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests/integration
@@ -71,6 +77,6 @@ bench: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m bench
 
 clean:
-	rm -rf $(VENV) $(CLIENTS_VENV) deploy/examples/ckpts deploy/examples/.fsdp-supervisor deploy/examples/best \
+	rm -rf $(VENV) $(CLIENTS_VENV) .venv-notorch-* deploy/examples/ckpts deploy/examples/.fsdp-supervisor deploy/examples/best \
 		deploy/examples/demo .pytest_cache bench-results.json \
 		.ruff_cache .mypy_cache .import_linter_cache

@@ -5,8 +5,7 @@ into one environment after us, the other distribution overwrites files of ours a
 first on `sys.path` (PYTHONPATH, the current directory) shadows ours. Either way `from supervisor.cli import
 main` would fail with a traceback, or run someone else's code. So the console script lives in this one module,
 whose name no one else uses, and imports nothing of ours until the check passes: exit 2 with one line naming
-the other distribution and the fix (a venv of its own). `supervisor.cli:main`, the entry point of earlier
-releases, stays as it was.
+the other distribution and the fix (a venv of its own).
 """
 from __future__ import annotations
 
@@ -76,7 +75,7 @@ def main() -> int:
     if problem:
         print(f"fsdp-supervisor: error: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    from supervisor.cli import main as cli_main
+    from supervisor.cli.app import main as cli_main
 
     return cli_main()
 

@@ -28,7 +28,7 @@ from bench.local_tier import K as LOCAL_K
 __all__ = ["main", "GOALS", "evaluate", "render"]
 
 SECTIONS = ("imports", "discovery", "metadata", "recovery", "hangs", "heartbeat", "save_stall", "checkpoint_io",
-            "loop_stall", "throughput", "local_tier", "integrity")
+            "loop_stall", "throughput", "local_tier", "integrity", "divergence")
 # (dotted key in bench-results.json, comparison, goal) from issues 7, 12, 25 and 26.
 GOALS: list[tuple[str, str, float]] = [
     ("recovery_s.ratio", "<=", 0.5),  # issue 26: every rank back (world size unchanged), through warm workers
@@ -60,6 +60,7 @@ GOALS: list[tuple[str, str, float]] = [
     # Issue 34: checksums written while saving cost (almost) nothing; the supervisor's check reads near dd's speed.
     ("integrity.write_overhead", "<=", 0.03),
     ("integrity.verify_ratio", ">=", 0.8),
+    ("divergence.false_positives", "<=", 0.0),  # issue 33: diverged events over the benchmark's healthy training
 ]
 # Context rows printed under the goals (not gated).
 INFO = [
@@ -78,7 +79,7 @@ INFO = [
     "tokens_per_s.supervisor", "tokens_per_s.bare",
     "warm_workers.idle_rss_mb", "warm_workers.idle_uss_mb", "warm_workers.workers",
     "local_tier.k", "local_tier.cpu_per_step_ratio", "local_tier.recovery_s", "local_tier.load_s.durable",
-    "local_tier.load_s.local",
+    "local_tier.load_s.local", "divergence.rollback_s", "divergence.steps_checked",
 ]
 
 
@@ -214,7 +215,13 @@ def _sections(quick: bool, repeats: int | None, say: Callable[[str], None]) -> d
 
         return {"integrity": ig.run(mb=64 if quick else 512, repeats=2 if quick else (repeats or 5))}
 
-    return {"imports": imports, "discovery": discovery, "metadata": metadata, "recovery": recovery, "hangs": hangs,
+    def divergence() -> dict[str, Any]:
+        from bench import divergence as dv
+
+        return {"divergence": dv.run(repeats=1 if quick else (repeats or 2), steps=60 if quick else 200)}
+
+    return {"divergence": divergence,
+            "imports": imports, "discovery": discovery, "metadata": metadata, "recovery": recovery, "hangs": hangs,
             "heartbeat": heartbeat, "save_stall": save_stall, "checkpoint_io": checkpoint_io, "loop_stall": loop_stall,
             "throughput": throughput, "local_tier": local_tier, "integrity": integrity}
 

@@ -1,7 +1,7 @@
 """How fast the supervisor finds the newest complete checkpoint: among many, and when one is huge.
 
 run(): the root holds `n` trainer-style checkpoints (`step_<N>`, 16 sparse shard files, a real DCP-format
-`.metadata` written by supervisor.checkpoints.testing, a manifest); issue 3: 1,000 x 16 shards < 200 ms.
+`.metadata` written by tests.jobs.dcp_files, a manifest); issue 3: 1,000 x 16 shards < 200 ms.
 run_large(): one synthetic Llama-3 70B FSDP2 + AdamW checkpoint saved by 64, 256 and 1024 ranks
 (`bench.synthetic`, torch's real classes, 25-390 MB of `.metadata`), each generated once in a temp dir:
 `newest_complete` on its root, our parse against torch's own `pickle.load` of the same file (in one
@@ -32,7 +32,7 @@ from typing import Any
 from supervisor.checkpoints import newest_complete, scan
 from supervisor.checkpoints.metadata import reader as metadata
 from supervisor.checkpoints.metadata.cache import CACHE_ENV
-from supervisor.checkpoints.testing import dcp_metadata_bytes, write_checkpoint
+from tests.jobs.dcp_files import dcp_metadata_bytes, write_checkpoint
 
 __all__ = ["build_root", "run", "run_large", "LARGE_RANKS"]
 

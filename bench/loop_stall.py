@@ -2,7 +2,7 @@
 
 The loop never blocks on store work (docs/design.md): a signal or a job exit is handled within half a second
 whatever is being verified. One repeat is one real `fsdp-supervisor run` of a torch-free fake job (tests/jobs/fakejob.py)
-with the loop probe on (supervisor/daemon/loopprobe.py: a 10 ms tick that records how late it ran), in which a
+with the loop probe on (bench/loopprobe.py: a 10 ms tick that records how late it ran), in which a
 copy of a large checkpoint (its `.metadata` and sparse shards) is renamed into the checkpoint root twice:
 1. while the first copy is being verified, the job is SIGKILLed: `job_exit_reaped_s` is kill -> the exit
    recorded in state.json (`last_exit.at`, written when the loop reaps it) and `job_exited_log_s` is
@@ -37,7 +37,7 @@ from typing import Any
 import psutil
 
 from bench.common import PY, REPO, Tagged, median, scratch, wait_until
-from supervisor.daemon.loopprobe import PROBE_ENV
+from bench.loopprobe import PROBE_ENV
 from supervisor.layout import METADATA_NAME, step_dir_name
 
 __all__ = ["run", "build_template", "SIZE", "QUICK_SIZE"]
@@ -107,7 +107,7 @@ class _Run:
             f"cwd = {json.dumps(str(REPO))}\n\n[checkpoints]\ndir = {json.dumps(str(self.ckpts))}\n\n"
             "[restart]\nbackoff_initial_s = 0.05\n")
         env = {**os.environ, PROBE_ENV: str(self.probe), "PYTHONPATH": str(REPO)}
-        self.proc = tagged.start([PY, "-m", "supervisor", "run", "-c", str(config)], log=root / "supervisor.out",
+        self.proc = tagged.start([PY, "-m", "bench.loopprobe", "run", "-c", str(config)], log=root / "supervisor.out",
                                  env=env, cwd=root)
         self.offset = time.time() - time.monotonic()  # wall = monotonic + offset (log lines are wall clock)
 

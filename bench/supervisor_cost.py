@@ -125,7 +125,7 @@ RUN_IMPORTS = (
     "from supervisor.cli import app as cli\n"
     "cli.build_parser()\n"
     "import supervisor.daemon.preflight, supervisor.host.procs, supervisor.daemon.core, supervisor.daemon.loop, "
-    "supervisor.daemon.loopprobe, supervisor.observe.metrics, supervisor.observe.notify, supervisor.daemon.system, "
+    "supervisor.observe.metrics, supervisor.observe.notify, supervisor.daemon.system, "
     "supervisor.checkpoints.metadata.child, supervisor.daemon.run\n"
 )
 # The third-party floor under it: the same libraries, one pydantic model, none of our code.

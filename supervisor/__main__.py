@@ -1,5 +1,5 @@
 import sys
 
-from supervisor.cli import main
+from supervisor.cli.app import main
 
 sys.exit(main())

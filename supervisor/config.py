@@ -11,6 +11,7 @@ checked by `supervisor.daemon.preflight` before `run` creates anything.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 import sys
@@ -47,17 +48,27 @@ __all__ = [
     "HealthSection",
     "SupervisorSection",
     "MetricsSection",
+    "DivergenceSection",
     "load_config",
     "CHECKPOINT_PLACEHOLDER",
     "STEP_PLACEHOLDER",
     "MAX_CONFIG_BYTES",
     "MAX_GB",
+    "PLACEHOLDERS",
 ]
 
 CHECKPOINT_PLACEHOLDER = "{checkpoint}"
 STEP_PLACEHOLDER = "{step}"
 MAX_CONFIG_BYTES = 1024 * 1024  # a job.toml is a few hundred bytes; anything near this is not one
 MAX_GB = 1e15  # far past any disk; near 1e299 the byte arithmetic of retention overflows to inf
+# Every duration and count has a range (the `configdoc` test checks that each has one): an absurd value is a config
+# error, not a state.json `status` cannot read, passes run back to back or a TimeoutStopSec systemd cannot parse.
+MAX_S = 30 * 86400  # 30 days: past any sane wait, within what datetime, epoll (after a split) and systemd accept
+MAX_COUNT = 1_000_000
+MAX_LOG_BYTES = 2**40
+# What `{name}` in resume_args may be: the supervisor substitutes these (skip_steps: the divergence rollback's).
+PLACEHOLDERS = ("checkpoint", "step", "skip_steps")
+_PLACEHOLDER = re.compile(r"\{(\w*)\}")
 # torch's own modules that every FSDP + DCP job imports, DCP and FSDP at its start and torch._dynamo at its first
 # fully_shard (together ~1.5 s per rank here, ~80 MB): none touches a GPU or reads a per-rank variable at import.
 DEFAULT_PREWARM_MODULES = ("torch.distributed.checkpoint", "torch.distributed.fsdp", "torch._dynamo")
@@ -99,7 +110,8 @@ class JobSection(_Section):
     resume_args: list[str] = Field(
         default_factory=lambda: ["--resume", CHECKPOINT_PLACEHOLDER],
         description="appended when a checkpoint exists; {checkpoint} becomes its absolute path and {step} its step "
-        "(torchtitan: [\"--checkpoint.load_step\", \"{step}\"]; a checkpoint without a step is then an error); "
+        "(torchtitan: [\"--checkpoint.load_step\", \"{step}\"]; a checkpoint without a step is then an error; any other "
+        "{name} is a config error); "
         "[] or no placeholder: the job picks its own checkpoint, so none is recorded as resumed from or quarantined, "
         "and a save cut short above the newest complete one is deleted before each launch (docs/clients.md)",
     )
@@ -143,6 +155,11 @@ class JobSection(_Section):
     @field_validator("resume_args")
     @classmethod
     def _resume_args_text(cls, v: list[str]) -> list[str]:
+        for name in (m.group(1) for arg in v for m in _PLACEHOLDER.finditer(arg)):
+            if name not in PLACEHOLDERS:
+                near = _close(name.lower(), PLACEHOLDERS) or next((p for p in PLACEHOLDERS if _abbreviates(name, p)), None)
+                raise ValueError(f"{{{name}}} is not a placeholder" + (f" (did you mean {{{near}}}?)" if near else "")
+                                 + "; known: " + ", ".join(f"{{{p}}}" for p in PLACEHOLDERS))
         return _no_nul(v, "element")
 
     @field_validator("env")
@@ -171,10 +188,11 @@ class CheckpointsSection(RetentionRules):
         "(quarantined, torn, or .metadata unusable: unsafe, unreadable, from a newer torch); false: give up "
         "(exit 3) naming it. An empty root, or one with only partial saves, always starts fresh",
     )
-    retention_interval_s: float = Field(default=300, gt=0, description="periodic retention pass, seconds")
+    retention_interval_s: float = Field(default=300, ge=0.5, le=MAX_S, description="periodic retention pass, seconds")
     scrub_interval_s: float = Field(
-        default=86400, ge=0, description="re-read every kept checkpoint against its checksums this often, seconds, "
-        "in a housekeeping pass at idle I/O priority and bounded bandwidth: one whose bytes fail is quarantined as "
+        default=86400, ge=0, le=MAX_S,
+        description="re-read every kept checkpoint against its checksums this often, seconds, in a housekeeping "
+        "pass at idle I/O priority and bounded bandwidth: one whose bytes fail is quarantined as "
         "corrupt before a crash needs it (docs/checkpoints.md, Good, not only complete); 0: off",
     )
     local_dir: DirPath | None = Field(
@@ -202,22 +220,22 @@ class RestartSection(_Section):
     policy: Literal["on-failure", "always", "never"] = Field(
         default="on-failure", description="on-failure | always | never"
     )
-    max_restarts: int = Field(default=100, ge=0, description="total restart budget")
-    backoff_initial_s: float = Field(default=1, ge=0, description="delay after the first failure without progress")
+    max_restarts: int = Field(default=100, ge=0, le=MAX_COUNT, description="total restart budget")
+    backoff_initial_s: float = Field(default=1, ge=0, le=MAX_S, description="delay after the first failure without progress")
     healthy_restart_delay_s: float = Field(
-        default=0, ge=0,
+        default=0, ge=0, le=MAX_S,
         description="delay after a failure of an attempt that made progress (or ran reset_after_s); 0 = at once, "
         "like torchrun's own restart; multi-node jobs with torchrun --max-restarts=0 want a few seconds",
     )
-    backoff_max_s: float = Field(default=300, ge=0, description="backoff cap")
-    backoff_multiplier: float = Field(default=2, ge=1, description="growth per consecutive failure")
+    backoff_max_s: float = Field(default=300, ge=0, le=MAX_S, description="backoff cap")
+    backoff_multiplier: float = Field(default=2, ge=1, le=1000, description="growth per consecutive failure")
     backoff_jitter: float = Field(default=0.1, ge=0, le=1, description="+/- fraction of random jitter")
-    reset_after_s: float = Field(default=600, ge=0, description="healthy running time that resets the backoff")
+    reset_after_s: float = Field(default=600, ge=0, le=MAX_S, description="healthy running time that resets the backoff")
     max_no_progress_restarts: int = Field(
-        default=3, ge=0, description="consecutive failed attempts with no new step and no new checkpoint"
+        default=3, ge=0, le=1000, description="consecutive failed attempts with no new step and no new checkpoint"
     )
     quarantine_after: int = Field(
-        default=2, ge=0,
+        default=2, ge=0, le=1000,
         description="consecutive attempts that fail loading the same checkpoint before it is quarantined, counted only "
         "on evidence that it is the checkpoint: the heartbeat said `load` when they died (a job without a heartbeat: "
         "another checkpoint loaded and trained earlier in this run); 0 = off",
@@ -237,31 +255,55 @@ class RestartSection(_Section):
 
 
 class HealthSection(_Section):
-    hang_timeout_s: float = Field(default=0, ge=0, description="0 = off; heartbeat not advancing this long = hang")
-    save_timeout_s: float = Field(default=1800, gt=0, description="allowance while the heartbeat says load or save")
+    hang_timeout_s: float | Literal["auto"] = Field(
+        default="auto", description='"auto": while the job beats, hung when a heartbeat has not advanced for '
+        "max(hang_min_s, hang_factor x its recent p99 step time); a number: this many seconds; 0 = off")
+    hang_min_s: float = Field(default=60, ge=1, le=MAX_S, description='"auto": the shortest hang allowance, seconds')
+    hang_factor: float = Field(default=10, ge=1, le=1000,
+                               description='"auto": allowance in multiples of the recent p99 step time')
+    save_timeout_s: float = Field(
+        default=1800, ge=1, le=MAX_S, description="allowance while the heartbeat says load or save (and eval with \"auto\")")
     startup_timeout_s: float = Field(
-        default=0, ge=0, description="0 = off; no first heartbeat this long after launch = hang"
+        default=0, ge=0, le=MAX_S, description="0 = off; no first heartbeat this long after launch = hang"
     )
     stop_timeout_s: float = Field(
-        default=120, gt=0,
+        default=120, ge=1, le=MAX_S,
         description="grace after SIGTERM before SIGKILL when a stop is requested (Ctrl+C, systemd, Slurm): the "
                     "emergency checkpoint's time",
     )
     stack_dump_wait_s: float = Field(
-        default=5, ge=0,
+        default=5, ge=0, le=MAX_S,
         description="after a hang, the longest wait for the workers' SIGUSR1 stack dumps (it ends as soon as every "
                     "worker that can run has written one)",
     )
     hang_kill_grace_s: float = Field(
-        default=2, ge=0,
+        default=2, ge=0, le=MAX_S,
         description="after a hang's stack dumps: SIGTERM, then SIGKILL of the whole job this much later (a rank "
                     "stuck in a collective cannot save; stop_timeout_s is not waited)",
     )
     straggler_factor: float = Field(
-        default=1.5, ge=0,
+        default=1.5, ge=0, le=1000,
         description="0 = off; a rank whose own step time stays above this times the other ranks' median (3 looks, "
                     "a second apart) is flagged as a straggler in status, metrics and the report",
     )
+
+    @field_validator("hang_timeout_s", mode="before")
+    @classmethod
+    def _hang(cls, v: Any) -> Any:
+        if v == "auto":
+            return v
+        if type(v) not in (int, float) or not 0 <= v < math.inf:
+            raise ValueError(f'must be "auto", 0 (off) or a number of seconds, not {v!r}')
+        if 0 < v < 1 or v > MAX_S:
+            raise ValueError(f"= {v:g} is neither 0 (off) nor in range [1, {MAX_S}]")
+        return v
+
+    @field_validator("startup_timeout_s")
+    @classmethod
+    def _off_or_a_second(cls, v: float) -> float:
+        if 0 < v < 1:
+            raise ValueError(f"= {v:g} is neither 0 (off) nor in range [1, {MAX_S}]")
+        return v
 
     @field_validator("straggler_factor")
     @classmethod
@@ -276,17 +318,65 @@ class SupervisorSection(_Section):
         default=Path(".fsdp-supervisor"),
         description="state.json, supervisor.log, logs/attempt-NNNN.log, heartbeat and the lock",
     )
-    log_max_bytes: int = Field(default=10 * 2**20, gt=0, description="supervisor.log rotation size")
+    log_max_bytes: int = Field(default=10 * 2**20, ge=2**12, le=MAX_LOG_BYTES, description="supervisor.log rotation size")
     log_backups: int = Field(default=3, ge=0, le=1000, description="rotated supervisor.log files kept")
     job_log_max_bytes: int = Field(
-        default=64 * 2**20, ge=2**16,
+        default=64 * 2**20, ge=2**16, le=MAX_LOG_BYTES,
         description="cap on one attempt's output on disk: attempt-NNNN.log plus its .1 segment (the tail is kept)",
     )
-    job_logs_kept: int = Field(default=20, ge=1, description="attempts whose logs and error files are kept")
+    job_logs_kept: int = Field(default=20, ge=1, le=MAX_COUNT, description="attempts whose logs and error files are kept")
 
 
 class MetricsSection(_Section):
     listen: str | None = Field(default=None, description='Prometheus endpoint, e.g. "127.0.0.1:9400"; off if unset')
+
+
+AlertKind = Literal["gave_up", "diverged", "rolled_back", "hang_detected", "crash_loop", "disk_low", "stopped",
+                    "completed"]
+
+
+class NotifySection(_Section):
+    command: list[str] = Field(
+        default_factory=list, description="alert command, argv (no shell): gets one alert's JSON object on stdin "
+        "(schema: docs/operations.md), e.g. [\"sh\", \"-c\", \"mail -s alert ops@example.com\"]")
+    webhook: str | None = Field(
+        default=None, pattern=r"^https?://\S+$", description="http(s) URL POSTed each alert's JSON plus a one-line "
+        "`text` (a Slack or Mattermost incoming webhook); never logged: it is a secret")
+    events: list[AlertKind] = Field(
+        default=["gave_up", "diverged", "rolled_back", "hang_detected", "crash_loop", "disk_low", "stopped"],
+        description="which events alert: gave_up, diverged, rolled_back, hang_detected, crash_loop (one failure "
+        "without progress short of the give-up), disk_low, stopped (only when its emergency save failed), completed")
+    min_interval_s: float = Field(default=300, ge=0, le=MAX_S, description="at most one alert of each kind this often")
+    timeout_s: float = Field(default=10, gt=0, le=600, description="the command's time, and each webhook try's")
+
+
+class DivergenceSection(_Section):
+    # Defaults measured on the reference trainer's loss (docs/reliability.md, The divergence guard).
+    action: Literal["rollback", "stop", "warn", "off"] = Field(
+        default="rollback",
+        description="a NaN/inf loss or a loss spike in the heartbeats: rollback = stop the job gracefully and "
+        "relaunch from the last checkpoint before the onset, skipping the data past it; stop = stop gracefully and "
+        "exit 3; warn = events only; off = not watched (a job whose beats carry no loss is never watched)",
+    )
+    spike_factor: float = Field(
+        default=3.0, gt=1, le=1e6,
+        description="a loss above this times the median of the recent normal losses is a spike",
+    )
+    spike_patience: int = Field(
+        default=3, ge=1, le=10_000,
+        description="beats (distinct steps) in a row above the spike level before it is a divergence; a NaN or "
+        "infinite loss is one at once",
+    )
+    skip_after_onset: int = Field(
+        default=10, ge=0, le=10**9,
+        description="data steps skipped past the onset on a rollback (FSDP_SUPERVISOR_SKIP_STEPS and {skip_steps} "
+        "= onset step - resume step + this)",
+    )
+    max_rollbacks: int = Field(
+        default=3, ge=0, le=1000,
+        description="rollbacks for one region (the run did not get skip_after_onset steps past the onset) before "
+        "the supervisor gives up (exit 3); rollbacks use no restart budget",
+    )
 
 
 class Config(_Section):
@@ -296,6 +386,8 @@ class Config(_Section):
     health: HealthSection = Field(default_factory=HealthSection)
     supervisor: SupervisorSection = Field(default_factory=SupervisorSection)
     metrics: MetricsSection = Field(default_factory=MetricsSection)
+    notify: NotifySection = Field(default_factory=NotifySection)
+    divergence: DivergenceSection = Field(default_factory=DivergenceSection)
     path: Path = Field(description="absolute path of the config file (set by the loader)")
 
     @property
@@ -370,14 +462,36 @@ def _close(word: object, names: typing.Iterable[str]) -> str | None:
     return found[0] if found else None
 
 
-def _table_keys(loc: tuple[int | str, ...]) -> list[str]:
-    """The keys the table at `loc` (a path of field names from the top) accepts; [] if it is not a table of ours."""
+def _abbreviates(short: str, name: str) -> bool:
+    """`{ckpt}` for `{checkpoint}`: the letters of `short` appear in `name` in order."""
+    letters = iter(name)
+    return bool(short) and all(c in letters for c in short.lower())
+
+
+def _table(loc: tuple[int | str, ...]) -> Any:
+    """The model of the table at `loc` (a path of field names from the top), or None if it is not a table of ours."""
     model: Any = Config
     for part in loc:
         field = getattr(model, "model_fields", {}).get(part)
         kinds = typing.get_args(field.annotation) or (field.annotation,) if field is not None else ()
         model = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
+    return model
+
+
+def _table_keys(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys the table at `loc` accepts; [] if it is not a table of ours."""
+    model = _table(loc)
     return [name for name in getattr(model, "model_fields", {}) if (model, name) != (Config, "path")]
+
+
+def _range(loc: tuple[int | str, ...]) -> str:
+    """`[lo, hi]` of the number at `loc` (a bracket is open where the bound is exclusive), from its field."""
+    field = getattr(_table(loc[:-1]), "model_fields", {}).get(loc[-1])
+    bounds = {k: getattr(m, k) for m in getattr(field, "metadata", ()) for k in ("ge", "gt", "le", "lt")
+              if getattr(m, k, None) is not None}
+    lo = f"[{bounds['ge']:.15g}" if "ge" in bounds else f"({bounds['gt']:.15g}" if "gt" in bounds else "(-inf"
+    hi = f"{bounds['le']:.15g}]" if "le" in bounds else f"{bounds['lt']:.15g})" if "lt" in bounds else "inf)"
+    return f"{lo}, {hi}"
 
 
 def _error_line(path: Path, exc: ValidationError) -> str:
@@ -392,6 +506,8 @@ def _error_line(path: Path, exc: ValidationError) -> str:
         msg = "unknown key" + (f" (did you mean {near!r}?)" if near else "")
     elif err["type"] == "missing":
         msg = "required key is missing"
+    elif err["type"] in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        msg = f"= {err['input']:.15g} is out of range {_range(err['loc'])}"
     more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
     return f"{path}: [{loc}] {msg}{more}"
 

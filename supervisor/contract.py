@@ -30,6 +30,9 @@ __all__ = [
     "ENV_ERROR_FILE",
     "ENV_RUN_TOKEN",
     "ENV_LOCAL_DIR",
+    "ENV_SKIP_STEPS",
+    "SKIP_STEPS_PLACEHOLDER",
+    "DIVERGED",
     "HEARTBEAT_FILE",
     "RANK_HEARTBEAT_DIR",
     "MAX_RANK_FILES",
@@ -66,6 +69,11 @@ ENV_RUN_TOKEN = "FSDP_SUPERVISOR_RUN_TOKEN"
 # `[checkpoints] local_dir`, when set: the node-local tier the job may save to between durable saves (the reference
 # trainer's --local-checkpoint-dir defaults to it).
 ENV_LOCAL_DIR = "FSDP_SUPERVISOR_LOCAL_DIR"
+# Data steps (of the global batch) the job skips after loading: `(onset - resume step) + skip_after_onset` on a
+# launch that rolls back a divergence (supervisor/policy/divergence.py), "0" on any other; also `{skip_steps}`.
+ENV_SKIP_STEPS = "FSDP_SUPERVISOR_SKIP_STEPS"
+SKIP_STEPS_PLACEHOLDER = "{skip_steps}"
+DIVERGED = "diverged: "  # how the reason of a quarantined save of a diverged run begins: a later save of its step wins
 
 # ---- heartbeat ----------------------------------------------------------------------------------------
 HEARTBEAT_FILE = "heartbeat.json"  # inside the run dir
@@ -115,6 +123,7 @@ class Beat:
     loss: float | None = None
     val_loss: float | None = None
     step_s: float | None = None  # a rank's own time for its last step (its work, not its wait for the others)
+    loss_bad: str | None = None  # "nan" or "inf": the loss was not a finite number (`loss` is then None)
 
 
 def _finite(value: Any, limit: float) -> float | None:
@@ -158,14 +167,26 @@ def parse_heartbeat(data: bytes) -> tuple[Beat | None, list[str]]:
     for key in ("loss", "val_loss"):
         value = raw.get(key)
         losses[key] = _finite(value, _MAX_LOSS)
-        if value is not None and losses[key] is None:
+        if value is not None and losses[key] is None and (key == "val_loss" or _nonfinite(value) is None):
             problems.append(f"{key} {_show(value)} dropped (not a finite number)")
     raw_step_s = raw.get("step_s")
     step_s = _finite(raw_step_s, _MAX_STEP_S)
     if raw_step_s is not None and (step_s is None or step_s < 0):
         problems.append(f"step_s {_show(raw_step_s)} dropped (not a number of seconds)")
         step_s = None
-    return Beat(step, time_, phase, losses["loss"], losses["val_loss"], step_s), problems
+    loss_bad = _nonfinite(raw.get("loss")) if losses["loss"] is None else None
+    return Beat(step, time_, phase, losses["loss"], losses["val_loss"], step_s, loss_bad), problems
+
+
+def _nonfinite(value: Any) -> str | None:
+    """"nan"/"inf" for a diverged loss: the words (JSON has none), Python's NaN/Infinity, a number over _MAX_LOSS."""
+    if isinstance(value, str):
+        value = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}.get(value.lower())
+    if type(value) is int:
+        value = math.inf if abs(value) > _MAX_LOSS else None
+    if type(value) is not float or (math.isfinite(value) and abs(value) <= _MAX_LOSS):
+        return None
+    return "nan" if math.isnan(value) else "inf"
 
 
 def _show(value: Any) -> str:
@@ -178,11 +199,13 @@ def _show(value: Any) -> str:
 
 def heartbeat_record(step: int, phase: str, *, time: float, loss: float | None = None,
                      val_loss: float | None = None) -> dict[str, Any]:
-    """The JSON object a job writes (the writer's side of `parse_heartbeat`); non-finite losses become null."""
+    """The JSON object a job writes (the writer's side of `parse_heartbeat`): a non-finite loss becomes the string
+    "nan" or "inf" (a diverged run, which the supervisor watches for), a non-finite val_loss null."""
     if phase not in PHASES:
         raise ValueError(f"heartbeat phase must be one of {PHASES}, got {phase!r}")
+    finite = _finite(loss, _MAX_LOSS) if loss is not None else None
     record: dict[str, Any] = {"step": int(step), "time": time, "phase": phase,
-                              "loss": _finite(loss, _MAX_LOSS) if loss is not None else None}
+                              "loss": finite if finite is not None or loss is None else _nonfinite(float(loss))}
     if val_loss is not None:
         record["val_loss"] = _finite(val_loss, _MAX_LOSS)
     return record

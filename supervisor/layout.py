@@ -18,7 +18,6 @@ __all__ = [
     "MANIFEST_NAME",
     "MANIFEST_FORMAT",
     "TMP_PREFIX",
-    "LEGACY_TRASH_DIR",
     "TRASH_SUFFIX",
     "IN_USE_SUFFIX",
     "CLAIM_SUFFIX",
@@ -37,7 +36,6 @@ RANK_METADATA_NAME = "__0.metadata"  # rank 0's own metadata, written instead by
 MANIFEST_NAME = "manifest.json"  # the reference trainer's manifest (step, world size, file sizes, ...)
 MANIFEST_FORMAT = "fsdp-supervisor/1"
 TMP_PREFIX = ".tmp-"  # in-flight saves: `.tmp-step_00000120-<nonce>`; never complete
-LEGACY_TRASH_DIR = ".trash"  # inside the root, by earlier versions: migrated next to the root on first use
 TRASH_SUFFIX = ".fsdp-trash"  # `<parent>/.<root-name>.fsdp-trash/`: retention renames here first, then removes
 IN_USE_SUFFIX = ".fsdp-inuse"  # `<parent>/.<root-name>.fsdp-inuse/<host>-<pid>.json`: checkpoints a job resumed from
 LINEAGE_FILE = ".fsdp-lineage.json"  # in a root the trainer library saves to: the run's identity (lineage.py)

@@ -32,7 +32,7 @@ class FakeSystem:
     orphans_stopped: list[int] = field(default_factory=list)
     orphan_searches: list[tuple[str, Path, tuple[int, float] | None]] = field(default_factory=list)
     orphan_timeouts: list[float] = field(default_factory=list)
-    orphans: list[int] = field(default_factory=list)  # what the next orphan search finds (besides a recorded pid)
+    orphans: list[int] = field(default_factory=list)  # what the next orphan search finds
     jobs_stopped: list[int] = field(default_factory=list)  # stop_job (the supervisor failing)
     left_behind: list[tuple[int, str]] = field(default_factory=list)  # live descendants after the agent's exit
     terminal: bool = False  # whether a SIGINT now counts as Ctrl+C in the supervisor's own terminal
@@ -69,6 +69,9 @@ class FakeSystem:
     def monotonic(self) -> float:
         return self.clock
 
+    def file_now(self) -> float:
+        return self.now()
+
     def random(self) -> float:
         return self.jitter
 
@@ -104,10 +107,10 @@ class FakeSystem:
     def oom_kills(self) -> int | None:
         return self.oom
 
-    def stop_orphans(self, token: str, run_dir: Path, recorded: tuple[int, float] | None, timeout: float) -> list[int]:
-        self.orphan_searches.append((token, run_dir, recorded))
+    def stop_orphans(self, token: str, run_dir: Path, timeout: float) -> list[int]:
+        self.orphan_searches.append((token, run_dir))
         self.orphan_timeouts.append(timeout)
-        found = ([recorded[0]] if recorded else []) + self.orphans
+        found = list(self.orphans)
         self.orphans_stopped += found
         return found
 

@@ -25,6 +25,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from supervisor.contract import Beat
+from supervisor.daemon import events as ev
 from supervisor.daemon.recorder import HistoryRecorder
 from supervisor.history.fold import Fold
 from supervisor.history.records import HISTORY_FILE, read_history
@@ -32,6 +33,13 @@ from supervisor.policy.restarts import Attempt
 from supervisor.policy.state import ExitInfo, State
 
 __all__ = ["SimRun", "demo", "month", "render_report", "screenshot", "chromium", "main"]
+
+
+def launch_event(number: int, resumed_from: str | None, resumed_step: int | None) -> ev.AttemptStarted:
+    """The event of attempt `number`'s launch (the recorder reads only these fields of its Job)."""
+    job = SimpleNamespace(number=number, resumed_from=resumed_from, resumed_step=resumed_step)
+    return ev.AttemptStarted(job, [], {})  # type: ignore[arg-type]
+
 
 START = 1_700_000_000.0  # 2023-11-14 22:13 UTC
 
@@ -95,20 +103,20 @@ class SimRun:
                    for s in self.ckpts[:-self.keep]]
         del self.ckpts[:-self.keep]
         info = SimpleNamespace(path=self._ckpt(step), step=step, size_bytes=4 << 30)
-        self.rec.housekeeping(SimpleNamespace(deleted=deleted), info)  # type: ignore[arg-type]
+        self.rec.notify(ev.PassAbsorbed(SimpleNamespace(deleted=deleted), info))  # type: ignore[arg-type]
 
     def session(self) -> None:
-        self.rec.supervisor_start()
+        self.rec.notify(ev.SupervisorStarted())
 
     def end(self, state: State, reason: str) -> None:
-        self.rec.finish(state, reason)
+        self.rec.notify(ev.Finished(state, reason, self.number))
 
     def wait(self, seconds: float) -> None:
         self.clock += seconds
 
     def quarantine(self) -> None:
         step = self.ckpts.pop()
-        self.rec.quarantined(self._ckpt(step), "2 consecutive attempts failed right after loading it")
+        self.rec.notify(ev.Quarantined(self._ckpt(step), "2 consecutive attempts failed right after loading it"))
 
     def attempt(self, run_s: float, reason: str, *, code: int | None = 1, sig: str | None = None,
                 detail: str | None = None, startup_s: float = 40.0) -> None:
@@ -117,7 +125,7 @@ class SimRun:
         resumed = self.ckpts[-1] if self.ckpts else None
         step = resumed or 0
         started = self.clock
-        self.rec.attempt_start(self.number, self._ckpt(resumed) if resumed is not None else None, resumed)
+        self.rec.notify(launch_event(self.number, self._ckpt(resumed) if resumed is not None else None, resumed))
         self.clock += 3.0
         self._beat(step, "load")
         self.clock += startup_s

@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from supervisor.contract import ENV_LOCAL_DIR
+from supervisor.contract import ENV_LOCAL_DIR, ENV_SKIP_STEPS
 from supervisor.errors import EXIT_USAGE, UsageError
 
 __all__ = ["build_parser", "parse_args", "validate", "positive_int", "non_negative_int", "positive_float",
@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pg-timeout-s", type=positive_float, default=120.0,
                    help="bound on any collective, incl. stop agreement and checkpoint coordination")
     p.add_argument("--manifest-sha256", action="store_true", help="also record sha256 of every file")
+    p.add_argument("--skip-steps", type=non_negative_int, default=None, metavar="N",
+                   help=f"after loading, skip N steps of the global batch without training on them (default: "
+                   f"${ENV_SKIP_STEPS}, set by the supervisor when it rolls a divergence back, else 0)")
     local = p.add_argument_group("node-local tier (single node)")
     local.add_argument("--local-save-every", type=non_negative_int, default=0, metavar="K",
                        help="also checkpoint every K steps into the node-local tier (0 = off); --checkpoint-dir keeps "
@@ -170,12 +173,25 @@ def validate(args: argparse.Namespace) -> None:
     # Resume is checked before the checkpoint dir is created: a bad --resume leaves the disk untouched.
     _check_resume(args.resume)
     _check_local_tier(args)
+    _check_skip(args)
     _check_writable(args.checkpoint_dir)
-    if args.local_save_every:
-        _check_writable(args.local_checkpoint_dir, "--local-checkpoint-dir")
+    args.local_tier_problem = None
+    if args.local_save_every:  # an optimisation, never a reason not to train: run() goes on without it, and says so
+        try:
+            _check_writable(args.local_checkpoint_dir, "--local-checkpoint-dir")
+        except UsageError as exc:
+            args.local_tier_problem = str(exc)
     if args.export_best is not None:
         _check_writable(args.export_best, "--export-best")
         _check_export_best(args.export_best)
+
+
+def _check_skip(args: argparse.Namespace) -> None:
+    if args.skip_steps is None:
+        value = os.environ.get(ENV_SKIP_STEPS, "0") or "0"
+        if not value.isdecimal() or len(value) > 15:
+            raise UsageError(f"${ENV_SKIP_STEPS}={value[:20]!r}: not a non-negative integer")
+        args.skip_steps = int(value)
 
 
 def _check_export_best(directory: Path) -> None:

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from supervisor.checkpoints import open_regular
+from supervisor.checkpoints import open_capped
 from supervisor.errors import BestFileError
 from supervisor.host.atomic import temporaries, write_atomic
 from trainer.exportfiles import locked
@@ -80,7 +80,7 @@ def read_best(directory: str | os.PathLike[str]) -> tuple[Best | None, str | Non
     """(the best so far, None), (None, None) when there is none yet, or (None, why it is ignored)."""
     directory = Path(directory)
     try:
-        f, _ = open_regular(directory / BEST_FILE, _MAX_BYTES, BestFileError)
+        f, _ = open_capped(directory / BEST_FILE, _MAX_BYTES, BestFileError)
         with f:
             best = parse_best(f.read(_MAX_BYTES + 1))
     except FileNotFoundError:

@@ -23,9 +23,11 @@ exists, the manifest is written and everything is fsynced (see trainer/commit.py
 """
 from __future__ import annotations
 
+import errno as errno_names
 import os
 import re
 import secrets
+import shutil
 import time
 from concurrent.futures import Future
 from pathlib import Path
@@ -107,6 +109,19 @@ class SaveResult:
         self.created: bool | None = None  # rank 0 after commit: False if an existing `final` won
         self.seconds: float | None = None
         self.writer: _Writer | None = None
+        self.optional = False  # a save into the node-local tier: its failure is said, not raised
+        self.error: BaseException | None = None  # why an optional save failed (nothing committed)
+
+    @property
+    def errno(self) -> str | None:
+        """The failure's errno name (`ENOSPC`, `EROFS`), from any rank's error DCP gathered, or None."""
+        errors = [self.error, *(e for e, _ in getattr(self.error, "failures", {}).values())]
+        while errors:
+            exc = errors.pop(0)
+            if isinstance(exc, OSError) and exc.errno is not None:
+                return errno_names.errorcode.get(exc.errno, str(exc.errno))
+            errors += [e for e in (getattr(exc, "__cause__", None), getattr(exc, "__context__", None)) if e]
+        return None
 
 
 def _lineage(root: Path) -> str | None:
@@ -148,12 +163,15 @@ class Checkpointer:
         """Collective: write `state` as step `step`; blocks until committed unless saving asynchronously.
 
         `root` saves into another root than the Checkpointer's (the node-local tier), with the same atomic commit
-        and manifest, the same staging buffers, and still never two saves in flight.
+        and manifest, the same staging buffers, and still never two saves in flight. A save there is optional: its
+        failure (a full or read-only tier) does not raise but is in the returned (or, async, the next `poll`/`wait`)
+        result's `error` and `errno`, and what it left is removed.
         """
         self.wait()  # never two saves in flight
         into = self.root if root is None else Path(root)
         tmp = into / tmp_dir_name(step, self.nonce)
         result = SaveResult(step, tmp, into / step_dir_name(step), dict(metrics or {}), time.monotonic())
+        result.optional = root is not None
         writer = result.writer = _Writer(tmp)
         if (self.async_save if blocking is None else not blocking):
             if self._stager is None:
@@ -166,8 +184,7 @@ class Checkpointer:
             result.future = cast("Future[None]", getattr(response, "upload_completion", response))
             self.pending = result
             return result
-        dcp.save(state, storage_writer=writer, process_group=self.group)
-        self._commit(result)
+        self._finish(result, lambda: dcp.save(state, storage_writer=writer, process_group=self.group))
         return result
 
     def poll(self) -> SaveResult | None:
@@ -182,9 +199,21 @@ class Checkpointer:
         if result is None:
             return None
         assert result.future is not None
-        result.future.result()
-        self._commit(result)
+        self._finish(result, result.future.result)
         return result
+
+    def _finish(self, result: SaveResult, write: Any) -> None:
+        """Write (or wait for the write), then commit; an optional save's failure is kept in `result.error` (every
+        rank gets DCP's gathered error, so all go on alike) and rank 0 removes what it left."""
+        try:
+            write()
+            self._commit(result)
+        except (Exception, CheckpointException) as exc:
+            if not result.optional:
+                raise
+            result.error = exc
+            if _rank() == 0:
+                shutil.rmtree(result.tmp, ignore_errors=True)
 
     def _commit(self, result: SaveResult) -> None:
         # Rank 0's DCP call returns only after its coordinator step wrote `.metadata`, which needs every

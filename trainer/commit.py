@@ -13,6 +13,8 @@ from pathlib import Path
 
 from supervisor.checkpoints import verify
 from supervisor.checkpoints.manifest import build_manifest, write_manifest
+from supervisor.checkpoints.markers import quarantine_reason
+from supervisor.contract import DIVERGED
 from supervisor.host.atomic import fsync_dir
 from supervisor.layout import METADATA_NAME, TMP_PREFIX
 
@@ -40,15 +42,16 @@ def commit(tmp: Path, final: Path, manifest: Mapping[str, object]) -> tuple[Path
     """Make `tmp` the complete checkpoint `final`; returns (final, whether this call created it).
 
     If `final` already exists (a step saved again after resuming from an older checkpoint) and is complete,
-    it wins and `tmp` is removed: a complete checkpoint is never replaced. An existing but incomplete
-    `final` (a shard lost after the fact) is renamed aside first, so the fresh save takes its place.
+    it wins and `tmp` is removed: a complete checkpoint is never replaced, unless it is a diverged save (quarantined
+    by the supervisor's divergence guard: this run was rolled back from it). That, and an existing but incomplete
+    `final` (a shard lost after the fact), is renamed aside first, so the fresh save takes its place.
     """
     if not (tmp / METADATA_NAME).is_file():
         raise FileNotFoundError(f"{tmp}: no {METADATA_NAME}; DCP did not finish this save")
     write_manifest(tmp, manifest)
     fsync_tree(tmp)
     if final.exists() or final.is_symlink():
-        if verify(final).complete:
+        if verify(final).complete and not (quarantine_reason(final) or "").startswith(DIVERGED):
             shutil.rmtree(tmp)
             return final, False
         _set_aside(final, tmp.name.rsplit("-", 1)[-1])

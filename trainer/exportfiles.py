@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from supervisor.checkpoints import open_regular
+from supervisor.checkpoints import open_capped
 from supervisor.errors import ExportConflictError
 from supervisor.host.atomic import temporaries, write_atomic
 
@@ -153,7 +153,7 @@ def read_record(out: Path) -> Record:
     name but is not a record an export of ours wrote (it is then never replaced)."""
     path = record_name(out)
     try:
-        f, _ = open_regular(path, _MAX_RECORD_BYTES, ExportConflictError)
+        f, _ = open_capped(path, _MAX_RECORD_BYTES, ExportConflictError)
     except FileNotFoundError:
         return Record(out)
     except ExportConflictError as exc:

@@ -59,13 +59,15 @@ class RankBeat:
         self._last: tuple[int, str] | None = None
         self._last_write = -math.inf
 
-    def beat(self, step: int, phase: str, now: float, step_s: float | None = None) -> bool:
-        """Record `step`; returns whether the file was rewritten."""
+    def beat(self, step: int, phase: str, now: float, step_s: float | None = None, loss: float | None = None) -> bool:
+        """Record `step` (and this step's loss: the divergence guard reads it); returns whether the file was rewritten."""
         if self.last_error is not None or ((step, phase) == self._last and now - self._last_write < self.min_interval_s):
             return False
         text = f'{{"step":{int(step)},"time":{now:.3f},"phase":"{phase}"'
         if step_s is not None and math.isfinite(step_s) and step_s >= 0:
             text += f',"step_s":{step_s:.6g}'
+        if loss is not None:  # a diverged loss as the contract's word ("nan", "inf"): JSON has no NaN
+            text += f',"loss":{loss:.6g}' if math.isfinite(loss) else f',"loss":"{"nan" if math.isnan(loss) else "inf"}"'
         data = (text + "}").ljust(self.SIZE - 1).encode() + b"\n"
         try:
             if self._fd is None:
@@ -103,6 +105,7 @@ class Heartbeat:
         self._clock = clock
         self._last_phase: str | None = None
         self._last_write = -math.inf
+        self._last_bad = False
         self.val_loss: float | None = None  # the latest evaluation, repeated in every beat after it
         self.last_error: OSError | None = None
         self.rank_file = RankBeat(rank_path, min_interval_s=min_interval_s) if rank_path else None
@@ -135,11 +138,12 @@ class Heartbeat:
             return False
         now = self._clock()
         if self.rank_file is not None:
-            self.rank_file.beat(step, phase, now, step_s)
+            self.rank_file.beat(step, phase, now, step_s, loss)
         if self.path is None:
             return False
         due = now - self._last_write >= self.min_interval_s
-        if not (force or due or fresh_eval or phase != self._last_phase):
+        bad = loss is not None and not math.isfinite(loss)  # a diverged loss is said at once, the onset exact
+        if not (force or due or fresh_eval or phase != self._last_phase or (bad and not self._last_bad)):
             return False
         record = heartbeat_record(step, phase, time=now, loss=loss, val_loss=self.val_loss)
         try:
@@ -149,7 +153,7 @@ class Heartbeat:
             # A heartbeat we cannot write must not kill a training run; the supervisor sees it go stale.
             self.last_error = exc
             return False
-        self._last_phase, self._last_write = phase, now
+        self._last_phase, self._last_write, self._last_bad = phase, now, bad
         return True
 
     def close(self) -> None:

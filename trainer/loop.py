@@ -72,6 +72,7 @@ class Trainer:
         self.data, self.val_data = datasets(args.seed, args.seq_len, args.data, held_out=bool(args.eval_every))
         self.val_loss, self.best = None, None
         self.step_timer = StepTimer(d.device)
+        self.skipped = 0  # data steps skipped over the run, up to this attempt's skip (manifest: skipped_steps)
 
     def build(self) -> None:
         """Model (identical init on every rank), FSDP, AdamW and the lr schedule; then per-rank RNG."""
@@ -115,6 +116,20 @@ class Trainer:
         state = self.state(rng=same_world)
         del state["train"]
         load_checkpoint(path, state, process_group=self.dist.ckpt)
+
+    def skip(self, steps: int, resumed: Path | None) -> None:
+        """Advance the data position by `steps` global batches without training on them (a divergence's rollback);
+        the manifests of later saves say how many steps this run skipped in all (those of `resumed`, and these).
+        Collective: rank 0's count wins (each node's supervisor judges the onset from its own beats)."""
+        steps = broadcast_from_rank0(steps, self.dist.control)
+        before = _manifest_metric(resumed, "skipped_steps") if resumed is not None else None
+        self.skipped = int(before or 0) + steps
+        if steps == 0:
+            return
+        self.progress.sample_index += steps * self.dist.world_size * self.args.batch_size
+        if self.dist.rank == 0:
+            self.log.warning("data_skipped", steps=steps, step=self.progress.step,
+                             sample_index=self.progress.sample_index)
 
     def train_step(self) -> float:
         """One optimizer step on this rank's slice of the global batch; returns the mean loss of all ranks."""
@@ -219,6 +234,8 @@ class Trainer:
         self.heartbeat.beat(step, "save", loss)
         self._report(self.saver.wait())
         metrics = {"loss": loss} if val_loss is None else {"loss": loss, "val_loss": val_loss}
+        if self.skipped:
+            metrics["skipped_steps"] = self.skipped
         result = self.saver.save(step, self.state(), metrics=metrics, blocking=blocking or not self.args.async_save,
                                  root=self.args.local_checkpoint_dir if local else None)
         if not local:
@@ -227,7 +244,11 @@ class Trainer:
             self._report(result)
 
     def _report(self, result: Any) -> None:
-        if result is not None and self.dist.rank == 0:
+        if result is not None and result.error is not None:  # the local tier: training goes on with durable saves
+            if self.dist.rank == 0:
+                self.log.warning("local_save_failed", step=result.step, errno=result.errno, path=str(result.tmp.parent),
+                                 error=str(result.error).splitlines()[0][:300])
+        elif result is not None and self.dist.rank == 0:
             self.log.info("checkpoint_saved", step=result.step, path=str(result.final),
                           seconds=round(result.seconds, 3), created=result.created)
 
@@ -290,7 +311,11 @@ def _in_root(path: Path, root: Path | None) -> bool:
 
 
 def _manifest_val_loss(path: Path) -> float | None:
-    """The `val_loss` a checkpoint's manifest recorded, or None (no manifest, no value, unreadable)."""
+    return _manifest_metric(path, "val_loss")
+
+
+def _manifest_metric(path: Path, name: str) -> float | None:
+    """The metric `name` a checkpoint's manifest recorded, or None (no manifest, no value, unreadable)."""
     from supervisor.checkpoints.manifest import read_manifest
     from supervisor.errors import ManifestError
 
@@ -298,7 +323,7 @@ def _manifest_val_loss(path: Path) -> float | None:
         manifest = read_manifest(path)
     except (ManifestError, OSError):
         return None
-    return manifest.metrics.get("val_loss") if manifest is not None else None
+    return manifest.metrics.get(name) if manifest is not None else None
 
 
 def _quiet_known_warnings() -> None:
@@ -323,6 +348,11 @@ def run(args: argparse.Namespace) -> int:
     heartbeat.beat(0, "load")
     trainer = Trainer(args, d, stopper, heartbeat)
     log = trainer.log
+    problem = broadcast_from_rank0(getattr(args, "local_tier_problem", None), d.control)  # rank 0's look: all alike
+    if problem is not None and args.local_save_every:
+        args.local_save_every = 0
+        if d.rank == 0:
+            log.warning("local_tier_unusable", reason=problem, action="durable saves only")
     if d.rank == 0:
         log.info("started", world_size=d.world_size, device=str(d.device), fsdp=args.fsdp,
                  checkpoint_dir=str(args.checkpoint_dir))
@@ -344,6 +374,7 @@ def run(args: argparse.Namespace) -> int:
             if d.rank == 0:
                 log.info("loaded", path=str(path), step=trainer.progress.step,
                          seconds=round(time.monotonic() - started, 3))
+        trainer.skip(args.skip_steps if not done else 0, path)
         if recover:
             trainer.recover_best(path)  # type: ignore[arg-type]
         trainer.saver = Checkpointer(args.checkpoint_dir, process_group=d.ckpt, control_group=d.control,

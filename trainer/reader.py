@@ -18,7 +18,6 @@ from __future__ import annotations
 import io
 import os
 import pickle
-import stat
 import sys
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
@@ -32,6 +31,7 @@ from torch.futures import Future
 
 from supervisor.checkpoints.integrity import Hasher, check_bytes, covering, mismatch
 from supervisor.checkpoints.manifest import read_manifest
+from supervisor.host.regularfile import open_regular
 from trainer.checksums import VerifyingFileSystem
 
 __all__ = ["CheckpointReader", "record_layout", "RecordLayout", "READ_THREADS"]
@@ -65,7 +65,13 @@ def _rebuild(storage: Any, storage_offset: int, size: tuple[int, ...], stride: t
 
 
 class _LayoutUnpickler(pickle.Unpickler):
-    """Decodes `torch.save(tensor)`'s pickle into the rebuild call's arguments; refuses every other global."""
+    """Decodes `torch.save(tensor)`'s pickle into the rebuild call's arguments; refuses every other global.
+
+    The C unpickler, not the supervisor's walker (supervisor/checkpoints/metadata/scan.py), on purpose: these
+    are the records of the checkpoint this trainer is loading, which DCP would `torch.load` anyway (every item
+    this fast path does not take goes there); the walker exists for the daemon, which reads any file under the
+    root and must survive it. A hostile record costs no more here than in torch's own load: `find_class` keeps
+    the allowlist, and at most _MAX_PICKLE_BYTES are unpickled."""
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
@@ -117,16 +123,6 @@ def _pread_into(fd: int, buf: memoryview, offset: int) -> None:
         if not n:
             raise OSError(f"checkpoint file ends {len(buf) - got} bytes early")
         got += n
-
-
-def _open_regular(path: str | os.PathLike[str]) -> int:
-    """A read fd for the shard file `path`; OSError if it is not a regular file (a FIFO would block forever)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # non-blocking: opening a FIFO returns at once
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(f"checkpoint file {os.fspath(path)} is not a regular file")
-    os.set_blocking(fd, True)
-    return fd
 
 
 class _PreadView(io.RawIOBase):
@@ -195,7 +191,7 @@ class CheckpointReader(FileSystemReader):
         with ThreadPoolExecutor(self.threads, thread_name_prefix="ckpt-read") as pool:
             for relative_path, items in per_file.items():
                 items.sort(key=lambda i: self.storage_data[i.storage_index].offset)  # one pass through the file
-                fd = _open_regular(self.fs.concat_path(self.path, relative_path))
+                fd = open_regular(self.fs.concat_path(self.path, relative_path))  # a FIFO would block forever
                 jobs: list[tuple[ReadItem, torch.Tensor, Any]] = []
                 try:
                     for item in items:

@@ -89,7 +89,7 @@ def _wait_for_training(timeout: float) -> None:
         if not beat:
             continue
         try:
-            with open_regular(beat) as fh:
+            with open(open_regular(beat), "rb") as fh:
                 parsed = parse_heartbeat(fh.read(1 << 16))[0]
         except OSError:
             continue

@@ -20,20 +20,20 @@ _HOME = {
     **dict.fromkeys(("IN_USE_MAX_AGE_S", "clear_in_use", "in_use", "mark_in_use", "refresh_in_use"), "inuse"),
     **dict.fromkeys(("checkpoint_in_root", "is_pinned", "is_quarantined", "pin", "quarantine", "quarantine_reason",
                      "unpin", "unquarantine"), "markers"),
-    **dict.fromkeys(("clear_trash", "disk_usage", "execute_retention", "migrate_legacy_trash", "trash_dir"), "pruning"),
+    **dict.fromkeys(("clear_trash", "disk_usage", "execute_retention", "trash_dir"), "pruning"),
     **dict.fromkeys(("UNVERIFIED", "CheckpointInfo", "Tier", "age_order", "check_root", "judge", "newest_complete",
                      "scan"), "ranking"),
     **dict.fromkeys(("local_rules", "merged", "newest_across", "scan_local", "scan_tiers", "tier_order"), "tiers"),
     **dict.fromkeys(("GIB", "Deletion", "DiskUsage", "Finding", "KeepBest", "RetentionPlan", "RetentionRules",
                      "plan_retention", "by_metric"), "retention"),
     # The careful open (no symlink, no FIFO, a size cap) for the trainer's own small files (best.json).
-    "open_regular": "_files",
+    "open_capped": "_files",
 }
 
 if TYPE_CHECKING:
     # What mypy sees: the same names with their types (through __getattr__ they would all be Any). A name
     # added to _HOME but not here is a mypy error where it is used, as mypy is not shown __getattr__.
-    from supervisor.checkpoints._files import open_regular as open_regular
+    from supervisor.checkpoints._files import open_capped as open_capped
     from supervisor.checkpoints.completeness import COMPLETE as COMPLETE
     from supervisor.checkpoints.completeness import CORRUPT as CORRUPT
     from supervisor.checkpoints.completeness import FOREIGN as FOREIGN
@@ -59,7 +59,6 @@ if TYPE_CHECKING:
     from supervisor.checkpoints.pruning import clear_trash as clear_trash
     from supervisor.checkpoints.pruning import disk_usage as disk_usage
     from supervisor.checkpoints.pruning import execute_retention as execute_retention
-    from supervisor.checkpoints.pruning import migrate_legacy_trash as migrate_legacy_trash
     from supervisor.checkpoints.pruning import trash_dir as trash_dir
     from supervisor.checkpoints.ranking import UNVERIFIED as UNVERIFIED
     from supervisor.checkpoints.ranking import CheckpointInfo as CheckpointInfo

@@ -8,19 +8,19 @@ import os
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from supervisor.host.regularfile import open_regular as open_regular_file
+from supervisor.host.regularfile import open_regular
 
-__all__ = ["open_regular", "read_small_json", "sha256_file"]
+__all__ = ["open_capped", "read_small_json", "sha256_file"]
 
 
-def open_regular(path: Path, cap: int, error: type[Exception]) -> tuple[BinaryIO, os.stat_result]:
+def open_capped(path: Path, cap: int, error: type[Exception]) -> tuple[BinaryIO, os.stat_result]:
     """Open `path` for reading unless it is a symlink, not a regular file or over `cap` bytes.
 
     FileNotFoundError propagates (callers decide what absence means); every other refusal raises
     `error` with a one-line reason naming the file.
     """
     try:
-        f = open_regular_file(path, follow_symlinks=False)  # a FIFO planted under a checkpoint name never blocks us
+        f = open(open_regular(path, follow_symlinks=False), "rb")  # noqa: SIM115 - returned; never blocks on a FIFO
     except FileNotFoundError:
         raise
     except OSError as exc:
@@ -42,7 +42,7 @@ def read_small_json(path: Path, cap: int) -> tuple[Any, os.stat_result] | None:
     from supervisor.errors import CheckpointError
 
     try:
-        f, st = open_regular(path, cap, CheckpointError)
+        f, st = open_capped(path, cap, CheckpointError)
     except (FileNotFoundError, CheckpointError):
         return None
     with f:
@@ -53,8 +53,8 @@ def read_small_json(path: Path, cap: int) -> tuple[Any, os.stat_result] | None:
 
 
 def sha256_file(path: Path) -> str:
-    """Hex sha256 of a regular file (refusing symlinks and FIFOs like `open_regular`)."""
-    f, _ = open_regular(path, 1 << 62, OSError)
+    """Hex sha256 of a regular file (refusing symlinks and FIFOs like `open_capped`)."""
+    f, _ = open_capped(path, 1 << 62, OSError)
     digest = hashlib.sha256()
     with f:
         for block in iter(lambda: f.read(1 << 20), b""):

@@ -6,10 +6,10 @@ running supervisor), and two jobs on one root prune each other's checkpoints and
 other's saves. So every supervisor also claims the root it resolved:
 
     <parent>/.<root-name>.fsdp-claim/<host>-<pid>-<pid namespace>.json
-        {job, pid, host, pidns, start_time, config, run_dir, time, refresh_s, root, slurm}
+        a lease (lease.py) on the supervisor's own process, holding {job, config, run_dir, refresh_s, root, slurm}
 
 an owner-only sidecar (sidecars.py), next to the root like the in-use markers, so that it survives the
-root's deletion and every spelling of the root meets it. `pid`/`start_time` are the supervisor's own.
+root's deletion and every spelling of the root meets it.
 Where that folder cannot be ours (the root is a mount point under a read-only parent, or someone else's
 folder sits there), the claim goes to the user's cache dir instead (`<cache>/claims/<hash of the resolved
 root>/`, metadata/cache.cache_dir), with a warning: it still keeps two jobs of this user on this host off
@@ -23,11 +23,9 @@ three places.
 - **Who may share.** The supervisors of one multi-node job (one per node) share the root: their `job` is
   the same rendezvous (daemon/preflight.rendezvous_key). A single-node job has `job = null` and shares
   with nobody.
-- **Live or stale** (`holder_state`, pure). On this host (same host name and pid namespace: containers
-  sharing a host name do not share pids): live while process `pid` exists with that start time. From
-  another host: live until `max(CLAIM_MAX_AGE_S, 3 * refresh_s)` after its last write (its
-  supervisor refreshes it at every housekeeping pass, at least every `retention_interval_s`); a time
-  further in the future than sidecars.CLOCK_SKEW_S is not trusted. A stale claim is taken over with a
+- **Live or stale** (`holder_state`, pure): the lease's rule (lease.py), where "another host" (or another pid
+  namespace) is live until `max(CLAIM_MAX_AGE_S, 3 * refresh_s)` after its last write (its supervisor
+  refreshes it at every housekeeping pass, at least every `retention_interval_s`). A stale claim is taken over with a
   warning; a live one of another job refuses the start (ClaimedError, exit 2) naming its holder. A claim of
   this host whose supervisor is gone (SIGKILL, OOM) still holds the root while its job runs on (in its own
   session, found by its run dir in its environment: procs.job_of): only that run dir's next `run` takes over.
@@ -50,24 +48,21 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
-import json
 import os
-import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psutil
 
-from supervisor.checkpoints._files import read_small_json
+from supervisor.checkpoints.lease import Here, Lease, lease_body, lease_state, read_leases, refresh_lease, write_lease
 from supervisor.checkpoints.metadata.cache import cache_dir
-from supervisor.checkpoints.sidecars import open_sidecar, resolved, sidecar_path, trusted_owners, written_at
+from supervisor.checkpoints.sidecars import open_sidecar, resolved, sidecar_path, trusted_owners
 from supervisor.checkpoints.slurmrun import SlurmRun
 from supervisor.errors import ClaimedError, SidecarError
 from supervisor.host import procs
-from supervisor.host.atomic import write_atomic
+from supervisor.host.boot import start_ticks
 from supervisor.host.mounts import identity
 from supervisor.layout import CLAIM_SUFFIX
 
@@ -75,28 +70,18 @@ __all__ = ["CLAIM_MAX_AGE_S", "Holder", "RootClaim", "SlurmRun", "holder_state",
            "live_holders"]
 
 CLAIM_MAX_AGE_S = 900.0  # a claim from another host not refreshed for this long (or 3 refresh periods) is stale
-_MAX_BYTES = 16 * 1024
-_MAX_REFRESH_S = 86400.0  # a holder's refresh_s is believed up to a day
-_START_SLACK_S = 0.05
 _LOCK_WAIT_S = 5.0
 _CHECK_WAIT_S = 0.2
 PathLike = str | os.PathLike[str]
 
 
 @dataclass(frozen=True)
-class Holder:
-    """One supervisor's claim on the root, as read from its file."""
+class Holder(Lease):
+    """One supervisor's claim on the root, as read from its file: a lease and what it says about its job."""
 
-    path: Path
-    job: str | None  # the multi-node job's rendezvous; None: a single-node job (shares with nobody)
-    pid: int
-    host: str
-    start_time: float | None
-    config: str
-    run_dir: str
-    written: float | None  # the claim's last write, as far as it can be trusted
-    refresh_s: float
-    pidns: int | None = None  # the holder's pid namespace (inode of /proc/self/ns/pid), when known
+    job: str | None = None  # the multi-node job's rendezvous; None: a single-node job (shares with nobody)
+    config: str = "?"
+    run_dir: str = "?"
     orphan: int | None = None  # its supervisor is gone, but this process of its job still runs here
     slurm: SlurmRun | None = None  # the Slurm job and run it was in, if any
 
@@ -107,26 +92,14 @@ class Holder:
         return f"{who}, config {self.config} (run dir {self.run_dir})"
 
 
-def holder_state(h: Holder, *, host: str, now: float, started: Callable[[int], float | None],
-                 pidns: int | None = None, slurm: SlurmRun | None = None) -> str | None:
-    """Why the claim `h` is stale, or None while it is live (pure; `started(pid)` is a process's start time in
-    our pid namespace `pidns`; a holder in another one is judged as from another host; `slurm`: our Slurm run)."""
-    if h.host == host and (h.pidns is None or pidns is None or h.pidns == pidns):
-        actual = started(h.pid)
-        if actual is None:
-            return f"its supervisor (pid {h.pid}) is gone"
-        if h.start_time is not None and abs(actual - h.start_time) > _START_SLACK_S:
-            return f"pid {h.pid} is another process now"
-        return None
-    if slurm is not None and slurm.follows(h.slurm):
+def holder_state(h: Holder, *, here: Here, now: float, started: Callable[[int], int | None],
+                 slurm: SlurmRun | None = None) -> str | None:
+    """Why the claim `h` is stale, or None while it is live (pure; lease_state, and `slurm`: our Slurm run)."""
+    if not here.knows(h) and slurm is not None and slurm.follows(h.slurm):
         assert h.slurm is not None
         return (f"it is from an earlier run of Slurm job {h.slurm.job_id} (restart {h.slurm.restart}; this is "
                 f"{slurm.restart}), which Slurm ended before this one")
-    if h.written is None:
-        return "it bears no usable time (dated in the future?)"
-    limit = max(CLAIM_MAX_AGE_S, 3 * h.refresh_s)
-    age = now - h.written
-    return f"it was last refreshed {age:.0f}s ago (stale after {limit:.0f}s)" if age > limit else None
+    return lease_state(h, here=here, now=now, started=started, max_age=max(CLAIM_MAX_AGE_S, 3 * h.refresh_s))
 
 
 def conflicts(job: str | None, live: Sequence[Holder]) -> list[Holder]:
@@ -170,51 +143,20 @@ def _open_home(root: PathLike, folder: Path, first: bool) -> bool:
     return open_sidecar(folder, {os.geteuid()}, create=True)
 
 
-def _started(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).create_time()
-    except (psutil.Error, OSError):
-        return None
-
-
-def _pidns() -> int | None:
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return None
-
-
-def _number(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def _holder(path: Path, now: float, ident: tuple[int, int] | None = None) -> Holder | None:
-    """The claim in `path`; with `ident` (a record in the identity home) only while the root it names is still
+def _holder(lease: Lease, ident: tuple[int, int] | None = None) -> Holder | None:
+    """The claim `lease`; with `ident` (a record in the identity home) only while the root it names is still
     that directory (not a root deleted since, whose inode number another directory now has)."""
-    read = read_small_json(path, _MAX_BYTES)
-    if read is None:
-        return None
-    doc, st = read
-    if not isinstance(doc, dict) or not isinstance(doc.get("pid"), int) or not isinstance(doc.get("host"), str):
-        return None
+    doc = lease.doc
     if ident is not None and not (isinstance(doc.get("root"), str) and identity(doc["root"]) == ident):
         return None
     job = doc.get("job")
-    refresh = _number(doc.get("refresh_s")) or 0.0
-    return Holder(path=path, job=job if isinstance(job, str) else None, pid=doc["pid"], host=doc["host"],
-                  start_time=_number(doc.get("start_time")), config=str(doc.get("config", "?")),
-                  run_dir=str(doc.get("run_dir", "?")), written=written_at((st.st_mtime, _number(doc.get("time"))), now),
-                  refresh_s=min(max(refresh, 0.0), _MAX_REFRESH_S),
-                  pidns=doc["pidns"] if isinstance(doc.get("pidns"), int) else None,
-                  slurm=SlurmRun.from_doc(doc.get("slurm")))
+    fields = {f.name: getattr(lease, f.name) for f in dataclasses.fields(Lease)}
+    return Holder(**fields, job=job if isinstance(job, str) else None, config=str(doc.get("config", "?")),
+                  run_dir=str(doc.get("run_dir", "?")), slurm=SlurmRun.from_doc(doc.get("slurm")))
 
 
 def _read_all(folder: Path, now: float, ident: tuple[int, int] | None = None) -> list[Holder]:
-    try:
-        names = [e.name for e in os.scandir(folder) if e.name.endswith(".json") and not e.name.startswith(".")]
-    except OSError:
-        return []
-    return [h for h in (_holder(folder / n, now, ident) for n in sorted(names)) if h is not None]
+    return [h for h in (_holder(lease, ident) for lease in read_leases(folder, now)) if h is not None]
 
 
 def _readable(root: PathLike) -> list[tuple[Path, tuple[int, int] | None]]:
@@ -236,17 +178,17 @@ def _readable(root: PathLike) -> list[tuple[Path, tuple[int, int] | None]]:
 
 def _holders(root: PathLike, now: float) -> list[Holder]:
     """Every claim on `root` found in its folders; a supervisor's records in two folders count once."""
-    seen: dict[tuple[str, int, int | None, float | None], Holder] = {}
+    seen: dict[tuple[str, int, int | None, int | None], Holder] = {}
     for folder, ident in _readable(root):
         for h in _read_all(folder, now, ident):
-            seen.setdefault((h.host, h.pid, h.pidns, h.start_time), h)
+            seen.setdefault((h.host, h.pid, h.pidns, h.start), h)
     return list(seen.values())
 
 
 def live_holders(root: PathLike) -> list[Holder]:
     """The live claims on `root` (read only: nothing is created, stale ones are left for `run` to take over)."""
-    host, now, pidns, slurm = socket.gethostname(), time.time(), _pidns(), SlurmRun.from_env(os.environ)
-    return [h for h in _holders(root, now) if holder_state(h, host=host, now=now, started=_started, pidns=pidns,
+    here, now, slurm = Here.now(), time.time(), SlurmRun.from_env(os.environ)
+    return [h for h in _holders(root, now) if holder_state(h, here=here, now=now, started=start_ticks,
                                                           slurm=slurm) is None]
 
 
@@ -278,8 +220,8 @@ class RootClaim:
                  refresh_s: float, slurm: SlurmRun | None = None) -> None:
         self.root, self.job, self.refresh_s, self.slurm = resolved(root), job, refresh_s, slurm
         self.config, self.run_dir = str(config), str(run_dir)
-        self.host, self.pid, self.pidns = socket.gethostname(), os.getpid(), _pidns()
-        self.name = f"{self.host}-{self.pid}{f'-{self.pidns}' if self.pidns else ''}.json"
+        self.here, self.pid = Here.now(), os.getpid()
+        self.name = self.here.name(self.pid)
         self.path: Path | None = None  # our claim file, once taken
         self.id_path: Path | None = None  # its copy in the identity home (identity_home), when one could be made
         self.held = False
@@ -340,16 +282,8 @@ class RootClaim:
         removed (`rm -rf` of the folder: a second job must not find the root free); off the loop: shared storage."""
         if self.path is None or not self.held:
             return
-        for path in (self.path, self.id_path):
-            if path is None:
-                continue
-            try:
-                os.utime(path)
-            except FileNotFoundError:
-                self.check()  # made again (and looked at) as before a launch
-                return
-            except OSError:
-                continue
+        if not all(refresh_lease(p) for p in (self.path, self.id_path) if p is not None):
+            self.check()  # made again (and looked at) as before a launch
 
     def release(self) -> None:
         if self.held and self.path is not None:
@@ -363,16 +297,15 @@ class RootClaim:
         """(live claims of other jobs, one line per stale claim removed), from every claim folder of the root.
         A holder's records in two folders (next to the root and in the identity home) are judged once."""
         now = time.time()
-        live: dict[tuple[str, int, int | None, float | None], Holder] = {}
-        stale: dict[tuple[str, int, int | None, float | None], str] = {}
+        live: dict[tuple[str, int, int | None, int | None], Holder] = {}
+        stale: dict[tuple[str, int, int | None, int | None], str] = {}
         for folder, ident in _readable(self.root):
             for h in _read_all(folder, now, ident):
-                key = (h.host, h.pid, h.pidns, h.start_time)
-                if (h.host, h.pid, h.pidns) == (self.host, self.pid, self.pidns) or key in live:
+                key = (h.host, h.pid, h.pidns, h.start)
+                if (h.pid == self.pid and self.here.knows(h)) or key in live:
                     continue  # ours (in any folder), or a holder already judged live
                 if key not in stale:
-                    why = holder_state(h, host=self.host, now=now, started=_started, pidns=self.pidns,
-                                       slurm=self.slurm)
+                    why = holder_state(h, here=self.here, now=now, started=start_ticks, slurm=self.slurm)
                     orphan = self._orphan_job(h) if why is not None else None
                     if why is None or orphan is not None:  # an orphan: a killed supervisor's job trains on
                         live[key] = h if orphan is None else dataclasses.replace(h, orphan=orphan)
@@ -385,7 +318,7 @@ class RootClaim:
     def _orphan_job(self, h: Holder) -> int | None:
         """A live process of the job of `h`, a claim of this host whose supervisor is gone (SIGKILL, OOM): its job
         runs on in its own session and still trains on the root. Our own run dir's is ours to stop (Core.begin)."""
-        if h.host != self.host or (h.pidns is not None and self.pidns is not None and h.pidns != self.pidns):
+        if not self.here.knows(h):
             return None
         if h.run_dir in ("", "?") or os.path.realpath(h.run_dir) == os.path.realpath(self.run_dir):
             return None
@@ -406,14 +339,11 @@ class RootClaim:
         """Write our claim (and its copy in the identity home, as far as it can be: a failure there is not one
         of the claim); with `missing_only` only where it was removed."""
         assert self.path is not None
-        doc = {"job": self.job, "pid": self.pid, "host": self.host, "pidns": self.pidns,
-               "start_time": _started(self.pid), "config": self.config, "run_dir": self.run_dir, "time": time.time(),
-               "refresh_s": self.refresh_s, "root": str(self.root),
-               "slurm": self.slurm.doc() if self.slurm else None}
-        body = json.dumps(doc).encode()
+        body = lease_body(self.pid, job=self.job, config=self.config, run_dir=self.run_dir, refresh_s=self.refresh_s,
+                          root=str(self.root), slurm=self.slurm.doc() if self.slurm else None)
         if not (missing_only and os.path.lexists(self.path)):
-            write_atomic(self.path, body, durable=False, mode=0o600)
+            write_lease(self.path, body)
         if self.id_path is not None and not (missing_only and os.path.lexists(self.id_path)):
             with contextlib.suppress(SidecarError, OSError):
                 _open_home(self.root, self.id_path.parent, False)
-                write_atomic(self.id_path, body, durable=False, mode=0o600)
+                write_lease(self.id_path, body)

@@ -26,7 +26,7 @@ import re
 import stat
 from pathlib import Path
 
-from supervisor.checkpoints._files import open_regular, read_small_json
+from supervisor.checkpoints._files import open_capped, read_small_json
 
 __all__ = ["TRAINER_STATE", "JIT_SENTINEL", "is_trainer_name", "state_problem", "markers", "held_by_trainer"]
 
@@ -62,7 +62,7 @@ def _whole_step(path: Path, size: int) -> tuple[int | None, bool]:
         step = doc.get("global_step")
         return (step if type(step) is int else None), True
     try:
-        f, _ = open_regular(path, size, OSError)
+        f, _ = open_capped(path, size, OSError)
         with f:
             head = f.read(_ENDS)
             f.seek(max(0, size - _ENDS))

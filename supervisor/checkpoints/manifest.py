@@ -2,7 +2,7 @@
 
 The manifest is optional: plain DCP dirs from user scripts have none. When it is there it is checked
 strictly, because it is what the trainer promises about the dir. The trainer (trainer/commit.py) and the
-torch-free test writer (checkpoints/testing.py) both write it through `build_manifest` + `write_manifest`.
+torch-free test writer (tests/jobs/dcp_files.py) both write it through `build_manifest` + `write_manifest`.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from supervisor.checkpoints._files import open_regular, sha256_file
+from supervisor.checkpoints._files import open_capped, sha256_file
 from supervisor.contract import MAX_MANIFEST_BYTES, Manifest, manifest_record, parse_manifest
 from supervisor.errors import ManifestError
 from supervisor.host.atomic import write_atomic
@@ -58,7 +58,7 @@ def write_manifest(directory: Path, manifest: Mapping[str, Any]) -> Path:
 def read_manifest(directory: Path) -> Manifest | None:
     """The manifest of `directory`, or None when it has none; never follows a symlink."""
     try:
-        f, _ = open_regular(directory / MANIFEST_NAME, MAX_MANIFEST_BYTES, ManifestError)
+        f, _ = open_capped(directory / MANIFEST_NAME, MAX_MANIFEST_BYTES, ManifestError)
     except FileNotFoundError:
         return None
     with f:

@@ -5,7 +5,7 @@ supervisor quarantines a checkpoint the job keeps crashing right after loading).
 marker name counts, even an unreadable one: when in doubt, keep and do not select.
 
 Only ours are written or removed: a marker we write is a small JSON object (`{"by": "fsdp-supervisor",
-"time"}`, plus `"reason"` for quarantine; earlier versions wrote it without `by`). An entry under a marker
+"time"}`, plus `"reason"` for quarantine). An entry under a marker
 name that is not one (a user's own `.pinned`, a symlink, a folder) is never replaced nor removed: unpin and
 unquarantine refuse it, naming it. The commands act only on a checkpoint directly under the configured root
 (`checkpoint_in_root`): `pin /etc` or `unpin ~/notes` is refused before anything is written.
@@ -21,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from supervisor.checkpoints._files import open_regular
+from supervisor.checkpoints._files import open_capped
 from supervisor.checkpoints.shapes import DCP, DIRECTORY, NESTED, TEMPORARY, UNSTARTED, identify
 from supervisor.errors import CheckpointError
 from supervisor.host.atomic import write_atomic
@@ -71,7 +71,7 @@ def checkpoint_in_root(path: str | os.PathLike[str], root: str | os.PathLike[str
 def _foreign_marker(marker: Path) -> str | None:
     """Why the entry at `marker` is not a marker we wrote, or None when it is ours (FileNotFoundError: none)."""
     try:
-        f, _ = open_regular(marker, _MAX_MARKER_BYTES, CheckpointError)
+        f, _ = open_capped(marker, _MAX_MARKER_BYTES, CheckpointError)
     except CheckpointError as exc:
         return str(exc)
     with f:
@@ -80,7 +80,7 @@ def _foreign_marker(marker: Path) -> str | None:
         except (ValueError, UnicodeDecodeError, RecursionError):
             return "not JSON"
     time_ok = type(body) is dict and type(body.get("time")) in (int, float)
-    if not time_ok or not set(body) <= _FIELDS[marker.name] or body.get("by", _BY) != _BY:
+    if not time_ok or not set(body) <= _FIELDS[marker.name] or body.get("by") != _BY:
         return "not the JSON object fsdp-supervisor writes"
     if marker.name == QUARANTINE_MARKER and type(body.get("reason")) is not str:
         return "no reason recorded"
@@ -180,7 +180,7 @@ def quarantine_reason(path: str | os.PathLike[str]) -> str | None:
     """Why the dir was quarantined, or None when it is not."""
     marker = Path(path) / QUARANTINE_MARKER
     try:
-        f, _ = open_regular(marker, _MAX_MARKER_BYTES, CheckpointError)
+        f, _ = open_capped(marker, _MAX_MARKER_BYTES, CheckpointError)
     except FileNotFoundError:
         return None
     except CheckpointError as exc:

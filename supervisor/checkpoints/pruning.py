@@ -11,13 +11,11 @@ on the root's file system so the rename stays atomic, and used only while it is 
 the parent is not writable (or is another file system: the root is a mount point), the caller's
 `fallback` dir is used instead (the daemon passes its run dir) if it is on the root's file system;
 otherwise nothing is deleted and SidecarError says so in one line (`parking_problem` tells beforehand,
-creating nothing). A `.trash` left inside the root by earlier versions is moved into the new trash on
-first use.
+creating nothing).
 """
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import stat
 import sys
@@ -32,16 +30,13 @@ from supervisor.checkpoints.shapes import identify
 from supervisor.checkpoints.sidecars import open_sidecar, resolved, sidecar_problem, trusted_owners
 from supervisor.errors import CheckpointError, SidecarError
 from supervisor.host.mounts import same_mount
-from supervisor.layout import LEGACY_TRASH_DIR, TRASH_SUFFIX, is_sidecar_name, sidecar_name
+from supervisor.layout import TRASH_SUFFIX, is_sidecar_name, sidecar_name
 
-__all__ = ["disk_usage", "execute_retention", "clear_trash", "trash_dir", "migrate_legacy_trash", "parking_problem"]
+__all__ = ["disk_usage", "execute_retention", "clear_trash", "trash_dir", "parking_problem"]
 
 log = structlog.get_logger(__name__)
 PathLike = str | os.PathLike[str]
 _PARKED_NAME_BYTES = 200  # of a checkpoint's name kept in its trash name, before ".<time_ns>"
-# What earlier versions parked in <root>/.trash: a checkpoint dir renamed to <name>.<time_ns>. time_ns has had 19
-# digits since 2001; 16 leave room for a wrong clock but not for a user's `notes.1` or `backup.20240101`.
-_LEGACY_PARKED = re.compile(r".+\.\d{16,}", re.DOTALL)
 
 
 def disk_usage(root: PathLike) -> DiskUsage:
@@ -150,55 +145,9 @@ def _park(target: Path, trash: Path) -> Path:
     return parked
 
 
-def migrate_legacy_trash(root: PathLike, fallback: PathLike | None = None) -> int:
-    """Move what an earlier version left in `<root>/.trash` into the trash next to the root, then remove
-    `.trash`; returns how many entries moved. A `.trash` that is a symlink or a file is left alone, and so is
-    every entry that is not a directory named like one of ours (`<name>.<time_ns>`): a user's own `.trash/` is
-    not ours to delete, and the first pass of every start empties what was moved."""
-    base = Path(os.path.abspath(root))
-    legacy = base / LEGACY_TRASH_DIR
-    try:
-        if not stat.S_ISDIR(os.lstat(legacy).st_mode):
-            return 0
-    except FileNotFoundError:
-        return 0
-    except OSError as exc:
-        raise CheckpointError(f"{legacy}: cannot read: {exc.strerror}") from None
-    trash: Path | None = None  # made only for something to move: a user's own .trash creates nothing
-    moved = kept = 0
-    try:
-        entries = list(os.scandir(legacy))
-    except FileNotFoundError:  # another supervisor on the root migrated it just now
-        return 0
-    for entry in entries:
-        if not (_LEGACY_PARKED.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False)):
-            kept += 1
-            continue
-        try:
-            trash = trash or trash_dir(base, fallback)
-            _park(Path(entry.path), trash)
-            moved += 1
-        except FileNotFoundError:
-            continue  # moved by another supervisor on the root just now
-        except OSError as exc:
-            log.warning("trash_migrate_failed", path=entry.path, error=exc.strerror)
-    if kept:
-        log.debug("legacy_trash_kept", path=str(legacy), entries=kept)  # not ours: left where it is
-        return moved
-    try:
-        os.rmdir(legacy)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        log.warning("trash_migrate_failed", path=str(legacy), error=exc.strerror)
-    log.info("trash_migrated", root=str(base), trash=str(trash) if trash else None, entries=moved)
-    return moved
-
-
 def clear_trash(root: PathLike, fallback: PathLike | None = None) -> int:
     """Remove what was parked in the trash of `root` (by an interrupted earlier run too); returns how many
     entries went. A trash that was never created is not created now."""
-    migrate_legacy_trash(root, fallback)
     cleared = 0
     base = resolved(root)
     owners = trusted_owners(base)
@@ -217,7 +166,7 @@ def clear_trash(root: PathLike, fallback: PathLike | None = None) -> int:
 def _refusal(root: Path, target: Path, inode: int = 0) -> str | None:
     """Why `target` may not be deleted, or None when it is a real checkpoint dir directly inside `root` (and,
     with `inode`, still the very dir that was judged)."""
-    if target.parent != root or target.name in ("", ".", "..", LEGACY_TRASH_DIR) or is_sidecar_name(target.name):
+    if target.parent != root or target.name in ("", ".", "..") or is_sidecar_name(target.name):
         return "not a direct child of the checkpoint root"
     try:
         st = os.lstat(target)

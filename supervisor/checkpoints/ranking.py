@@ -1,6 +1,6 @@
 """List the children of a checkpoint root, newest first, judge them, and find the newest complete one fast.
 
-Only immediate children are considered. The supervisor's own entries (the legacy `.trash`) are left out;
+Only immediate children are considered. Entries named like the supervisor's sidecars are left out;
 a symlinked child is listed as `invalid` and never followed; temporary `.tmp-` dirs are listed as
 `partial` (retention needs them); a child that is not a checkpoint is listed as `foreign` with a reason
 and is never walked, sized, counted or selected (shapes.py says what is what). A child that is a whole
@@ -43,15 +43,15 @@ from supervisor.checkpoints.completeness import (
     verify,
 )
 from supervisor.checkpoints.integrity import CORRUPT_PREFIX
+from supervisor.checkpoints.jsonstep import json_step
 from supervisor.checkpoints.keeps import with_holds
 from supervisor.checkpoints.manifest import Manifest, read_manifest
 from supervisor.checkpoints.markers import is_pinned, is_quarantined, quarantine_reason
 from supervisor.checkpoints.naming import embedded_steps, is_temporary, name_ordinal, name_step
 from supervisor.checkpoints.shapes import DIRECTORY, NESTED, CheckpointDirectoryError, Shape, identify
 from supervisor.checkpoints.shapes import FOREIGN as FOREIGN_SHAPE
-from supervisor.checkpoints.sidecar import sidecar_step
 from supervisor.errors import CheckpointError, ManifestError
-from supervisor.layout import LEGACY_TRASH_DIR, METADATA_NAME, is_sidecar_name
+from supervisor.layout import METADATA_NAME, is_sidecar_name
 from supervisor.vocabulary import Vocabulary
 
 __all__ = ["UNVERIFIED", "CheckpointInfo", "Tier", "age_order", "scan", "newest_complete", "judge", "check_root",
@@ -157,7 +157,7 @@ def _step_without_name(directory: Path) -> int | None:
         step = lightning.meta_step(directory)
         if step is not None or lightning.is_lightning_name(directory.name):
             return step
-    return sidecar_step(directory)
+    return json_step(directory)
 
 
 def checkpoint_step(directory: Path, manifest: Manifest | None) -> int | None:
@@ -166,7 +166,7 @@ def checkpoint_step(directory: Path, manifest: Manifest | None) -> int | None:
     if manifest is not None:
         return manifest.step
     step = name_step(directory.name)
-    return step if step is not None else sidecar_step(directory)
+    return step if step is not None else json_step(directory)
 
 
 def _list_root(root: str | os.PathLike[str]) -> tuple[Path, list[_Candidate]]:
@@ -175,8 +175,8 @@ def _list_root(root: str | os.PathLike[str]) -> tuple[Path, list[_Candidate]]:
     found = []
     with entries:
         for entry in entries:
-            if entry.name == LEGACY_TRASH_DIR or is_sidecar_name(entry.name):
-                continue  # ours (pruning.py migrates the legacy trash out of the root)
+            if is_sidecar_name(entry.name):
+                continue  # ours
             try:
                 st = entry.stat(follow_symlinks=False)
             except OSError:
@@ -279,7 +279,7 @@ def _info(c: _Candidate, verdict: Verdict | None) -> CheckpointInfo:
         state, reason = CORRUPT, held.removeprefix(CORRUPT_PREFIX)
     step = manifest.step if manifest else c.step
     if step is None and c.ordinal is not None:
-        step = sidecar_step(c.path)
+        step = json_step(c.path)
     return CheckpointInfo(
         name=c.name,
         path=c.path,

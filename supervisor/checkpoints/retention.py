@@ -58,7 +58,7 @@ class KeepBest(BaseModel):
 
     metric: str = Field(min_length=1, description="manifest metric name, e.g. \"loss\"")
     mode: Literal["min", "max"] = Field(description="min: lower is better; max: higher is better")
-    k: int = Field(ge=0, description="how many to keep (0 = rule off)")
+    k: int = Field(ge=0, le=1_000_000, description="how many to keep (0 = rule off)")
 
 
 class RetentionRules(BaseModel):
@@ -66,8 +66,10 @@ class RetentionRules(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    keep_last: int = Field(default=3, ge=0, description="keep the N newest complete checkpoints (0 = rule off)")
-    keep_every: int = Field(default=0, ge=0, description="keep checkpoints whose step is divisible by K (0 = off)")
+    keep_last: int = Field(
+        default=3, ge=0, le=1_000_000, description="keep the N newest complete checkpoints (0 = rule off)")
+    keep_every: int = Field(
+        default=0, ge=0, le=10**12, description="keep checkpoints whose step is divisible by K (0 = off)")
     keep_best: KeepBest | None = Field(default=None, description="keep the k best by a manifest metric")
     min_free_gb: float = Field(
         default=0, ge=0, description="delete oldest deletable until this many GiB are free (0 = off)"
@@ -76,7 +78,8 @@ class RetentionRules(BaseModel):
         default=0, ge=0, description="delete oldest deletable while checkpoints exceed this many GiB (0 = off)"
     )
     partial_max_age_s: float = Field(
-        default=3600, ge=0, description="partial/torn dirs idle longer than this many seconds are deleted (those "
+        default=3600, ge=0, le=30 * 86400,
+        description="partial/torn dirs idle longer than this many seconds are deleted (those "
         "above the newest complete at once, before a launch whose job picks its own checkpoint)"
     )
 

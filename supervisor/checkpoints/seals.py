@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from supervisor.checkpoints._files import open_regular, read_small_json
+from supervisor.checkpoints._files import open_capped, read_small_json
 from supervisor.checkpoints.integrity import ALGORITHM, Checksums, Hasher, Segment
 from supervisor.checkpoints.manifest import read_manifest
 from supervisor.checkpoints.sidecars import open_sidecar, sidecar_path, trusted_owners
@@ -97,7 +97,7 @@ def _hash_file(path: Path, segments: list[Segment] | None, mb_s: float | None) -
     if mb_s is not None:
         _idle_io()
     try:
-        f, st = open_regular(path, 1 << 62, CheckpointError)
+        f, st = open_capped(path, 1 << 62, CheckpointError)
     except FileNotFoundError:
         return f"{path} is missing"
     except CheckpointError as exc:

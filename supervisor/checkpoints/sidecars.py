@@ -6,12 +6,11 @@ system. Each sidecar is `<parent>/.<name><suffix>` of the resolved root (layout.
 
 A sidecar decides what is deleted (the trash), what is protected (in-use markers) and who may run on the
 root (the claim), so it must be ours: a plain directory (never a symlink), owned by us or by the owner of
-the root itself (who can delete its checkpoints anyway), and writable by nobody else. We create them 0700;
-one made wider by an earlier version (0755) is narrowed when it is ours. Anything else - another user's
-folder pre-created in a shared `/tmp`, a group- or world-writable one - is refused with `SidecarError`
-naming it, and nothing is read from, written to or deleted through it.
+the root itself (who can delete its checkpoints anyway), and writable by nobody else. We create them 0700.
+Anything else - another user's folder pre-created in a shared `/tmp`, a group- or world-writable one - is
+refused with `SidecarError` naming it, and nothing is read from, written to or deleted through it.
 
-Times written by other hosts (in-use markers, claims) count only up to a small clock skew into the
+Times written by other hosts (in-use markers, claims) count only up to a day of clock skew into the
 future (`written_at`): a marker dated next year must not protect a checkpoint, or hold a root, forever.
 """
 from __future__ import annotations
@@ -27,7 +26,8 @@ from supervisor.layout import sidecar_name
 __all__ = ["CLOCK_SKEW_S", "resolved", "sidecar_path", "trusted_owners", "sidecar_problem", "open_sidecar",
            "written_at"]
 
-CLOCK_SKEW_S = 300.0  # a time written by another host may be this far ahead of ours (clocks disagree a little)
+CLOCK_SKEW_S = 86400.0  # a time written by another host may be this far ahead of ours: clocks an hour apart (a
+# time zone taken for UTC, a pruner under faketime -1h) must not make every live lease of the other host stale
 PathLike = str | os.PathLike[str]
 
 
@@ -52,15 +52,18 @@ def trusted_owners(root: PathLike) -> set[int]:
     return owners
 
 
-def sidecar_problem(path: Path, st: os.stat_result, owners: Collection[int]) -> str | None:
-    """Why the existing entry `path` (lstat `st`) is not a sidecar we may use, or None (pure)."""
+def sidecar_problem(path: Path, st: os.stat_result, owners: Collection[int], *, folder: bool = True,
+                    sticky_ok: bool = False) -> str | None:
+    """Why the existing entry `path` (lstat `st`) is not a sidecar (`folder`, else a file) we may use, or None;
+    `sticky_ok`: a folder writable by others is ours with the sticky bit (nobody else may rename our files; pure)."""
     if stat.S_ISLNK(st.st_mode):
-        return f"{path} is a symlink, not a folder of ours"
-    if not stat.S_ISDIR(st.st_mode):
-        return f"{path} is not a plain directory"
+        return f"{path} is a symlink, not a {'folder' if folder else 'file'} of ours"
+    if not (stat.S_ISDIR if folder else stat.S_ISREG)(st.st_mode):
+        return f"{path} is not a plain {'directory' if folder else 'file'}"
     if st.st_uid not in owners:
-        return f"{path} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}) or the root's owner"
-    if st.st_mode & 0o022:
+        also = " or the root's owner" if set(owners) != {os.geteuid()} else ""
+        return f"{path} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}){also}"
+    if folder and st.st_mode & 0o022 and not (sticky_ok and st.st_mode & stat.S_ISVTX):
         return f"{path} is writable by its group or by others (mode {stat.S_IMODE(st.st_mode):04o})"
     return None
 
@@ -82,11 +85,6 @@ def open_sidecar(path: Path, owners: Collection[int], *, create: bool) -> bool:
     if problem:
         raise SidecarError(f"{problem}; refusing to use it. Remove it (or give it to the user that runs the "
                            "supervisor, mode 0700) and try again")
-    if st.st_uid == os.geteuid() and st.st_mode & 0o077:
-        try:
-            os.chmod(path, 0o700)  # made 0755 by an earlier version: owner-only now, as documented
-        except OSError:
-            pass
     return True
 
 

@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from supervisor.checkpoints.tiers import local_rules, scan_local, scan_tiers
 from supervisor.cli.argtypes import at_most, non_negative_int
 from supervisor.config import MAX_GB
 from supervisor.errors import EXIT_NOT_OK, EXIT_OK, CheckpointError
+from supervisor.host.boot import wall_now
 from supervisor.observe.humanize import human_age, human_bytes, printable
 
 __all__ = ["register", "info_json"]
@@ -174,7 +174,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([info_json(c) for c in infos], indent=2))
     elif infos:
-        print(_table(infos, time.time(), (best.metric,) if best and best.k else (), tiers=target.local is not None))
+        print(_table(infos, wall_now(), (best.metric,) if best and best.k else (), tiers=target.local is not None))
     else:
         print("no checkpoints", file=sys.stderr)
     return EXIT_OK
@@ -236,7 +236,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 def _prune_root(root: Path, infos: list[CheckpointInfo], rules: RetentionRules, target: _Target, dry_run: bool,
                 tier: str) -> None:
     protect = {*target.protect, *in_use(root)}  # jobs started by any supervisor, on any host
-    plan = plan_retention(infos, rules=rules, disk=disk_usage(root), protect=protect, now=time.time())
+    plan = plan_retention(infos, rules=rules, disk=disk_usage(root), protect=protect, now=wall_now())
     if dry_run:
         _print_plan(plan, None, tier)
         return

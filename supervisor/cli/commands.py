@@ -16,11 +16,12 @@ from supervisor.config import Config, load_config
 from supervisor.daemon.statefile import read_status
 from supervisor.errors import EXIT_NOT_OK, EXIT_NOT_RUNNING, EXIT_OK, UsageError
 from supervisor.host.regularfile import open_regular
-from supervisor.host.runlock import RunLock
+from supervisor.host.runlock import LOCK_FILE, RunLock
 from supervisor.observe.eventlog import LOG_FILE, render_line
 from supervisor.observe.lines import LineSplitter, tail_lines
 from supervisor.observe.sanitize import visible
 from supervisor.observe.statusview import render_status
+from supervisor.policy.state import Status
 
 __all__ = ["register"]
 
@@ -71,6 +72,25 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="kill the job now (SIGUSR2 to the supervisor): an emergency checkpoint being written is lost")
     p.set_defaults(func=cmd_stop)
 
+    p = sub.add_parser("notify-test", help="send a test alert through [notify]'s command and webhook",
+                       epilog="exit codes: 0 every configured channel took it; 1 one failed (said on stderr); 2 usage "
+                       "or config error, or [notify] has no command and no webhook")
+    _config_arg(p)
+    p.set_defaults(func=cmd_notify_test)
+
+
+def cmd_notify_test(args: argparse.Namespace) -> int:
+    from supervisor.daemon.alerts import deliver, render
+
+    cfg = load_config(args.config)
+    if not (cfg.notify.command or cfg.notify.webhook):
+        raise UsageError(f"{cfg.path}: [notify] has no command and no webhook: nothing to test")
+    status = read_status(cfg.run_dir) or Status(pid=os.getpid(), started_at=time.time(), config=str(cfg.path))
+    outcome = deliver(cfg, render(cfg, status, "test", "a test alert (fsdp-supervisor notify-test)", at=time.time()))
+    for channel, error in outcome.items():
+        print(f"{channel}: {error or 'sent'}", file=sys.stderr if error else sys.stdout)
+    return EXIT_NOT_OK if any(outcome.values()) else EXIT_OK
+
 
 def cmd_run(args: argparse.Namespace) -> int:
     from supervisor.daemon.run import run  # here: `status`/`logs` stay light
@@ -87,6 +107,13 @@ def _running(cfg: Config, *, say: bool = True) -> tuple[int | None, Path]:
     pid = RunLock.holder(cfg.run_dir)
     if pid is not None:
         return pid, cfg.run_dir
+    try:  # another user's run dir: its lock cannot be read, which is no "not running"
+        os.close(os.open(cfg.run_dir / LOCK_FILE, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC))
+    except PermissionError:
+        raise UsageError(f"cannot tell whether a supervisor runs on {cfg.run_dir}: permission denied; run this as "
+                         "the user that runs it") from None
+    except OSError:
+        pass  # none there, or a symlink or a FIFO: nobody holds that lock
     host = socket.gethostname()
     for h in live_holders(cfg.checkpoints.dir):
         if h.host == host and h.config == str(cfg.path):
@@ -138,7 +165,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         print(f"no {'job output' if args.job else 'supervisor log'} in {cfg.run_dir} yet", file=sys.stderr)
         return EXIT_NOT_OK
     try:
-        f = open_regular(path)
+        f = open(open_regular(path), "rb")  # noqa: SIM115 - closed by the caller below
     except OSError as exc:  # e.g. a FIFO planted under the name: nothing to show, and never a block
         if args.follow:
             print(f"cannot follow {path}: {exc.strerror or exc}", file=sys.stderr)
@@ -182,7 +209,7 @@ def _follow(f: BinaryIO, offset: int, path: Path, run_dir: Path, job: bool, rend
             nxt = _current_job_log(run_dir) if job else path
             try:
                 if nxt is not None and (nxt != path or os.stat(nxt).st_ino != ino):
-                    new = open_regular(nxt)
+                    new = open(open_regular(nxt), "rb")  # noqa: SIM115 - replaces f, closed with it
                     while data := f.read(_FOLLOW_CHUNK):  # the rest of the old file first
                         show(lines.feed(data))
                     show([lines.frame] if lines.frame else [])

@@ -22,8 +22,9 @@ from supervisor.cli.argtypes import add_config_arg
 from supervisor.config import Config, load_config
 from supervisor.errors import EXIT_NOT_OK, EXIT_OK, CheckpointError, UsageError
 from supervisor.history.fold import Fold
-from supervisor.history.records import HISTORY_FILE, MAX_READ_BYTES, iter_file_records, open_regular
+from supervisor.history.records import HISTORY_FILE, MAX_READ_BYTES, iter_file_records
 from supervisor.host.atomic import write_atomic
+from supervisor.host.regularfile import open_regular
 from supervisor.host.runlock import RunLock
 
 __all__ = ["register", "REPORT_FILE"]

@@ -11,17 +11,17 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from supervisor.config import Config
 from supervisor.daemon.system import System
 from supervisor.host import joblog
+from supervisor.host.log import Log
 from supervisor.policy.attempt import Job
 
 __all__ = ["AttemptFiles", "try_write"]
 
 
-def try_write(log: Any, what: str, action: Callable[[], object]) -> bool:
+def try_write(log: Log, what: str, action: Callable[[], object]) -> bool:
     """Run one run-dir file operation; a failure is logged, never raised."""
     try:
         action()
@@ -33,7 +33,7 @@ def try_write(log: Any, what: str, action: Callable[[], object]) -> bool:
 
 
 class AttemptFiles:
-    def __init__(self, cfg: Config, system: System, log: Any) -> None:
+    def __init__(self, cfg: Config, system: System, log: Log) -> None:
         self.cfg, self.sys, self.log = cfg, system, log
 
     def _try(self, what: str, action: Callable[[], object]) -> bool:

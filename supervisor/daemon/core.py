@@ -3,7 +3,7 @@
 The event loop (supervisor/daemon/loop.py) turns the OS into calls on `Core`; tests call the same methods with a
 fake `System` and replay histories. Decisions are the pure policy modules' (`restarts`, `resume`, `stopping`,
 `exits`; the attempt's record and its own rules: `attempt`); Core's small parts own their state: when passes run
-(`passes`), how `Status` is published (`publisher`), where each event is said (`events`), every rank's heartbeat
+(`passes`), the events it publishes and their subscribers (`events`: log, history, state.json), every rank's heartbeat
 and the hang kill (`hangs`), a requested stop and its grace (`stops`), the attempt's files (`attemptfiles`).
 Checkpoint housekeeping is one pass (housekeeping.run_pass: scan, verify, prune) that runs off the loop
 through `System.run_off_loop`; its result comes back as an event (`_on_pass`). Whatever needs the
@@ -20,31 +20,34 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from supervisor.checkpoints.claim import RootClaim
 from supervisor.checkpoints.tiers import TierClaims
 from supervisor.config import Config
-from supervisor.contract import HEARTBEAT_FILE, Beat
+from supervisor.contract import ENV_SKIP_STEPS, HEARTBEAT_FILE, SKIP_STEPS_PLACEHOLDER, Beat
+from supervisor.daemon import events as ev
 from supervisor.daemon.attemptfiles import AttemptFiles, try_write
-from supervisor.daemon.events import Events
+from supervisor.daemon.divergence import Guard
+from supervisor.daemon.elsewhere import Elsewhere
 from supervisor.daemon.evidence import read_beat, root_cause
 from supervisor.daemon.hangs import Hangs
 from supervisor.daemon.housekeeping import Housekeeper, PassResult
 from supervisor.daemon.passes import PassScheduler
 from supervisor.daemon.publisher import StatePublisher
-from supervisor.daemon.recorder import NullHistory
+from supervisor.daemon.recorder import HistoryRecorder
 from supervisor.daemon.statefile import STATE_FILE
 from supervisor.daemon.stops import Stops, Then
 from supervisor.daemon.system import System
 from supervisor.daemon.timers import Timer, TimerKey
 from supervisor.errors import EXIT_GAVE_UP, EXIT_OK, EXIT_SUPERVISOR_FAILED, CheckpointError
 from supervisor.host.identity import run_token
+from supervisor.host.log import Log
 from supervisor.observe.redact import redact_argv
 from supervisor.policy import restarts, resume
 from supervisor.policy.attempt import Job, apply_beat, job_env, named_by_beat
 from supervisor.policy.exits import classify_exit
-from supervisor.policy.state import State, Status
+from supervisor.policy.state import ExitReason, State, Status
+from supervisor.policy.stopsave import emergency_save_failure
 
 __all__ = ["Core", "EXIT_CODES"]
 
@@ -54,10 +57,10 @@ _LAUNCH_SCAN_TRIES = 3  # passes that could not read the root before a launch gi
 
 
 class Core:
-    def __init__(self, cfg: Config, system: System, log: Any, notify: Callable[[Status], object] | None = None,
-                 history: NullHistory | None = None, claim: RootClaim | TierClaims | None = None) -> None:
+    def __init__(self, cfg: Config, system: System, log: Log, notify: Callable[[Status], object] | None = None,
+                 history: HistoryRecorder | None = None, claim: RootClaim | TierClaims | None = None) -> None:
         self.cfg, self.sys, self.log = cfg, system, log
-        self.history = history or NullHistory()  # run_dir/history.jsonl (supervisor.daemon.recorder)
+        self.history = history  # run_dir/history.jsonl (supervisor.daemon.recorder): a subscriber, and its numbers
         self.run_dir = cfg.run_dir
         self.heartbeat_path = self.run_dir / HEARTBEAT_FILE
         self.status = Status(pid=os.getpid(), started_at=system.now(), config=str(cfg.path))
@@ -66,17 +69,19 @@ class Core:
         self.ended: Job | None = None  # the attempt that exited, until a pass lets it be judged
         self.exit_code: int | None = None
         self.high_water_step: int | None = None
-        self.house = Housekeeper(cfg, log, now=system.now)
+        self.house = Housekeeper(cfg, log, now=system.file_now, monotonic=system.monotonic)
         self.claim = self.house.claim = claim  # this job's claim on the checkpoint root (checkpoints/claim.py)
         self._root_id: tuple[int, int] | None = None  # the root the passes look at (re-created: a new one)
         self.watch_stale = False  # the root was replaced: the loop watches it anew (and clears this)
         self.in_use: Path | None = None  # the checkpoint the running attempt resumed from: never pruned
         self.passes = PassScheduler(self.house, system, self._on_pass)
-        self.events = Events(log, self.history)
-        self.publisher = StatePublisher(self.run_dir, system, log, self.history, notify)
+        self.publisher = StatePublisher(self.run_dir, system, log, history.annotate if history else None, notify)
+        # Every event published once; the log, the history and state.json subscribe (run.py adds the alerts)
+        self.bus = ev.Bus([ev.to_log(log), *([history.notify] if history else []), self.publisher.notify_event])
         # Every rank's heartbeat, the hang timers and the fast kill (daemon/hangs.py)
-        self.hangs = Hangs(cfg, system, log, self.events, self.status, refresh=self._on_heartbeat,
-                           publish=self._publish_beat)
+        self.hangs = Hangs(cfg, system, log, self.bus, self.status, refresh=self._on_heartbeat,
+                           publish=self._publish_beat, loss=self._on_loss)
+        self.guard = Guard(cfg, log, self.bus, self.status)  # the loss watched, rollbacks (daemon/divergence.py)
         self._launch_pending = False
         self._scan_failures = 0  # consecutive passes that could not read the root when a launch waited on them
         self.token = ""  # the run dir's job token (supervisor/host/identity.py), set by `begin`
@@ -85,31 +90,31 @@ class Core:
         # Requested stops: signals, the grace, a predecessor's orphaned job (daemon/stops.py)
         self.stops = Stops(cfg, system, log, self.status, cancel_hang=self.hangs.cancel)
         self.files = AttemptFiles(cfg, system, log)  # the attempt's error file and bounded log
+        roots = [cfg.checkpoints.dir, *filter(None, [cfg.checkpoints.local_dir]), cfg.run_dir]
+        self.elsewhere = Elsewhere(cfg.job_cwd, cfg.job.command, roots, since=system.now())  # saves outside the root
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     def begin(self, previous: Status | None) -> None:
         """Stop any job a killed supervisor left running on this run dir, then launch the first attempt.
 
         The job is found by the run dir's token in its environment (supervisor/host/identity.py), so a `#!` script,
-        a prewarmed job or a lost state.json hide nothing; state.json's pid and start time also catch a job
-        started before tokens existed. It is stopped off the loop: its emergency save may take up to
+        a prewarmed job or a lost state.json hide nothing. It is stopped off the loop: its emergency save may take up to
         stop_timeout_s, during which `stop` and `stop --force` must still work.
         """
-        self.history.supervisor_start()
+        self.bus.publish(ev.SupervisorStarted())
         token, error = run_token(self.run_dir, previous.run_token if previous is not None else None)
         if error:
             self.log.warning("run_dir_write_failed", what="job token", error=error)
         self.token = self.status.run_token = token
-        recorded = None
-        if previous is not None and previous.job_pid and previous.job_create_time is not None:
-            recorded = (previous.job_pid, previous.job_create_time)
         if previous is not None:
             self.status.restarts = previous.restarts if not previous.state.final else 0
+            self.status.rollbacks = previous.rollbacks if not previous.state.final else 0
         # Attempt numbers continue so logs/attempt-NNNN.log and the history's attempts stay unique, even when
         # state.json was lost and only the history remembers them.
-        self.status.attempt = max(previous.attempt if previous is not None else 0, self.history.last_attempt)
+        self.status.attempt = max(previous.attempt if previous else 0, self.history.last_attempt if self.history else 0)
+        self.guard.resumed(self.status.attempt)
         self.sys.timers.set(Timer.RETENTION, self.sys.monotonic() + self.cfg.checkpoints.retention_interval_s)
-        self.sys.run_off_loop(self.stops.stop_orphans(self.run_dir, (token, recorded)), self._on_orphans_stopped)
+        self.sys.run_off_loop(self.stops.stop_orphans(self.run_dir, token), self._on_orphans_stopped)
         self._publish()  # `status` shows this supervisor, starting, not the killed one's last words
 
     def _on_orphans_stopped(self, outcome: list[int] | BaseException) -> None:
@@ -122,7 +127,7 @@ class Core:
     def done(self) -> bool:
         return self.exit_code is not None
 
-    def _finish(self, state: State, reason: str) -> None:
+    def _finish(self, state: State, reason: str, *, save_failed: bool = False) -> None:
         self.status.transition(state)
         self.status.reason = reason
         self.status.job_pid = None
@@ -131,7 +136,7 @@ class Core:
         self._launch_pending = False
         for t in Timer:
             self.sys.timers.cancel(t)
-        self.history.finish(state, reason)
+        self.bus.publish(ev.Finished(state, reason, self.status.attempt, save_failed))  # the run's attempts, all sessions
         self._publish()
 
     def _sync_disk(self) -> None:
@@ -144,12 +149,8 @@ class Core:
         self.status.latest_checkpoint = self.house.latest_json()
         self.status.retention_stopped = self.house.retention_stopped
 
-    def _give_up(self, reason: str) -> None:
-        self._finish(State.FAILED, reason)
-        self.log.error("gave_up", reason=reason, attempts=self.status.attempt)  # the run's, not this session's
-
     def _publish(self) -> None:
-        self.publisher.publish(self.status)
+        self.bus.publish(ev.StatusChanged(self.status))
 
     # ---- leaving -----------------------------------------------------------------------------------------------
     def abandon(self, error: BaseException) -> int:
@@ -206,7 +207,8 @@ class Core:
                 and resume.chooses_itself(self.cfg.job.resume_args))
 
     def _protected(self) -> list[Path]:
-        return [self.in_use] if self.in_use else []
+        good = self.guard.protected(self.house.last.checkpoints if self.house.last else [])
+        return [self.in_use, *good] if self.in_use else good
 
     def _on_pass(self, outcome: PassResult | BaseException) -> None:
         """A pass finished (on the loop thread): note commits, then do what was waiting for it."""
@@ -217,16 +219,21 @@ class Core:
             low = self.job.low_free
             self.job.low_free = result.disk_free if low is None else min(low, result.disk_free)
         new = self.house.absorb(result)
+        if result.error is None:
+            self.guard.mark(result.checkpoints, self.status.attempt, self._quarantine)
         self._note_root(result.root_id)
-        self.events.pass_done(result, new)
+        self.bus.publish(ev.PassAbsorbed(result, new))
         if new is not None:
             job = self.job or self.ended
             if job is not None:
                 job.new_checkpoint = True
+            self.elsewhere.committed(self.sys.monotonic())
+            self.status.root_idle = None
             if self.job is not None and self.in_use is not None and new.path != self.in_use:
                 self.in_use = None  # the attempt saved past its resume point: that one may go now
                 self.house.clear_in_use()
         self._sync_disk()
+        self._check_root_idle()
         if self.ended is not None:
             self._judge_exit()
         elif self._launch_pending and self.status.state in (State.STARTING, State.BACKOFF):
@@ -288,7 +295,8 @@ class Core:
             return resume.Refuse(f"cannot tell whether {ck.dir} holds a checkpoint to resume from: {scan.error}")
         self._scan_failures = 0
         plan = resume.plan_resume(scan.checkpoints, resume_args=job.resume_args,
-                                  allow_fresh_start=ck.allow_fresh_start, skip=self._unmarked)
+                                  allow_fresh_start=ck.allow_fresh_start,
+                                  skip=self._unmarked | self.guard.marked)
         if isinstance(plan, resume.Launch) and resume.chooses_itself(job.resume_args) and not self._choice_logged:
             self._choice_logged = True  # said once: the job, not the supervisor, decides what it loads
             self.log.info("resume_choice_left_to_job", resume_args=list(job.resume_args), root=str(ck.dir))
@@ -304,17 +312,22 @@ class Core:
         if plan is None:
             return
         if isinstance(plan, resume.Refuse):
-            self._give_up(plan.reason)
+            self._finish(State.FAILED, plan.reason)
+            return
+        if (plan.checkpoint is None and not plan.args and not resume.chooses_itself(self.cfg.job.resume_args)
+                and self.elsewhere.must_look(len(self.attempts))):  # a fresh relaunch: did the job save elsewhere?
+            self.sys.run_off_loop(self.elsewhere.look, lambda found: self._looked(found, scan))
             return
         held = self.claim.check() if self.claim is not None else None  # one job per root, checked every launch
         if held is not None:
-            self._give_up(held)
+            self._finish(State.FAILED, held)
             return
         number = self.status.attempt + 1
         if self.status.state is State.BACKOFF:
             self.status.transition(State.STARTING)
         ckpt = plan.checkpoint
-        argv = [*self.cfg.job.command, *plan.args]
+        skip = self.guard.launching(number, ckpt)
+        argv = [*self.cfg.job.command, *(a.replace(SKIP_STEPS_PLACEHOLDER, str(skip)) for a in plan.args)]
         error_file = self.run_dir / "errors" / f"attempt-{number:04d}.json"
         log_path = self.run_dir / "logs" / f"attempt-{number:04d}.log"
         output = self.files.prepare(error_file, log_path, [
@@ -323,12 +336,14 @@ class Core:
         try:
             env = job_env(self.cfg, os.environ, number=number, heartbeat=self.heartbeat_path, error_file=error_file,
                           token=self.token)
+            env[ENV_SKIP_STEPS] = str(skip)
             pid, ctime = self.sys.spawn(argv, cwd=self.cfg.job_cwd, env=env, log_path=output)
         except OSError as exc:
             self.log.error("launch_failed", attempt=number, argv=redact_argv(argv), error=str(exc))
             self._finish(State.FAILED, f"cannot launch {argv[0]!r}: {exc}")
             return
         now_m = self.sys.monotonic()
+        self.elsewhere.started(now_m)
         self.job = Job(
             number=number, pid=pid, started_mono=now_m, resumed_from=str(ckpt.path) if ckpt else None,
             resumed_step=ckpt.step if ckpt else None, error_file=error_file, log_path=log_path, oom_before=oom_before,
@@ -342,8 +357,10 @@ class Core:
         st.step, st.step_at, st.phase, st.loss, st.val_loss, st.rate_steps_per_s = None, None, None, None, None, None
         self._sync_disk()
         st.transition(State.RUNNING)
-        self.events.attempt_started(self.job, argv, self.cfg.job.env)
+        self.bus.publish(ev.AttemptStarted(self.job, argv, self.cfg.job.env,
+                                           resume.passed_over(scan.checkpoints, ckpt) if ckpt else ()))
         self.hangs.started(self.job)
+        self.guard.started()
         self._publish()
 
     # ---- job exit --------------------------------------------------------------------------------------------
@@ -362,6 +379,7 @@ class Core:
             if job.agent_exit is not None and not self.sys.survivors():
                 self._end_attempt(job, job.agent_exit)
             return
+        self.guard.alive = False  # a divergence in its last beats is acted on at its judgement, not by a stop
         self._on_heartbeat()  # its last beat, if the file watcher has not delivered it yet: the phase it died in
         if not self.stops.agent_exited(job, returncode):
             self._end_attempt(job, returncode)
@@ -405,19 +423,33 @@ class Core:
             self.high_water_step = max(job.max_step, self.high_water_step or job.max_step)
         attempt = job.judged(progressed=progressed,
                              beat_checkpoint=named_by_beat(job, self.house.last.checkpoints if self.house.last else []))
-        self.attempts.append(attempt)
-        self.events.attempt_exited(job, attempt, info, latest_step=latest)
+        verdict = self.guard.verdict if self.guard.found and self.guard.found[0] == job.number else None
+        if verdict is None:  # a rollback is no crash: no restart budget, no crash-loop count
+            self.attempts.append(attempt)
+        failed = emergency_save_failure(job, latest_step=latest, disk_note=self.house.full_disk_note(job.low_free),
+                                        grace_s=self.cfg.health.stop_timeout_s) if job.stopping else None
+        if failed:  # the history's record says so too: the real exit code, and why
+            info.code, info.detail = job.returncode if job.returncode and job.returncode > 0 else info.code, failed
+            self.stops.reason = f"{self.stops.reason}; {failed}"
+            self.log.error("emergency_save_failed", attempt=job.number, code=job.returncode, reason=failed)
+        self.bus.publish(ev.AttemptExited(job, attempt, info, latest))
         if self.status.state is State.STOPPING:
-            self._finish(State.STOPPED, self.stops.reason)
-            self.log.info("stopped", attempt=job.number, reason=info.reason)
+            clean = info.reason == ExitReason.STOPPED and not info.code and info.signal is None
+            self._finish(State.STOPPED, self.stops.reason, save_failed=not clean or bool(failed))  # its emergency save
+            return
+        if verdict == "give_up":
+            self._finish(State.FAILED, self.guard.reason())
+            return
+        if verdict is not None:
+            self.status.transition(State.BACKOFF)
+            self.sys.timers.set(Timer.LAUNCH, self.sys.monotonic())
             return
         self._maybe_quarantine()
         decision = restarts.decide(self.attempts, self.cfg.restart, jitter=self.sys.random())
         if isinstance(decision, restarts.Finish):
             self._finish(State.COMPLETED, decision.reason)
-            self.log.info("completed", attempts=self.status.attempt)  # the run's attempts, earlier sessions too
         elif isinstance(decision, restarts.GiveUp):
-            self._give_up(decision.reason)
+            self._finish(State.FAILED, decision.reason)
         else:
             self.status.transition(State.BACKOFF)
             self.status.restarts += 1
@@ -425,6 +457,9 @@ class Core:
             self.sys.timers.set(Timer.LAUNCH, self.sys.monotonic() + decision.delay_s)
             self.log.info("backoff", delay_s=round(decision.delay_s, 3), reason=decision.reason,
                           restarts=self.status.restarts)
+            if (streak := restarts.crash_loop(self.attempts, self.cfg.restart)) is not None:
+                self.bus.publish(ev.Alarm("crash_loop", f"{streak} attempts in a row failed without progress (last: "
+                                          f"{info.reason}); one more gives up", {"failures": streak}))
 
     def _maybe_quarantine(self) -> None:
         """Quarantine a checkpoint only on evidence that the failures are its own (restarts.quarantine_candidate)."""
@@ -433,7 +468,9 @@ class Core:
                  or restarts.quarantine_candidate(self.attempts, self.cfg.restart.quarantine_after))
         if found is None or found.path in self.status.quarantined or found.path in self._unmarked:
             return
-        path, reason = found.path, found.reason
+        self._quarantine(found.path, found.reason)
+
+    def _quarantine(self, path: str, reason: str) -> None:
         self._unmarked.add(path)  # not resumed from again by this supervisor, whether or not the marker lands
         self.passes.changed()  # the root changed (or should have): the last pass no longer names the resume point
         try:
@@ -443,7 +480,7 @@ class Core:
             return
         self._unmarked.discard(path)
         self.status.quarantined = [*self.status.quarantined, path]
-        self.events.quarantined(path, reason)
+        self.bus.publish(ev.Quarantined(path, reason))
 
     # ---- signals ---------------------------------------------------------------------------------------------
     def on_signal(self, signum: int) -> None:
@@ -453,7 +490,6 @@ class Core:
     def _then(self, then: Then) -> None:
         if then is Then.FINISH:
             self._finish(State.STOPPED, self.stops.reason)
-            self.log.info("stopped", attempt=self.status.attempt, reason="no job running")
         elif then is Then.END_ATTEMPT and self.job is not None and self.job.agent_exit is not None:
             self._end_attempt(self.job, self.job.agent_exit)
         elif then is Then.PUBLISH:
@@ -514,10 +550,39 @@ class Core:
         if beat is None or beat == job.beat:
             return
         apply_beat(self.status, beat, self.sys.now(), job.rate)
+        self.elsewhere.beat(job.beat, beat)
         job.beat, job.beat_mono = beat, self.sys.monotonic()
+        self._check_root_idle()
         self.hangs.seen(job, None, beat)  # the step it reached, and the hang timer set again
-        self.history.beat(job.number, beat)
+        self.bus.publish(ev.BeatRead(job.number, beat))
         self._publish_beat()
 
+    def _looked(self, found: list[Path] | BaseException, scan: PassResult) -> None:
+        """The search before a fresh relaunch ended (daemon/elsewhere.py): give up naming what it found, or launch."""
+        if self.done:
+            return
+        if isinstance(found, BaseException):  # a bug in the search costs the search, not the relaunch
+            self.log.warning("checkpoints_elsewhere_unknown", error=f"{type(found).__name__}: {found}")
+        reason = None if isinstance(found, BaseException) else self.elsewhere.refusal(found, self.log)
+        if reason:
+            self._finish(State.FAILED, reason)
+        else:
+            self._launch(scan)
+
+    def _check_root_idle(self) -> None:
+        idle = self.elsewhere.idle(self.sys.monotonic(), beats=self.job.beat is not None) if self.job else None
+        if idle:
+            self.status.root_idle = idle
+            self.log.warning("checkpoint_root_idle", root=str(self.house.root), detail=idle)
+
+    def _on_loss(self, job: Job, rank: int | None, beat: Beat) -> None:
+        """A new beat (the node's or a rank's) for the divergence guard, which may ask for a graceful stop."""
+        if self.guard.feed(job.number, rank, beat) is None:
+            return
+        if self.guard.stopping and self.guard.alive and not job.stopping and self.status.state is State.RUNNING:
+            self.stops.terminate(job)
+        self._request_pass(prune=False)
+        self._publish()
+
     def _publish_beat(self) -> None:
-        self.publisher.publish_beat(self.status)
+        self.bus.publish(ev.StatusChanged(self.status, beat=True))

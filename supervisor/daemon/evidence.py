@@ -6,7 +6,6 @@ read within a bound; the parsing is `supervisor.policy.exits`' and `supervisor.c
 from __future__ import annotations
 
 import errno
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,7 @@ from supervisor.contract import (
     parse_heartbeat,
     rank_of_heartbeat,
 )
-from supervisor.host.regularfile import open_regular
+from supervisor.host.regularfile import open_regular, read_json
 from supervisor.policy.exits import RootCause, scan_job_output
 
 __all__ = ["root_cause", "read_oom_kills", "read_beat", "read_rank_beats", "RankBeats", "count_dumps", "read_span",
@@ -29,17 +28,11 @@ _TAIL_BYTES = 256 * 1024  # torchrun's footer is ~2 KiB; this leaves room for ot
 _ERROR_FILE_BYTES = 1024 * 1024  # `record` writes the message plus one call stack: kilobytes
 
 
-def _read_regular(path: Path, limit: int, *, tail: bool) -> str | None:
-    """The file's text (its last `limit` bytes when `tail`, else all of it if it fits), or None.
-
-    A FIFO, a device or a directory planted under the name is refused without blocking.
-    """
+def _read_tail(path: Path, limit: int) -> str | None:
+    """The text of the file's last `limit` bytes, or None (a FIFO, a device or a directory: refused, never waited on)."""
     try:
-        with open_regular(path) as f:
-            size = os.fstat(f.fileno()).st_size
-            if not tail and size > limit:
-                return None
-            start = max(0, size - limit) if tail else 0
+        with open(open_regular(path), "rb") as f:
+            start = max(0, os.fstat(f.fileno()).st_size - limit)
             f.seek(start)
             data = f.read(limit)
     except (OSError, ValueError):
@@ -50,12 +43,9 @@ def _read_regular(path: Path, limit: int, *, tail: bool) -> str | None:
 
 
 def _error_file_message(error_file: Path) -> str | None:
-    text = _read_regular(error_file, _ERROR_FILE_BYTES, tail=False)
-    if text is None:
-        return None
     try:
-        doc = json.loads(text)
-    except (ValueError, RecursionError):  # garbage, or nesting deep enough to exhaust the parser's stack
+        doc = read_json(error_file, _ERROR_FILE_BYTES)
+    except (OSError, ValueError):  # missing, planted, too big, or garbage
         return None
     msg = doc.get("message") if isinstance(doc, dict) else None
     msg = msg.get("message") if isinstance(msg, dict) else msg
@@ -66,7 +56,7 @@ def root_cause(error_file: Path | None, job_log: Path | None) -> RootCause:
     """The failing worker from torchrun's error file and the tail of the job's output; tolerates garbage."""
     found = RootCause(None, None, None)
     if job_log is not None:
-        text = _read_regular(job_log, _TAIL_BYTES, tail=True)
+        text = _read_tail(job_log, _TAIL_BYTES)
         if text:
             found = scan_job_output(text.splitlines())
     if found.exitcode is not None and found.exitcode < 0:
@@ -94,7 +84,7 @@ def read_oom_kills(cgroup_root: Path = Path("/sys/fs/cgroup"), proc_self: Path =
 def read_beat(path: Path) -> tuple[Beat | None, list[str]]:
     """The heartbeat file's beat and its problems; (None, []) if it is gone or not a regular file."""
     try:
-        with open_regular(path) as f:  # a FIFO or a device planted there must not block us
+        with open(open_regular(path, follow_symlinks=False, mine=True), "rb") as f:  # nor a FIFO, a device, a foreign file
             data = f.read(MAX_HEARTBEAT_BYTES + 1)
     except OSError:
         return None, []  # gone between the event and the read (the next beat will do), or not a file
@@ -146,7 +136,7 @@ def _rank_beat(path: Path, rank: int, problems: list[str]) -> Beat | None:
     beat: Beat | None = None
     for _ in range(2):  # a torn read of an in-place rewrite, once
         try:
-            with open_regular(path, follow_symlinks=False) as f:
+            with open(open_regular(path, follow_symlinks=False, mine=True), "rb") as f:
                 data = f.read(MAX_RANK_BEAT_BYTES + 1)
         except FileNotFoundError:
             return None  # gone since the scan (the job rewrote it by rename, or ended)
@@ -171,7 +161,7 @@ def read_span(path: Path | None, start: int, limit: int = _DUMP_READ) -> bytes:
     if path is None:
         return b""
     try:
-        with open_regular(path) as f:
+        with open(open_regular(path), "rb") as f:
             if os.fstat(f.fileno()).st_size < start:  # rotated (supervisor/host/joblog.py) since: from the top
                 start = 0
             f.seek(start)

@@ -6,8 +6,8 @@ file event, and the per-rank folder, looked at every `RANK_POLL_S`), the hang ti
 1. The HANG timer is set for when the slowest source overstays its allowance (supervisor/policy/ranks.py).
    When it fires nothing is judged from what was read before: the node's file and the per-rank folder are
    read again first, so beats queued behind the timer (a busy loop, a supervisor that was suspended) count.
-   A timer that fires more than `SUSPENDED_S` late means nobody watched meanwhile (SIGSTOP/SIGTSTP of the
-   supervisor, a stalled machine): every source's allowance starts over instead of a verdict.
+   Time the supervisor did not run is nobody's: the loop (daemon/loop.py `_thawed`) postpones the timers and,
+   through `postpone`, every source's allowance.
 2. Hung: the culprit ranks are named (workers that cannot run, else the ranks behind the others), SIGUSR1
    asks every worker for its stacks, and the wait ends as soon as every worker that can run has dumped (at
    most `stack_dump_wait_s`). The dumps are copied to `errors/attempt-NNNN.stacks.txt`.
@@ -19,38 +19,38 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable
-from typing import Any
 
 from supervisor.config import Config
 from supervisor.contract import MAX_RANK_FILES, RANK_HEARTBEAT_DIR, Beat, Phase, rank_of_heartbeat
-from supervisor.daemon.events import Events
+from supervisor.daemon.events import Bus, HangRecorded, StragglerChanged
 from supervisor.daemon.evidence import count_dumps, read_rank_beats, read_span
 from supervisor.daemon.system import System
 from supervisor.daemon.timers import Timer
 from supervisor.host.atomic import write_atomic
+from supervisor.host.log import Log
 from supervisor.policy.attempt import REACHED_BY_HEARTBEAT, REACHED_BY_RANKS, Job, apply_beat, hang_timeout
 from supervisor.policy.ranks import STUCK_STATES, RankWatch
 from supervisor.policy.state import Status
 
-__all__ = ["Hangs", "RANK_POLL_S", "SUSPENDED_S", "STACKS_MAX_BYTES"]
+__all__ = ["Hangs", "RANK_POLL_S", "STACKS_MAX_BYTES"]
 
 RANK_POLL_S = 1.0  # how often the per-rank folder is read (bounded: supervisor/contract.py's limits)
-SUSPENDED_S = 2.0  # a hang timer this late was not watched for: its verdict waits for a fresh allowance
 DUMP_POLL_S = 0.1  # how often the job's output is checked for the stack dumps asked for
 STACKS_MAX_BYTES = 256 * 1024  # of the job's output after SIGUSR1, kept as the attempt's stack dumps
 _TIMERS = (Timer.HANG, Timer.HANG_DUMPS, Timer.HANG_TERM, Timer.HANG_KILL, Timer.RANKS)
 
 
 class Hangs:
-    def __init__(self, cfg: Config, system: System, log: Any, events: Events, status: Status, *,
-                 refresh: Callable[[], None], publish: Callable[[], None]) -> None:
-        self.cfg, self.sys, self.log, self.events, self.status = cfg, system, log, events, status
+    def __init__(self, cfg: Config, system: System, log: Log, bus: Bus, status: Status, *,
+                 refresh: Callable[[], None], publish: Callable[[], None],
+                 loss: Callable[[Job, int | None, Beat], None] = lambda job, rank, beat: None) -> None:
+        self.cfg, self.sys, self.log, self.bus, self.status = cfg, system, log, bus, status
+        self.loss = loss  # every new beat, for the divergence guard (daemon/divergence.py)
         self.refresh = refresh  # Core reads the node's heartbeat file (and tells us through `seen`)
         self.publish = publish  # a status change to write (held back like a beat's)
         self.folder = cfg.run_dir / RANK_HEARTBEAT_DIR
         self.watch = RankWatch()
-        self._deadline: float | None = None  # when HANG is set for
-        self._startup_from = 0.0  # the startup allowance counts from here (the launch, or a resume from suspension)
+        self._startup_from = 0.0  # the startup allowance counts from here (the launch; later after a freeze)
         self._dump: tuple[int, int] | None = None  # (output offset at SIGUSR1, processes expected to dump)
 
     # ---- an attempt's lifetime ---------------------------------------------------------------------------
@@ -80,13 +80,13 @@ class Hangs:
     def cancel(self) -> None:
         for t in _TIMERS:
             self.sys.timers.cancel(t)
-        self._deadline = None
 
     # ---- heartbeats --------------------------------------------------------------------------------------
     def seen(self, job: Job, rank: int | None, beat: Beat) -> bool:
         """A beat of `rank`'s source (None: the node's file); True when it is progress."""
         if not self.watch.see(rank, beat, self.sys.monotonic()):
             return False
+        self.loss(job, rank, beat)
         if beat.phase != Phase.LOAD and (job.max_step is None or beat.step >= job.max_step):  # load: not trained here
             if job.max_step is None or beat.step > job.max_step:
                 job.max_step, job.progress_at, job.reached_by = beat.step, self._stepped_at(job, beat), None
@@ -108,7 +108,7 @@ class Hangs:
         changed = self._read(job)
         factor = self.cfg.health.straggler_factor
         for change in self.watch.look(factor) if factor > 0 else []:
-            self.events.straggler(job, change)
+            self.bus.publish(StragglerChanged(job, change))
             changed = True
         self.status.stragglers = self.watch.stragglers()
         if changed:
@@ -148,16 +148,16 @@ class Hangs:
     def _arm(self, job: Job) -> None:
         if job.hang or job.stopping:
             return
-        self._deadline = self._due()
-        if self._deadline is None:
+        due = self._due()
+        self.status.hang_detection = self.watch.describe(self.cfg.health)
+        if due is None:
             self.sys.timers.cancel(Timer.HANG)
         else:
-            self.sys.timers.set(Timer.HANG, self._deadline)
+            self.sys.timers.set(Timer.HANG, due)
 
     def on_hang(self, job: Job) -> None:
-        """The HANG timer fired: read every source again, make up for a suspension, or judge the attempt hung."""
+        """The HANG timer fired: read every source again, then judge the attempt hung unless it progressed."""
         now = self.sys.monotonic()
-        late = now - self._deadline if self._deadline is not None else 0.0
         self.refresh()
         self._read(job)
         if job.hang or job.stopping:
@@ -166,14 +166,13 @@ class Hangs:
         if due is None or due > now:  # progress since (or detection turned off): the timer is set again
             self._arm(job)
             return
-        if late > SUSPENDED_S:
-            self.watch.restart(now)
-            self._startup_from = max(self._startup_from, now)
-            self.log.warning("hang_check_deferred", attempt=job.number, late_s=round(late, 1),
-                             reason="the supervisor was not running (suspended?): the job gets a fresh allowance")
-            self._arm(job)
-            return
         self._hung(job, now)
+
+    def postpone(self, by: float) -> None:
+        """The supervisor did not run for `by` seconds: every allowance goes on where it stood (the loop has
+        postponed the timers too)."""
+        self.watch.postpone(by)
+        self._startup_from += by
 
     def _hung(self, job: Job, now: float) -> None:
         job.hang = True
@@ -227,7 +226,7 @@ class Hangs:
         self.sys.send_signal(job.pid, signal.SIGTERM)
         grace = self.cfg.health.hang_kill_grace_s
         self.sys.timers.set(Timer.HANG_KILL, self.sys.monotonic() + grace)
-        self.events.hang(job, idle_s=(self.status.last_hang or {}).get("idle_s"))
+        self.bus.publish(HangRecorded(job, (self.status.last_hang or {}).get("idle_s")))
         if self.status.last_hang is not None:
             self.status.last_hang["stacks"] = job.stacks
         self.log.warning("hang_stopping", attempt=job.number, kill_after_s=grace, stacks=job.stacks)

@@ -30,9 +30,11 @@ not exist is an empty tier (a tmpfs after a reboot): the durable root alone deci
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 import threading
+import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +51,7 @@ from supervisor.checkpoints.tiers import TierClaims
 from supervisor.config import Config
 from supervisor.daemon.integrity import good_ones
 from supervisor.errors import CheckpointError, SidecarError
+from supervisor.host.log import Log
 from supervisor.host.mounts import mount_id
 from supervisor.layout import MANIFEST_NAME, METADATA_NAME
 
@@ -120,7 +123,8 @@ def retention_problem(root: Path, fallback: Path) -> str | None:
 
 
 class Housekeeper:
-    def __init__(self, cfg: Config, log: Any, now: Callable[[], float]) -> None:
+    def __init__(self, cfg: Config, log: Log, now: Callable[[], float],
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.spelled = cfg.checkpoints.dir  # as the config writes it, for the look at the root's identity
         self.root = resolved(cfg.checkpoints.dir)  # resolved once: scanned, watched, compared by this path
         try:
@@ -131,7 +135,9 @@ class Housekeeper:
         self.local_root = resolved(cfg.checkpoints.local_dir) if cfg.checkpoints.local_dir is not None else None
         self.claim: RootClaim | TierClaims | None = None  # refreshed by every pass (set by the composition root)
         self.retention_stopped: str | None = None  # as of the last pass; said once when it changes
-        self.cfg, self.log, self.now = cfg, log, now
+        self.cfg, self.log, self.now, self.monotonic = cfg, log, now, monotonic
+        self._idle: dict[Path, tuple[float, float, float]] = {}  # unfinished save: (its mtime, idle then, monotonic then)
+        self._idle_lock = threading.Lock()
         self.latest: store.CheckpointInfo | None = None  # newest complete, non-quarantined: the resume point
         self._high: store.CheckpointInfo | None = None  # newest ever seen: a fallback after quarantine is no commit
         self.last: PassResult | None = None
@@ -194,9 +200,8 @@ class Housekeeper:
             plan, deleted = store.RetentionPlan(), list[store.Deletion]()
             committed = newest is not None and newest.path != unless_newest
             if self.cfg.checkpoints.prune and (prune or committed or settled) and stopped is None:
-                store.migrate_legacy_trash(self.root, fallback=self.cfg.run_dir)
-                plan, deleted, stopped = self._retention(self.root, durable, self.cfg.checkpoints, usage, protect,
-                                                         settled)
+                plan, deleted, stopped = self._retention(self.root, self._aged(durable), self.cfg.checkpoints, usage,
+                                                         protect, settled)
             if self.cfg.checkpoints.prune and (prune or committed or settled) and local:
                 deleted += self._local_retention(local, protect, settled)
         except (CheckpointError, OSError) as exc:
@@ -208,6 +213,22 @@ class Housekeeper:
             checkpoint_bytes=sum(c.size_bytes for c in durable if c.complete and c.path not in gone),
             root_id=root_id, retention_stopped=stopped, settled=settled,
         )
+
+    def _aged(self, found: list[store.CheckpointInfo]) -> list[store.CheckpointInfo]:
+        """`found`, its unfinished saves (partial, torn) idle since their mtime by the file clock when a pass first
+        saw that mtime, and by the monotonic clock from then on: a step of the wall clock since ages none of them."""
+        now, mono, seen, out = self.now(), self.monotonic(), {}, []
+        with self._idle_lock:
+            for c in found:
+                if c.state in (store.PARTIAL, store.TORN):
+                    mtime, idle, then = self._idle.get(c.path, (None, 0.0, 0.0))
+                    if mtime != c.mtime:
+                        mtime, idle, then = c.mtime, now - c.mtime, mono
+                    seen[c.path] = (mtime, idle, then)
+                    c = dataclasses.replace(c, mtime=now - (idle + mono - then))
+                out.append(c)
+            self._idle = seen
+        return out
 
     def _retention(self, root: Path, found: list[store.CheckpointInfo], rules: store.RetentionRules,
                    usage: store.DiskUsage, protect: Collection[Path], settled: bool,
@@ -266,11 +287,12 @@ class Housekeeper:
         self._emptier.start()
 
     # ---- in-use marker ------------------------------------------------------------------------------------
-    def mark_in_use(self, path: Path, pid: int, start_time: float | None) -> None:
-        """The attempt `pid` (started at `start_time`) resumed from `path`: tell every prune of its root (either tier)."""
+    def mark_in_use(self, path: Path, pid: int, start: float | None) -> None:
+        """The attempt `pid` (its start ticks: `start`) resumed from `path`: tell every prune of its root (either tier)."""
         self.clear_in_use()
         try:
-            self._marker = (store.mark_in_use(path.parent, path, pid=pid, start_time=start_time), pid, path.parent)
+            self._marker = (store.mark_in_use(path.parent, path, pid=pid, start=int(start) if start else None), pid,
+                            path.parent)
         except CheckpointError as exc:  # the daemon's own retention still protects it (core's in_use)
             self.log.warning("in_use_marker_failed", path=str(path), error=str(exc))
 

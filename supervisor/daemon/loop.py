@@ -102,7 +102,7 @@ class Echo:
             self._end_line()
             self.path, self.offset, self.lines = path, 0, LineSplitter()
         try:
-            with open_regular(path) as f:  # the job may have put a FIFO there: never block the loop on it
+            with open(open_regular(path), "rb") as f:  # the job may have put a FIFO there: never block the loop on it
                 size = os.fstat(f.fileno()).st_size
                 if size < self.offset:  # truncated under us: start over
                     self.offset, self.lines = 0, LineSplitter()
@@ -193,25 +193,25 @@ class EventLoop:
             self.sys.timers.set(Tick(i), self.sys.monotonic() + interval)
         try:
             begin()
+            began, cpu = self.sys.monotonic(), time.thread_time()
             self._dispatch()
             while not self.core.done:
                 deadline = self.sys.timers.next_deadline()
                 # Capped: epoll cannot wait ~25 days; a farther timer is simply looked at again later.
-                before = self.sys.monotonic()
-                timeout = None if deadline is None else min(_MAX_WAIT_S, max(0.0, deadline - before))
+                timeout = None if deadline is None else min(_MAX_WAIT_S, max(0.0, deadline - self.sys.monotonic()))
                 sel.select(timeout)
-                if timeout is not None:
-                    self._thawed(self.sys.monotonic() - before - timeout)
                 try:
                     while os.read(rfd, 4096):
                         pass
                 except BlockingIOError:
                     pass
-                # A freeze can also land while the loop works (Slurm suspends at any moment; the busiest moment
-                # is a stop's): wall time the dispatch took beyond its own CPU time is time it did not run.
-                began, cpu = self.sys.monotonic(), time.thread_time()
+                # Once a turn, before any timer is popped: the wall time since the last dispatch began, less its
+                # CPU time and the wait asked for, is time this process did not run (a freeze can land while the
+                # loop waits or while it works: Slurm suspends at any moment, the busiest moment is a stop's).
+                now = self.sys.monotonic()
+                self._thawed(now - began - (time.thread_time() - cpu) - (timeout or 0.0))
+                began, cpu = now, time.thread_time()
                 self._dispatch()
-                self._thawed(self.sys.monotonic() - began - (time.thread_time() - cpu))
             if self.echo is not None:
                 self.echo.drain()
             return int(self.core.exit_code or 0)
@@ -226,14 +226,15 @@ class EventLoop:
             os.close(self._wfd)
 
     def _thawed(self, late: float) -> None:
-        """The select came back `late` seconds after it was due, or a dispatch took `late` seconds of wall time beyond
-        its CPU time: this process did not run meanwhile, frozen with its
-        job (Slurm's `scontrol suspend` stops every process of a job, a cgroup freezer, SIGSTOP, a paused VM). That
-        was no time of the job's: the hang allowance, stop_timeout_s and the backoff go on where they stood. (The
-        loop wakes every second for its ticks, so `late` falls short of the freeze by a second at most.)"""
+        """The loop's turn took `late` seconds of wall time beyond its CPU time and its wait: this process did not
+        run meanwhile, frozen with its job (Slurm's `scontrol suspend` stops every process of a job, a cgroup
+        freezer, SIGSTOP, a paused VM) or alone (Ctrl+Z). That was no time of the job's: the hang allowance,
+        stop_timeout_s and the backoff go on where they stood. (The loop wakes every second for its ticks, so
+        `late` falls short of the freeze by a second at most.) The one answer to a freeze: nothing else checks."""
         if late < _FROZEN_S:
             return
         self.sys.timers.postpone(late)
+        self.core.hangs.postpone(late)
         self.core.log.warning("frozen", frozen_s=round(late, 1),
                               note="the supervisor did not run (suspended with its job?): its timers were paused")
 

@@ -21,9 +21,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from supervisor import torchrun_args
+from supervisor.checkpoints.sidecars import sidecar_problem
 from supervisor.config import Config, local_tier_nodes_error
+from supervisor.contract import HEARTBEAT_FILE, RANK_HEARTBEAT_DIR
+from supervisor.daemon.statefile import STATE_FILE
 from supervisor.errors import CheckpointError, ConfigError
+from supervisor.history.records import HISTORY_FILE
+from supervisor.host.identity import TOKEN_FILE
 from supervisor.host.regularfile import open_regular
+from supervisor.host.runlock import LOCK_FILE
+from supervisor.observe.eventlog import LOG_FILE
 
 __all__ = ["check_setup", "command_warnings", "job_program", "make_dirs", "rendezvous_key", "trainer_module",
            "trainer_problem"]
@@ -84,7 +91,7 @@ def _interpreter_problem(program: str) -> str | None:
     file that is there. Only an absolute interpreter is checked: that is the one the kernel runs as is.
     """
     try:
-        with open_regular(program) as f:
+        with open(open_regular(program), "rb") as f:
             head = f.read(256)
     except OSError:
         return None
@@ -162,7 +169,7 @@ def _job_python(cfg: Config, program: str) -> str | None:
     if os.path.basename(program).startswith("python"):
         return program
     try:
-        with open_regular(program) as f:
+        with open(open_regular(program), "rb") as f:
             head = f.read(256)
     except OSError:
         return None
@@ -217,13 +224,38 @@ def check_setup(cfg: Config) -> None:
     _check_trainer(cfg, program)
     for key, path in _dirs(cfg):
         problem = _dir_problem(path)
-        if problem:
+        if problem and key != "checkpoints.local_dir":  # the local tier is an optimisation: `run` warns (tier_problem)
             raise ConfigError(f"{cfg.path}: [{key}] {problem}")
+    problem = run_dir_problem(cfg.run_dir)
+    if problem:
+        raise ConfigError(f"{cfg.path}: [supervisor.run_dir] {problem}; refusing to use it. Remove it (or give it to "
+                          "the user that runs the supervisor, folders mode 0700) and try again")
     problem = local_tier_nodes_error(cfg, {**os.environ, **cfg.job.env})
     if problem:
         raise ConfigError(f"{cfg.path}: {problem}")
     if cfg.checkpoints.dir.is_dir():
         _check_root_layout(cfg)
+
+
+def run_dir_problem(run_dir: Path) -> str | None:
+    """Why the run dir, a folder of it or a file the daemon writes or reads there is not ours to use, or None: a
+    symlink, another user's, a folder writable by others without the sticky bit (issue 35: a planted
+    `supervisor.lock -> ~victim/notes.txt` truncated the victim's file, a foreign beat got a job killed as hung)."""
+    folders = ("", "logs", RANK_HEARTBEAT_DIR, "errors")
+    for name in (*folders, LOCK_FILE, LOG_FILE, HISTORY_FILE, STATE_FILE, TOKEN_FILE, HEARTBEAT_FILE):
+        try:
+            st = os.lstat(run_dir / name)
+        except OSError:
+            continue  # not there (yet): made ours by whoever makes it
+        problem = sidecar_problem(run_dir / name, st, {os.geteuid()}, folder=name in folders, sticky_ok=True)
+        if problem:
+            return problem
+    return None
+
+
+def tier_problem(cfg: Config) -> str | None:
+    """Why the node-local tier cannot be written (the job then saves to the durable root only), or None."""
+    return _dir_problem(cfg.checkpoints.local_dir) if cfg.checkpoints.local_dir is not None else None
 
 
 def _dirs(cfg: Config) -> list[tuple[str, Path]]:
@@ -243,7 +275,7 @@ def _missing(path: Path) -> list[Path]:
 
 
 def _owner_only(d: Path) -> None:
-    """Take group and other access off a run-dir folder of ours that an earlier version made 0750/0755."""
+    """Take group and other access off a run-dir folder of ours made wider (the user's `mkdir` under umask 022)."""
     try:
         st = os.lstat(d)
         if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o077:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
 
+from supervisor.daemon.events import Event, StatusChanged
 from supervisor.daemon.statefile import STATE_FILE, write_status
 from supervisor.daemon.system import System
 from supervisor.daemon.timers import Timer
+from supervisor.host.log import Log
 from supervisor.policy.state import Status
 
 __all__ = ["StatePublisher", "BEAT_PUBLISH_S"]
@@ -21,15 +22,11 @@ __all__ = ["StatePublisher", "BEAT_PUBLISH_S"]
 BEAT_PUBLISH_S = 0.5
 
 
-class _Annotates(Protocol):
-    def annotate(self, status: Status) -> None: ...
-
-
 class StatePublisher:
-    def __init__(self, run_dir: Path, system: System, log: Any, history: _Annotates,
+    def __init__(self, run_dir: Path, system: System, log: Log, annotate: Callable[[Status], None] | None,
                  notify: Callable[[Status], object] | None = None) -> None:
         self.path = run_dir / STATE_FILE
-        self.run_dir, self.sys, self.log, self.history, self.notify = run_dir, system, log, history, notify
+        self.run_dir, self.sys, self.log, self.annotate, self.notify = run_dir, system, log, annotate, notify
         self.write_error: str | None = None  # the last state.json write failed with this
         self._published_mono: float | None = None  # when state.json was last written
 
@@ -37,7 +34,8 @@ class StatePublisher:
         self.sys.timers.cancel(Timer.PUBLISH)  # this write carries whatever a held-back beat changed
         self._published_mono = self.sys.monotonic()
         status.updated_at = self.sys.now()
-        self.history.annotate(status)
+        if self.annotate is not None:  # the history's numbers (goodput, restart latency)
+            self.annotate(status)
         try:
             write_status(self.run_dir, status)
         except OSError as exc:  # full, read-only or gone: keep supervising; say so once, not on every beat
@@ -51,6 +49,11 @@ class StatePublisher:
             self.write_error = None
         if self.notify is not None:
             self.notify(status)
+
+    def notify_event(self, event: Event) -> None:
+        """The bus's subscriber: state.json follows every `StatusChanged`."""
+        if isinstance(event, StatusChanged):
+            (self.publish_beat if event.beat else self.publish)(event.status)
 
     def publish_beat(self, status: Status) -> None:
         """Publish a heartbeat's change now, or with the next write due within BEAT_PUBLISH_S."""

@@ -1,7 +1,7 @@
-"""The daemon's side of `history.jsonl`: one call per event from `Core`, heartbeats sampled, size bounded.
+"""The daemon's side of `history.jsonl`: a subscriber of the run's events, heartbeats sampled, size bounded.
 
-`Core` calls a hook at each point the history records (schema: supervisor.history.records) and never looks at the
-result: a history that cannot be written (full disk, read-only run dir) costs one `history_write_failed`
+`notify` writes the records of each event the history keeps (schema: supervisor.history.records) and never
+looks at the result: a history that cannot be written (full disk, read-only run dir) costs one `history_write_failed`
 warning and the records meanwhile, never the supervision (`history_write_recovered` when writes work
 again). The recorder also keeps the run's `report.Fold` up to date, loaded from the file at start-up so that
 numbers continue across supervisor restarts; `annotate` copies them into `Status` for `status` and metrics.
@@ -11,8 +11,6 @@ Start-up reads the file a line at a time, at most `MAX_READ_BYTES`, and only if 
 thinned file to a temporary sibling on a thread while records keep going to the old file, then copies those
 records over and renames it into place: a SIGKILL at any moment loses no record; the temp file it may leave is
 removed by the next run.
-
-`NullHistory` is the same set of hooks doing nothing, for a `Core` built without a history.
 """
 from __future__ import annotations
 
@@ -28,6 +26,20 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from supervisor import __version__
 from supervisor.contract import Beat, Phase
+from supervisor.daemon.events import (
+    Alarm,
+    AlertSent,
+    AttemptExited,
+    AttemptStarted,
+    BeatRead,
+    Event,
+    Finished,
+    HangRecorded,
+    PassAbsorbed,
+    Quarantined,
+    StragglerChanged,
+    SupervisorStarted,
+)
 from supervisor.history.fold import Fold
 from supervisor.history.records import (
     COMPACT_BYTES,
@@ -38,66 +50,18 @@ from supervisor.history.records import (
     VERSION,
     compact_lines,
     iter_file_records,
-    open_regular,
 )
 from supervisor.host.atomic import TMP_SUFFIX
-from supervisor.policy.state import ExitInfo, State, Status
+from supervisor.host.log import Log
+from supervisor.host.regularfile import open_regular
+from supervisor.policy.state import ExitInfo, Status
 
 if TYPE_CHECKING:
-    from supervisor.checkpoints import CheckpointInfo
-    from supervisor.daemon.housekeeping import PassResult
-    from supervisor.policy.ranks import StragglerChange
     from supervisor.policy.restarts import Attempt
 
-__all__ = ["NullHistory", "HistoryRecorder"]
+__all__ = ["HistoryRecorder"]
 
 _MAX_DETAIL = 1000  # characters of an exit's detail kept (the root cause's message is already cut to 300)
-
-
-class NullHistory:
-    """Every hook `Core` calls, doing nothing."""
-
-    @property
-    def last_attempt(self) -> int:
-        """The highest attempt number the history holds (0: none); numbering continues after it."""
-        return 0
-
-    def supervisor_start(self) -> None:
-        """A `run` began (after any orphan was stopped, before the first launch)."""
-
-    def attempt_start(self, number: int, resumed_from: str | None, resumed_step: int | None) -> None:
-        """Attempt `number` was launched with this resume point."""
-
-    def beat(self, number: int, beat: Beat) -> None:
-        """A new heartbeat of attempt `number` was read."""
-
-    def attempt_exit(self, attempt: Attempt, info: ExitInfo, *, progress_at: float | None = None,
-                     detected_at: float | None = None, hung_ranks: Sequence[tuple[int, str]] = (),
-                     reached_by: str | None = None) -> None:
-        """An attempt's exit was judged (`progress_at`: its step last advanced; `detected_at`: its hang seen;
-        `reached_by`: whose beat its max_step is, attempt.REACHED_BY_*)."""
-
-    def hang(self, number: int, *, at: float, step: int | None, idle_s: float | None,
-             ranks: Sequence[tuple[int, str]], stacks: str | None) -> None:
-        """Attempt `number` was found hung at `at`: the ranks named, where its stack dumps were kept."""
-
-    def straggler(self, number: int, change: StragglerChange) -> None:
-        """A rank of attempt `number` became a straggler, or stopped being one."""
-
-    def housekeeping(self, result: PassResult, committed: CheckpointInfo | None) -> None:
-        """A housekeeping pass was absorbed: a new commit (or None) and its retention deletions."""
-
-    def quarantined(self, path: str, reason: str) -> None:
-        """A checkpoint was quarantined."""
-
-    def finish(self, state: State, reason: str) -> None:
-        """The supervisor ended: completed, stopped or failed."""
-
-    def annotate(self, status: Status) -> None:
-        """Copy the run's goodput, recent losses, restart latencies and steps lost into `status`."""
-
-    def close(self) -> None:
-        """Release the file."""
 
 
 @dataclass
@@ -142,10 +106,10 @@ def _line(rec: dict[str, Any]) -> bytes:
     return (json.dumps(rec, separators=(",", ":"), allow_nan=False) + "\n").encode()
 
 
-class HistoryRecorder(NullHistory):
+class HistoryRecorder:
     """Appends history records for one run dir (the run lock is held: nobody else writes it)."""
 
-    def __init__(self, path: Path, *, now: Callable[[], float], log: Any, compact_bytes: int = COMPACT_BYTES) -> None:
+    def __init__(self, path: Path, *, now: Callable[[], float], log: Log, compact_bytes: int = COMPACT_BYTES) -> None:
         self.path, self.now, self.log = path, now, log
         self.compact_bytes = compact_bytes
         self.fold = Fold()
@@ -166,7 +130,7 @@ class HistoryRecorder(NullHistory):
         self._load()
 
     @classmethod
-    def for_run_dir(cls, run_dir: Path, *, now: Callable[[], float], log: Any) -> HistoryRecorder:
+    def for_run_dir(cls, run_dir: Path, *, now: Callable[[], float], log: Log) -> HistoryRecorder:
         return cls(run_dir / HISTORY_FILE, now=now, log=log)
 
     # ---- the file --------------------------------------------------------------------------------------------
@@ -233,7 +197,7 @@ class HistoryRecorder(NullHistory):
         data = (b"\n" if self._torn else b"") + line
         try:
             if self._fd is None:
-                self._fd = open_regular(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+                self._fd = open_regular(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW)
             view = memoryview(data)
             while view:
                 view = view[self.os_write(self._fd, view):]
@@ -339,17 +303,46 @@ class HistoryRecorder(NullHistory):
 
     # ---- hooks -----------------------------------------------------------------------------------------------
     @_guarded
-    def supervisor_start(self) -> None:
-        self._write("supervisor_start", {"pid": os.getpid(), "version": __version__}, durable=True)
+    def notify(self, ev: Event) -> None:
+        """The bus's subscriber (daemon/events.py): the records each event the history keeps makes."""
+        if isinstance(ev, BeatRead):  # first: the most frequent by far
+            self.beat(ev.number, ev.beat)
+        elif isinstance(ev, SupervisorStarted):
+            self._write("supervisor_start", {"pid": os.getpid(), "version": __version__}, durable=True)
+        elif isinstance(ev, AttemptStarted):
+            job = ev.job
+            self._live, self._last_attempt = _Live(job.number, job.resumed_step), job.number
+            self._write("attempt_start", {"attempt": job.number, "resumed_from": job.resumed_from,
+                                          "resumed_step": job.resumed_step}, durable=True)
+        elif isinstance(ev, AttemptExited):
+            job = ev.job
+            self.attempt_exit(ev.attempt, ev.info, progress_at=job.progress_at, detected_at=job.detected_at,
+                              hung_ranks=job.hung_ranks, reached_by=job.reached_by)
+        elif isinstance(ev, HangRecorded):
+            job = ev.job
+            self._write("hang", {"attempt": job.number, "at": round(job.detected_at or self.now(), 3),
+                                 "step": job.max_step, "idle_s": None if ev.idle_s is None else round(ev.idle_s, 1),
+                                 "ranks": [{"rank": r, "why": why[:200]} for r, why in job.hung_ranks[:64]],
+                                 "stacks": job.stacks}, durable=True)
+        elif isinstance(ev, StragglerChanged):
+            c = ev.change
+            self._write("straggler", {"attempt": ev.job.number, "rank": c.rank, "flagged": c.flagged,
+                                      "step_s": _short(c.step_s), "others_s": _short(c.others_s)})
+        elif isinstance(ev, PassAbsorbed):
+            if (new := ev.committed) is not None:
+                self._write("checkpoint_committed", {"attempt": self._last_attempt, "path": str(new.path),
+                                                     "step": new.step, "size_bytes": new.size_bytes})
+            for d in ev.result.deleted:
+                self._write("retention_deleted", {"path": str(d.path), "reason": d.reason, "size_bytes": d.size_bytes})
+        elif isinstance(ev, Quarantined):
+            self._write("quarantined", {"path": ev.path, "reason": ev.reason}, durable=True)
+        elif isinstance(ev, Finished):
+            self._write("supervisor_end", {"state": ev.state.value, "reason": ev.reason}, durable=True)
+        elif isinstance(ev, Alarm) and ev.kind in ("diverged", "rolled_back"):
+            self._write(ev.kind, {**(ev.fields or {}), "reason": ev.reason}, durable=True)
+        elif isinstance(ev, AlertSent):
+            self._write("alert", {"event": ev.kind, "outcome": dict(ev.outcome), "ok": not any(ev.outcome.values())})
 
-    @_guarded
-    def attempt_start(self, number: int, resumed_from: str | None, resumed_step: int | None) -> None:
-        self._live = _Live(number, resumed_step)
-        self._last_attempt = number
-        self._write("attempt_start", {"attempt": number, "resumed_from": resumed_from, "resumed_step": resumed_step},
-                    durable=True)
-
-    @_guarded
     def beat(self, number: int, beat: Beat) -> None:
         live, t = self._live, self.now()
         if live is None or live.number != number:
@@ -388,7 +381,6 @@ class HistoryRecorder(NullHistory):
         else:
             live.pending = {**rec, "t": t}
 
-    @_guarded
     def attempt_exit(self, attempt: Attempt, info: ExitInfo, *, progress_at: float | None = None,
                      detected_at: float | None = None, hung_ranks: Sequence[tuple[int, str]] = (),
                      reached_by: str | None = None) -> None:
@@ -408,35 +400,6 @@ class HistoryRecorder(NullHistory):
         }, durable=True)
         if live is not None:
             self._live = None
-
-    @_guarded
-    def hang(self, number: int, *, at: float, step: int | None, idle_s: float | None,
-             ranks: Sequence[tuple[int, str]], stacks: str | None) -> None:
-        self._write("hang", {"attempt": number, "at": round(at, 3), "step": step,
-                             "idle_s": None if idle_s is None else round(idle_s, 1),
-                             "ranks": [{"rank": r, "why": why[:200]} for r, why in ranks[:64]], "stacks": stacks},
-                    durable=True)
-
-    @_guarded
-    def straggler(self, number: int, change: StragglerChange) -> None:
-        self._write("straggler", {"attempt": number, "rank": change.rank, "flagged": change.flagged,
-                                  "step_s": _short(change.step_s), "others_s": _short(change.others_s)})
-
-    @_guarded
-    def housekeeping(self, result: PassResult, committed: CheckpointInfo | None) -> None:
-        if committed is not None:
-            self._write("checkpoint_committed", {"attempt": self._last_attempt, "path": str(committed.path),
-                                                 "step": committed.step, "size_bytes": committed.size_bytes})
-        for d in result.deleted:
-            self._write("retention_deleted", {"path": str(d.path), "reason": d.reason, "size_bytes": d.size_bytes})
-
-    @_guarded
-    def quarantined(self, path: str, reason: str) -> None:
-        self._write("quarantined", {"path": path, "reason": reason}, durable=True)
-
-    @_guarded
-    def finish(self, state: State, reason: str) -> None:
-        self._write("supervisor_end", {"state": state.value, "reason": reason}, durable=True)
 
     @_guarded
     def annotate(self, status: Status) -> None:

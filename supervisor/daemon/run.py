@@ -15,9 +15,9 @@ from supervisor.checkpoints.metadata import child as metadata_child
 from supervisor.checkpoints.tiers import TierClaims
 from supervisor.config import Config
 from supervisor.daemon import preflight
+from supervisor.daemon.alerts import Alerts
 from supervisor.daemon.core import Core
 from supervisor.daemon.loop import Echo, EventLoop
-from supervisor.daemon.loopprobe import INTERVAL_S, LoopProbe
 from supervisor.daemon.recorder import HistoryRecorder
 from supervisor.daemon.statefile import read_status, remove_torn_writes
 from supervisor.daemon.system import RealSystem
@@ -28,6 +28,7 @@ from supervisor.observe.console import NOT_ECHOED, SUMMARY_EVERY_S, TICK_S, Cons
 from supervisor.observe.eventlog import configure, get_logger, reopen_file
 from supervisor.observe.metrics import listen_address, start_metrics
 from supervisor.observe.notify import Notifier
+from supervisor.observe.redact import secret_values
 
 __all__ = ["run"]
 
@@ -55,7 +56,8 @@ def run(cfg: Config) -> int:
             notes = [("root_claim_failed", f"{why}: a second job on this checkpoint root is not detected")]
         remove_torn_writes(run_dir)
         console = Console.for_stderr()
-        configure(run_dir, max_bytes=cfg.supervisor.log_max_bytes, backups=cfg.supervisor.log_backups, console=console)
+        configure(run_dir, max_bytes=cfg.supervisor.log_max_bytes, backups=cfg.supervisor.log_backups, console=console,
+                  secrets=secret_values({**os.environ, **cfg.job.env}, [*cfg.job.command, *cfg.job.resume_args]))
         log = get_logger().bind(run_dir=str(run_dir))
         if not console.tty:  # nohup, `run > out.log`, CI, Slurm: say once what this output holds
             console.note(NOT_ECHOED.format(every=SUMMARY_EVERY_S, logs=shown_path(str(run_dir / "logs"))))
@@ -76,6 +78,12 @@ def run(cfg: Config) -> int:
         notifier = Notifier.from_env()
         history = HistoryRecorder.for_run_dir(run_dir, now=system.now, log=log)
         core = Core(cfg, system, log, notify=notifier.status if notifier else None, history=history, claim=claim)
+        alerts = Alerts(cfg, core.status, system=system, publish=core.bus.publish)
+        if cfg.notify.command or cfg.notify.webhook:
+            core.bus.append(alerts.notify)
+        if (tier := preflight.tier_problem(cfg)) is not None:  # training goes on with durable saves only
+            core.status.local_tier = f"degraded: {tier}"
+            log.warning("local_tier_unusable", dir=str(cfg.checkpoints.local_dir), reason=tier)
         core.house.check_retention()  # a root whose deletions cannot be parked: said now, before the first pass
         echo = Echo(console) if console.tty else None
         # The job's output dir is watched only to echo it: each line the job logs would wake us otherwise. The root
@@ -93,9 +101,6 @@ def run(cfg: Config) -> int:
 
         ticks = [*(notifier.ticks(lambda: not core.done) if notifier else []), (TICK_S, progress.tick),
                  (TICK_S, core.bound_output), (TICK_S, keep_run_dir)]
-        probe = LoopProbe.from_env()  # a diagnostic for bench/loop_stall.py; None unless asked for
-        if probe is not None:
-            ticks.append((INTERVAL_S, probe.tick))
         loop = EventLoop(core, system, watch, echo=echo, ticks=ticks)
 
         def begin() -> None:
@@ -111,11 +116,12 @@ def run(cfg: Config) -> int:
             progress.finish()
             system.close()
             core.house.wait_idle(timeout=60)  # finish emptying .trash rather than leave it for the next run
+            if alerts.drain():  # the run's last alerts (gave up, a failed emergency save) go out before we exit
+                for done, result in system.finished_work():  # their outcomes, into the history
+                    done(result)
             history.close()
             if metrics:
                 metrics.stop()
-            if probe is not None:
-                probe.write()
         if notifier:
             notifier.stopping()
         return rc

@@ -22,14 +22,14 @@ def write_status(run_dir: Path, status: Status) -> None:
 
 def remove_torn_writes(run_dir: Path) -> None:
     """Delete the temp files of `write_status` calls cut short by a SIGKILL (only with the run lock held)."""
-    for tmp in [*temporaries(run_dir / STATE_FILE), *run_dir.glob(".state-*.tmp")]:  # the second: before 0.2
+    for tmp in temporaries(run_dir / STATE_FILE):
         tmp.unlink(missing_ok=True)
 
 
 def read_status(run_dir: Path) -> Status | None:
     """The last written status, or None when there is none or it cannot be parsed."""
     try:
-        with open_regular(run_dir / STATE_FILE) as f:  # whatever was planted there, `status` never hangs
-            return Status.from_json(json.loads(f.read(_MAX_STATE_BYTES)))
+        with open(open_regular(run_dir / STATE_FILE), "rb") as f:  # whatever was planted there, `status` never hangs
+            return Status.from_json(f.read(_MAX_STATE_BYTES))
     except (OSError, ValueError, TypeError, KeyError, RecursionError):  # RecursionError: `[[[[...` nested deep
         return None

@@ -12,11 +12,11 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from supervisor.config import Config
 from supervisor.daemon.system import System
 from supervisor.daemon.timers import Timer
+from supervisor.host.log import Log
 from supervisor.policy.attempt import Job
 from supervisor.policy.exits import signal_name
 from supervisor.policy.state import State, Status
@@ -24,8 +24,6 @@ from supervisor.policy.stopping import STOPPED_BY_SIGNAL, StopAction, on_stop_si
 from supervisor.vocabulary import Vocabulary
 
 __all__ = ["Stops", "Then"]
-
-Orphans = tuple[str, tuple[int, float] | None]  # the run token, and the job's (pid, start time) state.json recorded
 
 
 class Then(Vocabulary):
@@ -38,28 +36,25 @@ class Then(Vocabulary):
 
 
 class Stops:
-    def __init__(self, cfg: Config, system: System, log: Any, status: Status, *, cancel_hang: Callable[[], None]) -> None:
+    def __init__(self, cfg: Config, system: System, log: Log, status: Status, *, cancel_hang: Callable[[], None]) -> None:
         self.cfg, self.sys, self.log, self.status = cfg, system, log, status
         self.cancel_hang = cancel_hang  # a hang's own timers: a forced stop supersedes them
         self.reason = STOPPED_BY_SIGNAL  # status.reason once the run has stopped
-        self.orphans: Orphans | None = None  # while a killed predecessor's job is being stopped (before any launch)
+        self.orphans: str | None = None  # its run token, while a killed predecessor's job is being stopped
 
     # ---- a killed predecessor's job ------------------------------------------------------------------------
-    def stop_orphans(self, run_dir: Path, orphans: Orphans) -> Callable[[], list[int]]:
+    def stop_orphans(self, run_dir: Path, token: str) -> Callable[[], list[int]]:
         """The off-loop work that stops a killed supervisor's job (it gets stop_timeout_s for its emergency save)."""
-        self.orphans = orphans
-        token, recorded = orphans
-        return lambda: self.sys.stop_orphans(token, run_dir, recorded, self.cfg.health.stop_timeout_s)
+        self.orphans = token
+        return lambda: self.sys.stop_orphans(token, run_dir, self.cfg.health.stop_timeout_s)
 
     def orphans_stopped(self, outcome: list[int] | BaseException) -> None:
         """Say what the orphan stop found; launching follows whatever happened (it beats never starting)."""
-        orphans, self.orphans = self.orphans, None
+        self.orphans = None
         if isinstance(outcome, BaseException):  # e.g. /proc unreadable
             self.log.error("orphan_stop_failed", error=f"{type(outcome).__name__}: {outcome}")
-        elif outcome:
-            recorded = orphans[1] if orphans is not None else None
-            job_pid = recorded[0] if recorded is not None and recorded[0] in outcome else outcome[0]
-            self.log.warning("orphan_job_stopped", job_pid=job_pid, pids=outcome)
+        elif outcome:  # oldest first: the job's agent
+            self.log.warning("orphan_job_stopped", job_pid=outcome[0], pids=outcome)
 
     # ---- a stop signal ---------------------------------------------------------------------------------------
     def on_signal(self, signum: int, job: Job | None, *, exit_pending: bool) -> Then:
@@ -101,10 +96,14 @@ class Stops:
         if exit_pending:  # the exit being judged sees STOPPING
             return Then.PUBLISH
         if self.orphans is not None:  # a killed predecessor's job still saving: no grace left for it either
-            token, recorded = self.orphans
-            killed = self.sys.stop_orphans(token, self.cfg.run_dir, recorded, 0)
+            killed = self.sys.stop_orphans(self.orphans, self.cfg.run_dir, 0)
             self.log.warning("orphan_job_killed", pids=killed)
         return Then.FINISH
+
+    def terminate(self, job: Job) -> None:
+        """Stop the job gracefully without stopping the run (a divergence's rollback): as on a stop signal."""
+        self.log.info("job_stopping", attempt=job.number, grace_s=self.cfg.health.stop_timeout_s)
+        self._terminate(job)
 
     def _terminate(self, job: Job) -> None:
         """SIGTERM the torchrun agent only (it forwards to workers once); SIGKILL after stop_timeout_s."""

@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from supervisor.checkpoints.metadata import child as metadata_child
+from supervisor.daemon import alerts
 from supervisor.daemon.evidence import read_oom_kills
 from supervisor.daemon.timers import Timers
 from supervisor.host import procs
+from supervisor.host.boot import start_ticks, wall_now
 from supervisor.host.signals import STOP_SIGNALS
 from supervisor.host.spares import Prewarmer, handed_ranks
 
@@ -36,9 +38,10 @@ class System(Protocol):
 
     def now(self) -> float: ...  # wall clock, for humans and files
     def monotonic(self) -> float: ...  # durations and timers
+    def file_now(self) -> float: ...  # the wall clock the kernel stamps files with, for their ages (not libfaketime's)
     def random(self) -> float: ...  # jitter in [0, 1)
     def spawn(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_path: Path | None) -> tuple[int, float]:
-        """Start the job, its output appended to `log_path` (None: the supervisor's own); (pid, create_time)."""
+        """Start the job, its output appended to `log_path` (None: the supervisor's own); (pid, its start ticks)."""
     def send_signal(self, pid: int, sig: int) -> None:
         """Send `sig` to `pid`; a stop signal is followed by SIGCONT, so that a stopped process acts on it."""
     def signal_workers(self, pid: int, sig: int) -> list[int]:
@@ -52,7 +55,7 @@ class System(Protocol):
     def reap_survivors(self) -> list[tuple[int, str]]:
         """After an attempt: kill any descendant still alive; return what was killed."""
     def oom_kills(self) -> int | None: ...
-    def stop_orphans(self, token: str, run_dir: Path, recorded: tuple[int, float] | None, timeout: float) -> list[int]:
+    def stop_orphans(self, token: str, run_dir: Path, timeout: float) -> list[int]:
         """Stop every live process of a job this run dir's supervisor started (procs.find_orphans); their pids."""
     def stop_job(self, pid: int, timeout: float) -> list[int]:
         """Outside the event loop (the supervisor is failing): SIGTERM the job, wait, then kill what is left."""
@@ -69,6 +72,18 @@ class LoopSystem(System, Protocol):
         """The `done` callbacks of off-loop work that finished, with their results (to call on the loop)."""
     def forget(self, pid: int, returncode: int) -> None:
         """A child the loop reaped: drop what was kept for it."""
+
+
+class _Kept(set[int]):  # and, asked at the moment, every process in an alert command's session
+    def __contains__(self, pid: object) -> bool:
+        return super().__contains__(pid) or (isinstance(pid, int) and _session(pid) in alerts.SESSIONS)
+
+
+def _session(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:  # gone
+        return None
 
 
 class RealSystem:
@@ -114,6 +129,9 @@ class RealSystem:
     def monotonic(self) -> float:
         return time.monotonic()
 
+    def file_now(self) -> float:
+        return wall_now()
+
     def random(self) -> float:
         return random.random()
 
@@ -125,13 +143,7 @@ class RealSystem:
         self._popen[p.pid] = p
         if self.prewarmer is not None and log_path is not None:  # after the job, so that it gets the head start
             self.prewarmer.refill(argv, cwd=cwd, env=env, log_dir=log_path.parent)
-        try:
-            import psutil
-
-            ctime = psutil.Process(p.pid).create_time()
-        except Exception:  # noqa: BLE001 - it may already have exited; identity is then moot
-            ctime = time.time()
-        return p.pid, ctime
+        return p.pid, float(start_ticks(p.pid) or 0)  # 0: it has exited already; identity is then moot
 
     def forget(self, pid: int, returncode: int) -> None:
         """The loop reaped `pid` itself: tell Popen so it never waits on it again."""
@@ -147,9 +159,10 @@ class RealSystem:
             self.prewarmer.close()
 
     def _keep(self) -> set[int]:
-        """Our own children that are not the job's: the idle spare, a `.metadata` parse (metadata_child)."""
+        """Our own children that are not the job's: the idle spare, a `.metadata` parse (metadata_child), an alert's
+        command and what it started (its session, asked when each process is looked at: daemon/alerts.py)."""
         spares = self.prewarmer.spare_pids() if self.prewarmer is not None else set()
-        return set(spares) | metadata_child.running_pids()
+        return _Kept(set(spares) | metadata_child.running_pids())
 
     def send_signal(self, pid: int, sig: int) -> None:
         try:
@@ -171,19 +184,21 @@ class RealSystem:
             os.killpg(pid, signal.SIGKILL)  # the job leads its own session: pgid == pid
         except (ProcessLookupError, PermissionError):
             pass
-        return procs.kill_descendants(signal.SIGKILL, exclude=self._keep())
+        return self.reap_survivors()
 
     def survivors(self) -> list[tuple[int, str]]:
-        return procs.named(procs.descendants(self._keep()))
+        with alerts.STARTING:
+            return procs.named(procs.descendants(self._keep()))
 
     def reap_survivors(self) -> list[tuple[int, str]]:
-        return procs.kill_descendants(signal.SIGKILL, exclude=self._keep())
+        with alerts.STARTING:  # no alert command starts between the look and the kill
+            return procs.kill_descendants(signal.SIGKILL, exclude=self._keep())
 
     def oom_kills(self) -> int | None:
         return read_oom_kills()
 
-    def stop_orphans(self, token: str, run_dir: Path, recorded: tuple[int, float] | None, timeout: float) -> list[int]:
-        found = procs.find_orphans(token, run_dir, recorded)
+    def stop_orphans(self, token: str, run_dir: Path, timeout: float) -> list[int]:
+        found = procs.find_orphans(token, run_dir)
         return procs.stop_processes(found, timeout) if found else []
 
     def stop_job(self, pid: int, timeout: float) -> list[int]:

@@ -273,7 +273,9 @@ class Fold:
         elif kind == "quarantined":
             self.quarantines += 1
         if self.keep:
-            self.marks.append(Mark(t, kind, read_str(rec, "path"), read_int(rec, "step"), read_str(rec, "reason")))
+            path, step = read_str(rec, "path") or read_str(rec, "to_checkpoint"), read_int(rec, "step")
+            self.marks.append(Mark(t, kind, path, step if step is not None else read_int(rec, "from_step"),
+                                   read_str(rec, "reason") or read_str(rec, "why")))
 
     def _on_end(self, t: float, rec: dict[str, Any]) -> None:
         self.end_state, self.end_reason = read_str(rec, "state"), read_str(rec, "reason")
@@ -291,6 +293,8 @@ class Fold:
         "checkpoint_committed": _on_mark,
         "quarantined": _on_mark,
         "retention_deleted": _on_mark,
+        "diverged": _on_mark,
+        "rolled_back": _on_mark,
         "supervisor_end": _on_end,
     }
 

@@ -119,6 +119,9 @@ def _timeline(fold: Fold, t0: float, t1: float) -> str:
         elif m.kind == "hang":
             body.append(tag("rect", "hang", f"hang at step {m.step}: {m.detail or 'no rank named'}"
                             + (f"; stacks: {m.path}" if m.path else ""), x=mx - 3, y=50.0, width=6.0, height=6.0))
+        elif m.kind in ("diverged", "rolled_back"):  # a divergence (its why), and the rollback to `path`
+            what = f"{m.kind.replace('_', ' ')} at step {m.step}: {m.detail or m.path}"
+            body.append(tag("rect", "hang", what, x=mx - 3, y=50.0, width=6.0, height=6.0))
         elif m.kind == "retention_deleted":
             why = f" ({m.detail})" if m.detail else ""
             body.append(tag("line", "deletion", f"deleted {m.path}{why}", x1=mx, y1=64.0, x2=mx, y2=70.0))
@@ -226,20 +229,25 @@ def _values(values: list[float] | list[int], unit: str) -> str:
     return f"{len(values)}: median {ordered[len(values) // 2]:g}{unit}, max {ordered[-1]:g}{unit}"
 
 
-def _summary_table(s: Summary, on_disk: int | None) -> str:
+def _summary_table(s: Summary, on_disk: int | None, saved: int | None = None) -> str:
+    """Times that only beats measure are `unknown` for a job without them; its last step is its checkpoints'."""
+    span = (lambda v: "unknown") if s.last_step is None else human_age
     lat = _values([round(v, 1) for v in s.restart_latency_s], " s")
     lost = _values(s.steps_lost, "") + (f" ({sum(s.steps_lost)} in all)" if len(s.steps_lost) > 1 else "")
     kept = "" if on_disk is None else f", {on_disk} on disk"
     cells = [
         ("goodput", "unknown (no steps reported)" if s.goodput is None else f"{s.goodput:.1%}"),
-        ("wall", human_age(s.wall_s)), ("productive", human_age(s.productive_s)),
-        ("start-up", human_age(s.startup_s)), ("checkpoint overhead", f"{s.checkpoint_overhead_s:.1f} s"),
-        ("restarts", human_age(s.restart_s)), ("lost (redone)", human_age(s.lost_s)), ("other", human_age(s.other_s)),
+        ("wall", human_age(s.wall_s)), ("productive", span(s.productive_s)),
+        ("start-up", span(s.startup_s)),
+        ("checkpoint overhead", "unknown" if s.last_step is None else f"{s.checkpoint_overhead_s:.1f} s"),
+        ("restarts", span(s.restart_s)), ("lost (redone)", span(s.lost_s)), ("other", span(s.other_s)),
         ("attempts", str(s.attempts)), ("failures", str(s.failures)),
-        ("restart latency", lat), ("steps lost", lost), ("time lost", _time_lost(s.time_lost_s)),
+        ("restart latency", lat), ("steps lost", lost),
+        ("time lost", "unknown" if s.last_step is None else _time_lost(s.time_lost_s)),
         ("checkpoints", f"{s.checkpoints_committed} committed{kept}"), ("quarantined", str(s.quarantines)),
         ("exits", ", ".join(f"{k} {v}" for k, v in sorted(s.exit_reasons.items())) or "none"),
-        ("last step", "n/a" if s.last_step is None else str(s.last_step)),
+        ("last step", str(s.last_step) if s.last_step is not None else "unknown" if saved is None
+         else f"{saved} (the newest checkpoint's)"),
     ]
     rows = []
     for i in range(0, len(cells), 4):
@@ -328,7 +336,8 @@ def render_html(fold: Fold, summary: Summary, *, source: str, generated: float, 
         f"<h1>fsdp-supervisor report</h1><p class=\"meta\">{esc(source)}</p>",
         (f"<p class=\"meta\">{esc(_utc(t0))} to {esc(_utc(t1))}, {len(fold.sessions)} supervisor run(s), "
          f"{esc(state)}; generated {esc(_utc(generated))}</p>"),
-        _summary_table(summary, on_disk),
+        _summary_table(summary, on_disk, max((m.step for m in fold.marks if m.kind == "checkpoint_committed"
+                                              and m.step is not None), default=None)),
         "<h2>Attempts</h2>", _legend(fold), _timeline(fold, t0, t1),
         "<h2>Loss</h2>",
         ('<p class="legend"><span><i class="line" style="background:#1565c0"></i>loss</span>'

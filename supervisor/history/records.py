@@ -55,16 +55,14 @@ stays around 1-2 MB (docs/history.md).
 """
 from __future__ import annotations
 
-import errno
 import json
 import math
-import os
 import re
-import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any, TypeGuard
 
+from supervisor.host.regularfile import open_regular
 from supervisor.policy.state import ExitReason
 
 __all__ = [
@@ -81,7 +79,6 @@ __all__ = [
     "FAILURE_REASONS_EXCLUDED",
     "is_failure",
     "is_time",
-    "open_regular",
     "read_history",
     "iter_file_records",
     "iter_records",
@@ -95,7 +92,7 @@ HISTORY_FILE = "history.jsonl"
 VERSION = 1
 EVENT_KINDS = (
     "supervisor_start", "attempt_start", "first_beat", "first_step", "hang", "straggler", "attempt_exit",
-    "checkpoint_committed", "quarantined", "retention_deleted", "supervisor_end",
+    "checkpoint_committed", "quarantined", "retention_deleted", "supervisor_end", "alert", "diverged", "rolled_back",
 )
 KINDS = (*EVENT_KINDS, "beat")
 SAMPLE_S = 1.0  # at most one heartbeat sample a second is written
@@ -170,23 +167,6 @@ def iter_file_records(f: IO[bytes], limit: int | None = None) -> Iterator[dict[s
     for line in _lines(f, MAX_READ_BYTES if limit is None else limit):
         if line is None or line.strip():
             yield _record(line)
-
-
-def open_regular(path: str | os.PathLike[str], flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
-    """`os.open` for a history file, refusing anything but a regular file (OSError EINVAL).
-
-    A FIFO in its place would block the opener forever (it is opened non-blocking, then checked), /dev/zero
-    would be an endless read, a device a place to write to: a history is ours only as a plain file.
-    """
-    fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, mode)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def _collect(records: Iterable[dict[str, Any] | None]) -> tuple[list[dict[str, Any]], int]:

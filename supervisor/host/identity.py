@@ -37,7 +37,7 @@ def run_token(run_dir: Path, recorded: str | None = None) -> tuple[str, str | No
     """
     path = run_dir / TOKEN_FILE
     try:
-        with open_regular(path) as f:
+        with open(open_regular(path), "rb") as f:
             text: str | None = f.read(64).decode("ascii").strip()
     except (OSError, UnicodeDecodeError):
         text = None

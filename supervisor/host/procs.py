@@ -186,24 +186,14 @@ def _same_dir(a: str | None, b: Path) -> bool:
     return a is not None and os.path.realpath(a) == os.path.realpath(b)
 
 
-def find_orphans(token: str, run_dir: Path, recorded: tuple[int, float] | None = None) -> list[psutil.Process]:
+def find_orphans(token: str, run_dir: Path) -> list[psutil.Process]:
     """Live processes of a job this run dir's supervisor started: its token and run dir in their environment.
 
     Every process of a job inherits both (the torchrun agent, its workers, a spare that became the job,
-    anything they fork), whatever argv the kernel shows for it. `recorded` is state.json's (pid, start time)
-    of the last job: it also matches a job started before tokens existed, but only when that pid still has
-    that start time (a reused pid has another) and leads its own session, as every job we start does, and
-    carries no other run dir's token. Oldest first, so the job's agent comes before its workers.
+    anything they fork), whatever argv the kernel shows for it. Oldest first, so the job's agent comes before
+    its workers.
     """
-    skip = _ancestry()
-    found = {p.pid: p for p in _started_from(run_dir, token, skip)}
-    if recorded is not None and recorded[0] not in found and recorded[0] not in skip:
-        job = _recorded_job(*recorded, token)
-        if job is not None:
-            found[job.pid] = job
-            for child in _children(job):
-                found.setdefault(child.pid, child)
-    return sorted(found.values(), key=_started)
+    return sorted(_started_from(run_dir, token, _ancestry()), key=_started)
 
 
 def _started_from(run_dir: Path, token: str | None, skip: Collection[int]) -> list[psutil.Process]:
@@ -227,17 +217,6 @@ def job_of(run_dir: Path) -> int | None:
     supervisor was killed still runs on its checkpoint root (checkpoints/claim.py)."""
     found = _started_from(run_dir, None, _ancestry())
     return min(found, key=_started).pid if found else None
-
-
-def _recorded_job(pid: int, create_time: float, token: str) -> psutil.Process | None:
-    try:
-        p = psutil.Process(pid)
-        if abs(p.create_time() - create_time) > 0.05 or os.getsid(pid) != pid or p.status() == psutil.STATUS_ZOMBIE:
-            return None
-        other = p.environ().get(ENV_RUN_TOKEN)
-    except (psutil.Error, OSError):
-        return None
-    return p if other in (None, token) else None
 
 
 def _children(p: psutil.Process) -> list[psutil.Process]:

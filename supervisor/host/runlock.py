@@ -8,13 +8,12 @@ file. Whatever a second `run` does in between, the claim on the checkpoint root 
 """
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
-import stat
 from pathlib import Path
 
 from supervisor.errors import LockedError
+from supervisor.host.regularfile import open_regular
 
 __all__ = ["RunLock", "LOCK_FILE"]
 
@@ -34,11 +33,10 @@ class RunLock:
         self.fd, self._file = self._take()
 
     def _take(self) -> tuple[int, tuple[int, int]]:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+        # something else planted under its name: EINVAL; a symlink (to a victim's file): ELOOP
+        fd = open_regular(self.path, os.O_RDWR | os.O_CREAT, follow_symlinks=False)
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):  # something else planted under the lock's name
-                raise OSError(errno.EINVAL, "not a regular file", str(self.path))
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -86,7 +84,7 @@ class RunLock:
         """pid of the live supervisor holding the lock, or None when nobody holds it."""
         path = run_dir / LOCK_FILE
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO planted there must not block `status`
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)  # a FIFO must not block `status`
         except OSError:
             return None
         try:

@@ -25,12 +25,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psutil
 
-from supervisor.contract import ENV_ATTEMPT, ENV_ERROR_FILE
+from supervisor.contract import ENV_ATTEMPT, ENV_ERROR_FILE, ENV_SKIP_STEPS
 from supervisor.host import joblog
+from supervisor.host.log import Log
 
 __all__ = ["Plan", "Prewarmer", "plan", "is_spare_cmdline", "handed_ranks", "SPARE_SCRIPT", "PREWARM_LOG", "VOLATILE_ENV",
            "HANDOFF_NOTE"]
@@ -44,7 +44,7 @@ SPARE_SCRIPT = Path(_SPARE_SPEC.origin)
 PREWARM_LOG = "prewarm.log"  # the spares' own output before they become a job (import errors, readiness)
 # Set per attempt by the core and read by torchrun only at run time, so a spare started with the previous
 # attempt's values is still exactly the next job once the hand-off replaces its environment.
-VOLATILE_ENV = frozenset({ENV_ATTEMPT, ENV_ERROR_FILE})
+VOLATILE_ENV = frozenset({ENV_ATTEMPT, ENV_ERROR_FILE, ENV_SKIP_STEPS})  # the skip: a rollback is warm too
 _MODULE = "torch.distributed.run"
 _CONSOLE_MARK = b"from torch.distributed.run import main"
 _HANDOFF = re.compile(rb"^event=warm_handoff pid=(\d+) local_rank=\S+ rank=(\d+)$", re.M)
@@ -134,7 +134,7 @@ def handed_ranks(job_log: Path) -> dict[int, int]:
 class Prewarmer:
     """Owns at most one idle spare (and its warm workers); `RealSystem` asks it first on every launch."""
 
-    def __init__(self, log: Any, *, workers: bool = False, modules: Sequence[str] = ()) -> None:
+    def __init__(self, log: Log, *, workers: bool = False, modules: Sequence[str] = ()) -> None:
         self.log = log  # the daemon's structlog logger (host/ knows nothing of how logs are rendered)
         self.workers, self.modules = workers, list(modules)
         self._spare: _Spare | None = None

@@ -20,13 +20,14 @@ import logging.handlers
 import os
 import sys
 import warnings
-from collections.abc import MutableMapping
+from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from supervisor.observe.console import Console, render_event
+from supervisor.observe.redact import scrub
 
 __all__ = ["configure", "configure_cli", "get_logger", "render_line", "reopen_file", "LOG_FILE"]
 
@@ -52,12 +53,18 @@ class _OwnerOnlyFile(logging.handlers.RotatingFileHandler):
     """supervisor.log and its rotations are created 0600, whatever the umask: the run dir is owner-only."""
 
     def _open(self) -> io.TextIOWrapper:
-        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         return io.TextIOWrapper(io.FileIO(fd, "a"), encoding=self.encoding, errors=self.errors, write_through=True)
 
 
-def configure(run_dir: Path, *, max_bytes: int, backups: int, console: Console | None = None) -> None:
-    """Route structlog through stdlib logging: one JSON file handler plus, if given, the console."""
+def configure(run_dir: Path, *, max_bytes: int, backups: int, console: Console | None = None,
+              secrets: Sequence[str] = ()) -> None:
+    """Route structlog through stdlib logging: one JSON file handler plus, if given, the console.
+
+    Tracebacks carry no frame locals (structlog's default shows them: the job's env and argv), and `secrets`
+    (`redact.secret_values`) are masked in every event, an exception's message and traceback included."""
+    no_locals = structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
+    masked: list[Any] = [structlog.processors.ExceptionRenderer(no_locals), lambda _l, _m, event: scrub(event, secrets)]
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
@@ -76,8 +83,8 @@ def configure(run_dir: Path, *, max_bytes: int, backups: int, console: Console |
     file_handler = _OwnerOnlyFile(run_dir / LOG_FILE, maxBytes=max_bytes, backupCount=backups)
     file_handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
-            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                        structlog.processors.dict_tracebacks, structlog.processors.JSONRenderer(sort_keys=False)],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *masked,
+                        structlog.processors.JSONRenderer(sort_keys=False)],
         )
     )
     logger.addHandler(file_handler)
@@ -85,7 +92,7 @@ def configure(run_dir: Path, *, max_bytes: int, backups: int, console: Console |
     if console is not None:
         handler = _ConsoleHandler(console)
         handler.setFormatter(structlog.stdlib.ProcessorFormatter(
-            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *masked,
                         lambda _l, _m, event: render_event(event, tty=console.tty)]))
         logger.addHandler(handler)
 

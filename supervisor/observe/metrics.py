@@ -17,6 +17,7 @@ from typing import Any
 from supervisor import __version__
 from supervisor.config import Config
 from supervisor.errors import ConfigError
+from supervisor.host.log import Log
 from supervisor.policy.state import State, Status
 
 __all__ = [
@@ -84,6 +85,8 @@ def render_metrics(st: Status, *, now: float) -> str:
     d.gauge("start_time_seconds", "Unix time the supervisor started.", st.started_at or None)
     d.family("restarts_total", "counter", "Job relaunches after a failure, carried across supervisor restarts.",
              [({}, st.restarts)])
+    d.family("rollbacks_total", "counter", "Divergences rolled back, carried across supervisor restarts.",
+             [({}, st.rollbacks)])
     d.gauge("attempt", "Number of the current (or last) job attempt.", st.attempt)
     d.gauge("job_step", "Training step from the job's heartbeat.", st.step)
     d.gauge("job_step_timestamp_seconds", "Unix time the heartbeat step last advanced.", st.step_at)
@@ -193,7 +196,7 @@ def listen_address(cfg: Config) -> tuple[str, int] | None:
         raise ConfigError(f"{cfg.path}: {exc}") from None
 
 
-def start_metrics(cfg: Config, snapshot: Callable[[], Status], log: Any) -> MetricsServer | None:
+def start_metrics(cfg: Config, snapshot: Callable[[], Status], log: Log) -> MetricsServer | None:
     """Start the endpoint configured by `[metrics] listen` (unset: off); a bad address or busy port is a ConfigError."""
     address = listen_address(cfg)
     if address is None:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
-__all__ = ["redact_env", "redact_argv", "looks_secret", "MASK"]
+__all__ = ["redact_env", "redact_argv", "looks_secret", "secret_values", "scrub", "MASK"]
 
 MASK = "***"
 _SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL", re.I)
@@ -40,3 +41,24 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
             out.append(arg)
         mask_next = arg.startswith("-") and "=" not in arg and looks_secret(arg)  # its value is the next arg
     return out
+
+
+def secret_values(env: Mapping[str, str], argv: Sequence[str]) -> list[str]:
+    """The values `redact_env` and `redact_argv` mask (4 characters or more), longest first, for `scrub`."""
+    found = [v for k, v in env.items() if looks_secret(k)]
+    found += [a[len(r) - len(MASK):] for a, r in zip(argv, redact_argv(argv)) if r != a]
+    return sorted({v for v in found if len(v) >= 4}, key=lambda v: (-len(v), v))
+
+
+def scrub(value: Any, secrets: Sequence[str]) -> Any:
+    """`value` (strings, nested in dicts and lists) with every occurrence of a secret masked: free text such as an
+    exception's message or a traceback cannot be redacted by name."""
+    if isinstance(value, str):
+        for secret in secrets:
+            value = value.replace(secret, MASK)
+        return value
+    if isinstance(value, dict):
+        return {k: scrub(v, secrets) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [scrub(v, secrets) for v in value]
+    return value

@@ -99,6 +99,8 @@ def _ranks_rows(st: Status) -> list[tuple[str, str]]:
         rows.append(("stragglers", "; ".join(
             f"rank {r['rank']} {r['step_s']:.3g} s/step" if isinstance(r.get("step_s"), float) else f"rank {r['rank']}"
             for r in slow[:8]) + median))
+    if st.hang_detection and st.job_pid:
+        rows.append(("hangs", st.hang_detection))
     hang = st.last_hang
     if hang:
         named = "; ".join(f"rank {r.get('rank')} {r.get('why')}" for r in hang.get("ranks") or []) or "no rank named"
@@ -137,6 +139,8 @@ def render_status(st: Status, *, running: bool, now: float, spark: bool = False)
         rate = f", {st.rate_steps_per_s:.2f} step/s" if st.rate_steps_per_s else ""
         age = f", {human_age(now - st.step_at)} ago" if st.step_at else ""
         rows.append(("step", f"{st.step} ({st.phase or '?'}{rate}{age})"))
+    elif isinstance((st.latest_checkpoint or {}).get("step"), int):  # no heartbeat: the checkpoints say how far
+        rows.append(("step", f"{st.latest_checkpoint['step']} (the newest checkpoint's; no heartbeat)"))  # type: ignore[index]
     loss = _loss_row(st, spark)
     if loss is not None:
         rows.append(("loss", loss))
@@ -148,16 +152,20 @@ def render_status(st: Status, *, running: bool, now: float, spark: bool = False)
     ck = st.latest_checkpoint
     if ck:
         age = f", {human_age(now - ck['mtime'])} old" if ck.get("mtime") else ""
-        step = f"step {ck['step']} " if isinstance(ck.get("step"), int) else ""
+        step = f"step {ck['step']} " if ck.get("step") is not None else ""  # validated: int or None
         rows.append(("last checkpoint", f"{step}{ck.get('path')}{age}"))
     else:
         rows.append(("last checkpoint", "none"))
     best = st.best_checkpoint
     if best:
-        step = f"step {best['step']} " if isinstance(best.get("step"), int) else ""
+        step = f"step {best['step']} " if best.get("step") is not None else ""
         rows.append(("best checkpoint", f"{step}{best.get('metric')} {best.get('value'):.4g} {best.get('path')}"))
     if st.resumed_from:
         rows.append(("resumed from", st.resumed_from))
+    if st.root_idle:
+        rows.append(("checkpoints", f"WARNING: {st.root_idle}"))
+    if st.local_tier:
+        rows.append(("local tier", st.local_tier))
     if st.retention_stopped:
         rows.append(("retention", f"STOPPED, nothing is deleted: {st.retention_stopped}"))
     ex = st.last_exit
@@ -173,6 +181,9 @@ def render_status(st: Status, *, running: bool, now: float, spark: bool = False)
         rows.append(("next launch", f"in {human_age(st.next_launch_at - now)}"))
     if st.quarantined:
         rows.append(("quarantined", ", ".join(st.quarantined)))
+    if (dv := st.divergence) is not None:
+        seen = f"{dv.get('why')} at step {dv.get('onset_step')} (seen at step {dv.get('step')})"
+        rows.append(("DIVERGED", f"{seen}, rollbacks {dv.get('rollbacks')}, last good: {dv.get('last_good') or 'none'}"))
     rows.append(("free disk", human_bytes(st.disk_free_bytes)))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:>{width}}{':' if k else ' '} {printable(v)}" for k, v in rows)

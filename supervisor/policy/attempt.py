@@ -165,19 +165,24 @@ def apply_beat(status: Status, beat: Beat, now: float, rate: StepRate) -> None:
         status.val_loss = beat.val_loss
 
 
-def hang_timeout(health: HealthSection, beat: Beat | None, *, startup: bool) -> float | None:
+def hang_timeout(health: HealthSection, beat: Beat | None, *, startup: bool, p99: float | None = None) -> float | None:
     """Seconds of silence before the attempt counts as hung, or None when hang detection is off.
 
     Until its first beat the job gets startup_timeout_s; a load or save gets save_timeout_s; otherwise
-    hang_timeout_s. hang_timeout_s = 0 turns off all but the startup allowance.
+    hang_timeout_s. hang_timeout_s = 0 turns off all but the startup allowance. "auto": an eval gets save_timeout_s
+    too, and a step max(hang_min_s, hang_factor x `p99`, the recent p99 step time), save_timeout_s while there is
+    none yet (`p99` None: too few steps seen, e.g. a slow first step after a load or a compile).
     """
+    auto = health.hang_timeout_s == "auto"
     if startup:
         timeout = health.startup_timeout_s
-    elif beat is not None and beat.phase in SLOW_PHASES:
+    elif beat is not None and (beat.phase in SLOW_PHASES or (auto and beat.phase == Phase.EVAL)):
         timeout = health.save_timeout_s
+    elif isinstance(health.hang_timeout_s, str):
+        timeout = health.save_timeout_s if p99 is None else max(health.hang_min_s, health.hang_factor * p99)
     else:
         timeout = health.hang_timeout_s
-    return timeout if timeout > 0 and (startup or health.hang_timeout_s > 0) else None
+    return timeout if timeout > 0 and (startup or auto or health.hang_timeout_s) else None
 
 
 def named_by_beat(job: Job, checkpoints: Sequence[CheckpointInfo]) -> str | None:

@@ -19,6 +19,7 @@ in with the monotonic time it was read; `RankWatch` remembers when each source l
 from __future__ import annotations
 
 import statistics
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -30,6 +31,7 @@ __all__ = ["RankWatch", "Source", "Culprit", "StragglerChange", "STRAGGLER_LOOKS
 
 # Work one rank may do alone while the others wait for it at a barrier (their allowance is then the busy rank's).
 WAITED_FOR = frozenset({Phase.LOAD, Phase.SAVE, Phase.EVAL})
+STEP_GAPS, MIN_GAPS = 256, 10  # recent gaps between training beats kept for "auto", and how many make a p99
 STRAGGLER_LOOKS = 3  # consecutive looks above the factor before a rank is flagged (one look a second)
 _SMOOTHING = 0.3  # weight of the newest step time in a rank's moving average
 # psutil's words for a process that cannot run, and how `status` says it.
@@ -73,6 +75,13 @@ class StragglerChange:
 class RankWatch:
     sources: dict[int | None, Source] = field(default_factory=dict)
     dropped: int = 0  # rank files beyond the contract's bound, last look
+    gaps: deque[float] = field(default_factory=lambda: deque(maxlen=STEP_GAPS))  # seconds between training beats
+
+    def p99(self) -> float | None:
+        """The recent p99 of the seconds between a training beat and the next change (any source's), as read: the
+        step time "auto" hang detection scales (None until `MIN_GAPS` are known)."""
+        ordered = sorted(self.gaps)
+        return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if len(ordered) >= MIN_GAPS else None
 
     def see(self, rank: int | None, beat: Beat, now: float) -> bool:
         """A beat read from `rank`'s source at `now`; True when it changed (progress)."""
@@ -82,25 +91,39 @@ class RankWatch:
             return True
         if beat == src.beat:
             return False
+        if src.beat.phase in (None, Phase.TRAIN) and beat.step > src.beat.step:
+            self.gaps.append(now - src.changed)
         sample = beat.step_s if beat.step_s is not None else _rate(src.beat, beat)
         if sample is not None:
             src.step_s = sample if src.step_s is None else (1 - _SMOOTHING) * src.step_s + _SMOOTHING * sample
         src.beat, src.changed, src.since = beat, now, now
         return True
 
-    def restart(self, now: float) -> None:
-        """Nothing was watched until `now` (the supervisor was suspended): every source's allowance starts over
-        (its silence, `idle`, still counts from its last change)."""
+    def postpone(self, by: float) -> None:
+        """Nothing was watched for `by` seconds (the supervisor did not run): every source's allowance goes on
+        where it stood (its silence, `idle`, still counts from its last change)."""
         for src in self.sources.values():
-            src.since = max(src.since, now)
+            src.since += by
 
     def deadline(self, health: HealthSection) -> float | None:
         """When the slowest source overstays its allowance (only busy sources count while there is one: the
         others may be waiting for them); None without a source or with hang detection off."""
+        p99 = self.p99()
         ends = [(src.beat.phase in WAITED_FOR, src.since + t) for src in self.sources.values()
-                if (t := hang_timeout(health, src.beat, startup=False)) is not None]
+                if (t := hang_timeout(health, src.beat, startup=False, p99=p99)) is not None]
         busy = [end for waited_for, end in ends if waited_for]
         return min(busy or [end for _, end in ends], default=None)
+
+    def describe(self, health: HealthSection) -> str:
+        """What hang detection does now, for `status`."""
+        setting, p99 = health.hang_timeout_s, self.p99()
+        if not setting or not self.sources:
+            return ("off: the job does not beat (no heartbeat yet this attempt); progress is judged by its checkpoints"
+                    if setting else "off (hang_timeout_s = 0)")
+        if setting != "auto" or p99 is None:
+            return (f"after {setting:g} s without progress" if setting != "auto" else
+                    f"auto: save_timeout_s ({health.save_timeout_s:g} s) until {MIN_GAPS} steps are seen")
+        return f"auto: after {hang_timeout(health, None, startup=False, p99=p99):.0f} s (recent p99 step {p99:.3g} s)"
 
     def idle(self, now: float) -> float | None:
         """Seconds since the slowest source last changed."""

@@ -124,6 +124,12 @@ def decide(history: Sequence[Attempt], cfg: RestartSection, *, jitter: float = 0
     return Restart(backoff_delay(history, cfg, jitter), reason=ExitReason.COMPLETED if last.succeeded else last.reason)
 
 
+def crash_loop(history: Sequence[Attempt], cfg: RestartSection) -> int | None:
+    """The failures in a row without progress when one more gives up (and there were at least 2): a crash loop."""
+    streak = _no_progress_streak(history)
+    return streak if 2 <= streak == cfg.max_no_progress_restarts else None
+
+
 @dataclass(frozen=True)
 class Quarantine:
     path: str

@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from supervisor.checkpoints import COMPLETE, CORRUPT, INVALID, TORN, CheckpointInfo
+from supervisor.checkpoints import COMPLETE, CORRUPT, FOREIGN, INVALID, TORN, CheckpointInfo
 from supervisor.checkpoints.naming import is_temporary
 from supervisor.config import CHECKPOINT_PLACEHOLDER, STEP_PLACEHOLDER
 
-__all__ = ["Launch", "Refuse", "plan_resume", "chooses_itself"]
+__all__ = ["Launch", "Refuse", "plan_resume", "chooses_itself", "passed_over"]
 
 _SHOWN = 3  # dirs named in a refusal; the rest are counted
 
@@ -86,3 +86,10 @@ def plan_resume(checkpoints: Sequence[CheckpointInfo], *, resume_args: Sequence[
     every = "every complete checkpoint is quarantined: " if all(why == "quarantined" for _, why in blocking) else ""
     return Refuse(f"not starting from scratch: no usable checkpoint to resume from, and {every}{shown}; fix, "
                   "unquarantine or move them away, or set [checkpoints] allow_fresh_start = true")
+
+
+def passed_over(checkpoints: Sequence[CheckpointInfo], chosen: CheckpointInfo) -> list[str]:
+    """The dirs newer than `chosen` that a resume skips (torn, partial, corrupt, quarantined), each with why."""
+    newer = checkpoints[:checkpoints.index(chosen)] if chosen in checkpoints else []
+    newer = [c for c in newer if not is_temporary(c.name) and c.state != FOREIGN]  # not a save, or one in flight
+    return [f"{c.path}: {'quarantined' if c.complete else c.state}{f' ({c.reason})' if c.reason else ''}" for c in newer]

@@ -16,11 +16,13 @@ assignment.
 """
 from __future__ import annotations
 
+import functools
+import json
 import math
-import types
-import typing
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from typing_extensions import NotRequired, TypedDict
 
 from supervisor.vocabulary import Vocabulary
 
@@ -115,6 +117,8 @@ class Status:
     checkpoint_bytes: int | None = None  # bytes in complete checkpoints under the root
     quarantined: list[str] = field(default_factory=list)
     retention_stopped: str | None = None  # why retention deletes nothing (no usable trash next to the root)
+    root_idle: str | None = None  # the job saves, but nothing reaches the root (daemon/elsewhere.py)
+    local_tier: str | None = None  # "degraded: why" when the node-local tier cannot be written
     next_launch_at: float | None = None
     reason: str | None = None  # why the supervisor ended (gave up, completed, stopped)
     # From the run's history (supervisor.history.fold has the definitions):
@@ -131,6 +135,10 @@ class Status:
     ranks: list[dict[str, Any]] = field(default_factory=list)
     stragglers: list[int] = field(default_factory=list)  # ranks flagged as stragglers now
     last_hang: dict[str, Any] | None = None  # {attempt, at, step, idle_s, ranks: [{rank, why}], stacks}
+    hang_detection: str | None = None  # the running attempt's hang allowance, or why there is none (policy/ranks.py)
+    # The open divergence (supervisor/daemon/divergence.py): onset_step, step, rank, loss, why, rollbacks, last_good.
+    divergence: dict[str, Any] | None = None
+    rollbacks: int = 0  # divergences rolled back over the run
     config: str | None = None
     updated_at: float = 0.0
 
@@ -150,24 +158,51 @@ class Status:
         return d
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Status:
-        """Rebuild a Status; ValueError when a field has the wrong type (a hand edit, another version)."""
-        if not isinstance(d, dict):
-            raise ValueError("state.json is not a JSON object")
-        known = _typed(cls, d)
-        known["state"] = State(known.get("state", "starting"))
-        if isinstance(known.get("last_exit"), dict):
-            last = dict(known["last_exit"])
-            if isinstance(last.get("reason"), str) and last["reason"] in _EXIT_REASONS:
-                last["reason"] = ExitReason(last["reason"])
-            known["last_exit"] = ExitInfo(**_typed(ExitInfo, last, every=True))
-        ck = known.get("latest_checkpoint")  # a dict by now; `status` does arithmetic on its fields
-        if ck is not None and not all(_conforms(ck.get(k), t) for k, t in _CHECKPOINT_FIELDS.items()):
-            raise ValueError("state.json: latest_checkpoint is not {path, step, mtime}")
-        best = known.get("best_checkpoint")
-        if best is not None and not all(_conforms(best.get(k), t) for k, t in _BEST_FIELDS.items()):
-            raise ValueError("state.json: best_checkpoint is not {path, step, metric, value}")
-        return cls(**known)
+    def from_json(cls, data: bytes | str) -> Status:
+        """Rebuild a Status from state.json's text; ValueError when it is not JSON or a field has the wrong type (a
+        hand edit, another version): pydantic, strict (no "5" for 5, no NaN), and integers within 64 bits."""
+        json.loads(data, parse_int=_int64)  # JSON reads integers of any size: a 400-digit one is no state of ours
+        st: Status = _adapter(Status).validate_json(data, strict=True)
+        if st.last_exit is not None and st.last_exit.reason in _EXIT_REASONS:
+            st.last_exit.reason = ExitReason(st.last_exit.reason)
+        if st.latest_checkpoint is not None:  # `status` does arithmetic on its fields
+            _adapter(_CheckpointRef).validate_python(st.latest_checkpoint, strict=True)
+        if st.best_checkpoint is not None:
+            _adapter(_BestRef).validate_python(st.best_checkpoint, strict=True)
+        return st
+
+
+_FINITE = {"allow_inf_nan": False}  # pydantic's ConfigDict (pydantic is imported when state.json is read)
+ExitInfo.__pydantic_config__ = Status.__pydantic_config__ = _FINITE  # type: ignore[attr-defined]
+
+
+class _CheckpointRef(TypedDict):
+    __pydantic_config__ = _FINITE  # type: ignore[misc]
+    path: NotRequired[str | None]
+    step: NotRequired[int | None]
+    mtime: NotRequired[float | None]
+
+
+class _BestRef(TypedDict):
+    __pydantic_config__ = _FINITE  # type: ignore[misc]
+    path: str
+    step: NotRequired[int | None]
+    metric: str
+    value: float
+
+
+@functools.cache
+def _adapter(kind: Any) -> Any:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(kind)  # built on first use: `status` and `run` read state.json once
+
+
+def _int64(digits: str) -> int:
+    value = int(digits)
+    if not -(2**63) <= value < 2**63:
+        raise ValueError("an integer beyond 64 bits")
+    return value
 
 
 def _finite_only(value: Any) -> Any:
@@ -181,35 +216,3 @@ def _finite_only(value: Any) -> Any:
 
 
 _EXIT_REASONS = frozenset(r.value for r in ExitReason)
-_CHECKPOINT_FIELDS: dict[str, Any] = {"path": str | None, "step": int | None, "mtime": float | None}
-_BEST_FIELDS: dict[str, Any] = {"path": str, "step": int | None, "metric": str, "value": float}
-
-
-def _conforms(value: Any, hint: Any) -> bool:
-    """Does a JSON value fit a field's type hint? Numbers must be finite and fit in 64 bits."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any:
-        return True
-    if origin in (typing.Union, types.UnionType):
-        return any(_conforms(value, a) for a in args)
-    if origin is list:
-        return isinstance(value, list) and all(_conforms(v, args[0]) for v in value)
-    if origin is dict:
-        return isinstance(value, dict) and all(isinstance(k, str) and _conforms(v, args[1]) for k, v in value.items())
-    if hint in (int, float):
-        if type(value) is int:  # compared as an int: a 400-digit one overflows math.isfinite
-            return abs(value) < 2**63
-        return hint is float and type(value) is float and math.isfinite(value) and abs(value) < 2**63
-    if hint is type(None):
-        return value is None
-    return isinstance(value, hint)
-
-
-def _typed(cls: type, d: dict[str, Any], every: bool = False) -> dict[str, Any]:
-    """The fields of dataclass `cls` found in `d` (all of them if `every`), each checked against its hint."""
-    hints = typing.get_type_hints(cls)
-    out = {k: d.get(k) for k in hints} if every else {k: v for k, v in d.items() if k in hints}
-    for k, v in out.items():
-        if k != "state" and not (k == "last_exit" and isinstance(v, dict)) and not _conforms(v, hints[k]):
-            raise ValueError(f"state.json: {k} has the wrong type")
-    return out

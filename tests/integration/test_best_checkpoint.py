@@ -1,6 +1,6 @@
 """The best checkpoint by a manifest metric: status's `best_checkpoint` and retention's `keep_best`, end to end.
 
-Torch-free: checkpoints come from `supervisor.checkpoints.testing` and from a plain user script that writes
+Torch-free: checkpoints come from `tests.jobs.dcp_files` and from a plain user script that writes
 its own `manifest.json` by hand (no trainer code), run under the real `fsdp-supervisor run`.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from tests.supervise import Supervisors, cli, supervisors, write_config  # noqa:
 USER_SCRIPT = """
 import json, sys, time
 from pathlib import Path
-from supervisor.checkpoints.testing import write_checkpoint
+from tests.jobs.dcp_files import write_checkpoint
 
 root = Path(sys.argv[1])
 for epoch, val_loss in enumerate([3.0, 1.0, 4.0, 2.0, 5.0], start=1):

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.checkpoints import is_pinned, quarantine
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.layout import tmp_dir_name
+from tests.jobs.dcp_files import write_checkpoint
 from tests.unit.test_checkpoints_cli import root  # noqa: F401  (a fixture, taken as an argument)
 
 LIST_FIELDS = {"name", "path", "step", "complete", "reason", "size_bytes", "mtime", "pinned", "quarantined"}

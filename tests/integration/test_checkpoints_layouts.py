@@ -30,9 +30,9 @@ from supervisor.checkpoints import (
 )
 from supervisor.checkpoints.naming import name_step
 from supervisor.checkpoints.retention import GIB
-from supervisor.checkpoints.testing import write_torch_file
 from supervisor.daemon.housekeeping import Housekeeper
 from tests.fakes import RecordingLog
+from tests.jobs.dcp_files import write_torch_file
 from tests.supervise import REPO
 
 ACCELERATE = REPO / "tests" / "jobs" / "accelerate_like.py"

@@ -14,7 +14,7 @@ from checkpoints_dcp_writer import run_writer
 
 import supervisor.checkpoints
 from supervisor.checkpoints.metadata import reader as md
-from supervisor.checkpoints.testing import write_checkpoint
+from tests.jobs.dcp_files import write_checkpoint
 from tests.unit.test_checkpoints_metadata import (
     EXPECTED,
     FIXTURES,

@@ -1,11 +1,11 @@
-"""Tests for supervisor.checkpoints.testing: torch-free checkpoints that real torch also accepts."""
+"""Tests for tests.jobs.dcp_files: torch-free checkpoints that real torch also accepts."""
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
 
-from supervisor.checkpoints.testing import dcp_metadata_bytes
+from tests.jobs.dcp_files import dcp_metadata_bytes
 
 _LOAD_WITH_TORCH = """
 import json, pickle, sys
@@ -68,8 +68,8 @@ class TestTorchSaveFidelity:
         assert lightning.held_by_lightning(tmp_path, ckpt) == ({"epoch=0-step=10.ckpt"}, None)
 
     def test_real_torch_loads_the_synthetic_meta_pt(self, tmp_path):
-        """torch.load reads supervisor.checkpoints.testing's meta.pt as the dict it stands for."""
-        from supervisor.checkpoints.testing import lightning_meta, write_torch_file
+        """torch.load reads tests.jobs.dcp_files's meta.pt as the dict it stands for."""
+        from tests.jobs.dcp_files import lightning_meta, write_torch_file
 
         path = write_torch_file(tmp_path / "meta.pt", lightning_meta(40, dirpath=tmp_path, top_k=["a.ckpt"]))
         assert json.loads(self._torch("load", str(path))) == {"global_step": 40, "top_k": [str(tmp_path / "a.ckpt")]}

@@ -46,6 +46,33 @@ def trainer(steps: int, *extra: str) -> list[str]:
     return ["--checkpoint-dir", "ckpts", "--steps", str(steps), "--seed", "3", *extra]
 
 
+class TestAutoHangDetection:
+    def test_no_health_section_still_catches_a_stopped_rank(self, tmp_path: Path, supervisors: Supervisors) -> None:
+        """No [health] section (hang_timeout_s = "auto"): once the job has stepped a while, SIGSTOP of rank 1 is a
+        hang after max(hang_min_s, hang_factor x p99 step time), rank 1 named, the job relaunched. Before, `status`
+        says what the allowance is (no saves, so the stop cannot land in a save's allowance)."""
+        cmd = [*TORCHRUN, "-m", "trainer", *trainer(10**6, "--save-every", str(10**6))]
+        p = supervisors.start(write_config(tmp_path, cmd, "[restart]\nbackoff_initial_s = 0.2\n"))
+        wait_for(lambda: (state(tmp_path).get("hang_detection") or "").startswith("auto: after"), TIMEOUT,
+                 "auto hang detection armed from the recent step times")
+        assert "hangs" in cli("status", "-c", str(tmp_path / "job.toml")).stdout
+        victim = wait_for(lambda: [w for w in psutil.Process(state(tmp_path)["job_pid"]).children(recursive=True)
+                                   if w.environ().get("RANK") == "1"], 30, "rank 1")[0]
+        victim.suspend()
+        try:
+            wait_for(lambda: state(tmp_path).get("attempt") == 2, TIMEOUT, "attempt 2 after the hang")
+        finally:
+            try:
+                victim.resume()
+            except psutil.Error:
+                pass
+        st = state(tmp_path)
+        assert st["last_exit"]["reason"] == "hang"
+        assert st["last_hang"]["ranks"] == [{"rank": 1, "why": "stopped (SIGSTOP or SIGTSTP)"}]
+        rc, _ = stop(p)
+        assert rc == 0
+
+
 class TestOurOwnStop:
     def test_exit_0_after_our_own_sigterm_is_not_completed(self, tmp_path: Path, supervisors: Supervisors) -> None:
         """A hung job whose SIGTERM handler exits 0: the hang kill is no completion, the run goes on (attempt 2)."""

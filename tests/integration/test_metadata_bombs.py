@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from supervisor.checkpoints.testing import storage_metadata_bytes
 from tests.helpers import REPO
+from tests.jobs.dcp_files import storage_metadata_bytes
 from tests.unit.test_metadata_bombs import BOMBS
 
 ADDRESS_SPACE = 300 * 2**20  # the whole subprocess, interpreter included (it starts at about 25 MB)
@@ -68,7 +68,7 @@ def test_bomb_is_refused_within_bounded_time_and_memory(tmp_path: Path, name: st
 
 def test_a_real_file_passes_the_same_probe(tmp_path: Path) -> None:
     """The probe itself is sound: a valid 16-shard metadata parses under the same limits."""
-    from supervisor.checkpoints.testing import dcp_metadata_bytes
+    from tests.jobs.dcp_files import dcp_metadata_bytes
 
     out = probe(tmp_path, dcp_metadata_bytes({f"w{i}": 4096 for i in range(64)}, shards=16)[0])
     assert out["error"] is None, out

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from supervisor.checkpoints.metadata.reader import RACY_NS
-from supervisor.checkpoints.testing import write_checkpoint
+from tests.jobs.dcp_files import write_checkpoint
 from tests.supervise import cli
 from tests.unit.test_metadata_cache import (
     aged,

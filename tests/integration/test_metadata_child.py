@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.checkpoints.metadata import reader as md
-from supervisor.checkpoints.testing import dcp_metadata_bytes
 from tests.helpers import REPO
+from tests.jobs.dcp_files import dcp_metadata_bytes
 from tests.unit.test_checkpoints_metadata import global_pickle, summary
 
 

@@ -176,6 +176,18 @@ class TestDaemonOnlyInstall:
         assert re.match(r"pip install torch==2\.13\.0 && pip install '\.\[trainer\]' ", full), full
         assert "pip install --progress-bar on torch==2.13.0" in (REPO / "Makefile").read_text()
 
+    def test_make_unit_and_pythons_run_in_venvs_without_torch(self) -> None:
+        """`make unit` and `make pythons` (3.10 and 3.13, part of `make test`) run tests/unit through tests/notorch.sh,
+        which builds a venv without torch and refuses one that has it (docs/development.md)."""
+        def dry(target: str) -> list[str]:
+            return subprocess.run(["make", "-n", target], cwd=REPO, capture_output=True, text=True,
+                                  check=True).stdout.splitlines()
+        assert dry("unit") == ["bash tests/notorch.sh python3"]
+        assert "for v in 3.10 3.13; do bash tests/notorch.sh $v --mypy" in dry("pythons")[0]
+        script = (REPO / "tests" / "notorch.sh").read_text()
+        assert "import torch" in script and "has torch" in script
+        assert re.search(r"^test: lint pythons\b", (REPO / "Makefile").read_text(), re.M)
+
 
 def _fake_distribution(root: Path, name: str, version: str) -> Path:
     """A distribution `name` that installed a package `name` (what pip leaves: the package and its dist-info)."""

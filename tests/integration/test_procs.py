@@ -64,21 +64,6 @@ class TestFindOrphans:
         found = {p.pid for p in find_orphans(TOKEN, run_dir)}
         assert ours.pid in found and copy.pid not in found and other.pid not in found
 
-    def test_recorded_pid_needs_its_start_time_and_session(self, tmp_path: Path, sleepers: Sleepers) -> None:
-        """A job without a token (an older supervisor's) is found by pid and start time; a reused pid is not."""
-        old = sleepers.start({}, tmp_path / "t")
-        created = psutil.Process(old.pid).create_time()
-        assert [p.pid for p in find_orphans(TOKEN, tmp_path, (old.pid, created))] == [old.pid]
-        assert find_orphans(TOKEN, tmp_path, (old.pid, created - 5.0)) == []  # same pid, another process
-        mine = os.getpid()
-        assert find_orphans(TOKEN, tmp_path, (mine, psutil.Process(mine).create_time())) == []  # never ourselves
-
-    def test_another_run_dirs_job_is_never_taken_for_the_recorded_one(self, tmp_path: Path, sleepers: Sleepers) -> None:
-        """The recorded pid now carries another token: not ours, whatever its start time says."""
-        theirs = sleepers.start({ENV_RUN_TOKEN: "f" * 32, ENV_RUN_DIR: str(tmp_path)}, tmp_path / "t")
-        created = psutil.Process(theirs.pid).create_time()
-        assert find_orphans(TOKEN, tmp_path, (theirs.pid, created)) == []
-
     def test_stop_processes_terms_then_kills(self, tmp_path: Path, sleepers: Sleepers) -> None:
         """SIGTERM first (the job may save), SIGKILL for one that ignores it."""
         env = {ENV_RUN_TOKEN: TOKEN, ENV_RUN_DIR: str(tmp_path)}

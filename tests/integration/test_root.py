@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 
-from supervisor.checkpoints.testing import write_checkpoint
+from tests.jobs.dcp_files import write_checkpoint
 from tests.mounts import bind_mount, mount_tmpfs, mounts  # noqa: F401
 from tests.supervise import FAKEJOB, REPO, Supervisors, cli, launches, stop, supervisors, wait_for, write_config  # noqa: F401
 

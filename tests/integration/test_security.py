@@ -16,10 +16,10 @@ from pathlib import Path
 
 import psutil
 
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.observe.metrics import is_loopback
 from supervisor.observe.redact import MASK
 from tests.helpers import REPO, TAG_ENV
+from tests.jobs.dcp_files import write_checkpoint
 from tests.supervise import FAKEJOB, Supervisors, cli, stop, supervisors, wait_for, write_config  # noqa: F401
 from tests.unit.test_security import TRAPS, _plant, _snapshot
 
@@ -76,9 +76,8 @@ class TestFileModes:
         assert stat.S_IMODE((run_dir / "state.json").stat().st_mode) & 0o077 == 0  # owner only: it holds argv
         assert stat.S_IMODE(run_dir.stat().st_mode) & 0o007 == 0
 
-    def test_run_dir_is_owner_only_even_when_an_older_version_made_it(self, tmp_path: Path,
-                                                                        supervisors: Supervisors) -> None:
-        """A run dir left 0750 (logs/ 0755) by an earlier version: afterwards every folder of it is 0700 and every
+    def test_run_dir_is_owner_only_even_when_made_wider(self, tmp_path: Path, supervisors: Supervisors) -> None:
+        """A run dir made 0750 (logs/ 0755) beforehand (a `mkdir` of the user's): afterwards every folder is 0700 and every
         file the supervisor wrote 0600 (the job's heartbeat is the job's own, inside the owner-only run dir)."""
         cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--steps", "3", "--exit", "1"],
                            FAST + "max_no_progress_restarts = 1\n")

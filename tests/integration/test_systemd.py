@@ -18,10 +18,7 @@ from supervisor.cli.systemd import UnitOptions, render_unit, supervisor_command
 from supervisor.config import load_config
 from supervisor.layout import step_dir_name
 from tests.supervise import TAG_ENV, Supervisors, cli, supervisors, wait_for, write_config  # noqa: F401
-from tests.unit.test_systemd import (
-    TEMPLATE,
-    config,  # noqa: F401  (a fixture, taken as an argument)
-)
+from tests.unit.test_systemd import config  # noqa: F401  (a fixture, taken as an argument)
 
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 needs_analyze = pytest.mark.skipif(
@@ -175,15 +172,6 @@ class TestSystemdAnalyze:
         unit = tmp_path / "awkward.service"
         unit.write_text(render_unit(cfg, supervisor_command(), UnitOptions(name="awkward")))
         v = verify(unit)
-        assert (v.returncode, v.stderr) == (0, ""), v.stderr
-
-    def test_template_instance_verifies_clean(self, tmp_path: Path) -> None:
-        """The shipped template, instantiated as fsdp-supervisor@demo with a real binary, verifies clean."""
-        binary = supervisor_command()[0]
-        text = TEMPLATE.read_text()
-        assert "ExecStart=/opt/fsdp-supervisor/bin/fsdp-supervisor run -c /etc/fsdp-supervisor/%i.toml" in text
-        (tmp_path / TEMPLATE.name).write_text(text.replace("/opt/fsdp-supervisor/bin/fsdp-supervisor", binary))
-        v = verify(tmp_path / "fsdp-supervisor@demo.service")
         assert (v.returncode, v.stderr) == (0, ""), v.stderr
 
 

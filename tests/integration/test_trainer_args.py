@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.errors import UsageError
+from tests.jobs.dcp_files import write_checkpoint
 from trainer.args import build_parser, validate
 
 

@@ -3,7 +3,7 @@
 The user script is tests/clients/accelerate_train.py; this reproduces it together with the Accelerate code
 it calls: folder names, nested DCP dirs, the extra files, their write order, `total_limit` cleanup and
 `load_state()`'s own choice of folder. R ranks are emulated in one process; the nested DCP dirs get a
-real-format `.metadata` from `supervisor.checkpoints.testing` (a pickle torch itself loads; shards are
+real-format `.metadata` from `tests/jobs/dcp_files.py` (a pickle torch itself loads; shards are
 zeros); the `.bin`/`.pkl` files hold JSON, as nobody but this script may read them. tests/clients/layouts.py
 holds the layout the real program wrote; tests/clients/test_client_reproductions.py checks this against it.
 
@@ -25,9 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from dcp_files import dcp_metadata_bytes
 from marks import append_mark  # tests/jobs/marks.py: this script's directory is on sys.path
-
-from supervisor.checkpoints.testing import dcp_metadata_bytes
 
 MODEL_DIR, OPTIM_DIR = "pytorch_model_fsdp_0", "optimizer_0"  # FSDP_MODEL_NAME_<i>, OPTIMIZER_NAME_<i>
 SIDECAR = "trainer_state.json"

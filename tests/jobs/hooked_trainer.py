@@ -27,6 +27,11 @@ FSDP_TRAINER_TEST_SLOW_WHILE=F          with SLOW_RANK: only while the file F ex
 FSDP_TRAINER_TEST_SAVE_GATE=F           while the file F exists, every rank holds its next save (once the previous
                                         save committed, before writing anything) and shows it by a file
                                         `F.held-<rank>` (removed when it goes on): a test acts between two saves.
+FSDP_TRAINER_TEST_NAN_AT_SAMPLE=S       the loss is NaN (so are the weights after its step) on the step whose global
+                                        batch begins at sample S: bad data, which a rollback's skip avoids.
+FSDP_TRAINER_TEST_NAN_AT_STEP=N         the loss is NaN on step N whatever its data: a divergence no skip avoids.
+FSDP_TRAINER_TEST_SPIKE_SAMPLES=A,B     the loss is 50 times higher (finite; Adam's steps hardly change) on every
+                                        step whose global batch begins at a sample in [A, B): a spike in bad data.
 """
 from __future__ import annotations
 
@@ -49,6 +54,11 @@ SLOW_RANK_ENV = "FSDP_TRAINER_TEST_SLOW_RANK"
 SLOW_S_ENV = "FSDP_TRAINER_TEST_SLOW_S"
 SLOW_WHILE_ENV = "FSDP_TRAINER_TEST_SLOW_WHILE"
 SAVE_GATE_ENV = "FSDP_TRAINER_TEST_SAVE_GATE"
+NAN_SAMPLE_ENV = "FSDP_TRAINER_TEST_NAN_AT_SAMPLE"
+NAN_STEP_ENV = "FSDP_TRAINER_TEST_NAN_AT_STEP"
+SPIKE_ENV = "FSDP_TRAINER_TEST_SPIKE_SAMPLES"
+_POISON = [False]  # this step's loss is to be NaN (set before each step)
+_SCALE = [1.0]  # this step's loss is multiplied by this
 PACE_MAX_S = 60.0
 _COMMITTED = re.compile(r"step_(\d{8})")  # the reference trainer's committed name (supervisor/layout.py)
 HOLD_MAX_S = 600.0
@@ -125,12 +135,26 @@ def install() -> None:
 
     def held_train_step(self: trainer.loop.Trainer) -> float:
         step, until = self.progress.step, os.environ.get(HOLD_TRAIN_UNTIL_ENV)
+        _POISON[0] = (os.environ.get(NAN_SAMPLE_ENV) == str(self.progress.sample_index)
+                      or os.environ.get(NAN_STEP_ENV) == str(step + 1))
+        spike = [int(v) for v in os.environ.get(SPIKE_ENV, "").split(",") if v]
+        _SCALE[0] = 50.0 if spike and spike[0] <= self.progress.sample_index < spike[1] else 1.0
         if until and str(step) in os.environ.get(HOLD_TRAIN_STEP_ENV, "").split(","):
             deadline = time.monotonic() + HOLD_MAX_S
             while not os.path.exists(f"{until}.{step}") and time.monotonic() < deadline:
                 time.sleep(0.05)
-        return train_step(self)
+        try:
+            return train_step(self)
+        finally:
+            _POISON[0], _SCALE[0] = False, 1.0
 
+    lm_loss = trainer.loop.lm_loss
+
+    def poisoned_loss(*args: Any, **kwargs: Any) -> Any:
+        loss = lm_loss(*args, **kwargs)
+        return loss * float("nan") if _POISON[0] else loss * _SCALE[0]
+
+    trainer.loop.lm_loss = poisoned_loss  # type: ignore[assignment]
     trainer.loop.Trainer.train_step = held_train_step  # type: ignore[method-assign]
     Checkpointer.save = held_save  # type: ignore[method-assign]
     Checkpointer._commit = stalled_commit  # type: ignore[method-assign]

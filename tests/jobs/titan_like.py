@@ -2,7 +2,7 @@
 
 Same folder names, same files, same write order and the same resume rule as the real
 `torchtitan.components.checkpointer.dcp.CheckpointManager` (CheckpointManager below), with R ranks
-emulated in one process and real-format DCP `.metadata` from `supervisor.checkpoints.testing` (a pickle
+emulated in one process and real-format DCP `.metadata` from `tests/jobs/dcp_files.py` (a pickle
 torch itself loads; shards are zeros). tests/clients/layouts.py holds the layout the real program wrote
 in the real-client tier; tests/clients/test_client_reproductions.py checks this script against it.
 
@@ -24,9 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from dcp_files import dcp_metadata_bytes
 from marks import append_mark  # tests/jobs/marks.py: this script's directory is on sys.path
-
-from supervisor.checkpoints.testing import dcp_metadata_bytes
 
 # flattened torchtitan state (ModelWrapper keys + optimizer/lr_scheduler/dataloader/train_state), sizes tiny
 TENSORS = {"tok_embeddings.weight": 64, "layers.0.attention.wqkv.weight": 48, "norm.weight": 8,

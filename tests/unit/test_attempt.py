@@ -22,7 +22,7 @@ def config(tmp_path: Path, extra: str = "") -> Config:
 
 class TestJobEnv:
     @pytest.mark.parametrize(("stop_timeout_s", "grace"),
-                             [("90.5", "86491"), ("1e6", "1086400"), ("0.25", "86401"), ("30", "86430")])
+                             [("90.5", "86491"), ("1e6", "1086400"), ("1.25", "86402"), ("30", "86430")])
     def test_torchrun_grace_is_whole_seconds(self, tmp_path: Path, stop_timeout_s: str, grace: str) -> None:
         """torchrun int()s TORCH_ELASTIC_SHUTDOWN_TIMEOUT at start: a fractional or huge stop_timeout_s is rounded up.
         It is stop_timeout_s and a day: the supervisor ends the stop, not counting time frozen (Slurm's suspend),

@@ -1,6 +1,6 @@
 """The best checkpoint by a manifest metric: status's `best_checkpoint` and retention's `keep_best`, end to end.
 
-Torch-free: checkpoints come from `supervisor.checkpoints.testing` and from a plain user script that writes
+Torch-free: checkpoints come from `tests.jobs.dcp_files` and from a plain user script that writes
 its own `manifest.json` by hand (no trainer code), run under the real `fsdp-supervisor run`.
 """
 from __future__ import annotations
@@ -9,11 +9,11 @@ import json
 from pathlib import Path
 
 from supervisor.checkpoints import KeepBest, quarantine, scan
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.daemon.housekeeping import best_checkpoint
 from supervisor.daemon.statefile import read_status, write_status
 from supervisor.observe.statusview import render_status
 from supervisor.policy.state import State, Status
+from tests.jobs.dcp_files import write_checkpoint
 
 
 def root_with(tmp_path: Path, values: dict[int, dict[str, float]]) -> Path:

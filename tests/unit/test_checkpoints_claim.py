@@ -22,26 +22,31 @@ from supervisor.checkpoints.claim import (
     identity_home,
     live_holders,
 )
+from supervisor.checkpoints.lease import Here
 from supervisor.errors import ClaimedError
+from supervisor.host.boot import start_ticks
 
 NOW = 1_700_000_000.0
 HOST = "node-a"
 
 
-def holder(*, host: str = HOST, pid: int = 42, start: float | None = 5.0, written: float | None = NOW,
+HERE = Here(HOST)
+
+
+def holder(*, host: str = HOST, pid: int = 42, start: int | None = 5, written: float | None = NOW,
            job: str | None = None, refresh_s: float = 300.0) -> Holder:
-    return Holder(path=Path("x.json"), job=job, pid=pid, host=host, start_time=start, config="/c/job.toml",
+    return Holder(path=Path("x.json"), job=job, pid=pid, host=host, start=start, config="/c/job.toml",
                   run_dir="/c/.fsdp-supervisor", written=written, refresh_s=refresh_s)
 
 
-def started(pid: int) -> float | None:
-    return {42: 5.0, 43: 99.0}.get(pid)  # 42 runs (since 5.0), 43 is another process now, the rest are gone
+def started(pid: int) -> int | None:
+    return {42: 5, 43: 99}.get(pid)  # 42 runs (since tick 5), 43 is another process now, the rest are gone
 
 
 @pytest.mark.parametrize(("h", "stale"), [
     (holder(), None),  # this host, process alive with its start time
     (holder(pid=43), "pid 43 is another process now"),  # a reused pid
-    (holder(pid=44), "its supervisor (pid 44) is gone"),
+    (holder(pid=44), "its process (pid 44) is gone"),
     (holder(start=None), None),  # no start time recorded: the pid alone
     (holder(host="node-b", written=NOW - 60), None),  # another host, refreshed a minute ago
     (holder(host="node-b", written=NOW - CLAIM_MAX_AGE_S - 1), "last refreshed"),
@@ -51,7 +56,7 @@ def started(pid: int) -> float | None:
 ])
 def test_holder_state(h: Holder, stale: str | None) -> None:
     """Live or stale, and why: by process on this host, by age of the last refresh from another host."""
-    why = holder_state(h, host=HOST, now=NOW, started=started)
+    why = holder_state(h, here=HERE, now=NOW, started=started)
     assert why is None if stale is None else stale in (why or "")
 
 
@@ -66,14 +71,14 @@ def test_conflicts(mine: str | None, theirs: str | None, conflict: bool) -> None
     assert bool(conflicts(mine, [holder(job=theirs)])) is conflict
 
 
-def _plant(root: Path, *, pid: int, start: float | None, job: str | None = None, host: str | None = None,
+def _plant(root: Path, *, pid: int, start: int | None, job: str | None = None, host: str | None = None,
            when: float | None = None, config: str = "/other/job.toml", slurm: dict | None = None) -> Path:
     """Another supervisor's claim file, as its RootClaim would write it."""
     folder = claim_homes(root)[0]
     folder.mkdir(mode=0o700, exist_ok=True)
     host = host or socket.gethostname()
     path = folder / f"{host}-{pid}.json"
-    path.write_text(json.dumps({"job": job, "pid": pid, "host": host, "start_time": start, "config": config,
+    path.write_text(json.dumps({"job": job, "pid": pid, "host": host, "start": start, "config": config,
                                 "run_dir": "/other/.fsdp-supervisor", "time": when or time.time(), "refresh_s": 300,
                                 "slurm": slurm}))
     if when is not None:
@@ -112,7 +117,7 @@ class TestRootClaim:
 
     def test_a_live_claim_of_another_job_refuses_naming_it(self, root: Path) -> None:
         """Exit 2 (ClaimedError) naming pid, host and config; nothing of ours is written."""
-        _plant(root, pid=PARENT, start=psutil.Process(PARENT).create_time())
+        _plant(root, pid=PARENT, start=start_ticks(PARENT))
         c = claim(root)
         with pytest.raises(ClaimedError) as err:
             c.acquire()
@@ -123,7 +128,7 @@ class TestRootClaim:
 
     def test_nodes_of_one_multinode_job_share(self, root: Path) -> None:
         """Same rendezvous: both hold the root; another rendezvous is refused."""
-        _plant(root, pid=PARENT, start=psutil.Process(PARENT).create_time(), job="rdzv node-a:29500 run-7")
+        _plant(root, pid=PARENT, start=start_ticks(PARENT), job="rdzv node-a:29500 run-7")
         assert claim(root, job="rdzv node-a:29500 run-7").acquire() == []
         with pytest.raises(ClaimedError):
             claim(root, job="rdzv node-a:29500 run-8").acquire()
@@ -134,9 +139,9 @@ class TestRootClaim:
         next year: taken over, each with one warning line, its file removed."""
         if kind == "dead pid":
             gone = next(p for p in range(4_000_000, 4_100_000) if not psutil.pid_exists(p))
-            planted = _plant(root, pid=gone, start=1.0)
+            planted = _plant(root, pid=gone, start=1)
         elif kind == "reused pid":
-            planted = _plant(root, pid=PARENT, start=1.0)
+            planted = _plant(root, pid=PARENT, start=1)
         elif kind == "old, other host":
             planted = _plant(root, pid=PARENT, start=None, host="node-z", when=time.time() - CLAIM_MAX_AGE_S - 60)
         else:
@@ -152,7 +157,7 @@ class TestRootClaim:
         assert c.path is not None
         c.path.unlink()
         assert c.check() is None and c.path.exists()
-        _plant(root, pid=PARENT, start=psutil.Process(PARENT).create_time())
+        _plant(root, pid=PARENT, start=start_ticks(PARENT))
         assert f"pid {PARENT}" in (c.check() or "")
 
     def test_one_directory_reached_by_another_path_is_one_claim(self, root: Path) -> None:
@@ -163,7 +168,7 @@ class TestRootClaim:
         assert by_id is not None
         by_id[0].mkdir(mode=0o700, parents=True)
         record = {"job": None, "pid": PARENT, "host": socket.gethostname(), "config": "/other/job.toml",
-                  "start_time": psutil.Process(PARENT).create_time(), "run_dir": "/other/run", "time": time.time()}
+                  "start": start_ticks(PARENT), "run_dir": "/other/run", "time": time.time()}
         planted = by_id[0] / f"{socket.gethostname()}-{PARENT}.json"
         planted.write_text(json.dumps({**record, "root": str(root.parent)}))  # another directory now
         c = claim(root)
@@ -214,10 +219,10 @@ class TestRootClaim:
 def test_a_holder_in_another_pid_namespace_is_judged_by_age() -> None:
     """A container sharing our host name but not our pids: its pid means nothing here, so its claim lives by its
     refreshes (as from another host), not by whether some process of ours has that number."""
-    h = Holder(path=Path("x.json"), job=None, pid=44, host=HOST, start_time=5.0, config="c", run_dir="r",
+    h = Holder(path=Path("x.json"), job=None, pid=44, host=HOST, start=5, config="c", run_dir="r",
                written=NOW - 60, refresh_s=300, pidns=111)
-    assert holder_state(h, host=HOST, now=NOW, started=started, pidns=222) is None
-    assert holder_state(h, host=HOST, now=NOW, started=started, pidns=111) == "its supervisor (pid 44) is gone"
+    assert holder_state(h, here=Here(HOST, 222), now=NOW, started=started) is None
+    assert holder_state(h, here=Here(HOST, 111), now=NOW, started=started) == "its process (pid 44) is gone"
 
 
 class TestSlurmRuns:
@@ -236,16 +241,16 @@ class TestSlurmRuns:
         (None, False),  # not under Slurm
     ])
     def test_an_earlier_run_of_this_slurm_job_is_stale(self, theirs: SlurmRun | None, stale: bool) -> None:
-        h = Holder(path=Path("x.json"), job=None, pid=44, host="node-b", start_time=5.0, config="c", run_dir="r",
+        h = Holder(path=Path("x.json"), job=None, pid=44, host="node-b", start=5, config="c", run_dir="r",
                    written=NOW - 60, refresh_s=300, slurm=theirs)
-        why = holder_state(h, host=HOST, now=NOW, started=started, slurm=self.JOB)
+        why = holder_state(h, here=HERE, now=NOW, started=started, slurm=self.JOB)
         assert (why is not None) is stale and (not stale or "earlier run of Slurm job 4242" in (why or ""))
 
     def test_on_this_host_the_process_still_decides(self) -> None:
         """A live supervisor of an earlier run on this very host (Slurm's process tracking missed it) stays live."""
-        h = Holder(path=Path("x.json"), job=None, pid=42, host=HOST, start_time=5.0, config="c", run_dir="r",
+        h = Holder(path=Path("x.json"), job=None, pid=42, host=HOST, start=5, config="c", run_dir="r",
                    written=NOW - 60, refresh_s=300, slurm=SlurmRun("c1", "4242", 0))
-        assert holder_state(h, host=HOST, now=NOW, started=started, slurm=self.JOB) is None
+        assert holder_state(h, here=HERE, now=NOW, started=started, slurm=self.JOB) is None
 
     def test_from_the_environment(self) -> None:
         env = {"SLURM_JOB_ID": "4242", "SLURM_CLUSTER_NAME": "c1", "SLURM_RESTART_COUNT": "2"}

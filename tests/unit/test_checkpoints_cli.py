@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.checkpoints.testing import lightning_meta, write_checkpoint, write_lightning_checkpoint
 from supervisor.cli import app as top_cli
 from supervisor.layout import tmp_dir_name
+from tests.jobs.dcp_files import lightning_meta, write_checkpoint, write_lightning_checkpoint
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ What each client writes and in which order: docs/clients.md; the real libraries:
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
 import pickle
@@ -16,15 +17,15 @@ import pytest
 
 from supervisor.checkpoints import DiskUsage, RetentionRules, newest_complete, plan_retention, scan, torchzip
 from supervisor.checkpoints.retention import GIB
-from supervisor.checkpoints.testing import (
+from supervisor.config import load_config
+from supervisor.daemon.housekeeping import Housekeeper
+from tests.fakes import RecordingLog
+from tests.jobs.dcp_files import (
     lightning_meta,
     write_lightning_checkpoint,
     write_torch_file,
     write_trainer_checkpoint,
 )
-from supervisor.config import load_config
-from supervisor.daemon.housekeeping import Housekeeper
-from tests.fakes import RecordingLog
 
 DISK = DiskUsage(total_bytes=1000 * GIB, free_bytes=900 * GIB)
 
@@ -284,11 +285,18 @@ class TestTorchZip:
         value, why = torchzip.read_pickle(path)
         assert why is None and value == {"global_step": 3, "x": torchzip.OPAQUE} and not marker.exists()
 
+    def test_dicts_stay_dicts_and_what_is_built_on_a_name_is_opaque(self, tmp_path):
+        """An OrderedDict is a dict; a dict subclass (Lightning's AttributeDict hparams) is opaque, its items dropped."""
+        meta = {"global_step": 3, "hp": collections.defaultdict(int, lr=1), "cb": collections.OrderedDict(k={"a": 1})}
+        value, why = torchzip.read_pickle(torch_zip(tmp_path / "meta.pt", pickle.dumps(meta, protocol=2)))
+        assert why is None and value == {"global_step": 3, "hp": torchzip.OPAQUE, "cb": {"k": {"a": 1}}}
+
     @pytest.mark.parametrize(("data", "said"), [
-        (b"\x80\x02" + b"(" * (torchzip.MAX_DEPTH + 1), "nests too deeply"),
-        (b"\x80\x02h\x05.", "memo entry it never stored"),
-        (b"\x80\x02X\xff\xff\xff\x7f", "cut short"),
-        (b"\x80\x02}q\x00", "cut short"),
+        (b"\x80\x02" + b"(" * (1 << 19) + b".", "too deeply"),
+        (b"\x80\x02h\x05.", "a reference to nothing"),
+        (b"\x80\x02X\xff\xff\xff\x7f", "truncated"),
+        (b"\x80\x02}q\x00", "truncated"),
+        (b"\x80\x02c__builtin__\neval\n" + b"q\x00h\x00" * 10**6 + b".", "stacked too deeply"),
     ])
     def test_bad_pickles_cost_a_reason_not_a_crash(self, tmp_path, data, said):
         """Hostile or cut pickles: a one-line reason, bounded work."""

@@ -6,9 +6,9 @@ import json
 import pytest
 
 from supervisor.checkpoints import verify
-from supervisor.checkpoints.testing import storage_metadata_bytes, write_checkpoint, write_manifest
 from supervisor.errors import CheckpointError
 from supervisor.layout import MANIFEST_NAME, METADATA_NAME
+from tests.jobs.dcp_files import storage_metadata_bytes, write_checkpoint, write_manifest
 
 
 class TestSyntheticTraps:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.checkpoints import IN_USE_MAX_AGE_S, in_use, mark_in_use
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.errors import CheckpointError
+from tests.jobs.dcp_files import write_checkpoint
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ class TestMarkers:
         for host, age in (("node-a", 60.0), ("node-b", IN_USE_MAX_AGE_S + 60)):
             marker = folder / f"{host}-42.json"
             marker.write_text(json.dumps({"path": str(root / f"step_000000{10 if host == 'node-a' else 20}"),
-                                          "pid": 42, "host": host, "start_time": 1.0, "time": now - age}))
+                                          "pid": 42, "host": host, "start": 1, "time": now - age}))
             os.utime(marker, (now - age, now - age))
         assert in_use(root, now=now) == {root / "step_00000010"}
         assert _markers(root) == ["node-a-42.json"]

@@ -14,7 +14,7 @@ from supervisor.checkpoints import (
     scan,
 )
 from supervisor.checkpoints.naming import is_checkpoint_name, name_ordinal, name_step
-from supervisor.checkpoints.testing import write_checkpoint
+from tests.jobs.dcp_files import write_checkpoint
 
 
 class TestNames:

@@ -14,7 +14,7 @@ from pathlib import Path
 from supervisor.checkpoints import DiskUsage, RetentionRules, newest_complete, plan_retention, scan
 from supervisor.checkpoints.naming import name_step
 from supervisor.checkpoints.retention import GIB
-from supervisor.checkpoints.testing import lightning_meta, write_lightning_checkpoint
+from tests.jobs.dcp_files import lightning_meta, write_lightning_checkpoint
 
 DISK = DiskUsage(total_bytes=1000 * GIB, free_bytes=900 * GIB)
 

@@ -15,9 +15,9 @@ from supervisor.checkpoints import (
     unpin,
     unquarantine,
 )
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.errors import CheckpointError
 from supervisor.layout import PIN_MARKER, QUARANTINE_MARKER
+from tests.jobs.dcp_files import write_checkpoint
 
 
 class TestPin:
@@ -113,14 +113,15 @@ class TestOnlyOurMarkers:
             unquarantine(d)
         assert (d / PIN_MARKER).is_symlink() and (d / QUARANTINE_MARKER).is_dir()
 
-    def test_ours_and_older_versions_markers_are_removed(self, tmp_path):
-        """What we write now (`by`) and what earlier versions wrote (no `by`) are both ours."""
+    def test_ours_are_removed_and_one_without_by_is_not_ours(self, tmp_path):
+        """What we write (`by`) is ours; a marker without `by` is someone else's (no release ever wrote one)."""
         d = write_checkpoint(tmp_path, 1)
         pin(d)
         assert json.loads((d / PIN_MARKER).read_text())["by"] == "fsdp-supervisor" and unpin(d)
         (d / PIN_MARKER).write_text('{"time": 1700000000.5}')
-        (d / QUARANTINE_MARKER).write_text('{"reason": "crashed", "time": 1700000000}')
-        assert unpin(d) and unquarantine(d) and not is_pinned(d) and not is_quarantined(d)
+        with pytest.raises(CheckpointError, match="not the JSON object"):
+            unpin(d)
+        assert is_pinned(d)
 
     def test_pin_keeps_a_marker_it_did_not_write(self, tmp_path):
         """An entry already named `.pinned` pins the dir (any entry counts): pin leaves it as it is."""

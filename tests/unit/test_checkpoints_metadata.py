@@ -5,6 +5,7 @@ import io
 import json
 import os
 import pickle
+import re
 import struct
 import subprocess
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 import supervisor.checkpoints
 from supervisor.checkpoints.metadata import reader as md
 from supervisor.checkpoints.metadata import scan as metadata_scan
-from supervisor.checkpoints.testing import dcp_metadata_bytes, storage_metadata_bytes, write_checkpoint
+from tests.jobs.dcp_files import dcp_metadata_bytes, storage_metadata_bytes, write_checkpoint
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "metadata"
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
@@ -94,17 +95,16 @@ class TestInterpreterFixtures:
 
 
 class TestRefusedGlobals:
-    @pytest.mark.parametrize("func,args,shown", [
-        (os.system, ("true",), "posix.system"),
-        (eval, ("1+1",), "builtins.eval"),
-        (exec, ("pass",), "builtins.exec"),
-        (subprocess.Popen, (["true"],), "subprocess.Popen"),
-        (__import__, ("os",), "builtins.__import__"),
-        (open, ("/tmp/x", "w"), "io.open"),
-        (pickle.loads, (b"N.",), "_pickle.loads"),
+    @pytest.mark.parametrize("func,args", [
+        (os.system, ("true",)), (eval, ("1+1",)), (exec, ("pass",)), (subprocess.Popen, (["true"],)),
+        (__import__, ("os",)), (open, ("/tmp/x", "w")), (pickle.loads, (b"N.",)),
     ])
-    def test_dangerous_callables_are_refused_as_unsafe(self, func, args, shown):
-        """A pickle calling os.system, eval, exec, subprocess.Popen, __import__, open or pickle.loads: unsafe."""
+    def test_dangerous_callables_are_refused_as_unsafe(self, func, args):
+        """A pickle calling os.system, eval, exec, subprocess.Popen, __import__, open or pickle.loads: unsafe.
+
+        The refusal names the global as the pickle does, which is the interpreter's: `open` is io.open on 3.11 and
+        _io.open on 3.13 (`make lint` runs this file on both)."""
+        shown = re.escape(f"{func.__module__}.{func.__qualname__}")
         with pytest.raises(md.UnsafeMetadataError, match=rf"^refuses {shown} \(could run code\)$"):
             md.parse_metadata(pickle.dumps(_Evil(func, *args)))
 

@@ -17,7 +17,6 @@ from supervisor.checkpoints import (
     clear_trash,
     disk_usage,
     execute_retention,
-    migrate_legacy_trash,
     newest_complete,
     pin,
     plan_retention,
@@ -25,9 +24,9 @@ from supervisor.checkpoints import (
     trash_dir,
 )
 from supervisor.checkpoints.retention import GIB
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.errors import CheckpointError
 from tests.fakes import RecordingLog
+from tests.jobs.dcp_files import write_checkpoint
 
 
 def _plan(*paths: Path) -> RetentionPlan:
@@ -116,8 +115,8 @@ class TestExecuteRetention:
         write_checkpoint(root, 1)
         (root / "step_00000001" / "sub").mkdir()
         (root / ".trash").mkdir()
-        (root / ".trash" / f"step_00000002.{NS}").mkdir()  # a legacy trash: migrated out of the root, then emptied
-        before = _tree(tmp_path) - {"root/.trash", f"root/.trash/step_00000002.{NS}"}
+        (root / ".trash" / f"step_00000002.{NS}").mkdir()  # a .trash folder: not a checkpoint, never deleted
+        before = _tree(tmp_path)
         assert execute_retention(root, _plan(root / rel)) == []
         assert _tree(tmp_path) - {".root.fsdp-trash"} == before and outside.exists()
 
@@ -212,42 +211,6 @@ class TestTrash:
         execute_retention(root, RetentionPlan())
         assert sorted(os.listdir(tmp_path)) == ["root"] and os.listdir(root) == ["step_00000001"]
 
-    def test_legacy_trash_inside_the_root_is_migrated(self, tmp_path):
-        """A `<root>/.trash` from an earlier version: its entries move next to the root, then it is removed."""
-        root = tmp_path / "root"
-        write_checkpoint(root, 1)
-        write_checkpoint(root / ".trash", 7, name=f"step_00000007.{NS}")
-        assert migrate_legacy_trash(root) == 1
-        (parked,) = os.listdir(_trash(root))
-        assert os.listdir(root) == ["step_00000001"] and parked.startswith(f"step_00000007.{NS}.")
-        assert clear_trash(root) == 1 and os.listdir(_trash(root)) == []
-
-    def test_a_users_own_dot_trash_is_not_migrated(self, tmp_path):
-        """`<root>/.trash/notes/` (not `<name>.<time_ns>`) was moved out and deleted as a legacy trash."""
-        root = tmp_path / "root"
-        write_checkpoint(root, 1)
-        (root / ".trash" / "notes").mkdir(parents=True)
-        (root / ".trash" / "notes" / "todo.txt").write_text("keep me")
-        write_checkpoint(root / ".trash", 7, name=f"step_00000007.{NS}")
-        assert migrate_legacy_trash(root) == 1
-        clear_trash(root)
-        assert (root / ".trash" / "notes" / "todo.txt").read_text() == "keep me"
-        assert os.listdir(root / ".trash") == ["notes"]
-
-    def test_a_users_own_dot_trash_named_like_ours_is_not_migrated(self, tmp_path):
-        """`notes.1`, `backup.20240101/` and a link named like a parked dir were moved out and deleted: at every
-        start, since the first pass empties the trash. Only a dir named `<name>.<time_ns>` was ever ours."""
-        root, outside = tmp_path / "root", tmp_path / "outside"
-        write_checkpoint(root, 1)
-        outside.mkdir()
-        mine = root / ".trash"
-        (mine / "backup.20240101").mkdir(parents=True)
-        (mine / "notes.1").write_text("keep me")
-        (mine / "photo.1733239812").write_text("keep me")  # seconds, not nanoseconds
-        (mine / f"step_3.{NS}").symlink_to(outside)
-        assert migrate_legacy_trash(root) == 0 and clear_trash(root) == 0
-        assert sorted(os.listdir(mine)) == sorted(["backup.20240101", "notes.1", "photo.1733239812", f"step_3.{NS}"])
-        assert sorted(os.listdir(tmp_path)) == ["outside", "root"]  # nothing to move: no trash made either
 
     def test_what_another_emptier_removes_meanwhile_is_no_failure(self, tmp_path, monkeypatch):
         """Two emptiers of one trash race (a second supervisor's first pass, `checkpoints prune`): each entry or

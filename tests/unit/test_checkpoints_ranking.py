@@ -19,9 +19,9 @@ from supervisor.checkpoints import (
     scan,
 )
 from supervisor.checkpoints.retention import GIB
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.errors import CheckpointError
-from supervisor.layout import LEGACY_TRASH_DIR, METADATA_NAME, tmp_dir_name
+from supervisor.layout import METADATA_NAME, tmp_dir_name
+from tests.jobs.dcp_files import write_checkpoint
 
 
 def _tear(d: Path) -> Path:
@@ -97,12 +97,12 @@ class TestScan:
         states = {i.name: i.state for i in scan(tmp_path)}
         assert states == {".tmp-notes": "foreign", ".tmp-step_00000004-incomplete-abc": "partial"}
 
-    def test_trash_and_plain_files_are_skipped(self, tmp_path):
-        """`.trash` and regular files in the root are not checkpoints."""
-        write_checkpoint(tmp_path / LEGACY_TRASH_DIR, 99)
+    def test_a_trash_folder_is_foreign_and_plain_files_are_skipped(self, tmp_path):
+        """A `.trash` folder (ours is next to the root, never in it) and regular files in the root are not checkpoints."""
+        write_checkpoint(tmp_path / ".trash", 99)
         (tmp_path / "notes.txt").write_text("hi")
         write_checkpoint(tmp_path, 1)
-        assert [i.name for i in scan(tmp_path)] == ["step_00000001"]
+        assert [(i.name, i.state) for i in scan(tmp_path)] == [("step_00000001", "complete"), (".trash", "foreign")]
 
     def test_symlinked_dir_is_invalid_and_not_followed(self, tmp_path):
         """A symlink to a complete checkpoint outside the root is listed invalid with no size read through it."""

@@ -1,8 +1,8 @@
-"""Tests for supervisor.checkpoints.testing: torch-free checkpoints that real torch also accepts."""
+"""Tests for tests.jobs.dcp_files: torch-free checkpoints that real torch also accepts."""
 from __future__ import annotations
 
 from supervisor.checkpoints import verify
-from supervisor.checkpoints.testing import write_checkpoint
+from tests.jobs.dcp_files import write_checkpoint
 
 
 class TestWriteCheckpoint:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.daemon.statefile import write_status
 from supervisor.policy.state import Status
+from tests.jobs.dcp_files import write_checkpoint
 
 CONFIG = '[job]\ncommand = ["true"]\n[checkpoints]\ndir = "ckpts"\n'
 
@@ -106,12 +106,7 @@ class TestLogsJobControlSequences:
 
 class TestEntryPoint:
     def test_the_console_script_target_is_callable(self) -> None:
-        """pyproject's `fsdp-supervisor = "fsdp_supervisor_entry:main"` names a function, and `supervisor.cli:main`,
-        which console scripts written by earlier installs call, is still one.
-
-        Those scripts say `from supervisor.cli import main`: when `main` became a module in the package move, they
-        failed with "'module' object is not callable".
-        """
+        """pyproject's `fsdp-supervisor = "fsdp_supervisor_entry:main"` names a function."""
         import importlib
         import re
 
@@ -121,6 +116,3 @@ class TestEntryPoint:
         assert target is not None, "pyproject.toml names no fsdp-supervisor script"
         main = getattr(importlib.import_module(target[1]), target[2])
         assert callable(main) and not isinstance(main, type(importlib))
-        from supervisor.cli import main as earlier
-
-        assert callable(earlier) and not isinstance(earlier, type(importlib))

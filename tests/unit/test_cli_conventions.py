@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.cli import app
 from supervisor.cli.argtypes import CONFIG_ENV, default_config
 from supervisor.daemon.preflight import command_warnings
 from supervisor.daemon.statefile import write_status
 from supervisor.errors import UsageError
 from supervisor.policy.state import State, Status
+from tests.jobs.dcp_files import write_checkpoint
 
 CONFIG = ('[job]\ncommand = ["true"]\n[checkpoints]\ndir = "ckpts"\n'
           'keep_best = { metric = "val_loss", mode = "min", k = 1 }\n')

@@ -32,7 +32,7 @@ class TestLoad:
         assert cfg.job.resume_args == ["--resume", "{checkpoint}"]
         assert (cfg.restart.policy, cfg.restart.max_restarts, cfg.restart.max_no_progress_restarts) == ("on-failure", 100, 3)
         assert (cfg.checkpoints.keep_last, cfg.checkpoints.partial_max_age_s) == (3, 3600)
-        assert (cfg.health.hang_timeout_s, cfg.health.stop_timeout_s) == (0, 120)
+        assert (cfg.health.hang_timeout_s, cfg.health.stop_timeout_s) == ("auto", 120)
 
     def test_full_example_from_the_issue(self, tmp_path: Path) -> None:
         """Every key the issue documents is accepted."""
@@ -88,6 +88,10 @@ class TestErrors:
             (MINIMAL.replace('["torchrun", "-m", "trainer"]', '"torchrun -m trainer"'), "[job.command]"),
             (MINIMAL + "[checkpoints.extra]\n", "[checkpoints.extra] unknown key"),
             ("[job\n", "invalid TOML"),
+            *((MINIMAL + f"[health]\nhang_timeout_s = {v}\n", '[health.hang_timeout_s] must be "auto", 0 (off) or a')
+              for v in ("-1", '"x"', "true", "nan", "inf")),
+            (MINIMAL + '[notify]\nwebhook = "ftp://x"\n', "[notify.webhook]"),
+            (MINIMAL + '[notify]\nevents = ["gave_up", "exploded"]\n', "[notify.events"),
         ],
     )
     def test_one_line_naming_the_key(self, tmp_path: Path, text: str, needle: str) -> None:
@@ -162,8 +166,8 @@ HOSTILE = [
     (_with(checkpoints='dir = "c"', supervisor='run_dir = "c"'), "[supervisor.run_dir]"),
     (_with(checkpoints='dir = "c"', supervisor='run_dir = "c/run"'), "is inside the checkpoint root"),
     ("x = " + "[" * 100_000, "invalid TOML: nested too deeply"),
-    (MINIMAL + "[restart]\nbackoff_multiplier = 1e300\nmax_no_progress_restarts = 10\n",
-     "[restart] backoff_multiplier = 1e+300 overflows within max_no_progress_restarts = 10"),
+    (MINIMAL + "[restart]\nbackoff_multiplier = 1000\nmax_no_progress_restarts = 200\n",
+     "[restart] backoff_multiplier = 1000 overflows within max_no_progress_restarts = 200"),
 ]
 
 
@@ -219,3 +223,75 @@ class TestReading:
         p.write_text(MINIMAL + "#" * (2 * 2**20))
         with pytest.raises(ConfigError, match="larger than 1024 KiB"):
             load_config(p)
+
+
+def _numbers() -> list[tuple[str, str, type]]:
+    """Every number a job.toml can set: (table, key, int or float), nested tables (keep_best) included."""
+    from pydantic import BaseModel
+
+    from supervisor.config import Config
+    out: list[tuple[str, str, type]] = []
+
+    def walk(model: type[BaseModel], table: str) -> None:
+        for name, field in model.model_fields.items():
+            kinds = [k for k in (field.annotation, *getattr(field.annotation, "__args__", ())) if isinstance(k, type)]
+            sub = next((k for k in kinds if issubclass(k, BaseModel)), None)
+            if sub is not None:
+                walk(sub, f"{table}.{name}" if table else name)
+            elif int in kinds or float in kinds:
+                out.append((table, name, float if float in kinds else int))
+
+    walk(Config, "")
+    return out
+
+
+class TestRanges:
+    """Issue 35 item 2: an absurd number is exit 2 naming the key and its range, never a run that cannot work."""
+
+    @pytest.mark.parametrize(("table", "key", "kind"), _numbers(), ids=[f"{t}.{k}" for t, k, _ in _numbers()])
+    def test_every_number_has_an_upper_and_a_lower_bound(self, tmp_path: Path, table: str, key: str, kind: type) -> None:
+        """1e300 (10**18 for a count) and -1 are refused for every duration and count, naming the key."""
+        base = MINIMAL.replace('dir = "ckpts"', 'dir = "ckpts"\nkeep_best = { metric = "loss", mode = "min", k = 1 }')
+        for value in ("1e300" if kind is float else str(10**18), "-1"):
+            body = f"{key} = {value}\n"
+            if table == "checkpoints.keep_best":
+                text = base.replace(", k = 1 }", f", {key} = {value} }}")
+            else:
+                text = base + (body if table == "checkpoints" else f"[{table}]\n{body}")
+            with pytest.raises(ConfigError, match=rf"\[{table}(\.{key})?\] .*{key}|\[{table}\.{key}\]"):
+                load_config(write(tmp_path, text))
+
+    @pytest.mark.parametrize(("text", "needle"), [
+        ("[restart]\nbackoff_max_s = 1e308\n", "[restart.backoff_max_s] = 1e+308 is out of range [0, 2592000]"),
+        ("retention_interval_s = 1e-300\n", "[checkpoints.retention_interval_s] = 1e-300 is out of range [0.5, 2592000]"),
+        ("[health]\nstop_timeout_s = 1e300\n", "[health.stop_timeout_s] = 1e+300 is out of range [1, 2592000]"),
+        ("[health]\nhang_timeout_s = 1e-9\n", "[health.hang_timeout_s] = 1e-09 is neither 0 (off) nor in range [1, "),
+        ("[supervisor]\nlog_max_bytes = 1\n", "[supervisor.log_max_bytes] = 1 is out of range [4096, 1099511627776]"),
+    ])
+    def test_the_issues_numbers(self, tmp_path: Path, text: str, needle: str) -> None:
+        """The values the outside review used: the line names the key, the value and the range."""
+        with pytest.raises(ConfigError) as ei:
+            load_config(write(tmp_path, MINIMAL + text))
+        assert needle in str(ei.value), str(ei.value)
+
+
+class TestPlaceholders:
+    """Issue 35 item 2: a `{name}` the supervisor does not substitute is exit 2 with a did-you-mean."""
+
+    @pytest.mark.parametrize(("args", "needle"), [
+        ('["--resume-from", "{ckpt}"]', ("[job.resume_args] {ckpt} is not a placeholder (did you mean {checkpoint}?); "
+                                         "known: {checkpoint}, {step}, {skip_steps}")),
+        ('["--load_step={Step}"]', "{Step} is not a placeholder (did you mean {step}?)"),
+        ('["--skip={skip_step}"]', "(did you mean {skip_steps}?)"),
+        ('["--x", "{}"]', "{} is not a placeholder; known"),
+    ])
+    def test_unknown_placeholder(self, tmp_path: Path, args: str, needle: str) -> None:
+        with pytest.raises(ConfigError) as ei:
+            load_config(write(tmp_path, MINIMAL.replace("[checkpoints]", f"resume_args = {args}\n[checkpoints]")))
+        assert needle in str(ei.value), str(ei.value)
+
+    def test_known_placeholders_and_other_braces_pass(self, tmp_path: Path) -> None:
+        """{checkpoint}, {step}, {skip_steps} and braces that are no placeholder (JSON) are accepted."""
+        args = '["--resume", "{checkpoint}", "--step={step}", "--skip", "{skip_steps}", "--cfg", "{\\"a\\": 1}"]'
+        cfg = load_config(write(tmp_path, MINIMAL.replace("[checkpoints]", f"resume_args = {args}\n[checkpoints]")))
+        assert cfg.job.resume_args[-1] == '{"a": 1}'

@@ -44,9 +44,8 @@ class TestParseHeartbeat:
         assert b is None and len(problems) == 1
 
     @pytest.mark.parametrize("field,value", [
-        ("loss", "NaN"), ("loss", "Infinity"), ("loss", "-Infinity"), ("loss", "1e999"), ("loss", '"low"'),
-        ("loss", "1e31"), ("val_loss", "NaN"), ("val_loss", "[1]"), ("time", "-5"), ("time", "1e300"),
-        ("phase", '"warmup"'), ("phase", "3"), ("loss", "9" * 400), ("val_loss", "-" + "9" * 400), ("time", "9" * 400),
+        ("loss", '"low"'), ("loss", "[1]"), ("val_loss", "NaN"), ("val_loss", "[1]"), ("time", "-5"), ("time", "1e300"),
+        ("phase", '"warmup"'), ("phase", "3"), ("val_loss", "-" + "9" * 400), ("time", "9" * 400),
         ("step_s", "-1"), ("step_s", "NaN"), ("step_s", '"fast"'), ("step_s", "1e99"),
     ])
     def test_a_bad_field_is_dropped_with_a_note(self, field: str, value: str) -> None:
@@ -55,6 +54,16 @@ class TestParseHeartbeat:
         b, problems = beat(f'{{"step": 3, "{field}": {value}}}')
         assert b is not None and b.step == 3 and getattr(b, field) is None
         assert len(problems) == 1 and field in problems[0]
+
+    @pytest.mark.parametrize("value,bad", [
+        ("NaN", "nan"), ('"nan"', "nan"), ("Infinity", "inf"), ("-Infinity", "inf"), ('"-inf"', "inf"),
+        ("1e999", "inf"), ("1e31", "inf"), ("9" * 400, "inf"), ('"INF"', "inf"), ("1e30", None), ("2.5", None),
+    ])
+    def test_a_non_finite_loss_is_said_not_dropped(self, value: str, bad: str | None) -> None:
+        """A NaN or infinite loss (a diverged run) is no usable value but is no bad beat either: `loss_bad` says it."""
+        b, problems = beat(f'{{"step": 3, "loss": {value}}}')
+        assert b is not None and b.loss_bad == bad and problems == []
+        assert (b.loss is None) == (bad is not None)
 
     def test_a_rank_s_own_step_time(self) -> None:
         """`step_s` (a per-rank beat's own step time) comes through; trailing padding is no problem."""
@@ -88,11 +97,14 @@ class TestHeartbeatRecord:
         rec = heartbeat_record(5, "eval", time=10.0, loss=2.0, val_loss=1.0)
         assert parse_heartbeat(json.dumps(rec).encode()) == (Beat(5, 10.0, "eval", 2.0, 1.0), [])
 
-    def test_non_finite_losses_become_null(self) -> None:
-        """The writer never produces NaN: JSON has none."""
+    def test_non_finite_losses_are_strict_json(self) -> None:
+        """The writer never produces NaN (JSON has none): a diverged loss is said as a word, a val_loss dropped."""
         rec = heartbeat_record(1, "train", time=0.0, loss=math.nan, val_loss=math.inf)
-        assert rec["loss"] is None and rec["val_loss"] is None
-        json.dumps(rec, allow_nan=False)
+        assert rec["loss"] == "nan" and rec["val_loss"] is None
+        assert heartbeat_record(1, "train", time=0.0, loss=-math.inf)["loss"] == "inf"
+        assert heartbeat_record(1, "train", time=0.0, loss=0.0)["loss"] == 0.0
+        b, _ = parse_heartbeat(json.dumps(rec, allow_nan=False).encode())
+        assert b is not None and b.loss_bad == "nan"
 
     def test_unknown_phase_is_a_programming_error(self) -> None:
         with pytest.raises(ValueError):

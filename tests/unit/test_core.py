@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.checkpoints.testing import write_trainer_checkpoint
 from supervisor.config import load_config
 from supervisor.daemon.core import Core
 from supervisor.daemon.statefile import read_status
+from supervisor.observe.statusview import render_status
 from supervisor.policy.state import State, Status
 from tests.fakes import FakeSystem, RecordingLog
+from tests.jobs.dcp_files import write_checkpoint, write_trainer_checkpoint
 
 BASE = """
 [job]
@@ -68,8 +69,9 @@ class TestLaunch:
         assert core.status.state is State.RUNNING and "job_started" in log.names()
 
     def test_orphan_stopped_before_launch(self, tmp_path: Path) -> None:
-        """A job recorded by a killed supervisor is stopped before the first spawn."""
+        """The job of a killed supervisor (found by its token) is stopped before the first spawn."""
         core, fake, log = make_core(tmp_path)
+        fake.orphans = [4242]
         prev = Status(state=State.RUNNING, job_pid=4242, job_create_time=1.0, job_cmdline=["torchrun"])
         core.begin(prev)
         assert fake.orphans_stopped == [4242] and len(fake.spawned) == 1
@@ -334,3 +336,57 @@ class TestJobPicksItsOwnCheckpoint:
         _, fake, _, root = self._crash_during_a_save(tmp_path, "resume_args = []", "prune = false")
         assert len(fake.spawned) == 2
         assert sorted(p.name for p in root.iterdir()) == ["checkpoint-10", "checkpoint-20"]
+
+
+class TestAutoHangs:
+    def test_default_config_detects_a_hang_after_hang_min_s(self, tmp_path: Path) -> None:
+        """No hang setting at all: after enough steps, silence of hang_min_s (60 s) is a hang, not before."""
+        core, fake, log = make_core(tmp_path)
+        core.begin(None)
+        for step in range(1, 16):
+            beat(core, step)
+            fake.advance(1, core)
+        assert "hang" not in fake.advance(58, core)
+        assert "hang" in fake.advance(2, core) and "hang_detected" in log.names()
+
+    def test_without_beats_status_says_detection_is_off(self, tmp_path: Path) -> None:
+        """A job that never beats: no hang, and `status` says why detection is off."""
+        core, fake, _ = make_core(tmp_path)
+        core.begin(None)
+        assert "hang" not in fake.advance(10_000, core)
+        assert "does not beat" in (core.status.hang_detection or "")
+        assert "does not beat" in render_status(core.status, running=True, now=fake.now())
+
+
+class TestCheckpointsElsewhere:
+    """Issue 35 item 1 through Core: the idle root's warning, and the search before a fresh relaunch."""
+
+    def test_saves_that_never_reach_the_root_warn_once_in_log_and_status(self, tmp_path: Path) -> None:
+        core, fake, log = make_core(tmp_path)
+        core.begin(None)
+        for step in (5, 10, 15, 20):
+            beat(core, step - 1)
+            beat(core, step, "save")
+        assert log.names().count("checkpoint_root_idle") == 1
+        assert "said `save` 3 times" in (core.status.root_idle or "")
+
+    def test_a_fresh_relaunch_after_a_failure_gives_up_on_checkpoints_elsewhere(self, tmp_path: Path) -> None:
+        core, fake, log = make_core(tmp_path)
+        core.begin(None)
+        write_trainer_checkpoint(tmp_path / "elsewhere", 7)
+        exit_job(core, fake, 1)
+        fake.advance(5, core)  # the backoff
+        assert core.exit_code == 3 and len(fake.spawned) == 1 and "checkpoints_elsewhere" in log.names()
+        assert str(tmp_path / "elsewhere") in (core.status.reason or "")
+
+
+def test_job_started_says_which_newer_checkpoint_the_resume_skipped_and_why(tmp_path: Path) -> None:
+    """Issue 35 item 10: the newest dir is torn: the job resumes from the one before, and `job_started` names it."""
+    core, fake, log = make_core(tmp_path)
+    write_checkpoint(tmp_path / "ckpts", 10)
+    torn = write_checkpoint(tmp_path / "ckpts", 20)
+    next(p for p in torn.iterdir() if p.suffix == ".distcp").unlink()
+    core.begin(None)
+    started = next(fields for event, fields in log.events if event == "job_started")
+    assert started["resumed_step"] == 10 and len(started["skipped"]) == 1, started
+    assert started["skipped"][0].startswith(f"{torn}: torn"), started["skipped"]

@@ -77,23 +77,23 @@ class TestOrphansAreFoundByToken:
         core.begin(None)
         token = (core.run_dir / TOKEN_FILE).read_text().strip()
         assert len(token) == 32 and fake.spawned[0].env["FSDP_SUPERVISOR_RUN_TOKEN"] == token
-        assert fake.orphan_searches == [(token, core.run_dir, None)]
+        assert fake.orphan_searches == [(token, core.run_dir)]
         assert json.loads((core.run_dir / "state.json").read_text())["run_token"] == token
         (core.run_dir / "state.json").unlink()
         again = Core(core.cfg, FakeSystem(), RecordingLog())
         again.begin(None)  # no state.json: the search still runs, with the same token
-        assert again.sys.orphan_searches == [(token, core.run_dir, None)]  # type: ignore[attr-defined]
+        assert again.sys.orphan_searches == [(token, core.run_dir)]  # type: ignore[attr-defined]
 
     def test_found_orphans_are_stopped_before_the_launch(self, tmp_path: Path) -> None:
-        """Whatever the search finds is stopped first and logged with the recorded job's pid."""
+        """Whatever the search finds is stopped first and logged with the job's agent (the oldest) as its pid."""
         from supervisor.host.identity import TOKEN_FILE
 
         core, fake, log = make_core(tmp_path)
         fake.orphans = [777, 778]
         core.begin(Status(state=State.RUNNING, job_pid=4242, job_create_time=1.0, run_token="a" * 32))
-        assert fake.orphan_searches[0][2] == (4242, 1.0) and fake.orphans_stopped == [4242, 777, 778]
+        assert fake.orphan_searches[0][0] == "a" * 32 and fake.orphans_stopped == [777, 778]
         assert log.names().index("orphan_job_stopped") < log.names().index("job_started")
-        assert events(log, "orphan_job_stopped")[0]["job_pid"] == 4242
+        assert events(log, "orphan_job_stopped")[0]["job_pid"] == 777
         assert (core.run_dir / TOKEN_FILE).read_text().strip() == "a" * 32  # state.json's copy restores the file
 
     def test_stopping_an_orphan_happens_off_the_loop_and_a_stop_meanwhile_launches_nothing(self, tmp_path: Path) -> None:

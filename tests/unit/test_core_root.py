@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.daemon.housekeeping import PassResult
 from supervisor.daemon.timers import Timer
 from supervisor.policy.state import State
 from tests.fakes import FakeSystem, RecordingLog
+from tests.jobs.dcp_files import write_checkpoint
 from tests.unit.test_core import beat, exit_job, make_core
 
 

@@ -10,12 +10,12 @@ import pytest
 
 from supervisor import checkpoints as store
 from supervisor.checkpoints import DiskUsage
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.config import load_config
 from supervisor.daemon.housekeeping import Housekeeper
 from tests.chaos import (
     job_config,
 )
+from tests.jobs.dcp_files import write_checkpoint
 
 
 class TestFullDiskNote:

@@ -12,8 +12,9 @@ import pytest
 import structlog
 
 from supervisor.checkpoints import pin
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.observe.eventlog import LOG_FILE, configure, configure_cli, get_logger
+from supervisor.observe.redact import secret_values
+from tests.jobs.dcp_files import write_checkpoint
 
 
 @pytest.fixture
@@ -37,6 +38,34 @@ class TestRun:
         pin(write_checkpoint(tmp_path / "ckpts", 10))
         events = [json.loads(line)["event"] for line in (tmp_path / LOG_FILE).read_text().splitlines()]
         assert events == ["job_started", "checkpoint_pinned"]
+
+    def test_a_traceback_carries_no_locals_and_no_secret(self, tmp_path: Path, restore_logging: None) -> None:
+        """Issue 35 item 7: `supervisor_failed`'s traceback shows no frame locals, and a `[job] env` token or an
+        `--api-key` value in the exception's own message is masked, in the file and on the console."""
+        token, key = "hf_tOkEn_1234567", "sk-aPiKeY-7654321"
+        argv = ["torchrun", "train.py", "--api-key", key]
+        shown: list[str] = []
+        console = type("C", (), {"tty": False, "show": lambda self, lines: shown.extend(lines)})()
+        configure(tmp_path, max_bytes=2**20, backups=1, console=console,  # type: ignore[arg-type]
+                  secrets=secret_values({"HF_TOKEN": token, "OMP_NUM_THREADS": "1"}, argv))
+
+        def launch(env: dict[str, str], argv: list[str]) -> None:
+            raise RuntimeError(f"cannot launch {argv} with {env}")
+
+        try:
+            launch({"HF_TOKEN": token}, argv)
+        except RuntimeError as exc:
+            get_logger().error("supervisor_failed", error=str(exc), exc_info=exc)
+        text = (tmp_path / LOG_FILE).read_text()
+        frames = json.loads(text)["exception"][0]["frames"]
+        assert [f["name"] for f in frames][-1] == "launch" and all("locals" not in f for f in frames)
+        assert "--api-key" in text and "***" in text
+        assert token not in text + "".join(shown) and key not in text + "".join(shown), text
+
+    def test_secret_values_are_what_the_redactor_masks(self) -> None:
+        """Masked by name (env), by flag (`--api-key V`, `--hf-token=V`, `WANDB_API_KEY=V`); short values are not."""
+        argv = ["x", "--api-key", "aaaa1", "--hf-token=bbbb2", "WANDB_API_KEY=cccc3", "--lr", "0.001", "--key", "k"]
+        assert secret_values({"HF_TOKEN": "dddd4", "PATH": "/usr/bin"}, argv) == ["aaaa1", "bbbb2", "cccc3", "dddd4"]
 
 
 class TestCli:

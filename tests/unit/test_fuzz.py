@@ -24,7 +24,6 @@ from hypothesis import strategies as st
 
 from supervisor.checkpoints import STATES, verify
 from supervisor.checkpoints.metadata.reader import parse_metadata
-from supervisor.checkpoints.testing import dcp_metadata_bytes
 from supervisor.cli import app as cli
 from supervisor.config import Config, load_config
 from supervisor.daemon import preflight
@@ -32,6 +31,7 @@ from supervisor.errors import ConfigError, MetadataError
 from supervisor.layout import MANIFEST_NAME, METADATA_NAME
 from supervisor.observe.metrics import listen_address
 from supervisor.policy.state import Status
+from tests.jobs.dcp_files import dcp_metadata_bytes
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

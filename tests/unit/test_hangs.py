@@ -169,17 +169,22 @@ class TestJudgedAfterReading:
         fake.advance(0, core)
         assert "hang_detected" not in log.names() and core.status.step == 300 and not core.job.hang
 
-    def test_a_suspension_without_news_gives_a_fresh_allowance(self, tmp_path: Path) -> None:
-        """Suspended 15 s and the files say nothing new: no verdict on what nobody watched; a full timeout later, yes."""
+    def test_a_freeze_without_news_keeps_the_rest_of_the_allowance(self, tmp_path: Path) -> None:
+        """Frozen 15 s (the loop postpones the timers and the allowances) 2 s into a 10 s allowance, then one rank
+        of two steps: no verdict on the silent one for what nobody watched; the 8 s left later, yes."""
         core, fake, log, _ = started(tmp_path)
-        beat(core, 5)
+        rank_beat(core, 0, 5)
+        rank_beat(core, 1, 5)
         fake.advance(2, core)
         fake.clock += 15
+        fake.timers.postpone(15)
+        core.hangs.postpone(15)
+        rank_beat(core, 0, 6)  # rank 0 steps (read a second later): the hang timer is set again, for rank 1
         fake.advance(0, core)
-        assert "hang_detected" not in log.names() and "hang_check_deferred" in log.names()
-        assert fake.advance(9.9, core) == [] and fake.advance(0.1, core) == ["hang"]
+        assert "hang_detected" not in log.names()
+        assert fake.advance(8.9, core) == [] and fake.advance(0.1, core) == ["hang"]
         assert "hang_detected" in log.names()
-        assert hang_events(log)["idle_s"] == 27.0 == core.status.last_hang["idle_s"]  # silent since the beat, not 10 s
+        assert hang_events(log)["idle_s"] == 25.0 == core.status.last_hang["idle_s"]  # silent since the beat
 
 
 class TestHonestTimes:

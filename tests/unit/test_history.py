@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 
 from supervisor.config import load_config
+from supervisor.daemon import events as ev
 from supervisor.daemon.core import Core
-from supervisor.daemon.recorder import HistoryRecorder, NullHistory
+from supervisor.daemon.recorder import HistoryRecorder
 from supervisor.history.fold import summarize
 from supervisor.history.records import HISTORY_FILE, MAX_LINE, bucket_width, compact_lines, parse_lines, read_history, thin
 from supervisor.policy.state import State
 from tests.fakes import FakeSystem, RecordingLog
-from tests.history_demo import month
+from tests.history_demo import launch_event, month
 from tests.unit.test_core import BASE, exit_job
 
 T0 = 1_700_000_000.0
@@ -103,8 +104,8 @@ class TestCoreRecords:
     def test_steps_lost_are_the_ranks_own_step_minus_the_resume_step_in_status_and_report(self, tmp_path: Path) -> None:
         """The node's beat lags a second behind (step 50); every rank's own file says 57: 7 lost, not 2, and the
         same number in status (the daemon's fold) and in the report (the file's)."""
-        from supervisor.checkpoints.testing import write_checkpoint
         from supervisor.contract import RANK_HEARTBEAT_DIR
+        from tests.jobs.dcp_files import write_checkpoint
 
         core, fake, _, _ = make_core(tmp_path)
         write_checkpoint(core.cfg.checkpoints.dir, 50)
@@ -194,11 +195,6 @@ class TestCoreRecords:
         assert log.names().count("history_failed") == 1 and core2.status.state is State.COMPLETED
         assert [r["attempt"] for r in records(core2) if r["kind"] == "attempt_start"] == [1, 2]
 
-    def test_null_history_has_every_hook(self) -> None:
-        """The recorder adds no hook the null history lacks (Core calls them without checking)."""
-        hooks = {n for n in vars(HistoryRecorder) if not n.startswith("_") and callable(getattr(HistoryRecorder, n))}
-        assert hooks - {"for_run_dir"} <= set(vars(NullHistory))
-
 
 class TestReader:
     def test_torn_and_garbage_lines_are_skipped(self) -> None:
@@ -276,16 +272,16 @@ class TestCompactionOffTheLoop:
         gate, started = hold_compaction(monkeypatch)
         clock = [T0]
         rec = HistoryRecorder(tmp_path / HISTORY_FILE, now=lambda: clock[0], log=RecordingLog(), compact_bytes=2048)
-        rec.supervisor_start()
+        rec.notify(ev.SupervisorStarted())
         n = 0
         while rec._compactor is None:  # write until a compaction starts
-            rec.quarantined(f"/ckpts/step_{n}", "test")
+            rec.notify(ev.Quarantined(f"/ckpts/step_{n}", "test"))
             n += 1
             clock[0] += 1
             assert n < 1000, "no compaction started"
         assert started.wait(30)
         for i in range(5):  # the loop goes on while the thread is held
-            rec.quarantined(f"/ckpts/during_{i}", "test")
+            rec.notify(ev.Quarantined(f"/ckpts/during_{i}", "test"))
         assert rec._compactor is not None and rec._compactor.is_alive()
         gate.set()
         rec.close()
@@ -368,7 +364,7 @@ class TestHostileFiles:
         log = RecordingLog()
         rec = HistoryRecorder(path, now=lambda: T0 + 1000, log=log, compact_bytes=512)
         assert 5 <= len(rec.fold.attempts) < 20 and path.stat().st_size > 5000
-        rec.supervisor_start()
+        rec.notify(ev.SupervisorStarted())
         rec.close()
         assert "history_compact_failed" in log.names() and path.read_text().startswith("".join(lines))
 
@@ -384,10 +380,10 @@ class TestCompactionCrashSafety:
         rec = HistoryRecorder(path, now=lambda: T0, log=RecordingLog(), compact_bytes=2048)
         n = 0
         while rec._compactor is None:
-            rec.quarantined(f"/ckpts/step_{n}", "test")
+            rec.notify(ev.Quarantined(f"/ckpts/step_{n}", "test"))
             n += 1
         assert started.wait(30)
-        rec.attempt_start(1, None, None)  # durable
+        rec.notify(launch_event(1, None, None))  # durable
         assert [r["kind"] for r in read_history(path)[0]][-1] == "attempt_start"
         gate.set()
         rec._compactor.join(30)  # the temp file is written; the SIGKILL comes before the next record renames it

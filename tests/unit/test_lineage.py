@@ -6,8 +6,8 @@ import shutil
 from pathlib import Path
 
 from supervisor.checkpoints.lineage import foreign, root_lineage
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.checkpoints.tiers import newest_across
+from tests.jobs.dcp_files import write_checkpoint
 
 
 def _with_lineage(ck: Path, lineage: str | None) -> Path:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from supervisor.checkpoints.testing import storage_metadata_bytes
+from tests.jobs.dcp_files import storage_metadata_bytes
 
 PROTO = b"\x80\x04"
 MEMOIZE = b"\x94"

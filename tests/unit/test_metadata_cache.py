@@ -11,7 +11,7 @@ import pytest
 
 from supervisor.checkpoints.metadata import cache as metadata_cache
 from supervisor.checkpoints.metadata import reader as md
-from supervisor.checkpoints.testing import write_checkpoint
+from tests.jobs.dcp_files import write_checkpoint
 
 HOUR_NS = 3600 * 10**9
 

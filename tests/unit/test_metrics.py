@@ -75,6 +75,12 @@ class TestRenderMetrics:
         assert v["fsdp_supervisor_last_checkpoint_age_seconds"] == 100.0
         assert v["fsdp_supervisor_checkpoint_bytes"] == 12345 and v["fsdp_supervisor_disk_free_bytes"] == 5 * 2**30
         assert v["fsdp_supervisor_attempt"] == 3 and v["fsdp_supervisor_quarantined_checkpoints"] == 1
+        assert v["fsdp_supervisor_rollbacks_total"] == 0
+
+    def test_rollbacks_are_counted(self) -> None:
+        st = running_status()
+        st.rollbacks = 2
+        assert parse(render_metrics(st, now=2000.0))["fsdp_supervisor_rollbacks_total"] == [("", 2.0)]
 
     def test_history_numbers(self) -> None:
         """Goodput, the restart latency histogram, the steps-lost counter and the last val_loss come from Status."""

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 import supervisor.checkpoints
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.config import Config, load_config
 from supervisor.daemon import preflight
 from supervisor.errors import CheckpointError, ConfigError
+from tests.jobs.dcp_files import write_checkpoint
 
 
 def config(tmp_path: Path, *, command: list[str] | None = None, dir: str = "ckpts", run_dir: str | None = None,

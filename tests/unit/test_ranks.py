@@ -5,7 +5,8 @@ import pytest
 
 from supervisor.config import HealthSection
 from supervisor.contract import Beat, Phase
-from supervisor.policy.ranks import STRAGGLER_LOOKS, RankWatch
+from supervisor.policy.attempt import hang_timeout
+from supervisor.policy.ranks import MIN_GAPS, STRAGGLER_LOOKS, RankWatch
 
 HEALTH = HealthSection(hang_timeout_s=10, save_timeout_s=100)
 
@@ -50,12 +51,13 @@ class TestProgress:
         w.see(0, b(31), 6.0)  # rank 0 trains again: everyone by their own allowance
         assert w.deadline(HEALTH) == 10.0
 
-    def test_a_suspension_restarts_every_allowance(self) -> None:
+    def test_a_freeze_postpones_every_allowance(self) -> None:
+        """Frozen 30 s, 4 s into a 10 s allowance: 6 s of it are left after the thaw; the silence counts all."""
         w = RankWatch()
         w.see(0, b(5), 0.0)
-        w.restart(30.0)
+        w.postpone(30.0)
         assert w.deadline(HEALTH) == 40.0
-        assert w.idle(35.0) == 35.0  # the allowance starts over; the silence does not
+        assert w.idle(35.0) == 35.0
 
 
 class TestCulprits:
@@ -118,3 +120,47 @@ class TestStragglers:
             w.see(0, b(i, step_s=0.1), 0.0)
             w.see(1, b(i, step_s=9.0), 0.0)
             assert w.look(0) == []
+
+
+AUTO = HealthSection(hang_min_s=60, hang_factor=10, save_timeout_s=1800)  # hang_timeout_s = "auto", the default
+
+
+class TestAuto:
+    @pytest.mark.parametrize(("health", "phase", "p99", "allowance"), [
+        (AUTO, Phase.TRAIN, None, 1800),  # too few steps seen: a slow first step is no hang
+        (AUTO, Phase.TRAIN, 1.0, 60),  # a fast job: hang_min_s
+        (AUTO, Phase.TRAIN, 30.0, 300),  # a slow one: hang_factor x p99
+        (AUTO, None, 30.0, 300),
+        (AUTO, Phase.EVAL, 1.0, 1800),  # an evaluation is not a step
+        (AUTO, Phase.SAVE, 1.0, 1800),
+        (HealthSection(hang_timeout_s=10), Phase.EVAL, 1.0, 10),  # a number: as before
+        (HealthSection(hang_timeout_s=0), Phase.TRAIN, 1.0, None),
+    ])
+    def test_allowance(self, health: HealthSection, phase: Phase | None, p99: float | None,
+                       allowance: float | None) -> None:
+        """max(hang_min_s, hang_factor x p99) for a step; the phase allowances as they were."""
+        assert hang_timeout(health, b(1, phase), startup=False, p99=p99) == allowance  # type: ignore[arg-type]
+
+    def test_p99_of_training_gaps_once_enough_are_seen(self) -> None:
+        """Gaps count from a training beat to the next step; a save's length is no step time; MIN_GAPS first."""
+        w = RankWatch()
+        t = 0.0
+        for step in range(MIN_GAPS):
+            w.see(None, b(step), t)
+            t += 1.0
+        assert w.p99() is None and w.deadline(AUTO) == (MIN_GAPS - 1) + 1800.0
+        w.see(None, b(MIN_GAPS, Phase.SAVE), t)
+        w.see(None, b(MIN_GAPS + 1), t + 500)  # after a 500 s save: not a gap
+        assert w.p99() == 1.0 and w.deadline(AUTO) == t + 500 + 60
+
+    def test_status_says_what_detection_does(self) -> None:
+        """Off because the job does not beat, off by setting, or the allowance in force."""
+        w = RankWatch()
+        assert "does not beat" in w.describe(AUTO)
+        assert w.describe(HealthSection(hang_timeout_s=0)) == "off (hang_timeout_s = 0)"
+        w.see(None, b(1), 1.0)
+        assert "until 10 steps" in w.describe(AUTO)
+        for step in range(2, 20):
+            w.see(None, b(step), float(step))
+        assert w.describe(AUTO) == "auto: after 60 s (recent p99 step 1 s)"
+        assert w.describe(HealthSection(hang_timeout_s=7)) == "after 7 s without progress"

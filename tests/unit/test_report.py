@@ -279,6 +279,15 @@ class TestPage:
         assert m.classes["restart"] >= 2 and m.classes["loss"] >= 2 and m.classes["val-loss"] >= 2
         assert m.classes["reason-signal"] == 1 and m.classes["reason-stopped"] == 1 and m.classes["rate"] >= 1
 
+    def test_a_divergence_and_its_rollback_are_marked(self) -> None:
+        """`diverged` and `rolled_back` are drawn on the timeline, with their step and why / where to."""
+        records = [*CRASH_AND_RESUME[:6], rec(96, "diverged", step=70, onset_step=68, why="nan"),
+                   rec(97, "rolled_back", from_step=70, to_checkpoint="/c/step_00000060", skip=18),
+                   *CRASH_AND_RESUME[6:]]
+        fold = Fold(keep=True).add_all(records)
+        page = render_html(fold, fold.summary(), source="/run", generated=300.0)
+        assert "diverged at step 70: nan" in page and "rolled back at step 70: /c/step_00000060" in page
+
 
 class TestCommand:
     def run(self, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -308,7 +317,7 @@ class TestCommand:
 
     def test_commits_beside_the_checkpoints_on_disk(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """Five commits, two left by retention: the report says both, not "checkpoints 5" (issue 22, item 6)."""
-        from supervisor.checkpoints.testing import write_checkpoint
+        from tests.jobs.dcp_files import write_checkpoint
 
         commits = [rec(10.0 * i, "checkpoint_committed", attempt=1, step=i, path=f"/c/step_{i}") for i in range(1, 6)]
         cfg = self.history(tmp_path, [*CRASH_AND_RESUME[:-1], *commits, CRASH_AND_RESUME[-1]])
@@ -431,3 +440,18 @@ def test_the_step_rate_is_one_labelled_line_per_attempt() -> None:
     chart = chart[:chart.index("</svg>")]
     assert re.findall(r"<title>(attempt \d+): steps per second</title>", chart) == ["attempt 1", "attempt 2"]
     assert chart.count('class="rate"') == 2 and ">#1</text>" in chart and ">#2</text>" in chart
+
+
+def test_a_job_without_a_heartbeat_shows_unknown_not_zero() -> None:
+    """Issue 35 item 10: no beats, two kills, commits: times only beats measure are `unknown`, the last step is the
+    newest checkpoint's (it said "productive 0s, time lost 0.0 s, last step n/a")."""
+    records = [rec(0, "supervisor_start"), start(0, 1), rec(60, "checkpoint_committed", attempt=1, step=20, path="/c/e20"),
+               end(90, 1, "signal", None), start(91, 2, 20), rec(150, "checkpoint_committed", attempt=2, step=40,
+                                                                  path="/c/e40"),
+               end(184, 2, "completed", None), rec(185, "supervisor_end", state="completed", reason="completed")]
+    fold = Fold(keep=True).add_all(records)
+    table = render_html(fold, fold.summary(), source="x", generated=200.0).split('<table class="summary">', 1)[1]
+    for label in ("productive", "start-up", "checkpoint overhead", "lost (redone)", "time lost"):
+        assert f"<th>{label}</th><td>unknown</td>" in table, label
+    assert "<th>last step</th><td>40 (the newest checkpoint&#x27;s)</td>" in table or \
+        "<th>last step</th><td>40 (the newest checkpoint's)</td>" in table, table

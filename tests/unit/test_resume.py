@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.checkpoints import CheckpointInfo
-from supervisor.policy.resume import Launch, Refuse, chooses_itself, plan_resume
+from supervisor.policy.resume import Launch, Refuse, chooses_itself, passed_over, plan_resume
 
 DEFAULT = ["--resume", "{checkpoint}"]
 
@@ -70,3 +70,18 @@ class TestFreshStart:
         scan = [ck(f"step_{i}", "torn", reason="short") for i in range(5)]
         plan = plan_resume(scan, resume_args=DEFAULT, allow_fresh_start=False)
         assert isinstance(plan, Refuse) and "(+2 more)" in plan.reason and "\n" not in plan.reason
+
+
+class TestPassedOver:
+    """Issue 35 item 10: the dirs newer than the resume point, each with why, for `job_started`'s `skipped`."""
+
+    def test_newer_torn_partial_and_quarantined_ones_are_named(self) -> None:
+        chosen = ck("step-10")
+        scan = [ck("step-40", "torn", reason="shard short"), ck(".tmp-step-35", "partial"), ck("step-30", "partial"),
+                ck("step-20", quarantined=True), ck("runs", "foreign", step=None), chosen, ck("step-5")]
+        assert passed_over(scan, chosen) == ["/r/step-40: torn (shard short)", "/r/step-30: partial",
+                                             "/r/step-20: quarantined"]
+
+    def test_the_newest_chosen_skips_nothing(self) -> None:
+        chosen = ck("step-10")
+        assert passed_over([chosen, ck("step-5")], chosen) == [] and passed_over([], chosen) == []

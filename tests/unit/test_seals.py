@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.checkpoints.seals import check, expected, seal, seal_path
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.errors import SidecarError
+from tests.jobs.dcp_files import write_checkpoint
 from tests.unit.test_core import exit_job, make_core
 
 

@@ -19,12 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from supervisor.checkpoints import DiskUsage, RetentionRules, clear_trash, execute_retention, plan_retention, scan
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.errors import CheckpointError, ConfigError
-from supervisor.layout import LEGACY_TRASH_DIR
 from supervisor.observe.metrics import is_loopback, parse_listen
 from supervisor.observe.redact import MASK, redact_argv
 from tests.helpers import REPO
+from tests.jobs.dcp_files import write_checkpoint
 
 PACKAGES = [REPO / "supervisor", REPO / "trainer"]
 
@@ -132,8 +131,8 @@ def _plant(base: Path, traps: set[str]) -> tuple[Path, Path]:
     for trap, (name, target) in links.items():
         if trap in traps:
             (real / name).symlink_to(target)
-    trashes = [base / ".real-root.fsdp-trash", base / ".root-link.fsdp-trash", real / LEGACY_TRASH_DIR]
-    if "linked_trash" in traps:  # the trash next to the root (whichever name the root goes by) and the legacy one
+    trashes = [base / ".real-root.fsdp-trash", base / ".root-link.fsdp-trash"]
+    if "linked_trash" in traps:  # the trash next to the root, whichever name the root goes by
         for trash in trashes:
             trash.symlink_to(outside, target_is_directory=True)
     elif "link_in_trash" in traps:

@@ -61,7 +61,7 @@ class TestFile:
         st = Status(state=State.BACKOFF, pid=1, attempt=2, restarts=1, last_exit=ExitInfo(1, None, "crash", 5.0, "rank 0"))
         write_status(tmp_path, st)
         assert read_status(tmp_path) == st
-        assert not list(tmp_path.glob(".state-*"))
+        assert not list(tmp_path.glob(".state.json.*"))
 
     @pytest.mark.parametrize("reason", ["preempted", "", "CRASH", "ExitReason.CRASH"])
     def test_an_exit_reason_this_version_does_not_know_is_kept(self, tmp_path: Path, reason: str) -> None:

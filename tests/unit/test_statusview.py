@@ -132,3 +132,17 @@ def test_ranks_stragglers_hang_and_the_last_failure() -> None:
     st.last_failure = {**st.last_failure, "reached_by": "heartbeat"}  # no per-rank files: the node's beat may lag
     assert ("last failure: attempt 1 hang (hung: rank 1): at least 10 steps lost (reached 63 or later: the job "
             "writes no per-rank heartbeats; resumed from 53)") in render_status(st, running=True, now=0.0)
+
+
+def test_a_job_without_a_heartbeat_takes_its_step_from_the_newest_checkpoint() -> None:
+    """Issue 35 item 10: no beat, a checkpoint of step 40: the step row says 40 and where it comes from."""
+    st = Status(state=State.RUNNING, latest_checkpoint={"path": "/c/epoch_40", "step": 40, "mtime": 0.0})
+    assert "step: 40 (the newest checkpoint's; no heartbeat)" in render_status(st, running=True, now=0.0)
+
+
+def test_an_open_divergence_is_shown() -> None:
+    st = status()
+    st.divergence = {"onset_step": 140, "step": 141, "rank": None, "loss": None, "why": "nan", "attempt": 2,
+                     "rollbacks": 1, "resume_step": 120, "skip": 30, "last_good": "/c/step_00000120", "action": "rollback"}
+    text = render_status(st, running=True, now=0.0)
+    assert "DIVERGED: nan at step 140 (seen at step 141), rollbacks 1, last good: /c/step_00000120" in text

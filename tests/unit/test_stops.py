@@ -85,7 +85,7 @@ class TestForce:
         """A killed supervisor's job still saving when `stop --force` comes: no grace left for it either."""
         stops, fake, log, _ = make(tmp_path)
         fake.orphans = [77]
-        stops.stop_orphans(tmp_path, ("t" * 32, None))  # the off-loop work, not run yet
+        stops.stop_orphans(tmp_path, "t" * 32)  # the off-loop work, not run yet
         assert stops.on_signal(FORCE_STOP_SIGNAL, None, exit_pending=False) is Then.FINISH
         assert fake.orphan_timeouts == [0] and "orphan_job_killed" in log.names()
 

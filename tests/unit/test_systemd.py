@@ -1,4 +1,4 @@
-"""`fsdp-supervisor systemd-unit` and the shipped template unit, checked by `systemd-analyze verify`."""
+"""`fsdp-supervisor systemd-unit`, checked by `systemd-analyze verify`."""
 from __future__ import annotations
 
 import math
@@ -9,7 +9,6 @@ import pytest
 
 from supervisor.cli.systemd import (
     SERVICE_PATH,
-    START_MARGIN_S,
     STOP_MARGIN_S,
     UnitOptions,
     default_name,
@@ -21,11 +20,9 @@ from supervisor.cli.systemd import (
     unit_paths,
     write_paths,
 )
-from supervisor.config import Config, HealthSection, load_config
+from supervisor.config import Config, load_config
 from supervisor.errors import UsageError
-from tests.supervise import REPO, write_config
-
-TEMPLATE = REPO / "deploy" / "systemd" / "fsdp-supervisor@.service"
+from tests.supervise import write_config
 
 
 def keys(unit: str) -> dict[str, list[str]]:
@@ -41,6 +38,21 @@ def keys(unit: str) -> dict[str, list[str]]:
 @pytest.fixture
 def config(tmp_path: Path) -> Path:
     return write_config(tmp_path, ["torchrun", "--standalone", "-m", "trainer"], "\n[health]\nstop_timeout_s = 200\n")
+
+
+class TestStopTimeoutBounds:
+    """Issue 35 item 2: no stop_timeout_s that loads can make a TimeoutStopSec systemd cannot parse."""
+
+    @pytest.mark.parametrize("seconds", ["1", "2592000", "2591999.5"])
+    def test_the_range_renders_whole_seconds(self, tmp_path: Path, seconds: str) -> None:
+        """Both ends of the range give plain whole seconds (1e300 gave 1e+300 + margin, which systemd rejects)."""
+        cfg = load_config(write_config(tmp_path, ["torchrun", "-m", "trainer"], f"\n[health]\nstop_timeout_s = {seconds}\n"))
+        value = keys(render_unit(cfg, ["/x/fsdp-supervisor"], UnitOptions(name="job", user="alice")))["TimeoutStopSec"][0]
+        assert value.isdigit() and int(value) >= math.ceil(float(seconds)) + STOP_MARGIN_S, value
+
+    def test_past_the_range_is_a_config_error(self, tmp_path: Path) -> None:
+        with pytest.raises(Exception, match=r"\[health.stop_timeout_s\] = 1e\+300 is out of range \[1, 2592000\]"):
+            load_config(write_config(tmp_path, ["torchrun", "-m", "trainer"], "\n[health]\nstop_timeout_s = 1e300\n"))
 
 
 class TestSupervisorCommand:
@@ -258,35 +270,3 @@ class TestCommand:
         assert any("chown no-such-user-fsdp" in n for n in notes)
         assert any("User=no-such-user-fsdp does not exist" in n for n in notes)
         assert not any("does not exist" in n for n in unit_notes(cfg, user="root"))
-
-    def test_template_keys_match_generator(self, config: Path) -> None:
-        """The template sets the same service keys as a generated unit, apart from the per-config ones."""
-        generated = keys(render_unit(load_config(config), ["/x"], UnitOptions(name="job")))
-        template = keys(TEMPLATE.read_text())
-        # PrivateTmp: `no` only for a config under /tmp (TestPrivateTmp); the template's paths are not.
-        per_config = {"Description", "ExecStart", "WorkingDirectory", "SyslogIdentifier", "CacheDirectory",
-                      "Environment", "ReadWritePaths", "RequiresMountsFor", "TimeoutStartSec", "TimeoutStopSec",
-                      "PrivateTmp"}
-        for key, values in generated.items():
-            if key not in per_config:
-                assert template.get(key) == values, key
-        assert template["PrivateTmp"] == ["yes"]
-
-    def test_template_timeouts_cover_the_default_stop_timeout(self) -> None:
-        """An /etc/fsdp-supervisor/NAME.toml that leaves stop_timeout_s at its default gets the whole emergency save:
-        systemd's TimeoutStopSec= SIGKILLs the service, so it must be at least what a generated unit would say."""
-        default = HealthSection().stop_timeout_s
-        k = keys(TEMPLATE.read_text())
-        assert int(k["TimeoutStopSec"][0]) >= math.ceil(default) + STOP_MARGIN_S
-        assert int(k["TimeoutStartSec"][0]) >= math.ceil(default) + START_MARGIN_S
-
-    def test_template_installs_what_exists(self) -> None:
-        """The template's install line installs this project from a checkout or its wheel (it is not on the
-        package index) without torch (the daemon's venv needs none), and says how the job's program is found."""
-        text = TEMPLATE.read_text()
-        install = [line for line in text.splitlines() if "/bin/pip install" in line]
-        assert len(install) == 1, install
-        words = install[0].split("pip install", 1)[1].split("#")[0].split()
-        assert "torch" not in install[0] and "fsdp-supervisor" not in words, install[0]
-        assert any(w.startswith(("/", ".")) for w in words), install[0]
-        assert "Environment=PATH=" in text, "the header must say how to put the job's venv on PATH"

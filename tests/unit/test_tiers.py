@@ -23,13 +23,13 @@ from supervisor.checkpoints import (
 )
 from supervisor.checkpoints.lineage import root_lineage
 from supervisor.checkpoints.retention import GIB
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.checkpoints.tiers import TierClaims
 from supervisor.cli import app as top_cli
 from supervisor.config import load_config
 from supervisor.daemon.housekeeping import Housekeeper
 from supervisor.errors import ClaimedError, ConfigError
 from supervisor.policy.resume import Launch, plan_resume
+from tests.jobs.dcp_files import write_checkpoint
 from tests.unit.test_config import _with, write
 
 DISK = DiskUsage(total_bytes=100 * GIB, free_bytes=90 * GIB)

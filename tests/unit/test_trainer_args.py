@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.checkpoints.testing import write_checkpoint
 from supervisor.errors import UsageError
+from tests.jobs.dcp_files import write_checkpoint
 from trainer.args import build_parser, validate
 
 
@@ -25,6 +25,21 @@ class TestValidate:
         """The defaults pass validation, which creates the checkpoint dir."""
         validate(self.parse(tmp_path))
         assert (tmp_path / "c").is_dir()
+
+    @pytest.mark.parametrize("flag,env,skip", [(None, None, 0), (None, "7", 7), ("3", "7", 3), (None, "", 0)])
+    def test_skip_steps_from_the_flag_else_the_supervisor(self, tmp_path, monkeypatch, flag, env, skip) -> None:
+        """--skip-steps wins; else $FSDP_SUPERVISOR_SKIP_STEPS (a rollback's); else 0."""
+        if env is not None:
+            monkeypatch.setenv("FSDP_SUPERVISOR_SKIP_STEPS", env)
+        args = self.parse(tmp_path, *(["--skip-steps", flag] if flag else []))
+        validate(args)
+        assert args.skip_steps == skip
+
+    @pytest.mark.parametrize("env", ["-1", "x", "1e3", "9" * 40])
+    def test_a_bad_skip_from_the_environment_is_a_usage_error(self, tmp_path, monkeypatch, env) -> None:
+        monkeypatch.setenv("FSDP_SUPERVISOR_SKIP_STEPS", env)
+        with pytest.raises(UsageError, match="FSDP_SUPERVISOR_SKIP_STEPS"):
+            validate(self.parse(tmp_path))
 
     def test_heads_must_divide_width(self, tmp_path) -> None:
         """A model width not divisible by the head count is a usage error naming both flags."""

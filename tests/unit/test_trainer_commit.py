@@ -6,8 +6,9 @@ import json
 import pytest
 
 from supervisor.checkpoints import verify
-from supervisor.checkpoints.testing import write_checkpoint
+from supervisor.checkpoints.markers import is_quarantined, quarantine
 from supervisor.layout import MANIFEST_FORMAT, MANIFEST_NAME, METADATA_NAME, tmp_dir_name
+from tests.jobs.dcp_files import write_checkpoint
 from trainer.commit import build_manifest, commit
 
 
@@ -78,3 +79,19 @@ class TestCommit:
         assert created and verify(final).complete and not tmp.exists()
         aside = [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-step_00000004-incomplete-")]
         assert len(aside) == 1 and not verify(aside[0]).complete
+
+    def test_a_diverged_final_is_set_aside_and_replaced(self, tmp_path) -> None:
+        """A rolled-back run saves a step its diverged predecessor saved too: the diverged save makes way."""
+        old = write_checkpoint(tmp_path, 4)
+        quarantine(old, "diverged: saved after the last normal loss before the onset at step 3 (nan)")
+        tmp = written_tmp(tmp_path, 4)
+        final, created = commit(tmp, old, self.manifest(tmp, 4))
+        assert created and verify(final).complete and not is_quarantined(final) and not tmp.exists()
+
+    def test_a_final_quarantined_for_crashes_stays(self, tmp_path) -> None:
+        """A save quarantined because attempts died loading it is evidence: it wins like any complete one."""
+        old = write_checkpoint(tmp_path, 4)
+        quarantine(old, "2 consecutive attempts died while loading it")
+        tmp = written_tmp(tmp_path, 4)
+        final, created = commit(tmp, old, self.manifest(tmp, 4))
+        assert not created and is_quarantined(final) and not tmp.exists()

@@ -47,10 +47,16 @@ class TestHeartbeat:
         assert hb.beat(4, "save", 1.0)
         assert json.loads((tmp_path / "hb.json").read_text())["phase"] == "save"
 
-    def test_non_finite_loss_is_null(self, tmp_path, clock) -> None:
-        """NaN is not JSON: a diverged loss is written as null."""
-        Heartbeat(tmp_path / "hb.json", clock=clock).beat(1, "train", float("nan"))
-        assert json.loads((tmp_path / "hb.json").read_text())["loss"] is None
+    def test_non_finite_loss_is_a_word_written_at_once(self, tmp_path, clock) -> None:
+        """NaN is not JSON: a diverged loss is written as "nan", at once (not a second later), and in the rank's file."""
+        hb = Heartbeat(tmp_path / "hb.json", clock=clock, rank_path=tmp_path / "rank-0.json")
+        hb.beat(1, "train", 2.0)
+        hb.beat(2, "train", float("nan"))
+        assert json.loads((tmp_path / "hb.json").read_text())["loss"] == "nan"
+        assert json.loads((tmp_path / "rank-0.json").read_text()) == {"step": 2, "time": 1000.0, "phase": "train",
+                                                                       "loss": "nan"}
+        hb.beat(3, "train", 2.5)
+        assert json.loads((tmp_path / "rank-0.json").read_text())["loss"] == 2.5
 
     def test_no_temporary_file_is_left(self, tmp_path, clock) -> None:
         """The rewrite goes through a temp file that is renamed over the target."""

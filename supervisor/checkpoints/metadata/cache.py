@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor import __version__
+from supervisor.host.regularfile import open_regular
 
 __all__ = ["CACHE_ENV", "MAX_ENTRIES", "cache_dir", "load", "store", "reader_version"]
 
@@ -118,13 +119,13 @@ def load(metadata_path: Path, st: os.stat_result, root: Path | None = None) -> d
     key = _key(metadata_path, st)
     target = entries / _name(key)
     try:
-        fd = os.open(target, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        fd = open_regular(target, follow_symlinks=False)
     except OSError:
         return None
     try:
-        with os.fdopen(fd, "rb") as f:
+        with open(fd, "rb") as f:
             fst = os.fstat(f.fileno())
-            if not stat.S_ISREG(fst.st_mode) or fst.st_uid != os.getuid() or fst.st_size > _MAX_ENTRY_BYTES:
+            if fst.st_uid != os.getuid() or fst.st_size > _MAX_ENTRY_BYTES:
                 return None
             entry = json.loads(f.read(_MAX_ENTRY_BYTES + 1))
     except (OSError, ValueError, RecursionError):

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from supervisor.checkpoints._files import open_regular
+from supervisor.checkpoints._files import open_capped
 from supervisor.checkpoints.metadata import cache as metadata_cache
 from supervisor.checkpoints.metadata import child as metadata_child
 from supervisor.checkpoints.metadata.allowlist import ALLOWED_GLOBALS, DTYPE_NAMES
@@ -241,7 +241,7 @@ def read_metadata(path: Path, *, cached: bool = True, root: Path | None = None) 
     under (default: its grandparent), where the disk cache must never be.
     """
     try:
-        f, st = open_regular(path, MAX_METADATA_BYTES, MetadataError)
+        f, st = open_capped(path, MAX_METADATA_BYTES, MetadataError)
     except FileNotFoundError:
         raise MetadataError(f"{path.name} is missing") from None
     with f:

@@ -1,4 +1,8 @@
-"""Run a `.metadata` pickle's opcodes without running code, keeping only what completeness needs.
+"""Run a pickle's opcodes without running code, keeping only what the store needs: the one safe-pickle walker.
+
+What a pickle names (globals, the objects REDUCE/NEWOBJ/BUILD make of them, persistent ids) goes through a
+`Policy`: the default is DCP `.metadata`'s allowlist (below); torchzip.py's keeps every global an inert name
+(Lightning's `meta.pt`). The rest of the value model and every bound are the same for both.
 
 Why not `pickle`: the C unpickler is fast but pre-sizes its memo from a LONG_BINPUT index (an 8-byte
 file makes it allocate and zero 16 GiB) and builds every object; the pure-Python `pickle._Unpickler`
@@ -12,7 +16,7 @@ protocols 2-5, with its own value model:
   other DCP dataclasses) collapses into one shared `INERT`, so it costs nothing to keep;
 - BUILD consumes a dataclass's state dict: emptied, and dropped from the memo (a torch pickle never
   refers to it again; a hostile one that does finds INERT and fails);
-- globals resolve only through `metadata_allowlist.find_global`, and stand-ins are never called:
+- globals resolve only through the policy (`metadata_allowlist.find_global`), and stand-ins are never called:
   REDUCE checks the argument shape and yields INERT, so nothing can grow (no string joining, no
   getattr except on an allowlisted enum's member name);
 - `metadata_records` runs the two record shapes that fill large files (ChunkStorageMetadata and
@@ -34,7 +38,8 @@ from supervisor.checkpoints.metadata.allowlist import INERT, SIZE, CallStandIn, 
 from supervisor.checkpoints.metadata.records import Records, StorageInfo
 from supervisor.errors import MetadataError, UnsafeMetadataError
 
-__all__ = ["MEMORY_FACTOR", "MEMORY_SLACK", "MAX_DEPTH", "MAX_STACK", "Scanned", "ScannedDict", "StorageInfo", "scan"]
+__all__ = ["MEMORY_FACTOR", "MEMORY_SLACK", "MAX_DEPTH", "MAX_STACK", "DCP", "Policy", "Scanned", "ScannedDict",
+           "StorageInfo", "scan"]
 
 MEMORY_FACTOR = 8  # charged bytes per input byte a file may use (legitimate files: 2.8 to 4.6)
 MEMORY_SLACK = 16 << 20
@@ -108,6 +113,20 @@ def _build_metadata(meta: Scanned, state: Any) -> None:
     meta.state_dict_metadata, meta.storage_data, meta.version = _fields(state, names, "Metadata")
 
 
+def _build(inst: Any, state: Any) -> None:
+    """BUILD on something other than INERT: only DCP's two records take state."""
+    if type(inst) is StorageInfo:
+        _build_storage_info(inst, state)
+    elif type(inst) is Scanned:
+        _build_metadata(inst, state)
+    else:
+        raise MetadataError(f"BUILD on {_describe(inst)}")
+
+
+def _no_persistent_id(pid: Any) -> Any:
+    raise UnsafeMetadataError("refuses a persistent id (could load external objects)", "persistent id")
+
+
 def _reduce(func: Any, args: Any) -> Any:
     """REDUCE on an allowlisted callable: check the argument shape, return INERT, run nothing."""
     if type(func) is not CallStandIn:
@@ -152,6 +171,23 @@ def _opname(op: int) -> str:
     return f"byte 0x{op:02x}"
 
 
+class Policy:
+    """What the walker makes of what a pickle names; the default is DCP `.metadata`'s allowlist (refuse the rest).
+
+    find_global(module, name) -> a stand-in (or raise); reduce(func, args) and new(cls) -> the value REDUCE and
+    NEWOBJ push (nothing is ever called); build(inst, state) for BUILD on anything but INERT; persistent_id(pid)
+    -> the value BINPERSID pushes. Each must do O(1) work and may raise MetadataError.
+    """
+
+    find_global = staticmethod(find_global)
+    reduce = staticmethod(_reduce)
+    new = staticmethod(_new)
+    build = staticmethod(_build)
+    persistent_id = staticmethod(_no_persistent_id)
+
+
+DCP = Policy()
+
 _HOSTILE = f"refused: would need more than {MEMORY_FACTOR}x its size in memory (hostile?)"
 
 
@@ -182,11 +218,14 @@ class _Reader:
         return buf + _PAD_BYTE * _PAD, 0, end, end - 1
 
 
-def scan(f: BinaryIO, size: int, *, fast: bool = True) -> Any:
+def scan(f: BinaryIO, size: int, *, fast: bool = True, policy: Policy = DCP) -> Any:
     """The root object of the pickle in the first `size` bytes of `f` (MetadataError if it is no pickle).
 
-    fast=False runs every opcode through the loop (tests compare both ways on the same bytes).
+    fast=False runs every opcode through the loop (tests compare both ways on the same bytes; other policies
+    than DCP's use it: the fast path knows DCP's records only).
     """
+    find, reduce, new, build, persistent = policy.find_global, policy.reduce, policy.new, policy.build, \
+        policy.persistent_id
     r = _Reader(f, size)
     memo: list[Any] = []
     memo_append = memo.append
@@ -260,7 +299,7 @@ def scan(f: BinaryIO, size: int, *, fast: bool = True) -> Any:
                 if type(cls) is ClassStandIn and cls.role == "inert":
                     stack[-1] = INERT
                 else:
-                    stack[-1] = _new(cls)
+                    stack[-1] = new(cls)
                     used += 96
                 if buf[i] == 0x94:
                     memo_append(stack[-1])
@@ -273,21 +312,18 @@ def scan(f: BinaryIO, size: int, *, fast: bool = True) -> Any:
                 if inst is INERT:
                     if type(state) is ScannedDict:
                         state.clear()
-                elif type(inst) is StorageInfo:
-                    _build_storage_info(inst, state)
-                elif type(inst) is Scanned:
-                    _build_metadata(inst, state)
                 else:
-                    raise MetadataError(f"BUILD on {_describe(inst)}")
+                    build(inst, state)
             elif op == 0x75:  # SETITEMS
                 items = stack
                 stack = metastack.pop()
                 frozen -= len(stack)
                 d = stack[-1]
-                if type(d) is not ScannedDict or len(items) & 1:
+                if type(d) is ScannedDict and not len(items) & 1:
+                    d.extend(items)
+                    used += 8 * len(items)
+                elif d is not INERT or len(items) & 1:  # onto INERT (a dict subclass nobody reads): dropped
                     raise MetadataError(f"SETITEMS on {_describe(d)} with {len(items)} items")
-                d.extend(items)
-                used += 8 * len(items)
             elif op == 0x7D:  # EMPTY_DICT
                 d = ScannedDict()
                 d.slot = -1
@@ -300,7 +336,7 @@ def scan(f: BinaryIO, size: int, *, fast: bool = True) -> Any:
             elif op == 0x52:  # REDUCE
                 args = stack.pop()
                 func = stack[-1]
-                stack[-1] = INERT if func is SIZE and args is INERT else _reduce(func, args)
+                stack[-1] = INERT if func is SIZE and args is INERT else reduce(func, args)
                 if buf[i] == 0x94:
                     memo_append(stack[-1])
                     i += 1
@@ -374,25 +410,26 @@ def scan(f: BinaryIO, size: int, *, fast: bool = True) -> Any:
                 value = stack.pop()
                 key = stack.pop()
                 d = stack[-1]
-                if type(d) is not ScannedDict:
+                if type(d) is ScannedDict:
+                    d.append(key)
+                    d.append(value)
+                    used += 16
+                elif d is not INERT:
                     raise MetadataError(f"SETITEM on {_describe(d)}")
-                d.append(key)
-                d.append(value)
-                used += 16
             elif op == 0x91:  # FROZENSET
                 stack = metastack.pop()
                 frozen -= len(stack)
                 stack.append(INERT)
             elif op == 0x93:  # STACK_GLOBAL
                 name = stack.pop()
-                stack[-1] = find_global(stack[-1], name)
+                stack[-1] = find(stack[-1], name)
                 if buf[i] == 0x94:
                     memo_append(stack[-1])
                     i += 1
             elif op == 0x63:  # GLOBAL (protocols 2-3): "module\nname\n", each at most 256 bytes
                 j = buf.index(b"\n", i, i + 257)
                 k = buf.index(b"\n", j + 1, j + 258)
-                stack.append(find_global(str(buf[i:j], "utf-8"), str(buf[j + 1:k], "utf-8")))
+                stack.append(find(str(buf[i:j], "utf-8"), str(buf[j + 1:k], "utf-8")))
                 i = k + 1
             elif op == 0x71 or op == 0x72:  # BINPUT, LONG_BINPUT (protocols 2-3)
                 if op == 0x71:
@@ -458,10 +495,12 @@ def scan(f: BinaryIO, size: int, *, fast: bool = True) -> Any:
                     stack.append(INERT)  # bytes are never needed
             elif op == 0x92:  # NEWOBJ_EX: cls, args, kwargs
                 del stack[-2:]
-                stack[-1] = _new(stack[-1])
+                stack[-1] = new(stack[-1])
                 used += 96
-            elif op == 0x51 or op == 0x50:  # BINPERSID, PERSID
-                raise UnsafeMetadataError("refuses a persistent id (could load external objects)", "persistent id")
+            elif op == 0x51:  # BINPERSID
+                stack[-1] = persistent(stack[-1])
+            elif op == 0x50:  # PERSID (protocol 0)
+                _no_persistent_id(None)
             elif op == 0x82 or op == 0x83 or op == 0x84:  # EXT1, EXT2, EXT4
                 raise UnsafeMetadataError("refuses an extension-registry global (could run code)", "extension code")
             else:

@@ -6,6 +6,9 @@ too (`tests/integration/test_checkpoints_testing.py` checks that in a subprocess
 The clients' layouts on top of it: Lightning's `meta.pt` (a torch.save zip, protocol 2, tensors as
 persistent ids: `write_torch_file`, `write_lightning_checkpoint`) and transformers' `checkpoint-N/`
 (`write_trainer_checkpoint`).
+
+Test-only (never shipped): it lives beside the jobs so that they import it as a sibling; tests and `bench/`
+import it as `tests.jobs.dcp_files` from the repo root.
 """
 from __future__ import annotations
 

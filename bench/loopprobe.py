@@ -1,20 +1,23 @@
-"""A diagnostic, off by default: how late the event loop runs a 10 ms tick, written to a file at exit.
+"""How late the supervisor's event loop runs a 10 ms tick, written to a file at exit (bench/loop_stall.py).
 
-The loop never blocks on store work (docs/design.md, "One event loop"). To measure it (bench/loop_stall.py), set
-`FSDP_SUPERVISOR_LOOP_PROBE=/path/probe.json` in the environment of `fsdp-supervisor run`: the loop then
-also runs a tick every 10 ms and records how late each one ran (a tick that runs 80 ms after its deadline
-means the loop could not react to anything for 80 ms). At exit the file gets
+The loop never blocks on store work (docs/design.md, "One event loop"). To measure it, run the supervisor as
+`python -m bench.loopprobe run -c CONFIG` (from the repo root) with `FSDP_SUPERVISOR_LOOP_PROBE=/path/probe.json`
+in its environment: this launcher gives the loop one more tick, every 10 ms, which records how late it ran (a
+tick that runs 80 ms after its deadline means the loop could not react to anything for 80 ms), then runs the
+ordinary CLI. At exit the file gets
 `{"interval_s", "clock": "monotonic", "max_late_s", "samples": [[monotonic time, lateness s], ...]}`
-(the most recent 100,000 ticks). Without the variable nothing is added to the loop.
+(the most recent 100,000 ticks). The shipped daemon knows nothing of it.
 """
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 __all__ = ["LoopProbe", "PROBE_ENV", "INTERVAL_S"]
 
@@ -52,3 +55,30 @@ class LoopProbe:
             self.path.write_text(json.dumps(doc))
         except OSError:
             pass  # a diagnostic must never turn a clean exit into a failed one
+
+
+def main(env: Mapping[str, str] = os.environ) -> int:
+    """`fsdp-supervisor` with the probe's tick added to the loop that `run` builds."""
+    from supervisor.cli.app import main as cli
+    from supervisor.daemon import run
+
+    probe = LoopProbe.from_env(env)
+    if probe is None:
+        return cli()
+
+    class ProbedLoop(run.EventLoop):
+        def __init__(self, *args: Any, ticks: list[tuple[float, Callable[[], None]]], **kwargs: Any) -> None:
+            super().__init__(*args, ticks=[*ticks, (INTERVAL_S, probe.tick)], **kwargs)
+
+        def run(self, begin: Callable[[], None]) -> int:
+            try:
+                return super().run(begin)
+            finally:
+                probe.write()
+
+    run.EventLoop = ProbedLoop  # type: ignore[misc]
+    return cli()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

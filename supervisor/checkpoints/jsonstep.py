@@ -13,7 +13,7 @@ from pathlib import Path
 
 from supervisor.checkpoints._files import read_small_json
 
-__all__ = ["sidecar_step"]
+__all__ = ["json_step"]
 
 _MAX_BYTES = 64 * 1024  # a sidecar is a few hundred bytes; a larger JSON file is not one
 _MAX_FILES = 8  # JSON files opened per folder, at most
@@ -47,7 +47,7 @@ def _step_in(path: Path) -> int | None:
     return None
 
 
-def sidecar_step(directory: Path) -> int | None:
+def json_step(directory: Path) -> int | None:
     """The step recorded in a JSON sidecar directly inside `directory`, or None."""
     for name in _json_names(directory):
         step = _step_in(directory / name)

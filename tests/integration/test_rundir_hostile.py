@@ -1,0 +1,135 @@
+"""A run dir is ours or refused (issue 35 item 3), with the real CLI: another user's run dir, and symlinks planted
+under the names of the daemon's files, are refused with exit 2 and one line; the file a symlink names is intact."""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from supervisor.config import load_config
+from supervisor.daemon.preflight import check_setup
+from supervisor.errors import ConfigError
+from tests.supervise import FAKEJOB, cli, launches, write_config
+
+NOBODY = 65534
+
+
+def _config(tmp_path: Path) -> tuple[Path, Path, Path]:
+    marker = tmp_path / "launches"
+    cfg = write_config(tmp_path, [sys.executable, str(FAKEJOB), "--sleep", "60", "--marker", str(marker)],
+                       '[supervisor]\nrun_dir = "run"\n')
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    return cfg, run_dir, marker
+
+
+@pytest.mark.parametrize("name", ["supervisor.lock", "supervisor.log", "history.jsonl", "state.json"])
+def test_a_planted_symlink_is_refused_and_its_target_untouched(tmp_path: Path, name: str) -> None:
+    cfg, run_dir, marker = _config(tmp_path)
+    victim = tmp_path / "victim-notes.txt"
+    victim.write_text("precious\n")
+    (run_dir / name).symlink_to(victim)
+    r = cli("run", "-c", str(cfg))
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{run_dir / name} is a symlink" in lines[0] and "Remove it" in lines[0], r.stderr
+    assert victim.read_text() == "precious\n" and launches(marker) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the run dir to another user")
+@pytest.mark.parametrize("which", ["run", "run/logs", "run/heartbeats"])
+def test_another_users_run_dir_is_refused(tmp_path: Path, which: str) -> None:
+    cfg, run_dir, marker = _config(tmp_path)
+    target = tmp_path / which
+    target.mkdir(exist_ok=True)
+    os.chown(target, NOBODY, NOBODY)
+    r = cli("run", "-c", str(cfg))
+    assert r.returncode == 2 and f"{target} belongs to uid {NOBODY}" in r.stderr, r.stdout + r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and launches(marker) == []
+    assert sorted(os.listdir(run_dir)) == (["logs"] if which == "run/logs" else ["heartbeats"] if which != "run" else [])
+
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to check as another user")
+def test_a_run_dir_planted_for_another_user_is_refused_by_that_users_check() -> None:
+    """`run`'s checks made by another user (nobody, in a forked process: the interpreter here may not be theirs
+    to execute) whose run dir, in a shared sticky folder, someone else (here root) made first and left writable for
+    them: refused naming it."""
+    with tempfile.TemporaryDirectory() as shared:
+        base = Path(shared)
+        os.chmod(base, 0o1777)
+        cfg = write_config(base, ["/bin/sleep", "60"], '[supervisor]\nrun_dir = "run"\n')  # theirs to run
+        os.chmod(cfg, 0o644)
+        (base / "run").mkdir()
+        os.chmod(base / "run", 0o777)  # made writable for its victim
+        config = load_config(cfg)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setgroups([])
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+                check_setup(config)
+                os.write(write, b"accepted")
+            except ConfigError as exc:
+                os.write(write, str(exc).encode()[:4000])
+            finally:
+                os._exit(0)
+        os.close(write)
+        os.waitpid(pid, 0)
+        with os.fdopen(read, "rb") as f:
+            said = f.read().decode()
+        assert f"[supervisor.run_dir] {base / 'run'} belongs to uid 0, not to you (uid {NOBODY})" in said, said
+        assert os.listdir(base / "run") == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to look as another user")
+@pytest.mark.parametrize("command", ["stop", "status"])
+def test_another_users_live_run_is_not_called_not_running(command: str) -> None:
+    """`stop`/`status` by a user who may not read the run dir of a live supervisor (root's, here held by this
+    process): exit 2 saying permission denied, never "no supervisor is running" with exit 0 (nothing stopped)."""
+    import ctypes  # noqa: F401 - imported here, as root: nobody may not read this interpreter's library
+    import importlib
+    import pkgutil
+
+    import supervisor
+    from supervisor.cli import main
+    from supervisor.host.runlock import RunLock
+
+    for module in pkgutil.walk_packages(supervisor.__path__, "supervisor."):
+        if not module.name.endswith("__main__"):
+            importlib.import_module(module.name)
+
+    with tempfile.TemporaryDirectory() as shared:
+        os.chmod(shared, 0o755)
+        cfg = write_config(Path(shared), ["/bin/sleep", "60"], '[supervisor]\nrun_dir = "run"\n')
+        os.chmod(cfg, 0o644)
+        (Path(shared) / "run").mkdir(mode=0o700)
+        lock = RunLock(Path(shared) / "run")
+        lock.acquire()
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            rc = 1
+            try:
+                sys.stdout = sys.stderr = os.fdopen(write, "w")  # what main says
+                os.setgroups([])
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+                rc = main([command, "-c", str(cfg)])
+            except BaseException as exc:  # noqa: BLE001 - said, for the assertion below
+                print(repr(exc))
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(rc)
+        os.close(write)
+        _, code = os.waitpid(pid, 0)
+        with os.fdopen(read, "rb") as f:
+            said = f.read().decode()
+        lock.release()
+        assert os.waitstatus_to_exitcode(code) == 2 and "permission denied" in said, said

@@ -1,0 +1,96 @@
+"""daemon/elsewhere.py: complete checkpoints outside the root, found bounded; the idle root's one warning (issue 35
+item 1)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from supervisor.contract import Beat, Phase
+from supervisor.daemon import elsewhere
+from supervisor.daemon.elsewhere import Elsewhere, find_checkpoints, named_dirs
+from tests.jobs.dcp_files import write_checkpoint
+
+
+class Log:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def error(self, event: str, **fields: Any) -> None:
+        self.events.append((event, fields))
+
+
+class TestFind:
+    def test_complete_ones_outside_the_roots_since_the_start(self, tmp_path: Path) -> None:
+        """Complete DCP dirs anywhere below (not in the roots, the trash next to them, nor older than the run)."""
+        mine = write_checkpoint(tmp_path / "ckpts" / "run1", 4, name="epoch_4")
+        write_checkpoint(tmp_path / "checkpoints", 2)  # the root itself
+        write_checkpoint(tmp_path / ".checkpoints.fsdp-trash", 1)  # retention's parked deletions
+        old = write_checkpoint(tmp_path / "old", 1)
+        os.utime(old / ".metadata", (1000, 1000))
+        torn = write_checkpoint(tmp_path / "torn", 3)
+        next(p for p in torn.iterdir() if p.name.endswith(".distcp")).unlink()
+        found = find_checkpoints([tmp_path], exclude=[tmp_path / "checkpoints"], since=2000)
+        assert found == [mine]
+
+    def test_bounded_by_depth_and_entries(self, tmp_path: Path, monkeypatch: Any) -> None:
+        """Deeper than MAX_DEPTH, or past MAX_ENTRIES entries, is not looked at."""
+        deep = write_checkpoint(tmp_path / "a" / "b" / "c" / "d" / "e", 1)
+        assert find_checkpoints([tmp_path], exclude=[], since=0) == []
+        monkeypatch.setattr(elsewhere, "MAX_DEPTH", 6)
+        assert find_checkpoints([tmp_path], exclude=[], since=0) == [deep]
+        monkeypatch.setattr(elsewhere, "MAX_ENTRIES", 3)
+        assert find_checkpoints([tmp_path], exclude=[], since=0) == []
+
+    def test_the_directories_argv_names(self, tmp_path: Path) -> None:
+        (tmp_path / "ckpts").mkdir()
+        (tmp_path / "out").mkdir()
+        argv = ["torchrun", "train.py", "--ckpt-dir", "ckpts", "--out=out", "--lr", "0.1", "missing"]
+        assert named_dirs(tmp_path, argv) == [tmp_path, tmp_path / "ckpts", tmp_path / "out"]
+
+
+class TestRefusal:
+    def test_names_the_directory_and_the_key(self, tmp_path: Path) -> None:
+        a = write_checkpoint(tmp_path / "ckpts", 2, name="epoch_2")
+        b = write_checkpoint(tmp_path / "ckpts", 4, name="epoch_4")
+        log, e = Log(), Elsewhere(tmp_path, ["x"], [tmp_path / "checkpoints"], since=0)
+        reason = e.refusal([a, b], log)
+        assert reason is not None and reason.startswith(f"checkpoints_elsewhere: {tmp_path / 'ckpts'} holds 2 complete")
+        assert f'set [checkpoints] dir = "{tmp_path / "ckpts"}"' in reason
+        assert log.events[0][0] == "checkpoints_elsewhere" and log.events[0][1]["dir"] == str(tmp_path / "ckpts")
+        assert e.refusal([], log) is None
+
+    def test_looks_once_per_relaunch_never_before_the_first(self, tmp_path: Path) -> None:
+        e = Elsewhere(tmp_path, ["x"], [tmp_path], since=0)
+        assert [e.must_look(0), e.must_look(1), e.must_look(1), e.must_look(2)] == [False, True, False, True]
+
+
+class TestIdleRoot:
+    def test_three_saves_without_a_commit_warn_once(self, tmp_path: Path) -> None:
+        e = Elsewhere(tmp_path, ["x"], [tmp_path / "checkpoints"], since=0)
+        e.started(0)
+        prev = None
+        warnings = []
+        for step in (5, 10, 15, 20):
+            for phase in (Phase.TRAIN, Phase.SAVE):
+                beat = Beat(step=step, phase=phase)
+                e.beat(prev, beat)
+                prev = beat
+                warnings.append(e.idle(1.0, beats=True))
+        shown = [w for w in warnings if w]
+        assert len(shown) == 1 and "said `save` 3 times" in shown[0] and str(tmp_path / "checkpoints") in shown[0]
+
+    def test_a_commit_resets_the_count(self, tmp_path: Path) -> None:
+        e = Elsewhere(tmp_path, ["x"], [tmp_path], since=0)
+        e.started(0)
+        for step in (5, 10):
+            e.beat(Beat(step=step - 1, phase=Phase.TRAIN), Beat(step=step, phase=Phase.SAVE))
+        e.committed(5)
+        e.beat(Beat(step=14, phase=Phase.TRAIN), Beat(step=15, phase=Phase.SAVE))
+        assert e.idle(6, beats=True) is None
+
+    def test_without_beats_thirty_minutes(self, tmp_path: Path) -> None:
+        e = Elsewhere(tmp_path, ["x"], [tmp_path], since=0)
+        e.started(100)
+        assert e.idle(100 + 1799, beats=False) is None and e.idle(100 + 1800, beats=True) is None
+        assert "no heartbeat) ran 30 minutes" in (e.idle(100 + 1800, beats=False) or "")
