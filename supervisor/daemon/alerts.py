@@ -130,7 +130,7 @@ def run_command(argv: list[str], alert: Mapping[str, Any], timeout: float) -> st
     if code == "0":
         return None
     what = f"timed out after {timeout:g} s" if code == "timeout" else f"exit {code}" if code[-1:].isdigit() else code
-    return f"{argv[0]}: {what}" + (f": {tail[-300:]}" if tail else "")
+    return f"{argv[0]}: {what}" + (f": {' '.join(tail[-300:].split())}" if tail else "")  # one line
 
 
 _POST = """import base64, json, sys, urllib.error, urllib.parse, urllib.request as rq
@@ -168,7 +168,7 @@ def post_webhook(url: str, alert: Mapping[str, Any], timeout: float, *, tries: i
         error = f"timed out after {timeout:g} s" if code == "timeout" else said[-300:] or f"exit {code}"
         if code == "2":
             break
-    return f"webhook: {error}"
+    return error
 
 
 def deliver(cfg: Config, alert: Mapping[str, Any]) -> dict[str, str | None]:

@@ -156,7 +156,7 @@ def test_webhook_retries_with_backoff_then_gives_up(server: Any) -> None:
     server.mode = "500"
     url = f"http://127.0.0.1:{server.server_port}/"
     assert post_webhook(url, {"event": "x", "run": {"host": "h", "slurm_job_id": None, "config": "c"}, "step": 1,
-                              "last_checkpoint": None, "reason": "r"}, 5, sleep=waits.append) == "webhook: HTTP 500"
+                              "last_checkpoint": None, "reason": "r"}, 5, sleep=waits.append) == "HTTP 500"
     assert waits == [1.0, 2.0] and server.bodies.qsize() == 3
 
 
@@ -167,11 +167,11 @@ def test_webhook_timeout_bounds_a_whole_try_and_the_url_is_never_said(server: An
              "last_checkpoint": None, "reason": "r"}
     server.mode = "trickle"
     url = f"http://127.0.0.1:{server.server_port}/"
-    assert post_webhook(url, alert, 1, tries=1) == "webhook: timed out after 1 s"
+    assert post_webhook(url, alert, 1, tries=1) == "timed out after 1 s"
     server.mode = "ok"
     assert post_webhook(f"http://bob:s3cr%40t@127.0.0.1:{server.server_port}/", alert, 5) is None
     assert [server.bodies.get_nowait()["authorization"] for _ in range(2)] == [None, "Basic Ym9iOnMzY3JAdA=="]
-    assert post_webhook("http://127.0.0.1:T0KEN/hooks/T0KEN", alert, 5) == "webhook: InvalidURL"
+    assert post_webhook("http://127.0.0.1:T0KEN/hooks/T0KEN", alert, 5) == "InvalidURL"
 
 
 def test_notify_test_command(tmp_path: Path, server: Any, capsys: pytest.CaptureFixture[str]) -> None:
@@ -184,7 +184,11 @@ def test_notify_test_command(tmp_path: Path, server: Any, capsys: pytest.Capture
     assert main(["notify-test", "-c", str(cfg)]) == 0
     assert json.loads(out.read_text())["event"] == "test" == server.bodies.get_nowait()["event"]
     server.mode = "500"
-    assert main(["notify-test", "-c", str(cfg)]) == 1 and "webhook: HTTP 500" in capsys.readouterr().err
+    assert main(["notify-test", "-c", str(cfg)]) == 1 and capsys.readouterr().err == "webhook: HTTP 500\n"
+    noisy = [sys.executable, "-c", "print('Traceback\\n  boom\\nError: x'); raise SystemExit(7)"]
+    cfg.write_text(base + f'[notify]\ncommand = {json.dumps(noisy)}\n')  # one line per channel, whatever it prints
+    assert main(["notify-test", "-c", str(cfg)]) == 1
+    assert capsys.readouterr().err == f"command: {sys.executable}: exit 7: Traceback boom Error: x\n"
     cfg.write_text(base)
     assert main(["notify-test", "-c", str(cfg)]) == 2
 
