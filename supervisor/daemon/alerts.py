@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from supervisor.config import Config
 from supervisor.daemon import events as ev
+from supervisor.host import procs
 from supervisor.observe.redact import MASK, looks_secret, redact_argv
 from supervisor.policy.state import State, Status
 
@@ -97,6 +98,14 @@ except subprocess.TimeoutExpired:
 
 SESSIONS: set[int] = set()  # of the commands running now (their wrapper's pid): never a finished job's survivors
 STARTING = threading.Lock()  # held while one starts, and while survivors are killed: a new one is in SESSIONS
+EXITING = -1  # in SESSIONS once `drain` gave up waiting: the supervisor exits, no command starts
+
+
+def session_of(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:  # gone
+        return None
 
 
 def _run(argv: list[str], data: Mapping[str, Any], timeout: float) -> tuple[str, str]:
@@ -106,6 +115,8 @@ def _run(argv: list[str], data: Mapping[str, Any], timeout: float) -> tuple[str,
     with tempfile.TemporaryFile() as out:
         try:  # the command's output goes to a temp file: what it prints costs no memory and never blocks it
             with STARTING:
+                if EXITING in SESSIONS:
+                    return "the supervisor exited", ""
                 proc = subprocess.Popen([sys.executable, "-I", "-c", _WRAP, str(timeout), *argv], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=out, close_fds=True, start_new_session=True)
                 SESSIONS.add(proc.pid)
@@ -130,7 +141,7 @@ def run_command(argv: list[str], alert: Mapping[str, Any], timeout: float) -> st
     if code == "0":
         return None
     what = f"timed out after {timeout:g} s" if code == "timeout" else f"exit {code}" if code[-1:].isdigit() else code
-    return f"{argv[0]}: {what}" + (f": {tail[-300:]}" if tail else "")
+    return f"{argv[0]}: {what}" + (f": {' '.join(tail[-300:].split())}" if tail else "")  # one line
 
 
 _POST = """import base64, json, sys, urllib.error, urllib.parse, urllib.request as rq
@@ -168,7 +179,7 @@ def post_webhook(url: str, alert: Mapping[str, Any], timeout: float, *, tries: i
         error = f"timed out after {timeout:g} s" if code == "timeout" else said[-300:] or f"exit {code}"
         if code == "2":
             break
-    return f"webhook: {error}"
+    return error
 
 
 def deliver(cfg: Config, alert: Mapping[str, Any]) -> dict[str, str | None]:
@@ -218,9 +229,24 @@ class Alerts:
                 self._sending.notify_all()
 
     def drain(self) -> bool:
-        """At exit: wait up to timeout_s + 5 s for the alerts being sent (a give-up's above all); whether all were."""
-        with self._sending:
-            return self._sending.wait_for(lambda: self._unfinished == 0, self.cfg.notify.timeout_s + 5)
+        """At exit: wait up to timeout_s + 5 s for the alerts being sent (a give-up's above all), or until a SIGINT or
+        SIGTERM cuts it short; whether all were. What is still being sent then is killed: no alert outlives us."""
+        cut = threading.Event()
+        old = {s: signal.signal(s, lambda *_: cut.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+        deadline = time.monotonic() + self.cfg.notify.timeout_s + 5
+        try:
+            with self._sending:
+                while self._unfinished and not cut.is_set() and time.monotonic() < deadline:
+                    self._sending.wait(0.1)
+                if not self._unfinished:
+                    return True
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler)
+        with STARTING:  # none starts after this
+            SESSIONS.add(EXITING)
+            procs.named([p for p in procs.descendants() if session_of(p.pid) in SESSIONS], signal.SIGKILL)
+        return False
 
     def _sent(self, kind: str, outcome: dict[str, str | None] | BaseException, flight: int = 1) -> None:
         self._in_flight -= flight

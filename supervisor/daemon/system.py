@@ -76,14 +76,7 @@ class LoopSystem(System, Protocol):
 
 class _Kept(set[int]):  # and, asked at the moment, every process in an alert command's session
     def __contains__(self, pid: object) -> bool:
-        return super().__contains__(pid) or (isinstance(pid, int) and _session(pid) in alerts.SESSIONS)
-
-
-def _session(pid: int) -> int | None:
-    try:
-        return os.getsid(pid)
-    except OSError:  # gone
-        return None
+        return super().__contains__(pid) or (isinstance(pid, int) and alerts.session_of(pid) in alerts.SESSIONS)
 
 
 class RealSystem:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import json
 import queue
+import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -22,7 +23,7 @@ from supervisor.daemon.recorder import HistoryRecorder
 from supervisor.history.records import HISTORY_FILE, read_history
 from supervisor.policy.state import State
 from tests.fakes import FakeSystem
-from tests.supervise import FAKEJOB, Supervisors, supervisors, write_config  # noqa: F401
+from tests.supervise import FAKEJOB, Supervisors, supervisors, wait_for, write_config  # noqa: F401
 from tests.unit.test_core import exit_job, make_core
 
 DEFAULTS = ["gave_up", "diverged", "rolled_back", "hang_detected", "crash_loop", "disk_low", "stopped"]
@@ -156,7 +157,7 @@ def test_webhook_retries_with_backoff_then_gives_up(server: Any) -> None:
     server.mode = "500"
     url = f"http://127.0.0.1:{server.server_port}/"
     assert post_webhook(url, {"event": "x", "run": {"host": "h", "slurm_job_id": None, "config": "c"}, "step": 1,
-                              "last_checkpoint": None, "reason": "r"}, 5, sleep=waits.append) == "webhook: HTTP 500"
+                              "last_checkpoint": None, "reason": "r"}, 5, sleep=waits.append) == "HTTP 500"
     assert waits == [1.0, 2.0] and server.bodies.qsize() == 3
 
 
@@ -167,11 +168,11 @@ def test_webhook_timeout_bounds_a_whole_try_and_the_url_is_never_said(server: An
              "last_checkpoint": None, "reason": "r"}
     server.mode = "trickle"
     url = f"http://127.0.0.1:{server.server_port}/"
-    assert post_webhook(url, alert, 1, tries=1) == "webhook: timed out after 1 s"
+    assert post_webhook(url, alert, 1, tries=1) == "timed out after 1 s"
     server.mode = "ok"
     assert post_webhook(f"http://bob:s3cr%40t@127.0.0.1:{server.server_port}/", alert, 5) is None
     assert [server.bodies.get_nowait()["authorization"] for _ in range(2)] == [None, "Basic Ym9iOnMzY3JAdA=="]
-    assert post_webhook("http://127.0.0.1:T0KEN/hooks/T0KEN", alert, 5) == "webhook: InvalidURL"
+    assert post_webhook("http://127.0.0.1:T0KEN/hooks/T0KEN", alert, 5) == "InvalidURL"
 
 
 def test_notify_test_command(tmp_path: Path, server: Any, capsys: pytest.CaptureFixture[str]) -> None:
@@ -184,7 +185,11 @@ def test_notify_test_command(tmp_path: Path, server: Any, capsys: pytest.Capture
     assert main(["notify-test", "-c", str(cfg)]) == 0
     assert json.loads(out.read_text())["event"] == "test" == server.bodies.get_nowait()["event"]
     server.mode = "500"
-    assert main(["notify-test", "-c", str(cfg)]) == 1 and "webhook: HTTP 500" in capsys.readouterr().err
+    assert main(["notify-test", "-c", str(cfg)]) == 1 and capsys.readouterr().err == "webhook: HTTP 500\n"
+    noisy = [sys.executable, "-c", "print('Traceback\\n  boom\\nError: x'); raise SystemExit(7)"]
+    cfg.write_text(base + f'[notify]\ncommand = {json.dumps(noisy)}\n')  # one line per channel, whatever it prints
+    assert main(["notify-test", "-c", str(cfg)]) == 1
+    assert capsys.readouterr().err == f"command: {sys.executable}: exit 7: Traceback boom Error: x\n"
     cfg.write_text(base)
     assert main(["notify-test", "-c", str(cfg)]) == 2
 
@@ -270,6 +275,23 @@ def test_a_real_run_alerts_its_crash_loop_and_give_up(tmp_path: Path, server: An
     recs = read_history(tmp_path / ".fsdp-supervisor" / HISTORY_FILE)[0]
     assert sorted(r["event"] for r in recs if r["kind"] == "alert" and r["ok"]) == ["crash_loop", "gave_up"]
     assert sorted(json.loads(line)["event"] for line in out.read_text().splitlines()) == ["crash_loop", "gave_up"]
+
+
+def test_a_stop_signal_cuts_the_wait_for_alerts_and_kills_them(tmp_path: Path, supervisors: Supervisors) -> None:
+    """A completed run waits for its alert; SIGTERM then ends the wait (the run's exit code, not the signal's, and
+    its cleanup done) and the alert command, which ignores SIGTERM, does not outlive the supervisor."""
+    pid_file = tmp_path / "alert.pid"
+    sleeper = (f"import os, pathlib, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+               f"pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid())); time.sleep(600)")
+    extra = f'[notify]\ncommand = {json.dumps([sys.executable, "-c", sleeper])}\nevents = ["completed"]\ntimeout_s = 600\n'
+    p = supervisors.start(write_config(tmp_path, [sys.executable, str(FAKEJOB), "--steps", "2"], extra))
+    wait_for(pid_file.exists, 60, "the completed alert's command")
+    p.send_signal(signal.SIGTERM)
+    p.communicate(timeout=60)
+    assert p.returncode == 0
+    command = int(pid_file.read_text())
+    wait_for(lambda: not psutil.pid_exists(command) or psutil.Process(command).status() == psutil.STATUS_ZOMBIE,
+             10, "the alert command's end")
 
 
 def test_a_command_that_cannot_start_says_why(tmp_path: Path) -> None:
