@@ -21,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from supervisor.checkpoints._files import open_capped
+from supervisor.checkpoints._files import load_capped_json
 from supervisor.checkpoints.shapes import DCP, DIRECTORY, NESTED, TEMPORARY, UNSTARTED, identify
 from supervisor.errors import CheckpointError
 from supervisor.host.atomic import write_atomic
@@ -71,14 +71,9 @@ def checkpoint_in_root(path: str | os.PathLike[str], root: str | os.PathLike[str
 def _foreign_marker(marker: Path) -> str | None:
     """Why the entry at `marker` is not a marker we wrote, or None when it is ours (FileNotFoundError: none)."""
     try:
-        f, _ = open_capped(marker, _MAX_MARKER_BYTES, CheckpointError)
+        body, _ = load_capped_json(marker, _MAX_MARKER_BYTES, CheckpointError)
     except CheckpointError as exc:
         return str(exc)
-    with f:
-        try:
-            body = json.loads(f.read(_MAX_MARKER_BYTES + 1))
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            return "not JSON"
     time_ok = type(body) is dict and type(body.get("time")) in (int, float)
     if not time_ok or not set(body) <= _FIELDS[marker.name] or body.get("by") != _BY:
         return "not the JSON object fsdp-supervisor writes"
@@ -180,14 +175,12 @@ def quarantine_reason(path: str | os.PathLike[str]) -> str | None:
     """Why the dir was quarantined, or None when it is not."""
     marker = Path(path) / QUARANTINE_MARKER
     try:
-        f, _ = open_capped(marker, _MAX_MARKER_BYTES, CheckpointError)
+        body, _ = load_capped_json(marker, _MAX_MARKER_BYTES, CheckpointError)
     except FileNotFoundError:
         return None
     except CheckpointError as exc:
+        if str(exc) == "not JSON":
+            return "quarantined (no reason recorded)"
         return f"quarantined (marker unreadable: {exc})" if os.path.lexists(marker) else None
-    with f:
-        try:
-            reason = json.loads(f.read()).get("reason")
-        except (ValueError, AttributeError, UnicodeDecodeError, RecursionError):
-            reason = None
+    reason = body.get("reason") if isinstance(body, dict) else None
     return str(reason) if reason else "quarantined (no reason recorded)"
