@@ -32,7 +32,7 @@ from typing import Any
 from supervisor import __version__
 from supervisor.host.regularfile import open_regular
 
-__all__ = ["CACHE_ENV", "MAX_ENTRIES", "cache_dir", "load", "store", "reader_version"]
+__all__ = ["CACHE_ENV", "MAX_ENTRIES", "cache_dir", "load", "store", "reader_version", "result"]
 
 CACHE_ENV = "FSDP_SUPERVISOR_CACHE_DIR"
 MAX_ENTRIES = 4096
@@ -141,8 +141,16 @@ def _valid(entry: Any, key: dict[str, Any]) -> dict[str, Any] | None:
     """The entry's result when the entry has exactly the expected shape and key, else None."""
     if type(entry) is not dict or entry.get("format") != _FORMAT or entry.get("key") != key:
         return None
-    if set(entry) == {"format", "key", "summary"}:
-        s = entry["summary"]
+    return result({k: v for k, v in entry.items() if k not in ("format", "key")})
+
+
+def result(answer: Any) -> dict[str, Any] | None:
+    """`answer` when it is exactly `{"summary": ...}` or `{"error": ...}` in this cache's format (an entry's, or
+    what an isolated child printed), else None."""
+    if type(answer) is not dict or len(answer) != 1:
+        return None
+    if "summary" in answer:
+        s = answer["summary"]
         if type(s) is not dict or set(s) != {"version", "entries", "storage"}:
             return None
         version, entries, storage = s["version"], s["entries"], s["storage"]
@@ -154,15 +162,13 @@ def _valid(entry: Any, key: dict[str, Any]) -> dict[str, Any] | None:
             if (type(ref) is not list or len(ref) != 3 or type(ref[0]) is not str or type(ref[1]) is not int
                     or type(ref[2]) is not int or ref[1] < 0 or ref[2] < 1):
                 return None
-        return {"summary": s}
-    if set(entry) == {"format", "key", "error"}:
-        e = entry["error"]
-        if (type(e) is not dict or set(e) != {"kind", "message", "global"} or e["kind"] not in _ERROR_KINDS
-                or type(e["message"]) is not str or len(e["message"]) > 1000
-                or not (e["global"] is None or type(e["global"]) is str)):
-            return None
-        return {"error": e}
-    return None
+        return answer
+    e = answer.get("error")
+    if (type(e) is not dict or set(e) != {"kind", "message", "global"} or e["kind"] not in _ERROR_KINDS
+            or type(e["message"]) is not str or len(e["message"]) > 1000
+            or not (e["global"] is None or type(e["global"]) is str)):
+        return None
+    return answer
 
 
 def store(metadata_path: Path, st: os.stat_result, result: dict[str, Any], root: Path | None = None) -> None:
