@@ -90,7 +90,7 @@ def parse_in_child(f: BinaryIO, size: int) -> dict[str, Any] | None:
         f.seek(0)  # the child moved the shared offset: a parse here starts at the beginning
     # The exit status may be lost (the daemon's loop reaps every child): the answer line alone counts.
     try:
-        return metadata_cache.result(json.loads(out[:_MAX_ANSWER_BYTES]))
+        return metadata_cache.valid_result(json.loads(out[:_MAX_ANSWER_BYTES]))
     except (ValueError, RecursionError):
         return None
 
