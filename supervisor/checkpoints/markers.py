@@ -50,15 +50,22 @@ def _checkpoint_dir(path: str | os.PathLike[str]) -> Path:
     return directory
 
 
+def _whole_checkpoint_dir(path: str | os.PathLike[str], verb: str) -> Path:
+    """`_checkpoint_dir`, refusing a member of a nested checkpoint (`checkpoint_3/optimizer_0`): retention judges
+    and deletes the whole folder, so a marker inside a member protects nothing while it says it does."""
+    directory = _checkpoint_dir(path)
+    owner = _nested_owner(directory)
+    if owner is not None:
+        raise CheckpointError(f"{directory} is a part of the checkpoint {owner}: {verb} {owner} instead")
+    return directory
+
+
 def checkpoint_in_root(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> Path:
     """`path` when it is a checkpoint directly under `root` (compared resolved); CheckpointError naming why not.
 
     What pin, unpin and unquarantine may act on: a DCP dir or a nested folder (a checkpoint-named folder still
     empty too), never a save in flight, a member of a nested checkpoint, or anything foreign."""
-    directory = _checkpoint_dir(path)
-    owner = _nested_owner(directory)
-    if owner is not None:
-        raise CheckpointError(f"{directory} is a part of the checkpoint {owner}: name {owner} instead")
+    directory = _whole_checkpoint_dir(path, "name")
     if os.path.realpath(directory.parent) != os.path.realpath(root):
         raise CheckpointError(f"{directory}: not in the checkpoint root {root}: only its own checkpoints are marked")
     shape = identify(directory)
@@ -129,14 +136,8 @@ def _nested_owner(directory: Path) -> Path | None:
 
 
 def pin(path: str | os.PathLike[str]) -> Path:
-    """Mark a checkpoint dir so that retention never deletes it; returns the dir.
-
-    A member of a nested checkpoint (`checkpoint_3/optimizer_0`) is refused: retention judges and deletes
-    the whole folder, so a pin inside a member protected nothing while it said "pinned"."""
-    directory = _checkpoint_dir(path)
-    owner = _nested_owner(directory)
-    if owner is not None:
-        raise CheckpointError(f"{directory} is a part of the checkpoint {owner}: pin {owner} instead")
+    """Mark a checkpoint dir so that retention never deletes it (never a nested checkpoint's member); returns it."""
+    directory = _whole_checkpoint_dir(path, "pin")
     _write_marker(directory, PIN_MARKER, {"time": time.time()})
     log.info("checkpoint_pinned", path=str(directory))
     return directory
