@@ -114,9 +114,9 @@ def _die_with(parent: int) -> bool:
     return True
 
 
-def main(size: int, parent: int | None = None) -> int:
+def main(size: int, parent: int) -> int:
     """The child: parse the first `size` bytes of stdin, print the answer (disk-cache format)."""
-    if parent is not None and not _die_with(parent):
+    if not _die_with(parent):
         return 1
     from supervisor.checkpoints.metadata import reader as metadata
 
@@ -126,7 +126,3 @@ def main(size: int, parent: int | None = None) -> int:
         answer = {"error": metadata._error_json(exc)}
     sys.stdout.write(json.dumps(answer) + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1]) if len(sys.argv) > 1 else os.fstat(0).st_size))
