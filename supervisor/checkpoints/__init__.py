@@ -14,16 +14,16 @@ from typing import TYPE_CHECKING, Any
 # Names are loaded on first use (PEP 562): a trainer worker that only validates `--resume PATH` imports
 # `completeness` (standard library only), not pydantic and structlog, before its own `import torch`.
 _HOME = {
-    **dict.fromkeys(("COMPLETE", "CORRUPT", "FOREIGN", "INVALID", "PARTIAL", "STATES", "TORN", "Verdict", "verify"),
+    **dict.fromkeys(("COMPLETE", "CORRUPT", "FOREIGN", "INVALID", "PARTIAL", "STATES", "TORN", "verify"),
                     "completeness"),
     **dict.fromkeys(("CheckpointDirectoryError", "identify"), "shapes"),
     **dict.fromkeys(("IN_USE_MAX_AGE_S", "clear_in_use", "in_use", "mark_in_use", "refresh_in_use"), "inuse"),
     **dict.fromkeys(("checkpoint_in_root", "is_pinned", "is_quarantined", "pin", "quarantine", "quarantine_reason",
                      "unpin", "unquarantine"), "markers"),
     **dict.fromkeys(("clear_trash", "disk_usage", "execute_retention", "trash_dir"), "pruning"),
-    **dict.fromkeys(("UNVERIFIED", "CheckpointInfo", "Tier", "age_order", "check_root", "judge", "newest_complete",
-                     "scan"), "ranking"),
-    **dict.fromkeys(("local_rules", "merged", "newest_across", "scan_local", "scan_tiers", "tier_order"), "tiers"),
+    **dict.fromkeys(("CheckpointInfo", "Tier", "age_order", "check_root", "judge", "newest_complete", "scan"),
+                    "ranking"),
+    **dict.fromkeys(("local_rules", "merged", "newest_across", "scan_local", "scan_tiers"), "tiers"),
     **dict.fromkeys(("GIB", "Deletion", "DiskUsage", "Finding", "KeepBest", "RetentionPlan", "RetentionRules",
                      "plan_retention", "by_metric"), "retention"),
     # The careful open (no symlink, no FIFO, a size cap) for the trainer's own small files (best.json).
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     from supervisor.checkpoints.completeness import PARTIAL as PARTIAL
     from supervisor.checkpoints.completeness import STATES as STATES
     from supervisor.checkpoints.completeness import TORN as TORN
-    from supervisor.checkpoints.completeness import Verdict as Verdict
     from supervisor.checkpoints.completeness import verify as verify
     from supervisor.checkpoints.inuse import IN_USE_MAX_AGE_S as IN_USE_MAX_AGE_S
     from supervisor.checkpoints.inuse import clear_in_use as clear_in_use
@@ -60,7 +59,6 @@ if TYPE_CHECKING:
     from supervisor.checkpoints.pruning import disk_usage as disk_usage
     from supervisor.checkpoints.pruning import execute_retention as execute_retention
     from supervisor.checkpoints.pruning import trash_dir as trash_dir
-    from supervisor.checkpoints.ranking import UNVERIFIED as UNVERIFIED
     from supervisor.checkpoints.ranking import CheckpointInfo as CheckpointInfo
     from supervisor.checkpoints.ranking import Tier as Tier
     from supervisor.checkpoints.ranking import age_order as age_order
@@ -84,7 +82,6 @@ if TYPE_CHECKING:
     from supervisor.checkpoints.tiers import newest_across as newest_across
     from supervisor.checkpoints.tiers import scan_local as scan_local
     from supervisor.checkpoints.tiers import scan_tiers as scan_tiers
-    from supervisor.checkpoints.tiers import tier_order as tier_order
 else:
     def __getattr__(name: str) -> Any:
         home = _HOME.get(name)

@@ -10,7 +10,7 @@ from typing import Any, BinaryIO
 
 from supervisor.host.regularfile import open_regular
 
-__all__ = ["open_capped", "read_small_json", "sha256_file"]
+__all__ = ["open_capped", "load_capped_json", "read_small_json", "sha256_file"]
 
 
 def open_capped(path: Path, cap: int, error: type[Exception]) -> tuple[BinaryIO, os.stat_result]:
@@ -36,20 +36,26 @@ def open_capped(path: Path, cap: int, error: type[Exception]) -> tuple[BinaryIO,
     return f, st
 
 
+def load_capped_json(path: Path, cap: int, error: type[Exception]) -> tuple[Any, os.stat_result]:
+    """The JSON document in `path` and the file's stat, opened as `open_capped` does (FileNotFoundError
+    propagates); `error` for every other refusal, "not JSON" included (any depth of nesting, bad bytes)."""
+    f, st = open_capped(path, cap, error)
+    with f:
+        try:
+            return json.loads(f.read(cap + 1)), st
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            raise error("not JSON") from None
+
+
 def read_small_json(path: Path, cap: int) -> tuple[Any, os.stat_result] | None:
     """The JSON document in `path` and the file's stat, or None: missing, not a regular file, over `cap`
     bytes, or not JSON (any depth of nesting, bad bytes)."""
     from supervisor.errors import CheckpointError
 
     try:
-        f, st = open_capped(path, cap, CheckpointError)
+        return load_capped_json(path, cap, CheckpointError)
     except (FileNotFoundError, CheckpointError):
         return None
-    with f:
-        try:
-            return json.loads(f.read(cap + 1)), st
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            return None
 
 
 def sha256_file(path: Path) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from supervisor.checkpoints._files import open_capped
+from supervisor.checkpoints._files import load_capped_json
 from supervisor.checkpoints.shapes import DCP, DIRECTORY, NESTED, TEMPORARY, UNSTARTED, identify
 from supervisor.errors import CheckpointError
 from supervisor.host.atomic import write_atomic
@@ -50,15 +50,22 @@ def _checkpoint_dir(path: str | os.PathLike[str]) -> Path:
     return directory
 
 
+def _whole_checkpoint_dir(path: str | os.PathLike[str], verb: str) -> Path:
+    """`_checkpoint_dir`, refusing a member of a nested checkpoint (`checkpoint_3/optimizer_0`): retention judges
+    and deletes the whole folder, so a marker inside a member protects nothing while it says it does."""
+    directory = _checkpoint_dir(path)
+    owner = _nested_owner(directory)
+    if owner is not None:
+        raise CheckpointError(f"{directory} is a part of the checkpoint {owner}: {verb} {owner} instead")
+    return directory
+
+
 def checkpoint_in_root(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> Path:
     """`path` when it is a checkpoint directly under `root` (compared resolved); CheckpointError naming why not.
 
     What pin, unpin and unquarantine may act on: a DCP dir or a nested folder (a checkpoint-named folder still
     empty too), never a save in flight, a member of a nested checkpoint, or anything foreign."""
-    directory = _checkpoint_dir(path)
-    owner = _nested_owner(directory)
-    if owner is not None:
-        raise CheckpointError(f"{directory} is a part of the checkpoint {owner}: name {owner} instead")
+    directory = _whole_checkpoint_dir(path, "name")
     if os.path.realpath(directory.parent) != os.path.realpath(root):
         raise CheckpointError(f"{directory}: not in the checkpoint root {root}: only its own checkpoints are marked")
     shape = identify(directory)
@@ -71,14 +78,9 @@ def checkpoint_in_root(path: str | os.PathLike[str], root: str | os.PathLike[str
 def _foreign_marker(marker: Path) -> str | None:
     """Why the entry at `marker` is not a marker we wrote, or None when it is ours (FileNotFoundError: none)."""
     try:
-        f, _ = open_capped(marker, _MAX_MARKER_BYTES, CheckpointError)
+        body, _ = load_capped_json(marker, _MAX_MARKER_BYTES, CheckpointError)
     except CheckpointError as exc:
         return str(exc)
-    with f:
-        try:
-            body = json.loads(f.read(_MAX_MARKER_BYTES + 1))
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            return "not JSON"
     time_ok = type(body) is dict and type(body.get("time")) in (int, float)
     if not time_ok or not set(body) <= _FIELDS[marker.name] or body.get("by") != _BY:
         return "not the JSON object fsdp-supervisor writes"
@@ -134,14 +136,8 @@ def _nested_owner(directory: Path) -> Path | None:
 
 
 def pin(path: str | os.PathLike[str]) -> Path:
-    """Mark a checkpoint dir so that retention never deletes it; returns the dir.
-
-    A member of a nested checkpoint (`checkpoint_3/optimizer_0`) is refused: retention judges and deletes
-    the whole folder, so a pin inside a member protected nothing while it said "pinned"."""
-    directory = _checkpoint_dir(path)
-    owner = _nested_owner(directory)
-    if owner is not None:
-        raise CheckpointError(f"{directory} is a part of the checkpoint {owner}: pin {owner} instead")
+    """Mark a checkpoint dir so that retention never deletes it (never a nested checkpoint's member); returns it."""
+    directory = _whole_checkpoint_dir(path, "pin")
     _write_marker(directory, PIN_MARKER, {"time": time.time()})
     log.info("checkpoint_pinned", path=str(directory))
     return directory
@@ -180,14 +176,12 @@ def quarantine_reason(path: str | os.PathLike[str]) -> str | None:
     """Why the dir was quarantined, or None when it is not."""
     marker = Path(path) / QUARANTINE_MARKER
     try:
-        f, _ = open_capped(marker, _MAX_MARKER_BYTES, CheckpointError)
+        body, _ = load_capped_json(marker, _MAX_MARKER_BYTES, CheckpointError)
     except FileNotFoundError:
         return None
     except CheckpointError as exc:
+        if str(exc) == "not JSON":
+            return "quarantined (no reason recorded)"
         return f"quarantined (marker unreadable: {exc})" if os.path.lexists(marker) else None
-    with f:
-        try:
-            reason = json.loads(f.read()).get("reason")
-        except (ValueError, AttributeError, UnicodeDecodeError, RecursionError):
-            reason = None
+    reason = body.get("reason") if isinstance(body, dict) else None
     return str(reason) if reason else "quarantined (no reason recorded)"

@@ -82,7 +82,3 @@ def _discard_stdout() -> None:
         os.close(devnull)
     except (OSError, ValueError, AttributeError):  # not a real file (a test's StringIO): nothing will flush
         pass
-
-
-if __name__ == "__main__":
-    sys.exit(main())

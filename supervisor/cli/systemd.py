@@ -21,7 +21,7 @@ import shlex
 import shutil
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from supervisor.cli.argtypes import add_config_arg
@@ -264,10 +264,9 @@ def cmd_systemd_unit(args: argparse.Namespace) -> int:
         raise ConfigError(f"{cfg.path}: [job.command] program {cfg.job.command[0]!r} not found on this PATH: "
                           "activate the job's venv (or name the program by its path) and run systemd-unit again")
     notes = tuple(unit_notes(cfg, user=base.user))
-    opts = UnitOptions(name=base.name, user=base.user, watchdog_s=base.watchdog_s,
-                       program_dir=os.path.dirname(os.path.abspath(program)), warnings=notes,
-                       root=Path(os.path.realpath(cfg.checkpoints.dir)),
-                       local_root=Path(os.path.realpath(cfg.checkpoints.local_dir)) if cfg.checkpoints.local_dir else None)
+    opts = replace(base, program_dir=os.path.dirname(os.path.abspath(program)), warnings=notes,
+                   root=Path(os.path.realpath(cfg.checkpoints.dir)),
+                   local_root=Path(os.path.realpath(cfg.checkpoints.local_dir)) if cfg.checkpoints.local_dir else None)
     sys.stdout.write(render_unit(cfg, supervisor_command(), opts))
     sys.stdout.flush()
     for note in notes:  # also in the unit, as `# warning:` lines: `| sudo tee` keeps them

@@ -36,10 +36,6 @@ class Tick:
 TimerKey = Timer | Tick
 
 
-def _order(key: TimerKey) -> str:
-    return str(key)  # ties at one deadline fire in name order, whatever the key's type
-
-
 class Timers:
     """Named one-shot deadlines on a monotonic clock; setting a key again replaces it."""
 
@@ -64,7 +60,8 @@ class Timers:
         return min(self._deadlines.values(), default=None)
 
     def pop_due(self, now: float) -> list[TimerKey]:
-        due = sorted((kv for kv in self._deadlines.items() if kv[1] <= now), key=lambda kv: (kv[1], _order(kv[0])))
+        # Ties at one deadline fire in name order, whatever the key's type.
+        due = sorted((kv for kv in self._deadlines.items() if kv[1] <= now), key=lambda kv: (kv[1], str(kv[0])))
         for key, _ in due:
             del self._deadlines[key]
         return [key for key, _ in due]

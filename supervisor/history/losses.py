@@ -8,7 +8,7 @@ its own; a relaunch that never trained leaves it unknown.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from supervisor.history.records import is_failure
@@ -36,8 +36,7 @@ class Loss:
     reached_by: str | None = None  # whose beat `reached` is: "heartbeat" (the node's file) makes steps_lost a lower bound
 
     def copy(self) -> Loss:
-        return Loss(self.attempt, self.reason, self.reached, self.resumed, self.steps_lost, list(self.hung_ranks),
-                    dict(self.seconds), self.reached_by)
+        return replace(self, hung_ranks=list(self.hung_ranks), seconds=dict(self.seconds))  # every field, its own lists
 
     @property
     def at_least(self) -> bool:

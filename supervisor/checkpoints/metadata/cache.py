@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from supervisor import __version__
-from supervisor.host.regularfile import open_regular
+from supervisor.checkpoints._files import load_capped_json
+from supervisor.host.atomic import write_atomic
 
-__all__ = ["CACHE_ENV", "MAX_ENTRIES", "cache_dir", "load", "store", "reader_version"]
+__all__ = ["CACHE_ENV", "MAX_ENTRIES", "cache_dir", "load", "store", "reader_version", "valid_result"]
 
 CACHE_ENV = "FSDP_SUPERVISOR_CACHE_DIR"
 MAX_ENTRIES = 4096
@@ -119,17 +120,13 @@ def load(metadata_path: Path, st: os.stat_result, root: Path | None = None) -> d
     key = _key(metadata_path, st)
     target = entries / _name(key)
     try:
-        fd = open_regular(target, follow_symlinks=False)
-    except OSError:
+        entry, fst = load_capped_json(target, _MAX_ENTRY_BYTES, OSError)
+    except FileNotFoundError:
         return None
-    try:
-        with open(fd, "rb") as f:
-            fst = os.fstat(f.fileno())
-            if fst.st_uid != os.getuid() or fst.st_size > _MAX_ENTRY_BYTES:
-                return None
-            entry = json.loads(f.read(_MAX_ENTRY_BYTES + 1))
-    except (OSError, ValueError, RecursionError):
+    except OSError:  # a symlink, not a regular file, over the cap, not JSON
         log.debug("metadata_cache_unreadable", extra={"entry": str(target)})
+        return None
+    if fst.st_uid != os.getuid():
         return None
     result = _valid(entry, key)
     if result is None:
@@ -141,8 +138,16 @@ def _valid(entry: Any, key: dict[str, Any]) -> dict[str, Any] | None:
     """The entry's result when the entry has exactly the expected shape and key, else None."""
     if type(entry) is not dict or entry.get("format") != _FORMAT or entry.get("key") != key:
         return None
-    if set(entry) == {"format", "key", "summary"}:
-        s = entry["summary"]
+    return valid_result({k: v for k, v in entry.items() if k not in ("format", "key")})
+
+
+def valid_result(answer: Any) -> dict[str, Any] | None:
+    """`answer` when it is exactly `{"summary": ...}` or `{"error": ...}` in this cache's format (an entry's, or
+    what an isolated child printed), else None."""
+    if type(answer) is not dict or len(answer) != 1:
+        return None
+    if "summary" in answer:
+        s = answer["summary"]
         if type(s) is not dict or set(s) != {"version", "entries", "storage"}:
             return None
         version, entries, storage = s["version"], s["entries"], s["storage"]
@@ -154,15 +159,13 @@ def _valid(entry: Any, key: dict[str, Any]) -> dict[str, Any] | None:
             if (type(ref) is not list or len(ref) != 3 or type(ref[0]) is not str or type(ref[1]) is not int
                     or type(ref[2]) is not int or ref[1] < 0 or ref[2] < 1):
                 return None
-        return {"summary": s}
-    if set(entry) == {"format", "key", "error"}:
-        e = entry["error"]
-        if (type(e) is not dict or set(e) != {"kind", "message", "global"} or e["kind"] not in _ERROR_KINDS
-                or type(e["message"]) is not str or len(e["message"]) > 1000
-                or not (e["global"] is None or type(e["global"]) is str)):
-            return None
-        return {"error": e}
-    return None
+        return answer
+    e = answer.get("error")
+    if (type(e) is not dict or set(e) != {"kind", "message", "global"} or e["kind"] not in _ERROR_KINDS
+            or type(e["message"]) is not str or len(e["message"]) > 1000
+            or not (e["global"] is None or type(e["global"]) is str)):
+        return None
+    return answer
 
 
 def store(metadata_path: Path, st: os.stat_result, result: dict[str, Any], root: Path | None = None) -> None:
@@ -176,18 +179,10 @@ def store(metadata_path: Path, st: os.stat_result, result: dict[str, Any], root:
     if len(body) > _MAX_ENTRY_BYTES:
         return
     target = entries / _name(key)
-    tmp = entries / f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(body)
-        os.replace(tmp, target)
+        write_atomic(target, body, durable=False, mode=0o600)  # a lost entry is a miss
     except OSError as exc:
         log.debug("metadata_cache_unwritable", extra={"entry": str(target), "error": exc.strerror})
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         return
     _writes += 1
     if (_writes - 1) % _EVICT_EVERY == 0:  # the first write of a process, then every _EVICT_EVERY-th

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import supervisor
+from supervisor.checkpoints.metadata import cache as metadata_cache
 
 __all__ = ["isolate", "running_pids", "parse_in_child", "timeout_s"]
 
@@ -64,7 +65,8 @@ def timeout_s(size: int) -> float:
 
 
 def parse_in_child(f: BinaryIO, size: int) -> dict[str, Any] | None:
-    """{"summary": ...} or {"error": ...} from a child, or None when not isolating or the child gave no answer."""
+    """{"summary": ...} or {"error": ...} from a child (checked as a cache entry's), or None when not isolating or
+    the child gave no such answer."""
     if _min_bytes is None or size < _min_bytes:
         return None
     try:
@@ -88,12 +90,9 @@ def parse_in_child(f: BinaryIO, size: int) -> dict[str, Any] | None:
         f.seek(0)  # the child moved the shared offset: a parse here starts at the beginning
     # The exit status may be lost (the daemon's loop reaps every child): the answer line alone counts.
     try:
-        answer = json.loads(out[:_MAX_ANSWER_BYTES])
-    except ValueError:
+        return metadata_cache.valid_result(json.loads(out[:_MAX_ANSWER_BYTES]))
+    except (ValueError, RecursionError):
         return None
-    if isinstance(answer, dict) and len(answer) == 1 and ("summary" in answer or "error" in answer):
-        return answer
-    return None
 
 
 def _die_with(parent: int) -> bool:
@@ -115,9 +114,9 @@ def _die_with(parent: int) -> bool:
     return True
 
 
-def main(size: int, parent: int | None = None) -> int:
+def main(size: int, parent: int) -> int:
     """The child: parse the first `size` bytes of stdin, print the answer (disk-cache format)."""
-    if parent is not None and not _die_with(parent):
+    if not _die_with(parent):
         return 1
     from supervisor.checkpoints.metadata import reader as metadata
 
@@ -127,7 +126,3 @@ def main(size: int, parent: int | None = None) -> int:
         answer = {"error": metadata._error_json(exc)}
     sys.stdout.write(json.dumps(answer) + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1]) if len(sys.argv) > 1 else os.fstat(0).st_size))

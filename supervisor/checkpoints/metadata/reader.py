@@ -185,21 +185,6 @@ def _summary(s: dict[str, Any]) -> DcpMetadata:
     return DcpMetadata(version=s["version"], entries=s["entries"], storage=refs)
 
 
-def _from_child(f: BinaryIO, size: int) -> DcpMetadata | dict[str, Any] | None:
-    """The result from an isolated child (metadata_child), or None: parse here."""
-    answer = metadata_child.parse_in_child(f, size)
-    if answer is None:
-        return None
-    try:
-        if "summary" in answer:
-            return _summary(answer["summary"])
-        e = answer["error"]
-        _error(e)  # the shape a remembered error must have
-        return {"kind": e["kind"], "message": e["message"], "global": e["global"]}
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
 def _lookup(path: Path, f: BinaryIO, st: os.stat_result, root: Path | None) -> DcpMetadata | dict[str, Any]:
     """This file's result: from this process, from the disk cache, or parsed now (then remembered)."""
     key = (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
@@ -209,22 +194,23 @@ def _lookup(path: Path, f: BinaryIO, st: os.stat_result, root: Path | None) -> D
         COUNTS["memory"] += 1
         return found
     entry = None if bypass else metadata_cache.load(path, st, root)
+    racy = False
     if entry is not None:
         COUNTS["disk"] += 1
-        found = _summary(entry["summary"]) if "summary" in entry else entry["error"]
     else:
         COUNTS["parsed"] += 1
         racy = time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) < RACY_NS
-        found = _from_child(f, st.st_size)
-        if found is None:
+        entry = metadata_child.parse_in_child(f, st.st_size)  # None: not isolating, or no answer from the child
+        if entry is None:
             try:
-                found = _parse(f, st.st_size)
+                entry = {"summary": _summary_json(_parse(f, st.st_size))}
             except MetadataError as exc:
-                found = _error_json(exc)
-        if racy:
-            return found
-        metadata_cache.store(path, st, {"summary": _summary_json(found)} if isinstance(found, DcpMetadata)
-                             else {"error": found}, root)
+                entry = {"error": _error_json(exc)}
+        if not racy:
+            metadata_cache.store(path, st, entry, root)
+    found = _summary(entry["summary"]) if "summary" in entry else entry["error"]
+    if racy:
+        return found
     if len(_cache) >= _CACHE_MAX:
         try:
             _cache.pop(next(iter(_cache)))
