@@ -229,7 +229,7 @@ def check_setup(cfg: Config) -> None:
     problem = run_dir_problem(cfg.run_dir)
     if problem:
         raise ConfigError(f"{cfg.path}: [supervisor.run_dir] {problem}; refusing to use it. Remove it (or give it to "
-                          "the user that runs the supervisor, folders mode 0700) and try again")
+                          "the user that runs the supervisor, folders mode 0700), or set run_dir to a folder of its own")
     problem = local_tier_nodes_error(cfg, {**os.environ, **cfg.job.env})
     if problem:
         raise ConfigError(f"{cfg.path}: {problem}")
@@ -247,7 +247,8 @@ def run_dir_problem(run_dir: Path) -> str | None:
             st = os.lstat(run_dir / name)
         except OSError:
             continue  # not there (yet): made ours by whoever makes it
-        problem = sidecar_problem(run_dir / name, st, {os.geteuid()}, folder=name in folders, sticky_ok=True)
+        problem = sidecar_problem(run_dir / name, st, {os.geteuid()}, folder=name in folders,  # only beats
+                                  sticky_ok=name == RANK_HEARTBEAT_DIR)  # are read by owner: a sticky /tmp is not ours
         if problem:
             return problem
     return None

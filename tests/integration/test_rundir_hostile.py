@@ -39,6 +39,19 @@ def test_a_planted_symlink_is_refused_and_its_target_untouched(tmp_path: Path, n
     assert victim.read_text() == "precious\n" and launches(marker) == []
 
 
+def test_a_shared_sticky_folder_as_run_dir_is_refused_and_left_as_it_is(tmp_path: Path) -> None:
+    """`run_dir = "/tmp"` (here a folder like it: sticky, world-writable, holding others' files): exit 2 saying to
+    set run_dir to a folder of its own; it was accepted and narrowed to 0700, locking every other user out of it."""
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    (shared / "someone-elses.txt").write_text("theirs\n")
+    cfg = write_config(tmp_path, ["/bin/true"], f'[supervisor]\nrun_dir = "{shared}"\n')
+    r = cli("run", "-c", str(cfg))
+    assert r.returncode == 2 and "(mode 1777)" in r.stderr and "run_dir to a folder of its own" in r.stderr, r.stderr
+    assert os.stat(shared).st_mode & 0o7777 == 0o1777 and os.listdir(shared) == ["someone-elses.txt"]
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the run dir to another user")
 @pytest.mark.parametrize("which", ["run", "run/logs", "run/heartbeats"])
 def test_another_users_run_dir_is_refused(tmp_path: Path, which: str) -> None:

@@ -47,6 +47,7 @@ def victim(tmp_path: Path) -> Path:
     ("", lambda p: None, None),  # ours, 0700
     ("", lambda p: os.chown(p, NOBODY, NOBODY), "belongs to uid 65534, not to you"),
     ("logs", lambda p: (p.mkdir(), os.chown(p, NOBODY, NOBODY)), "belongs to uid 65534"),
+    ("", lambda p: os.chmod(p, 0o1777), "writable by its group or by others (mode 1777)"),  # /tmp: was made 0700
     ("errors", lambda p: (p.mkdir(), os.chmod(p, 0o777)), "writable by its group or by others (mode 0777)"),
     (RANK_HEARTBEAT_DIR, lambda p: (p.mkdir(), os.chmod(p, 0o770)), "writable by its group"),
     (RANK_HEARTBEAT_DIR, lambda p: (p.mkdir(), os.chmod(p, 0o1777)), None),  # sticky: nobody renames ours
