@@ -226,15 +226,19 @@ def check_setup(cfg: Config) -> None:
         problem = _dir_problem(path)
         if problem:
             raise ConfigError(f"{cfg.path}: [{key}] {problem}")
-    problem = run_dir_problem(cfg.run_dir)
-    if problem:
-        raise ConfigError(f"{cfg.path}: [supervisor.run_dir] {problem}; refusing to use it. Remove it (or give it to "
-                          "the user that runs the supervisor, folders mode 0700), or set run_dir to a folder of its own")
+    _check_run_dir(cfg)
     problem = local_tier_nodes_error(cfg, {**os.environ, **cfg.job.env})
     if problem:
         raise ConfigError(f"{cfg.path}: {problem}")
     if cfg.checkpoints.dir.is_dir():
         _check_root_layout(cfg)
+
+
+def _check_run_dir(cfg: Config) -> None:
+    problem = run_dir_problem(cfg.run_dir)
+    if problem:
+        raise ConfigError(f"{cfg.path}: [supervisor.run_dir] {problem}; refusing to use it. Remove it (or give it to "
+                          "the user that runs the supervisor, folders mode 0700), or set run_dir to a folder of its own")
 
 
 def run_dir_problem(run_dir: Path) -> str | None:
@@ -302,6 +306,7 @@ def make_dirs(cfg: Config) -> None:
                 raise ConfigError(f"{cfg.path}: [{key}] {path} is not a directory")
         for d in (cfg.run_dir, cfg.run_dir / "logs", cfg.run_dir / "errors"):
             _owner_only(d)
+        _check_run_dir(cfg)  # again, now that nobody else may write in it: made (or planted) since the check
     except ConfigError:
         for d in reversed(created):
             try:

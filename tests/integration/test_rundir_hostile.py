@@ -146,3 +146,21 @@ def test_another_users_live_run_is_not_called_not_running(command: str) -> None:
             said = f.read().decode()
         lock.release()
         assert os.waitstatus_to_exitcode(code) == 2 and "permission denied" in said, said
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to plant as another user")
+def test_a_run_dir_planted_after_the_check_is_refused_when_made() -> None:
+    """The run dir is missing at the check and planted by another user (in a shared sticky folder) before `run`
+    makes it: make_dirs refuses it (it used the other user's folder, where that user could plant links)."""
+    from supervisor.daemon.preflight import make_dirs
+
+    with tempfile.TemporaryDirectory() as shared:
+        os.chmod(shared, 0o1777)
+        cfg = write_config(Path(shared), ["/bin/true"], '[supervisor]\nrun_dir = "run"\n')
+        config = load_config(cfg)
+        check_setup(config)  # nothing there yet
+        (Path(shared) / "run").mkdir()
+        os.chown(Path(shared) / "run", NOBODY, NOBODY)  # the other user won the race
+        with pytest.raises(ConfigError, match=f"belongs to uid {NOBODY}"):
+            make_dirs(config)
+        assert os.listdir(Path(shared) / "run") == []
