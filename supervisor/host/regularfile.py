@@ -15,7 +15,7 @@ import os
 import stat
 from typing import BinaryIO
 
-__all__ = ["open_regular"]
+__all__ = ["open_regular", "append_regular"]
 
 
 def open_regular(path: str | os.PathLike[str], *, follow_symlinks: bool = True, mine: bool = False) -> BinaryIO:
@@ -36,3 +36,14 @@ def open_regular(path: str | os.PathLike[str], *, follow_symlinks: bool = True, 
     except BaseException:
         os.close(fd)
         raise
+
+
+def append_regular(path: str | os.PathLike[str], mode: int = 0o600) -> int:
+    """A blocking append-only descriptor on `path` (created `mode`), never following a symlink; OSError EINVAL
+    for anything but a regular file: a FIFO planted as a log blocked the loop in its open, SIGTERM included."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, mode)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+    os.set_blocking(fd, True)
+    return fd

@@ -26,6 +26,7 @@ from typing import Any
 
 import structlog
 
+from supervisor.host.regularfile import append_regular
 from supervisor.observe.console import Console, render_event
 
 __all__ = ["configure", "configure_cli", "get_logger", "render_line", "reopen_file", "LOG_FILE"]
@@ -52,7 +53,7 @@ class _OwnerOnlyFile(logging.handlers.RotatingFileHandler):
     """supervisor.log and its rotations are created 0600, whatever the umask: the run dir is owner-only."""
 
     def _open(self) -> io.TextIOWrapper:
-        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        fd = append_regular(self.baseFilename)  # never a FIFO: the loop logs
         return io.TextIOWrapper(io.FileIO(fd, "a"), encoding=self.encoding, errors=self.errors, write_through=True)
 
 

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from supervisor.contract import RANK_HEARTBEAT_DIR
 from supervisor.daemon.evidence import read_beat, read_rank_beats
 from supervisor.daemon.preflight import run_dir_problem
 from supervisor.daemon.recorder import HistoryRecorder
+from supervisor.host import joblog
 from supervisor.host.runlock import RunLock
 from supervisor.observe.eventlog import LOG_FILE, configure
 from tests.fakes import RecordingLog
@@ -141,3 +143,40 @@ class TestBeatsAreOurs:
         (run_dir / "heartbeat.json").write_text(BEAT)
         os.chown(run_dir / "heartbeat.json", NOBODY, NOBODY)
         assert read_beat(run_dir / "heartbeat.json") == (None, [])
+
+
+class TestNoOpenBlocksOnAFifo:
+    """A FIFO planted as the next attempt's log (or supervisor.log, reopened at rotation): the open is refused at
+    once. It blocked the event loop in open() for good, SIGTERM included (seen with the real CLI)."""
+
+    def _refused_at_once(self, fifo: Path, opener) -> None:  # type: ignore[no-untyped-def]
+        os.mkfifo(fifo)
+        outcome: list[object] = []
+        t = threading.Thread(target=lambda: outcome.append(_call(opener)), daemon=True)
+        t.start()
+        t.join(10)
+        if t.is_alive():  # let the blocked open go, then fail
+            os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+        assert outcome and isinstance(outcome[0], OSError), outcome  # ENXIO (no reader) or EINVAL
+
+    def test_an_attempt_log(self, run_dir: Path) -> None:
+        self._refused_at_once(run_dir / "attempt-0002.log", lambda: joblog.open_log(run_dir / "attempt-0002.log"))
+
+    def test_the_supervisor_log(self, run_dir: Path) -> None:
+        logger = logging.getLogger("supervisor")
+        before = logger.handlers[:]
+        try:
+            self._refused_at_once(run_dir / LOG_FILE, lambda: configure(run_dir, max_bytes=2**20, backups=1,
+                                                                         console=False))
+        finally:
+            for handler in logger.handlers[:]:
+                if handler not in before:
+                    logger.removeHandler(handler)
+                    handler.close()
+
+
+def _call(f):  # type: ignore[no-untyped-def]
+    try:
+        return f()
+    except OSError as exc:
+        return exc
