@@ -238,7 +238,8 @@ def _check_run_dir(cfg: Config) -> None:
     problem = run_dir_problem(cfg.run_dir)
     if problem:
         raise ConfigError(f"{cfg.path}: [supervisor.run_dir] {problem}; refusing to use it. Remove it (or give it to "
-                          "the user that runs the supervisor, folders mode 0700), or set run_dir to a folder of its own")
+                          "the user that runs the supervisor, folders mode 0700; a folder above: chmod +t), or set "
+                          "run_dir to a folder of its own")
 
 
 def run_dir_problem(run_dir: Path) -> str | None:
@@ -255,6 +256,13 @@ def run_dir_problem(run_dir: Path) -> str | None:
                                   sticky_ok=name == RANK_HEARTBEAT_DIR)  # are read by owner: a sticky /tmp is not ours
         if problem:
             return problem
+    for above in Path(os.path.abspath(run_dir)).parents:  # anyone may rename the run dir away and put theirs there
+        try:
+            mode = os.stat(above).st_mode
+        except OSError:
+            continue
+        if mode & 0o002 and not mode & stat.S_ISVTX:
+            return f"{above}, above the run dir, is writable by others without the sticky bit (mode {mode & 0o7777:04o})"
     return None
 
 

@@ -65,6 +65,17 @@ def test_run_dir_problem(run_dir: Path, name: str, plant, problem: str | None) -
     assert found is None if problem is None else (problem in (found or "") and str(run_dir / name) in (found or ""))
 
 
+@pytest.mark.parametrize(("mode", "refused"), [(0o777, True), (0o1777, False), (0o775, False)])
+def test_a_folder_above_that_anyone_may_write_is_refused(tmp_path: Path, mode: int, refused: bool) -> None:
+    """Anyone may rename a run dir (or a folder above it) out of a world-writable folder without the sticky bit and
+    put a link to their own in its place: the daemon then wrote there, and a job's error file through their link
+    (seen: root's file overwritten by torchrun's error record)."""
+    (tmp_path / "shared" / "team" / "run").mkdir(parents=True)
+    os.chmod(tmp_path / "shared", mode)
+    found = run_dir_problem(tmp_path / "shared" / "team" / "run")
+    assert (found is not None) is refused and (not refused or f"{tmp_path / 'shared'}, above the run dir" in found)
+
+
 def test_a_symlinked_run_dir_is_refused(tmp_path: Path, run_dir: Path) -> None:
     link = tmp_path / "link"
     link.symlink_to(run_dir)
