@@ -222,6 +222,8 @@ def check_setup(cfg: Config) -> None:
     if problem:
         raise ConfigError(f"{cfg.path}: [job.command] program {prog!r}: {problem}")
     _check_trainer(cfg, program)
+    if cfg.run_dir.is_dir():  # "belongs to uid 0" (made by sudo) says more than "not writable"
+        _check_run_dir(cfg)
     for key, path in _dirs(cfg):
         problem = _dir_problem(path)
         if problem:

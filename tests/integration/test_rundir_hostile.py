@@ -67,17 +67,18 @@ def test_another_users_run_dir_is_refused(tmp_path: Path, which: str) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to check as another user")
-def test_a_run_dir_planted_for_another_user_is_refused_by_that_users_check() -> None:
+@pytest.mark.parametrize("mode", [0o777, 0o755])
+def test_a_run_dir_planted_for_another_user_is_refused_by_that_users_check(mode: int) -> None:
     """`run`'s checks made by another user (nobody, in a forked process: the interpreter here may not be theirs
     to execute) whose run dir, in a shared sticky folder, someone else (here root) made first and left writable for
-    them: refused naming it."""
+    them, or made with `sudo mkdir` (0755; was "not writable", which invites a chmod): refused naming its owner."""
     with tempfile.TemporaryDirectory() as shared:
         base = Path(shared)
         os.chmod(base, 0o1777)
         cfg = write_config(base, ["/bin/sleep", "60"], '[supervisor]\nrun_dir = "run"\n')  # theirs to run
         os.chmod(cfg, 0o644)
         (base / "run").mkdir()
-        os.chmod(base / "run", 0o777)  # made writable for its victim
+        os.chmod(base / "run", mode)
         config = load_config(cfg)
         read, write = os.pipe()
         pid = os.fork()
