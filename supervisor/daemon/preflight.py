@@ -33,7 +33,7 @@ from supervisor.host.runlock import LOCK_FILE
 from supervisor.observe.eventlog import LOG_FILE
 
 __all__ = ["check_setup", "command_warnings", "job_program", "make_dirs", "rendezvous_key", "trainer_module",
-           "trainer_problem"]
+           "trainer_problem", "writable_above"]
 
 DIST = "fsdp-supervisor"
 # The first line of trainer/__init__.py's docstring says this (tests/unit/test_preflight_trainer.py checks it).
@@ -225,7 +225,7 @@ def check_setup(cfg: Config) -> None:
     if cfg.run_dir.is_dir():  # "belongs to uid 0" (made by sudo) says more than "not writable"
         _check_run_dir(cfg)
     for key, path in _dirs(cfg):
-        problem = _dir_problem(path)
+        problem = _dir_problem(path) or writable_above(path, str(path))
         if problem:
             raise ConfigError(f"{cfg.path}: [{key}] {problem}")
     _check_run_dir(cfg)
@@ -258,13 +258,20 @@ def run_dir_problem(run_dir: Path) -> str | None:
                                   sticky_ok=name == RANK_HEARTBEAT_DIR)  # are read by owner: a sticky /tmp is not ours
         if problem:
             return problem
-    for above in Path(os.path.abspath(run_dir)).parents:  # anyone may rename the run dir away and put theirs there
+    return writable_above(run_dir, "the run dir")
+
+
+def writable_above(path: Path, what: str) -> str | None:
+    """A folder above `path` that others may write without the sticky bit, said, or None: anyone may rename `path`
+    away and put a link to their own folder there (logs, error files, checkpoints the job resumes from)."""
+    for above in Path(os.path.abspath(path)).parents:
         try:
             mode = os.stat(above).st_mode
         except OSError:
             continue
         if mode & 0o002 and not mode & stat.S_ISVTX:
-            return f"{above}, above the run dir, is writable by others without the sticky bit (mode {mode & 0o7777:04o})"
+            return (f"{above}, above {what}, is writable by others without the sticky bit (mode {mode & 0o7777:04o}): "
+                    "anyone may put their own folder in its place; chmod +t it, or use a folder elsewhere")
     return None
 
 

@@ -165,3 +165,19 @@ def test_a_run_dir_planted_after_the_check_is_refused_when_made() -> None:
         with pytest.raises(ConfigError, match=f"belongs to uid {NOBODY}"):
             make_dirs(config)
         assert os.listdir(Path(shared) / "run") == []
+
+
+@pytest.mark.parametrize("key", ["dir", "local_dir"])
+def test_a_checkpoint_root_under_a_folder_anyone_may_write_is_refused(tmp_path: Path, key: str) -> None:
+    """A checkpoint root (or the local tier: a `chmod 777 /mnt/nvme`) under a folder anyone may write without the
+    sticky bit: anyone could rename it away and put their folder there, whose checkpoint the job then resumes from
+    (torch.load: their code, run as the job). `run` exits 2 naming the folder and the fix."""
+    shared = tmp_path / "scratch"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    ckpts = f'dir = "{shared / "ckpts"}"\n' if key == "dir" else f'dir = "ckpts"\nlocal_dir = "{shared / "local"}"\n'
+    cfg = write_config(tmp_path, ["/bin/true"], '[supervisor]\nrun_dir = "run"\n').read_text()
+    (tmp_path / "job.toml").write_text(cfg.replace('dir = "ckpts"\n', ckpts))
+    r = cli("run", "-c", str(tmp_path / "job.toml"))
+    assert r.returncode == 2 and f"[checkpoints.{key}] {shared}, above " in r.stderr and "chmod +t" in r.stderr, r.stderr
+    assert os.listdir(shared) == []
