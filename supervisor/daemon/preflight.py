@@ -33,7 +33,7 @@ from supervisor.host.runlock import LOCK_FILE
 from supervisor.observe.eventlog import LOG_FILE
 
 __all__ = ["check_setup", "command_warnings", "job_program", "make_dirs", "rendezvous_key", "trainer_module",
-           "trainer_problem"]
+           "trainer_problem", "writable_above"]
 
 DIST = "fsdp-supervisor"
 # The first line of trainer/__init__.py's docstring says this (tests/unit/test_preflight_trainer.py checks it).
@@ -222,19 +222,28 @@ def check_setup(cfg: Config) -> None:
     if problem:
         raise ConfigError(f"{cfg.path}: [job.command] program {prog!r}: {problem}")
     _check_trainer(cfg, program)
+    if cfg.run_dir.is_dir():  # "belongs to uid 0" (made by sudo) says more than "not writable"
+        _check_run_dir(cfg)
     for key, path in _dirs(cfg):
-        problem = _dir_problem(path)
-        if problem and key != "checkpoints.local_dir":  # the local tier is an optimisation: `run` warns (tier_problem)
+        # A local tier that cannot be written is an optimisation lost (`run` warns: tier_problem), never a refusal;
+        # one under a folder anyone may write to is (a swapped link would take our writes).
+        problem = (None if key == "checkpoints.local_dir" else _dir_problem(path)) or writable_above(path, str(path))
+        if problem:
             raise ConfigError(f"{cfg.path}: [{key}] {problem}")
-    problem = run_dir_problem(cfg.run_dir)
-    if problem:
-        raise ConfigError(f"{cfg.path}: [supervisor.run_dir] {problem}; refusing to use it. Remove it (or give it to "
-                          "the user that runs the supervisor, folders mode 0700) and try again")
+    _check_run_dir(cfg)
     problem = local_tier_nodes_error(cfg, {**os.environ, **cfg.job.env})
     if problem:
         raise ConfigError(f"{cfg.path}: {problem}")
     if cfg.checkpoints.dir.is_dir():
         _check_root_layout(cfg)
+
+
+def _check_run_dir(cfg: Config) -> None:
+    problem = run_dir_problem(cfg.run_dir)
+    if problem:
+        raise ConfigError(f"{cfg.path}: [supervisor.run_dir] {problem}; refusing to use it. Remove it (or give it to "
+                          "the user that runs the supervisor, folders mode 0700; a folder above: chmod +t), or set "
+                          "run_dir to a folder of its own")
 
 
 def run_dir_problem(run_dir: Path) -> str | None:
@@ -247,9 +256,24 @@ def run_dir_problem(run_dir: Path) -> str | None:
             st = os.lstat(run_dir / name)
         except OSError:
             continue  # not there (yet): made ours by whoever makes it
-        problem = sidecar_problem(run_dir / name, st, {os.geteuid()}, folder=name in folders, sticky_ok=True)
+        problem = sidecar_problem(run_dir / name, st, {os.geteuid()}, folder=name in folders,  # only beats
+                                  sticky_ok=name == RANK_HEARTBEAT_DIR)  # are read by owner: a sticky /tmp is not ours
         if problem:
             return problem
+    return writable_above(run_dir, "the run dir")
+
+
+def writable_above(path: Path, what: str) -> str | None:
+    """A folder above `path` that others may write without the sticky bit, said, or None: anyone may rename `path`
+    away and put a link to their own folder there (logs, error files, checkpoints the job resumes from)."""
+    for above in Path(os.path.abspath(path)).parents:
+        try:
+            mode = os.stat(above).st_mode
+        except OSError:
+            continue
+        if mode & 0o002 and not mode & stat.S_ISVTX:
+            return (f"{above}, above {what}, is writable by others without the sticky bit (mode {mode & 0o7777:04o}): "
+                    "anyone may put their own folder in its place; chmod +t it, or use a folder elsewhere")
     return None
 
 
@@ -306,6 +330,7 @@ def make_dirs(cfg: Config) -> None:
                 raise ConfigError(f"{cfg.path}: [{key}] {path} is not a directory")
         for d in (cfg.run_dir, cfg.run_dir / "logs", cfg.run_dir / "errors"):
             _owner_only(d)
+        _check_run_dir(cfg)  # again, now that nobody else may write in it: made (or planted) since the check
     except ConfigError:
         for d in reversed(created):
             try:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from supervisor.host.regularfile import open_regular
+
 __all__ = ["SEGMENT_SUFFIX", "LOG_MODE", "open_log", "needs_rotation", "rotate", "attempt_number", "stale", "prune"]
 
 SEGMENT_SUFFIX = ".1"  # `attempt-NNNN.log.1`: the tail of the output before the last rotation
@@ -22,7 +24,7 @@ _PREFIX, _LOG, _ERR, _STACKS = "attempt-", ".log", ".json", ".stacks.txt"  # the
 
 def open_log(path: Path) -> int:
     """An owner-only, append-only descriptor for an attempt log (created if missing)."""
-    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, LOG_MODE)
+    return open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, LOG_MODE, follow_symlinks=False)
 
 
 def needs_rotation(size: int, max_bytes: int) -> bool:

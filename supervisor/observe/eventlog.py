@@ -26,6 +26,7 @@ from typing import Any
 
 import structlog
 
+from supervisor.host.regularfile import open_regular
 from supervisor.observe.console import Console, render_event
 from supervisor.observe.redact import scrub
 
@@ -53,7 +54,8 @@ class _OwnerOnlyFile(logging.handlers.RotatingFileHandler):
     """supervisor.log and its rotations are created 0600, whatever the umask: the run dir is owner-only."""
 
     def _open(self) -> io.TextIOWrapper:
-        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        # Never a FIFO (the loop logs) and never through a symlink.
+        fd = open_regular(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT, follow_symlinks=False)
         return io.TextIOWrapper(io.FileIO(fd, "a"), encoding=self.encoding, errors=self.errors, write_through=True)
 
 

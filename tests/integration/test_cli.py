@@ -66,7 +66,8 @@ class TestOddInput:
     def test_lock_name_taken_by_a_directory(self, project: Path) -> None:
         """`run` when something else sits under the run dir's lock name: exit 2 naming the run dir, no traceback."""
         (project / ".fsdp-supervisor" / LOCK_FILE).mkdir()
-        one_line(cli("run", "-c", str(project / "job.toml")), 2, "[supervisor.run_dir] cannot lock")
+        one_line(cli("run", "-c", str(project / "job.toml")), 2,  # refused by the run dir's check, before the lock
+                 f"[supervisor.run_dir] {project / '.fsdp-supervisor' / LOCK_FILE} is not a plain file")
 
 
 def _read_lines(p: subprocess.Popen[bytes], n: int, buf: bytearray, timeout: float = 30) -> list[str]:

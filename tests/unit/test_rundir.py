@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from supervisor.daemon.events import SupervisorStarted
 from supervisor.daemon.evidence import read_beat, read_rank_beats
 from supervisor.daemon.preflight import run_dir_problem
 from supervisor.daemon.recorder import HistoryRecorder
+from supervisor.host import joblog
 from supervisor.host.runlock import RunLock
 from supervisor.observe.eventlog import LOG_FILE, configure
 from tests.fakes import RecordingLog
@@ -48,6 +50,7 @@ def victim(tmp_path: Path) -> Path:
     ("", lambda p: None, None),  # ours, 0700
     ("", lambda p: os.chown(p, NOBODY, NOBODY), "belongs to uid 65534, not to you"),
     ("logs", lambda p: (p.mkdir(), os.chown(p, NOBODY, NOBODY)), "belongs to uid 65534"),
+    ("", lambda p: os.chmod(p, 0o1777), "writable by its group or by others (mode 1777)"),  # /tmp: was made 0700
     ("errors", lambda p: (p.mkdir(), os.chmod(p, 0o777)), "writable by its group or by others (mode 0777)"),
     (RANK_HEARTBEAT_DIR, lambda p: (p.mkdir(), os.chmod(p, 0o770)), "writable by its group"),
     (RANK_HEARTBEAT_DIR, lambda p: (p.mkdir(), os.chmod(p, 0o1777)), None),  # sticky: nobody renames ours
@@ -61,6 +64,17 @@ def test_run_dir_problem(run_dir: Path, name: str, plant, problem: str | None) -
     plant(run_dir / name if name else run_dir)
     found = run_dir_problem(run_dir)
     assert found is None if problem is None else (problem in (found or "") and str(run_dir / name) in (found or ""))
+
+
+@pytest.mark.parametrize(("mode", "refused"), [(0o777, True), (0o1777, False), (0o775, False)])
+def test_a_folder_above_that_anyone_may_write_is_refused(tmp_path: Path, mode: int, refused: bool) -> None:
+    """Anyone may rename a run dir (or a folder above it) out of a world-writable folder without the sticky bit and
+    put a link to their own in its place: the daemon then wrote there, and a job's error file through their link
+    (seen: root's file overwritten by torchrun's error record)."""
+    (tmp_path / "shared" / "team" / "run").mkdir(parents=True)
+    os.chmod(tmp_path / "shared", mode)
+    found = run_dir_problem(tmp_path / "shared" / "team" / "run")
+    assert (found is not None) is refused and (not refused or f"{tmp_path / 'shared'}, above the run dir" in found)
 
 
 def test_a_symlinked_run_dir_is_refused(tmp_path: Path, run_dir: Path) -> None:
@@ -141,3 +155,40 @@ class TestBeatsAreOurs:
         (run_dir / "heartbeat.json").write_text(BEAT)
         os.chown(run_dir / "heartbeat.json", NOBODY, NOBODY)
         assert read_beat(run_dir / "heartbeat.json") == (None, [])
+
+
+class TestNoOpenBlocksOnAFifo:
+    """A FIFO planted as the next attempt's log (or supervisor.log, reopened at rotation): the open is refused at
+    once. It blocked the event loop in open() for good, SIGTERM included (seen with the real CLI)."""
+
+    def _refused_at_once(self, fifo: Path, opener) -> None:  # type: ignore[no-untyped-def]
+        os.mkfifo(fifo)
+        outcome: list[object] = []
+        t = threading.Thread(target=lambda: outcome.append(_call(opener)), daemon=True)
+        t.start()
+        t.join(10)
+        if t.is_alive():  # let the blocked open go, then fail
+            os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+        assert outcome and isinstance(outcome[0], OSError), outcome  # ENXIO (no reader) or EINVAL
+
+    def test_an_attempt_log(self, run_dir: Path) -> None:
+        self._refused_at_once(run_dir / "attempt-0002.log", lambda: joblog.open_log(run_dir / "attempt-0002.log"))
+
+    def test_the_supervisor_log(self, run_dir: Path) -> None:
+        logger = logging.getLogger("supervisor")
+        before = logger.handlers[:]
+        try:
+            self._refused_at_once(run_dir / LOG_FILE, lambda: configure(run_dir, max_bytes=2**20, backups=1,
+                                                                         console=False))
+        finally:
+            for handler in logger.handlers[:]:
+                if handler not in before:
+                    logger.removeHandler(handler)
+                    handler.close()
+
+
+def _call(f):  # type: ignore[no-untyped-def]
+    try:
+        return f()
+    except OSError as exc:
+        return exc
