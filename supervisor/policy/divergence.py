@@ -7,7 +7,8 @@
   occasional noisy batch that a mean (or an EMA) would follow, and abnormal losses never enter it, so the level
   does not climb with the spike. The early fall of a run only lowers losses below the level (never a spike). Until
   `MIN_HISTORY` losses came the level is `spike_factor` x the highest of them (a spike must then be factor² over
-  it: a run that spikes at its second step is caught, and a noisy first batch is not taken for a level);
+  it: a run that spikes at its second step is caught, and a noisy first batch is not taken for a level). A loss
+  that is negative, or mostly exactly 0, is measured by `limit` on its own scale (a multiple of it means nothing);
 - `val_loss` is never watched: an evaluation going up slowly is overfitting, not divergence, and a NaN val_loss
   alone is not one either.
 The onset is the first beat of the abnormal stretch (a NaN after a spike began: the spike's first beat). Beats are
@@ -61,6 +62,20 @@ class Detector:
             return None
         return statistics.median(self._normal) if len(self._normal) >= MIN_HISTORY else max(self._normal) * self.factor
 
+    def limit(self) -> float | None:
+        """Above it a loss is abnormal: factor x the level for a positive one; measured from the level by its size,
+        or by the spread of the normal losses (their interquartile range) when larger, so that a negative loss, or
+        one whose median is 0 (most batches exactly 0), is judged on its own scale. None: no scale (all 0) yet."""
+        if not self._normal:
+            return None
+        if len(self._normal) < MIN_HISTORY:
+            top = max(self._normal)
+            return top + (self.factor ** 2 - 1) * abs(top) if top else None
+        q1, _, q3 = statistics.quantiles(self._normal, n=4)
+        median = statistics.median(self._normal)
+        scale = max(abs(median), q3 - q1)
+        return median + (self.factor - 1) * scale if scale else None
+
     def feed(self, rank: int | None, beat: Beat) -> Diverged | None:
         """Take one new beat; a `Diverged` when this beat makes the loss a divergence, else None."""
         if beat.loss_bad is not None:
@@ -68,8 +83,8 @@ class Detector:
         loss = beat.loss
         if loss is None:
             return None
-        level = self.level()
-        if level is None or loss <= self.factor * level:
+        level, limit = self.level(), self.limit()
+        if level is None or limit is None or loss <= limit:
             start = self._stretch[0][0] if self._stretch else None
             if start is not None and beat.step <= start:  # older news (a source read late): the stretch goes on
                 self._last_normal = max(beat.step, self._last_normal or 0) if beat.step < start else self._last_normal

@@ -60,6 +60,8 @@ class TestDetector:
         ([(1, 1.0), (2, 1.0), (3, 9.0), (4, 9.0), (5, 9.0)], 3, 5, "spike"),
         ([(1, 1.0), (2, 1.0), (3, 9.0), (4, 9.0), (5, "nan")], 3, 5, "nan"),  # a NaN after a spike: the spike's onset
         ([(1, 1.0), (2, 9.0), (3, 1.0), (4, 9.0), (5, 9.0), (6, 9.0)], 4, 6, "spike"),  # a normal beat ends a stretch
+        ([(s, -5.0) for s in range(1, 20)] + [(20, 6.0), (21, 7.0), (22, 8.0)], 20, 22, "spike"),  # negative, then up
+        ([(s, 0.0 if s % 5 < 3 else 0.5) for s in range(1, 40)] + [(s, 3.0) for s in range(40, 43)], 40, 42, "spike"),
         (list(enumerate(LR30, 1)), 2, 4, "spike"),
         (list(enumerate(LR3000, 1)), 2, 4, "spike"),
     ])
@@ -74,6 +76,11 @@ class TestDetector:
         [(1, 1.0), (2, 9.0), (2, 9.0), (2, 9.0)],  # the same step thrice (node and ranks): one beat
         [(s, 6.0 - s / 100) for s in range(1, 400)],  # a fall
         [(1, 0.4), (2, 1.3), (3, 1.3), (4, 1.3), (5, 1.2)],  # a low first batch is no level to judge by
+        [(s, -5.0 + (0.3 if s % 3 else -0.3)) for s in range(1, 200)],  # a negative objective, noisy
+        [(s, -1.0 - s / 10) for s in range(1, 200)],  # a negative one falling
+        [(s, 1.0 - s / 50) for s in range(1, 200)],  # one that falls through 0
+        [(s, 0.0 if s % 5 < 3 else 0.5) for s in range(1, 400)],  # most batches exactly 0 (a hinge loss)
+        [(s, 0.0) for s in range(1, 50)],
     ])
     def test_not_found(self, losses: list[tuple[int, float | str]]) -> None:
         assert run(losses) is None
