@@ -53,7 +53,8 @@ class Detector:
     def __init__(self, spike_factor: float, spike_patience: int) -> None:
         self.factor, self.patience = spike_factor, spike_patience
         self._normal: deque[float] = deque(maxlen=WINDOW)
-        self._top: int | None = None  # the newest step whose loss is in `_normal`
+        self._steps: deque[int] = deque(maxlen=WINDOW)  # the steps of `_normal` (not the newest only: one beat
+        # that lies a huge step would freeze the level for the rest of the attempt)
         self._stretch: list[tuple[int, int | None, float]] = []  # the abnormal beats in a row: (step, rank, loss)
         self._last_normal: int | None = None  # the newest step seen with a normal loss
 
@@ -90,9 +91,9 @@ class Detector:
                 self._last_normal = max(beat.step, self._last_normal or 0) if beat.step < start else self._last_normal
                 return None
             self._stretch, self._last_normal = [], max(beat.step, self._last_normal or 0)
-            if self._top is None or beat.step > self._top:
+            if beat.step not in self._steps:
                 self._normal.append(loss)
-                self._top = beat.step
+                self._steps.append(beat.step)
             return None
         if not self._stretch or beat.step > self._stretch[-1][0]:
             self._stretch.append((beat.step, rank, loss))

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from supervisor.checkpoints.markers import is_quarantined, quarantine_reason
 from supervisor.config import DivergenceSection
-from supervisor.contract import Beat
+from supervisor.contract import MAX_STEP, Beat
 from supervisor.daemon.core import Core
 from supervisor.daemon.divergence import DIVERGENCE_FILE
 from supervisor.policy.divergence import Detector, Diverged, Open, same_region, skip_steps
@@ -102,6 +102,18 @@ class TestDetector:
         for step in range(1, 50):
             assert d.feed(None, Beat(step, loss=1.0, val_loss=float(step))) is None
         assert d.feed(None, Beat(50, loss=1.0, val_loss=None)) is None  # a NaN val_loss is dropped by the contract
+
+    def test_one_beat_that_lies_a_huge_step_does_not_freeze_the_level(self) -> None:
+        """A rank writes the largest step the contract takes once: the level still follows the loss's fall after it,
+        and a 10x spike over the new level is found."""
+        d = Detector(3.0, 3)
+        for step in range(1, 60):
+            assert d.feed(None, Beat(step, loss=5.0)) is None
+        assert d.feed(1, Beat(MAX_STEP, loss=5.0)) is None
+        for step in range(60, 200):
+            assert d.feed(None, Beat(step, loss=1.0)) is None
+        found = [d.feed(None, Beat(step, loss=10.0)) for step in (200, 201, 202)][-1]
+        assert found is not None and (found.onset_step, found.why) == (200, "spike")
 
     def test_one_rank_s_nan_names_it(self) -> None:
         d = Detector(2.0, 3)
