@@ -151,6 +151,12 @@ class Guard:
         self.good = str(good[0].path) if good else None
         self._show()
 
+    def written(self, checkpoints: Sequence[CheckpointInfo], latest: int | None) -> int | None:
+        """The newest step saved, the diverged saves counted (written, though never resumed): whether a stop's
+        emergency save landed is judged by it."""
+        steps = [c.step for c in checkpoints if c.complete and c.step is not None and str(c.path) in self.marked]
+        return max([*steps, *([] if latest is None else [latest])], default=None)
+
     def protected(self, checkpoints: Sequence[CheckpointInfo]) -> list[Path]:
         """While a divergence is open: the last good checkpoint and the keep_last good ones before it."""
         op = self.open

@@ -203,6 +203,21 @@ class TestRollback:
         assert "rolled_back" in log.names() and core.status.divergence is not None
         assert json.loads((core.run_dir / DIVERGENCE_FILE).read_text())["onset_step"] == 135
 
+    def test_a_diverged_emergency_save_is_no_failed_one(self, tmp_path: Path) -> None:
+        """The stop's emergency save was written (then marked diverged): no `emergency_save_failed`, although the
+        newest usable checkpoint is older than the step of its `save` beat (torchrun exits 1 on a relayed stop)."""
+        core, fake, log, root = diverging(tmp_path, keep_last=3)
+        core.begin(None)
+        nan_beat(core, 130, 1.0)
+        nan_beat(core, 131)
+        core.heartbeat_path.write_text(json.dumps({"step": 131, "time": 0, "phase": "save"}))
+        core.on_file_event(core.heartbeat_path)
+        write_checkpoint(root, 131)
+        exit_job(core, fake, 1)
+        fake.advance(0, core)
+        assert is_quarantined(root / "step_00000131") and len(fake.spawned) == 2
+        assert "emergency_save_failed" not in log.names()
+
     def test_a_save_between_the_last_normal_beat_and_the_first_bad_one_is_diverged(self, tmp_path: Path) -> None:
         """Normal at 130, a save at 140, the first bad beat seen at 145: 140 may hold the spike's first steps."""
         core, fake, _, root = diverging(tmp_path, keep_last=3)
