@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor.checkpoints.markers import is_quarantined, quarantine_reason
+from supervisor.checkpoints.markers import is_quarantined, quarantine, quarantine_reason
+from supervisor.cli import app as top_cli
 from supervisor.config import DivergenceSection
 from supervisor.contract import MAX_STEP, Beat
 from supervisor.daemon.core import Core
@@ -304,3 +305,20 @@ def test_a_rollback_s_skip_keeps_the_spare_agent_and_the_warm_workers() -> None:
 
     env = {"PATH": "/usr/bin", "FSDP_SUPERVISOR_SKIP_STEPS": "0"}
     assert stable_env({**env, "FSDP_SUPERVISOR_SKIP_STEPS": "31"}, VOLATILE_ENV) == stable_env(env, VOLATILE_ENV)
+
+
+def test_a_prune_by_hand_keeps_what_the_open_divergence_keeps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`checkpoints prune -c` while a divergence is open (onset 25, saves from 22 on diverged): keep_last = 1 would
+    keep step 20 only; the last good (20) and the keep_last good one before it (10) stay, as the daemon keeps them."""
+    cfg = tmp_path / "job.toml"
+    cfg.write_text('[job]\ncommand = ["true"]\n[checkpoints]\ndir = "ckpts"\nkeep_last = 1\n')
+    for step in (5, 10, 20, 26):
+        write_checkpoint(tmp_path / "ckpts", step)
+    quarantine(tmp_path / "ckpts" / "step_00000026", "diverged: after step 25")
+    (tmp_path / ".fsdp-supervisor").mkdir()
+    (tmp_path / ".fsdp-supervisor" / DIVERGENCE_FILE).write_text(json.dumps(
+        Open(25, 25, None, None, "nan", 1, since=22).to_json()))
+    assert top_cli.main(["checkpoints", "prune", "-c", str(cfg)]) == 0
+    assert "deleted step_00000005" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "ckpts").iterdir()) == ["step_00000010", "step_00000020",
+                                                                      "step_00000026"]
