@@ -82,6 +82,7 @@ class Core:
         self.hangs = Hangs(cfg, system, log, self.bus, self.status, refresh=self._on_heartbeat,
                            publish=self._publish_beat, loss=self._on_loss)
         self.guard = Guard(cfg, log, self.bus, self.status)  # the loss watched, rollbacks (daemon/divergence.py)
+        self.house.hold = self.guard.protected
         self._launch_pending = False
         self._scan_failures = 0  # consecutive passes that could not read the root when a launch waited on them
         self.token = ""  # the run dir's job token (supervisor/host/identity.py), set by `begin`

@@ -296,6 +296,20 @@ class TestRollback:
         assert fake.spawned[-1].argv[-3:] == [str(root / "step_00000120"), "--skip-steps", "31"]
         assert fake.spawned[-1].env["FSDP_SUPERVISOR_SKIP_STEPS"] == "31"
 
+    def test_a_supervisor_killed_before_marking_the_emergency_save_keeps_the_last_good_checkpoint(
+            self, tmp_path: Path) -> None:
+        """Killed after `diverged`, the job's emergency save (step 141) landed unmarked: keep_last = 1 would keep it
+        alone, but the next `run`'s first pass keeps 120, marks 141 and rolls back to 120."""
+        core, fake, log, root = diverging(tmp_path)
+        core.begin(None)
+        nan_beat(core, 130, 1.0)
+        nan_beat(core, 141)
+        write_checkpoint(root, 141)
+        again = Core(core.cfg, fake, log)
+        again.begin(core.status)
+        assert (root / "step_00000120").is_dir() and is_quarantined(root / "step_00000141")
+        assert fake.spawned[-1].argv[-3:] == [str(root / "step_00000120"), "--skip-steps", "31"]
+
 
 def test_a_rollback_s_skip_keeps_the_spare_agent_and_the_warm_workers() -> None:
     """FSDP_SUPERVISOR_SKIP_STEPS is set per launch and read by the job after the hand-off: a spare started before
