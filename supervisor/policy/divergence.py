@@ -48,7 +48,7 @@ class Diverged:
 
 
 class Detector:
-    """One attempt's loss watch (a new attempt starts a new one: a resumed run's losses need no history)."""
+    """One attempt's loss watch (a new attempt starts a new one, fed first the loss its resumed checkpoint recorded)."""
 
     def __init__(self, spike_factor: float, spike_patience: int) -> None:
         self.factor, self.patience = spike_factor, spike_patience

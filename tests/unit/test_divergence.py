@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -295,6 +296,25 @@ class TestRollback:
         again.begin(core.status)
         assert fake.spawned[-1].argv[-3:] == [str(root / "step_00000120"), "--skip-steps", "31"]
         assert fake.spawned[-1].env["FSDP_SUPERVISOR_SKIP_STEPS"] == "31"
+
+    def test_a_spike_that_outlasts_the_skip_is_found_again_after_the_rollback(self, tmp_path: Path) -> None:
+        """Bad data longer than the skip: the rolled-back attempt's first losses are the spike again. Its detector
+        starts from the loss the resumed checkpoint recorded (1.0), not from nothing (which would take the spike
+        for the level): a second `diverged`, and no save of it is a resume point."""
+        core, fake, log, root = diverging(tmp_path, keep_last=3)
+        shutil.rmtree(root / "step_00000120")
+        write_checkpoint(root, 120, metrics={"loss": 1.0})
+        core.begin(None)
+        for step in range(121, 131):
+            nan_beat(core, step, 1.0)
+        for step in range(131, 134):
+            nan_beat(core, step, 50.0)
+        exit_job(core, fake, 0)
+        fake.advance(0, core)
+        assert len(fake.spawned) == 2 and log.names().count("diverged") == 1
+        for step in range(141, 144):  # resumed at 120, 21 steps skipped: the spike goes on
+            nan_beat(core, step, 50.0)
+        assert log.names().count("diverged") == 2
 
     def test_a_supervisor_killed_before_marking_the_emergency_save_keeps_the_last_good_checkpoint(
             self, tmp_path: Path) -> None:
