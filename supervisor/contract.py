@@ -180,8 +180,11 @@ def parse_heartbeat(data: bytes) -> tuple[Beat | None, list[str]]:
 
 def _nonfinite(value: Any) -> str | None:
     """"nan"/"inf" for a diverged loss: the words (JSON has none), Python's NaN/Infinity, a number over _MAX_LOSS."""
-    if isinstance(value, str):
-        value = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}.get(value.lower())
+    if isinstance(value, str):  # also "Infinity" (JavaScript's word) and "1e999" (a number over the float range)
+        try:
+            value = float(value)
+        except ValueError:
+            return None
     if type(value) is int:
         value = math.inf if abs(value) > _MAX_LOSS else None
     if type(value) is not float or (math.isfinite(value) and abs(value) <= _MAX_LOSS):

@@ -38,6 +38,7 @@ from supervisor.config import MAX_GB
 from supervisor.errors import EXIT_NOT_OK, EXIT_OK, CheckpointError
 from supervisor.host.boot import wall_now
 from supervisor.observe.humanize import human_age, human_bytes, printable
+from supervisor.policy.divergence import Open, last_good
 
 __all__ = ["register", "info_json"]
 
@@ -150,6 +151,7 @@ class _Target:
     run_dir: Path | None = None  # where the trash may go when the root's parent cannot hold it
     local: Path | None = None  # the config's node-local tier
     local_keep: int = 1
+    diverged_since: int | None = None  # an open divergence (daemon/divergence.py): its saves from this step on
 
 
 def _target(args: argparse.Namespace) -> _Target:
@@ -164,7 +166,17 @@ def _target(args: argparse.Namespace) -> _Target:
     protect = (Path(status.resumed_from),) if status and status.resumed_from else ()
     ck = cfg.checkpoints
     local = resolved(ck.local_dir) if ck.local_dir is not None else None
-    return _Target(resolved(ck.dir), ck, protect, cfg.run_dir, local, ck.local_keep)
+    return _Target(resolved(ck.dir), ck, protect, cfg.run_dir, local, ck.local_keep, _diverged_since(cfg.run_dir))
+
+
+def _diverged_since(run_dir: Path) -> int | None:
+    from supervisor.daemon.divergence import DIVERGENCE_FILE
+
+    try:
+        op = Open.from_json(json.loads((run_dir / DIVERGENCE_FILE).read_bytes()[:4096]))
+    except (OSError, ValueError):  # none open (or not ours: the daemon says so)
+        return None
+    return op.onset_step if op.since is None else op.since
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -236,6 +248,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
 def _prune_root(root: Path, infos: list[CheckpointInfo], rules: RetentionRules, target: _Target, dry_run: bool,
                 tier: str) -> None:
     protect = {*target.protect, *in_use(root)}  # jobs started by any supervisor, on any host
+    if target.diverged_since is not None:  # as the daemon: the last good checkpoint and the keep_last good before it
+        protect |= {c.path for c in last_good(infos, target.diverged_since, 1 + rules.keep_last)}
     plan = plan_retention(infos, rules=rules, disk=disk_usage(root), protect=protect, now=wall_now())
     if dry_run:
         _print_plan(plan, None, tier)

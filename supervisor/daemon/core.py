@@ -82,6 +82,7 @@ class Core:
         self.hangs = Hangs(cfg, system, log, self.bus, self.status, refresh=self._on_heartbeat,
                            publish=self._publish_beat, loss=self._on_loss)
         self.guard = Guard(cfg, log, self.bus, self.status)  # the loss watched, rollbacks (daemon/divergence.py)
+        self.house.hold = self.guard.protected
         self._launch_pending = False
         self._scan_failures = 0  # consecutive passes that could not read the root when a launch waited on them
         self.token = ""  # the run dir's job token (supervisor/host/identity.py), set by `begin`
@@ -426,7 +427,8 @@ class Core:
         verdict = self.guard.verdict if self.guard.found and self.guard.found[0] == job.number else None
         if verdict is None:  # a rollback is no crash: no restart budget, no crash-loop count
             self.attempts.append(attempt)
-        failed = emergency_save_failure(job, latest_step=latest, disk_note=self.house.full_disk_note(job.low_free),
+        written = self.guard.written(self.house.last.checkpoints if self.house.last else [], latest)
+        failed = emergency_save_failure(job, latest_step=written, disk_note=self.house.full_disk_note(job.low_free),
                                         grace_s=self.cfg.health.stop_timeout_s) if job.stopping else None
         if failed:  # the history's record says so too: the real exit code, and why
             info.code, info.detail = job.returncode if job.returncode and job.returncode > 0 else info.code, failed

@@ -45,6 +45,7 @@ class Guard:
         self._lossless = 0  # beats of this attempt without a loss
         self.alive = False  # the attempt's process runs (Core clears it when the exit is seen)
         self.good: str | None = None  # the last good checkpoint of the open divergence, by the latest pass
+        self._seed: Beat | None = None  # the launch's resume point and the loss it recorded: the level to start from
         self._show()
 
     def _show(self) -> None:
@@ -76,6 +77,8 @@ class Guard:
         self.found, self.verdict, self._lossless, self.alive = None, None, 0, True
         off = self.cfg.action == "off"
         self._detector = None if off else Detector(self.cfg.spike_factor, self.cfg.spike_patience)
+        if self._detector is not None and self._seed is not None:  # a spike that outlasts a rollback's skip is
+            self._detector.feed(None, self._seed)  # one still: the resumed losses are no level of their own
 
     def feed(self, attempt: int, rank: int | None, beat: Beat) -> Diverged | None:
         """A new beat of `attempt`: the divergence it reveals (once per attempt), else None."""
@@ -151,6 +154,12 @@ class Guard:
         self.good = str(good[0].path) if good else None
         self._show()
 
+    def written(self, checkpoints: Sequence[CheckpointInfo], latest: int | None) -> int | None:
+        """The newest step saved, the diverged saves counted (written, though never resumed): whether a stop's
+        emergency save landed is judged by it."""
+        steps = [c.step for c in checkpoints if c.complete and c.step is not None and str(c.path) in self.marked]
+        return max([*steps, *([] if latest is None else [latest])], default=None)
+
     def protected(self, checkpoints: Sequence[CheckpointInfo]) -> list[Path]:
         """While a divergence is open: the last good checkpoint and the keep_last good ones before it."""
         op = self.open
@@ -165,6 +174,8 @@ class Guard:
         the markers on disk say what is diverged (one that could not be written: Core's unmarked set): a good save of
         the same step by this attempt replaces a diverged one (trainer/commit.py) and may be resumed."""
         self.marked = set()
+        loss = checkpoint.metrics.get("loss") if checkpoint is not None and checkpoint.step is not None else None
+        self._seed = None if loss is None or checkpoint is None else Beat(checkpoint.step or 0, loss=loss)
         if self.verdict != "rollback" or self.found is None or self.open is None:
             self.verdict = None
             return 0

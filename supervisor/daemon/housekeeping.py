@@ -135,6 +135,9 @@ class Housekeeper:
         self.local_root = resolved(cfg.checkpoints.local_dir) if cfg.checkpoints.local_dir is not None else None
         self.claim: RootClaim | TierClaims | None = None  # refreshed by every pass (set by the composition root)
         self.retention_stopped: str | None = None  # as of the last pass; said once when it changes
+        # More to protect, judged on each pass's own scan (the checkpoints an open divergence keeps: the first pass
+        # of a restarted supervisor has no earlier list to name them from). Set by Core: Guard.protected.
+        self.hold: Callable[[Sequence[store.CheckpointInfo]], list[Path]] | None = None
         self.cfg, self.log, self.now, self.monotonic = cfg, log, now, monotonic
         self._idle: dict[Path, tuple[float, float, float]] = {}  # unfinished save: (its mtime, idle then, monotonic then)
         self._idle_lock = threading.Lock()
@@ -190,6 +193,7 @@ class Housekeeper:
             durable = store.scan(self.root, verify_all=True)
             local = store.scan_local(self.local_root)
             found = store.merged(durable, local)
+            protect = [*protect, *self.hold(found)] if self.hold is not None else protect
             usable = [c for c in found if c.complete and not c.quarantined]
             verify, every = self.verify_launch, self.cfg.checkpoints.scrub_interval_s
             scrub = every > 0 and self.now() - self._scrubbed >= every

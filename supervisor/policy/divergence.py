@@ -7,7 +7,8 @@
   occasional noisy batch that a mean (or an EMA) would follow, and abnormal losses never enter it, so the level
   does not climb with the spike. The early fall of a run only lowers losses below the level (never a spike). Until
   `MIN_HISTORY` losses came the level is `spike_factor` x the highest of them (a spike must then be factor² over
-  it: a run that spikes at its second step is caught, and a noisy first batch is not taken for a level);
+  it: a run that spikes at its second step is caught, and a noisy first batch is not taken for a level). A loss
+  that is negative, or mostly exactly 0, is measured by `limit` on its own scale (a multiple of it means nothing);
 - `val_loss` is never watched: an evaluation going up slowly is overfitting, not divergence, and a NaN val_loss
   alone is not one either.
 The onset is the first beat of the abnormal stretch (a NaN after a spike began: the spike's first beat). Beats are
@@ -47,12 +48,13 @@ class Diverged:
 
 
 class Detector:
-    """One attempt's loss watch (a new attempt starts a new one: a resumed run's losses need no history)."""
+    """One attempt's loss watch (a new attempt starts a new one, fed first the loss its resumed checkpoint recorded)."""
 
     def __init__(self, spike_factor: float, spike_patience: int) -> None:
         self.factor, self.patience = spike_factor, spike_patience
         self._normal: deque[float] = deque(maxlen=WINDOW)
-        self._top: int | None = None  # the newest step whose loss is in `_normal`
+        self._steps: deque[int] = deque(maxlen=WINDOW)  # the steps of `_normal` (not the newest only: one beat
+        # that lies a huge step would freeze the level for the rest of the attempt)
         self._stretch: list[tuple[int, int | None, float]] = []  # the abnormal beats in a row: (step, rank, loss)
         self._last_normal: int | None = None  # the newest step seen with a normal loss
 
@@ -61,6 +63,20 @@ class Detector:
             return None
         return statistics.median(self._normal) if len(self._normal) >= MIN_HISTORY else max(self._normal) * self.factor
 
+    def limit(self) -> float | None:
+        """Above it a loss is abnormal: factor x the level for a positive one; measured from the level by its size,
+        or by the spread of the normal losses (their interquartile range) when larger, so that a negative loss, or
+        one whose median is 0 (most batches exactly 0), is judged on its own scale. None: no scale (all 0) yet."""
+        if not self._normal:
+            return None
+        if len(self._normal) < MIN_HISTORY:
+            top = max(self._normal)
+            return top + (self.factor ** 2 - 1) * abs(top) if top else None
+        q1, _, q3 = statistics.quantiles(self._normal, n=4)
+        median = statistics.median(self._normal)
+        scale = max(abs(median), q3 - q1)
+        return median + (self.factor - 1) * scale if scale else None
+
     def feed(self, rank: int | None, beat: Beat) -> Diverged | None:
         """Take one new beat; a `Diverged` when this beat makes the loss a divergence, else None."""
         if beat.loss_bad is not None:
@@ -68,16 +84,16 @@ class Detector:
         loss = beat.loss
         if loss is None:
             return None
-        level = self.level()
-        if level is None or loss <= self.factor * level:
+        level, limit = self.level(), self.limit()
+        if level is None or limit is None or loss <= limit:
             start = self._stretch[0][0] if self._stretch else None
             if start is not None and beat.step <= start:  # older news (a source read late): the stretch goes on
                 self._last_normal = max(beat.step, self._last_normal or 0) if beat.step < start else self._last_normal
                 return None
             self._stretch, self._last_normal = [], max(beat.step, self._last_normal or 0)
-            if self._top is None or beat.step > self._top:
+            if beat.step not in self._steps:
                 self._normal.append(loss)
-                self._top = beat.step
+                self._steps.append(beat.step)
             return None
         if not self._stretch or beat.step > self._stretch[-1][0]:
             self._stretch.append((beat.step, rank, loss))

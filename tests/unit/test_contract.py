@@ -58,6 +58,7 @@ class TestParseHeartbeat:
     @pytest.mark.parametrize("value,bad", [
         ("NaN", "nan"), ('"nan"', "nan"), ("Infinity", "inf"), ("-Infinity", "inf"), ('"-inf"', "inf"),
         ("1e999", "inf"), ("1e31", "inf"), ("9" * 400, "inf"), ('"INF"', "inf"), ("1e30", None), ("2.5", None),
+        ('"Infinity"', "inf"), ('"-Infinity"', "inf"), ('"1e999"', "inf"), ('"NaN"', "nan"),
     ])
     def test_a_non_finite_loss_is_said_not_dropped(self, value: str, bad: str | None) -> None:
         """A NaN or infinite loss (a diverged run) is no usable value but is no bad beat either: `loss_bad` says it."""

@@ -3,15 +3,17 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor.checkpoints.markers import is_quarantined, quarantine_reason
+from supervisor.checkpoints.markers import is_quarantined, quarantine, quarantine_reason
+from supervisor.cli import app as top_cli
 from supervisor.config import DivergenceSection
-from supervisor.contract import Beat
+from supervisor.contract import MAX_STEP, Beat
 from supervisor.daemon.core import Core
 from supervisor.daemon.divergence import DIVERGENCE_FILE
 from supervisor.policy.divergence import Detector, Diverged, Open, same_region, skip_steps
@@ -60,6 +62,8 @@ class TestDetector:
         ([(1, 1.0), (2, 1.0), (3, 9.0), (4, 9.0), (5, 9.0)], 3, 5, "spike"),
         ([(1, 1.0), (2, 1.0), (3, 9.0), (4, 9.0), (5, "nan")], 3, 5, "nan"),  # a NaN after a spike: the spike's onset
         ([(1, 1.0), (2, 9.0), (3, 1.0), (4, 9.0), (5, 9.0), (6, 9.0)], 4, 6, "spike"),  # a normal beat ends a stretch
+        ([(s, -5.0) for s in range(1, 20)] + [(20, 6.0), (21, 7.0), (22, 8.0)], 20, 22, "spike"),  # negative, then up
+        ([(s, 0.0 if s % 5 < 3 else 0.5) for s in range(1, 40)] + [(s, 3.0) for s in range(40, 43)], 40, 42, "spike"),
         (list(enumerate(LR30, 1)), 2, 4, "spike"),
         (list(enumerate(LR3000, 1)), 2, 4, "spike"),
     ])
@@ -74,6 +78,11 @@ class TestDetector:
         [(1, 1.0), (2, 9.0), (2, 9.0), (2, 9.0)],  # the same step thrice (node and ranks): one beat
         [(s, 6.0 - s / 100) for s in range(1, 400)],  # a fall
         [(1, 0.4), (2, 1.3), (3, 1.3), (4, 1.3), (5, 1.2)],  # a low first batch is no level to judge by
+        [(s, -5.0 + (0.3 if s % 3 else -0.3)) for s in range(1, 200)],  # a negative objective, noisy
+        [(s, -1.0 - s / 10) for s in range(1, 200)],  # a negative one falling
+        [(s, 1.0 - s / 50) for s in range(1, 200)],  # one that falls through 0
+        [(s, 0.0 if s % 5 < 3 else 0.5) for s in range(1, 400)],  # most batches exactly 0 (a hinge loss)
+        [(s, 0.0) for s in range(1, 50)],
     ])
     def test_not_found(self, losses: list[tuple[int, float | str]]) -> None:
         assert run(losses) is None
@@ -95,6 +104,18 @@ class TestDetector:
         for step in range(1, 50):
             assert d.feed(None, Beat(step, loss=1.0, val_loss=float(step))) is None
         assert d.feed(None, Beat(50, loss=1.0, val_loss=None)) is None  # a NaN val_loss is dropped by the contract
+
+    def test_one_beat_that_lies_a_huge_step_does_not_freeze_the_level(self) -> None:
+        """A rank writes the largest step the contract takes once: the level still follows the loss's fall after it,
+        and a 10x spike over the new level is found."""
+        d = Detector(3.0, 3)
+        for step in range(1, 60):
+            assert d.feed(None, Beat(step, loss=5.0)) is None
+        assert d.feed(1, Beat(MAX_STEP, loss=5.0)) is None
+        for step in range(60, 200):
+            assert d.feed(None, Beat(step, loss=1.0)) is None
+        found = [d.feed(None, Beat(step, loss=10.0)) for step in (200, 201, 202)][-1]
+        assert found is not None and (found.onset_step, found.why) == (200, "spike")
 
     def test_one_rank_s_nan_names_it(self) -> None:
         d = Detector(2.0, 3)
@@ -184,6 +205,21 @@ class TestRollback:
         assert "rolled_back" in log.names() and core.status.divergence is not None
         assert json.loads((core.run_dir / DIVERGENCE_FILE).read_text())["onset_step"] == 135
 
+    def test_a_diverged_emergency_save_is_no_failed_one(self, tmp_path: Path) -> None:
+        """The stop's emergency save was written (then marked diverged): no `emergency_save_failed`, although the
+        newest usable checkpoint is older than the step of its `save` beat (torchrun exits 1 on a relayed stop)."""
+        core, fake, log, root = diverging(tmp_path, keep_last=3)
+        core.begin(None)
+        nan_beat(core, 130, 1.0)
+        nan_beat(core, 131)
+        core.heartbeat_path.write_text(json.dumps({"step": 131, "time": 0, "phase": "save"}))
+        core.on_file_event(core.heartbeat_path)
+        write_checkpoint(root, 131)
+        exit_job(core, fake, 1)
+        fake.advance(0, core)
+        assert is_quarantined(root / "step_00000131") and len(fake.spawned) == 2
+        assert "emergency_save_failed" not in log.names()
+
     def test_a_save_between_the_last_normal_beat_and_the_first_bad_one_is_diverged(self, tmp_path: Path) -> None:
         """Normal at 130, a save at 140, the first bad beat seen at 145: 140 may hold the spike's first steps."""
         core, fake, _, root = diverging(tmp_path, keep_last=3)
@@ -261,6 +297,39 @@ class TestRollback:
         assert fake.spawned[-1].argv[-3:] == [str(root / "step_00000120"), "--skip-steps", "31"]
         assert fake.spawned[-1].env["FSDP_SUPERVISOR_SKIP_STEPS"] == "31"
 
+    def test_a_spike_that_outlasts_the_skip_is_found_again_after_the_rollback(self, tmp_path: Path) -> None:
+        """Bad data longer than the skip: the rolled-back attempt's first losses are the spike again. Its detector
+        starts from the loss the resumed checkpoint recorded (1.0), not from nothing (which would take the spike
+        for the level): a second `diverged`, and no save of it is a resume point."""
+        core, fake, log, root = diverging(tmp_path, keep_last=3)
+        shutil.rmtree(root / "step_00000120")
+        write_checkpoint(root, 120, metrics={"loss": 1.0})
+        core.begin(None)
+        for step in range(121, 131):
+            nan_beat(core, step, 1.0)
+        for step in range(131, 134):
+            nan_beat(core, step, 50.0)
+        exit_job(core, fake, 0)
+        fake.advance(0, core)
+        assert len(fake.spawned) == 2 and log.names().count("diverged") == 1
+        for step in range(141, 144):  # resumed at 120, 21 steps skipped: the spike goes on
+            nan_beat(core, step, 50.0)
+        assert log.names().count("diverged") == 2
+
+    def test_a_supervisor_killed_before_marking_the_emergency_save_keeps_the_last_good_checkpoint(
+            self, tmp_path: Path) -> None:
+        """Killed after `diverged`, the job's emergency save (step 141) landed unmarked: keep_last = 1 would keep it
+        alone, but the next `run`'s first pass keeps 120, marks 141 and rolls back to 120."""
+        core, fake, log, root = diverging(tmp_path)
+        core.begin(None)
+        nan_beat(core, 130, 1.0)
+        nan_beat(core, 141)
+        write_checkpoint(root, 141)
+        again = Core(core.cfg, fake, log)
+        again.begin(core.status)
+        assert (root / "step_00000120").is_dir() and is_quarantined(root / "step_00000141")
+        assert fake.spawned[-1].argv[-3:] == [str(root / "step_00000120"), "--skip-steps", "31"]
+
 
 def test_a_rollback_s_skip_keeps_the_spare_agent_and_the_warm_workers() -> None:
     """FSDP_SUPERVISOR_SKIP_STEPS is set per launch and read by the job after the hand-off: a spare started before
@@ -270,3 +339,20 @@ def test_a_rollback_s_skip_keeps_the_spare_agent_and_the_warm_workers() -> None:
 
     env = {"PATH": "/usr/bin", "FSDP_SUPERVISOR_SKIP_STEPS": "0"}
     assert stable_env({**env, "FSDP_SUPERVISOR_SKIP_STEPS": "31"}, VOLATILE_ENV) == stable_env(env, VOLATILE_ENV)
+
+
+def test_a_prune_by_hand_keeps_what_the_open_divergence_keeps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`checkpoints prune -c` while a divergence is open (onset 25, saves from 22 on diverged): keep_last = 1 would
+    keep step 20 only; the last good (20) and the keep_last good one before it (10) stay, as the daemon keeps them."""
+    cfg = tmp_path / "job.toml"
+    cfg.write_text('[job]\ncommand = ["true"]\n[checkpoints]\ndir = "ckpts"\nkeep_last = 1\n')
+    for step in (5, 10, 20, 26):
+        write_checkpoint(tmp_path / "ckpts", step)
+    quarantine(tmp_path / "ckpts" / "step_00000026", "diverged: after step 25")
+    (tmp_path / ".fsdp-supervisor").mkdir()
+    (tmp_path / ".fsdp-supervisor" / DIVERGENCE_FILE).write_text(json.dumps(
+        Open(25, 25, None, None, "nan", 1, since=22).to_json()))
+    assert top_cli.main(["checkpoints", "prune", "-c", str(cfg)]) == 0
+    assert "deleted step_00000005" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "ckpts").iterdir()) == ["step_00000010", "step_00000020",
+                                                                      "step_00000026"]
