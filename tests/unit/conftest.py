@@ -16,3 +16,10 @@ def _no_torch_in_process() -> Iterator[None]:
     yield
     if not before and "torch" in sys.modules:
         pytest.fail("this test imported torch: tests/unit runs without it, move the test to tests/integration/")
+
+
+@pytest.fixture
+def dcp_template() -> None:
+    """tests/conftest.py's template is written by torch in a subprocess: never in this tier (make pythons runs it
+    without torch). Write checkpoints with tests/jobs/dcp_files.py instead."""
+    pytest.fail("tests/unit cannot use dcp_template (torch in a subprocess): use tests/jobs/dcp_files.write_checkpoint")

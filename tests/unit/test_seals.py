@@ -28,6 +28,17 @@ def _flip(path: Path, offset: int) -> None:
 
 
 @pytest.fixture
+def make_checkpoint() -> Callable[[Path, str], Path]:
+    """A plain DCP dir (no manifest: the supervisor seals it), written without torch: the unit tier runs in venvs
+    without it (conftest's `make_checkpoint` copies one torch wrote, for the integration tier)."""
+
+    def make(root: Path, name: str) -> Path:
+        return write_checkpoint(root, int(name.rsplit("_", 1)[1]), name=name, manifest=False)
+
+    return make
+
+
+@pytest.fixture
 def plain(tmp_path: Path, make_checkpoint: Callable[[Path, str], Path]) -> tuple[Path, Path]:
     root = tmp_path / "ckpts"
     return root, make_checkpoint(root, "step_10")
