@@ -68,7 +68,7 @@ MAX_COUNT = 1_000_000
 MAX_LOG_BYTES = 2**40
 # What `{name}` in resume_args may be: the supervisor substitutes these (skip_steps: the divergence rollback's).
 PLACEHOLDERS = ("checkpoint", "step", "skip_steps")
-_PLACEHOLDER = re.compile(r"\{(\w*)\}")
+_PLACEHOLDER = re.compile(r"\{\s*([\w.-]*)\s*(?:![rsa])?(?::[^{}\s]*)?\}")  # {name}, { name }, {step:06d}, {x!r}
 # torch's own modules that every FSDP + DCP job imports, DCP and FSDP at its start and torch._dynamo at its first
 # fully_shard (together ~1.5 s per rank here, ~80 MB): none touches a GPU or reads a per-rank variable at import.
 DEFAULT_PREWARM_MODULES = ("torch.distributed.checkpoint", "torch.distributed.fsdp", "torch._dynamo")
@@ -155,10 +155,10 @@ class JobSection(_Section):
     @field_validator("resume_args")
     @classmethod
     def _resume_args_text(cls, v: list[str]) -> list[str]:
-        for name in (m.group(1) for arg in v for m in _PLACEHOLDER.finditer(arg)):
-            if name not in PLACEHOLDERS:
+        for whole, name in ((m.group(0), m.group(1)) for arg in v for m in _PLACEHOLDER.finditer(arg)):
+            if name not in PLACEHOLDERS or whole != f"{{{name}}}":  # replaced as is: no spaces, spec, conversion
                 near = _close(name.lower(), PLACEHOLDERS) or next((p for p in PLACEHOLDERS if _abbreviates(name, p)), None)
-                raise ValueError(f"{{{name}}} is not a placeholder" + (f" (did you mean {{{near}}}?)" if near else "")
+                raise ValueError(f"{whole} is not a placeholder" + (f" (did you mean {{{near}}}?)" if near else "")
                                  + "; known: " + ", ".join(f"{{{p}}}" for p in PLACEHOLDERS))
         return _no_nul(v, "element")
 

@@ -284,6 +284,12 @@ class TestPlaceholders:
         ('["--load_step={Step}"]', "{Step} is not a placeholder (did you mean {step}?)"),
         ('["--skip={skip_step}"]', "(did you mean {skip_steps}?)"),
         ('["--x", "{}"]', "{} is not a placeholder; known"),
+        # substituted as is (str.replace, not str.format): a spec, a conversion or spaces reached the job verbatim
+        ('["--from=step_{step:06d}"]', "{step:06d} is not a placeholder (did you mean {step}?)"),
+        ('["--r", "{checkpoint!r}"]', "{checkpoint!r} is not a placeholder (did you mean {checkpoint}?)"),
+        ('["--r", "{checkpoint:>10}"]', "{checkpoint:>10} is not a placeholder (did you mean {checkpoint}?)"),
+        ('["--r", "{ checkpoint }"]', "{ checkpoint } is not a placeholder (did you mean {checkpoint}?)"),
+        ('["--r", "{check-point}"]', "{check-point} is not a placeholder (did you mean {checkpoint}?)"),
     ])
     def test_unknown_placeholder(self, tmp_path: Path, args: str, needle: str) -> None:
         with pytest.raises(ConfigError) as ei:
@@ -292,6 +298,7 @@ class TestPlaceholders:
 
     def test_known_placeholders_and_other_braces_pass(self, tmp_path: Path) -> None:
         """{checkpoint}, {step}, {skip_steps} and braces that are no placeholder (JSON) are accepted."""
-        args = '["--resume", "{checkpoint}", "--step={step}", "--skip", "{skip_steps}", "--cfg", "{\\"a\\": 1}"]'
+        args = ('["--resume", "{checkpoint}", "--step={step}", "--skip", "{skip_steps}", "--cfg", "{\\"a\\": 1}", '
+                '"{ \\"b\\": 2 }", "{a: 1}", "{"]')
         cfg = load_config(write(tmp_path, MINIMAL.replace("[checkpoints]", f"resume_args = {args}\n[checkpoints]")))
-        assert cfg.job.resume_args[-1] == '{"a": 1}'
+        assert cfg.job.resume_args[-4:] == ['{"a": 1}', '{ "b": 2 }', "{a: 1}", "{"]
