@@ -42,7 +42,8 @@ def find_checkpoints(starts: Sequence[Path], *, exclude: Sequence[Path], since: 
             continue
         seen.add(here)
         with contextlib.suppress(OSError, CheckpointError):
-            if os.stat(os.path.join(here, ".metadata")).st_mtime >= since and verify(here).complete:
+            meta = os.stat(os.path.join(here, ".metadata"))  # ours: another user's (in /tmp, say) is no reason to stop
+            if meta.st_mtime >= since and meta.st_uid == os.geteuid() and verify(here).complete:
                 found.append(Path(here))
                 continue
         with contextlib.suppress(OSError), os.scandir(here) as it:
@@ -57,8 +58,9 @@ def find_checkpoints(starts: Sequence[Path], *, exclude: Sequence[Path], since: 
 
 
 def _is_dir(entry: os.DirEntry[str]) -> bool:
+    """A dir, or our own symlink to one (`ckpts -> /scratch/ckpts`; realpath and `seen` stop loops)."""
     with contextlib.suppress(OSError):
-        return entry.is_dir()  # a symlink to a dir too (`ckpts -> /scratch/ckpts`); realpath and `seen` stop loops
+        return entry.is_dir() and (not entry.is_symlink() or entry.stat(follow_symlinks=False).st_uid == os.geteuid())
     return False
 
 

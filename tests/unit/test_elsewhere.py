@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from supervisor.contract import Beat, Phase
 from supervisor.daemon import elsewhere
 from supervisor.daemon.elsewhere import Elsewhere, find_checkpoints, named_dirs
@@ -47,6 +49,20 @@ class TestFind:
         (tmp_path / "out").mkdir()
         argv = ["torchrun", "train.py", "--ckpt-dir", "ckpts", "--out=out", "--lr", "0.1", "missing"]
         assert named_dirs(tmp_path, argv) == [tmp_path / "ckpts", tmp_path / "out", tmp_path]
+
+    @pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+    def test_another_users_checkpoints_and_symlinks_are_not_ours(self, tmp_path: Path) -> None:
+        """A dir argv names may be shared (`--tmp /tmp`): a complete checkpoint another user planted there made the
+        job's relaunch exit 3 (a denial of service); their symlink is not followed either."""
+        planted = write_checkpoint(tmp_path / "shared" / "fake", 1)
+        os.chown(planted / ".metadata", 65534, 65534)
+        (tmp_path / "mine").mkdir()
+        write_checkpoint(tmp_path / "private", 2)
+        (tmp_path / "shared" / "link").symlink_to(tmp_path / "private")
+        os.chown(tmp_path / "shared" / "link", 65534, 65534, follow_symlinks=False)
+        assert find_checkpoints([tmp_path / "shared"], exclude=[], since=0) == []
+        os.chown(planted / ".metadata", os.geteuid(), os.getegid())
+        assert find_checkpoints([tmp_path / "shared"], exclude=[], since=0) == [planted]
 
     def test_files_beside_cost_no_budget(self, tmp_path: Path) -> None:
         """50,000 files in the working directory (a data dir, logs) neither hide `ckpts/` below it nor the dir argv
