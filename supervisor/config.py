@@ -11,6 +11,7 @@ checked by `supervisor.daemon.preflight` before `run` creates anything.
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import os
 import re
@@ -478,6 +479,20 @@ def _table_keys(loc: tuple[int | str, ...]) -> list[str]:
     return [name for name in getattr(model, "model_fields", {}) if (model, name) != (Config, "path")]
 
 
+def _not_a_number(raw: dict[str, Any], loc: tuple[str, ...] = ()) -> tuple[tuple[str, ...], Any] | None:
+    """The first boolean or string given for a number (`keep_last = true`, `backoff_max_s = "30"`: pydantic took
+    them as 1 and 30) and where, or None."""
+    for key, value in raw.items():
+        if isinstance(value, dict):
+            if (found := _not_a_number(value, (*loc, key))) is not None:
+                return found
+        elif isinstance(value, (bool, str)) and (field := getattr(_table(loc), "model_fields", {}).get(key)):
+            kinds = typing.get_args(field.annotation) or (field.annotation,)
+            if {int, float} & set(kinds) and set(kinds) <= {int, float, type(None)}:  # not `float | "auto"`
+                return (*loc, key), value
+    return None
+
+
 def _range(loc: tuple[int | str, ...]) -> str:
     """`[lo, hi]` of the number at `loc` (a bracket is open where the bound is exclusive), from its field."""
     field = getattr(_table(loc[:-1]), "model_fields", {}).get(loc[-1])
@@ -526,6 +541,8 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     if isinstance(sup, dict):
         sup["run_dir"] = _resolve(base, sup.get("run_dir", ".fsdp-supervisor"))
     raw["path"] = p
+    if (wrong := _not_a_number(raw)) is not None:
+        raise ConfigError(f"{p}: [{'.'.join(wrong[0])}] = {json.dumps(wrong[1])} is not a number (TOML: 30, 1.5)")
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as exc:

@@ -275,6 +275,19 @@ class TestRanges:
         assert needle in str(ei.value), str(ei.value)
 
 
+@pytest.mark.parametrize(("text", "needle"), [
+    ("[restart]\nbackoff_max_s = true\n", '[restart.backoff_max_s] = true is not a number'),
+    ("[restart]\nmax_restarts = false\n", '[restart.max_restarts] = false is not a number'),
+    ('[restart]\nmax_restarts = "30"\n', '[restart.max_restarts] = "30" is not a number'),
+    ('[health]\nstop_timeout_s = "60"\n', '[health.stop_timeout_s] = "60" is not a number'),
+])
+def test_a_boolean_or_a_string_for_a_number_is_exit_2(tmp_path: Path, text: str, needle: str) -> None:
+    """Issue 35 item 2 (outside attack): pydantic took `true` as 1 and `"30"` as 30 without a word."""
+    with pytest.raises(ConfigError) as ei:
+        load_config(write(tmp_path, MINIMAL + text))
+    assert needle in str(ei.value) and "\n" not in str(ei.value), str(ei.value)
+
+
 class TestPlaceholders:
     """Issue 35 item 2: a `{name}` the supervisor does not substitute is exit 2 with a did-you-mean."""
 
