@@ -65,9 +65,9 @@ class TestFind:
         assert find_checkpoints([tmp_path / "shared"], exclude=[], since=0) == [planted]
 
     def test_files_beside_cost_no_budget(self, tmp_path: Path) -> None:
-        """50,000 files in the working directory (a data dir, logs) neither hide `ckpts/` below it nor the dir argv
-        names (the bound is on directories looked into: it spent 20,000 entries on the files and stopped)."""
-        for i in range(50_000):
+        """More files in the working directory than the budget (a data dir, logs) neither hide `ckpts/` below it nor
+        the dir argv names (the bound is on directories looked into: it spent 20,000 entries on files and stopped)."""
+        for i in range(elsewhere.MAX_ENTRIES + 5_000):
             (tmp_path / f"sample-{i:05d}.txt").touch()
         mine = write_checkpoint(tmp_path / "ckpts", 2, name="epoch_2")
         assert find_checkpoints(named_dirs(tmp_path, ["torchrun", "train.py"]), exclude=[], since=0) == [mine]
