@@ -11,6 +11,7 @@ checked by `supervisor.daemon.preflight` before `run` creates anything.
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import os
 import re
@@ -68,7 +69,7 @@ MAX_COUNT = 1_000_000
 MAX_LOG_BYTES = 2**40
 # What `{name}` in resume_args may be: the supervisor substitutes these (skip_steps: the divergence rollback's).
 PLACEHOLDERS = ("checkpoint", "step", "skip_steps")
-_PLACEHOLDER = re.compile(r"\{(\w*)\}")
+_PLACEHOLDER = re.compile(r"\{\s*([\w.-]*)\s*(?:![rsa])?(?::[^{}\s]*)?\}")  # {name}, { name }, {step:06d}, {x!r}
 # torch's own modules that every FSDP + DCP job imports, DCP and FSDP at its start and torch._dynamo at its first
 # fully_shard (together ~1.5 s per rank here, ~80 MB): none touches a GPU or reads a per-rank variable at import.
 DEFAULT_PREWARM_MODULES = ("torch.distributed.checkpoint", "torch.distributed.fsdp", "torch._dynamo")
@@ -155,10 +156,10 @@ class JobSection(_Section):
     @field_validator("resume_args")
     @classmethod
     def _resume_args_text(cls, v: list[str]) -> list[str]:
-        for name in (m.group(1) for arg in v for m in _PLACEHOLDER.finditer(arg)):
-            if name not in PLACEHOLDERS:
+        for whole, name in ((m.group(0), m.group(1)) for arg in v for m in _PLACEHOLDER.finditer(arg)):
+            if name not in PLACEHOLDERS or whole != f"{{{name}}}":  # replaced as is: no spaces, spec, conversion
                 near = _close(name.lower(), PLACEHOLDERS) or next((p for p in PLACEHOLDERS if _abbreviates(name, p)), None)
-                raise ValueError(f"{{{name}}} is not a placeholder" + (f" (did you mean {{{near}}}?)" if near else "")
+                raise ValueError(f"{whole} is not a placeholder" + (f" (did you mean {{{near}}}?)" if near else "")
                                  + "; known: " + ", ".join(f"{{{p}}}" for p in PLACEHOLDERS))
         return _no_nul(v, "element")
 
@@ -484,6 +485,20 @@ def _table_keys(loc: tuple[int | str, ...]) -> list[str]:
     return [name for name in getattr(model, "model_fields", {}) if (model, name) != (Config, "path")]
 
 
+def _not_a_number(raw: dict[str, Any], loc: tuple[str, ...] = ()) -> tuple[tuple[str, ...], Any] | None:
+    """The first boolean or string given for a number (`keep_last = true`, `backoff_max_s = "30"`: pydantic took
+    them as 1 and 30) and where, or None."""
+    for key, value in raw.items():
+        if isinstance(value, dict):
+            if (found := _not_a_number(value, (*loc, key))) is not None:
+                return found
+        elif isinstance(value, (bool, str)) and (field := getattr(_table(loc), "model_fields", {}).get(key)):
+            kinds = typing.get_args(field.annotation) or (field.annotation,)
+            if {int, float} & set(kinds) and set(kinds) <= {int, float, type(None)}:  # not `float | "auto"`
+                return (*loc, key), value
+    return None
+
+
 def _range(loc: tuple[int | str, ...]) -> str:
     """`[lo, hi]` of the number at `loc` (a bracket is open where the bound is exclusive), from its field."""
     field = getattr(_table(loc[:-1]), "model_fields", {}).get(loc[-1])
@@ -532,6 +547,8 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     if isinstance(sup, dict):
         sup["run_dir"] = _resolve(base, sup.get("run_dir", ".fsdp-supervisor"))
     raw["path"] = p
+    if (wrong := _not_a_number(raw)) is not None:
+        raise ConfigError(f"{p}: [{'.'.join(wrong[0])}] = {json.dumps(wrong[1])} is not a number (TOML: 30, 1.5)")
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as exc:

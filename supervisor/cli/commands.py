@@ -19,6 +19,7 @@ from supervisor.host.regularfile import open_regular
 from supervisor.host.runlock import LOCK_FILE, RunLock
 from supervisor.observe.eventlog import LOG_FILE, render_line
 from supervisor.observe.lines import LineSplitter, tail_lines
+from supervisor.observe.redact import redact_argv, scrub, secret_values
 from supervisor.observe.sanitize import visible
 from supervisor.observe.statusview import render_status
 from supervisor.policy.state import Status
@@ -133,6 +134,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         doc = status.to_json() if status else {}
         doc["supervisor_running"] = holder is not None
+        if doc.get("job_cmdline"):  # state.json keeps it exactly (an orphan's identity); what is shown is masked
+            doc["job_cmdline"] = scrub(redact_argv(doc["job_cmdline"]), secret_values({**os.environ, **cfg.job.env}, []))
         print(json.dumps(doc, indent=2, sort_keys=True))
         return rc
     if status is None:

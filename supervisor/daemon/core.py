@@ -42,7 +42,7 @@ from supervisor.daemon.timers import Timer, TimerKey
 from supervisor.errors import EXIT_GAVE_UP, EXIT_OK, EXIT_SUPERVISOR_FAILED, CheckpointError
 from supervisor.host.identity import run_token
 from supervisor.host.log import Log
-from supervisor.observe.redact import redact_argv
+from supervisor.observe.redact import redact_argv, scrub, secret_values
 from supervisor.policy import restarts, resume
 from supervisor.policy.attempt import Job, apply_beat, job_env, named_by_beat
 from supervisor.policy.exits import classify_exit
@@ -93,6 +93,7 @@ class Core:
         self.files = AttemptFiles(cfg, system, log)  # the attempt's error file and bounded log
         roots = [cfg.checkpoints.dir, *filter(None, [cfg.checkpoints.local_dir]), cfg.run_dir]
         self.elsewhere = Elsewhere(cfg.job_cwd, cfg.job.command, roots, since=system.now())  # saves outside the root
+        self.secrets = secret_values({**os.environ, **cfg.job.env}, [*cfg.job.command, *cfg.job.resume_args])
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     def begin(self, previous: Status | None) -> None:
@@ -399,6 +400,7 @@ class Core:
             oom_before=job.oom_before, oom_after=self.sys.oom_kills() if returncode else None,
             cause=root_cause(job.error_file, job.log_path) if returncode else None,
         )
+        info.detail, info.last_output = scrub(info.detail, self.secrets), scrub(info.last_output, self.secrets)  # job text
         note = self.house.full_disk_note(job.low_free) if returncode else None
         if note:  # the likeliest cause, whatever the job's own error says
             info.detail = f"{info.detail}; {note}" if info.detail else note

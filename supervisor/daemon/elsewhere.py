@@ -29,38 +29,46 @@ SAVES_WITHOUT_COMMIT, IDLE_WITHOUT_BEATS_S = 3, 1800.0
 
 
 def find_checkpoints(starts: Sequence[Path], *, exclude: Sequence[Path], since: float) -> list[Path]:
-    """Complete DCP dirs (a `.metadata` no older than `since`) under `starts`, none inside `exclude` (bounded)."""
+    """Complete DCP dirs (a `.metadata` no older than `since`) under `starts`, none inside `exclude` (bounded: the
+    directories looked into, the depth and the time; files beside them cost no budget, symlinked dirs are followed)."""
     skip = [os.path.realpath(p).rstrip(os.sep) for p in exclude]
     deadline, entries, found = time.monotonic() + MAX_SECONDS, 0, []
-    queue = [(os.path.realpath(p), 0) for p in dict.fromkeys(starts)]
+    queue = [(str(p), 0) for p in dict.fromkeys(starts)]
     seen: set[str] = set()
     while queue and entries < MAX_ENTRIES and time.monotonic() < deadline:
         here, depth = queue.pop(0)
+        here = os.path.realpath(here)
         if here in seen or any(here == r or here.startswith(r + os.sep) for r in skip):
             continue
         seen.add(here)
         with contextlib.suppress(OSError, CheckpointError):
-            if os.stat(os.path.join(here, ".metadata")).st_mtime >= since and verify(here).complete:
+            meta = os.stat(os.path.join(here, ".metadata"))  # ours: another user's (in /tmp, say) is no reason to stop
+            if meta.st_mtime >= since and meta.st_uid == os.geteuid() and verify(here).complete:
                 found.append(Path(here))
                 continue
-        try:
-            with os.scandir(here) as it:
-                for entry in it:
+        with contextlib.suppress(OSError), os.scandir(here) as it:
+            for entry in it:
+                skipped = entry.name in _SKIP or is_sidecar_name(entry.name)  # our trash holds checkpoints
+                if depth < MAX_DEPTH and not skipped and _is_dir(entry):
                     entries += 1
-                    skipped = entry.name in _SKIP or is_sidecar_name(entry.name)  # our trash holds checkpoints
-                    if depth < MAX_DEPTH and not skipped and entry.is_dir(follow_symlinks=False):
-                        queue.append((entry.path, depth + 1))
-                    if entries >= MAX_ENTRIES:
-                        break
-        except OSError:
-            continue
+                    queue.append((entry.path, depth + 1))
+                if entries >= MAX_ENTRIES or time.monotonic() >= deadline:
+                    break
     return found
+
+
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    """A dir, or our own symlink to one (`ckpts -> /scratch/ckpts`; realpath and `seen` stop loops)."""
+    with contextlib.suppress(OSError):
+        return entry.is_dir() and (not entry.is_symlink() or entry.stat(follow_symlinks=False).st_uid == os.geteuid())
+    return False
 
 
 def named_dirs(cwd: Path, argv: Sequence[str]) -> list[Path]:
     """The job's working directory and the directories its arguments name (`--out ckpts`, `--out=ckpts`)."""
     values = [a.split("=", 1)[1] if a.startswith("-") and "=" in a else a for a in argv[1:]]
-    return [cwd, *(cwd / v for v in values if v and not v.startswith("-") and (cwd / v).is_dir())]
+    named = [cwd / v for v in values if v and not v.startswith("-") and (cwd / v).is_dir()]
+    return [*named, cwd]  # the named ones first: a crowded working directory cannot spend their budget
 
 
 class Elsewhere:

@@ -30,6 +30,7 @@ not exist is an empty tier (a tmpfs after a reboot): the durable root alone deci
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import stat
@@ -373,12 +374,15 @@ class Housekeeper:
         return best_checkpoint(self.last.checkpoints, self.cfg.checkpoints.keep_best)
 
     def full_disk_note(self, low_free: int | None = None) -> str | None:
-        """A note for a failed attempt when the checkpoint file system cannot hold one more checkpoint.
+        """A note for a failed attempt when the checkpoint file system cannot hold one more checkpoint (or is read-only).
 
         A save that hits ENOSPC does not always say so: torch's zip writer reports it as "unexpected pos".
         `low_free` is the least free space a pass saw during the attempt: retention may have freed space
         between the failed save and the exit.
         """
+        with contextlib.suppress(OSError):  # remount,ro: the save's EROFS is in the workers' output only
+            if os.statvfs(self.root).f_flag & os.ST_RDONLY:
+                return f"checkpoint root {self.root} is on a read-only file system"
         if self.latest is None:
             return None
         try:

@@ -318,16 +318,20 @@ def make_dirs(cfg: Config) -> None:
         roots = [(key, path, 0o750) for key, path in _dirs(cfg)[1:]]
         for key, path, mode in (("supervisor.run_dir", cfg.run_dir, 0o700),
                                 ("supervisor.run_dir", cfg.run_dir / "logs", 0o700), *roots):
-            for d in _missing(path):
-                try:
-                    d.mkdir(mode=mode if d == path else 0o750)
-                except FileExistsError:
-                    continue
-                except OSError as exc:
-                    raise ConfigError(f"{cfg.path}: [{key}] cannot create {d}: {exc.strerror or exc}") from None
-                created.append(d)
-            if not path.is_dir():
-                raise ConfigError(f"{cfg.path}: [{key}] {path} is not a directory")
+            try:
+                for d in _missing(path):
+                    try:
+                        d.mkdir(mode=mode if d == path else 0o750)
+                    except FileExistsError:
+                        continue
+                    except OSError as exc:
+                        raise ConfigError(f"{cfg.path}: [{key}] cannot create {d}: {exc.strerror or exc}") from None
+                    created.append(d)
+                if not path.is_dir():
+                    raise ConfigError(f"{cfg.path}: [{key}] {path} is not a directory")
+            except ConfigError:
+                if key != "checkpoints.local_dir":  # the local tier is an optimisation: `run` warns (tier_problem)
+                    raise
         for d in (cfg.run_dir, cfg.run_dir / "logs", cfg.run_dir / "errors"):
             _owner_only(d)
         _check_run_dir(cfg)  # again, now that nobody else may write in it: made (or planted) since the check

@@ -407,9 +407,10 @@ class HistoryRecorder:
         now = self.now()
         goodput = fold.goodput(now)
         status.goodput = None if goodput is None else round(goodput, 4)
-        status.goodput_parts = {k: round(v, 3) for k, v in fold.parts(now).items()}
+        parts = {k: round(v, 3) for k, v in fold.parts(now).items()}  # without beats only the wall time is known
+        status.goodput_parts = parts if goodput is not None else {k: v for k, v in parts.items() if k == "wall_s"}
         status.loss_recent = list(fold.recent_loss)
         status.restart_latency_s = [round(x, 3) for x in fold.restart_latency_s]
         status.steps_lost = list(fold.steps_lost)
-        status.time_lost_s = fold.time_lost_totals()
+        status.time_lost_s = fold.time_lost_totals() if fold.last_step is not None else {}  # unknown: left out
         status.last_failure = fold.losses[-1].to_json() if fold.losses else None

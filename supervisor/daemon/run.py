@@ -84,6 +84,8 @@ def run(cfg: Config) -> int:
         if (tier := preflight.tier_problem(cfg)) is not None:  # training goes on with durable saves only
             core.status.local_tier = f"degraded: {tier}"
             log.warning("local_tier_unusable", dir=str(cfg.checkpoints.local_dir), reason=tier)
+            if not core.house.local_root or not core.house.local_root.is_dir():  # a file, or none: nothing to watch
+                core.house.local_root = None  # or scan (a scan's "not a directory" gave up: exit 3)
         core.house.check_retention()  # a root whose deletions cannot be parked: said now, before the first pass
         echo = Echo(console) if console.tty else None
         # The job's output dir is watched only to echo it: each line the job logs would wake us otherwise. The root

@@ -7,6 +7,7 @@ edit, a newer version): each field is read by type, and one that does not fit co
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,24 +117,26 @@ class Summary:
     time_lost_s: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
+        """Times that only beats measure are null for a job without them (the HTML page's `unknown`), never 0."""
+        t: Callable[[float], float | None] = (lambda v: None) if self.last_step is None else (lambda v: round(v, 3))
         return {
             "attempts": self.attempts,
             "failures": self.failures,
             "wall_s": round(self.wall_s, 3),
-            "productive_s": round(self.productive_s, 3),
+            "productive_s": t(self.productive_s),
             "goodput": None if self.goodput is None else round(self.goodput, 4),
             "restart_latency_s": [round(x, 3) for x in self.restart_latency_s],
             "steps_lost": list(self.steps_lost),
-            "checkpoint_overhead_s": round(self.checkpoint_overhead_s, 3),
-            "startup_s": round(self.startup_s, 3),
-            "restart_s": round(self.restart_s, 3),
-            "lost_s": round(self.lost_s, 3),
-            "other_s": round(self.other_s, 3),
+            "checkpoint_overhead_s": t(self.checkpoint_overhead_s),
+            "startup_s": t(self.startup_s),
+            "restart_s": t(self.restart_s),
+            "lost_s": t(self.lost_s),
+            "other_s": t(self.other_s),
             "exit_reasons": dict(sorted(self.exit_reasons.items())),
             "checkpoints_committed": self.checkpoints_committed,
             "quarantines": self.quarantines,
             "sessions": self.sessions,
             "last_step": self.last_step,
             "losses": [loss.to_json() for loss in self.losses],
-            "time_lost_s": {k: round(v, 3) for k, v in self.time_lost_s.items()},
+            "time_lost_s": {k: t(v) for k, v in self.time_lost_s.items()},
         }

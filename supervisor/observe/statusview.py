@@ -77,8 +77,11 @@ def _failure_row(st: Status) -> str | None:
         text += f": {lost} steps lost (reached {reached}, resumed from {resumed})"
     seconds = f.get("time_lost_s") or {}
     known = [(label, seconds[k]) for k, label in _LOSS_PARTS if isinstance(seconds.get(k), (int, float))]
+    unknown = [label for k, label in _LOSS_PARTS if k in seconds and seconds[k] is None]  # no beats measured them
     if known:
-        text += f"; {sum(v for _, v in known):.1f} s lost: " + ", ".join(f"{label} {v:.1f}" for label, v in known)
+        total = f"time lost unknown ({', '.join(unknown)} not measured)" if unknown else \
+            f"{sum(v for _, v in known):.1f} s lost"
+        text += f"; {total}: " + ", ".join(f"{label} {v:.1f}" for label, v in known)
     return text
 
 

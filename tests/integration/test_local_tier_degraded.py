@@ -38,14 +38,15 @@ def shm(tmp_path: Path) -> Iterator[Path]:
             subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-def _run(tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], str, str]:
+def _run(tmp_path: Path, local: str = "shm/ckpts") -> tuple[subprocess.CompletedProcess[str], str, str]:
     """`run` of the reference trainer, saving to the local tier every 2 steps, durable every 6: (result, log, job's)."""
     cmd = [*TORCHRUN, "-m", "trainer", "--checkpoint-dir", str(tmp_path / "ckpts"), "--steps", "12", "--save-every", "6",
            "--local-save-every", "2", "--seed", "7", "--log-every", "1"]
     cfg = tmp_path / "job.toml"
     cfg.write_text(f"[job]\ncommand = {json.dumps(cmd)}\ncwd = {json.dumps(str(REPO))}\n"
-                   'env = { OMP_NUM_THREADS = "1" }\n\n[checkpoints]\ndir = "ckpts"\nlocal_dir = "shm/ckpts"\n'
-                   "keep_last = 10\n[restart]\nmax_no_progress_restarts = 1\n[health]\nstop_timeout_s = 20\n")
+                   'env = { OMP_NUM_THREADS = "1" }\n\n[checkpoints]\ndir = "ckpts"\n'
+                   f"local_dir = {json.dumps(local)}\nkeep_last = 10\n"
+                   "[restart]\nmax_no_progress_restarts = 1\n[health]\nstop_timeout_s = 20\n")
     r = cli("run", "-c", str(cfg), timeout=400)
     run_dir = tmp_path / ".fsdp-supervisor"
     job = "".join(p.read_text() for p in sorted((run_dir / "logs").glob("attempt-*.log")))
@@ -77,4 +78,18 @@ def test_a_read_only_tier_is_a_warning_not_an_exit_2(tmp_path: Path, shm: Path) 
     assert "event=local_tier_unusable" in job and "local_tier_unusable" in log, (job[-2000:], log[-2000:])
     state = json.loads((tmp_path / ".fsdp-supervisor" / "state.json").read_text())
     assert state["local_tier"].startswith("degraded: ") and "not writable" in state["local_tier"], state
+    assert sorted(c.step for c in scan(tmp_path / "ckpts") if c.complete) == [6, 12]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("local", ["tierfile", "shm/new/ckpts"])
+def test_a_tier_that_is_a_file_or_cannot_be_created_is_a_warning(tmp_path: Path, shm: Path, local: str) -> None:
+    """A file where the tier should be, or a tier dir that a read-only tmpfs cannot make: `run` made them exit 2
+    (make_dirs), although a read-only tier that exists was only a warning."""
+    (tmp_path / "tierfile").write_text("not a dir")
+    subprocess.run(["mount", "-o", "remount,ro", str(shm)], check=True, capture_output=True, timeout=30)
+    r, log, job = _run(tmp_path, local)
+    assert r.returncode == 0, r.stderr[-3000:] + job[-3000:]
+    state = json.loads((tmp_path / ".fsdp-supervisor" / "state.json").read_text())
+    assert state["local_tier"].startswith("degraded: ") and "local_tier_unusable" in log, state
     assert sorted(c.step for c in scan(tmp_path / "ckpts") if c.complete) == [6, 12]

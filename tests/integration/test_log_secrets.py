@@ -49,3 +49,22 @@ def test_supervisor_failed_logs_no_secret(tmp_path: Path, where: str) -> None:
     assert p.returncode == 1 and len(failed) == 1, p.stdout + p.stderr + log
     assert failed[0]["exception"][0]["frames"] and all("locals" not in f for f in failed[0]["exception"][0]["frames"])
     assert TOKEN not in log + p.stdout + p.stderr and KEY not in log + p.stdout + p.stderr, log
+
+
+def test_the_jobs_own_traceback_quoting_a_secret(tmp_path: Path) -> None:
+    """A job whose exception quotes its `[job] env` token and its `--api-key`: the exit's detail and last lines are
+    masked in history.jsonl, state.json and `status` (text and --json), as in supervisor.log; the attempt's own log
+    keeps every byte the job wrote (they reached history, state and status verbatim)."""
+    crash = "import os, sys; raise RuntimeError('boom ' + os.environ['HF_TOKEN'] + ' ' + sys.argv[2])"
+    config = write_config(tmp_path, [sys.executable, "-c", crash, "--api-key", KEY], "[restart]\nmax_restarts = 0\n")
+    config.write_text(config.read_text().replace('OMP_NUM_THREADS = "1"', f'OMP_NUM_THREADS = "1", HF_TOKEN = "{TOKEN}"'))
+    cli = [sys.executable, "-m", "supervisor.cli.app"]
+    run = subprocess.run([*cli, "run", "-c", str(config)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    status = [subprocess.run([*cli, "status", *extra, "-c", str(config)], cwd=REPO, capture_output=True, text=True,
+                             timeout=60).stdout for extra in ([], ["--json"])]
+    run_dir = tmp_path / ".fsdp-supervisor"
+    history, state = (run_dir / "history.jsonl").read_text(), (run_dir / "state.json").read_text()
+    assert run.returncode == 3 and "boom ***" in history and "boom ***" in status[0], run.stderr + history
+    for text in (history, state, *status, (run_dir / "supervisor.log").read_text(), run.stdout + run.stderr):
+        assert TOKEN not in text and KEY not in text, text
+    assert TOKEN in (run_dir / "logs" / "attempt-0001.log").read_text()

@@ -41,9 +41,13 @@ def disk(tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.mark.timeout(600)
-def test_emergency_save_on_a_full_disk_is_a_failed_stop(tmp_path: Path, disk: Path, supervisors: Supervisors) -> None:
+@pytest.mark.parametrize(("fault", "why"), [("full", "checkpoint disk full"), ("ro", "is on a read-only file system")])
+def test_emergency_save_on_a_full_disk_is_a_failed_stop(tmp_path: Path, disk: Path, supervisors: Supervisors,
+                                                        fault: str, why: str) -> None:
     """`run` exits 0 (stopped, as asked: docs/operations.md), and status, the history and the log say the stop's
-    checkpoint was not written and why: `emergency_save_failed`, the attempt's real exit code, the full disk."""
+    checkpoint was not written and why: `emergency_save_failed`, the attempt's real exit code, the full disk; or
+    the root remounted read-only (the reason said only "the job exited with 1 while saving": the EROFS was in
+    the workers' output, torchrun's error file holds its own SignalException)."""
     root, go = disk / "ckpts", tmp_path / "go"
     args = [a if a != "ckpts" else str(root) for a in TRAIN[2:]]
     cfg = write_config(tmp_path, [*TORCHRUN, str(HOOKED_ENTRY), *args], FAST)
@@ -52,9 +56,12 @@ def test_emergency_save_on_a_full_disk_is_a_failed_stop(tmp_path: Path, disk: Pa
         f'env = {{ OMP_NUM_THREADS = "1", {HOLD_TRAIN_STEP_ENV} = "8", {HOLD_TRAIN_UNTIL_ENV} = {json.dumps(str(go))} }}'))
     p = supervisors.start(cfg)
     wait_for(lambda: ((state(tmp_path).get("latest_checkpoint") or {}).get("step") or 0) >= 5, TIMEOUT, "step 5 saved")
-    st = os.statvfs(disk)
-    with open(disk / "filler.bin", "wb") as f:  # another writer takes the rest of the disk
-        os.posix_fallocate(f.fileno(), 0, st.f_bavail * st.f_frsize - 4096)
+    if fault == "ro":
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True, timeout=30)
+    else:
+        st = os.statvfs(disk)
+        with open(disk / "filler.bin", "wb") as f:  # another writer takes the rest of the disk
+            os.posix_fallocate(f.fileno(), 0, st.f_bavail * st.f_frsize - 4096)
     p.send_signal(signal.SIGINT)
     log_path = tmp_path / ".fsdp-supervisor" / "supervisor.log"
     wait_for(lambda: '"stopping"' in log_path.read_text(), 60, "the stop")
@@ -63,10 +70,10 @@ def test_emergency_save_on_a_full_disk_is_a_failed_stop(tmp_path: Path, disk: Pa
     assert p.returncode == 0, out[-3000:]
     st = state(tmp_path)
     assert st["state"] == "stopped" and re.search(r"emergency checkpoint of step \d+ was not written", st["reason"]), st
-    assert "checkpoint disk full" in st["reason"] and st["last_exit"]["code"] not in (None, 0), st
+    assert why in st["reason"] and st["last_exit"]["code"] not in (None, 0), st
     events = [json.loads(line) for line in log_path.read_text().splitlines()]
     failed = [e for e in events if e["event"] == "emergency_save_failed"]
-    assert len(failed) == 1 and failed[0]["code"] not in (None, 0) and "disk full" in failed[0]["reason"], events[-5:]
+    assert len(failed) == 1 and failed[0]["code"] not in (None, 0) and why in failed[0]["reason"], events[-5:]
     history = [json.loads(line) for line in (tmp_path / ".fsdp-supervisor" / "history.jsonl").read_text().splitlines()]
     exits = [r for r in history if r.get("kind") == "attempt_exit"]
     assert exits and exits[-1]["code"] not in (None, 0) and "not written" in exits[-1]["detail"], history[-4:]

@@ -136,3 +136,15 @@ def test_list_shows_the_keep_best_metric_and_the_export_as_export(project: Path)
     assert out.splitlines()[0].split()[:4] == ["NAME", "STEP", "STATE", "SIZE"]
     rc, out, err = _main("checkpoints", "list", "--json", "--dir", str(root))
     assert {c["name"]: c["state"] for c in json.loads(out)}["best"] == "foreign"  # the JSON's vocabulary stays
+
+
+def test_status_json_masks_the_running_jobs_secrets(project: Path) -> None:
+    """Issue 35 item 7: `status --json` printed the running job's argv (state.json keeps it exactly, owner-only, to
+    find an orphan) with its `--api-key` value and a `[job] env` token passed on the command line."""
+    cfg = project / "job.toml"
+    cfg.write_text(CONFIG.replace('command = ["true"]', 'command = ["true"]\nenv = { HF_TOKEN = "hf_tOkEn_123456" }'))
+    argv = ["train.py", "--api-key", "sk-aPiKeY-0a1b", "--password=pw7hunter2x", "--hf", "hf_tOkEn_123456"]
+    write_status(project / ".fsdp-supervisor", Status(pid=1, attempt=1, job_pid=2, job_cmdline=argv))
+    rc, out, err = _main("status", "--json", "-c", str(cfg))
+    shown = json.loads(out)["job_cmdline"]
+    assert shown == ["train.py", "--api-key", "***", "--password=***", "--hf", "***"], (shown, err)

@@ -275,6 +275,19 @@ class TestRanges:
         assert needle in str(ei.value), str(ei.value)
 
 
+@pytest.mark.parametrize(("text", "needle"), [
+    ("[restart]\nbackoff_max_s = true\n", '[restart.backoff_max_s] = true is not a number'),
+    ("[restart]\nmax_restarts = false\n", '[restart.max_restarts] = false is not a number'),
+    ('[restart]\nmax_restarts = "30"\n', '[restart.max_restarts] = "30" is not a number'),
+    ('[health]\nstop_timeout_s = "60"\n', '[health.stop_timeout_s] = "60" is not a number'),
+])
+def test_a_boolean_or_a_string_for_a_number_is_exit_2(tmp_path: Path, text: str, needle: str) -> None:
+    """Issue 35 item 2 (outside attack): pydantic took `true` as 1 and `"30"` as 30 without a word."""
+    with pytest.raises(ConfigError) as ei:
+        load_config(write(tmp_path, MINIMAL + text))
+    assert needle in str(ei.value) and "\n" not in str(ei.value), str(ei.value)
+
+
 class TestPlaceholders:
     """Issue 35 item 2: a `{name}` the supervisor does not substitute is exit 2 with a did-you-mean."""
 
@@ -284,6 +297,12 @@ class TestPlaceholders:
         ('["--load_step={Step}"]', "{Step} is not a placeholder (did you mean {step}?)"),
         ('["--skip={skip_step}"]', "(did you mean {skip_steps}?)"),
         ('["--x", "{}"]', "{} is not a placeholder; known"),
+        # substituted as is (str.replace, not str.format): a spec, a conversion or spaces reached the job verbatim
+        ('["--from=step_{step:06d}"]', "{step:06d} is not a placeholder (did you mean {step}?)"),
+        ('["--r", "{checkpoint!r}"]', "{checkpoint!r} is not a placeholder (did you mean {checkpoint}?)"),
+        ('["--r", "{checkpoint:>10}"]', "{checkpoint:>10} is not a placeholder (did you mean {checkpoint}?)"),
+        ('["--r", "{ checkpoint }"]', "{ checkpoint } is not a placeholder (did you mean {checkpoint}?)"),
+        ('["--r", "{check-point}"]', "{check-point} is not a placeholder (did you mean {checkpoint}?)"),
     ])
     def test_unknown_placeholder(self, tmp_path: Path, args: str, needle: str) -> None:
         with pytest.raises(ConfigError) as ei:
@@ -292,6 +311,7 @@ class TestPlaceholders:
 
     def test_known_placeholders_and_other_braces_pass(self, tmp_path: Path) -> None:
         """{checkpoint}, {step}, {skip_steps} and braces that are no placeholder (JSON) are accepted."""
-        args = '["--resume", "{checkpoint}", "--step={step}", "--skip", "{skip_steps}", "--cfg", "{\\"a\\": 1}"]'
+        args = ('["--resume", "{checkpoint}", "--step={step}", "--skip", "{skip_steps}", "--cfg", "{\\"a\\": 1}", '
+                '"{ \\"b\\": 2 }", "{a: 1}", "{"]')
         cfg = load_config(write(tmp_path, MINIMAL.replace("[checkpoints]", f"resume_args = {args}\n[checkpoints]")))
-        assert cfg.job.resume_args[-1] == '{"a": 1}'
+        assert cfg.job.resume_args[-4:] == ['{"a": 1}', '{ "b": 2 }', "{a: 1}", "{"]

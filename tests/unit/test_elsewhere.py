@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from supervisor.contract import Beat, Phase
 from supervisor.daemon import elsewhere
 from supervisor.daemon.elsewhere import Elsewhere, find_checkpoints, named_dirs
@@ -46,7 +48,43 @@ class TestFind:
         (tmp_path / "ckpts").mkdir()
         (tmp_path / "out").mkdir()
         argv = ["torchrun", "train.py", "--ckpt-dir", "ckpts", "--out=out", "--lr", "0.1", "missing"]
-        assert named_dirs(tmp_path, argv) == [tmp_path, tmp_path / "ckpts", tmp_path / "out"]
+        assert named_dirs(tmp_path, argv) == [tmp_path / "ckpts", tmp_path / "out", tmp_path]
+
+    @pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+    def test_another_users_checkpoints_and_symlinks_are_not_ours(self, tmp_path: Path) -> None:
+        """A dir argv names may be shared (`--tmp /tmp`): a complete checkpoint another user planted there made the
+        job's relaunch exit 3 (a denial of service); their symlink is not followed either."""
+        planted = write_checkpoint(tmp_path / "shared" / "fake", 1)
+        os.chown(planted / ".metadata", 65534, 65534)
+        (tmp_path / "mine").mkdir()
+        write_checkpoint(tmp_path / "private", 2)
+        (tmp_path / "shared" / "link").symlink_to(tmp_path / "private")
+        os.chown(tmp_path / "shared" / "link", 65534, 65534, follow_symlinks=False)
+        assert find_checkpoints([tmp_path / "shared"], exclude=[], since=0) == []
+        os.chown(planted / ".metadata", os.geteuid(), os.getegid())
+        assert find_checkpoints([tmp_path / "shared"], exclude=[], since=0) == [planted]
+
+    def test_files_beside_cost_no_budget(self, tmp_path: Path) -> None:
+        """More files in the working directory than the budget (a data dir, logs) neither hide `ckpts/` below it nor
+        the dir argv names (the bound is on directories looked into: it spent 20,000 entries on files and stopped)."""
+        for i in range(elsewhere.MAX_ENTRIES + 5_000):
+            (tmp_path / f"sample-{i:05d}.txt").touch()
+        mine = write_checkpoint(tmp_path / "ckpts", 2, name="epoch_2")
+        assert find_checkpoints(named_dirs(tmp_path, ["torchrun", "train.py"]), exclude=[], since=0) == [mine]
+        argv = ["torchrun", "train.py", "--ckpt-dir=ckpts"]
+        assert find_checkpoints(named_dirs(tmp_path, argv), exclude=[], since=0) == [mine]
+
+    def test_a_symlinked_dir_is_followed_the_root_through_one_is_not_elsewhere(self, tmp_path: Path) -> None:
+        """`./ckpts -> /scratch/ckpts` (the script hard-codes ./ckpts): found, by its target; a root reached
+        through a symlink stays excluded, and a symlink loop ends."""
+        (tmp_path / "cwd").mkdir()
+        mine = write_checkpoint(tmp_path / "scratch" / "ckpts", 2, name="epoch_2")
+        write_checkpoint(tmp_path / "data" / "root", 1)
+        (tmp_path / "cwd" / "ckpts").symlink_to(tmp_path / "scratch" / "ckpts")
+        (tmp_path / "cwd" / "root").symlink_to(tmp_path / "data" / "root")
+        (tmp_path / "cwd" / "loop").symlink_to(tmp_path / "cwd")
+        found = find_checkpoints([tmp_path / "cwd"], exclude=[tmp_path / "data" / "root"], since=0)
+        assert found == [mine]
 
 
 class TestRefusal:

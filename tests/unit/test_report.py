@@ -15,10 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor.cli.app import main
+from supervisor.daemon.recorder import HistoryRecorder
 from supervisor.history.fold import Fold, summarize
 from supervisor.history.html import render_html
 from supervisor.history.records import HISTORY_FILE, KINDS
 from supervisor.history.svg import time_ticks
+from supervisor.policy.state import Status
+from tests.fakes import RecordingLog
 from tests.supervise import REPO, write_config
 
 
@@ -100,9 +103,10 @@ NO_HEARTBEAT = [
         "attempts": 2, "failures": 0, "wall_s": 400 + 100, "steps_lost": [], "productive_s": 480 - 10 * 10,
         "sessions": 2}, id="killed-supervisor"),
     pytest.param(NO_HEARTBEAT, {
-        "attempts": 2, "failures": 1, "restart_latency_s": [], "steps_lost": [], "productive_s": 0,
-        "goodput": None,  # no step ever reported: its training time is unknown, not zero
-        "startup_s": 100 + 99, "restart_s": 1, "other_s": 0}, id="no-heartbeat"),
+        "attempts": 2, "failures": 1, "restart_latency_s": [], "steps_lost": [], "goodput": None,
+        # no step ever reported: the times only beats measure are unknown (null, as the HTML's `unknown`), not 0
+        "productive_s": None, "startup_s": None, "restart_s": None, "other_s": None, "lost_s": None,
+        "checkpoint_overhead_s": None}, id="no-heartbeat"),
     pytest.param(KILLED_IN_BACKOFF, {
         "attempts": 2, "failures": 1, "wall_s": 100 + 101, "restart_latency_s": [], "steps_lost": [10]},
         id="killed-in-backoff"),
@@ -120,6 +124,9 @@ def test_summary_of_scripted_histories(records: list[dict[str, Any]], expected: 
     if got["last_step"] is not None:
         assert got["goodput"] == pytest.approx(got["productive_s"] / got["wall_s"], abs=1e-4)
     parts = ("productive_s", "startup_s", "restart_s", "lost_s", "checkpoint_overhead_s", "other_s")
+    if got["last_step"] is None:
+        assert all(got[k] is None for k in parts) and all(v is None for v in got["time_lost_s"].values()), got
+        return
     assert sum(got[k] for k in parts) >= got["wall_s"] - 1e-3 and all(got[k] >= 0 for k in parts)
 
 
@@ -455,3 +462,15 @@ def test_a_job_without_a_heartbeat_shows_unknown_not_zero() -> None:
         assert f"<th>{label}</th><td>unknown</td>" in table, label
     assert "<th>last step</th><td>40 (the newest checkpoint&#x27;s)</td>" in table or \
         "<th>last step</th><td>40 (the newest checkpoint's)</td>" in table, table
+
+
+def test_status_json_of_a_job_without_a_heartbeat_has_no_made_up_times(tmp_path: Path) -> None:
+    """Issue 35 item 10: `status --json` said productive_s 0.0, startup_s (all of it) and time_lost_s zeros; only the
+    wall time is known, the rest is left out (docs/operations.md: unknown values are left out, not 0)."""
+    records = [rec(0, "supervisor_start"), start(0, 1), end(90, 1, "signal", None), start(91, 2, 20)]
+    T0 = 1_700_000_000.0
+    recorder = HistoryRecorder(tmp_path / HISTORY_FILE, now=lambda: T0 + 120, log=RecordingLog())
+    recorder.fold.add_all([{**r, "t": r["t"] + T0, **({"at": r["at"] + T0} if "at" in r else {})} for r in records])
+    st = Status()
+    recorder.annotate(st)
+    assert st.goodput is None and list(st.goodput_parts) == ["wall_s"] and st.time_lost_s == {}, st

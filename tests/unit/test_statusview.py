@@ -134,6 +134,17 @@ def test_ranks_stragglers_hang_and_the_last_failure() -> None:
             "writes no per-rank heartbeats; resumed from 53)") in render_status(st, running=True, now=0.0)
 
 
+def test_a_failures_time_lost_is_unknown_where_beats_did_not_measure_it() -> None:
+    """Issue 35 item 10: a kill of a job without a heartbeat said "0.0 s lost: stop 0.0, relaunch 0.0"."""
+    st = status()
+    st.last_failure = {"attempt": 2, "reason": "signal", "reached": None, "resumed": 66, "steps_lost": None,
+                       "time_lost_s": {"detection": None, "stop": 0.0, "relaunch": 0.026, "worker_start": None,
+                                       "load": None, "redo": None}}
+    text = render_status(st, running=True, now=0.0)
+    assert ("last failure: attempt 2 signal; time lost unknown (detection, worker start, load, redo not measured): "
+            "stop 0.0, relaunch 0.0") in text and "0.0 s lost" not in text, text
+
+
 def test_a_job_without_a_heartbeat_takes_its_step_from_the_newest_checkpoint() -> None:
     """Issue 35 item 10: no beat, a checkpoint of step 40: the step row says 40 and where it comes from."""
     st = Status(state=State.RUNNING, latest_checkpoint={"path": "/c/epoch_40", "step": 40, "mtime": 0.0})
