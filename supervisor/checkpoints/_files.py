@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from supervisor.host.regularfile import open_regular
+from supervisor.host.regularfile import open_regular, read_json
 
 __all__ = ["open_capped", "load_capped_json", "read_small_json", "sha256_file"]
 
@@ -47,14 +47,12 @@ def load_capped_json(path: Path, cap: int, error: type[Exception]) -> tuple[Any,
             raise error("not JSON") from None
 
 
-def read_small_json(path: Path, cap: int) -> tuple[Any, os.stat_result] | None:
-    """The JSON document in `path` and the file's stat, or None: missing, not a regular file, over `cap`
-    bytes, or not JSON (any depth of nesting, bad bytes)."""
-    from supervisor.errors import CheckpointError
-
+def read_small_json(path: Path, cap: int) -> Any:
+    """The JSON document in `path`, or None: missing, a symlink, not a regular file, over `cap` bytes, or not
+    JSON (any depth of nesting, bad bytes)."""
     try:
-        return load_capped_json(path, cap, CheckpointError)
-    except (FileNotFoundError, CheckpointError):
+        return read_json(path, cap, follow_symlinks=False)
+    except (OSError, ValueError):
         return None
 
 

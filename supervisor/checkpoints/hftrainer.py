@@ -55,8 +55,7 @@ def _has_own_files(directory: Path) -> bool:
 def _whole_step(path: Path, size: int) -> tuple[int | None, bool]:
     """(global_step, whole?) of a regular trainer_state.json."""
     if size <= MAX_PARSED:
-        read = read_small_json(path, MAX_PARSED)
-        doc = read[0] if read is not None else None
+        doc = read_small_json(path, MAX_PARSED)
         if not isinstance(doc, dict):
             return None, False
         step = doc.get("global_step")
@@ -108,8 +107,7 @@ def markers(directory: Path) -> frozenset[str]:
 
 def held_by_trainer(root: Path, newest: Path) -> str | None:
     """The folder in `root` that the newest save's trainer_state.json names `best_model_checkpoint`, or None."""
-    read = read_small_json(newest / TRAINER_STATE, MAX_PARSED)
-    doc = read[0] if read is not None else None
+    doc = read_small_json(newest / TRAINER_STATE, MAX_PARSED)
     best = doc.get("best_model_checkpoint") if isinstance(doc, dict) else None
     if type(best) is not str or not best:
         return None

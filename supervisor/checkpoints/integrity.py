@@ -22,17 +22,7 @@ Segment = tuple[int, int, str]  # offset, length, hex digest
 Checksums = Mapping[str, Sequence[Segment]]
 
 
-class Hasher:
-    """One running checksum (xxh3_64); `update` takes any bytes-like object."""
-
-    def __init__(self) -> None:
-        self._h = xxhash.xxh3_64()
-
-    def update(self, data: bytes | bytearray | memoryview) -> None:
-        self._h.update(data)
-
-    def hexdigest(self) -> str:
-        return self._h.hexdigest()
+Hasher = xxhash.xxh3_64  # one running checksum; `update` takes any bytes-like object
 
 
 def digest(*chunks: bytes | bytearray | memoryview) -> str:

@@ -36,8 +36,7 @@ def _json_names(directory: Path) -> list[str]:
 
 
 def _step_in(path: Path) -> int | None:
-    read = read_small_json(path, _MAX_BYTES)
-    doc = read[0] if read is not None else None
+    doc = read_small_json(path, _MAX_BYTES)
     if not isinstance(doc, dict):
         return None
     for key in _KEYS:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from supervisor.checkpoints._files import read_small_json
+from supervisor.checkpoints._files import load_capped_json
 from supervisor.checkpoints.sidecars import written_at
 from supervisor.host import boot
 from supervisor.host.atomic import write_atomic
@@ -115,10 +115,10 @@ def _int(v: Any) -> int | None:
 
 
 def _read(path: Path, now: float) -> Lease | None:
-    read = read_small_json(path, _MAX_BYTES)
-    if read is None:
+    try:
+        doc, st = load_capped_json(path, _MAX_BYTES, OSError)
+    except OSError:  # missing, a symlink, not a regular file, over the cap, not JSON
         return None
-    doc, st = read
     if not isinstance(doc, dict) or not isinstance(doc.get("host"), str) or (_int(doc.get("pid")) or 0) <= 0:
         return None
     t, refresh = doc.get("time"), doc.get("refresh_s")

@@ -26,8 +26,7 @@ __all__ = ["root_lineage", "foreign"]
 
 def root_lineage(root: Path, *, create: bool = False) -> str | None:
     """The durable root's lineage; with `create`, a new one when it has none (a root made anew)."""
-    read = read_small_json(root / LINEAGE_FILE, 4096)  # never follows a symlink, bounded
-    doc = read[0] if read else None
+    doc = read_small_json(root / LINEAGE_FILE, 4096)  # never follows a symlink, bounded
     if isinstance(doc, dict) and isinstance(doc.get("lineage"), str):
         return str(doc["lineage"])
     if not create:

@@ -73,8 +73,7 @@ def _read_seal(root: Path, name: str) -> dict[str, Any] | None:
     """The seal of checkpoint `name`, None when there is none or its folder is not ours (SidecarError)."""
     if not open_sidecar(sidecar_path(root, SEAL_SUFFIX), trusted_owners(root), create=False):
         return None
-    read = read_small_json(seal_path(root, name), _MAX_SEAL_BYTES)
-    doc = read[0] if read else None
+    doc = read_small_json(seal_path(root, name), _MAX_SEAL_BYTES)
     return doc if isinstance(doc, dict) and isinstance(doc.get("files"), dict) else None
 
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from supervisor.observe.humanize import checkpoint_label, human_age, human_bytes, printable
 from supervisor.policy.attempt import REACHED_BY_HEARTBEAT
-from supervisor.policy.state import State, Status
+from supervisor.policy.state import State, Status, output_beyond
 
 __all__ = ["render_status", "one_line", "sparkline", "SPARK_BLOCKS"]
 
@@ -179,7 +179,7 @@ def render_status(st: Status, *, running: bool, now: float, spark: bool = False)
         last += f" {ex.detail}"
     rows.append(("restarts", f"{st.restarts}{last}"))
     if ex:  # the failure's own words, as the job printed them (torchrun's report left out)
-        rows += [("last output" if i == 0 else "", line) for i, line in enumerate(ex.output_beyond_detail())]
+        rows += [("last output" if i == 0 else "", line) for i, line in enumerate(output_beyond(ex.detail, ex.last_output))]
     if st.next_launch_at and st.state is State.BACKOFF:
         rows.append(("next launch", f"in {human_age(st.next_launch_at - now)}"))
     if st.quarantined:

@@ -78,9 +78,6 @@ class ExitInfo:
     detail: str | None = None  # root-cause rank and exception from torchrun's error file, if any
     last_output: list[str] | None = None  # a failure's last lines of job output (torchrun's own left out)
 
-    def output_beyond_detail(self) -> list[str]:
-        return output_beyond(self.detail, self.last_output)
-
 
 def output_beyond(detail: str | None, lines: list[str] | None) -> list[str]:
     """A failure's last output lines, unless they are only the line its `detail` already ends with."""
