@@ -8,7 +8,7 @@ refused when not ours). A seal records when it was made: a checkpoint changed be
 cannot be told apart from one written that way. A checkpoint whose files were rewritten by a process since (a
 new inode, size, mtime or ctime: Lightning's `last.ckpt` re-committed in place) is sealed again; media rot changes
 none of those, and the check never looks at them: it reads every byte. A rewrite counts only when the layout's
-last file was rewritten after every other change (`_recommitted`): a cut rewrite, or a job writing into a
+last file was rewritten after every other file was (`_recommitted`): a cut rewrite, or a job writing into a
 checkpoint after its commit, keeps the old seal, fails it, and is never resumed.
 """
 from __future__ import annotations
@@ -148,16 +148,18 @@ def check_files(path: Path, checksums: Checksums, *, threads: int = 4, mb_s: flo
 
 
 def _recommitted(old: Any, new: dict[str, list[int]]) -> bool:
-    """Were the files rewritten and committed again since the seal? Only when the layout's last file (`.metadata`,
-    Lightning's `meta.pt`, transformers' `trainer_state.json`) was rewritten too, after every other change: a shard
-    changed after it (a job writing after its commit, a rewrite cut before its last file) keeps the old seal."""
+    """Were the files rewritten and committed again since the seal? Only when every file was rewritten and the
+    layout's last file (Lightning's `meta.pt`, transformers' `trainer_state.json`, else `.metadata`) after all
+    the others: a file left as it was (a rewrite cut before `meta.pt`, a `.metadata` copied in) or a change after
+    the last file (a job writing after its commit) keeps the old seal."""
     if old == new:
         return False
     if not isinstance(old, dict):
         return True
-    changed = [n for n, i in new.items() if old.get(n) != i]
-    last = [n for n in changed if n.rsplit("/", 1)[-1] in _LAST_FILES]
-    return bool(last) and max(new[n][3] for n in last) >= max(new[n][3] for n in changed)
+    if any(old.get(n) == i for n, i in new.items()):
+        return False
+    last = [n for n in new if n in _LAST_FILES[1:]] or [n for n in new if n.rsplit("/", 1)[-1] in _LAST_FILES]
+    return bool(last) and max(new[n][3] for n in last) >= max(i[3] for i in new.values())
 
 
 def seal(root: Path, path: Path, *, mb_s: float | None = SEAL_MB_S) -> bool:

@@ -12,7 +12,7 @@ import pytest
 
 from supervisor.checkpoints.seals import check, expected, seal, seal_path
 from supervisor.errors import SidecarError
-from tests.jobs.dcp_files import write_checkpoint
+from tests.jobs.dcp_files import write_checkpoint, write_lightning_checkpoint
 from tests.unit.test_core import exit_job, make_core
 
 
@@ -74,6 +74,27 @@ def test_a_recommit_is_sealed_again_a_cut_one_or_a_write_after_commit_is_not(pla
     assert check(root, ck, expected(root, ck)[1]) is None  # type: ignore[index]
     _rewrite(shard, flip=True)  # written after that commit
     assert not seal(root, ck) and check(root, ck, expected(root, ck)[1]) is not None  # type: ignore[index]
+
+
+def test_a_lightning_rewrite_cut_before_meta_pt_or_a_metadata_copied_in_keeps_the_old_seal(tmp_path: Path) -> None:
+    """Lightning rewrites last.ckpt in place: DCP files (`.metadata` last), then `meta.pt`. Cut before `meta.pt`,
+    the new shards sit under the old `meta.pt`: not a re-commit, the old seal fails. A `.metadata` copied in from
+    another checkpoint (every shard left as it was) is none either."""
+    root = tmp_path / "ckpts"
+    ck = write_lightning_checkpoint(root, 20, name="last.ckpt")
+    assert seal(root, ck)
+    for shard in sorted(ck.glob("*.distcp")):
+        _rewrite(shard, flip=True)
+    _rewrite(ck / ".metadata", flip=False)
+    assert not seal(root, ck)
+    assert "do not match" in (check(root, ck, expected(root, ck)[1]) or "")  # type: ignore[index]
+    _rewrite(ck / "meta.pt", flip=False)  # the re-commit finished: sealed again, and good
+    assert seal(root, ck) and check(root, ck, expected(root, ck)[1]) is None  # type: ignore[index]
+    plain = write_checkpoint(root, 10, manifest=False)
+    assert seal(root, plain)
+    (plain / ".metadata").write_bytes((write_checkpoint(tmp_path / "b", 30, manifest=False, tensors={"w": 77})
+                                       / ".metadata").read_bytes())
+    assert not seal(root, plain) and check(root, plain, expected(root, plain)[1]) is not None  # type: ignore[index]
 
 
 def test_cut_and_missing_files_fail(plain: tuple[Path, Path]) -> None:
