@@ -17,9 +17,9 @@ import ctypes
 import json
 import os
 import platform
+import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -138,13 +138,21 @@ def check(root: Path, path: Path, checksums: Checksums, *, threads: int = 4, mb_
 
 
 def check_files(path: Path, checksums: Checksums, *, threads: int = 4, mb_s: float | None = None) -> str | None:
-    names = sorted(checksums)
-    with ThreadPoolExecutor(max(1, min(threads, len(names)))) as pool:
-        results = pool.map(lambda n: _hash_file(path / n, list(checksums[n]), mb_s), names)
-        for result in results:
-            if isinstance(result, str):
-                return result
-    return None
+    """On daemon threads: a stop (SIGTERM) ends the supervisor at once, where an executor's workers would be joined
+    at exit until the last file was read (invariant 8)."""
+    names, results = sorted(checksums), {}
+    todo = iter(names)  # shared: each worker takes the next file (a list iterator's next is atomic)
+
+    def work() -> None:
+        for name in todo:
+            results[name] = _hash_file(path / name, list(checksums[name]), mb_s)
+
+    workers = [threading.Thread(target=work, name="seal-check", daemon=True) for _ in range(min(threads, len(names)))]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return next((r for n in names if isinstance(r := results.get(n, f"{path / n} was not read"), str)), None)
 
 
 def _recommitted(old: Any, new: dict[str, list[int]]) -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -221,3 +223,22 @@ class TestCorruptExit:
         assert len(q) == 1 and f"{shard} bytes 5-9" in q[0]["reason"], q
         backoff = [f for e, f in log.events if e == "backoff"]
         assert backoff[-1]["delay_s"] == 0 and backoff[-1]["reason"] == "corrupt"
+
+
+def test_a_check_being_read_never_holds_up_the_supervisors_exit(tmp_path: Path) -> None:
+    """A SIGTERM during the check before a launch of a big checkpoint: the supervisor stops within a second
+    (invariant 8). The check's readers are daemon threads; an executor's would be joined at exit until the last
+    byte was read (here: never)."""
+    code = """if True:
+        import sys, threading
+        from pathlib import Path
+        from supervisor.checkpoints import seals
+        reading = threading.Event()
+        def stuck(path, segments, mb_s):
+            reading.set()
+            threading.Event().wait()
+        seals._hash_file = stuck
+        threading.Thread(target=seals.check_files, args=(Path(sys.argv[1]), {"a": [(0, 1, "0")]}), daemon=True).start()
+        reading.wait()
+    """
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], timeout=60, check=True)
