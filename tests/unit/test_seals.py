@@ -176,6 +176,25 @@ class TestBeforeLaunch:
         fake.advance(10, core)
         assert fake.spawned[-1].argv[-1] == str(ck / "step_10") and seal_path(ck, "step_10").exists()
 
+    def test_retention_in_the_pass_that_finds_rot_keeps_the_rotten_one(
+            self, tmp_path: Path, make_checkpoint: Callable[[Path, str], Path]) -> None:
+        """A kept checkpoint rots; a newer save pushes it out of keep_last in the very pass whose scrub finds it:
+        that pass's retention must see it as corrupt (left for a human), not as a complete one no rule keeps."""
+        core, fake, log = make_core(tmp_path, checkpoints="keep_last = 2\nscrub_interval_s = 30\n"
+                                                          "retention_interval_s = 30")
+        ck = core.cfg.checkpoints.dir
+        make_checkpoint(ck, "step_10")
+        make_checkpoint(ck, "step_20")
+        core.begin(None)
+        core.house.wait_idle(30)
+        _flip(next(p for p in (ck / "step_10").iterdir() if p.suffix == ".distcp"), 3)
+        make_checkpoint(ck, "step_30")
+        for _ in range(3):
+            fake.advance(31, core)
+            core.house.wait_idle(30)
+        assert [f for e, f in log.events if e == "checkpoint_corrupt"], log.events
+        assert (ck / "step_10" / ".quarantined").exists(), [f for e, f in log.events if e == "retention_deleted"]
+
     @pytest.mark.parametrize("every", [0, 100])
     def test_the_scrub_finds_rot_in_a_kept_checkpoint(self, tmp_path: Path, every: int,
                                                       make_checkpoint: Callable[[Path, str], Path]) -> None:
