@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from supervisor import checkpoints as store
-from supervisor.checkpoints.completeness import CORRUPT
+from supervisor.checkpoints.completeness import CORRUPT, FOREIGN
 from supervisor.checkpoints.integrity import CORRUPT_PREFIX
 from supervisor.checkpoints.lineage import foreign
 from supervisor.checkpoints.seals import SEAL_MB_S, check, expected, seal
@@ -33,12 +33,14 @@ def good_ones(found: Infos, usable: Infos, *, verify: bool, roots: Sequence[Path
     `scrub`: reading every usable one, idle and at bounded bandwidth."""
     findings: list[store.Finding] = []
     bad: dict[Path, str] = {}
+    aside: dict[Path, str] = {}
     good: list[store.CheckpointInfo] = []
     hashed = False  # one checkpoint sealed (or looked at for a re-commit) per pass besides the resume point
     for c in usable:
         root = roots[0] if c.tier is Tier.DURABLE else roots[1]
         if c.tier is Tier.LOCAL and roots[0] is not None and (why := foreign(roots[0], c.path)) is not None:
             findings.append(store.Finding("local_tier_foreign", why))
+            aside[c.path] = why  # never the resume point, never deleted: the launch plans from `found`
             continue
         if root is None or c.path.is_symlink():  # a link (Lightning's last.ckpt "link") is its target's save
             good.append(c)
@@ -68,5 +70,6 @@ def good_ones(found: Infos, usable: Infos, *, verify: bool, roots: Sequence[Path
         bad[c.path] = reason
         findings.append(store.Finding("checkpoint_corrupt", f"{c.path} is never resumed: {reason}"))
     found = [dataclasses.replace(c, quarantined=True, state=CORRUPT, reason=bad[c.path].removeprefix(CORRUPT_PREFIX))
-             if c.path in bad else c for c in found]
+             if c.path in bad else dataclasses.replace(c, state=FOREIGN, reason=aside[c.path]) if c.path in aside
+             else c for c in found]
     return found, good, findings
