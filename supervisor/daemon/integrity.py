@@ -47,7 +47,7 @@ def good_ones(found: Infos, usable: Infos, *, verify: bool, roots: Sequence[Path
             continue
         try:
             sums = expected(root, c.path)
-            launch = verify and not good  # the resume point: read at full speed, a launch waits for it
+            launch = verify and all(g.path.is_symlink() for g in good)  # the resume point: full speed, a launch waits
             # New, or its files rewritten since: sealed now if it is the resume point, else one a pass (idle).
             fresh = False  # sealed just now: the bytes were just read, and are what the seal says
             if (sums is None or sums[0] == "seal") and (launch or not hashed):
@@ -69,6 +69,9 @@ def good_ones(found: Infos, usable: Infos, *, verify: bool, roots: Sequence[Path
             reason += f" (the quarantine marker could not be written: {exc})"
         bad[c.path] = reason
         findings.append(store.Finding("checkpoint_corrupt", f"{c.path} is never resumed: {reason}"))
+    for c in usable:  # a link (Lightning's last.ckpt) is as corrupt as its target
+        if c.path.is_symlink() and (why := bad.get(c.path.resolve())) is not None:
+            bad[c.path], good = why, [g for g in good if g.path != c.path]
     found = [dataclasses.replace(c, quarantined=True, state=CORRUPT, reason=bad[c.path].removeprefix(CORRUPT_PREFIX))
              if c.path in bad else dataclasses.replace(c, state=FOREIGN, reason=aside[c.path]) if c.path in aside
              else c for c in found]

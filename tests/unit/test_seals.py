@@ -261,3 +261,22 @@ def test_a_check_being_read_never_holds_up_the_supervisors_exit(tmp_path: Path) 
         reading.wait()
     """
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], timeout=60, check=True)
+
+
+def test_a_link_to_a_rotten_checkpoint_is_never_the_resume_point(tmp_path: Path) -> None:
+    """Lightning's `last.ckpt` as a symlink to its newest save: when that save's bytes fail, the link (which holds
+    no files of its own to check) is as corrupt as its target; the job gets the save before, not the link."""
+    from supervisor.checkpoints import scan
+    from supervisor.daemon.integrity import good_ones
+    from supervisor.policy.resume import Launch, plan_resume
+
+    root = tmp_path / "ckpts"
+    older, newest = write_lightning_checkpoint(root, 20), write_lightning_checkpoint(root, 30)
+    (root / "last.ckpt").symlink_to(newest.name)
+    assert seal(root, older) and seal(root, newest)
+    _flip(newest / "__0_0.distcp", 100)
+    found = scan(root)
+    judged, good, findings = good_ones(found, [c for c in found if c.complete], verify=True, roots=(root, None))
+    plan = plan_resume(judged, resume_args=["--resume", "{checkpoint}"], allow_fresh_start=False)
+    assert [c.path for c in good] == [older] and [f.kind for f in findings] == ["checkpoint_corrupt"], findings
+    assert isinstance(plan, Launch) and plan.checkpoint is not None and plan.checkpoint.path == older, plan
