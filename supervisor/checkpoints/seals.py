@@ -6,8 +6,8 @@ pass first sees it complete: every file hashed (xxh3_64), read at low I/O priori
 seal kept outside the root under the sidecars' rules (`<parent>/.<root>.fsdp-seals/<name>.json`, owner-only,
 refused when not ours). A seal records when it was made: a checkpoint changed between its commit and its seal
 cannot be told apart from one written that way. A checkpoint whose files were rewritten by a process since (a
-new inode, size, mtime or ctime: Lightning's `last.ckpt` re-committed in place) is sealed again; media rot changes
-none of those, and the check never looks at them: it reads every byte. A rewrite counts only when the layout's
+new inode, size or mtime, a chmod's new ctime is none: Lightning's `last.ckpt` re-committed in place) is sealed
+again; media rot changes none of those, and the check never looks at them: it reads every byte. A rewrite counts only when the layout's
 last file was rewritten after every other file was (`_recommitted`): a cut rewrite, or a job writing into a
 checkpoint after its commit, keeps the old seal, fails it, and is never resumed.
 """
@@ -164,7 +164,7 @@ def _recommitted(old: Any, new: dict[str, list[int]]) -> bool:
         return False
     if not isinstance(old, dict):
         return True
-    if any(old.get(n) == i for n, i in new.items()):
+    if any(old.get(n, [])[:3] == i[:3] for n, i in new.items()):  # not rewritten: same inode, size, mtime
         return False
     last = [n for n in new if n in _LAST_FILES[1:]] or [n for n in new if n.rsplit("/", 1)[-1] in _LAST_FILES]
     return bool(last) and max(new[n][3] for n in last) >= max(i[3] for i in new.values())

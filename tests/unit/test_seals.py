@@ -99,6 +99,17 @@ def test_a_lightning_rewrite_cut_before_meta_pt_or_a_metadata_copied_in_keeps_th
     assert not seal(root, plain) and check(root, plain, expected(root, plain)[1]) is not None  # type: ignore[index]
 
 
+def test_rot_then_a_chmod_of_every_file_is_not_a_recommit(plain: tuple[Path, Path]) -> None:
+    """`chmod -R` (or a chown) after the bytes rotted gives every file a new ctime, the last file's last: no file was
+    rewritten (same inode, size and mtime), so the old seal stays and the rot is found, never sealed over."""
+    root, ck = plain
+    assert seal(root, ck)
+    _flip(next(p for p in ck.iterdir() if p.suffix == ".distcp"), 3)
+    for path in sorted(ck.iterdir(), key=lambda p: p.name == ".metadata"):
+        path.chmod(0o640)
+    assert not seal(root, ck) and check(root, ck, expected(root, ck)[1]) is not None  # type: ignore[index]
+
+
 def test_cut_and_missing_files_fail(plain: tuple[Path, Path]) -> None:
     root, ck = plain
     seal(root, ck)
