@@ -7,9 +7,9 @@ seal kept outside the root under the sidecars' rules (`<parent>/.<root>.fsdp-sea
 refused when not ours). A seal records when it was made: a checkpoint changed between its commit and its seal
 cannot be told apart from one written that way. A checkpoint whose files were rewritten by a process since (a
 new inode, size or mtime, a chmod's new ctime is none: Lightning's `last.ckpt` re-committed in place) is sealed
-again; media rot changes none of those, and the check never looks at them: it reads every byte. A rewrite counts only when the layout's
-last file was rewritten after every other file was (`_recommitted`): a cut rewrite, or a job writing into a
-checkpoint after its commit, keeps the old seal, fails it, and is never resumed.
+again; media rot changes none of those, and the check never looks at them: it reads every byte. A rewrite
+counts only when every file was rewritten and the layout's last file after the others (`_recommitted`): a cut
+rewrite, or a job writing into a checkpoint after its commit, keeps the old seal, fails it, and is never resumed.
 """
 from __future__ import annotations
 
