@@ -6,10 +6,10 @@ pass first sees it complete: every file hashed (xxh3_64), read at low I/O priori
 seal kept outside the root under the sidecars' rules (`<parent>/.<root>.fsdp-seals/<name>.json`, owner-only,
 refused when not ours). A seal records when it was made: a checkpoint changed between its commit and its seal
 cannot be told apart from one written that way. A checkpoint whose files were rewritten by a process since (a
-new inode, size, mtime or ctime: Lightning's `last.ckpt` re-committed in place) is sealed again; media rot changes
-none of those, and the check never looks at them: it reads every byte. A rewrite counts only when the layout's
-last file was rewritten after every other change (`_recommitted`): a cut rewrite, or a job writing into a
-checkpoint after its commit, keeps the old seal, fails it, and is never resumed.
+new inode, size or mtime, a chmod's new ctime is none: Lightning's `last.ckpt` re-committed in place) is sealed
+again; media rot changes none of those, and the check never looks at them: it reads every byte. A rewrite
+counts only when every file was rewritten and the layout's last file after the others (`_recommitted`): a cut
+rewrite, or a job writing into a checkpoint after its commit, keeps the old seal, fails it, and is never resumed.
 """
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import ctypes
 import json
 import os
 import platform
+import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -137,26 +137,36 @@ def check(root: Path, path: Path, checksums: Checksums, *, threads: int = 4, mb_
 
 
 def check_files(path: Path, checksums: Checksums, *, threads: int = 4, mb_s: float | None = None) -> str | None:
-    names = sorted(checksums)
-    with ThreadPoolExecutor(max(1, min(threads, len(names)))) as pool:
-        results = pool.map(lambda n: _hash_file(path / n, list(checksums[n]), mb_s), names)
-        for result in results:
-            if isinstance(result, str):
-                return result
-    return None
+    """On daemon threads: a stop (SIGTERM) ends the supervisor at once, where an executor's workers would be joined
+    at exit until the last file was read (invariant 8)."""
+    names, results = sorted(checksums), {}
+    todo = iter(names)  # shared: each worker takes the next file (a list iterator's next is atomic)
+
+    def work() -> None:
+        for name in todo:
+            results[name] = _hash_file(path / name, list(checksums[name]), mb_s)
+
+    workers = [threading.Thread(target=work, name="seal-check", daemon=True) for _ in range(min(threads, len(names)))]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return next((r for n in names if isinstance(r := results.get(n, f"{path / n} was not read"), str)), None)
 
 
 def _recommitted(old: Any, new: dict[str, list[int]]) -> bool:
-    """Were the files rewritten and committed again since the seal? Only when the layout's last file (`.metadata`,
-    Lightning's `meta.pt`, transformers' `trainer_state.json`) was rewritten too, after every other change: a shard
-    changed after it (a job writing after its commit, a rewrite cut before its last file) keeps the old seal."""
+    """Were the files rewritten and committed again since the seal? Only when every file was rewritten and the
+    layout's last file (Lightning's `meta.pt`, transformers' `trainer_state.json`, else `.metadata`) after all
+    the others: a file left as it was (a rewrite cut before `meta.pt`, a `.metadata` copied in) or a change after
+    the last file (a job writing after its commit) keeps the old seal."""
     if old == new:
         return False
     if not isinstance(old, dict):
         return True
-    changed = [n for n, i in new.items() if old.get(n) != i]
-    last = [n for n in changed if n.rsplit("/", 1)[-1] in _LAST_FILES]
-    return bool(last) and max(new[n][3] for n in last) >= max(new[n][3] for n in changed)
+    if any(old.get(n, [])[:3] == i[:3] for n, i in new.items()):  # not rewritten: same inode, size, mtime
+        return False
+    last = [n for n in new if n in _LAST_FILES[1:]] or [n for n in new if n.rsplit("/", 1)[-1] in _LAST_FILES]
+    return bool(last) and max(new[n][3] for n in last) >= max(i[3] for i in new.values())
 
 
 def seal(root: Path, path: Path, *, mb_s: float | None = SEAL_MB_S) -> bool:

@@ -201,6 +201,8 @@ class Housekeeper:
             self._scrubbed = self.now() if scrub else self._scrubbed
             found, usable, findings = good_ones(found, usable, verify=verify, roots=(self.root, self.local_root),
                                                 scrub=scrub)
+            judged = {c.path: c for c in found}  # found corrupt just now: retention keeps it, and the newest good
+            durable, local = [judged.get(c.path, c) for c in durable], [judged.get(c.path, c) for c in local]
             newest = usable[0] if usable else None  # newest first, the local copy first at equal steps
             plan, deleted = store.RetentionPlan(), list[store.Deletion]()
             committed = newest is not None and newest.path != unless_newest

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from supervisor import checkpoints as store
-from supervisor.checkpoints.completeness import CORRUPT
+from supervisor.checkpoints.completeness import CORRUPT, FOREIGN
 from supervisor.checkpoints.integrity import CORRUPT_PREFIX
 from supervisor.checkpoints.lineage import foreign
 from supervisor.checkpoints.seals import SEAL_MB_S, check, expected, seal
@@ -33,19 +33,21 @@ def good_ones(found: Infos, usable: Infos, *, verify: bool, roots: Sequence[Path
     `scrub`: reading every usable one, idle and at bounded bandwidth."""
     findings: list[store.Finding] = []
     bad: dict[Path, str] = {}
+    aside: dict[Path, str] = {}
     good: list[store.CheckpointInfo] = []
     hashed = False  # one checkpoint sealed (or looked at for a re-commit) per pass besides the resume point
     for c in usable:
         root = roots[0] if c.tier is Tier.DURABLE else roots[1]
         if c.tier is Tier.LOCAL and roots[0] is not None and (why := foreign(roots[0], c.path)) is not None:
             findings.append(store.Finding("local_tier_foreign", why))
+            aside[c.path] = why  # never the resume point, never deleted: the launch plans from `found`
             continue
         if root is None or c.path.is_symlink():  # a link (Lightning's last.ckpt "link") is its target's save
             good.append(c)
             continue
         try:
             sums = expected(root, c.path)
-            launch = verify and not good  # the resume point: read at full speed, a launch waits for it
+            launch = verify and all(g.path.is_symlink() for g in good)  # the resume point: full speed, a launch waits
             # New, or its files rewritten since: sealed now if it is the resume point, else one a pass (idle).
             fresh = False  # sealed just now: the bytes were just read, and are what the seal says
             if (sums is None or sums[0] == "seal") and (launch or not hashed):
@@ -67,6 +69,10 @@ def good_ones(found: Infos, usable: Infos, *, verify: bool, roots: Sequence[Path
             reason += f" (the quarantine marker could not be written: {exc})"
         bad[c.path] = reason
         findings.append(store.Finding("checkpoint_corrupt", f"{c.path} is never resumed: {reason}"))
+    for c in usable:  # a link (Lightning's last.ckpt) is as corrupt as its target
+        if c.path.is_symlink() and (why := bad.get(c.path.resolve())) is not None:
+            bad[c.path], good = why, [g for g in good if g.path != c.path]
     found = [dataclasses.replace(c, quarantined=True, state=CORRUPT, reason=bad[c.path].removeprefix(CORRUPT_PREFIX))
-             if c.path in bad else c for c in found]
+             if c.path in bad else dataclasses.replace(c, state=FOREIGN, reason=aside[c.path]) if c.path in aside
+             else c for c in found]
     return found, good, findings

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from supervisor.checkpoints.lineage import foreign, root_lineage
 from supervisor.checkpoints.tiers import newest_across
+from supervisor.policy.resume import Launch, plan_resume
 from tests.jobs.dcp_files import write_checkpoint
 
 
@@ -49,7 +50,8 @@ def test_a_local_checkpoint_is_resumed_only_within_the_durable_roots_lineage(tmp
 
 
 def test_the_daemons_pass_reports_and_skips_a_foreign_local_checkpoint(tmp_path: Path) -> None:
-    """In a pass (daemon/integrity.py): `local_tier_foreign` names it, and the durable one is the resume point."""
+    """In a pass (daemon/integrity.py): `local_tier_foreign` names it, and the durable one is the resume point: the
+    launch plans from the pass's `found`, where it is `foreign`, not only from its `good` ones."""
     from supervisor.checkpoints import merged, scan, scan_local
     from supervisor.daemon.integrity import good_ones
 
@@ -63,5 +65,15 @@ def test_the_daemons_pass_reports_and_skips_a_foreign_local_checkpoint(tmp_path:
     for lineage, newest, kinds in (("0123456789abcdef", durable / "step_00000020", ["local_tier_foreign"]),
                                    (mine, ck, [])):
         _with_lineage(ck, lineage)
-        _, good, findings = good_ones(found, usable, verify=True, roots=(durable, local))
+        judged, good, findings = good_ones(found, usable, verify=True, roots=(durable, local))
         assert good[0].path == newest and [f.kind for f in findings] == kinds, findings
+        plan = plan_resume(judged, resume_args=["--resume", "{checkpoint}"], allow_fresh_start=False)
+        assert isinstance(plan, Launch) and plan.checkpoint is not None and plan.checkpoint.path == newest  # launched
+    shutil.rmtree(durable)  # started over with the local tier left behind: a fresh start, not the other run's save
+    durable.mkdir()
+    root_lineage(durable, create=True)
+    _with_lineage(ck, "0123456789abcdef")
+    found = merged(scan(durable), scan_local(local))
+    judged, good, _ = good_ones(found, [c for c in found if c.complete], verify=True, roots=(durable, local))
+    plan = plan_resume(judged, resume_args=["--resume", "{checkpoint}"], allow_fresh_start=True)
+    assert isinstance(plan, Launch) and plan.checkpoint is None and good == [], plan

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import pytest
 
 from supervisor.checkpoints.seals import check, expected, seal, seal_path
 from supervisor.errors import SidecarError
-from tests.jobs.dcp_files import write_checkpoint
+from tests.jobs.dcp_files import write_checkpoint, write_lightning_checkpoint
 from tests.unit.test_core import exit_job, make_core
 
 
@@ -84,6 +86,38 @@ def test_a_recommit_is_sealed_again_a_cut_one_or_a_write_after_commit_is_not(pla
     assert seal(root, ck)
     assert check(root, ck, expected(root, ck)[1]) is None  # type: ignore[index]
     _rewrite(shard, flip=True)  # written after that commit
+    assert not seal(root, ck) and check(root, ck, expected(root, ck)[1]) is not None  # type: ignore[index]
+
+
+def test_a_lightning_rewrite_cut_before_meta_pt_or_a_metadata_copied_in_keeps_the_old_seal(tmp_path: Path) -> None:
+    """Lightning rewrites last.ckpt in place: DCP files (`.metadata` last), then `meta.pt`. Cut before `meta.pt`,
+    the new shards sit under the old `meta.pt`: not a re-commit, the old seal fails. A `.metadata` copied in from
+    another checkpoint (every shard left as it was) is none either."""
+    root = tmp_path / "ckpts"
+    ck = write_lightning_checkpoint(root, 20, name="last.ckpt")
+    assert seal(root, ck)
+    for shard in sorted(ck.glob("*.distcp")):
+        _rewrite(shard, flip=True)
+    _rewrite(ck / ".metadata", flip=False)
+    assert not seal(root, ck)
+    assert "do not match" in (check(root, ck, expected(root, ck)[1]) or "")  # type: ignore[index]
+    _rewrite(ck / "meta.pt", flip=False)  # the re-commit finished: sealed again, and good
+    assert seal(root, ck) and check(root, ck, expected(root, ck)[1]) is None  # type: ignore[index]
+    plain = write_checkpoint(root, 10, manifest=False)
+    assert seal(root, plain)
+    (plain / ".metadata").write_bytes((write_checkpoint(tmp_path / "b", 30, manifest=False, tensors={"w": 77})
+                                       / ".metadata").read_bytes())
+    assert not seal(root, plain) and check(root, plain, expected(root, plain)[1]) is not None  # type: ignore[index]
+
+
+def test_rot_then_a_chmod_of_every_file_is_not_a_recommit(plain: tuple[Path, Path]) -> None:
+    """`chmod -R` (or a chown) after the bytes rotted gives every file a new ctime, the last file's last: no file was
+    rewritten (same inode, size and mtime), so the old seal stays and the rot is found, never sealed over."""
+    root, ck = plain
+    assert seal(root, ck)
+    _flip(next(p for p in ck.iterdir() if p.suffix == ".distcp"), 3)
+    for path in sorted(ck.iterdir(), key=lambda p: p.name == ".metadata"):
+        path.chmod(0o640)
     assert not seal(root, ck) and check(root, ck, expected(root, ck)[1]) is not None  # type: ignore[index]
 
 
@@ -164,6 +198,25 @@ class TestBeforeLaunch:
         fake.advance(10, core)
         assert fake.spawned[-1].argv[-1] == str(ck / "step_10") and seal_path(ck, "step_10").exists()
 
+    def test_retention_in_the_pass_that_finds_rot_keeps_the_rotten_one(
+            self, tmp_path: Path, make_checkpoint: Callable[[Path, str], Path]) -> None:
+        """A kept checkpoint rots; a newer save pushes it out of keep_last in the very pass whose scrub finds it:
+        that pass's retention must see it as corrupt (left for a human), not as a complete one no rule keeps."""
+        core, fake, log = make_core(tmp_path, checkpoints="keep_last = 2\nscrub_interval_s = 30\n"
+                                                          "retention_interval_s = 30")
+        ck = core.cfg.checkpoints.dir
+        make_checkpoint(ck, "step_10")
+        make_checkpoint(ck, "step_20")
+        core.begin(None)
+        core.house.wait_idle(30)
+        _flip(next(p for p in (ck / "step_10").iterdir() if p.suffix == ".distcp"), 3)
+        make_checkpoint(ck, "step_30")
+        for _ in range(3):
+            fake.advance(31, core)
+            core.house.wait_idle(30)
+        assert [f for e, f in log.events if e == "checkpoint_corrupt"], log.events
+        assert (ck / "step_10" / ".quarantined").exists(), [f for e, f in log.events if e == "retention_deleted"]
+
     @pytest.mark.parametrize("every", [0, 100])
     def test_the_scrub_finds_rot_in_a_kept_checkpoint(self, tmp_path: Path, every: int,
                                                       make_checkpoint: Callable[[Path, str], Path]) -> None:
@@ -211,3 +264,41 @@ class TestCorruptExit:
         assert len(q) == 1 and f"{shard} bytes 5-9" in q[0]["reason"], q
         backoff = [f for e, f in log.events if e == "backoff"]
         assert backoff[-1]["delay_s"] == 0 and backoff[-1]["reason"] == "corrupt"
+
+
+def test_a_check_being_read_never_holds_up_the_supervisors_exit(tmp_path: Path) -> None:
+    """A SIGTERM during the check before a launch of a big checkpoint: the supervisor stops within a second
+    (invariant 8). The check's readers are daemon threads; an executor's would be joined at exit until the last
+    byte was read (here: never)."""
+    code = """if True:
+        import sys, threading
+        from pathlib import Path
+        from supervisor.checkpoints import seals
+        reading = threading.Event()
+        def stuck(path, segments, mb_s):
+            reading.set()
+            threading.Event().wait()
+        seals._hash_file = stuck
+        threading.Thread(target=seals.check_files, args=(Path(sys.argv[1]), {"a": [(0, 1, "0")]}), daemon=True).start()
+        reading.wait()
+    """
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], timeout=60, check=True)
+
+
+def test_a_link_to_a_rotten_checkpoint_is_never_the_resume_point(tmp_path: Path) -> None:
+    """Lightning's `last.ckpt` as a symlink to its newest save: when that save's bytes fail, the link (which holds
+    no files of its own to check) is as corrupt as its target; the job gets the save before, not the link."""
+    from supervisor.checkpoints import scan
+    from supervisor.daemon.integrity import good_ones
+    from supervisor.policy.resume import Launch, plan_resume
+
+    root = tmp_path / "ckpts"
+    older, newest = write_lightning_checkpoint(root, 20), write_lightning_checkpoint(root, 30)
+    (root / "last.ckpt").symlink_to(newest.name)
+    assert seal(root, older) and seal(root, newest)
+    _flip(newest / "__0_0.distcp", 100)
+    found = scan(root)
+    judged, good, findings = good_ones(found, [c for c in found if c.complete], verify=True, roots=(root, None))
+    plan = plan_resume(judged, resume_args=["--resume", "{checkpoint}"], allow_fresh_start=False)
+    assert [c.path for c in good] == [older] and [f.kind for f in findings] == ["checkpoint_corrupt"], findings
+    assert isinstance(plan, Launch) and plan.checkpoint is not None and plan.checkpoint.path == older, plan
