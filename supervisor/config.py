@@ -190,6 +190,12 @@ class CheckpointsSection(RetentionRules):
         "(exit 3) naming it. An empty root, or one with only partial saves, always starts fresh",
     )
     retention_interval_s: float = Field(default=300, ge=0.5, le=MAX_S, description="periodic retention pass, seconds")
+    integrity: bool = Field(
+        default=True, description="read a resume point's bytes against its checksums (the trainer's manifest, or "
+        "a seal the supervisor made when it first saw the checkpoint complete) before every launch, and seal those "
+        "without checksums; false: a complete checkpoint is resumed unread, as a store with checksums of its own "
+        "(ZFS, an object store) or a checkpoint too large to read at each relaunch may want (docs/checkpoints.md)",
+    )
     scrub_interval_s: float = Field(
         default=86400, ge=0, le=MAX_S,
         description="re-read every kept checkpoint against its checksums this often, seconds, in a housekeeping "

@@ -196,11 +196,11 @@ class Housekeeper:
             found = store.merged(durable, local)
             protect = [*protect, *self.hold(found)] if self.hold is not None else protect
             usable = [c for c in found if c.complete and not c.quarantined]
-            verify, every = self.verify_launch, self.cfg.checkpoints.scrub_interval_s
-            scrub = every > 0 and self.now() - self._scrubbed >= every
+            on, every = self.cfg.checkpoints.integrity, self.cfg.checkpoints.scrub_interval_s
+            verify, scrub = self.verify_launch and on, on and every > 0 and self.now() - self._scrubbed >= every
             self._scrubbed = self.now() if scrub else self._scrubbed
             found, usable, findings = good_ones(found, usable, verify=verify, roots=(self.root, self.local_root),
-                                                scrub=scrub)
+                                                scrub=scrub, seal_new=on)
             judged = {c.path: c for c in found}  # found corrupt just now: retention keeps it, and the newest good
             durable, local = [judged.get(c.path, c) for c in durable], [judged.get(c.path, c) for c in local]
             newest = usable[0] if usable else None  # newest first, the local copy first at equal steps
@@ -216,7 +216,7 @@ class Housekeeper:
         gone = {d.path for d in deleted}
         return PassResult(
             generation, checkpoints=[c for c in found if c.path not in gone], newest=newest, deleted=deleted,
-            findings=[*findings, *plan.findings], verified=verify, disk_free=usage.free_bytes,
+            findings=[*findings, *plan.findings], verified=verify or not on, disk_free=usage.free_bytes,
             checkpoint_bytes=sum(c.size_bytes for c in durable if c.complete and c.path not in gone),
             root_id=root_id, retention_stopped=stopped, settled=settled,
         )

@@ -8,6 +8,7 @@ marker says why, nothing deleted for it) and the next newest is read in its plac
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,23 +20,57 @@ from supervisor.checkpoints.seals import SEAL_MB_S, check, expected, seal
 from supervisor.checkpoints.tiers import Tier
 from supervisor.errors import CheckpointError, SidecarError
 
-__all__ = ["good_ones"]
+__all__ = ["good_ones", "seals_idle"]
 
 
 
 Infos = list[store.CheckpointInfo]
+_sealing: set[Path] = set()  # the checkpoint a background seal is reading now (one at a time)
+_lock = threading.Lock()
+_idle = threading.Event()  # set while no background seal runs
+_idle.set()
+
+
+def seals_idle(timeout: float | None = None) -> bool:
+    """Wait until no background seal runs (tests, benchmarks); False if one still does after `timeout`."""
+    return _idle.wait(timeout)
+
+
+def _seal_later(root: Path, path: Path) -> None:
+    """Seal `path` (or see that it is sealed) on a thread of its own, idle and at bounded bandwidth: a pass, and so
+    a commit's detection or a job exit's judgement, never waits while a large checkpoint is hashed (789 GB at
+    SEAL_MB_S is an hour). A daemon thread: the supervisor's exit never waits for it either; a seal cut short is
+    never written (seals.py writes it whole), and the next pass starts it again."""
+    with _lock:
+        if _sealing:
+            return
+        _sealing.add(path)
+        _idle.clear()
+
+    def work() -> None:
+        try:
+            seal(root, path, mb_s=SEAL_MB_S)
+        except (CheckpointError, SidecarError, OSError):
+            pass  # gone (retention), or unreadable: the next pass tries again and says why
+        finally:
+            with _lock:
+                _sealing.discard(path)
+                _idle.set()
+
+    threading.Thread(target=work, name="seal", daemon=True).start()
 
 
 def good_ones(found: Infos, usable: Infos, *, verify: bool, roots: Sequence[Path | None],
-              scrub: bool = False) -> tuple[Infos, Infos, list[store.Finding]]:
-    """(found, usable, findings) after sealing every usable checkpoint that has no checksums yet and, with
-    `verify`, reading the newest usable ones until one matches its checksums (the others quarantined as corrupt);
-    `scrub`: reading every usable one, idle and at bounded bandwidth."""
+              scrub: bool = False, seal_new: bool = True) -> tuple[Infos, Infos, list[store.Finding]]:
+    """(found, usable, findings) after, with `verify`, reading the newest usable ones until one matches its
+    checksums (the others quarantined as corrupt; one without checksums is sealed first, at full speed) and, with
+    `seal_new`, starting a background seal of one that has none yet; `scrub`: reading every usable one, idle and at
+    bounded bandwidth. A local checkpoint of another lineage is set aside whatever the flags."""
     findings: list[store.Finding] = []
     bad: dict[Path, str] = {}
     aside: dict[Path, str] = {}
     good: list[store.CheckpointInfo] = []
-    hashed = False  # one checkpoint sealed (or looked at for a re-commit) per pass besides the resume point
+    hashed = False  # one background seal (or look for a re-commit) started per pass
     for c in usable:
         root = roots[0] if c.tier is Tier.DURABLE else roots[1]
         if c.tier is Tier.LOCAL and roots[0] is not None and (why := foreign(roots[0], c.path)) is not None:
@@ -48,12 +83,14 @@ def good_ones(found: Infos, usable: Infos, *, verify: bool, roots: Sequence[Path
         try:
             sums = expected(root, c.path)
             launch = verify and all(g.path.is_symlink() for g in good)  # the resume point: full speed, a launch waits
-            # New, or its files rewritten since: sealed now if it is the resume point, else one a pass (idle).
+            # New, or its files rewritten since: sealed now if it is the resume point, else on a thread (idle).
             fresh = False  # sealed just now: the bytes were just read, and are what the seal says
-            if (sums is None or sums[0] == "seal") and (launch or not hashed):
-                hashed = hashed or not launch
-                if fresh := seal(root, c.path, mb_s=None if launch else SEAL_MB_S):
+            if (sums is None or sums[0] == "seal") and launch:
+                if fresh := seal(root, c.path):
                     sums = expected(root, c.path)
+            elif (sums is None or sums[0] == "seal") and seal_new and not hashed:
+                hashed = True
+                _seal_later(root, c.path)
             problem = (check(root, c.path, sums[1], mb_s=None if launch else SEAL_MB_S)
                        if sums is not None and (launch or scrub) and not fresh else None)
         except (CheckpointError, SidecarError, OSError) as exc:

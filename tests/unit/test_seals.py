@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.checkpoints.seals import check, expected, seal, seal_path
+from supervisor.daemon import integrity
+from supervisor.daemon.integrity import good_ones, seals_idle
 from supervisor.errors import SidecarError
 from tests.jobs.dcp_files import write_checkpoint, write_lightning_checkpoint
 from tests.unit.test_core import exit_job, make_core
@@ -35,7 +37,7 @@ def make_checkpoint() -> Callable[[Path, str], Path]:
     without it (conftest's `make_checkpoint` copies one torch wrote, for the integration tier)."""
 
     def make(root: Path, name: str) -> Path:
-        return write_checkpoint(root, int(name.rsplit("_", 1)[1]), name=name, manifest=False)
+        return write_checkpoint(root, int(name.rsplit("_", 1)[1]), name=name, shards=1, manifest=False)
 
     return make
 
@@ -167,6 +169,7 @@ class TestBeforeLaunch:
         make_checkpoint(ck, "step_20")
         core.begin(None)
         core.house.wait_idle(30)
+        assert seals_idle(30)
         assert fake.spawned[-1].argv[-1] == str(ck / "step_20")
         assert seal_path(ck, "step_10").exists() and seal_path(ck, "step_20").exists()
         shard = next(p for p in (ck / "step_20").iterdir() if p.suffix == ".distcp")
@@ -209,11 +212,13 @@ class TestBeforeLaunch:
         make_checkpoint(ck, "step_20")
         core.begin(None)
         core.house.wait_idle(30)
+        assert seals_idle(30)
         _flip(next(p for p in (ck / "step_10").iterdir() if p.suffix == ".distcp"), 3)
         make_checkpoint(ck, "step_30")
         for _ in range(3):
             fake.advance(31, core)
             core.house.wait_idle(30)
+        assert seals_idle(30)
         assert [f for e, f in log.events if e == "checkpoint_corrupt"], log.events
         assert (ck / "step_10" / ".quarantined").exists(), [f for e, f in log.events if e == "retention_deleted"]
 
@@ -228,10 +233,12 @@ class TestBeforeLaunch:
         make_checkpoint(ck, "step_20")
         core.begin(None)
         core.house.wait_idle(30)
+        assert seals_idle(30)
         _flip(next(p for p in (ck / "step_10").iterdir() if p.suffix == ".distcp"), 3)
         for _ in range(8):
             fake.advance(31, core)
             core.house.wait_idle(30)
+        assert seals_idle(30)
         corrupt = [f["message"] for e, f in log.events if e == "checkpoint_corrupt"]
         assert len(corrupt) == (1 if every else 0) and all(str(ck / "step_10") in m for m in corrupt), corrupt
         assert (ck / "step_10" / ".quarantined").exists() == bool(every)
@@ -249,6 +256,7 @@ class TestCorruptExit:
         make_checkpoint(ck, "step_20")
         core.begin(None)
         core.house.wait_idle(30)
+        assert seals_idle(30)
         shard = ck / "step_20" / "__0_0.distcp"
         (core.run_dir / "logs" / "attempt-0001.log").write_text(
             "[rank0]: Traceback (most recent call last):\n[rank0]:   File \"x.py\", line 1, in <module>\n"
@@ -257,6 +265,7 @@ class TestCorruptExit:
         exit_job(core, fake, 1)
         fake.advance(0.5, core)
         core.house.wait_idle(30)
+        assert seals_idle(30)
         fake.advance(0.5, core)
         assert core.status.last_exit is not None and core.status.last_exit.reason == "corrupt"
         assert fake.spawned[-1].argv[-1] == str(ck / "step_10") and len(fake.spawned) == 2
@@ -302,3 +311,43 @@ def test_a_link_to_a_rotten_checkpoint_is_never_the_resume_point(tmp_path: Path)
     plan = plan_resume(judged, resume_args=["--resume", "{checkpoint}"], allow_fresh_start=False)
     assert [c.path for c in good] == [older] and [f.kind for f in findings] == ["checkpoint_corrupt"], findings
     assert isinstance(plan, Launch) and plan.checkpoint is not None and plan.checkpoint.path == older, plan
+
+
+def test_a_pass_never_waits_for_a_background_seal(plain: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new checkpoint without checksums is sealed on a thread of its own: the pass (a commit's detection, a job
+    exit's judgement) goes on while it hashes (a 789 GB checkpoint at the idle bandwidth takes an hour)."""
+    import threading
+
+    from supervisor.checkpoints import scan
+
+    root, ck = plain
+    release, started = threading.Event(), threading.Event()
+
+    def slow_seal(root: Path, path: Path, mb_s: float | None = None) -> bool:
+        started.set()
+        release.wait(30)
+        return seal(root, path, mb_s=mb_s)
+
+    monkeypatch.setattr(integrity, "seal", slow_seal)
+    found = scan(root)
+    done = threading.Thread(target=good_ones, args=(found, list(found)), kwargs={"verify": False, "roots": (root, None)})
+    done.start()
+    done.join(10)
+    try:
+        assert not done.is_alive() and started.wait(10)  # the pass returned while the seal still reads
+        assert not seal_path(root, ck.name).exists()
+    finally:
+        release.set()
+    assert seals_idle(30) and seal_path(root, ck.name).exists()
+
+
+def test_integrity_off_seals_nothing_and_reads_nothing_before_a_launch(
+        tmp_path: Path, make_checkpoint: Callable[[Path, str], Path]) -> None:
+    """`[checkpoints] integrity = false`: a complete checkpoint is resumed unread and nothing is sealed."""
+    core, fake, log = make_core(tmp_path, checkpoints="keep_last = 0\nintegrity = false")
+    ck = core.cfg.checkpoints.dir
+    make_checkpoint(ck, "step_10")
+    core.begin(None)
+    core.house.wait_idle(30)
+    assert seals_idle(30)
+    assert fake.spawned[-1].argv[-1] == str(ck / "step_10") and not seal_path(ck, "step_10").parent.exists()
