@@ -9,11 +9,13 @@ import json
 import sys
 from pathlib import Path
 
+from tests.helpers import REPO
 from tests.supervise import Supervisors, cli, supervisors, write_config  # noqa: F401
 
 USER_SCRIPT = """
 import json, sys, time
 from pathlib import Path
+sys.path.insert(0, REPO)  # the test package's torch-free writer
 from tests.jobs.dcp_files import write_checkpoint
 
 root = Path(sys.argv[1])
@@ -28,7 +30,7 @@ for epoch, val_loss in enumerate([3.0, 1.0, 4.0, 2.0, 5.0], start=1):
 def test_keep_best_and_status_with_a_user_scripts_manifests(tmp_path: Path, supervisors: Supervisors) -> None:
     """keep_best val_loss/min k=2 with keep_last=1 keeps the two lowest val_loss and the newest; status names the best."""
     script = tmp_path / "train.py"
-    script.write_text(USER_SCRIPT)
+    script.write_text(USER_SCRIPT.replace("REPO)", f"{str(REPO)!r})", 1))
     cfg = write_config(tmp_path, [sys.executable, str(script), "ckpts"],
                        'keep_last = 1\nkeep_best = { metric = "val_loss", mode = "min", k = 2 }\n')
     p = supervisors.start(cfg)
