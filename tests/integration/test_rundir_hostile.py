@@ -111,7 +111,7 @@ def test_another_users_live_run_is_not_called_not_running(command: str) -> None:
     import pkgutil
 
     import supervisor
-    from supervisor.cli import main
+    from supervisor.cli.app import main
     from supervisor.host.runlock import RunLock
 
     for module in pkgutil.walk_packages(supervisor.__path__, "supervisor."):
