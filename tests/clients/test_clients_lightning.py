@@ -220,3 +220,23 @@ def test_lightning_nan_is_rolled_back_to_the_save_before_it(supervisors: Supervi
     assert all(v != "nan" for v in trained.values()), trained
     diverged = [q for q in job.history("quarantined") if q["reason"].startswith("diverged")]
     assert all(int(SAVED.findall(Path(q["path"]).name)[-1]) > to_step for q in diverged), diverged
+
+
+def test_lightning_picking_its_own_checkpoint_diverges_to_exit_3(supervisors: Supervisors, tmp_path: Path) -> None:
+    """resume_args = [] (ckpt_path="last"): a relaunch would load last.ckpt, the diverged attempt's emergency save
+    with NaN weights, so there is no rollback: the job is stopped and the supervisor exits 3, naming the last good
+    save, which is kept."""
+    ckpts = tmp_path / "ckpts"
+    job = SupervisedClient(
+        supervisors, tmp_path, command=lightning_command(ckpts, "--top-k", "-1", "--save-last", "link"),
+        resume_args=[], checkpoint_dir=ckpts, env={NAN_AT_ENV: str(NAN_AT)},
+        extra_toml="keep_last = 1\n" + RESTART_FAST)
+    job.start()
+    assert job.wait_exit(RUN_TIMEOUT) == 3, job.tails()
+    [found] = job.history("diverged")
+    assert (found["why"], found["action"]) == ("nan", "give_up") and not job.history("rolled_back"), found
+    reason = job.state().get("reason") or ""
+    good = re.search(r"last good checkpoint: (\S+) \(kept\)", reason)
+    assert "no rollback: resume_args name no {checkpoint}" in reason and good, reason
+    assert Path(good.group(1)).is_dir() and saved_step(Path(good.group(1))) in (5, 10), reason
+    assert len(job.events("job_started")) == 1
