@@ -81,7 +81,8 @@ class HFBeats(_Beats):
         self._at(args, state, "train")
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._at(args, state, "train")
+        if not getattr(control, "should_log", False):  # else on_log beats this step with its loss: a beat of the same
+            self._at(args, state, "train")  # step and phase now would make the heartbeat drop that one (throttle)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         loss = _loss((logs or {}).get("loss"))

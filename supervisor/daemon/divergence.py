@@ -87,6 +87,8 @@ class Guard:
             self._lossless += 1
             if self._lossless == _UNGUARDED_AFTER:
                 self.log.warning("divergence_unguarded", attempt=attempt, reason="its heartbeats carry no loss")
+        else:  # guarded: beats without a loss in between (HF's steps not logged) say nothing
+            self._lossless = _UNGUARDED_AFTER + 1
         op = self.open
         if op is not None and attempt > op.attempt and beat.loss is not None \
                 and beat.step >= op.onset_step + self.cfg.skip_after_onset:

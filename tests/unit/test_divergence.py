@@ -248,6 +248,16 @@ class TestRollback:
         assert core.exit_code == 3 and len(fake.spawned) == 1 and core.status.rollbacks == 0
         assert "no rollback: resume_args name no {checkpoint}" in reason and "step_00000120 (kept)" in reason
 
+    @pytest.mark.parametrize(("losses", "warned"), [([None], True), ([1.0, None, None, None], False)])
+    def test_unguarded_only_when_no_beat_carries_a_loss(self, tmp_path: Path, losses: list[float | None],
+                                                        warned: bool) -> None:
+        """HF's Trainer beats a loss only on the steps it logs (logging_steps > 1): that job is guarded."""
+        core, _, log, _ = diverging(tmp_path)
+        core.begin(None)
+        for step in range(1, 41):
+            nan_beat(core, step, losses[step % len(losses)])  # type: ignore[arg-type]
+        assert ("divergence_unguarded" in log.names()) is warned
+
     @pytest.mark.parametrize("action", ["warn", "off"])
     def test_warn_and_off_do_not_stop(self, tmp_path: Path, action: str) -> None:
         core, fake, log, _ = diverging(tmp_path, f'action = "{action}"')

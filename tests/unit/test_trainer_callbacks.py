@@ -73,6 +73,19 @@ class TestHF:
         cb.on_evaluate(args, state, None)
         assert json.loads((beats / "heartbeat.json").read_text())["phase"] == "eval"
 
+    def test_a_logged_step_beats_its_loss(self, beats: Path) -> None:
+        """The Trainer calls on_step_end, then on_log for a step it logs: a loss-less beat of the same step and phase
+        first would make the heartbeat's throttle drop the loss (measured: the guard saw no normal loss, quarantined
+        every save as diverged and gave up)."""
+        cb = HFBeats()
+        args, state = SimpleNamespace(process_index=0, local_process_index=0), SimpleNamespace(global_step=5)
+        cb.on_step_end(args, state, SimpleNamespace(should_log=True))
+        cb.on_log(args, state, None, logs={"loss": 4.5})
+        assert read(beats / "rank-0.json").loss == 4.5 and read(beats / "heartbeat.json").loss == 4.5
+        state.global_step = 6
+        cb.on_step_end(args, state, SimpleNamespace(should_log=False))  # a step not logged still beats
+        assert read(beats / "rank-0.json").step == 6
+
     def test_the_nan_filter_is_turned_off(self, beats: Path) -> None:
         """HF's default logging_nan_inf_filter logs a NaN step as the window's mean (0.0 with logging_steps=1): the
         guard would never see the divergence. The callback turns it off; a job that already did is left alone."""
