@@ -36,6 +36,8 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # What the test scripts print on rank 0 for every step (accelerate_train, lightning_train, hf_train, user_dcp_script)
 STEP_LINE = re.compile(r"^step=(\d+) loss=(\S+)$", re.M)
+# A warm worker's hand-off line in the attempt log: its pid and the rank it took
+_WARM = re.compile(r"^event=warm_handoff pid=(\d+) local_rank=\S+ rank=(\d+)$", re.M)
 # The test scripts' NaN: the loss of this step is NaN on the supervisor's first attempt (lightning_train, hf_train)
 NAN_AT_ENV = "FSDP_TEST_NAN_AT_STEP"
 # Quick relaunches, and room for a client's own save on SIGTERM
@@ -140,7 +142,10 @@ class SupervisedClient:
                     continue
                 if env.get("RANK") == str(rank) and "LOCAL_RANK" in env:
                     return child
-            return None
+            # a warm worker (trainer/warm_pool.py) got its rank after its start: its environ does not say it
+            logs = self.attempt_logs() if (self.run_dir / "logs").is_dir() else []
+            warm = {int(p): int(r) for p, r in _WARM.findall(logs[-1])} if logs else {}
+            return next((c for c in children if warm.get(c.pid) == rank), None)
 
         worker: psutil.Process = self.wait_for(find, 60, f"the worker of rank {rank}")
         worker.send_signal(signal.SIGKILL)
