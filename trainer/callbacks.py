@@ -9,11 +9,15 @@ supervisor gets hang detection and the divergence guard. Outside a supervisor no
 is imported here until its factory is called: the hooks below are plain methods on the library's own objects
 (Lightning: `trainer.global_step`, `global_rank`, `local_rank`; HF: `state.global_step`, `args.process_index`,
 `args.local_process_index`, the `loss` of `on_log`). HF's Trainer reports its loss only every `logging_steps`
-(a mean since the last log): set `logging_steps=1` for the guard to see every step. Neither callback can make its
-library skip data after a rollback (`FSDP_SUPERVISOR_SKIP_STEPS`): docs/clients.md says what that means.
+(a mean since the last log): set `logging_steps=1` for the guard to see every step; and it replaces a NaN or
+infinite loss by the window's mean (`logging_nan_inf_filter`, on by default: a diverged run logs 0.0 at every step),
+so the HF callback turns that filter off when training begins. Neither callback can make its library skip data after
+a rollback (`FSDP_SUPERVISOR_SKIP_STEPS`): docs/clients.md says what a script does. A Lightning `training_step` that
+trains on nothing returns `{"loss": ..., "skipped": True}`: no loss is reported for it.
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from trainer.heartbeat import Heartbeat
@@ -24,7 +28,7 @@ __all__ = ["LightningBeats", "HFBeats", "lightning_callback", "hf_callback"]
 def _loss(value: Any) -> float | None:
     """A float from a tensor, a number or Lightning's `{"loss": tensor}`; None when there is none."""
     if isinstance(value, dict):
-        value = value.get("loss")
+        value = None if value.get("skipped") else value.get("loss")  # a step that trained on nothing says nothing
     if value is None:
         return None
     try:
@@ -70,10 +74,15 @@ class HFBeats(_Beats):
         self._beat(args.local_process_index, args.process_index, state.global_step, phase, loss)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if getattr(args, "logging_nan_inf_filter", False):  # read at every step: the guard must see the NaN
+            args.logging_nan_inf_filter = False
+            logging.getLogger(__name__).warning("logging_nan_inf_filter turned off: the divergence guard reads the "
+                                                "logged loss, NaN included")
         self._at(args, state, "train")
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._at(args, state, "train")
+        if not getattr(control, "should_log", False):  # else on_log beats this step with its loss: a beat of the same
+            self._at(args, state, "train")  # step and phase now would make the heartbeat drop that one (throttle)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         loss = _loss((logs or {}).get("loss"))

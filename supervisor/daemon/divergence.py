@@ -23,6 +23,7 @@ from supervisor.contract import DIVERGED, Beat
 from supervisor.daemon.events import Alarm, Bus
 from supervisor.host.atomic import write_atomic
 from supervisor.policy.divergence import Detector, Diverged, Open, diverged_saves, last_good, same_region, skip_steps
+from supervisor.policy.resume import chooses_itself
 from supervisor.policy.state import Status
 
 __all__ = ["Guard", "DIVERGENCE_FILE"]
@@ -35,6 +36,7 @@ class Guard:
     def __init__(self, cfg: Config, log: Any, bus: Bus, status: Status) -> None:
         self.cfg, self.log, self.bus, self.status = cfg.divergence, log, bus, status
         self.keep_last = cfg.checkpoints.keep_last
+        self.aimed = not chooses_itself(cfg.job.resume_args)  # else the relaunch loads what the job picks: no rollback
         self.path = cfg.run_dir / DIVERGENCE_FILE
         self.open: Open | None = self._load()
         self.found: tuple[int, Diverged] | None = None  # (attempt, divergence) to act on at that attempt's end
@@ -88,6 +90,8 @@ class Guard:
             self._lossless += 1
             if self._lossless == _UNGUARDED_AFTER:
                 self.log.warning("divergence_unguarded", attempt=attempt, reason="its heartbeats carry no loss")
+        else:  # guarded: beats without a loss in between (HF's steps not logged) say nothing
+            self._lossless = _UNGUARDED_AFTER + 1
         op = self.open
         if op is not None and attempt > op.attempt and beat.loss is not None \
                 and beat.step >= op.onset_step + self.cfg.skip_after_onset:
@@ -101,7 +105,7 @@ class Guard:
         rollbacks = before.rollbacks if before else 0
         self._save(Open(found.onset_step, found.step, found.rank, found.loss, found.why, attempt, rollbacks,
                         before.resume_step if before else None, before.skip if before else 0, found.since))
-        if self.cfg.action == "rollback" and rollbacks < self.cfg.max_rollbacks:
+        if self.cfg.action == "rollback" and rollbacks < self.cfg.max_rollbacks and self.aimed:
             self.verdict = "rollback"
         elif self.cfg.action != "warn":
             self.verdict = "give_up"
@@ -119,6 +123,8 @@ class Guard:
         found, rollbacks = self.found[1], self.open.rollbacks
         loss = found.why if found.loss is None else f"{found.loss:.6g} (level {found.level or 0:.6g})"
         tried = f" after {rollbacks} rollback(s) of the same region" if rollbacks else ""
+        if not self.aimed and self.cfg.action == "rollback":  # its newest save may be from after the onset
+            tried = " (no rollback: resume_args name no {checkpoint} or {step}, the job would load its own pick)"
         return (f"diverged ({found.why}) at step {found.onset_step} (seen at step {found.step}, loss {loss}){tried}; "
                 f"last good checkpoint: {self.good or 'none'} (kept)")
 

@@ -27,8 +27,8 @@ import psutil
 from tests.helpers import TAG_ENV
 from tests.supervise import REPO, Supervisors, cli, kill_tree
 
-__all__ = ["CLIENTS", "TORCHRUN", "STEP_LINE", "RESTART_FAST", "SupervisedClient", "run_plain", "strip_ansi", "printed",
-           "assert_losses_match"]
+__all__ = ["CLIENTS", "TORCHRUN", "STEP_LINE", "NAN_AT_ENV", "RESTART_FAST", "SupervisedClient", "run_plain", "strip_ansi",
+           "printed", "assert_losses_match"]
 
 CLIENTS = Path(__file__).resolve().parent
 # `python -m torch.distributed.run` is `torchrun` of this interpreter's venv, whichever venv runs the tests.
@@ -36,6 +36,10 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # What the test scripts print on rank 0 for every step (accelerate_train, lightning_train, hf_train, user_dcp_script)
 STEP_LINE = re.compile(r"^step=(\d+) loss=(\S+)$", re.M)
+# A warm worker's hand-off line in the attempt log: its pid and the rank it took
+_WARM = re.compile(r"^event=warm_handoff pid=(\d+) local_rank=\S+ rank=(\d+)$", re.M)
+# The test scripts' NaN: the loss of this step is NaN on the supervisor's first attempt (lightning_train, hf_train)
+NAN_AT_ENV = "FSDP_TEST_NAN_AT_STEP"
 # Quick relaunches, and room for a client's own save on SIGTERM
 RESTART_FAST = "\n[restart]\nbackoff_initial_s = 0.5\nbackoff_max_s = 2\n\n[health]\nstop_timeout_s = 60\n"
 
@@ -138,7 +142,10 @@ class SupervisedClient:
                     continue
                 if env.get("RANK") == str(rank) and "LOCAL_RANK" in env:
                     return child
-            return None
+            # a warm worker (trainer/warm_pool.py) got its rank after its start: its environ does not say it
+            logs = self.attempt_logs() if (self.run_dir / "logs").is_dir() else []
+            warm = {int(p): int(r) for p, r in _WARM.findall(logs[-1])} if logs else {}
+            return next((c for c in children if warm.get(c.pid) == rank), None)
 
         worker: psutil.Process = self.wait_for(find, 60, f"the worker of rank {rank}")
         worker.send_signal(signal.SIGKILL)
@@ -167,6 +174,14 @@ class SupervisedClient:
                 if name is None or event.get("event") == name:
                     out.append(event)
         return out
+
+    def history(self, kind: str) -> list[dict[str, Any]]:
+        """history.jsonl records of `kind` (the events the supervisor keeps for the report: diverged, rolled_back...)."""
+        try:
+            lines = (self.run_dir / "history.jsonl").read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        return [r for r in map(json.loads, lines) if r.get("kind") == kind]
 
     def attempt_logs(self) -> list[str]:
         """The job output of each attempt, in order."""

@@ -12,6 +12,12 @@ highest-numbered `checkpoint-N` itself). `--jit-checkpoint`: transformers' own e
 Rank 0 prints `step=N loss=<repr>` per step (a TrainerCallback's `on_log`, logging every step) and, after a
 resume, `resumed step=N from=<folder>`. `--step-s` sleeps in every step (every rank): a stand-in for a model
 whose steps take time, so that a test's kill lands between two saves.
+
+The supervisor's one line: `callbacks=[hf_callback()]` (trainer/callbacks.py: the node's and every rank's heartbeat
+with the logged loss, `logging_steps=1`). The Trainer resumes its data position from the checkpoint's `global_step`
+only and offers no way to skip more: after a rollback (`FSDP_SUPERVISOR_SKIP_STEPS=N`) rank 0 prints `not skipping
+N steps` and the Trainer trains on the same data again. Test-only: `FSDP_TEST_NAN_AT_STEP=N` turns the loss of step N
+into NaN on the supervisor's first attempt only (`compute_loss`).
 """
 from __future__ import annotations
 
@@ -23,6 +29,8 @@ from typing import Any
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
+
+from trainer.callbacks import hf_callback
 
 SEQ, VOCAB = 32, 128
 
@@ -52,6 +60,18 @@ class Printer(TrainerCallback):
             print(f"step={state.global_step} loss={logs['loss']!r}", flush=True)
 
 
+class NaNAt(Trainer):
+    """Test-only: the loss of step `nan_at` (1-based, as printed) is NaN; 0: the Trainer as it is."""
+
+    nan_at = 0
+
+    def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        out = super().compute_loss(model, inputs, *args, **kwargs)
+        if self.state.global_step + 1 != self.nan_at:
+            return out
+        return (out[0] * float("nan"), *out[1:]) if isinstance(out, tuple) else out * float("nan")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--output-dir", required=True)
@@ -71,8 +91,13 @@ def main() -> None:
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=SEQ)
-    trainer = Trainer(model=LlamaForCausalLM(config), args=args, train_dataset=Tokens(a.steps * 8),
-                      callbacks=[Printer(a.step_s)])
+    trainer = NaNAt(model=LlamaForCausalLM(config), args=args, train_dataset=Tokens(a.steps * 8),
+                    callbacks=[Printer(a.step_s), hf_callback()])
+    if os.environ.get("FSDP_SUPERVISOR_ATTEMPT", "1") == "1":
+        trainer.nan_at = int(os.environ.get("FSDP_TEST_NAN_AT_STEP") or 0)
+    skip = int(os.environ.get("FSDP_SUPERVISOR_SKIP_STEPS") or 0)
+    if skip and args.process_index == 0:
+        print(f"not skipping {skip} steps", flush=True)
     resume: str | bool | None = a.resume_from_checkpoint
     if a.resume_auto and os.path.isdir(a.output_dir) and get_last_checkpoint(a.output_dir):
         resume = True  # transformers raises when there is none: a first run starts fresh

@@ -1,7 +1,8 @@
 """A user's PyTorch Lightning script: FSDP with sharded checkpoints, ModelCheckpoint every N steps.
 
-Written the way Lightning's docs suggest and knowing nothing of fsdp-supervisor except its heartbeat
-(an optional Callback, below): `Trainer(strategy=FSDPStrategy(state_dict_type="sharded"))`,
+Written the way Lightning's docs suggest and knowing nothing of fsdp-supervisor but its one-line callback
+(`lightning_callback()`: the node's and every rank's heartbeat, with the loss) and its rollback's skip:
+`Trainer(strategy=FSDPStrategy(state_dict_type="sharded"))`,
 `ModelCheckpoint(dirpath=--ckpt-dir, every_n_train_steps=--save-every, save_top_k=--top-k, monitor=...,
 save_last=..., save_on_exception=True)` and `trainer.fit(model, ckpt_path=--ckpt-path)`: "last" (the
 default) resumes from Lightning's own `last.ckpt`, a path resumes from that checkpoint (the supervisor's pick,
@@ -11,11 +12,17 @@ One epoch is --save-every steps (the dataset is cut to fit), so every save lands
 resumed run sees the very batches an uninterrupted one does. Rank 0 prints `step=N loss=<repr>` per step and,
 after a resume, `resumed step=N from=<path Lightning loaded>`. `--step-s` sleeps in every step (every rank):
 a stand-in for a model whose steps take time, so that a test's kill lands between two saves.
+
+After a rollback of a divergence the supervisor sets `FSDP_SUPERVISOR_SKIP_STEPS=N`: for the N steps after the loaded
+one `training_step` does not look at its batch (it returns a zero loss marked `"skipped"`, which the heartbeat callback
+does not report) and `optimizer_step` makes no update (returning None is refused in distributed training). The steps
+still count, and the step counter is what Lightning resumes its data position from: later saves hold the skip. Rank 0
+prints `skipped step=N` for each.
+Test-only: `FSDP_TEST_NAN_AT_STEP=N` turns the loss of step N into NaN on the supervisor's first attempt only.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from typing import Any
@@ -26,6 +33,8 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.strategies import FSDPStrategy
 from torch.utils.data import DataLoader, TensorDataset
 
+from trainer.callbacks import lightning_callback
+
 BATCH, WORLD = 8, 2
 
 
@@ -34,34 +43,36 @@ class Tiny(pl.LightningModule):
         super().__init__()
         self.net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
         self.step_s = step_s
+        self.skip_to = 0  # the steps up to this one are skipped (a rollback's FSDP_SUPERVISOR_SKIP_STEPS)
+        first = os.environ.get("FSDP_SUPERVISOR_ATTEMPT", "1") == "1"
+        self.nan_at = int(os.environ.get("FSDP_TEST_NAN_AT_STEP") or 0) if first else 0
 
-    def training_step(self, batch: Any, _index: int) -> torch.Tensor:
+    def on_train_start(self) -> None:
+        self.skip_to = self.global_step + int(os.environ.get("FSDP_SUPERVISOR_SKIP_STEPS") or 0)
+
+    def training_step(self, batch: Any, _index: int) -> Any:
+        if self.global_step < self.skip_to:  # the batch is not looked at; `optimizer_step` below makes no update
+            if self.global_rank == 0:
+                print(f"skipped step={self.global_step + 1}", flush=True)
+            return {"loss": sum(p.sum() for p in self.parameters()) * 0.0, "skipped": True}
         x, y = batch
         time.sleep(self.step_s)
         loss = torch.nn.functional.mse_loss(self.net(x), y)
+        if self.global_step + 1 == self.nan_at:
+            loss = loss * float("nan")
         self.log("train_loss", loss, on_step=True, sync_dist=True)
         if self.global_rank == 0:
             print(f"step={self.global_step + 1} loss={loss.item()!r}", flush=True)
         return loss
 
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        if self.global_step < self.skip_to:
+            optimizer_closure()  # Lightning wants its closure run (training_step, a zero backward); no update
+        else:
+            optimizer.step(closure=optimizer_closure)
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=1e-3)
-
-
-class Heartbeat(Callback):
-    """Rewrite the supervisor's heartbeat file ($FSDP_SUPERVISOR_HEARTBEAT) after every step (rank 0 only)."""
-
-    def __init__(self) -> None:
-        self.path = os.environ.get("FSDP_SUPERVISOR_HEARTBEAT")
-
-    def on_train_batch_end(self, trainer: pl.Trainer, module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        if self.path and trainer.is_global_zero:
-            loss = float(outputs["loss"]) if isinstance(outputs, dict) else None
-            tmp = f"{self.path}.tmp"
-            with open(tmp, "w") as f:
-                json.dump({"step": trainer.global_step, "time": time.time(), "phase": "train", "loss": loss}, f)
-            os.replace(tmp, self.path)
 
 
 class Hold(Callback):
@@ -107,8 +118,8 @@ def main() -> None:
     checkpoint = ModelCheckpoint(dirpath=a.ckpt_dir, every_n_train_steps=a.save_every, save_top_k=a.top_k,
                                  monitor=a.metric, save_last=save_last, save_on_exception=True)
     trainer = pl.Trainer(accelerator="cpu", devices=WORLD, strategy=FSDPStrategy(state_dict_type="sharded"),
-                         max_steps=a.steps, callbacks=[checkpoint, Heartbeat(), Resumed(), Hold(a.hold_at, a.hold_dir)],
-                         logger=False,
+                         max_steps=a.steps, logger=False,
+                         callbacks=[checkpoint, lightning_callback(), Resumed(), Hold(a.hold_at, a.hold_dir)],
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
     trainer.fit(Tiny(a.step_s), loader, ckpt_path=None if a.ckpt_path == "none" else a.ckpt_path)
 

@@ -11,6 +11,9 @@ printed. Two ways to resume, as docs/clients.md configures them:
   ModelCheckpoint keeps in its top 3.
 - `resume_args = ["--ckpt-path", "{checkpoint}"]`: the supervisor's pick, with `save_last="link"`; a newest save
   without its `meta.pt` (killed between the DCP files and meta.pt) is skipped.
+
+The divergence guard through `lightning_callback()`: a NaN loss injected by the script is rolled back to the save
+before it, and the relaunch skips `FSDP_SUPERVISOR_SKIP_STEPS` steps (the script's `skip_steps` handling).
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ import torch
 from supervisor.checkpoints import lightning
 from tests.clients.harness import (
     CLIENTS,
+    NAN_AT_ENV,
     RESTART_FAST,
     STEP_LINE,
     TORCHRUN,
@@ -178,3 +182,61 @@ def test_lightning_resumes_from_the_supervisors_pick(supervisors: Supervisors, t
     assert (listing["last.ckpt"]["alias_of"], listing["last.ckpt"]["step"]) == (newest["name"], STEPS)
     shutil.rmtree(root / "epoch=2-step=15.ckpt")  # ours to judge, not Lightning's: layout of the rest
     assert layout_problems(root, LIGHTNING_ENTRY, LIGHTNING_FILES) == []
+
+
+NAN_AT, AFTER = 13, 3  # the NaN three steps after the step-10 save; skip_after_onset
+SAVED = re.compile(r"step=(\d+)")
+
+
+def test_lightning_nan_is_rolled_back_to_the_save_before_it(supervisors: Supervisors, tmp_path: Path) -> None:
+    """lightning_callback() beats every rank's loss; the script's loss turns NaN at step 13 (attempt 1 only) ->
+    `diverged` (nan), the job stopped (its save_on_exception save is diverged too), `rolled_back` to a save from
+    before the onset with skip = onset - resume step + skip_after_onset; the relaunch loads that save, skips those
+    steps without training, trains on to step 30 with finite losses; `completed`, exit 0."""
+    ckpts = tmp_path / "ckpts"
+    job = SupervisedClient(
+        supervisors, tmp_path, command=lightning_command(ckpts, "--top-k", "-1", "--save-last", "link"),
+        resume_args=["--ckpt-path", "{checkpoint}"], checkpoint_dir=ckpts, env={NAN_AT_ENV: str(NAN_AT)},
+        extra_toml=f"keep_last = 2\n\n[divergence]\nskip_after_onset = {AFTER}\n" + RESTART_FAST)
+    job.start()
+    assert job.wait_exit(RUN_TIMEOUT) == 0 and job.state().get("state") == "completed", job.tails()
+    [found] = job.history("diverged")
+    assert found["why"] == "nan" and found["onset_step"] >= NAN_AT, found
+    [back] = job.history("rolled_back")
+    to_step, onset = back["to_step"], found["onset_step"]
+    assert to_step in (5, 10) and to_step < NAN_AT, f"resumed a save from after the onset: {back}"
+    assert Path(back["to_checkpoint"]).name == f"epoch={to_step // SAVE_EVERY - 1}-step={to_step}.ckpt", back
+    assert back["skip"] == onset - to_step + AFTER, back
+    started = job.events("job_started")
+    assert len(started) == 2 and started[1]["argv"][-2:] == ["--ckpt-path", back["to_checkpoint"]], job.tails()
+    first, second = job.attempt_logs()
+    assert steps_printed(first)[NAN_AT] == "nan"
+    resumed = RESUMED.search(second)
+    assert resumed and resumed.group(1) == str(to_step), job.tails()
+    skipped = [int(n) for n in re.findall(r"^skipped step=(\d+)$", second, re.M)]
+    assert skipped == list(range(to_step + 1, to_step + back["skip"] + 1)), skipped
+    trained = steps_printed(second)
+    assert min(trained) == to_step + back["skip"] + 1 and max(trained) == STEPS, sorted(trained)
+    assert all(v != "nan" for v in trained.values()), trained
+    diverged = [q for q in job.history("quarantined") if q["reason"].startswith("diverged")]
+    assert all(int(SAVED.findall(Path(q["path"]).name)[-1]) > to_step for q in diverged), diverged
+
+
+def test_lightning_picking_its_own_checkpoint_diverges_to_exit_3(supervisors: Supervisors, tmp_path: Path) -> None:
+    """resume_args = [] (ckpt_path="last"): a relaunch would load last.ckpt, the diverged attempt's emergency save
+    with NaN weights, so there is no rollback: the job is stopped and the supervisor exits 3, naming the last good
+    save, which is kept."""
+    ckpts = tmp_path / "ckpts"
+    job = SupervisedClient(
+        supervisors, tmp_path, command=lightning_command(ckpts, "--top-k", "-1", "--save-last", "link"),
+        resume_args=[], checkpoint_dir=ckpts, env={NAN_AT_ENV: str(NAN_AT)},
+        extra_toml="keep_last = 1\n" + RESTART_FAST)
+    job.start()
+    assert job.wait_exit(RUN_TIMEOUT) == 3, job.tails()
+    [found] = job.history("diverged")
+    assert (found["why"], found["action"]) == ("nan", "give_up") and not job.history("rolled_back"), found
+    reason = job.state().get("reason") or ""
+    good = re.search(r"last good checkpoint: (\S+) \(kept\)", reason)
+    assert "no rollback: resume_args name no {checkpoint}" in reason and good, reason
+    assert Path(good.group(1)).is_dir() and saved_step(Path(good.group(1))) in (5, 10), reason
+    assert len(job.events("job_started")) == 1

@@ -168,8 +168,9 @@ def nan_beat(core: Core, step: int, loss: float | str = "nan") -> None:
     core.on_file_event(core.heartbeat_path)
 
 
-def diverging(tmp_path: Path, divergence: str = "", keep_last: int = 1) -> tuple[Core, FakeSystem, RecordingLog, Path]:
-    core, fake, log = make_core(tmp_path, job=RESUME, checkpoints=f"keep_last = {keep_last}",
+def diverging(tmp_path: Path, divergence: str = "", keep_last: int = 1, job: str = RESUME
+              ) -> tuple[Core, FakeSystem, RecordingLog, Path]:
+    core, fake, log = make_core(tmp_path, job=job, checkpoints=f"keep_last = {keep_last}",
                                 restart="max_no_progress_restarts = 0", health=f"[divergence]\n{divergence}")
     root = core.cfg.checkpoints.dir
     for step in (100, 120):
@@ -269,6 +270,29 @@ class TestRollback:
         exit_job(core, fake, 0)
         reason = core.status.reason or ""
         assert core.exit_code == 3 and "diverged (nan) at step 141" in reason and "step_00000120 (kept)" in reason
+
+    def test_a_job_that_picks_its_own_checkpoint_is_stopped_not_rolled_back(self, tmp_path: Path) -> None:
+        """resume_args = []: the relaunch would load the job's own pick, its newest save (Lightning's last.ckpt, its
+        emergency save from after the onset), and skip from step 0 ("to a fresh start"): measured, a Lightning run
+        loaded its NaN last.ckpt, skipped to the end and ended `completed`. So: stop and exit 3, saying why."""
+        core, fake, _, _ = diverging(tmp_path, job="resume_args = []")
+        core.begin(None)
+        nan_beat(core, 141)
+        assert fake.signals
+        exit_job(core, fake, 0)
+        reason = core.status.reason or ""
+        assert core.exit_code == 3 and len(fake.spawned) == 1 and core.status.rollbacks == 0
+        assert "no rollback: resume_args name no {checkpoint}" in reason and "step_00000120 (kept)" in reason
+
+    @pytest.mark.parametrize(("losses", "warned"), [([None], True), ([1.0, None, None, None], False)])
+    def test_unguarded_only_when_no_beat_carries_a_loss(self, tmp_path: Path, losses: list[float | None],
+                                                        warned: bool) -> None:
+        """HF's Trainer beats a loss only on the steps it logs (logging_steps > 1): that job is guarded."""
+        core, _, log, _ = diverging(tmp_path)
+        core.begin(None)
+        for step in range(1, 41):
+            nan_beat(core, step, losses[step % len(losses)])  # type: ignore[arg-type]
+        assert ("divergence_unguarded" in log.names()) is warned
 
     @pytest.mark.parametrize("action", ["warn", "off"])
     def test_warn_and_off_do_not_stop(self, tmp_path: Path, action: str) -> None:

@@ -48,6 +48,13 @@ class TestLightning:
         cb.on_save_checkpoint(trainer, None, {})
         assert read(beats / "heartbeat.json").phase == "save"
 
+    def test_a_skipped_step_reports_no_loss(self, beats: Path) -> None:
+        """A step that trained on nothing (a rollback's skip) must not feed its placeholder 0.0 to the guard."""
+        cb, trainer = LightningBeats(), SimpleNamespace(global_step=7, global_rank=0, local_rank=0)
+        cb.on_train_batch_end(trainer, None, {"loss": FakeTensor(0.0), "skipped": True}, None, 0)
+        rank = read(beats / "rank-0.json")
+        assert (rank.step, rank.loss, rank.loss_bad) == (7, None, None)
+
     def test_another_local_rank_writes_only_its_own(self, beats: Path) -> None:
         LightningBeats().on_train_start(SimpleNamespace(global_step=3, global_rank=5, local_rank=1), None)
         assert not (beats / "heartbeat.json").exists() and read(beats / "rank-5.json").step == 3
@@ -65,6 +72,29 @@ class TestHF:
         cb.on_log(args, state, None, logs={"eval_loss": 1.0})  # no training loss: nothing to say
         cb.on_evaluate(args, state, None)
         assert json.loads((beats / "heartbeat.json").read_text())["phase"] == "eval"
+
+    def test_a_logged_step_beats_its_loss(self, beats: Path) -> None:
+        """The Trainer calls on_step_end, then on_log for a step it logs: a loss-less beat of the same step and phase
+        first would make the heartbeat's throttle drop the loss (measured: the guard saw no normal loss, quarantined
+        every save as diverged and gave up)."""
+        cb = HFBeats()
+        args, state = SimpleNamespace(process_index=0, local_process_index=0), SimpleNamespace(global_step=5)
+        cb.on_step_end(args, state, SimpleNamespace(should_log=True))
+        cb.on_log(args, state, None, logs={"loss": 4.5})
+        assert read(beats / "rank-0.json").loss == 4.5 and read(beats / "heartbeat.json").loss == 4.5
+        state.global_step = 6
+        cb.on_step_end(args, state, SimpleNamespace(should_log=False))  # a step not logged still beats
+        assert read(beats / "rank-0.json").step == 6
+
+    def test_the_nan_filter_is_turned_off(self, beats: Path) -> None:
+        """HF's default logging_nan_inf_filter logs a NaN step as the window's mean (0.0 with logging_steps=1): the
+        guard would never see the divergence. The callback turns it off; a job that already did is left alone."""
+        args = SimpleNamespace(process_index=0, local_process_index=0, logging_nan_inf_filter=True)
+        HFBeats().on_train_begin(args, SimpleNamespace(global_step=0), None)
+        assert args.logging_nan_inf_filter is False
+        args = SimpleNamespace(process_index=0, local_process_index=0)  # an older Trainer without it
+        HFBeats().on_train_begin(args, SimpleNamespace(global_step=0), None)
+        assert not hasattr(args, "logging_nan_inf_filter")
 
     def test_outside_a_supervisor_nothing_is_written(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv("FSDP_SUPERVISOR_HEARTBEAT", raising=False)
