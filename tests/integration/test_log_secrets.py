@@ -58,7 +58,7 @@ def test_the_jobs_own_traceback_quoting_a_secret(tmp_path: Path) -> None:
     crash = "import os, sys; raise RuntimeError('boom ' + os.environ['HF_TOKEN'] + ' ' + sys.argv[2])"
     config = write_config(tmp_path, [sys.executable, "-c", crash, "--api-key", KEY], "[restart]\nmax_restarts = 0\n")
     config.write_text(config.read_text().replace('OMP_NUM_THREADS = "1"', f'OMP_NUM_THREADS = "1", HF_TOKEN = "{TOKEN}"'))
-    cli = [sys.executable, "-m", "supervisor.cli.app"]
+    cli = [sys.executable, "-m", "supervisor"]
     run = subprocess.run([*cli, "run", "-c", str(config)], cwd=REPO, capture_output=True, text=True, timeout=120)
     status = [subprocess.run([*cli, "status", *extra, "-c", str(config)], cwd=REPO, capture_output=True, text=True,
                              timeout=60).stdout for extra in ([], ["--json"])]
