@@ -77,6 +77,7 @@ class Guard:
     # ---- an attempt's beats ------------------------------------------------------------------------------
     def started(self) -> None:
         self.found, self.verdict, self._lossless, self.alive = None, None, 0, True
+        self.status.divergence_guard = None
         off = self.cfg.action == "off"
         self._detector = None if off else Detector(self.cfg.spike_factor, self.cfg.spike_patience)
         if self._detector is not None and self._seed is not None:  # a spike that outlasts a rollback's skip is
@@ -90,6 +91,7 @@ class Guard:
             self._lossless += 1
             if self._lossless == _UNGUARDED_AFTER:
                 self.log.warning("divergence_unguarded", attempt=attempt, reason="its heartbeats carry no loss")
+                self.status.divergence_guard = "off: the job's heartbeats carry no loss"
         else:  # guarded: beats without a loss in between (HF's steps not logged) say nothing
             self._lossless = _UNGUARDED_AFTER + 1
         op = self.open

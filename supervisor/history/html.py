@@ -34,7 +34,7 @@ table.summary td{font-weight:600;padding-right:22px}.detail{max-width:460px;over
 svg{display:block}svg text{font-size:11px;fill:#555}.axis{stroke:#aaa}.grid{stroke:#eee}
 .session{fill:#f2f5f9}.attempt{stroke:#fff;stroke-width:.5}.commit{stroke:#1b5e20;stroke-width:1.5}
 .quarantine{fill:#b71c1c}.deletion{stroke:#bbb}.restart{stroke:#c62828;stroke-width:1.2;stroke-dasharray:4 3}
-.recovery{stroke:#c62828;stroke-width:2}.failure{fill:#c62828}
+.recovery{stroke:#c62828;stroke-width:2}.failure{fill:#c62828}.diverged{stroke:#6a1b9a;stroke-width:1.5}
 .loss{fill:none;stroke:#1565c0;stroke-width:1.6}.loss.lost{stroke:#9aa9b4;stroke-dasharray:3 3}
 polyline.val-loss{fill:none;stroke:#ef6c00;stroke-width:1.2}circle.val-loss{fill:#ef6c00}
 .hang{fill:#8d6e63}.rate{fill:none;stroke:#37474f;stroke-width:1.3}
@@ -184,6 +184,10 @@ def _loss_chart(fold: Fold) -> str:
         body.append(tag("line", "restart", f"attempt {names} resumed from step {step}", x1=rx, y1=float(top),
                         x2=rx, y2=float(bottom)))
         body.append(text(rx + 3, top + 10, names))
+    for m in fold.marks:  # where a divergence was seen on the step axis (its rollback resumes at a restart line)
+        if m.kind == "diverged" and m.step is not None and s0 <= m.step <= s1:
+            body.append(tag("line", "diverged", f"diverged at step {m.step}: {m.detail or '?'}", x1=x(m.step),
+                            y1=float(top), x2=x(m.step), y2=float(bottom)))
     if vals:
         body.append(polyline(((x(s), y(v)) for s, v in vals), "val-loss", "val_loss"))
         dots = {int(x(s)): (s, v) for s, v in vals}.values()  # one dot per pixel column

@@ -104,6 +104,8 @@ def _ranks_rows(st: Status) -> list[tuple[str, str]]:
             for r in slow[:8]) + median))
     if st.hang_detection and st.job_pid:
         rows.append(("hangs", st.hang_detection))
+    if st.divergence_guard and st.job_pid:
+        rows.append(("divergence", st.divergence_guard))
     hang = st.last_hang
     if hang:
         named = "; ".join(f"rank {r.get('rank')} {r.get('why')}" for r in hang.get("ranks") or []) or "no rank named"

@@ -136,6 +136,7 @@ class Status:
     # The open divergence (supervisor/daemon/divergence.py): onset_step, step, rank, loss, why, rollbacks, last_good.
     divergence: dict[str, Any] | None = None
     rollbacks: int = 0  # divergences rolled back over the run
+    divergence_guard: str | None = None  # why the running attempt's loss is not watched (daemon/divergence.py)
     config: str | None = None
     updated_at: float = 0.0
 

@@ -16,6 +16,7 @@ from supervisor.config import DivergenceSection
 from supervisor.contract import MAX_STEP, Beat
 from supervisor.daemon.core import Core
 from supervisor.daemon.divergence import DIVERGENCE_FILE
+from supervisor.observe.statusview import render_status
 from supervisor.policy.divergence import Detector, Diverged, Open, same_region, skip_steps
 from supervisor.policy.state import State
 from tests.fakes import FakeSystem, RecordingLog
@@ -293,6 +294,8 @@ class TestRollback:
         for step in range(1, 41):
             nan_beat(core, step, losses[step % len(losses)])  # type: ignore[arg-type]
         assert ("divergence_unguarded" in log.names()) is warned
+        shown = "divergence: off: the job's heartbeats carry no loss" in render_status(core.status, running=True, now=0.0)
+        assert shown is warned and (core.status.divergence_guard is not None) is warned
 
     @pytest.mark.parametrize("action", ["warn", "off"])
     def test_warn_and_off_do_not_stop(self, tmp_path: Path, action: str) -> None:

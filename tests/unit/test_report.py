@@ -287,13 +287,15 @@ class TestPage:
         assert m.classes["reason-signal"] == 1 and m.classes["reason-stopped"] == 1 and m.classes["rate"] >= 1
 
     def test_a_divergence_and_its_rollback_are_marked(self) -> None:
-        """`diverged` and `rolled_back` are drawn on the timeline, with their step and why / where to."""
+        """`diverged` and `rolled_back` are drawn on the timeline (the divergence on the loss chart too), with their
+        step and why / where to."""
         records = [*CRASH_AND_RESUME[:6], rec(96, "diverged", step=70, onset_step=68, why="nan"),
                    rec(97, "rolled_back", from_step=70, to_checkpoint="/c/step_00000060", skip=18),
                    *CRASH_AND_RESUME[6:]]
         fold = Fold(keep=True).add_all(records)
         page = render_html(fold, fold.summary(), source="/run", generated=300.0)
         assert "diverged at step 70: nan" in page and "rolled back at step 70: /c/step_00000060" in page
+        assert marks(page).classes["diverged"] == 1  # and on the loss chart, at its step
 
 
 class TestCommand:
