@@ -179,9 +179,10 @@ class TestDaemonOnlyInstall:
     def test_make_unit_and_pythons_run_in_venvs_without_torch(self) -> None:
         """`make unit` and `make pythons` (3.10 and 3.13, part of `make test`) run tests/unit through tests/notorch.sh,
         which builds a venv without torch and refuses one that has it (docs/development.md)."""
-        def dry(target: str) -> list[str]:
-            return subprocess.run(["make", "-n", target], cwd=REPO, capture_output=True, text=True,
-                                  check=True).stdout.splitlines()
+        def dry(target: str) -> list[str]:  # not the parent's make (CI's `make test`): no "Entering directory"
+            env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+            return subprocess.run(["make", "--no-print-directory", "-n", target], cwd=REPO, capture_output=True,
+                                  text=True, check=True, env=env).stdout.splitlines()
         assert dry("unit") == ["bash tests/notorch.sh python3"]
         assert "for v in 3.10 3.13; do bash tests/notorch.sh $v --mypy" in dry("pythons")[0]
         script = (REPO / "tests" / "notorch.sh").read_text()
