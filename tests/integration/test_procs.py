@@ -97,6 +97,13 @@ TREE = ("import faulthandler, signal, subprocess, sys, time\n"
         "time.sleep(120)\n")
 
 
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 class TestStackDumpSignal:
     """SIGUSR1 asks for stack dumps: it must reach the processes that dump, never one whose default action is to die."""
 
@@ -113,6 +120,7 @@ class TestStackDumpSignal:
         p = subprocess.Popen([sys.executable, str(script), spec], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                              text=True, start_new_session=True, env={**os.environ, TAG_ENV: sleepers.tag})
         sleepers.procs.append(p)  # type: ignore[arg-type]
+        pids: list[int] = []
         try:
             assert p.stdout is not None
             pids = [int(x) for x in p.stdout.readline().split()]
@@ -124,6 +132,9 @@ class TestStackDumpSignal:
         finally:
             os.killpg(p.pid, signal.SIGKILL)  # the whole tree: it leads its own session
             p.wait()
+            deadline = time.monotonic() + 10  # SIGKILL lands asynchronously: the orphan check runs next
+            while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+                time.sleep(0.05)
 
 
 class TestWorkerStates:
