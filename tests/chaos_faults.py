@@ -7,6 +7,7 @@ seeded random order with seeded parameters.
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -99,7 +100,16 @@ def hang_with_torn_newest(c: ChaosRun, rank: int, min_steps: int) -> str:
         c.wait_commit(above=2 * SAVE_EVERY - 1)
     step = c.wait_training(min_steps)
     victim = _target(c, f"rank{rank}")
-    victim.suspend()
+    beat = c.dirs.run_dir / "heartbeats" / f"rank-{rank}.json"
+    for _ in range(200):  # a hang in training: one inside a save rightly gets save_timeout_s, not hang_timeout_s
+        victim.suspend()
+        try:
+            if json.loads(beat.read_text()).get("phase") in (None, "train"):
+                break
+        except (OSError, ValueError):
+            break
+        victim.resume()
+        time.sleep(0.02)
     try:
         time.sleep(1.0)  # a commit rank 0 had already begun finishes; after that nothing can commit
         ckpt = c.dirs.root / f"step_{c.dirs.newest_step():08d}"
