@@ -36,7 +36,7 @@ from supervisor.daemon.passes import PassScheduler
 from supervisor.daemon.publisher import StatePublisher
 from supervisor.daemon.recorder import HistoryRecorder
 from supervisor.daemon.statefile import STATE_FILE
-from supervisor.daemon.stops import Stops, Then
+from supervisor.daemon.stops import Stops
 from supervisor.daemon.system import System
 from supervisor.daemon.timers import Timer, TimerKey
 from supervisor.errors import EXIT_GAVE_UP, EXIT_OK, EXIT_SUPERVISOR_FAILED, CheckpointError
@@ -89,7 +89,8 @@ class Core:
         self._unmarked: set[str] = set()  # quarantined here, but the marker could not be written
         self._choice_logged = False  # resume_choice_left_to_job is said once
         # Requested stops: signals, the grace, a predecessor's orphaned job (daemon/stops.py)
-        self.stops = Stops(cfg, system, log, self.status, cancel_hang=self.hangs.cancel)
+        self.stops = Stops(cfg, system, log, self.status, cancel_hang=self.hangs.cancel, publish=self._publish,
+                           finish=lambda: self._finish(State.STOPPED, self.stops.reason), end_attempt=self._end_attempt)
         self.files = AttemptFiles(cfg, system, log)  # the attempt's error file and bounded log
         roots = [cfg.checkpoints.dir, *filter(None, [cfg.checkpoints.local_dir]), cfg.run_dir]
         self.elsewhere = Elsewhere(cfg.job_cwd, cfg.job.command, roots, since=system.now())  # saves outside the root
@@ -489,21 +490,13 @@ class Core:
     # ---- signals ---------------------------------------------------------------------------------------------
     def on_signal(self, signum: int) -> None:
         """A stop signal: the stop controller acts on the attempt; the run's outcome is carried out here."""
-        self._then(self.stops.on_signal(signum, self.job, exit_pending=self.ended is not None))
-
-    def _then(self, then: Then) -> None:
-        if then is Then.FINISH:
-            self._finish(State.STOPPED, self.stops.reason)
-        elif then is Then.END_ATTEMPT and self.job is not None and self.job.agent_exit is not None:
-            self._end_attempt(self.job, self.job.agent_exit)
-        elif then is Then.PUBLISH:
-            self._publish()
+        self.stops.on_signal(signum, self.job, exit_pending=self.ended is not None)
 
     # ---- timers ----------------------------------------------------------------------------------------------
     def on_timer(self, key: TimerKey) -> None:
         handlers = {
             Timer.LAUNCH: self._request_launch,
-            Timer.STOP_KILL: lambda: self._then(self.stops.on_kill_timer(self.job)),
+            Timer.STOP_KILL: lambda: self.stops.on_kill_timer(self.job),
             Timer.SCAN: self._on_scan,
             Timer.RETENTION: self._on_retention,
             Timer.PUBLISH: self._publish,

@@ -40,7 +40,6 @@ from supervisor.observe.humanize import human_bytes
 from supervisor.observe.lines import LineSplitter
 from supervisor.observe.sanitize import visible
 from supervisor.observe.tracefold import TracebackFold
-from supervisor.policy.state import State
 
 __all__ = ["EventLoop", "Echo"]
 
@@ -307,9 +306,7 @@ class EventLoop:
     def _take_signals(self) -> None:
         while self.signals:
             s = self.signals.popleft()
-            if s == signal.SIGHUP:
-                self._on_hangup()
-            elif s != signal.SIGCHLD:
+            if s != signal.SIGCHLD:
                 self.core.on_signal(s)
 
     def _pump_echo(self, path: Path | None) -> None:
@@ -317,11 +314,3 @@ class EventLoop:
         self._echo_more = self.echo.pump(path)
         if self._echo_more:
             self._wake()  # the rest on the next turn, after signals and timers have been looked at
-
-    def _on_hangup(self) -> None:
-        """SIGHUP: stop gracefully, as for SIGTERM; never escalate a stop that is already under way."""
-        state = self.core.status.state
-        busy = state is State.STOPPING or state.final or self.core.done
-        self.core.log.warning("hangup", signal="SIGHUP", action="none, already stopping" if busy else "graceful stop")
-        if not busy:
-            self.core.on_signal(signal.SIGHUP)

@@ -3,9 +3,9 @@
 `policy/stopping.py` decides what a signal does from the state alone; this part carries the decision out and
 owns what a stop needs to remember: why the run stopped (`reason`), a killed predecessor's job still being
 stopped before the first launch (`orphans`), and the workers an agent left saving when it exited first. It
-signals the job and sets the STOP_KILL timer; what follows for the whole run (finish it, end the attempt) it
-returns to `Core` as `Then`, because only Core ends attempts and runs. A hang's kill is not a stop: it has its
-own short grace (daemon/hangs.py), and a requested stop never cuts an emergency save short by accident.
+signals the job and sets the STOP_KILL timer; what follows for the whole run (finish it, end the attempt) it asks
+of `Core` through the callbacks it was given, because only Core ends attempts and runs. A hang's kill is not a
+stop: it has its own short grace (daemon/hangs.py), and a requested stop never cuts an emergency save short by accident.
 """
 from __future__ import annotations
 
@@ -21,24 +21,17 @@ from supervisor.policy.attempt import Job
 from supervisor.policy.exits import signal_name
 from supervisor.policy.state import State, Status
 from supervisor.policy.stopping import STOPPED_BY_SIGNAL, StopAction, on_stop_signal
-from supervisor.vocabulary import Vocabulary
 
-__all__ = ["Stops", "Then"]
-
-
-class Then(Vocabulary):
-    """What `Core` does after the controller acted."""
-
-    NOTHING = "nothing"
-    PUBLISH = "publish"  # the status changed
-    FINISH = "finish"  # the run is over: stopped, with `Stops.reason`
-    END_ATTEMPT = "end_attempt"  # the attempt is over (its agent exited before; what it left is killed)
+__all__ = ["Stops"]
 
 
 class Stops:
-    def __init__(self, cfg: Config, system: System, log: Log, status: Status, *, cancel_hang: Callable[[], None]) -> None:
+    def __init__(self, cfg: Config, system: System, log: Log, status: Status, *, cancel_hang: Callable[[], None],
+                 publish: Callable[[], None], finish: Callable[[], None], end_attempt: Callable[[Job, int], None]) -> None:
         self.cfg, self.sys, self.log, self.status = cfg, system, log, status
         self.cancel_hang = cancel_hang  # a hang's own timers: a forced stop supersedes them
+        # Core's: the status changed; the run is over (stopped, with `reason`); the attempt whose agent exited is over
+        self.publish, self.finish, self.end_attempt = publish, finish, end_attempt
         self.reason = STOPPED_BY_SIGNAL  # status.reason once the run has stopped
         self.orphans: str | None = None  # its run token, while a killed predecessor's job is being stopped
 
@@ -56,30 +49,29 @@ class Stops:
         elif outcome:  # oldest first: the job's agent
             self.log.warning("orphan_job_stopped", job_pid=outcome[0], pids=outcome)
 
-    # ---- a stop signal ---------------------------------------------------------------------------------------
-    def on_signal(self, signum: int, job: Job | None, *, exit_pending: bool) -> Then:
+    # ---- a stop signal (SIGHUP too: policy/stopping.py decides) --------------------------------------------------------
+    def on_signal(self, signum: int, job: Job | None, *, exit_pending: bool) -> None:
         """Carry out what policy/stopping.py decides for this signal."""
         decision = on_stop_signal(signum, state=self.status.state, job_running=job is not None,
                                   exit_pending=exit_pending, on_terminal=self.sys.on_terminal)
         action, job_pid = decision.action, job.pid if job else None
-        if action is StopAction.IGNORE:
-            return Then.NOTHING
+        if signum == signal.SIGHUP:  # the terminal closed, an ssh session dropped: never escalates a stop under way
+            busy = action in (StopAction.IGNORE, StopAction.WAIT)
+            self.log.warning("hangup", signal="SIGHUP", action="none, already stopping" if busy else "graceful stop")
         if action is StopAction.FORCE:
-            return self._force(signum, decision.cause or "stop --force", job, exit_pending=exit_pending)
-        if action is StopAction.WAIT:
+            self._force(signum, decision.cause or "stop --force", job, exit_pending=exit_pending)
+        elif action is StopAction.WAIT:
             self.log.info("stop_in_progress", signal=signal_name(signum), job_pid=job_pid,
                           force="fsdp-supervisor stop --force")
-            return Then.NOTHING
-        self.status.transition(State.STOPPING)
-        self.log.info("stopping", signal=signal_name(signum), job_pid=job_pid, grace_s=self.cfg.health.stop_timeout_s)
-        if action is StopAction.TERMINATE:
-            assert job is not None
-            self._terminate(job)
-        elif action is StopAction.FINISH:
-            return Then.FINISH
-        return Then.PUBLISH
+        elif action is not StopAction.IGNORE:
+            self.status.transition(State.STOPPING)
+            self.log.info("stopping", signal=signal_name(signum), job_pid=job_pid, grace_s=self.cfg.health.stop_timeout_s)
+            if action is StopAction.TERMINATE:
+                assert job is not None
+                self._terminate(job)
+            (self.finish if action is StopAction.FINISH else self.publish)()
 
-    def _force(self, signum: int, cause: str, job: Job | None, *, exit_pending: bool) -> Then:
+    def _force(self, signum: int, cause: str, job: Job | None, *, exit_pending: bool) -> None:
         """Kill the job now (an emergency save in progress is lost), then exit 0 without a restart."""
         if self.status.state is not State.STOPPING:
             self.status.transition(State.STOPPING)
@@ -90,15 +82,17 @@ class Stops:
             self.cancel_hang()
             self.sys.timers.cancel(Timer.STOP_KILL)
             if job.agent_exit is not None:  # only the workers it left are still saving: no agent exit to wait for
-                return Then.END_ATTEMPT  # which kills them
-            self.sys.kill_job_tree(job.pid)
-            return Then.PUBLISH
-        if exit_pending:  # the exit being judged sees STOPPING
-            return Then.PUBLISH
-        if self.orphans is not None:  # a killed predecessor's job still saving: no grace left for it either
-            killed = self.sys.stop_orphans(self.orphans, self.cfg.run_dir, 0)
-            self.log.warning("orphan_job_killed", pids=killed)
-        return Then.FINISH
+                self.end_attempt(job, job.agent_exit)  # which kills them
+            else:
+                self.sys.kill_job_tree(job.pid)
+                self.publish()
+        elif exit_pending:  # the exit being judged sees STOPPING
+            self.publish()
+        else:
+            if self.orphans is not None:  # a killed predecessor's job still saving: no grace left for it either
+                killed = self.sys.stop_orphans(self.orphans, self.cfg.run_dir, 0)
+                self.log.warning("orphan_job_killed", pids=killed)
+            self.finish()
 
     def terminate(self, job: Job) -> None:
         """Stop the job gracefully without stopping the run (a divergence's rollback): as on a stop signal."""
@@ -127,13 +121,13 @@ class Stops:
                              processes=[f"{p}:{n}" for p, n in left])
         return bool(left)
 
-    def on_kill_timer(self, job: Job | None) -> Then:
+    def on_kill_timer(self, job: Job | None) -> None:
         """stop_timeout_s is over: kill what is left of the job."""
         if job is None:
-            return Then.NOTHING
+            return
         if job.agent_exit is not None:  # the agent is gone (its pid may be reused): ending the attempt kills what it left
             self.log.warning("job_killed", attempt=job.number, after_s=self.cfg.health.stop_timeout_s)
-            return Then.END_ATTEMPT
+            self.end_attempt(job, job.agent_exit)
+            return
         killed = self.sys.kill_job_tree(job.pid)
         self.log.warning("job_killed", attempt=job.number, after_s=self.cfg.health.stop_timeout_s, processes=len(killed))
-        return Then.NOTHING
