@@ -6,6 +6,7 @@ workers in sessions of their own; the supervisor's jobs lead their own sessions 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
@@ -174,16 +175,12 @@ class Tagged:
         for _ in range(3):  # a dying agent may still spawn; sweep until nothing tagged is left
             left = self.tagged()
             for p in left:
-                try:
+                with contextlib.suppress(psutil.Error):
                     p.kill()
-                except psutil.Error:
-                    pass
             psutil.wait_procs(left, timeout=10)
             for p in self.procs:
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    pass
             if not left:
                 break
 

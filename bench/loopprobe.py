@@ -10,6 +10,7 @@ ordinary CLI. At exit the file gets
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -51,10 +52,8 @@ class LoopProbe:
     def write(self) -> None:
         doc = {"interval_s": INTERVAL_S, "clock": "monotonic", "max_late_s": round(self.max_late, 6),
                "samples": list(self.samples)}
-        try:
+        with contextlib.suppress(OSError):  # a diagnostic must never turn a clean exit into a failed one
             self.path.write_text(json.dumps(doc))
-        except OSError:
-            pass  # a diagnostic must never turn a clean exit into a failed one
 
 
 def main(env: Mapping[str, str] = os.environ) -> int:

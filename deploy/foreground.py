@@ -9,6 +9,7 @@ the command just runs. Usage: python deploy/foreground.py COMMAND [ARGS...]
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -52,10 +53,8 @@ def main(argv: list[str]) -> int:
     if pid == 0:
         os.setpgid(0, 0)
         os.execvp(argv[0], argv)
-    try:
+    with contextlib.suppress(OSError):  # the child did it first, or already exec'd
         os.setpgid(pid, pid)
-    except OSError:  # the child did it first, or already exec'd
-        pass
     _give(fd, pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a stray one (kill -INT to make's group) must not orphan it
     _, status = os.waitpid(pid, 0)

@@ -7,6 +7,7 @@ seeded random order with seeded parameters.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -125,10 +126,8 @@ def hang_with_torn_newest(c: ChaosRun, rank: int, min_steps: int) -> str:
         assert fallback is not None and fallback < (name_step(ckpt.name) or 0)
         st = c.wait_relaunch(attempt)
     finally:
-        try:
+        with contextlib.suppress(psutil.Error):
             victim.resume()
-        except psutil.Error:
-            pass
     assert _last_exit(st).get("reason") == "hang", st
     assert st["resumed_from"] == str(c.dirs.root / f"step_{fallback:08d}"), st
     return f"SIGSTOP rank {rank} at step ~{step}, truncated {shard.name} of {ckpt.name}; hang detected, " \

@@ -6,6 +6,7 @@ enough) and then asserts that no process carrying the tag is left.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -63,10 +64,8 @@ def returns_despite_fifo(fifo: Path, call: Callable[[], object], timeout: float 
     thread.join(timeout)
     blocked = thread.is_alive()
     while thread.is_alive():
-        try:
+        with contextlib.suppress(OSError):  # no reader waiting yet
             os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-        except OSError:  # no reader waiting yet
-            pass
         thread.join(0.1)
     assert not blocked, f"blocked on the FIFO {fifo}"
     return box.get("result")
@@ -94,10 +93,8 @@ class Job:
         except psutil.NoSuchProcess:
             return []
         for child in children:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 self.seen[child.pid] = child.create_time()
-            except psutil.NoSuchProcess:
-                pass
         return children
 
     def worker_of_rank(self, rank: int, timeout: float = 60) -> psutil.Process:
@@ -135,10 +132,8 @@ class Job:
             except psutil.NoSuchProcess:
                 pass
         if self.proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self.proc.wait(30)
 
 

@@ -11,6 +11,7 @@ tests/integration/test_report_browser.py). `screenshot` renders a page in headle
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import shutil
@@ -222,10 +223,8 @@ def screenshot(page: Path, png: Path, *, size: tuple[int, int] = (1200, 900), ti
         try:
             _, err = proc.communicate(timeout=timeout)
         finally:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)  # its renderer and GPU helpers too
-            except ProcessLookupError:
-                pass
             proc.wait()
     if proc.returncode != 0 or not png.exists():
         raise RuntimeError(f"chromium exited {proc.returncode}: {err.decode(errors='replace')[-500:]}")

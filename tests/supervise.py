@@ -1,6 +1,7 @@
 """Run the real `fsdp-supervisor` CLI in tests, and make sure nothing it started outlives the test."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -50,10 +51,8 @@ def kill_tree(pid: int) -> None:
     except psutil.Error:
         return
     for p in procs:
-        try:
+        with contextlib.suppress(psutil.Error):
             p.kill()
-        except psutil.Error:
-            pass
     psutil.wait_procs(procs, timeout=10)
 
 
@@ -86,10 +85,8 @@ class Supervisors:
     def cleanup(self) -> None:
         for p in self.procs:
             kill_tree(p.pid)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
             if p.stdout:
                 p.stdout.close()
         for pid in self.extra_pids:

@@ -20,6 +20,7 @@ Standard library only: `trainer.args` validates `--export-best` with it before `
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -282,10 +283,8 @@ def locked(directory: Path) -> Iterator[None]:
     """An exclusive flock on the folder itself, released on close: one writer at a time among runs sharing it."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        try:
+        with contextlib.suppress(OSError):  # a file system without flock: one writer per folder, as before locking existed
             fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:  # a file system without flock: one writer per folder, as before locking existed
-            pass
         yield
     finally:
         os.close(fd)

@@ -33,6 +33,7 @@ never imports this module.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.util
 import json
 import os
@@ -107,10 +108,8 @@ def _import_torchrun_at_idle_priority() -> Any:
     box: dict[str, Any] = {}
 
     def work() -> None:
-        try:
+        with contextlib.suppress(OSError, AttributeError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except (OSError, AttributeError):
-            pass
         try:
             import torch.distributed.run
 
@@ -173,10 +172,8 @@ def run_then_exit(fn: Callable[[], object]) -> NoReturn:
     threading._shutdown()  # type: ignore[attr-defined]  # what Py_Finalize does first: join non-daemon threads
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     if interrupted:  # CPython re-raises an uncaught SIGINT so the parent sees "killed by SIGINT"
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)

@@ -24,6 +24,7 @@ Standard library only until the import it exists for, and run by path: the super
 from __future__ import annotations
 
 import builtins
+import contextlib
 import ctypes
 import importlib
 import json
@@ -46,10 +47,8 @@ MAX_SPEC_BYTES = 1 << 20  # argv and environment of one rank; a SOCK_SEQPACKET m
 
 def pdeathsig(sig: int) -> None:
     """Ask the kernel to send `sig` when the thread that started us ends (0: never)."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: EOF on the socket still ends an unneeded worker
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # not Linux: EOF on the socket still ends an unneeded worker
 
 
 def set_title(title: str) -> None:

@@ -15,6 +15,7 @@ Stale markers are ignored and removed by whoever reads them; unreadable ones are
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -88,8 +89,6 @@ def in_use(root: PathLike, *, now: float | None = None) -> set[Path]:
         if lease_state(lease, here=here, now=now, started=start_ticks, max_age=IN_USE_MAX_AGE_S) is None:
             paths.add(base / os.path.basename(os.path.normpath(lease.doc["path"])))
         else:
-            try:
+            with contextlib.suppress(OSError):  # another reader removed it, or we may not: ignoring it is enough
                 os.unlink(lease.path)
-            except OSError:
-                pass  # another reader removed it, or we may not: ignoring it is enough
     return paths

@@ -15,6 +15,7 @@ future (`written_at`): a marker dated next year must not protect a checkpoint, o
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from collections.abc import Collection, Iterable
@@ -45,10 +46,8 @@ def sidecar_path(root: PathLike, suffix: str) -> Path:
 def trusted_owners(root: PathLike) -> set[int]:
     """Who may own a sidecar of `root`: us, and the owner of the (resolved) root."""
     owners = {os.geteuid()}
-    try:
+    with contextlib.suppress(OSError):  # no root (yet): only our own sidecars
         owners.add(os.stat(root).st_uid)
-    except OSError:
-        pass  # no root (yet): only our own sidecars
     return owners
 
 
@@ -76,10 +75,9 @@ def open_sidecar(path: Path, owners: Collection[int], *, create: bool) -> bool:
     except FileNotFoundError:
         if not create:
             return False
-        try:
+        # another supervisor or prune made it just now: checked below like any existing one
+        with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass  # another supervisor or prune made it just now: checked below like any existing one
         st = os.lstat(path)
     problem = sidecar_problem(path, st, owners)
     if problem:

@@ -164,10 +164,8 @@ class EventLoop:
         self._next_id_check = 0.0
 
     def _wake(self) -> None:  # from any thread
-        try:
+        with contextlib.suppress(BlockingIOError, OSError):  # pipe full: a wake-up is already pending
             os.write(self._wfd, b"\0")
-        except (BlockingIOError, OSError):
-            pass  # pipe full: a wake-up is already pending
 
     def run(self, begin: Callable[[], None]) -> int:
         rfd, self._wfd = os.pipe()

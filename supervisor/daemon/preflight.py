@@ -11,6 +11,7 @@ full or read-only disk seen only now) are config errors too.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -337,8 +338,6 @@ def make_dirs(cfg: Config) -> None:
         _check_run_dir(cfg)  # again, now that nobody else may write in it: made (or planted) since the check
     except ConfigError:
         for d in reversed(created):
-            try:
+            with contextlib.suppress(OSError):
                 d.rmdir()
-            except OSError:
-                pass
         raise

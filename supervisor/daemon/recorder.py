@@ -14,6 +14,7 @@ removed by the next run.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -296,10 +297,8 @@ class HistoryRecorder:
             self._finish_compaction()
         if self._fd is not None:
             fd, self._fd = self._fd, None
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
 
     # ---- hooks -----------------------------------------------------------------------------------------------
     @_guarded

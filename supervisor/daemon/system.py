@@ -5,6 +5,7 @@ them advance time by hand. Files (checkpoints, heartbeat, state.json) are real f
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import random
@@ -173,10 +174,8 @@ class RealSystem:
         return procs.worker_states(pid, handed_ranks(log) if log is not None else {})
 
     def kill_job_tree(self, pid: int) -> list[tuple[int, str]]:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)  # the job leads its own session: pgid == pid
-        except (ProcessLookupError, PermissionError):
-            pass
         return self.reap_survivors()
 
     def survivors(self) -> list[tuple[int, str]]:

@@ -10,6 +10,7 @@ attempts older than the last `[supervisor] job_logs_kept` are deleted.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -57,10 +58,9 @@ def rotate(path: Path, max_bytes: int) -> OSError | None:
             os.replace(tmp, segment)
         except OSError as exc:
             error = exc
-            try:
+            # not a file of ours (a folder planted there): the next rotation fails the same way
+            with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
-            except OSError:
-                pass  # not a file of ours (a folder planted there): the next rotation fails the same way
         live.truncate(0)
     return error
 

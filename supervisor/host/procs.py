@@ -4,6 +4,7 @@ Only the real `System` (supervisor/daemon/system.py) calls these; the core never
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -262,10 +263,8 @@ def stop_processes(found: Sequence[psutil.Process], timeout: float) -> list[int]
             tree.setdefault(child.pid, child)
     own_group = os.getpgrp()
     for p in tree.values():
-        try:
+        with contextlib.suppress(psutil.Error):
             p.kill()
-        except psutil.Error:
-            pass
     for p in roots:
         try:
             if os.getpgid(p.pid) == p.pid != own_group:

@@ -15,6 +15,7 @@ The warm workers are the spare's children: they count as the spare here (`spare_
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -240,17 +241,13 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
     except psutil.Error:
         workers = []
     for w in workers:
-        try:
+        with contextlib.suppress(psutil.Error):
             w.kill()
-        except psutil.Error:
-            pass
     try:
         proc.kill()
         proc.wait(timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         pass
     if proc.stdin is not None:
-        try:
+        with contextlib.suppress(OSError):
             proc.stdin.close()
-        except OSError:
-            pass

@@ -14,6 +14,7 @@ trip on them (Python's own flush at exit included). Supervision goes on; the JSO
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -223,10 +224,8 @@ class Console:
         except OSError:
             return
         for fd in self._std:
-            try:
+            with contextlib.suppress(OSError):
                 os.dup2(null, fd)
-            except OSError:
-                pass
         os.close(null)
 
 

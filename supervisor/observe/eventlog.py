@@ -13,6 +13,7 @@ shows only its warnings, one line each on stderr.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -44,10 +45,8 @@ class _ConsoleHandler(logging.Handler):
         self.console = console
 
     def emit(self, record: logging.LogRecord) -> None:
-        try:
+        with contextlib.suppress(Exception):  # any: handleError would print to the very terminal that failed
             self.console.show([self.format(record)])
-        except Exception:  # noqa: BLE001  (handleError would print to the very terminal that failed)
-            pass
 
 
 class _OwnerOnlyFile(logging.handlers.RotatingFileHandler):

@@ -4,6 +4,7 @@ Silent when NOTIFY_SOCKET is unset. Abstract socket names (`@...`) are supported
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections.abc import Callable
@@ -38,10 +39,8 @@ class Notifier:
         return cls(addr, wd)
 
     def send(self, message: str) -> None:
-        try:
+        with contextlib.suppress(OSError):  # systemd gone or socket full: never let notification break supervision
             self.sock.sendto(message.encode(), self.address)
-        except OSError:
-            pass  # systemd gone or socket full: never let notification break supervision
 
     def ready(self) -> None:
         if not self._ready_sent:

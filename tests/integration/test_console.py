@@ -1,6 +1,7 @@
 """The console `run` prints (short events, the progress line, the job's echo), hangups, bounded job output."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -158,10 +159,8 @@ class TestRunConsole:
         peak = [base]
 
         def finished() -> bool:
-            try:
+            with contextlib.suppress(psutil.Error):
                 peak[0] = max(peak[0], sup.memory_info().rss)
-            except psutil.Error:
-                pass
             return run.proc.poll() is not None and run.leader < 0
 
         run.read_until(finished, timeout=120)

@@ -5,6 +5,7 @@ The SIGSTOPped rank itself (its naming, the fast kill, the kept stacks) is in te
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -62,10 +63,8 @@ class TestAutoHangDetection:
         try:
             wait_for(lambda: state(tmp_path).get("attempt") == 2, TIMEOUT, "attempt 2 after the hang")
         finally:
-            try:
+            with contextlib.suppress(psutil.Error):
                 victim.resume()
-            except psutil.Error:
-                pass
         st = state(tmp_path)
         assert st["last_exit"]["reason"] == "hang"
         assert st["last_hang"]["ranks"] == [{"rank": 1, "why": "stopped (SIGSTOP or SIGTSTP)"}]

@@ -1,6 +1,7 @@
 """The daemon's child-process `.metadata` parse: same verdicts as in-process, isolated, never left behind."""
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from pathlib import Path
@@ -147,10 +148,8 @@ os._exit(0)
             gone, alive = psutil.wait_procs([child], timeout=0.5)
             assert not alive or child.status() == psutil.STATUS_ZOMBIE
         finally:
-            try:
+            with contextlib.suppress(psutil.Error):
                 child.kill()
-            except psutil.Error:
-                pass
 
     def test_a_hung_child_is_killed_after_a_time_sized_to_the_file(  # type: ignore[no-untyped-def]
             self, isolated, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,6 +5,7 @@ unchanged, exported weights bit-identical to one uninterrupted run.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -169,10 +170,8 @@ class TestStopAndResume:
         try:
             wait_for(lambda: state(tmp_path).get("attempt") == 2, 120, "attempt 2 (without waiting stop_timeout_s)")
         finally:
-            try:
+            with contextlib.suppress(psutil.Error):
                 victim.resume()
-            except psutil.Error:
-                pass
         st = state(tmp_path)
         assert st["last_exit"]["reason"] == "hang"
         assert st["last_hang"]["ranks"] == [{"rank": 1, "why": "stopped (SIGSTOP or SIGTSTP)"}]
