@@ -38,7 +38,7 @@ from supervisor.config import MAX_GB
 from supervisor.errors import EXIT_NOT_OK, EXIT_OK, CheckpointError
 from supervisor.host.boot import wall_now
 from supervisor.observe.humanize import human_age, human_bytes, printable
-from supervisor.policy.divergence import Open, last_good
+from supervisor.policy.divergence import last_good
 
 __all__ = ["register", "info_json"]
 
@@ -170,13 +170,13 @@ def _target(args: argparse.Namespace) -> _Target:
 
 
 def _diverged_since(run_dir: Path) -> int | None:
-    from supervisor.daemon.divergence import DIVERGENCE_FILE
+    from supervisor.daemon.divergence import read_open
 
     try:
-        op = Open.from_json(json.loads((run_dir / DIVERGENCE_FILE).read_bytes()[:4096]))
-    except (OSError, ValueError):  # none open (or not ours: the daemon says so)
+        op = read_open(run_dir)
+    except (OSError, ValueError):  # not ours: the daemon says so
         return None
-    return op.onset_step if op.since is None else op.since
+    return None if op is None else op.onset_step if op.since is None else op.since
 
 
 def cmd_list(args: argparse.Namespace) -> int:

@@ -15,30 +15,43 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from supervisor.checkpoints import CheckpointInfo
 from supervisor.config import Config
 from supervisor.contract import DIVERGED, Beat
 from supervisor.daemon.events import Alarm, Bus
 from supervisor.host.atomic import write_atomic
+from supervisor.host.log import Log
+from supervisor.host.regularfile import read_json
 from supervisor.policy.divergence import Detector, Diverged, Open, diverged_saves, last_good, same_region, skip_steps
 from supervisor.policy.resume import chooses_itself
 from supervisor.policy.state import Status
 
-__all__ = ["Guard", "DIVERGENCE_FILE"]
+__all__ = ["Guard", "DIVERGENCE_FILE", "read_open"]
 
 DIVERGENCE_FILE = "divergence.json"  # in the run dir: the open divergence, if any
 _UNGUARDED_AFTER = 20  # beats of an attempt without a loss before the log says the guard is off for it
 
 
+def read_open(run_dir: Path) -> Open | None:
+    """The open divergence kept in `run_dir`, None when there is none; OSError or ValueError when it is unreadable."""
+    try:
+        return Open.from_json(read_json(run_dir / DIVERGENCE_FILE, 4096))
+    except FileNotFoundError:
+        return None
+
+
 class Guard:
-    def __init__(self, cfg: Config, log: Any, bus: Bus, status: Status) -> None:
+    def __init__(self, cfg: Config, log: Log, bus: Bus, status: Status) -> None:
         self.cfg, self.log, self.bus, self.status = cfg.divergence, log, bus, status
         self.keep_last = cfg.checkpoints.keep_last
         self.aimed = not chooses_itself(cfg.job.resume_args)  # else the relaunch loads what the job picks: no rollback
         self.path = cfg.run_dir / DIVERGENCE_FILE
-        self.open: Open | None = self._load()
+        try:
+            self.open = read_open(cfg.run_dir)
+        except (OSError, ValueError) as exc:
+            self.open = None
+            log.warning("divergence_state_unreadable", path=str(self.path), error=str(exc)[:200])
         self.found: tuple[int, Diverged] | None = None  # (attempt, divergence) to act on at that attempt's end
         self.verdict: str | None = None  # "rollback" or "give_up": what the attempt's end brings
         self.marked: set[str] = set()  # diverged saves quarantined (or to be) by this supervisor: never resumed
@@ -53,15 +66,6 @@ class Guard:
     def _show(self) -> None:
         op = self.open
         self.status.divergence = {**op.to_json(), "last_good": self.good, "action": self.cfg.action} if op else None
-
-    def _load(self) -> Open | None:
-        try:
-            return Open.from_json(json.loads(self.path.read_bytes()[:4096]))
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as exc:
-            self.log.warning("divergence_state_unreadable", path=str(self.path), error=str(exc)[:200])
-            return None
 
     def _save(self, new: Open | None) -> None:
         self.open = new

@@ -14,11 +14,11 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from supervisor.checkpoints import verify
 from supervisor.contract import Beat, Phase
 from supervisor.errors import CheckpointError
+from supervisor.host.log import Log
 from supervisor.layout import is_sidecar_name
 
 __all__ = ["Elsewhere", "find_checkpoints"]
@@ -90,7 +90,7 @@ class Elsewhere:
         """Off the loop: the complete checkpoints this run's job wrote outside the roots."""
         return find_checkpoints(named_dirs(self.cwd, self.argv), exclude=self.roots, since=self.since)
 
-    def refusal(self, found: Sequence[Path], log: Any) -> str | None:
+    def refusal(self, found: Sequence[Path], log: Log) -> str | None:
         """The give-up reason for `found` (logged as `checkpoints_elsewhere`), or None."""
         if not found:
             return None

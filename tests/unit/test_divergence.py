@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from supervisor.cli import app as top_cli
 from supervisor.config import DivergenceSection
 from supervisor.contract import MAX_STEP, Beat
 from supervisor.daemon.core import Core
-from supervisor.daemon.divergence import DIVERGENCE_FILE
+from supervisor.daemon.divergence import DIVERGENCE_FILE, read_open
 from supervisor.observe.statusview import render_status
 from supervisor.policy.divergence import Detector, Diverged, Open, same_region, skip_steps
 from supervisor.policy.state import State
@@ -383,3 +384,19 @@ def test_a_prune_by_hand_keeps_what_the_open_divergence_keeps(tmp_path: Path, ca
     assert "deleted step_00000005" in capsys.readouterr().out
     assert sorted(p.name for p in (tmp_path / "ckpts").iterdir()) == ["step_00000010", "step_00000020",
                                                                       "step_00000026"]
+
+
+def test_the_open_divergence_is_read_like_any_run_dir_file(tmp_path: Path) -> None:
+    """None when there is none; a planted FIFO or an oversized file is unreadable at once (OSError, ValueError),
+    never a read that blocks the loop or the CLI."""
+    assert read_open(tmp_path) is None
+    (tmp_path / DIVERGENCE_FILE).write_text(json.dumps(Open(25, 25, None, None, "nan", 1, since=22).to_json()))
+    op = read_open(tmp_path)
+    assert op is not None and op.onset_step == 25 and op.since == 22
+    (tmp_path / DIVERGENCE_FILE).write_text(" " * 5000 + "{}")
+    with pytest.raises(ValueError, match="over 4096 bytes"):
+        read_open(tmp_path)
+    (tmp_path / DIVERGENCE_FILE).unlink()
+    os.mkfifo(tmp_path / DIVERGENCE_FILE)
+    with pytest.raises(OSError, match="not a regular file"):
+        read_open(tmp_path)
