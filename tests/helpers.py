@@ -24,7 +24,7 @@ import pytest
 
 __all__ = [
     "REPO", "TORCHRUN", "TAG_ENV", "free_port", "Job", "Launcher", "torchrun", "module_torchrun", "assert_no_orphans",
-    "wait_for", "logged_steps", "returns_despite_fifo", "compare_checkpoints",
+    "wait_for", "logged_steps", "returns_despite_fifo", "compare_checkpoints", "suspended",
 ]
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,6 +50,16 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, interva
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+@contextlib.contextmanager
+def suspended(proc: subprocess.Popen[bytes] | subprocess.Popen[str] | psutil.Process) -> Iterator[None]:
+    """SIGSTOP `proc` (Ctrl+Z) for the block, SIGCONT after whatever happened in it: no test leaves it stopped."""
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGCONT)
 
 
 def returns_despite_fifo(fifo: Path, call: Callable[[], object], timeout: float = 5) -> object:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from tests.chaos_faults import (
     prepare_planted,
     take_over,
 )
-from tests.helpers import HOOKED_ENTRY, wait_for
+from tests.helpers import HOOKED_ENTRY, suspended, wait_for
 from tests.jobs.hooked_trainer import SAVE_GATE_ENV, SLOW_RANK_ENV, SLOW_S_ENV, SLOW_WHILE_ENV
 from tests.matrix import SUSPEND_S, Cell
 from tests.matrix_setup import Keep, Root
@@ -96,14 +95,11 @@ def suspend(c: CellRun, contend_meanwhile: bool) -> str:
     attempt = c.attempt()
     before = c.wait_training(1)
     assert c.proc is not None
-    c.proc.send_signal(signal.SIGSTOP)
     t0, also = time.monotonic(), ""
-    try:
+    with suspended(c.proc):
         if contend_meanwhile:
             also = f"; meanwhile {contend(c, c.proc.pid)}"
         time.sleep(max(0.0, SUSPEND_S - (time.monotonic() - t0)))
-    finally:
-        c.proc.send_signal(signal.SIGCONT)
     during = c.dirs.beat().step - before  # type: ignore[union-attr]
     assert during >= 3, f"the job did not train while its supervisor was suspended ({during} steps)"
     step = c.wait_training(2, past=before + during)

@@ -5,6 +5,7 @@ without the capability); the `mounts` fixture unmounts, in reverse order, every 
 """
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import re
@@ -14,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["mount_tmpfs", "bind_mount", "remount_read_only", "mounts", "loop_ext4", "flip_on_device"]
+__all__ = ["mount_tmpfs", "tmpfs", "try_tmpfs", "unmount", "bind_mount", "remount_read_only", "mounts", "loop_ext4",
+           "flip_on_device"]
 
 
 def _mount(args: list[str], what: str) -> None:
@@ -31,6 +33,36 @@ def _mount(args: list[str], what: str) -> None:
 def mount_tmpfs(where: Path, size: str = "64m") -> None:
     where.mkdir(parents=True, exist_ok=True)
     _mount(["-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(where)], "mounting a tmpfs")
+
+
+def try_tmpfs(where: Path, size: str) -> str | None:
+    """Mount a `size` tmpfs at `where` (made if missing): None, or why this process could not (not root, no mount(8))."""
+    where.mkdir(parents=True, exist_ok=True)
+    try:
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True,
+                           text=True, timeout=30)
+    except OSError as exc:
+        return str(exc)
+    return r.stderr.strip() or f"mount exited {r.returncode}" if r.returncode else None
+
+
+def unmount(where: Path) -> None:
+    """Unmount `where`; still busy (a process of the test lingering): detach it anyway."""
+    if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+@contextlib.contextmanager
+def tmpfs(where: Path, size: str, why: str) -> Iterator[Path]:
+    """A `size` tmpfs at `where` for the block, unmounted after; the test is skipped (it needs one: `why`) where this
+    process may not mount."""
+    error = try_tmpfs(where, size)
+    if error is not None:
+        pytest.skip(f"cannot mount a tmpfs here ({error}): {why}")
+    try:
+        yield where
+    finally:
+        unmount(where)
 
 
 def bind_mount(source: Path, where: Path) -> None:

@@ -28,7 +28,7 @@ from tests.helpers import TAG_ENV
 from tests.supervise import REPO, Supervisors, cli, kill_tree
 
 __all__ = ["CLIENTS", "TORCHRUN", "STEP_LINE", "NAN_AT_ENV", "RESTART_FAST", "SupervisedClient", "run_plain", "strip_ansi",
-           "printed", "assert_losses_match"]
+           "printed", "assert_losses_match", "NAN_AT", "SKIP_AFTER", "nan_rolled_back"]
 
 CLIENTS = Path(__file__).resolve().parent
 # `python -m torch.distributed.run` is `torchrun` of this interpreter's venv, whichever venv runs the tests.
@@ -40,6 +40,7 @@ STEP_LINE = re.compile(r"^step=(\d+) loss=(\S+)$", re.M)
 _WARM = re.compile(r"^event=warm_handoff pid=(\d+) local_rank=\S+ rank=(\d+)$", re.M)
 # The test scripts' NaN: the loss of this step is NaN on the supervisor's first attempt (lightning_train, hf_train)
 NAN_AT_ENV = "FSDP_TEST_NAN_AT_STEP"
+NAN_AT, SKIP_AFTER = 13, 3  # the NaN three steps after the step-10 save; [divergence] skip_after_onset
 # Quick relaunches, and room for a client's own save on SIGTERM
 RESTART_FAST = "\n[restart]\nbackoff_initial_s = 0.5\nbackoff_max_s = 2\n\n[health]\nstop_timeout_s = 60\n"
 
@@ -201,6 +202,29 @@ class SupervisedClient:
         if logs:
             parts.append(f"--- attempt {len(logs)} log (tail) ---\n" + logs[-1][-chars:])
         return "\n".join(parts)
+
+
+def nan_rolled_back(sups: Supervisors, workdir: Path, command: Sequence[str], checkpoint_dir: Path,
+                    resume_flag: str) -> tuple[SupervisedClient, dict[str, Any], str]:
+    """A client job whose loss turns NaN at NAN_AT (attempt 1 only), resumed with `[resume_flag, "{checkpoint}"]`:
+    `diverged` (nan), the job stopped, `rolled_back` to a save from before the onset (step 5 or 10) with skip =
+    onset - resume step + SKIP_AFTER, relaunched once with `resume_flag` naming that save; `completed`, exit 0.
+    The job, the `rolled_back` record and the second attempt's log."""
+    job = SupervisedClient(sups, workdir, command=command, resume_args=[resume_flag, "{checkpoint}"],
+                           checkpoint_dir=checkpoint_dir, env={NAN_AT_ENV: str(NAN_AT)},
+                           extra_toml=f"keep_last = 2\n\n[divergence]\nskip_after_onset = {SKIP_AFTER}\n" + RESTART_FAST)
+    job.start()
+    assert job.wait_exit(300) == 0 and job.state().get("state") == "completed", job.tails()
+    [found] = job.history("diverged")
+    assert found["why"] == "nan" and found["onset_step"] >= NAN_AT, found
+    [back] = job.history("rolled_back")
+    assert back["to_step"] in (5, 10), f"resumed a save from after the onset: {back}"
+    assert back["skip"] == found["onset_step"] - back["to_step"] + SKIP_AFTER, back
+    started = job.events("job_started")
+    assert len(started) == 2 and started[1]["argv"][-2:] == [resume_flag, back["to_checkpoint"]], job.tails()
+    first, second = job.attempt_logs()
+    assert printed(STEP_LINE, first)[NAN_AT] == "nan"
+    return job, back, second
 
 
 def run_plain(command: Sequence[str], log: Path, tag: str, timeout: float) -> str:

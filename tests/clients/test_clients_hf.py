@@ -30,12 +30,12 @@ pytest.importorskip("transformers", reason="real-client tier: run `make test-cli
 from supervisor.checkpoints import judge
 from tests.clients.harness import (
     CLIENTS,
-    NAN_AT_ENV,
     RESTART_FAST,
     STEP_LINE,
     TORCHRUN,
     SupervisedClient,
     assert_losses_match,
+    nan_rolled_back,
     printed,
     run_plain,
 )
@@ -168,9 +168,6 @@ def test_hf_picks_its_own_and_stops_gracefully(supervisors: Supervisors, tmp_pat
     assert layout_problems(root, HF_ENTRY, HF_FILES) == []
 
 
-NAN_AT, AFTER = 13, 3  # the NaN three steps after checkpoint-10; skip_after_onset
-
-
 def test_hf_nan_is_rolled_back_to_the_save_before_it(supervisors: Supervisors, tmp_path: Path,
                                                     reference: dict[int, str]) -> None:
     """hf_callback() beats the logged loss (its NaN filter off); the loss turns NaN at step 13 (attempt 1 only) ->
@@ -178,21 +175,9 @@ def test_hf_nan_is_rolled_back_to_the_save_before_it(supervisors: Supervisors, t
     skip but the Trainer cannot skip: it resumes exactly and trains on the same data, every loss equal to the
     uninterrupted run's; `completed`, exit 0."""
     out = tmp_path / "out"
-    job = SupervisedClient(supervisors, tmp_path, command=hf_command(out), checkpoint_dir=out,
-                           resume_args=["--resume_from_checkpoint", "{checkpoint}"], env={NAN_AT_ENV: str(NAN_AT)},
-                           extra_toml=f"keep_last = 2\n\n[divergence]\nskip_after_onset = {AFTER}\n" + RESTART_FAST)
-    job.start()
-    assert job.wait_exit(RUN_TIMEOUT) == 0 and job.state().get("state") == "completed", job.tails()
-    [found] = job.history("diverged")
-    assert found["why"] == "nan" and found["onset_step"] >= NAN_AT, found
-    [back] = job.history("rolled_back")
-    to_step, onset = back["to_step"], found["onset_step"]
-    assert to_step in (5, 10) and back["to_checkpoint"] == str(job.checkpoint_dir / f"checkpoint-{to_step}"), back
-    assert back["skip"] == onset - to_step + AFTER, back
-    started = job.events("job_started")
-    assert len(started) == 2 and started[1]["argv"][-2:] == ["--resume_from_checkpoint", back["to_checkpoint"]]
-    first, second = job.attempt_logs()
-    assert steps_printed(first)[NAN_AT] == "nan"
+    job, back, second = nan_rolled_back(supervisors, tmp_path, hf_command(out), out, "--resume_from_checkpoint")
+    to_step = back["to_step"]
+    assert back["to_checkpoint"] == str(job.checkpoint_dir / f"checkpoint-{to_step}"), back
     assert f"not skipping {back['skip']} steps" in second, job.tails()
     assert min(steps_printed(second)) == to_step + 1 and max(steps_printed(second)) == STEPS
     assert_losses_match(reference, second, 2, STEP_LINE)

@@ -9,7 +9,6 @@ instead (then there is no real pressure for retention to relieve, so that part i
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from tests.chaos import (
 )
 from tests.helpers import HOOKED_ENTRY, REPO, wait_for
 from tests.jobs.hooked_trainer import HOLD_SAVE_STEP_ENV, HOLD_SAVE_UNTIL_ENV, PACE_SAVES_ENV
+from tests.mounts import try_tmpfs, unmount
 from tests.supervise import Supervisors, supervisors  # noqa: F401
 
 MIB = 2**20
@@ -51,22 +51,13 @@ def small_disk(tmp_path: Path) -> Iterator[Path | None]:
     """A DISK_MIB tmpfs (unmounted at teardown), or None when this process may not mount one."""
     mnt = tmp_path / "disk"
     mnt.mkdir()
-    if os.environ.get("FSDP_DISKFULL_MODE") == "inject":
-        yield None
-        return
-    try:
-        made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_MIB}m", "tmpfs", str(mnt)],
-                              capture_output=True, text=True, timeout=30)
-    except OSError:  # no mount(8) here
-        made = None
-    if made is None or made.returncode != 0:
+    if os.environ.get("FSDP_DISKFULL_MODE") == "inject" or try_tmpfs(mnt, f"{DISK_MIB}m") is not None:
         yield None
         return
     try:
         yield mnt
     finally:
-        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)  # still busy: detach it anyway
+        unmount(mnt)
 
 
 def _free(mnt: Path) -> int:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import signal
 import sys
 import time
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 import psutil
 
 from supervisor.history.records import HISTORY_FILE, read_history
-from tests.helpers import HOOKED_ENTRY
+from tests.helpers import HOOKED_ENTRY, suspended
 from tests.jobs.hooked_trainer import SLOW_RANK_ENV, SLOW_S_ENV
 from tests.supervise import FAKEJOB, Supervisors, cli, launches, stop, supervisors, wait_for, write_config  # noqa: F401
 
@@ -118,11 +117,8 @@ class TestSuspendedSupervisor:
                  TIMEOUT, "training")
         before = state(tmp_path)["step"]
         job = psutil.Process(state(tmp_path)["job_pid"])
-        p.send_signal(signal.SIGSTOP)
-        try:
+        with suspended(p):
             time.sleep(15)
-        finally:
-            p.send_signal(signal.SIGCONT)
         wait_for(lambda: (state(tmp_path).get("step") or 0) > before + 5, 60, "state.json catching up")
         time.sleep(2)  # anything the overdue timer would do, it has done by now
         assert "hang_detected" not in events(tmp_path) and job.is_running() and state(tmp_path)["attempt"] == 1

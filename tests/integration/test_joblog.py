@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.mounts import tmpfs
 from tests.supervise import Supervisors, supervisors, write_config  # noqa: F401
 
 MIB = 2**20
@@ -48,17 +48,8 @@ def run_disk(tmp_path: Path) -> Iterator[Path]:
     """A DISK_MIB tmpfs for the run dir, unmounted at teardown."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs for the run dir needs root")
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_MIB}m", "tmpfs", str(mnt)],
-                          capture_output=True, text=True, timeout=30)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "disk", f"{DISK_MIB}m", "the run dir's disk") as mnt:
         yield mnt
-    finally:
-        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)  # still busy: detach it anyway
 
 
 class TestFloodedOutput:

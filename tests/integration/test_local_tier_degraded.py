@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.checkpoints import scan
+from tests.mounts import tmpfs
 from tests.supervise import REPO, cli
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=0"]
@@ -21,21 +22,9 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 
 @pytest.fixture
 def shm(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "shm"
-    mnt.mkdir()
-    try:
-        made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True,
-                              timeout=30).returncode == 0
-    except OSError:
-        made = False
-    if not made:
-        pytest.skip("cannot mount a tmpfs here (not root): the tier's failures need a real file system")
-    (mnt / "ckpts").mkdir()
-    try:
+    with tmpfs(tmp_path / "shm", "4m", "the tier's failures need a real file system") as mnt:
+        (mnt / "ckpts").mkdir()
         yield mnt
-    finally:
-        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def _run(tmp_path: Path, local: str = "shm/ckpts") -> tuple[subprocess.CompletedProcess[str], str, str]:

@@ -12,6 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.mounts import tmpfs
 from tests.supervise import FAKEJOB, Supervisors, cli, launches, stop, supervisors, wait_for, write_config  # noqa: F401
 
 FAST = "\n[restart]\nbackoff_initial_s = 0.05\nbackoff_max_s = 0.2\n"
@@ -372,22 +373,8 @@ class TestNoSilentFreshStart:
 @pytest.fixture
 def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 2 MiB tmpfs (unmounted at teardown); skipped where this process may not mount (see test_diskfull.py)."""
-    import subprocess
-
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    try:
-        made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True,
-                              timeout=30).returncode == 0
-    except OSError:
-        made = False
-    if not made:
-        pytest.skip("cannot mount a tmpfs here (not root): the fake-System tests cover failing writes")
-    try:
+    with tmpfs(tmp_path / "tiny", "2m", "the fake-System tests cover failing writes") as mnt:
         yield mnt
-    finally:
-        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 class TestFullRunDir:

@@ -19,25 +19,14 @@ import pytest
 from tests.helpers import HOOKED_ENTRY
 from tests.integration.test_supervisor_torchrun import FAST, TIMEOUT, TORCHRUN, TRAIN, state
 from tests.jobs.hooked_trainer import HOLD_TRAIN_STEP_ENV, HOLD_TRAIN_UNTIL_ENV
+from tests.mounts import tmpfs
 from tests.supervise import Supervisors, supervisors, wait_for, write_config  # noqa: F401
 
 
 @pytest.fixture
 def disk(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    try:
-        made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], capture_output=True,
-                              timeout=30).returncode == 0
-    except OSError:
-        made = False
-    if not made:
-        pytest.skip("cannot mount a tmpfs here (not root): a real ENOSPC needs a small file system")
-    try:
+    with tmpfs(tmp_path / "disk", "16m", "a real ENOSPC needs a small file system") as mnt:
         yield mnt
-    finally:
-        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 @pytest.mark.timeout(600)

@@ -14,8 +14,10 @@ import pytest
 
 from supervisor.checkpoints.seals import check, expected, seal, seal_path
 from supervisor.daemon import integrity
+from supervisor.daemon.core import Core
 from supervisor.daemon.integrity import good_ones, seals_idle
 from supervisor.errors import SidecarError
+from tests.fakes import FakeSystem, RecordingLog
 from tests.jobs.dcp_files import write_checkpoint, write_lightning_checkpoint
 from tests.unit.test_core import exit_job, make_core
 
@@ -40,6 +42,26 @@ def make_checkpoint() -> Callable[[Path, str], Path]:
         return write_checkpoint(root, int(name.rsplit("_", 1)[1]), name=name, shards=1, manifest=False)
 
     return make
+
+
+Launch = Callable[..., tuple[Core, FakeSystem, RecordingLog, Path]]
+
+
+@pytest.fixture
+def launched(tmp_path: Path, make_checkpoint: Callable[[Path, str], Path]) -> Launch:
+    """`launched(10, 20, **make_core's sections)`: Core over a root of plain saves step_10, step_20, begun, with its
+    first pass and every seal done (the job launched from the newest)."""
+
+    def launch(*steps: int, **sections: str) -> tuple[Core, FakeSystem, RecordingLog, Path]:
+        core, fake, log = make_core(tmp_path, **sections)
+        for step in steps:
+            make_checkpoint(core.cfg.checkpoints.dir, f"step_{step}")
+        core.begin(None)
+        core.house.wait_idle(30)
+        assert seals_idle(30)
+        return core, fake, log, core.cfg.checkpoints.dir
+
+    return launch
 
 
 @pytest.fixture
@@ -160,16 +182,10 @@ def test_trainer_checkpoints_use_their_manifest(tmp_path: Path) -> None:
 
 class TestBeforeLaunch:
     def test_a_rotten_resume_point_is_quarantined_as_corrupt_and_the_one_before_used(
-            self, tmp_path: Path, make_checkpoint: Callable[[Path, str], Path]) -> None:
+            self, tmp_path: Path, launched: Launch) -> None:
         """Sealed when first seen complete; rotten afterwards (size and mtime unchanged); the pass before the next
         launch reads it, quarantines it (`corrupt: <file> bytes ...`) and the job gets the one before."""
-        core, fake, log = make_core(tmp_path)
-        ck = core.cfg.checkpoints.dir
-        make_checkpoint(ck, "step_10")
-        make_checkpoint(ck, "step_20")
-        core.begin(None)
-        core.house.wait_idle(30)
-        assert seals_idle(30)
+        core, fake, log, ck = launched(10, 20)
         assert fake.spawned[-1].argv[-1] == str(ck / "step_20")
         assert seal_path(ck, "step_10").exists() and seal_path(ck, "step_20").exists()
         shard = next(p for p in (ck / "step_20").iterdir() if p.suffix == ".distcp")
@@ -202,17 +218,10 @@ class TestBeforeLaunch:
         assert fake.spawned[-1].argv[-1] == str(ck / "step_10") and seal_path(ck, "step_10").exists()
 
     def test_retention_in_the_pass_that_finds_rot_keeps_the_rotten_one(
-            self, tmp_path: Path, make_checkpoint: Callable[[Path, str], Path]) -> None:
+            self, tmp_path: Path, make_checkpoint: Callable[[Path, str], Path], launched: Launch) -> None:
         """A kept checkpoint rots; a newer save pushes it out of keep_last in the very pass whose scrub finds it:
         that pass's retention must see it as corrupt (left for a human), not as a complete one no rule keeps."""
-        core, fake, log = make_core(tmp_path, checkpoints="keep_last = 2\nscrub_interval_s = 30\n"
-                                                          "retention_interval_s = 30")
-        ck = core.cfg.checkpoints.dir
-        make_checkpoint(ck, "step_10")
-        make_checkpoint(ck, "step_20")
-        core.begin(None)
-        core.house.wait_idle(30)
-        assert seals_idle(30)
+        core, fake, log, ck = launched(10, 20, checkpoints="keep_last = 2\nscrub_interval_s = 30\nretention_interval_s = 30")
         _flip(next(p for p in (ck / "step_10").iterdir() if p.suffix == ".distcp"), 3)
         make_checkpoint(ck, "step_30")
         for _ in range(3):
@@ -224,16 +233,10 @@ class TestBeforeLaunch:
 
     @pytest.mark.parametrize("every", [0, 100])
     def test_the_scrub_finds_rot_in_a_kept_checkpoint(self, tmp_path: Path, every: int,
-                                                      make_checkpoint: Callable[[Path, str], Path]) -> None:
+                                                      launched: Launch) -> None:
         """`scrub_interval_s`: every kept checkpoint is read again in a pass that often, not only the resume point;
         one that fails is quarantined as corrupt while the job runs. 0: never."""
-        core, fake, log = make_core(tmp_path, checkpoints=f"scrub_interval_s = {every}\nretention_interval_s = 30")
-        ck = core.cfg.checkpoints.dir
-        make_checkpoint(ck, "step_10")
-        make_checkpoint(ck, "step_20")
-        core.begin(None)
-        core.house.wait_idle(30)
-        assert seals_idle(30)
+        core, fake, log, ck = launched(10, 20, checkpoints=f"scrub_interval_s = {every}\nretention_interval_s = 30")
         _flip(next(p for p in (ck / "step_10").iterdir() if p.suffix == ".distcp"), 3)
         for _ in range(8):
             fake.advance(31, core)
@@ -246,17 +249,11 @@ class TestBeforeLaunch:
 
 class TestCorruptExit:
     def test_a_load_that_fails_its_checksums_quarantines_at_once_and_relaunches_without_backoff(
-            self, tmp_path: Path, make_checkpoint: Callable[[Path, str], Path]) -> None:
+            self, tmp_path: Path, launched: Launch) -> None:
         """The job's own load found rot the pass before its launch did not (it came after, or the job chose its
         own checkpoint): exit `corrupt`, the checkpoint quarantined naming file and range, relaunched at once from
         the one before, no restart counted against the job."""
-        core, fake, log = make_core(tmp_path, restart="quarantine_after = 5\nbackoff_initial_s = 30")
-        ck = core.cfg.checkpoints.dir
-        make_checkpoint(ck, "step_10")
-        make_checkpoint(ck, "step_20")
-        core.begin(None)
-        core.house.wait_idle(30)
-        assert seals_idle(30)
+        core, fake, log, ck = launched(10, 20, restart="quarantine_after = 5\nbackoff_initial_s = 30")
         shard = ck / "step_20" / "__0_0.distcp"
         (core.run_dir / "logs" / "attempt-0001.log").write_text(
             "[rank0]: Traceback (most recent call last):\n[rank0]:   File \"x.py\", line 1, in <module>\n"
@@ -342,12 +339,7 @@ def test_a_pass_never_waits_for_a_background_seal(plain: tuple[Path, Path], monk
 
 
 def test_integrity_off_seals_nothing_and_reads_nothing_before_a_launch(
-        tmp_path: Path, make_checkpoint: Callable[[Path, str], Path]) -> None:
+        tmp_path: Path, launched: Launch) -> None:
     """`[checkpoints] integrity = false`: a complete checkpoint is resumed unread and nothing is sealed."""
-    core, fake, log = make_core(tmp_path, checkpoints="keep_last = 0\nintegrity = false")
-    ck = core.cfg.checkpoints.dir
-    make_checkpoint(ck, "step_10")
-    core.begin(None)
-    core.house.wait_idle(30)
-    assert seals_idle(30)
+    core, fake, log, ck = launched(10, checkpoints="keep_last = 0\nintegrity = false")
     assert fake.spawned[-1].argv[-1] == str(ck / "step_10") and not seal_path(ck, "step_10").parent.exists()
