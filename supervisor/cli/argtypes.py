@@ -17,26 +17,24 @@ DEFAULT_CONFIG = "job.toml"  # ... and without that variable: ./job.toml
 CONFIG_HELP = f"job.toml (default: ${CONFIG_ENV}, else ./{DEFAULT_CONFIG})"
 
 
-def non_negative_int(text: str) -> int:
+def _non_negative(text: str, kind: type[int] | type[float], what: str) -> Any:
     try:
-        value = int(text)
+        value = kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is negative")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} is negative")
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
     return value
+
+
+def non_negative_int(text: str) -> int:
+    return int(_non_negative(text, int, "an integer"))
+
+
+def non_negative_float(text: str) -> float:
+    return float(_non_negative(text, float, "a number"))
 
 
 def at_most(limit: float) -> Callable[[str], float]:

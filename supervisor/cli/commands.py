@@ -29,25 +29,21 @@ __all__ = ["register"]
 _FOLLOW_CHUNK = 1 << 20
 
 
-def _config_arg(p: argparse.ArgumentParser) -> None:
-    add_config_arg(p)
-
-
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("run", help="run the job under supervision (foreground)")
-    _config_arg(p)
+    add_config_arg(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser(
         "status", help="state, step, last checkpoint, restarts, free disk",
         epilog="exit codes (systemctl status's): 0 a supervisor is running on the run dir; 3 none is (the run "
         "completed, stopped, failed or never ran here: --json's `state` says which); 2 usage or config error")
-    _config_arg(p)
+    add_config_arg(p)
     p.add_argument("--json", action="store_true", help="print state.json plus supervisor_running")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("logs", help="the supervisor's structured log, or the job's output")
-    _config_arg(p)
+    add_config_arg(p)
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     p.add_argument("-n", "--lines", type=non_negative_int, default=50, metavar="N", help="last N lines (default 50)")
     p.add_argument("--job", action="store_true",
@@ -66,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "ran out (nothing was cut short: the job may still be writing its checkpoint; run `stop` again to keep "
         "waiting); 2 usage or config error",
     )
-    _config_arg(p)
+    add_config_arg(p)
     p.add_argument("--timeout", type=non_negative_float, default=None, metavar="S",
                    help="how long to wait (default: stop_timeout_s + 30; with --force: 30)")
     p.add_argument("--force", action="store_true",
@@ -76,7 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("notify-test", help="send a test alert through [notify]'s command and webhook",
                        epilog="exit codes: 0 every configured channel took it; 1 one failed (said on stderr); 2 usage "
                        "or config error, or [notify] has no command and no webhook")
-    _config_arg(p)
+    add_config_arg(p)
     p.set_defaults(func=cmd_notify_test)
 
 
