@@ -164,21 +164,29 @@ class _OutputScan:
             self._in_root, self._report = True, False
             return
         if self._in_root:
-            if line.startswith("==="):
-                self._in_root = False
-            elif self.rank is None and (rank := _field(line, "rank")) is not None:
-                self.rank, self.local_rank = rank, _local_rank(line)
-            elif self.exitcode is None and (code := _field(line, "exitcode")) is not None:
-                self.exitcode = code
-            return
-        if self._report:
-            if (rank := _field(line, "rank")) is not None:
-                self.others.append((rank, _local_rank(line), None))
-            elif self.others and self.others[-1][2] is None and (code := _field(line, "exitcode")) is not None:
-                self.others[-1] = (*self.others[-1][:2], code)
-            return
-        if _TORCH_LOG.match(line):
-            return
+            self._root_cause_line(line)
+        elif self._report:
+            self._report_line(line)
+        elif not _TORCH_LOG.match(line):
+            self._output_line(line)
+
+    def _root_cause_line(self, line: str) -> None:
+        if line.startswith("==="):
+            self._in_root = False
+        elif self.rank is None and (rank := _field(line, "rank")) is not None:
+            self.rank, self.local_rank = rank, _local_rank(line)
+        elif self.exitcode is None and (code := _field(line, "exitcode")) is not None:
+            self.exitcode = code
+
+    def _report_line(self, line: str) -> None:
+        """A line of torchrun's failure report before its Root Cause block: the other failures it lists."""
+        if (rank := _field(line, "rank")) is not None:
+            self.others.append((rank, _local_rank(line), None))
+        elif self.others and self.others[-1][2] is None and (code := _field(line, "exitcode")) is not None:
+            self.others[-1] = (*self.others[-1][:2], code)
+
+    def _output_line(self, line: str) -> None:
+        """A line of the job's own output (not torchrun's log nor its report)."""
         source, rank, body = _split_prefix(line)
         if body == _TRACEBACK:
             self._open.add(source)
