@@ -91,15 +91,8 @@ def _interpreter_problem(program: str) -> str | None:
     exec reports a missing interpreter as ENOENT for the script itself, which reads as "no such file" for a
     file that is there. Only an absolute interpreter is checked: that is the one the kernel runs as is.
     """
-    try:
-        with open(open_regular(program), "rb") as f:
-            head = f.read(256)
-    except OSError:
-        return None
-    if not head.startswith(b"#!"):
-        return None
-    words = head[2:].split(b"\n", 1)[0].split()
-    interpreter = os.fsdecode(words[0]) if words else ""
+    words = _shebang(program)
+    interpreter = words[0] if words else ""
     if not os.path.isabs(interpreter):
         return None
     if os.path.isfile(interpreter) and os.access(interpreter, os.X_OK):
@@ -165,16 +158,21 @@ def trainer_problem(python: str, origin: str | None, owners: Sequence[str], head
     return None
 
 
-def _job_python(cfg: Config, program: str) -> str | None:
-    """The Python that will import the job's `-m` module: the program itself, or its `#!` interpreter (torchrun)."""
-    if os.path.basename(program).startswith("python"):
-        return program
+def _shebang(program: str) -> list[str]:
+    """The words of a script's `#!` line (interpreter first); [] for no script, or one that cannot be read."""
     try:
         with open(open_regular(program), "rb") as f:
             head = f.read(256)
     except OSError:
-        return None
-    words = [os.fsdecode(w) for w in head[2:].split(b"\n", 1)[0].split()] if head.startswith(b"#!") else []
+        return []
+    return [os.fsdecode(w) for w in head[2:].split(b"\n", 1)[0].split()] if head.startswith(b"#!") else []
+
+
+def _job_python(cfg: Config, program: str) -> str | None:
+    """The Python that will import the job's `-m` module: the program itself, or its `#!` interpreter (torchrun)."""
+    if os.path.basename(program).startswith("python"):
+        return program
+    words = _shebang(program)
     if len(words) >= 2 and os.path.basename(words[0]) == "env":  # #!/usr/bin/env python3
         return shutil.which(words[1], path=cfg.job.env.get("PATH", os.environ.get("PATH")))
     return words[0] if words and os.path.basename(words[0]).startswith("python") else None
