@@ -5,6 +5,8 @@ import sys
 import time
 from typing import Any
 
+from supervisor.host.log import Log
+
 __all__ = ["Progress"]
 
 
@@ -12,7 +14,7 @@ class Progress:
     """Reports step, loss, tokens/s and s/step; silent on ranks other than 0."""
 
     def __init__(self, *, rank: int, start: int, total: int, tokens_per_step: int, log_every: int,
-                 log: Any, stream: Any = None) -> None:
+                 log: Log, stream: Any = None) -> None:
         self.enabled = rank == 0
         self.total, self.tokens_per_step, self.log_every, self.log = total, tokens_per_step, log_every, log
         self._mark_step, self._mark_time = start, time.perf_counter()
