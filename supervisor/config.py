@@ -24,15 +24,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from supervisor import torchrun_args
 from supervisor.checkpoints import RetentionRules
-from supervisor.contract import (
-    ENV_ATTEMPT,
-    ENV_ERROR_FILE,
-    ENV_HEARTBEAT,
-    ENV_HEARTBEAT_DIR,
-    ENV_LOCAL_DIR,
-    ENV_RUN_DIR,
-    ENV_RUN_TOKEN,
-)
+from supervisor.contract import SET_BY_SUPERVISOR
 from supervisor.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -74,9 +66,6 @@ _PLACEHOLDER = re.compile(r"\{\s*([\w.-]*)\s*(?:![rsa])?(?::[^{}\s]*)?\}")  # {n
 # fully_shard (together ~1.5 s per rank here, ~80 MB): none touches a GPU or reads a per-rank variable at import.
 DEFAULT_PREWARM_MODULES = ("torch.distributed.checkpoint", "torch.distributed.fsdp", "torch._dynamo")
 _MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", re.ASCII)
-# The job contract's per-attempt variables: job_env sets them after `[job] env`, so a value here would be ignored.
-_SET_BY_SUPERVISOR = frozenset({ENV_HEARTBEAT, ENV_HEARTBEAT_DIR, ENV_ATTEMPT, ENV_RUN_DIR, ENV_ERROR_FILE, ENV_RUN_TOKEN,
-                                ENV_LOCAL_DIR})
 
 
 def _path_text(v: Any) -> Any:
@@ -171,7 +160,7 @@ class JobSection(_Section):
                 raise ValueError(f"{name!r} is not a valid variable name (empty, or contains '=' or a NUL byte)")
             if "\0" in value:
                 raise ValueError(f"the value of {name} contains a NUL byte")
-            if name in _SET_BY_SUPERVISOR:
+            if name in SET_BY_SUPERVISOR:  # set for each attempt after `[job] env`: a value here would be ignored
                 raise ValueError(f"{name} is set by the supervisor for each attempt; remove it")
         return v
 

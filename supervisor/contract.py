@@ -32,6 +32,7 @@ __all__ = [
     "ENV_LOCAL_DIR",
     "ENV_SKIP_STEPS",
     "SKIP_STEPS_PLACEHOLDER",
+    "SET_BY_SUPERVISOR",
     "DIVERGED",
     "HEARTBEAT_FILE",
     "RANK_HEARTBEAT_DIR",
@@ -73,6 +74,9 @@ ENV_LOCAL_DIR = "FSDP_SUPERVISOR_LOCAL_DIR"
 # launch that rolls back a divergence (supervisor/policy/divergence.py), "0" on any other; also `{skip_steps}`.
 ENV_SKIP_STEPS = "FSDP_SUPERVISOR_SKIP_STEPS"
 SKIP_STEPS_PLACEHOLDER = "{skip_steps}"
+# The variables above, set for each attempt after `[job] env` (which may therefore not name them: config.py says so).
+SET_BY_SUPERVISOR = frozenset({ENV_HEARTBEAT, ENV_HEARTBEAT_DIR, ENV_ATTEMPT, ENV_RUN_DIR, ENV_ERROR_FILE, ENV_RUN_TOKEN,
+                               ENV_LOCAL_DIR, ENV_SKIP_STEPS})
 DIVERGED = "diverged: "  # how the reason of a quarantined save of a diverged run begins: a later save of its step wins
 
 # ---- heartbeat ----------------------------------------------------------------------------------------

@@ -151,6 +151,7 @@ HOSTILE = [
     (_with(job='env = { A = "x\\u0000y" }'), "[job.env] the value of A contains a NUL byte"),
     (_with(job='env = { TORCHELASTIC_ERROR_FILE = "/tmp/e.json" }'), "[job.env] TORCHELASTIC_ERROR_FILE is set by"),
     (_with(job='env = { FSDP_SUPERVISOR_RUN_TOKEN = "mine" }'), "[job.env] FSDP_SUPERVISOR_RUN_TOKEN is set by"),
+    (_with(job='env = { FSDP_SUPERVISOR_SKIP_STEPS = "5" }'), "[job.env] FSDP_SUPERVISOR_SKIP_STEPS is set by"),
     (_with(job='cwd = "a\\u0000b"'), "[job.cwd] contains a NUL byte"),
     (_with(job='cwd = ""'), "[job.cwd] is empty"),
     (_with(checkpoints='dir = ""'), "[checkpoints.dir] is empty"),
