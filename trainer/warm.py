@@ -8,7 +8,8 @@ cold rank would get minus torchrun's per-rank variables, in the job's directory,
 sends the rank's exact argv, environment and directory, and its stdin/stdout/stderr as file descriptors; the
 worker takes them over and runs the module (`runpy`, as `python -m` does) or the script (as `python script.py`
 does) in a fresh `__main__`. The agent gets the very `Popen` it started, so torchrun watches, signals and reaps
-a real child of its own, in a session of its own, like every worker it starts.
+a real child of its own, in a session of its own, like every worker it starts. If what it loaded changed on disk
+since (`loaded_files`), or the script now resolves to another directory, it execs the rank's cold command instead.
 
 What makes this safe on a GPU node: nothing before the hand-off touches an accelerator. `import torch` does not
 initialise CUDA; after the listed imports the worker checks `torch.cuda.is_initialized()` and
