@@ -242,8 +242,8 @@ class TestHandoffChannel:
         cfg.write_text(cfg.read_text().replace("stop_timeout_s = 20\n", f"stop_timeout_s = 20\n{HANGS}"))
         p = supervisors.start(cfg)
         for attempt in (1, 2):
-            wait_for(lambda: _training(tmp_path, attempt) and (pids / f"attempt-{attempt}-rank-1").exists()
-                     and (attempt == 2 or _warm_ready(tmp_path)), 180, f"attempt {attempt} training")
+            wait_for(lambda a=attempt: _training(tmp_path, a) and (pids / f"attempt-{a}-rank-1").exists()
+                     and (a == 2 or _warm_ready(tmp_path)), 180, f"attempt {attempt} training")
             if attempt == 2:
                 side = (_run_dir(tmp_path) / "logs" / "attempt-0002.handoff").read_text().splitlines()
                 assert len(side) == 2, "attempt 2 did not run in warm workers"
@@ -251,7 +251,7 @@ class TestHandoffChannel:
             victim = psutil.Process(int((pids / f"attempt-{attempt}-rank-1").read_text()))
             victim.suspend()
             try:
-                wait_for(lambda: _attempt(tmp_path) == attempt + 1, 120, f"attempt {attempt + 1} after the hang")
+                wait_for(lambda a=attempt: _attempt(tmp_path) == a + 1, 120, f"attempt {attempt + 1} after the hang")
             finally:
                 try:
                     victim.resume()
