@@ -177,7 +177,7 @@ class RunDir:
 
     def worker(self, rank: int) -> psutil.Process | None:
         """The job's worker of `rank`: by RANK in its environment, or (a warm rank, whose /proc environment is the
-        one it was started with) by the spare's hand-off line."""
+        one it was started with) by the agent's hand-off side file."""
         agent = self.job()
         logs = sorted((self.run_dir / "logs").glob("attempt-*.log"))
         handed = handed_ranks(logs[-1]) if logs else {}

@@ -4,9 +4,12 @@ A supervisor relaunch would otherwise pay a fresh interpreter start plus `import
 torchrun's in-agent restart does not. The supervisor (supervisor/host/spares.py) starts this file with the
 job's own interpreter, in a session of its own and with the job's environment; it imports
 `torch.distributed.run` and then blocks reading its stdin. To launch, the supervisor writes one JSON object
-(`script`, `args`, `env`, `cwd`, `log_path`) and closes the pipe; the spare then takes the job's
+(`script`, `args`, `env`, `cwd`, `argv`, `log_path`, `handoff`) and closes the pipe; the spare then takes the job's
 environment, directory and output and calls torchrun's `main` in-process, so from here on it *is* the
 torchrun agent: same pid semantics (it leads its own session), same exit codes, same signal handling.
+If a file it runs from changed since it loaded it (the interpreter, a module's file, a mapped library: `pip install
+-U torch`), it execs the job's cold `argv` instead (`event=warm_workers_stale`, with the first such file); each warm
+worker checks itself the same way, and its script's directory, at its own hand-off.
 
 Two things differ on purpose:
 - A spare started next to a running job waits with its import until that job trains (its heartbeat
@@ -224,15 +227,24 @@ def main() -> int:
         return _fail_as_the_job(traceback.format_exc())
     _say(f"event=prewarm_ready pid={os.getpid()} import_s={time.monotonic() - started:.3f}")
     # A spare handed its launch at once (the first attempt) gets no warm workers: too late to help, and they
-    # would compete with the job's own start.
-    pool = None if select.select([sys.stdin], [], [], 0)[0] else _warm_pool(options)
+    # would compete with the job's own start. It also imported just now what a cold start would: nothing to check.
+    waited = not select.select([sys.stdin], [], [], 0)[0]
+    pool = _warm_pool(options) if waited else None
+    loaded = _WARM.loaded_files() if waited else []
     _wait_for_handoff(pool)
     data = sys.stdin.buffer.read()
     if not data:
         return 0
-    _take_over(json.loads(data), torchrun.__file__)
+    spec = json.loads(data)
+    stale = _WARM.first_change(loaded)
+    _take_over(spec, torchrun.__file__)
+    if stale is not None:  # a file we run from changed since we loaded it (pip install, an edit): start cold instead
+        if pool is not None:
+            pool.release()
+        _say(f"event=warm_workers_stale pid={os.getpid()} file={json.dumps(stale)}")
+        _WARM.go_cold(spec["argv"], spec["env"])
     if pool is not None:
-        problem = pool.install()
+        problem = pool.install(spec.get("handoff"))
         if problem is not None:
             _say(f"event=warm_workers_off pid={os.getpid()} reason={json.dumps(problem)}")
             pool.release()

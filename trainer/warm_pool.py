@@ -86,6 +86,15 @@ def plan_workers(torchrun_args: Sequence[str], *, env: Mapping[str, str], cwd: s
     return WorkerPlan(agent_env.get("PYTHON_EXEC", sys.executable), prefix, path0, count, agent_env)
 
 
+def _start_ticks(pid: int) -> int | None:
+    """When `pid` started, in clock ticks since boot (/proc/PID/stat field 22, as supervisor/host/boot reads it)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 @dataclass
 class _Worker:
     proc: subprocess.Popen[bytes]
@@ -106,6 +115,7 @@ class WarmPool:
     workers: list[_Worker] = field(default_factory=list)
     started: float = 0.0
     released: bool = False
+    handoff: str | None = None  # the supervisor's side file for hand-offs (`install`), never the job's output
 
     def start(self) -> None:
         """Launch one warm worker per local rank (from the main thread: their parent-death signal follows it)."""
@@ -174,7 +184,24 @@ class WarmPool:
         w.state = "used"
         w.sock.close()
         self.say(f"event=warm_handoff pid={w.proc.pid} local_rank={env.get('LOCAL_RANK')} rank={env.get('RANK')}")
+        self._record(w.proc.pid, env.get("RANK", ""))
         return w.proc
+
+    def _record(self, pid: int, rank: str) -> None:
+        """Tell the supervisor which pid runs `rank` (its environment shows none): a line in the side file it named,
+        with the worker's start time, so that neither a line the job prints nor a reused pid can name a rank."""
+        if self.handoff is None or not rank.isdecimal():
+            return
+        line = json.dumps({"pid": pid, "start": _start_ticks(pid), "rank": int(rank)}).encode() + b"\n"
+        try:
+            fd = os.open(self.handoff, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         0o600)
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            self.say(f"event=warm_handoff_unrecorded pid={pid} error={json.dumps(str(exc))}")
 
     def _matches(self, args: Sequence[str], env: Mapping[str, str]) -> bool:
         p = self.plan
@@ -200,8 +227,11 @@ class WarmPool:
         except (OSError, subprocess.TimeoutExpired):
             pass
 
-    def install(self) -> str | None:
-        """Hook torchrun's worker start (this process is about to become the agent); why not, or None."""
+    def install(self, handoff: str | None = None) -> str | None:
+        """Hook torchrun's worker start (this process is about to become the agent); why not, or None.
+
+        `handoff`: the file where each hand-off is recorded for the supervisor (`_record`)."""
+        self.handoff = handoff
         try:
             from torch.distributed.elastic.multiprocessing import api
             from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler as sh

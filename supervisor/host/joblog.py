@@ -16,11 +16,13 @@ from pathlib import Path
 
 from supervisor.host.regularfile import open_regular
 
-__all__ = ["SEGMENT_SUFFIX", "LOG_MODE", "open_log", "needs_rotation", "rotate", "attempt_number", "stale", "prune"]
+__all__ = ["SEGMENT_SUFFIX", "HANDOFF_SUFFIX", "LOG_MODE", "open_log", "needs_rotation", "rotate", "attempt_number", "stale",
+           "prune"]
 
 SEGMENT_SUFFIX = ".1"  # `attempt-NNNN.log.1`: the tail of the output before the last rotation
 LOG_MODE = 0o600  # owner-only, like everything in the run dir
 _PREFIX, _LOG, _ERR, _STACKS = "attempt-", ".log", ".json", ".stacks.txt"  # the last: a hang's stack dumps
+HANDOFF_SUFFIX = ".handoff"  # `attempt-NNNN.handoff`: the warm agent's hand-offs (host/spares.handed_ranks)
 
 
 def open_log(path: Path) -> int:
@@ -66,8 +68,8 @@ def rotate(path: Path, max_bytes: int) -> OSError | None:
 
 
 def attempt_number(name: str) -> int | None:
-    """The attempt number in `attempt-NNNN.log`, `.log.1`, `.json` or `.stacks.txt`; None otherwise."""
-    for suffix in (_LOG + SEGMENT_SUFFIX, _LOG, _ERR, _STACKS):
+    """The attempt number in `attempt-NNNN.log`, `.log.1`, `.json`, `.stacks.txt` or `.handoff`; None otherwise."""
+    for suffix in (_LOG + SEGMENT_SUFFIX, _LOG, _ERR, _STACKS, HANDOFF_SUFFIX):
         if name.startswith(_PREFIX) and name.endswith(suffix):
             digits = name[len(_PREFIX):-len(suffix)]
             return int(digits) if digits.isdecimal() else None

@@ -149,7 +149,7 @@ def worker_states(pid: int, handed: Mapping[int, int] | None = None) -> dict[int
     """torchrun's workers (the direct children of `pid`) by the `RANK` in their environment: (pid, psutil status).
 
     A warm worker's environment shows no RANK, or the one it inherited (it took the rank's over in-process):
-    `handed` (pid -> rank, the agent's hand-off lines: spares.handed_ranks) names it first. A child with neither
+    `handed` (pid -> rank, the agent's side file: spares.handed_ranks) names it first. A child with neither
     (not a torchrun worker, or gone) is left out.
     """
     try:

@@ -19,7 +19,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import re
 import shutil
 import subprocess
 import time
@@ -31,7 +30,9 @@ import psutil
 
 from supervisor.contract import ENV_ATTEMPT, ENV_ERROR_FILE, ENV_SKIP_STEPS
 from supervisor.host import joblog
+from supervisor.host.boot import start_ticks
 from supervisor.host.log import Log
+from supervisor.host.regularfile import open_regular
 
 __all__ = ["Plan", "Prewarmer", "plan", "is_spare_cmdline", "handed_ranks", "SPARE_SCRIPT", "PREWARM_LOG", "VOLATILE_ENV",
            "HANDOFF_NOTE"]
@@ -48,8 +49,7 @@ PREWARM_LOG = "prewarm.log"  # the spares' own output before they become a job (
 VOLATILE_ENV = frozenset({ENV_ATTEMPT, ENV_ERROR_FILE, ENV_SKIP_STEPS})  # the skip: a rollback is warm too
 _MODULE = "torch.distributed.run"
 _CONSOLE_MARK = b"from torch.distributed.run import main"
-_HANDOFF = re.compile(rb"^event=warm_handoff pid=(\d+) local_rank=\S+ rank=(\d+)$", re.M)
-_HANDOFF_HEAD = 1 << 16
+_HANDOFF_MAX = 1 << 16  # bytes of a side file read: an agent writes one short line per local rank
 HANDOFF_NOTE = "a torchrun agent started ahead, torch already imported, runs this attempt (ps: torchrun ...)"
 _MAX_SPEC_BYTES = 60_000  # stays below a pipe's buffer: the hand-off never blocks the event loop
 
@@ -119,17 +119,27 @@ class _Spare:
 
 
 def handed_ranks(job_log: Path) -> dict[int, int]:
-    """pid -> rank of the warm workers an agent handed its ranks to: its `event=warm_handoff` lines, at the head
-    of the attempt's log (the agent writes them as its round starts).
+    """pid -> rank of the warm workers an agent handed its ranks to, from its side file `attempt-NNNN.handoff` (never
+    from the job's output, which the job fills as it likes): one JSON line per rank, `{"pid", "start", "rank"}`,
+    counted only while that pid still has the start time (clock ticks since boot) the agent wrote beside it.
 
     A warm rank took its environment over in-process: /proc/PID/environ still shows the one it was started with,
-    without torchrun's RANK, so the job's workers are named by these lines instead (the latest for a pid wins)."""
+    without torchrun's RANK, so the job's workers are named by this file instead (the latest line for a pid wins)."""
     try:
-        with open(job_log, "rb") as f:
-            head = f.read(_HANDOFF_HEAD)
+        with open(open_regular(job_log.with_suffix(joblog.HANDOFF_SUFFIX), follow_symlinks=False, mine=True), "rb") as f:
+            lines = f.read(_HANDOFF_MAX).splitlines()
     except OSError:
         return {}
-    return {int(pid): int(rank) for pid, rank in _HANDOFF.findall(head)}
+    out: dict[int, int] = {}
+    for line in lines:
+        try:
+            rec = json.loads(line)
+            pid, start, rank = rec["pid"], rec["start"], rec["rank"]
+        except (ValueError, KeyError, TypeError, RecursionError):  # a cut line, an int past Python's digit limit
+            continue
+        if all(type(v) is int and 0 <= v < 1 << 62 for v in (pid, start, rank)) and start_ticks(pid) == start:
+            out[pid] = rank
+    return out
 
 
 class Prewarmer:
@@ -159,8 +169,8 @@ class Prewarmer:
         spare = spare or self._start(p, cwd=cwd, env=env, log_dir=log_path.parent)
         if spare is None:
             return None
-        spec = json.dumps({"script": p.script, "args": list(p.args), "env": dict(env), "cwd": str(cwd),
-                           "log_path": str(log_path)}).encode()
+        spec = json.dumps({"script": p.script, "args": list(p.args), "env": dict(env), "cwd": str(cwd), "argv": list(argv),
+                           "log_path": str(log_path), "handoff": str(log_path.with_suffix(joblog.HANDOFF_SUFFIX))}).encode()
         if len(spec) > _MAX_SPEC_BYTES:
             self._discard(spare, "environment too large for the hand-off pipe")
             return None

@@ -221,3 +221,173 @@ class TestGpuSafety:
             assert ours.recv(4096).startswith(b"ready")
         # EOF on the socket: the agent no longer needs it; it exits quietly
         assert proc.wait(timeout=60) == 0
+
+
+FORGING = REPO / "tests" / "jobs" / "forging_trainer.py"
+HANGS = "hang_timeout_s = 4\nsave_timeout_s = 8\nstack_dump_wait_s = 2\nhang_kill_grace_s = 1\n"
+
+
+class TestHandoffChannel:
+    @pytest.mark.parametrize("forge", ["huge", "rename"])
+    def test_a_forged_line_in_the_jobs_output_changes_nothing(self, tmp_path: Path, supervisors: Supervisors,
+                                                             forge: str) -> None:
+        """The job prints a warm agent's hand-off line (a 5,000-digit pid; or rank 1's own pid as rank 0) in every
+        attempt: the SIGSTOPped rank 1 of the cold attempt 1 is still named rank 1 (no crash), and so is rank 1 of
+        the warm attempt 2, named by the agent's side file (its /proc environment has no RANK)."""
+        pids = tmp_path / "pids"
+        pids.mkdir()
+        cmd = [*TORCHRUN, str(FORGING), "--checkpoint-dir", str(tmp_path / "ckpts"), "--steps", str(10**6),
+               "--save-every", str(10**6), "--seed", "3"]
+        cfg = _config(tmp_path, cmd, env={"FORGE": forge, "PIDS_OUT": str(pids)}, modules=[])
+        cfg.write_text(cfg.read_text().replace("stop_timeout_s = 20\n", f"stop_timeout_s = 20\n{HANGS}"))
+        p = supervisors.start(cfg)
+        for attempt in (1, 2):
+            wait_for(lambda a=attempt: _training(tmp_path, a) and (pids / f"attempt-{a}-rank-1").exists()
+                     and (a == 2 or _warm_ready(tmp_path)), 180, f"attempt {attempt} training")
+            if attempt == 2:
+                side = (_run_dir(tmp_path) / "logs" / "attempt-0002.handoff").read_text().splitlines()
+                assert len(side) == 2, "attempt 2 did not run in warm workers"
+                assert "RANK" not in psutil.Process(int((pids / "attempt-2-rank-1").read_text())).environ()
+            victim = psutil.Process(int((pids / f"attempt-{attempt}-rank-1").read_text()))
+            victim.suspend()
+            try:
+                wait_for(lambda a=attempt: _attempt(tmp_path) == a + 1, 120, f"attempt {attempt + 1} after the hang")
+            finally:
+                try:
+                    victim.resume()
+                except psutil.Error:
+                    pass
+            assert p.poll() is None, supervisors.print_logs()
+            hang = json.loads((_run_dir(tmp_path) / "state.json").read_text())["last_hang"]
+            assert hang["ranks"] == [{"rank": 1, "why": "stopped (SIGSTOP or SIGTSTP)"}], (attempt, hang)
+        p.terminate()
+        assert p.wait(timeout=60) == 0
+
+
+def _training(tmp_path: Path, attempt: int) -> bool:
+    """`attempt` beats `train` (hang detection is armed by a beat)."""
+    try:
+        st = json.loads((_run_dir(tmp_path) / "state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(st.get("attempt") == attempt and st.get("phase") == "train")
+
+
+def _attempt(tmp_path: Path) -> int | None:
+    try:
+        return json.loads((_run_dir(tmp_path) / "state.json").read_text()).get("attempt")
+    except (OSError, ValueError):
+        return None
+
+
+TRAIN_PY = '''import json, os, sys, time
+import helper  # from sys.path[0]: the script's own (resolved) directory
+
+
+def version(name):
+    try:
+        return getattr(__import__(name), "VERSION", None)
+    except ImportError:
+        return None
+
+
+out, attempt, rank = os.environ["PROBE_OUT"], os.environ["FSDP_SUPERVISOR_ATTEMPT"], os.environ["RANK"]
+record = {n: version(n) for n in ("helper", "prewarmed", "tinypkg", "sitecustomize")}
+with open(os.path.join(out, f"attempt-{attempt}-rank-{rank}.json"), "w") as f:
+    json.dump(dict(record, pid=os.getpid()), f)
+beat = os.environ.get("FSDP_SUPERVISOR_HEARTBEAT")
+if beat and rank == "0":
+    with open(beat + ".tmp", "w") as f:
+        json.dump({"step": 1, "time": time.time(), "phase": "train", "loss": None}, f)
+    os.replace(beat + ".tmp", beat)
+if attempt != "1":
+    sys.exit(0)
+while not os.path.exists(os.path.join(out, "go")):
+    time.sleep(0.05)
+sys.exit(3)
+'''
+
+
+def _stale_job(tmp_path: Path) -> tuple[Path, Path]:
+    """A venv of its own (torch through a .pth to ours) with `tinypkg` 1 installed by pip, a job directory whose
+    train.py is a symlink to versions/v1/train.py, and lib/ (on PYTHONPATH) with `prewarmed` and a sitecustomize
+    that every interpreter of the job loads at start-up. Its python, and the package's source (to install 2)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    ours = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    site = next((venv / "lib").glob("python*/site-packages"))
+    (site / "_outer.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
+    pkg = tmp_path / "pkg"
+    (pkg / "tinypkg").mkdir(parents=True)
+    (pkg / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools"]\nbuild-backend = '
+                                        '"setuptools.build_meta"\n[project]\nname = "tinypkg"\nversion = "1"\n')
+    (pkg / "tinypkg" / "__init__.py").write_text("VERSION = 1\n")
+    python = venv / "bin" / "python"
+    _pip_install(python, pkg)
+    job = tmp_path / "job"
+    for v in (1, 2):
+        (job / "versions" / f"v{v}").mkdir(parents=True)
+        (job / "versions" / f"v{v}" / "train.py").write_text(TRAIN_PY)
+        (job / "versions" / f"v{v}" / "helper.py").write_text(f"VERSION = {v}\n")
+    (job / "train.py").symlink_to("versions/v1/train.py")
+    (job / "lib").mkdir()
+    for name in ("prewarmed", "sitecustomize"):
+        (job / "lib" / f"{name}.py").write_text("VERSION = 1\n")
+    return python, pkg
+
+
+def _pip_install(python: Path, pkg: Path) -> None:
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-index", "--no-build-isolation", str(pkg)],
+                   check=True, capture_output=True)
+
+
+def _bump(path: Path) -> None:
+    path.write_text(path.read_text().replace("VERSION = 1", "VERSION = 2"))  # the same size, the same inode
+
+
+def _stale_lines(tmp_path: Path, attempt: int) -> list[tuple[int, str]]:
+    log = (_run_dir(tmp_path) / "logs" / f"attempt-{attempt:04d}.log").read_text(errors="replace")
+    return [(int(pid), json.loads(f)) for pid, f in re.findall(r"event=warm_workers_stale pid=(\d+) file=(\".*\")", log)]
+
+
+class TestStaleGoesCold:
+    @pytest.mark.parametrize("change", ["module", "symlink", "pip", "agent"])
+    def test_what_changed_on_disk_is_run_cold(self, tmp_path: Path, supervisors: Supervisors, change: str) -> None:
+        """Between the warm workers' imports and attempt 2, what a cold start would run changes: an edited prewarmed
+        module, `ln -sfn versions/v2/train.py train.py` (the script's directory, sys.path[0]), `pip install` of
+        tinypkg 2 over 1, or a file the spare agent itself loaded (sitecustomize). Attempt 2's ranks run the new code
+        (cold), and the attempt log says who went cold and which file was stale."""
+        python, pkg = _stale_job(tmp_path)
+        job, out = tmp_path / "job", tmp_path / "probe"
+        out.mkdir()
+        cmd = [str(python), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=0",
+               "train.py"]
+        cfg = _config(tmp_path, cmd, env={"PYTHONPATH": str(job / "lib"), "PROBE_OUT": str(out)},
+                      modules=["prewarmed", "tinypkg"], resume=False)
+        cfg.write_text(cfg.read_text().replace(f"cwd = {json.dumps(str(REPO))}", f"cwd = {json.dumps(str(job))}"))
+        p = supervisors.start(cfg)
+        wait_for(lambda: len(list(out.glob("attempt-1-*"))) == 2 and _warm_ready(tmp_path), 180,
+                 "attempt 1's ranks and an idle spare's warm workers")
+        key, stale = {"module": ("prewarmed", "lib/prewarmed.py"), "symlink": ("helper", "train.py"),
+                      "pip": ("tinypkg", "tinypkg/__init__.py"), "agent": ("sitecustomize", "lib/sitecustomize.py")}[change]
+        if change == "symlink":
+            (job / "train.py.new").symlink_to("versions/v2/train.py")
+            os.replace(job / "train.py.new", job / "train.py")
+        elif change == "pip":
+            _bump(pkg / "tinypkg" / "__init__.py")
+            (pkg / "pyproject.toml").write_text((pkg / "pyproject.toml").read_text().replace('"1"', '"2"'))
+            _pip_install(python, pkg)
+        else:
+            _bump(job / "lib" / f"{key}.py")
+        (out / "go").touch()
+        assert p.wait(timeout=180) == 0, supervisors.print_logs()
+        first = [json.loads((out / f"attempt-1-rank-{r}.json").read_text()) for r in (0, 1)]
+        second = [json.loads((out / f"attempt-2-rank-{r}.json").read_text()) for r in (0, 1)]
+        assert [r[key] for r in first] == [1, 1] and [r[key] for r in second] == [2, 2], second
+        lines = _stale_lines(tmp_path, 2)
+        assert lines and all(f.endswith(stale) for _, f in lines), lines
+        if change == "agent":  # the agent itself went cold (so no rank was handed to a warm worker)
+            assert _handoffs(tmp_path, 2) == [] and len(lines) == 1
+        else:  # each warm worker took its rank, found itself stale, and became the cold rank (same pid)
+            assert sorted(pid for pid, _ in lines) == sorted(r["pid"] for r in second)

@@ -19,7 +19,8 @@ class TestRules:
         assert joblog.needs_rotation(size, cap) is due
 
     @pytest.mark.parametrize(("name", "number"), [("attempt-0007.log", 7), ("attempt-0007.log.1", 7),
-                                                  ("attempt-12345.json", 12345), ("attempt-x.log", None),
+                                                  ("attempt-12345.json", 12345), ("attempt-0003.handoff", 3),
+                                                  ("attempt-x.log", None),
                                                   ("prewarm.log", None), (".attempt-0001.log.1.tmp", None)])
     def test_attempt_number(self, name: str, number: int | None) -> None:
         """Only our own attempt file names carry a number."""

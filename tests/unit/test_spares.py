@@ -1,14 +1,19 @@
 """The prewarmed launcher: which commands it takes over, and that a prewarmed attempt behaves like a cold one."""
 from __future__ import annotations
 
+import json
 import os
 import stat
+import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from supervisor.host.spares import SPARE_SCRIPT, Plan, handed_ranks, is_spare_cmdline, plan
+from supervisor.host.boot import start_ticks
+from supervisor.host.spares import SPARE_SCRIPT, VOLATILE_ENV, Plan, handed_ranks, is_spare_cmdline, plan
+from trainer.warm_pool import WarmPool, WorkerPlan
 
 
 def _script(path: Path, text: str) -> Path:
@@ -54,15 +59,79 @@ class TestPlan:
 
 
 class TestHandedRanks:
-    def test_the_spares_handoff_lines_name_warm_ranks(self, tmp_path: Path) -> None:
-        """A warm rank's /proc environment has no RANK: the spare's log names it; the latest line for a pid wins."""
-        (tmp_path / "attempt-0002.log").write_bytes(
-            b"event=prewarm_ready pid=10 import_s=1.2\n"
-            b"event=warm_handoff pid=11 local_rank=0 rank=0\n"
-            b"event=warm_handoff pid=12 local_rank=1 rank=1\n"
-            b"garbage event=warm_handoff pid=13 local_rank=1 rank=9\n"
-            b"event=warm_handoff pid=11 local_rank=1 rank=3\n")
-        assert handed_ranks(tmp_path / "attempt-0002.log") == {11: 3, 12: 1}
+    """Which worker runs which rank comes from the agent's side file, with each worker's start time; the job's output
+    (the attempt log) is never read for it."""
 
-    def test_no_log_no_ranks(self, tmp_path: Path) -> None:
+    def test_the_side_file_names_live_warm_ranks(self, tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
+        """A record counts while its pid has the start time written beside it; the latest line for a pid wins."""
+        start = start_ticks(sleeper.pid)
+        _side(tmp_path, {"pid": sleeper.pid, "start": start, "rank": 0}, {"pid": sleeper.pid, "start": start, "rank": 3})
+        assert handed_ranks(tmp_path / "attempt-0002.log") == {sleeper.pid: 3}
+
+    def test_a_reused_pid_names_nothing(self, tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
+        """Another start time: the pid is another process now (or the record was forged)."""
+        _side(tmp_path, {"pid": sleeper.pid, "start": (start_ticks(sleeper.pid) or 0) + 1, "rank": 1})
+        assert handed_ranks(tmp_path / "attempt-0002.log") == {}
+
+    def test_the_jobs_output_is_never_read(self, tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
+        """The lines that crashed the supervisor (a 5,000-digit pid: ValueError) and renamed a stopped rank (a real
+        pid) in the job's output change nothing."""
+        (tmp_path / "attempt-0002.log").write_bytes(
+            b"event=warm_handoff pid=" + b"9" * 5000 + b" local_rank=0 rank=0\n"
+            + f"event=warm_handoff pid={sleeper.pid} local_rank=0 rank=0\n".encode())
+        assert handed_ranks(tmp_path / "attempt-0002.log") == {}
+
+    @pytest.mark.parametrize("line", [
+        b'{"pid": ' + b"9" * 5000 + b', "start": 1, "rank": 0}',  # past Python's int digit limit
+        b"[" * 60_000, b"not json", b"[1, 2, 3]", b'"pid"', b'{"pid": 1}',
+        b'{"pid": true, "start": 1, "rank": 0}', b'{"pid": -1, "start": 1, "rank": 0}',
+        b'{"pid": 1, "start": 1, "rank": 18446744073709551616}',
+    ])
+    def test_bad_lines_are_skipped(self, tmp_path: Path, sleeper: subprocess.Popen[bytes], line: bytes) -> None:
+        """Anything but three small ints is skipped, never an exception; the good line after it still counts."""
+        good = json.dumps({"pid": sleeper.pid, "start": start_ticks(sleeper.pid), "rank": 1}).encode()
+        (tmp_path / "attempt-0002.handoff").write_bytes(line + b"\n" + good + b"\n")
+        assert handed_ranks(tmp_path / "attempt-0002.log") == {sleeper.pid: 1}
+
+    def test_a_symlink_is_not_followed(self, tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
+        """A side file planted as a symlink (to records that would name ranks) is not read."""
+        real = tmp_path / "elsewhere"
+        real.write_text(json.dumps({"pid": sleeper.pid, "start": start_ticks(sleeper.pid), "rank": 1}) + "\n")
+        (tmp_path / "attempt-0002.handoff").symlink_to(real)
+        assert handed_ranks(tmp_path / "attempt-0002.log") == {}
+
+    def test_what_the_agent_records_the_supervisor_reads(self, tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
+        """trainer/warm_pool.py's record (pid, its start ticks, rank) is what handed_ranks accepts."""
+        pool = WarmPool(WorkerPlan(sys.executable, ("-u", "x.py"), str(tmp_path), 1, {}), str(tmp_path), [],
+                        VOLATILE_ENV, lambda line: None, handoff=str(tmp_path / "attempt-0002.handoff"))
+        pool._record(sleeper.pid, "5")
+        assert handed_ranks(tmp_path / "attempt-0002.log") == {sleeper.pid: 5}
+
+    def test_the_agent_never_writes_through_a_symlink(self, tmp_path: Path) -> None:
+        """A symlink planted at the side file's name: the agent says so and the target is untouched."""
+        victim = tmp_path / "notes.txt"
+        victim.write_text("mine\n")
+        (tmp_path / "attempt-0002.handoff").symlink_to(victim)
+        said: list[str] = []
+        pool = WarmPool(WorkerPlan(sys.executable, ("-u", "x.py"), str(tmp_path), 1, {}), str(tmp_path), [],
+                        VOLATILE_ENV, said.append, handoff=str(tmp_path / "attempt-0002.handoff"))
+        pool._record(os.getpid(), "0")
+        assert victim.read_text() == "mine\n" and said[0].startswith("event=warm_handoff_unrecorded")
+
+    def test_no_file_no_ranks(self, tmp_path: Path) -> None:
         assert handed_ranks(tmp_path / "attempt-0001.log") == {}
+
+
+def _side(tmp_path: Path, *records: dict) -> None:
+    (tmp_path / "attempt-0002.handoff").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    """A live process of ours, to stand for a warm worker."""
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
