@@ -176,8 +176,7 @@ def parse_heartbeat(data: bytes) -> tuple[Beat | None, list[str]]:
         problems.append(f"step_s {_show(raw_step_s)} dropped (not a number of seconds)")
         step_s = None
     loss_bad = _nonfinite(raw.get("loss")) if losses["loss"] is None else None
-    tier = raw.get("local_tier")  # shown in status: printable, bounded, else dropped
-    tier = tier[:200] if isinstance(tier, str) and tier.isprintable() and tier else None
+    tier = t[:200] if isinstance(t := raw.get("local_tier"), str) and t.isprintable() and t else None  # for status
     return Beat(step, time_, phase, losses["loss"], losses["val_loss"], step_s, loss_bad, tier), problems
 
 
