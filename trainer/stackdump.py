@@ -10,11 +10,12 @@ thread's stack (`sys._current_frames()`, formatted by `traceback`) to stderr wit
   collective, I/O, a sleep): the hung rank the supervisor asks is dumped, not only a healthy one.
 - The shape stays faulthandler's: `Thread 0x...` per thread and one `Current thread 0x...` header per process
   (the dump thread's own, written last): the supervisor counts those headers to know that a process dumped.
-- Fallback: when the main thread runs the Python-level handler before the dump is written, it arms
-  `faulthandler.dump_traceback_later(FALLBACK_S)`; the dump thread cancels it once done. A dump thread that
-  cannot get the GIL within that time (a thread holding it in a stuck C call) thus still yields faulthandler's
-  dump, which is safe then: no thread can move its frames without the GIL. A process whose GIL was held since
-  before the signal runs no Python at all (neither handler nor thread): it writes no dump.
+- Fallback: when the main thread runs the Python-level handler while the dump thread has yet to take the GIL for
+  the signal, it arms `faulthandler.dump_traceback_later(FALLBACK_S)`; the dump thread cancels it as soon as it
+  has the GIL. A dump thread that cannot get the GIL within that time (a thread holding it in a stuck C call)
+  thus still yields faulthandler's dump, which is safe then: no thread can move its frames without the GIL. A
+  process whose GIL was held since before the signal runs no Python at all (neither handler nor thread): it
+  writes no dump.
 - Forked children (DataLoader workers) inherit the handler; `os.register_at_fork` gives each its own pipe and
   dump thread. The signal mask is never touched.
 - A wakeup fd set before `install` (asyncio's) still gets every signal number: the dump thread forwards them.
@@ -42,7 +43,9 @@ class _Dumper:
         self.out_fd = out_fd
         self.previous_handler = previous_handler
         self.previous_wakeup = previous_wakeup  # forwarded every byte; -1: none
-        self.busy = False  # between the pipe becoming readable and the dump written (read under the GIL)
+        self.busy = False  # from the thread's taking the GIL after a wake-up to its dump written
+        self.lock = threading.RLock()  # the handler's look-then-arm against the thread's take-then-cancel (re-entrant:
+        # a second signal's handler may run inside the first's, in the same thread)
         self.read_fd, self.write_fd = os.pipe()  # not inherited by exec'd children (PEP 446)
         os.set_blocking(self.write_fd, False)  # set_wakeup_fd requires it; a full pipe drops bytes, never blocks
         self.thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
@@ -59,7 +62,9 @@ class _Dumper:
         while True:
             try:
                 select.select([self.read_fd], [], [])  # the GIL is released here, not while waiting for it
-                self.busy = True
+                with self.lock:  # the GIL is had: faulthandler's fallback is not needed (armed before, or never)
+                    self.busy = True
+                    faulthandler.cancel_dump_traceback_later()
                 data = os.read(self.read_fd, 4096)
             except OSError:
                 return
@@ -69,8 +74,7 @@ class _Dumper:
                 _write(self.previous_wakeup, data)
             if signal.SIGUSR1 in data:
                 self._dump()
-            self.busy = False  # then cancel: a handler running in between arms nothing or is cancelled here
-            faulthandler.cancel_dump_traceback_later()
+            self.busy = False
 
     def _dump(self) -> None:
         names = {t.ident: t.name for t in threading.enumerate()}
@@ -100,10 +104,14 @@ _fork_hook = False
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
-    """Python-level handler (main thread): arm faulthandler's fallback while this signal's dump is pending."""
+    """Python-level handler (main thread): arm faulthandler's fallback while the dump thread has yet to take the GIL
+    for a signal (its byte unread); the thread cancels it once it has the GIL."""
     d = _dumper
-    if d is not None and (d.busy or select.select([d.read_fd], [], [], 0)[0]):
-        faulthandler.dump_traceback_later(FALLBACK_S, repeat=False, file=d.out_fd)
+    if d is None:
+        return
+    with d.lock:
+        if not d.busy and select.select([d.read_fd], [], [], 0)[0]:
+            faulthandler.dump_traceback_later(FALLBACK_S, repeat=False, file=d.out_fd)
 
 
 def installed() -> bool:

@@ -5,10 +5,11 @@ prints `ready` on stdout and then:
 - `blocked`: a thread named `worker-sleeping` sleeps; the main thread blocks in `os.read` (a C call that releases
   the GIL, as a rank in a collective does) until stdin closes.
 - `churn`: threads are started and end all the time, and one thread named `busy-recursing` recurses and returns
-  (frames pushed and popped) while the main thread computes; it prints `done` after 3 s.
+  (frames pushed and popped), until stdin closes.
 - `fork`: forks once (as a DataLoader worker is forked); the child prints its pid; both wait for stdin to close.
-- `gil`: switch interval 10 s, then the main thread raises SIGUSR1 itself and spins in Python for 3 s holding the
-  GIL: the dump thread cannot take it, so faulthandler's fallback must dump.
+- `gil [S]`: switch interval 10 s, then the main thread signals itself and spins in Python for S seconds (3)
+  holding the GIL: the dump thread cannot take it, so faulthandler's fallback must dump (after 1 s: not with
+  S = 0.2, where the dump thread takes the GIL in time and cancels it).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def recurse(n: int) -> int:
     return 0 if n == 0 else 1 + recurse(n - 1)
 
 
-def main(mode: str) -> None:
+def main(mode: str, spin_s: float = 3.0) -> None:
     stackdump.install()
     if mode == "blocked":
         threading.Thread(target=time.sleep, args=(600,), name="worker-sleeping", daemon=True).start()
@@ -33,19 +34,24 @@ def main(mode: str) -> None:
         while os.read(0, 1):
             pass
     elif mode == "churn":
-        stop = time.monotonic() + 3
+        stop = threading.Event()
 
         def spin() -> None:
-            while time.monotonic() < stop:
+            while not stop.is_set():
                 recurse(50)
 
+        def until_eof() -> None:
+            while os.read(0, 1):
+                pass
+            stop.set()
+
         threading.Thread(target=spin, name="busy-recursing", daemon=True).start()
+        threading.Thread(target=until_eof, daemon=True).start()
         print("ready", flush=True)
-        while time.monotonic() < stop:
+        while not stop.is_set():
             t = threading.Thread(target=recurse, args=(20,))
             t.start()
             t.join()
-        print("done", flush=True)
     elif mode == "fork":
         pid = os.fork()
         if not pid:  # once forked (the hook ran): only then may the test signal the child
@@ -57,8 +63,8 @@ def main(mode: str) -> None:
     elif mode == "gil":
         sys.setswitchinterval(10)
         print("ready", flush=True)
-        signal.raise_signal(signal.SIGUSR1)
-        end = time.monotonic() + 3
+        os.kill(os.getpid(), signal.SIGUSR1)  # not signal.raise_signal: it lets the GIL go around raise()
+        end = time.monotonic() + spin_s
         while time.monotonic() < end:
             pass
         sys.setswitchinterval(0.005)
@@ -67,4 +73,4 @@ def main(mode: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], *map(float, sys.argv[2:]))

@@ -21,10 +21,10 @@ PROBE = Path(__file__).resolve().parents[1] / "jobs" / "stackdump_probe.py"
 
 
 class Probe:
-    def __init__(self, mode: str, tmp_path: Path) -> None:
-        self.err = tmp_path / f"{mode}.err"
+    def __init__(self, mode: str, tmp_path: Path, *args: str) -> None:
+        self.err = tmp_path / f"{mode}{len(args)}.err"
         with open(self.err, "wb") as err:
-            self.proc = subprocess.Popen([sys.executable, str(PROBE), mode], stdin=subprocess.PIPE,
+            self.proc = subprocess.Popen([sys.executable, str(PROBE), mode, *args], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=err, text=True)
         assert self.proc.stdout is not None
         self.ready = self.proc.stdout.readline()
@@ -48,8 +48,8 @@ class Probe:
 def probe(tmp_path: Path):  # type: ignore[no-untyped-def]
     started: list[Probe] = []
 
-    def start(mode: str) -> Probe:
-        started.append(Probe(mode, tmp_path))
+    def start(mode: str, *args: str) -> Probe:
+        started.append(Probe(mode, tmp_path, *args))
         return started[-1]
 
     yield start
@@ -63,25 +63,36 @@ class TestStackDump:
     def test_a_main_thread_blocked_in_c_is_dumped_with_every_thread_named(self, probe) -> None:  # type: ignore[no-untyped-def]
         """Blocked in a GIL-releasing call (as in a collective) the main thread is dumped, by name, with the others."""
         p = probe("blocked")
-        os.kill(p.proc.pid, signal.SIGUSR1)
-        wait_for(lambda: p.dumps() == 1, 30, "one dump")
+
+        sent = 0
+
+        def blocked_seen() -> bool:  # the main thread in os.read (it may still be printing `ready` at first)
+            nonlocal sent
+            if p.dumps() < sent:  # one signal at a time: the last one's dump is not written yet
+                return False
+            if "os.read(0, 1)" in p.text():
+                return True
+            os.kill(p.proc.pid, signal.SIGUSR1)
+            sent += 1
+            return False
+
+        wait_for(blocked_seen, 30, "a dump of the main thread in os.read", interval=0.1)
         text = p.text()
         assert '"MainThread"' in text and '"worker-sleeping"' in text, text
-        assert "in main\n" in text and "os.read(0, 1)" in text, text  # where the main thread is blocked
         assert f"Stack dump of process {p.proc.pid} (SIGUSR1)" in text
         assert p.proc.poll() is None  # the process goes on
         time.sleep(1.5)  # past the fallback's delay: it was cancelled, faulthandler wrote nothing
-        assert "Timeout" not in p.text() and p.dumps() == 1
+        assert "Timeout" not in p.text() and p.dumps() == sent  # one dump per signal, each one whole
         assert p.finish() == 0
 
     def test_many_dumps_while_threads_start_end_and_recurse_never_crash(self, probe) -> None:  # type: ignore[no-untyped-def]
         """SIGUSR1 every few milliseconds while frames are pushed and popped and threads come and go."""
         p = probe("churn")
-        sent = 0
-        while p.proc.poll() is None and sent < 200:
+        for _ in range(400):  # with faulthandler.register instead: SIGSEGV in 4 runs of 10 (tests/jobs/stackdump_probe.py)
+            assert p.proc.poll() is None, p.text()[-3000:]
             os.kill(p.proc.pid, signal.SIGUSR1)
-            sent += 1
-            time.sleep(0.005)
+            time.sleep(0.002)
+        wait_for(lambda: p.dumps() >= 1, 30, "a dump")
         assert p.finish() == 0, p.text()[-3000:]
         assert p.dumps() >= 1 and '"busy-recursing"' in p.text()  # repeated signals may share one dump
         assert "Fatal Python error" not in p.text()
@@ -105,4 +116,11 @@ class TestStackDump:
         text = p.text()
         assert "Timeout (0:00:01)!" in text, text
         assert text.index("Timeout (0:00:01)!") < text.index("Stack dump of process")  # then the thread's own
+        assert p.finish() == 0
+
+    def test_the_fallback_is_cancelled_once_the_dump_thread_has_the_gil(self, probe) -> None:  # type: ignore[no-untyped-def]
+        """Armed as above, but the GIL is free again after 0.2 s: the dump thread's own dump only, no faulthandler."""
+        p = probe("gil", "0.2")
+        assert p.proc.stdout is not None and p.proc.stdout.readline() == "done\n"
+        assert "Timeout" not in p.text() and p.dumps() == 1, p.text()
         assert p.finish() == 0
