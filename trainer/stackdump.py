@@ -32,7 +32,7 @@ import traceback
 from types import FrameType
 from typing import Any
 
-__all__ = ["FALLBACK_S", "install", "installed", "uninstall"]
+__all__ = ["FALLBACK_S", "install", "uninstall"]
 
 FALLBACK_S = 1.0  # the dump thread's wait for the GIL before faulthandler dumps instead
 THREAD_NAME = "trainer-stack-dump"
@@ -114,10 +114,6 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
             faulthandler.dump_traceback_later(FALLBACK_S, repeat=False, file=d.out_fd)
 
 
-def installed() -> bool:
-    return _dumper is not None
-
-
 def install(out: Any = None) -> None:
     """Dump every thread's stack to `out` (a file with a fileno, or an fd; default stderr) on SIGUSR1.
 
@@ -160,7 +156,7 @@ def _after_fork_in_child() -> None:
     try:
         _dumper = _Dumper(parent.out_fd, parent.previous_handler, -1)
         signal.set_wakeup_fd(_dumper.write_fd, warn_on_full_buffer=False)
-    except (OSError, RuntimeError) as exc:  # out of fds or threads: no dumps here, and no byte into a reused fd
+    except (OSError, RuntimeError, ValueError) as exc:  # no fds or threads left: no dumps, no byte into a reused fd
         signal.set_wakeup_fd(-1)
         _write(parent.out_fd, f"trainer: no SIGUSR1 stack dumps in forked process {os.getpid()}: {exc}\n".encode())
     for fd in (parent.read_fd, parent.write_fd):  # the parent's pipe: a byte written to it would wake the parent
