@@ -128,6 +128,7 @@ class Beat:
     val_loss: float | None = None
     step_s: float | None = None  # a rank's own time for its last step (its work, not its wait for the others)
     loss_bad: str | None = None  # "nan" or "inf": the loss was not a finite number (`loss` is then None)
+    local_tier: str | None = None  # why the job's node-local tier fails now (its last local save, or at start)
 
 
 def _finite(value: Any, limit: float) -> float | None:
@@ -179,7 +180,8 @@ def parse_heartbeat(data: bytes) -> tuple[Beat | None, list[str]]:
         problems.append(f"step_s {_show(raw_step_s)} dropped (not a number of seconds)")
         step_s = None
     loss_bad = _nonfinite(raw.get("loss")) if losses["loss"] is None else None
-    return Beat(step, time_, phase, losses["loss"], losses["val_loss"], step_s, loss_bad), problems
+    tier = t[:200] if isinstance(t := raw.get("local_tier"), str) and t.isprintable() and t else None  # for status
+    return Beat(step, time_, phase, losses["loss"], losses["val_loss"], step_s, loss_bad, tier), problems
 
 
 def _nonfinite(value: Any) -> str | None:
@@ -205,7 +207,7 @@ def _show(value: Any) -> str:
 
 
 def heartbeat_record(step: int, phase: str, *, time: float, loss: float | None = None,
-                     val_loss: float | None = None) -> dict[str, Any]:
+                     val_loss: float | None = None, local_tier: str | None = None) -> dict[str, Any]:
     """The JSON object a job writes (the writer's side of `parse_heartbeat`): a non-finite loss becomes the string
     "nan" or "inf" (a diverged run, which the supervisor watches for), a non-finite val_loss null."""
     if phase not in PHASES:
@@ -215,6 +217,8 @@ def heartbeat_record(step: int, phase: str, *, time: float, loss: float | None =
                               "loss": finite if finite is not None or loss is None else _nonfinite(float(loss))}
     if val_loss is not None:
         record["val_loss"] = _finite(val_loss, _MAX_LOSS)
+    if local_tier:
+        record["local_tier"] = local_tier
     return record
 
 

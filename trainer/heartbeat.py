@@ -107,6 +107,8 @@ class Heartbeat:
         self._last_write = -math.inf
         self._last_bad = False
         self.val_loss: float | None = None  # the latest evaluation, repeated in every beat after it
+        self.local_tier: str | None = None  # why the node-local tier fails now (status: degraded); None: it works
+        self._last_tier: str | None = None
         self.last_error: OSError | None = None
         self.rank_file = RankBeat(rank_path, min_interval_s=min_interval_s) if rank_path else None
 
@@ -143,9 +145,10 @@ class Heartbeat:
             return False
         due = now - self._last_write >= self.min_interval_s
         bad = loss is not None and not math.isfinite(loss)  # a diverged loss is said at once, the onset exact
-        if not (force or due or fresh_eval or phase != self._last_phase or (bad and not self._last_bad)):
+        tier = self.local_tier != self._last_tier  # a failing (or recovered) tier is said at once
+        if not (force or due or fresh_eval or tier or phase != self._last_phase or (bad and not self._last_bad)):
             return False
-        record = heartbeat_record(step, phase, time=now, loss=loss, val_loss=self.val_loss)
+        record = heartbeat_record(step, phase, time=now, loss=loss, val_loss=self.val_loss, local_tier=self.local_tier)
         try:
             # No fsync: a beat lost in a crash is replaced by the next one within a second.
             write_atomic(self.path, json.dumps(record).encode(), durable=False)
@@ -153,7 +156,7 @@ class Heartbeat:
             # A heartbeat we cannot write must not kill a training run; the supervisor sees it go stale.
             self.last_error = exc
             return False
-        self._last_phase, self._last_write, self._last_bad = phase, now, bad
+        self._last_phase, self._last_write, self._last_bad, self._last_tier = phase, now, bad, self.local_tier
         return True
 
     def close(self) -> None:

@@ -245,12 +245,16 @@ class Trainer:
 
     def _report(self, result: Any) -> None:
         if result is not None and result.error is not None:  # the local tier: training goes on with durable saves
+            self.heartbeat.local_tier = f"local save of step {result.step} failed ({result.errno or 'see the job log'})"
             if self.dist.rank == 0:
                 self.log.warning("local_save_failed", step=result.step, errno=result.errno, path=str(result.tmp.parent),
                                  error=str(result.error).splitlines()[0][:300])
-        elif result is not None and self.dist.rank == 0:
-            self.log.info("checkpoint_saved", step=result.step, path=str(result.final),
-                          seconds=round(result.seconds, 3), created=result.created)
+        elif result is not None:
+            if _in_root(result.final, self.args.local_checkpoint_dir):
+                self.heartbeat.local_tier = None  # the tier works again
+            if self.dist.rank == 0:
+                self.log.info("checkpoint_saved", step=result.step, path=str(result.final),
+                              seconds=round(result.seconds, 3), created=result.created)
 
     def train(self) -> int:
         """The loop; every decision that needs all ranks happens at a step boundary."""
@@ -351,6 +355,7 @@ def run(args: argparse.Namespace) -> int:
     problem = broadcast_from_rank0(getattr(args, "local_tier_problem", None), d.control)  # rank 0's look: all alike
     if problem is not None and args.local_save_every:
         args.local_save_every = 0
+        heartbeat.local_tier = f"unusable: {problem}"
         if d.rank == 0:
             log.warning("local_tier_unusable", reason=problem, action="durable saves only")
     if d.rank == 0:

@@ -22,7 +22,6 @@ process now sends SIGKILL; cutting the emergency save short would only lose it.
 """
 from __future__ import annotations
 
-import faulthandler
 import os
 import signal
 import sys
@@ -30,6 +29,8 @@ import time
 from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any
+
+from trainer import stackdump
 
 __all__ = ["GracefulStop"]
 
@@ -68,12 +69,7 @@ class GracefulStop:
         """Take over the stop signals and make SIGUSR1 dump all thread stacks (main thread only)."""
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self.handle)
-        # faulthandler writes from the signal handler itself: a rank stuck in a collective, or holding the GIL in C
-        # code, still dumps, and so do forked children (DataLoader workers). Walking the other threads' frames while
-        # they run can crash the process (seen once: SIGSEGV with an async save thread mid-call); a dump thread
-        # holding the GIL was tried and dropped (it lost dumps to threads started before install() and in forked
-        # children, and left SIGUSR1 blocked in every child process): docs/trainer.md.
-        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
+        stackdump.install()  # a dump thread woken by the signal, never a walk from the handler: trainer/stackdump.py
         return self
 
     def uninstall(self) -> None:
@@ -81,7 +77,7 @@ class GracefulStop:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
-        faulthandler.unregister(signal.SIGUSR1)
+        stackdump.uninstall()
 
     def handle(self, signum: int, frame: FrameType | None = None) -> None:
         """Signal handler: the first signal sets the flag; a later SIGINT exits at once, a SIGTERM never."""

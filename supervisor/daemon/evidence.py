@@ -152,7 +152,7 @@ def _rank_beat(path: Path, rank: int, problems: list[str]) -> Beat | None:
     return beat
 
 
-DUMP_MARK = b"Current thread 0x"  # faulthandler's header of the thread that took the signal: one per process
+DUMP_MARK = b"Current thread 0x"  # one per process: faulthandler's, or trainer/stackdump.py's dump thread's
 _DUMP_READ = 1024 * 1024  # stack dumps of a few processes are tens of KB
 
 

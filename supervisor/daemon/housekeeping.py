@@ -324,6 +324,7 @@ class Housekeeper:
             self.log.error("checkpoint_scan_failed", root=str(self.root), error=result.error)
             return None
         self._say_retention(result.retention_stopped)
+        self._say_vanished(self.last, result)
         if self.device is None and result.root_id is not None:
             self.device, self.mount = result.root_id[0], mount_id(self.root)
         first = self.last is None
@@ -345,6 +346,17 @@ class Housekeeper:
             return None
         self._high = new
         return None if first else new  # what the first pass finds was there before us: the baseline
+
+    def _say_vanished(self, before: PassResult | None, now: PassResult) -> None:
+        """A complete or pinned checkpoint of the last pass gone though retention did not delete it (a client's own
+        rotation, pins included, or a person's `rm`: docs/checkpoints.md); a replaced root is not such a loss."""
+        kept = {c.path for c in now.checkpoints} | {d.path for d in now.deleted}
+        gone = [c for c in (before.checkpoints if before and before.root_id == now.root_id else [])
+                if (c.complete or c.pinned) and c.path not in kept]
+        if gone:
+            self.log.warning("checkpoints_vanished", count=len(gone), paths=[str(c.path) for c in gone[:20]],
+                             steps=[c.step for c in gone[:20]], pinned=[str(c.path) for c in gone if c.pinned][:20],
+                             detail="not deleted by this run's retention (the job's own rotation, or by hand)")
 
     def check_retention(self) -> None:
         """At start-up: say now (once) when retention will not be able to delete anything."""

@@ -124,7 +124,7 @@ def catches(pid: int, sig: int) -> bool:
 def signal_catchers(pid: int, sig: int) -> list[int]:
     """Send `sig` to every process of the job (`pid` and its descendants) that has a handler for it.
 
-    For SIGUSR1 (stack dumps: faulthandler in torchrun's workers, a single-process script or its DataLoader
+    For SIGUSR1 (stack dumps: trainer/stackdump.py in torchrun's workers, a script's faulthandler, DataLoader
     workers, which inherit the handler) a process without a handler would die of it: torchrun's agent, a
     wrapper shell, a helper process. Those are left alone.
     """

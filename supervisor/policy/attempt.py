@@ -42,6 +42,7 @@ _TORCHRUN_GRACE_EXTRA_S = 86400  # torchrun's own stop grace: stop_timeout_s and
 # (exact); the node's file alone may lag the job (the trainer writes it once a second): steps lost are a lower bound.
 REACHED_BY_RANKS = "ranks"
 REACHED_BY_HEARTBEAT = "heartbeat"
+TIER_FAILING = "degraded: the job says: "  # status.local_tier from the job's beats (its `local_tier`)
 
 RATE_WINDOW_S = 30.0  # the step rate is measured over about this much of the attempt's latest steps
 _RATE_MIN_SPAN_S = 2.0  # less than this between the first and the last step seen: no rate yet
@@ -163,6 +164,8 @@ def apply_beat(status: Status, beat: Beat, now: float, rate: StepRate) -> None:
     status.phase, status.loss = beat.phase, beat.loss
     if beat.val_loss is not None:
         status.val_loss = beat.val_loss
+    if beat.local_tier or (status.local_tier or "").startswith(TIER_FAILING):  # cleared once its saves work again
+        status.local_tier = f"{TIER_FAILING}{beat.local_tier}" if beat.local_tier else None
 
 
 def hang_timeout(health: HealthSection, beat: Beat | None, *, startup: bool, p99: float | None = None) -> float | None:

@@ -130,7 +130,8 @@ def test_hf_picks_its_own_and_stops_gracefully(supervisors: Supervisors, tmp_pat
                                                reference: dict[int, str]) -> None:
     """resume_args = [], resume_from_checkpoint=True: a torn checkpoint-10 is deleted before the relaunch, so the
     Trainer takes checkpoint-5; SIGTERM -> its JIT checkpoint at the step it reached, exit 0; `run` again -> it
-    goes on from there. save_total_limit = 2 and keep_last = 3 both on; no resume point is claimed."""
+    goes on from there. save_total_limit = 2 and keep_last = 3 both on; no resume point is claimed; what the
+    Trainer's rotation removes is logged as `checkpoints_vanished`."""
     job = hf_job(supervisors, tmp_path, [], ["--resume-auto", "--jit-checkpoint", "--total-limit", "2"],
                  "keep_last = 3\n")
     root = job.checkpoint_dir
@@ -166,6 +167,9 @@ def test_hf_picks_its_own_and_stops_gracefully(supervisors: Supervisors, tmp_pat
     assert [e.get("resumed_from") for e in job.events("job_started")] == [None] * 3
     assert job.state().get("quarantined") in (None, [])
     assert layout_problems(root, HF_ENTRY, HF_FILES) == []
+    # save_total_limit = 2 removed checkpoint-5 once attempt 2 had saved 10 and 15: said, as not the supervisor's
+    vanished = {Path(p).name for e in job.events("checkpoints_vanished") for p in e["paths"]}
+    assert "checkpoint-5" in vanished, job.events("checkpoints_vanished")
 
 
 def test_hf_nan_is_rolled_back_to_the_save_before_it(supervisors: Supervisors, tmp_path: Path,

@@ -45,7 +45,8 @@ def _run(tmp_path: Path, local: str = "shm/ckpts") -> tuple[subprocess.Completed
 @pytest.mark.timeout(600)
 def test_a_full_tier_costs_its_saves_not_the_run(tmp_path: Path, shm: Path) -> None:
     """Every local save dies with ENOSPC: `local_save_failed errno=ENOSPC`, training goes on with its durable saves
-    in one attempt, and the full tier holds no leftovers (it held five `.tmp-step_*` dirs and the run gave up)."""
+    in one attempt, and the full tier holds no leftovers (it held five `.tmp-step_*` dirs and the run gave up);
+    `status` (text and --json) shows the tier degraded, from the job's heartbeat."""
     st = os.statvfs(shm)
     with open(shm / "filler.bin", "wb") as f:
         os.posix_fallocate(f.fileno(), 0, st.f_bavail * st.f_frsize)
@@ -56,6 +57,10 @@ def test_a_full_tier_costs_its_saves_not_the_run(tmp_path: Path, shm: Path) -> N
     assert [c.step for c in scan(tmp_path / "ckpts") if c.complete] == [12, 6] or \
         sorted(c.step for c in scan(tmp_path / "ckpts") if c.complete) == [6, 12]
     assert sorted(os.listdir(shm / "ckpts")) == [], os.listdir(shm / "ckpts")
+    state = json.loads(cli("status", "-c", str(tmp_path / "job.toml"), "--json").stdout)
+    assert state["local_tier"].startswith("degraded: the job says: local save of step ") and \
+        state["local_tier"].endswith("failed (ENOSPC)"), state
+    assert "local tier" in (text := cli("status", "-c", str(tmp_path / "job.toml")).stdout) and "ENOSPC" in text, text
 
 
 @pytest.mark.timeout(600)

@@ -176,7 +176,9 @@ class TestStopAndResume:
         assert st["last_exit"]["reason"] == "hang"
         assert st["last_hang"]["ranks"] == [{"rank": 1, "why": "stopped (SIGSTOP or SIGTSTP)"}]
         stacks = Path(st["last_hang"]["stacks"])
-        assert b"Current thread 0x" in stacks.read_bytes()  # rank 0's dump (rank 1 cannot dump while stopped)
+        dumps = stacks.read_bytes()
+        assert dumps.count(b"Current thread 0x") == 1, dumps  # rank 0's dump (rank 1 cannot dump while stopped)
+        assert b'"MainThread"' in dumps and b"Stack dump of process" in dumps  # trainer/stackdump.py's, by name
         log = (tmp_path / ".fsdp-supervisor" / "supervisor.log").read_text()
         assert "hang_detected" in log and "stack_dump_requested" in log
         killed = [json.loads(line) for line in log.splitlines() if '"event": "job_killed"' in line]

@@ -12,6 +12,7 @@ import random
 import re
 import shutil
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,7 @@ STEPS, SAVE_EVERY = 24, 4
 BASE = ["--steps", STEPS, "--save-every", SAVE_EVERY, "--log-every", 1, "--seed", 7]
 EVAL = ["--eval-every", SAVE_EVERY, "--eval-batches", 2]
 JOB_TIMEOUT = 240
+SIGUSR1_BURST = 50  # stack dumps asked of one rank during async saves
 
 
 def complete_steps(root: Path) -> dict[int, Path]:
@@ -298,15 +300,21 @@ class StoppedRun:
 
 @pytest.fixture(scope="module")
 def stopped_async(module_torchrun: Launcher, tmp_path_factory: pytest.TempPathFactory) -> StoppedRun:
-    """An --async-save run: SIGUSR1 to rank 0, then SIGTERM to the torchrun agent at a random step; resumed."""
+    """An --async-save run: SIGUSR1 to rank 0 every 20 ms (at least 50 times, until its async save of step 8 was
+    committed), then SIGTERM to the torchrun agent at a random step; resumed."""
     root = tmp_path_factory.mktemp("async") / "ckpts"
     args = [*BASE, "--async-save", "--checkpoint-dir", root]
     job = module_torchrun.torchrun(args)
-    k = random.randrange(SAVE_EVERY + 2, STEPS - 6)
+    k = random.randrange(3 * SAVE_EVERY, STEPS - 4)
     rank0 = job.worker_of_rank(0)
-    wait_step(job, k - 2)
-    rank0.send_signal(signal.SIGUSR1)
-    wait_for(lambda: "most recent call first" in job.text(), JOB_TIMEOUT, "a faulthandler dump")
+    wait_step(job, SAVE_EVERY - 1)
+    sent = 0
+    while sent < SIGUSR1_BURST or f"event=checkpoint_saved rank=0 step={2 * SAVE_EVERY} " not in job.text():
+        assert job.proc.poll() is None and sent < 50 * SIGUSR1_BURST, job.text()[-3000:]
+        rank0.send_signal(signal.SIGUSR1)
+        sent += 1
+        time.sleep(0.02)
+    wait_for(lambda: job.text().count("Stack dump of process") >= 1, JOB_TIMEOUT, "a stack dump")
     signalled_at = wait_step(job, k)
     job.proc.send_signal(signal.SIGTERM)
     job.wait(JOB_TIMEOUT)  # torchrun itself exits 1 (SignalException) even when every worker exits 0
@@ -329,10 +337,15 @@ class TestSignals:
         assert_ok(run.second)
 
     def test_sigusr1_dumps_stacks_and_training_goes_on(self, stopped_async) -> None:
-        """SIGUSR1 prints every thread's stack and does not stop training."""
+        """SIGUSR1, again and again through async saves, prints every thread's stack by name and does not stop
+        training (the run's checkpoints are the reference's: TestAsyncSave; nothing crashed: rank exit codes)."""
         text = stopped_async.first.text()
-        dump_at = text.index("most recent call first")
+        dump_at = text.index("Stack dump of process")
         assert "event=train rank=0 step=" in text[dump_at:]
+        assert '"MainThread"' in text and '"trainer-stack-dump"' in text
+        writer = r'^Thread 0x\w+ "[^"]+" tid \d+ \(most recent call last\):\n(  .*\n)*.*concurrent/futures/thread\.py'
+        assert re.search(writer, text, re.MULTILINE), "the async save's writer thread is named"
+        assert "Fatal Python error" not in text and "Segmentation fault" not in text
 
 
 class TestAsyncSave:

@@ -53,6 +53,19 @@ class TestBeats:
         apply_beat(st, Beat(step=40, phase="train", val_loss=0.5), now=120.0, rate=rate)
         assert st.rate_steps_per_s == 2.0 and st.val_loss == 0.5  # 40 steps in 20 s
 
+    def test_a_local_tier_the_job_says_fails_is_degraded_until_it_works_again(self) -> None:
+        """The job's `local_tier` shows as degraded (status text and --json: status.local_tier) while its beats say
+        it; a tier found unusable by `run` at start is not cleared by beats that say nothing of it."""
+        st, rate = Status(local_tier="degraded: not writable"), StepRate()
+        apply_beat(st, Beat(step=1, phase="train"), now=1.0, rate=rate)
+        assert st.local_tier == "degraded: not writable"
+        apply_beat(st, Beat(step=2, phase="train", local_tier="local save of step 2 failed (ENOSPC)"), now=2.0, rate=rate)
+        assert st.local_tier == "degraded: the job says: local save of step 2 failed (ENOSPC)"
+        apply_beat(st, Beat(step=3, phase="train", local_tier="local save of step 2 failed (ENOSPC)"), now=3.0, rate=rate)
+        assert st.local_tier == "degraded: the job says: local save of step 2 failed (ENOSPC)"
+        apply_beat(st, Beat(step=4, phase="train"), now=4.0, rate=rate)
+        assert st.local_tier is None
+
     def test_beats_read_in_a_burst_are_no_burst_of_rate(self) -> None:
         """A 10 step/s job whose beats we read late, two within a millisecond: still 10 step/s (issue 22: 488)."""
         st, rate = Status(), StepRate()

@@ -111,6 +111,19 @@ class TestHeartbeatRecord:
         with pytest.raises(ValueError):
             heartbeat_record(1, "warmup", time=0.0)
 
+    @pytest.mark.parametrize(("value", "read"), [
+        ("local save of step 4 failed (ENOSPC)", "local save of step 4 failed (ENOSPC)"),
+        ("x" * 500, "x" * 200),  # bounded: it is shown in status
+        ("two\nlines", None), ("", None), (7, None), (["ENOSPC"], None),
+    ])
+    def test_the_local_tier_s_failure_is_printable_and_bounded(self, value: object, read: str | None) -> None:
+        """`local_tier`: why the job's node-local tier fails; anything else in that field is dropped."""
+        b, problems = parse_heartbeat(json.dumps({"step": 3, "local_tier": value}).encode())
+        assert b is not None and b.local_tier == read and problems == []
+        if read == value:
+            assert parse_heartbeat(json.dumps(heartbeat_record(3, "train", time=1.0, local_tier=read)).encode())[0] \
+                == Beat(3, 1.0, "train", local_tier=read)
+
 
 class TestManifestSchema:
     def test_round_trip(self) -> None:

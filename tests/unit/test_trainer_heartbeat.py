@@ -77,6 +77,20 @@ class TestHeartbeat:
         hb.beat(11, "train", 0.9)
         assert json.loads((tmp_path / "hb.json").read_text())["val_loss"] == 0.75
 
+    def test_a_failing_local_tier_is_written_at_once_repeated_and_cleared(self, tmp_path, clock) -> None:
+        """Why the local tier fails is said inside the throttle interval, carried by later beats, gone once it works."""
+        hb = Heartbeat(tmp_path / "hb.json", clock=clock)
+        hb.beat(10, "train", 1.0)
+        hb.local_tier = "local save of step 10 failed (ENOSPC)"
+        assert hb.beat(10, "train", 1.0)
+        clock.now += 1.0
+        hb.beat(11, "train", 0.9)
+        beat, _ = parse_heartbeat((tmp_path / "hb.json").read_bytes())
+        assert beat is not None and beat.local_tier == "local save of step 10 failed (ENOSPC)"
+        hb.local_tier = None
+        assert hb.beat(11, "train", 0.9)
+        assert "local_tier" not in json.loads((tmp_path / "hb.json").read_text())
+
     def test_unwritable_path_does_not_raise(self, tmp_path, clock) -> None:
         """A heartbeat that cannot be written is reported, not fatal to training."""
         hb = Heartbeat(tmp_path / "missing-dir" / "hb.json", clock=clock)

@@ -1,0 +1,76 @@
+"""TEST-ONLY: a process with trainer.stackdump installed, in a state a test names, for SIGUSR1 to dump.
+
+`python tests/jobs/stackdump_probe.py MODE`: installs the dump thread (stderr), starts the threads of MODE,
+prints `ready` on stdout and then:
+- `blocked`: a thread named `worker-sleeping` sleeps; the main thread blocks in `os.read` (a C call that releases
+  the GIL, as a rank in a collective does) until stdin closes.
+- `churn`: threads are started and end all the time, and one thread named `busy-recursing` recurses and returns
+  (frames pushed and popped), until stdin closes.
+- `fork`: forks once (as a DataLoader worker is forked); the child prints its pid; both wait for stdin to close.
+- `gil [S]`: switch interval 10 s, then the main thread signals itself and spins in Python for S seconds (3)
+  holding the GIL: the dump thread cannot take it, so faulthandler's fallback must dump (after 1 s: not with
+  S = 0.2, where the dump thread takes the GIL in time and cancels it).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+from trainer import stackdump
+
+
+def recurse(n: int) -> int:
+    return 0 if n == 0 else 1 + recurse(n - 1)
+
+
+def main(mode: str, spin_s: float = 3.0) -> None:
+    stackdump.install()
+    if mode == "blocked":
+        threading.Thread(target=time.sleep, args=(600,), name="worker-sleeping", daemon=True).start()
+        print("ready", flush=True)
+        while os.read(0, 1):
+            pass
+    elif mode == "churn":
+        stop = threading.Event()
+
+        def spin() -> None:
+            while not stop.is_set():
+                recurse(50)
+
+        def until_eof() -> None:
+            while os.read(0, 1):
+                pass
+            stop.set()
+
+        threading.Thread(target=spin, name="busy-recursing", daemon=True).start()
+        threading.Thread(target=until_eof, daemon=True).start()
+        print("ready", flush=True)
+        while not stop.is_set():
+            t = threading.Thread(target=recurse, args=(20,))
+            t.start()
+            t.join()
+    elif mode == "fork":
+        pid = os.fork()
+        if not pid:  # once forked (the hook ran): only then may the test signal the child
+            print(f"ready child={os.getpid()}", flush=True)
+        while os.read(0, 1):
+            pass
+        if pid:
+            os.waitpid(pid, 0)
+    elif mode == "gil":
+        sys.setswitchinterval(10)
+        print("ready", flush=True)
+        os.kill(os.getpid(), signal.SIGUSR1)  # not signal.raise_signal: it lets the GIL go around raise()
+        end = time.monotonic() + spin_s
+        while time.monotonic() < end:
+            pass
+        sys.setswitchinterval(0.005)
+        time.sleep(1)  # the dump thread's own dump, late
+        print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], *map(float, sys.argv[2:]))
