@@ -217,7 +217,9 @@ def _sections(quick: bool, repeats: int | None, say: Callable[[str], None]) -> d
     def integrity() -> dict[str, Any]:
         from bench import integrity as ig
 
-        return {"integrity": ig.run(mb=64 if quick else 512, repeats=2 if quick else (repeats or 5))}
+        if quick:  # a smoke run: no figures
+            return {"integrity": ig.run(mb=64, repeats=1, pairs=2, settle_s=0.0)}
+        return {"integrity": ig.run(mb=512, repeats=repeats or 5)}
 
     def campaign() -> dict[str, Any]:
         from bench import campaign as cp
