@@ -124,10 +124,14 @@ def build(out: Path) -> dict[str, Path]:
                         "--save-every", "5", "--seed", "3", "--resume", "none", "--log-every", "5"],
             "plain_dcp": [*TORCHRUN, str(REPO / "tests" / "jobs" / "user_dcp_script.py"), "--ckpt-dir",
                           str(roots["plain_dcp"]), "--epochs", "5", "--save-every", "2"]}
+    from supervisor.checkpoints import scan
+
     for layout, cmd in jobs.items():
         roots[layout].mkdir(parents=True)
         r = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
-        if r.returncode:
+        # Judged by what it wrote: now and then a rank of the FSDP1/gloo script aborts in torch's teardown after its
+        # last save (tests/integration/test_supervisor_torchrun.py, TestUserScript), which costs nothing here.
+        if sum(c.complete for c in scan(roots[layout])) != 3:
             raise RuntimeError(f"{layout} checkpoints: exit {r.returncode}\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
     return roots
 
