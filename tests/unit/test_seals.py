@@ -201,10 +201,11 @@ class TestBeforeLaunch:
         fake.advance(10, core)
         assert fake.spawned[-1].argv[-1] == str(ck / "step_10") and seal_path(ck, "step_10").exists()
 
-    def test_retention_in_the_pass_that_finds_rot_keeps_the_rotten_one(
+    def test_retention_in_the_pass_that_takes_the_scrubs_finding_keeps_the_rotten_one(
             self, tmp_path: Path, make_checkpoint: Callable[[Path, str], Path]) -> None:
-        """A kept checkpoint rots; a newer save pushes it out of keep_last in the very pass whose scrub finds it:
-        that pass's retention must see it as corrupt (left for a human), not as a complete one no rule keeps."""
+        """A kept checkpoint rots and the background scrub finds it; a newer save pushes it out of keep_last before
+        the next pass: that pass quarantines it first, so its retention sees it corrupt (left for a human), not as
+        a complete one no rule keeps."""
         core, fake, log = make_core(tmp_path, checkpoints="keep_last = 2\nscrub_interval_s = 30\n"
                                                           "retention_interval_s = 30")
         ck = core.cfg.checkpoints.dir
@@ -214,11 +215,12 @@ class TestBeforeLaunch:
         core.house.wait_idle(30)
         assert seals_idle(30)
         _flip(next(p for p in (ck / "step_10").iterdir() if p.suffix == ".distcp"), 3)
+        fake.advance(31, core)  # the scrub starts, in the background
+        core.house.wait_idle(30)
+        assert seals_idle(30) and not (ck / "step_10" / ".quarantined").exists()  # found, not yet quarantined
         make_checkpoint(ck, "step_30")
-        for _ in range(3):
-            fake.advance(31, core)
-            core.house.wait_idle(30)
-        assert seals_idle(30)
+        fake.advance(31, core)
+        core.house.wait_idle(30)
         assert [f for e, f in log.events if e == "checkpoint_corrupt"], log.events
         assert (ck / "step_10" / ".quarantined").exists(), [f for e, f in log.events if e == "retention_deleted"]
 
@@ -351,3 +353,70 @@ def test_integrity_off_seals_nothing_and_reads_nothing_before_a_launch(
     core.house.wait_idle(30)
     assert seals_idle(30)
     assert fake.spawned[-1].argv[-1] == str(ck / "step_10") and not seal_path(ck, "step_10").parent.exists()
+
+
+def _with_checksums(ck: Path) -> Path:
+    """What the trainer library writes: its manifest's `checksums` (here one range per file, right digests)."""
+    from supervisor.checkpoints.integrity import digest
+
+    raw = json.loads((ck / "manifest.json").read_text())
+    files = {p.name: [[0, p.stat().st_size, digest(p.read_bytes())]] for p in ck.iterdir() if p.name != "manifest.json"}
+    (ck / "manifest.json").write_text(json.dumps({**raw, "checksums": {"algorithm": "xxh3_64", "files": files}}))
+    return ck
+
+
+@pytest.mark.parametrize(("checksums", "reads"), [("manifest", 0), ("seal", 1)])
+def test_the_launch_reads_the_resume_point_only_when_its_job_does_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, checksums: str, reads: int) -> None:
+    """A checkpoint of the trainer library is checked by its own load as it reads it (no second read: recovery
+    time): the pass before the launch does not read it. A sealed one (a third-party layout) is read there."""
+    from supervisor.checkpoints import scan
+
+    root = tmp_path / "ckpts"
+    ck = write_checkpoint(root, 10, shards=1, manifest=checksums == "manifest")
+    assert _with_checksums(ck) if checksums == "manifest" else seal(root, ck)
+    assert (expected(root, ck) or ("",))[0] == checksums
+    read: list[Path] = []
+    monkeypatch.setattr(integrity, "check", lambda root, path, sums, **kw: read.append(path))
+    found = scan(root)
+    _, good, findings = good_ones(found, list(found), verify=True, roots=(root, None))
+    assert read == [ck] * reads and [c.path for c in good] == [ck] and findings == []
+
+
+def test_the_scrub_reads_nothing_in_the_pass(plain: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """`scrub_interval_s`: the pass that starts the scrub returns without reading a checkpoint's bytes (a daily read
+    of a large root would hold up every commit's notice and relaunch behind it); the background reads, idle and at
+    bounded bandwidth, and the next pass quarantines what it found."""
+    import threading
+
+    from supervisor.checkpoints import scan, seals
+
+    root, ck = plain
+    assert seal(root, ck)
+    _flip(next(p for p in ck.iterdir() if p.suffix == ".distcp"), 3)
+    real, release = seals._hash_file, threading.Event()
+    readers: list[tuple[threading.Thread, float | None]] = []
+
+    def reader(path: Path, segments: list[tuple[int, int, str]] | None, mb_s: float | None) -> object:
+        readers.append((threading.current_thread(), mb_s))
+        release.wait(30)
+        return real(path, segments, mb_s)
+
+    monkeypatch.setattr(seals, "_hash_file", reader)
+    found = scan(root)
+    returned: list[tuple[object, ...]] = []
+    pass_ = threading.Thread(target=lambda: returned.append(
+        good_ones(found, list(found), verify=False, roots=(root, None), scrub=True)))
+    pass_.start()
+    pass_.join(10)
+    try:
+        assert returned and returned[0][2] == [], "the pass waited for the scrub"
+        assert all(t is not pass_ for t, _ in readers)
+    finally:
+        release.set()
+    assert seals_idle(30) and readers and {mb_s for _, mb_s in readers} == {seals.SEAL_MB_S}
+    assert not (ck / ".quarantined").exists()  # found, quarantined by the next pass (before its retention)
+    found = scan(root)
+    judged, good, findings = good_ones(found, list(found), verify=False, roots=(root, None))
+    assert good == [] and [f.kind for f in findings] == ["checkpoint_corrupt"] and judged[0].state == "corrupt"
+    assert json.loads((ck / ".quarantined").read_text())["reason"].startswith("corrupt: ")
