@@ -420,3 +420,29 @@ def test_the_scrub_reads_nothing_in_the_pass(plain: tuple[Path, Path], monkeypat
     judged, good, findings = good_ones(found, list(found), verify=False, roots=(root, None))
     assert good == [] and [f.kind for f in findings] == ["checkpoint_corrupt"] and judged[0].state == "corrupt"
     assert json.loads((ck / ".quarantined").read_text())["reason"].startswith("corrupt: ")
+
+
+def test_a_seal_made_under_another_lineage_of_the_root_is_not_trusted(tmp_path: Path) -> None:
+    """A seal records the root's lineage (checkpoints/lineage.py). The root removed and made anew (a new lineage) with
+    a checkpoint of the same name: the seal left next to it is the other run's, describes other bytes, and is no
+    seal; the checkpoint is sealed anew, never judged (quarantined) by it."""
+    from supervisor.checkpoints.lineage import root_lineage
+
+    root = tmp_path / "ckpts"
+    root.mkdir()
+    first = root_lineage(root, create=True)
+    ck = write_checkpoint(root, 10, shards=1, manifest=False)
+    assert seal(root, ck) and json.loads(seal_path(root, ck.name).read_text())["lineage"] == first
+    old = seal_path(root, ck.name).read_bytes()
+    shutil.rmtree(root)  # started over: the seals' folder next to the root survives
+    root.mkdir()
+    second = root_lineage(root, create=True)
+    ck = write_checkpoint(root, 10, shards=1, manifest=False, tensors={"other": 8})
+    doc = json.loads(old)
+    doc["ids"] = {n: [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+                  for n, st in ((p.name, p.stat()) for p in ck.iterdir())}  # as if it described these very files
+    seal_path(root, ck.name).write_text(json.dumps(doc))
+    assert expected(root, ck) is None
+    assert seal(root, ck) and json.loads(seal_path(root, ck.name).read_text())["lineage"] == second
+    source, sums = expected(root, ck)  # type: ignore[misc]
+    assert source == "seal" and check(root, ck, sums) is None
