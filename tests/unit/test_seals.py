@@ -446,3 +446,51 @@ def test_a_seal_made_under_another_lineage_of_the_root_is_not_trusted(tmp_path: 
     assert seal(root, ck) and json.loads(seal_path(root, ck.name).read_text())["lineage"] == second
     source, sums = expected(root, ck)  # type: ignore[misc]
     assert source == "seal" and check(root, ck, sums) is None
+
+
+def test_corrupt_is_counted_apart_in_status_and_the_history(
+        tmp_path: Path, make_checkpoint: Callable[[Path, str], Path]) -> None:
+    """A checkpoint found corrupt by the check before a launch, and one by the job's own load: each is a `quarantined`
+    record with the reason `corrupt: ...` in the history, counted as `corrupt` (not among `quarantines`) by the
+    report, listed as `corrupt` by `status` (text and state.json) and `corrupt` in `checkpoints list`."""
+    from supervisor.checkpoints import scan
+    from supervisor.daemon.core import Core
+    from supervisor.daemon.recorder import HistoryRecorder
+    from supervisor.history.fold import summarize
+    from supervisor.history.records import HISTORY_FILE, read_history
+    from supervisor.observe.statusview import render_status
+    from supervisor.policy.state import Status
+
+    core, fake, log = make_core(tmp_path)
+    core = Core(core.cfg, fake, log, history=HistoryRecorder.for_run_dir(core.cfg.run_dir, now=fake.now, log=log))
+    ck = core.cfg.checkpoints.dir
+    for name in ("step_10", "step_20", "step_30"):
+        make_checkpoint(ck, name)
+    core.begin(None)
+    core.house.wait_idle(30)
+    assert seals_idle(30) and fake.spawned[-1].argv[-1] == str(ck / "step_30")
+    _flip(ck / "step_30" / "__0_0.distcp", 3)  # found by the pass before the next launch
+    exit_job(core, fake, 1)
+    fake.advance(10, core)
+    core.house.wait_idle(30)
+    assert fake.spawned[-1].argv[-1] == str(ck / "step_20")
+    (core.run_dir / "logs" / "attempt-0002.log").write_text(  # found by the job's own load
+        "[rank0]: Traceback (most recent call last):\n[rank0]:   File \"x.py\", line 1, in <module>\n"
+        f"[rank0]: supervisor.errors.CheckpointCorruptError: checkpoint corrupt: {ck}/step_20/__0_0.distcp bytes "
+        "5-9 do not match their xxh3_64 checksum recorded at save\n")
+    exit_job(core, fake, 1)
+    for _ in range(3):
+        fake.advance(0.5, core)
+        core.house.wait_idle(30)
+    assert fake.spawned[-1].argv[-1] == str(ck / "step_10")
+    bad = [str(ck / "step_30"), str(ck / "step_20")]
+    assert sorted(core.status.corrupt) == sorted(bad) and sorted(core.status.quarantined) == sorted(bad)
+    assert sorted(Status.from_json(json.dumps(core.status.to_json())).corrupt) == sorted(bad)
+    text = render_status(core.status, running=True, now=fake.now())
+    assert "corrupt: 2: " in text and "quarantined:" not in text, text
+    assert {c.name: c.state for c in scan(ck)} == {"step_10": "complete", "step_20": "corrupt", "step_30": "corrupt"}
+    recs = read_history(core.run_dir / HISTORY_FILE)[0]
+    assert sorted(r["path"] for r in recs if r["kind"] == "quarantined" and r["reason"].startswith("corrupt: ")) == \
+        sorted(bad), [r for r in recs if r["kind"] == "quarantined"]
+    summary = summarize(recs).to_json()
+    assert (summary["corrupt"], summary["quarantines"]) == (2, 0), summary
