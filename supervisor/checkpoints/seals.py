@@ -71,8 +71,7 @@ def _ids(directory: Path) -> dict[str, list[int]]:
 
 
 def _read_seal(root: Path, name: str) -> dict[str, Any] | None:
-    """The seal of checkpoint `name`, None when there is none, or it was made under another lineage of the root (a
-    root removed and made anew: lineage.py) or its folder is not ours (SidecarError)."""
+    """The seal of checkpoint `name`; None: none, or one of another lineage of the root. SidecarError: not ours."""
     if not open_sidecar(sidecar_path(root, SEAL_SUFFIX), trusted_owners(root), create=False):
         return None
     doc = read_small_json(seal_path(root, name), _MAX_SEAL_BYTES)

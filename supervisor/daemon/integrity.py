@@ -26,7 +26,7 @@ __all__ = ["good_ones", "seals_idle"]
 Infos = list[store.CheckpointInfo]
 _running: set[str] = set()  # the kinds of background work running now: at most one seal and one scrub
 _reading = threading.Lock()  # held by the background read in progress: one at a time, each at SEAL_MB_S at most
-_found: dict[Path, str] = {}  # what the scrub found rotten since the last pass, which quarantines it
+_found: dict[Path, str] = {}  # what the scrub found rotten, for the next pass to quarantine (setitem and pop: atomic)
 _lock = threading.Lock()
 _idle = threading.Event()  # set while no background work runs
 _idle.set()
@@ -38,10 +38,9 @@ def seals_idle(timeout: float | None = None) -> bool:
 
 
 def _later(kind: str, work: Callable[[], object]) -> None:
-    """Run `work` (a seal, a scrub) on a thread of its own, idle and at bounded bandwidth, unless one of its kind still
-    runs (the next pass asks again): a pass, and so a commit's detection or a job exit's judgement, never waits while
-    a large checkpoint is hashed (789 GB at SEAL_MB_S is an hour). A daemon thread: the supervisor's exit never waits
-    for it either; a seal cut short is never written (seals.py writes it whole), and the next pass starts it again."""
+    """Run `work` (a seal, a scrub) on a daemon thread, idle and at bounded bandwidth, unless one of its kind runs (the
+    next pass asks again): neither a pass (a commit's detection, a job exit's judgement) nor the supervisor's exit waits
+    while a large checkpoint is hashed (789 GB at SEAL_MB_S is an hour); a seal cut short is never written."""
     with _lock:
         if kind in _running:
             return
@@ -63,33 +62,27 @@ def _later(kind: str, work: Callable[[], object]) -> None:
     threading.Thread(target=run, name=kind, daemon=True).start()
 
 
-def _scrub(kept: list[tuple[Path, Path]]) -> None:
-    """Read each (root, checkpoint) against its checksums; one re-committed since its seal is sealed again."""
+def _background(kept: list[tuple[Path, Path]], scrub: bool) -> None:
+    """Seal each (root, checkpoint) without checksums, or re-committed since its seal; with `scrub`, read every other
+    against its checksums (what fails, the next pass quarantines, before its retention)."""
     for root, path in kept:
         try:
             sums = expected(root, path)
-            if sums is None or (sums[0] == "seal" and seal(root, path, mb_s=SEAL_MB_S)):
-                continue  # not sealed yet (the background seals it), or just now: its bytes are what its seal says
-            if (problem := check(root, path, sums[1], mb_s=SEAL_MB_S)) is not None and path.is_dir():
-                with _lock:
-                    _found[path] = problem
+            fresh = (sums is None or sums[0] == "seal") and seal(root, path, mb_s=SEAL_MB_S)  # read just now: as sealed
+            problem = check(root, path, sums[1], mb_s=SEAL_MB_S) if scrub and sums and not fresh else None
+            if problem is not None and path.is_dir():
+                _found[path] = problem
         except (CheckpointError, SidecarError, OSError):
-            continue  # gone (retention), or unreadable: the launch's check, or the next scrub, says why
+            continue  # gone (retention), or unreadable: the launch's check, or the next pass, says why
 
 
-def _problem(root: Path, path: Path, *, launch: bool, seal_new: bool) -> str | None:
-    """What is wrong with a checkpoint's bytes (None: nothing found), read before a launch (`launch`: the resume point)
-    unless its job's own load checks them: the trainer library's checksums (no second read). One without checksums,
-    or re-committed since its seal, is sealed: now at full speed when a launch waits, else in the background."""
+def _problem(root: Path, path: Path) -> str | None:
+    """Before a launch, what is wrong with the resume point's bytes (None: nothing found), unless its job's own load
+    checks them: the trainer library's checksums (no second read). Sealed first, at full speed, when it has no seal
+    or was re-committed since."""
     sums = expected(root, path)
-    if sums is not None and sums[0] == "manifest":
-        return None
-    if not launch:
-        if seal_new:
-            _later("seal", lambda: seal(root, path, mb_s=SEAL_MB_S))
-        return None
-    if seal(root, path):
-        return None  # sealed just now: its bytes were just read, and are what the seal says
+    if (sums is not None and sums[0] == "manifest") or seal(root, path, mb_s=None):
+        return None  # or sealed just now: its bytes were just read, and are what its seal says
     return check(root, path, sums[1]) if sums is not None else None
 
 
@@ -97,16 +90,14 @@ def good_ones(found: Infos, usable: Infos, *, verify: bool, roots: Sequence[Path
               scrub: bool = False, seal_new: bool = True) -> tuple[Infos, Infos, list[store.Finding]]:
     """(found, usable, findings) after, with `verify`, reading the newest usable ones until one matches its
     checksums (`_problem`; the others quarantined as corrupt) and, with `seal_new`, starting a background seal of
-    one that has none yet; `scrub`: starting a background read of every usable one, idle and at bounded bandwidth
+    those that have none yet; `scrub`: also a background read of every usable one, idle and at bounded bandwidth
     (what it finds, the next pass quarantines). A local checkpoint of another lineage is set aside whatever the flags."""
     findings: list[store.Finding] = []
     bad: dict[Path, str] = {}
     aside: dict[Path, str] = {}
     good: list[store.CheckpointInfo] = []
     kept: list[tuple[Path, Path]] = []  # (root, checkpoint) of the good ones, for the scrub
-    with _lock:
-        scrubbed = dict(_found)
-        _found.clear()
+    scrubbed = {p: _found.pop(p) for p in list(_found)}  # what the scrub found since the last pass
     for c in usable:
         root = roots[0] if c.tier is Tier.DURABLE else roots[1]
         if c.tier is Tier.LOCAL and roots[0] is not None and (why := foreign(roots[0], c.path)) is not None:
@@ -118,7 +109,7 @@ def good_ones(found: Infos, usable: Infos, *, verify: bool, roots: Sequence[Path
             continue
         launch = verify and all(g.path.is_symlink() for g in good)  # the resume point: full speed, a launch waits
         try:
-            problem = scrubbed.get(c.path) or _problem(root, c.path, launch=launch, seal_new=seal_new)
+            problem = scrubbed.get(c.path) or (_problem(root, c.path) if launch else None)
         except (CheckpointError, SidecarError, OSError) as exc:
             findings.append(store.Finding("seal_failed", f"{c.path}: {exc}"))
             problem = None
@@ -133,8 +124,8 @@ def good_ones(found: Infos, usable: Infos, *, verify: bool, roots: Sequence[Path
             reason += f" (the quarantine marker could not be written: {exc})"
         bad[c.path] = reason
         findings.append(store.Finding("checkpoint_corrupt", f"{c.path} is never resumed: {reason}"))
-    if scrub:
-        _later("scrub", lambda: _scrub(kept))
+    if kept and (seal_new or scrub):
+        _later("scrub" if scrub else "seal", lambda: _background(kept, scrub))
     for c in usable:  # a link (Lightning's last.ckpt) is as corrupt as its target
         if c.path.is_symlink() and (why := bad.get(c.path.resolve())) is not None:
             bad[c.path], good = why, [g for g in good if g.path != c.path]

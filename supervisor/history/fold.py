@@ -96,8 +96,7 @@ class Fold:
         self.restart_s = 0.0  # a failed attempt's end to the next launch, within one supervisor run
         self._failed_at: float | None = None  # the end of the last attempt, when it failed and nothing launched since
         self.commits = 0
-        self.quarantines = 0
-        self.corrupt = 0
+        self.quarantines = self.corrupt = 0  # corrupt: quarantined because its bytes failed their checksums
         self.last_step: int | None = None
         self.recent_loss: deque[float] = deque(maxlen=RECENT_LOSSES)
         self._recent_step: int | None = None  # the step of the newest loss in recent_loss

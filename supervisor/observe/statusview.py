@@ -186,8 +186,7 @@ def render_status(st: Status, *, running: bool, now: float, spark: bool = False)
         rows.append(("next launch", f"in {human_age(st.next_launch_at - now)}"))
     if quarantined := [p for p in st.quarantined if p not in st.corrupt]:
         rows.append(("quarantined", ", ".join(quarantined)))
-    if st.corrupt:  # quarantined too: their bytes failed their checksums
-        rows.append(("corrupt", f"{len(st.corrupt)}: {', '.join(st.corrupt)}"))
+    rows += [("corrupt", f"{len(st.corrupt)}: {', '.join(st.corrupt)}")] if st.corrupt else []  # quarantined too
     if (dv := st.divergence) is not None:
         seen = f"{dv.get('why')} at step {dv.get('onset_step')} (seen at step {dv.get('step')})"
         rows.append(("DIVERGED", f"{seen}, rollbacks {dv.get('rollbacks')}, last good: {dv.get('last_good') or 'none'}"))

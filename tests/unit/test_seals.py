@@ -494,3 +494,16 @@ def test_corrupt_is_counted_apart_in_status_and_the_history(
         sorted(bad), [r for r in recs if r["kind"] == "quarantined"]
     summary = summarize(recs).to_json()
     assert (summary["corrupt"], summary["quarantines"]) == (2, 0), summary
+
+
+def test_one_pass_seals_every_checkpoint_without_a_seal(tmp_path: Path) -> None:
+    """A root found with several unsealed checkpoints (a first `run` over an existing root): the background seals each
+    of them, not only the newest (which, sealed, would otherwise take every later pass's turn)."""
+    from supervisor.checkpoints import scan
+
+    root = tmp_path / "ckpts"
+    cks = [write_checkpoint(root, step, shards=1, manifest=False) for step in (10, 20, 30)]
+    assert seal(root, cks[-1])
+    found = scan(root)
+    good_ones(found, list(found), verify=False, roots=(root, None))
+    assert seals_idle(30) and all(seal_path(root, ck.name).exists() for ck in cks)
