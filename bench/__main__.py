@@ -28,7 +28,7 @@ from bench.local_tier import K as LOCAL_K
 __all__ = ["main", "GOALS", "evaluate", "render"]
 
 SECTIONS = ("imports", "discovery", "metadata", "recovery", "hangs", "heartbeat", "save_stall", "checkpoint_io",
-            "loop_stall", "throughput", "local_tier", "integrity", "divergence")
+            "loop_stall", "throughput", "local_tier", "integrity", "campaign", "divergence")
 # (dotted key in bench-results.json, comparison, goal) from issues 7, 12, 25 and 26.
 GOALS: list[tuple[str, str, float]] = [
     ("recovery_s.ratio", "<=", 0.5),  # issue 26: every rank back (world size unchanged), through warm workers
@@ -60,6 +60,8 @@ GOALS: list[tuple[str, str, float]] = [
     # Issue 34: checksums written while saving cost (almost) nothing; the supervisor's check reads near dd's speed.
     ("integrity.write_overhead", "<=", 0.03),
     ("integrity.verify_ratio", ">=", 0.8),
+    ("integrity.campaign.caught_pct", ">=", 100.0),  # injected faults the resume decision set aside (bench/campaign.py)
+    ("integrity.campaign.resumed", "<=", 0.0),  # ... and the ones it would have resumed
     ("divergence.false_positives", "<=", 0.0),  # issue 33: diverged events over the benchmark's healthy training
 ]
 # Context rows printed under the goals (not gated).
@@ -80,6 +82,8 @@ INFO = [
     "warm_workers.idle_rss_mb", "warm_workers.idle_uss_mb", "warm_workers.workers",
     "local_tier.k", "local_tier.cpu_per_step_ratio", "local_tier.recovery_s", "local_tier.load_s.durable",
     "local_tier.load_s.local", "divergence.rollback_s", "divergence.steps_checked",
+    "integrity.campaign.faults", "integrity.campaign.to_previous", "integrity.campaign.relaunch.exit_to_detection_s",
+    "integrity.campaign.relaunch.detection_to_relaunch_s", "integrity.campaign.relaunch.exit_to_relaunch_s",
 ]
 
 
@@ -213,7 +217,14 @@ def _sections(quick: bool, repeats: int | None, say: Callable[[str], None]) -> d
     def integrity() -> dict[str, Any]:
         from bench import integrity as ig
 
-        return {"integrity": ig.run(mb=64 if quick else 512, repeats=2 if quick else (repeats or 5))}
+        if quick:  # a smoke run: no figures
+            return {"integrity": ig.run(mb=64, repeats=1, pairs=2, settle_s=0.0)}
+        return {"integrity": ig.run(mb=512, repeats=repeats or 5)}
+
+    def campaign() -> dict[str, Any]:
+        from bench import campaign as cp
+
+        return {"integrity": {"campaign": cp.run(scale=0.02 if quick else 1.0, relaunches=1 if quick else 5)}}
 
     def divergence() -> dict[str, Any]:
         from bench import divergence as dv
@@ -223,7 +234,7 @@ def _sections(quick: bool, repeats: int | None, say: Callable[[str], None]) -> d
     return {"divergence": divergence,
             "imports": imports, "discovery": discovery, "metadata": metadata, "recovery": recovery, "hangs": hangs,
             "heartbeat": heartbeat, "save_stall": save_stall, "checkpoint_io": checkpoint_io, "loop_stall": loop_stall,
-            "throughput": throughput, "local_tier": local_tier, "integrity": integrity}
+            "throughput": throughput, "local_tier": local_tier, "integrity": integrity, "campaign": campaign}
 
 
 def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:

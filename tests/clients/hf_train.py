@@ -11,7 +11,8 @@ highest-numbered `checkpoint-N` itself). `--jit-checkpoint`: transformers' own e
 
 Rank 0 prints `step=N loss=<repr>` per step (a TrainerCallback's `on_log`, logging every step) and, after a
 resume, `resumed step=N from=<folder>`. `--step-s` sleeps in every step (every rank): a stand-in for a model
-whose steps take time, so that a test's kill lands between two saves.
+whose steps take time, so that a test's kill lands between two saves. `--hold-at N --hold-dir D`: before the step after
+step N (and its save), wait until `D/release-N` exists (as tests/clients/lightning_train.py's).
 
 The supervisor's one line: `callbacks=[hf_callback()]` (trainer/callbacks.py: the node's and every rank's heartbeat
 with the logged loss, `logging_steps=1`). The Trainer resumes its data position from the checkpoint's `global_step`
@@ -49,11 +50,14 @@ class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
 
 class Printer(TrainerCallback):
-    def __init__(self, step_s: float) -> None:
-        self.step_s = step_s
+    def __init__(self, step_s: float, hold: list[int] | None = None, folder: str | None = None) -> None:
+        self.step_s, self.hold, self.folder = step_s, set(hold or ()), folder
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         time.sleep(self.step_s)
+        if self.folder and state.global_step in self.hold:
+            while not os.path.exists(os.path.join(self.folder, f"release-{state.global_step}")):
+                time.sleep(0.05)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         if state.is_world_process_zero and logs and "loss" in logs:
@@ -82,6 +86,8 @@ def main() -> None:
     p.add_argument("--resume-auto", action="store_true", help="trainer.train(resume_from_checkpoint=True)")
     p.add_argument("--jit-checkpoint", action="store_true", help="enable_jit_checkpoint: save on SIGTERM")
     p.add_argument("--step-s", type=float, default=0.0)
+    p.add_argument("--hold-at", type=int, action="append", default=[], help="wait after this step (and its save)")
+    p.add_argument("--hold-dir", default=None, help="where the test puts release-<step> to end a --hold-at")
     a = p.parse_args()
     args = TrainingArguments(
         output_dir=a.output_dir, max_steps=a.steps, per_device_train_batch_size=4, learning_rate=1e-3,
@@ -92,7 +98,7 @@ def main() -> None:
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=SEQ)
     trainer = NaNAt(model=LlamaForCausalLM(config), args=args, train_dataset=Tokens(a.steps * 8),
-                    callbacks=[Printer(a.step_s), hf_callback()])
+                    callbacks=[Printer(a.step_s, a.hold_at, a.hold_dir), hf_callback()])
     if os.environ.get("FSDP_SUPERVISOR_ATTEMPT", "1") == "1":
         trainer.nan_at = int(os.environ.get("FSDP_TEST_NAN_AT_STEP") or 0)
     skip = int(os.environ.get("FSDP_SUPERVISOR_SKIP_STEPS") or 0)

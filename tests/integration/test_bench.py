@@ -86,6 +86,22 @@ class TestBenchmarksRun:
         assert _positive(doc["loop"]["job_exit_reaped_s"]) and _positive(doc["loop"]["job_exited_log_s"])
         assert {"load_gbps.ratio", "loop_stall_ms_max", "signal_latency_during_verify_s"} <= set(doc["goals"])
 
+    def test_integrity_and_campaign_sections(self, tmp_path: Path) -> None:
+        """`--quick` runs issue 34's sections: both timing ratios, and a small campaign over real checkpoints of both
+        layouts whose every fault the pass sets aside (never resumed, the one before chosen), in the judging and in
+        the two real `run` relaunches."""
+        out = tmp_path / "r.json"
+        assert main(["--only", "integrity,campaign", "--quick", "--out", str(out)]) == 0
+        doc = json.loads(out.read_text())["integrity"]
+        assert _positive(doc["verify_ratio"]) and isinstance(doc["write_overhead"], float)
+        assert len(doc["write_ratios"]) == 2 and doc["cache"] in ("drop_caches", "fadvise")
+        c = doc["campaign"]
+        assert c["faults"] >= 20 and c["caught"] == c["to_previous"] == c["faults"] and c["resumed"] == 0
+        assert set(c["per_kind"]) == {"bit_flip", "zero_page", "truncate", "shard_swap", "metadata_swap"}
+        assert set(c["layouts"]) == {"trainer", "plain_dcp"} and c["layouts"]["plain_dcp"]["sealed"]
+        runs = c["relaunch"]["runs"]
+        assert len(runs) == 2 and all(r["rc"] == 0 and r["to_previous"] and not r["resumed_rotten"] for r in runs), runs
+
     def test_throughput_and_supervisor_cost(self) -> None:
         """Both variants train; the supervisor's RSS and CPU are sampled in the same window."""
         from bench.throughput import run

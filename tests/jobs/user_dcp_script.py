@@ -6,7 +6,8 @@ older ones, rank 0, after the save), and resumes with --resume-from PATH. No sig
 it is. One epoch is one optimizer step on a fixed batch per rank. Rank 0 prints `step=<E> loss=<repr>` per epoch
 and `resumed step=<E> from=<path>`. Used to prove such scripts are supervisable with only `command` and
 `resume_args` (tests/integration/test_supervisor_torchrun.py, and the tutorial row of tests/clients).
-`--crash-at-epoch E` makes the first attempt (no --resume-from) fail there; `--step-s` sleeps in every epoch.
+`--crash-at-epoch E` makes the first attempt (no --resume-from) fail there (`--hold FILE`: once FILE exists, so
+that a test can do something to the checkpoints first); `--step-s` sleeps in every epoch.
 """
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ def main() -> int:
     p.add_argument("--record", type=Path, default=None)
     p.add_argument("--keep", type=int, default=0, help="keep the newest K epoch dirs (0: all)")
     p.add_argument("--step-s", type=float, default=0.0)
+    p.add_argument("--hold", type=Path, default=None, help="the crash waits until this file exists")
     a = p.parse_args()
     dist.init_process_group("gloo")
     torch.manual_seed(0)
@@ -66,6 +68,8 @@ def main() -> int:
         for epoch in range(start, a.epochs):
             time.sleep(a.step_s)
             if epoch == a.crash_at_epoch and a.resume_from is None:
+                while a.hold is not None and not a.hold.exists():
+                    time.sleep(0.05)
                 raise RuntimeError(f"simulated crash at epoch {epoch}")
             g = torch.Generator().manual_seed(epoch * 100 + dist.get_rank())
             x = torch.randn(32, 16, generator=g)

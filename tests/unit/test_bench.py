@@ -18,8 +18,8 @@ from bench.save_stall import reduce
 class TestGoals:
     def test_every_issue_key_is_gated(self) -> None:
         """The table gates the nine goals of issue 7, the three of the metadata reader, four of issue 12, three of
-        issue 25, five of issue 26 (recovery at half of torchrun's restart, and the node-local tier) and two of
-        issue 34 (what checksums cost)."""
+        issue 25, five of issue 26 (recovery at half of torchrun's restart, and the node-local tier) and four of
+        issue 34 (what checksums cost; the corruption campaign: every fault caught, none resumed)."""
         assert {k for k, _, _ in GOALS} == {
             "recovery_s.ratio", "save_stall_s.async_over_sync", "save_stall_s.async_over_memcpy", "write_gbps.ratio",
             "supervisor.rss_mb", "supervisor.idle_cpu_pct", "supervisor.import_s", "discovery_ms.n1000",
@@ -28,7 +28,8 @@ class TestGoals:
             "hang_recovery_s.beyond_timeout", "heartbeat.per_rank_overhead", "steps_lost.error",
             "recovery_s.breakdown.supervisor.worker_init", "local_tier.throughput_ratio",
             "local_tier.steps_lost_median", "local_tier.load_speedup", "integrity.write_overhead",
-            "integrity.verify_ratio", "divergence.false_positives"}
+            "integrity.verify_ratio", "integrity.campaign.caught_pct", "integrity.campaign.resumed",
+            "divergence.false_positives"}
         assert ("recovery_s.ratio", "<=", 0.5) in GOALS and ("local_tier.steps_lost_median", "<=", LOCAL_K) in GOALS
 
     def test_met_missed_and_missing(self) -> None:
@@ -124,3 +125,53 @@ class TestLoopProbe:
         assert LoopProbe.from_env({}) is None
         probe = LoopProbe.from_env({PROBE_ENV: str(tmp_path / "x.json")})
         assert probe is not None and probe.path == tmp_path / "x.json"
+
+
+class TestCampaign:
+    """bench/campaign.py's fault injection (its judging is the daemon's own pass: tests/unit/test_seals.py)."""
+
+    @staticmethod
+    def ckpt(where: Path, fill: int) -> Path:
+        where.mkdir(parents=True)
+        (where / "__0_0.distcp").write_bytes(bytes([fill]) * 10000)
+        (where / ".metadata").write_bytes(bytes([fill + 1]) * 300)
+        return where
+
+    @pytest.mark.parametrize("kind", ["bit_flip", "zero_page", "truncate", "shard_swap", "metadata_swap"])
+    def test_every_kind_changes_the_bytes_and_a_flip_keeps_the_times(self, tmp_path: Path, kind: str) -> None:
+        import os
+        import random
+
+        from bench.campaign import inject
+
+        before, ckpt = self.ckpt(tmp_path / "step_5", 1), self.ckpt(tmp_path / "step_10", 7)
+        was = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in ckpt.iterdir()}
+        for seed in range(20):
+            what = inject(kind, ckpt, before, random.Random(seed))
+            assert what is not None
+            now = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in ckpt.iterdir()}
+            changed = [n for n in was if now[n][0] != was[n][0]]
+            assert len(changed) == 1, what
+            if kind in ("bit_flip", "zero_page"):
+                assert now[changed[0]][1] == was[changed[0]][1] and len(now[changed[0]][0]) == len(was[changed[0]][0])
+                diff = [i for i, (a, b) in enumerate(zip(now[changed[0]][0], was[changed[0]][0])) if a != b]
+                assert len(diff) == 1 if kind == "bit_flip" else 0 < len(diff) <= 4096
+                if kind == "bit_flip":
+                    assert bin(now[changed[0]][0][diff[0]] ^ was[changed[0]][0][diff[0]]).count("1") == 1
+            for p in ckpt.iterdir():  # back as it was, for the next seed
+                p.write_bytes(was[p.name][0])
+                os.utime(p, ns=(was[p.name][1], was[p.name][1]))
+
+    def test_no_such_fault(self, tmp_path: Path) -> None:
+        """A swap from a checkpoint with the same bytes, a zeroed page of a file of zeros: nothing to inject."""
+        import random
+
+        from bench.campaign import inject
+
+        before, ckpt = self.ckpt(tmp_path / "a", 0), self.ckpt(tmp_path / "b", 0)
+        (ckpt / ".metadata").write_bytes(bytes(300))
+        (before / ".metadata").write_bytes(bytes(300))
+        assert inject("shard_swap", ckpt, before, random.Random(0)) is None
+        assert inject("metadata_swap", ckpt, before, random.Random(0)) is None
+        (ckpt / "__0_0.distcp").write_bytes(bytes(10000))
+        assert inject("zero_page", ckpt, before, random.Random(0)) is None

@@ -1,0 +1,69 @@
+"""Media rot below a plain DCP script's checkpoints (issue 34, "Done when"): the supervisor's seal catches it.
+
+The script is tests/jobs/user_dcp_script.py, after the PyTorch DCP tutorial: `dcp.save` of FSDP1's sharded state
+into `epoch_<E>/`, `--resume-from PATH`, no checksums of its own and no trainer library. Its root is an ext4 on a
+loop device; one bit of the newest checkpoint's biggest shard is flipped on the device below the file system
+(size, mtime and ctime unchanged, the file's cached pages dropped), after the supervisor sealed that checkpoint.
+The reference trainer's version of this test is tests/integration/test_supervisor_torchrun.py,
+TestQuarantine.test_a_rotten_bit_is_caught_on_load_and_the_run_ends_bit_identical[device].
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from supervisor.checkpoints.seals import seal_path
+from tests.mounts import flip_on_device, loop_ext4  # noqa: F401
+from tests.supervise import Supervisors, supervisors, wait_for, write_config  # noqa: F401
+
+SCRIPT = Path(__file__).parents[1] / "jobs" / "user_dcp_script.py"
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=0"]
+FAST = "\n[restart]\nbackoff_initial_s = 0.2\nbackoff_max_s = 1\n[health]\nstop_timeout_s = 20\n"
+TIMEOUT = 300
+
+
+def events(tmp_path: Path) -> list[dict]:
+    log = tmp_path / ".fsdp-supervisor" / "supervisor.log"
+    return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+
+
+def test_a_sealed_plain_dcp_checkpoint_rotten_on_the_device_is_never_resumed(
+        tmp_path: Path, supervisors: Supervisors, loop_ext4: tuple[Path, str]) -> None:
+    """epoch_0, 2, 4 saved and sealed; a bit of epoch_4 rots on the device; the script crashes at epoch 5. The pass
+    before the relaunch reads epoch_4 against its seal, quarantines it as corrupt (`checkpoint_corrupt` names the
+    file and range) and the script is relaunched from epoch_2, the checkpoint before the rotten one."""
+    where, device = loop_ext4
+    root = where / "ckpts"
+    root.mkdir()
+    go, record = tmp_path / "go", tmp_path / "record.txt"
+    cmd = [*TORCHRUN, str(SCRIPT), "--ckpt-dir", str(root), "--epochs", "7", "--save-every", "2",
+           "--crash-at-epoch", "5", "--hold", str(go), "--record", str(record)]
+    cfg = write_config(tmp_path, cmd, FAST)
+    cfg.write_text(cfg.read_text().replace('"--resume"', '"--resume-from"').replace('dir = "ckpts"', f'dir = "{root}"'))
+    p = supervisors.start(cfg)
+    sealed = seal_path(root, "epoch_4")
+    wait_for(lambda: sealed.exists() or p.poll() is not None, TIMEOUT, "the seal of epoch_4")
+    assert p.poll() is None, p.communicate()[0][-3000:]
+    rotten = root / "epoch_4"
+    shard = max(rotten.glob("*.distcp"), key=lambda f: f.stat().st_size)
+    seal = json.loads(sealed.read_text())
+    assert seal["by"] == "fsdp-supervisor" and shard.name in seal["files"]
+    before, data = shard.stat(), shard.read_bytes()
+    flip_on_device(device, shard, before.st_size // 2)
+    after = shard.stat()
+    assert shard.read_bytes() != data  # read back from the device: the rot is what a load would read
+    assert (after.st_ino, after.st_size, after.st_mtime_ns, after.st_ctime_ns) == (
+        before.st_ino, before.st_size, before.st_mtime_ns, before.st_ctime_ns)
+    go.touch()  # the script crashes at epoch 5
+    out, _ = p.communicate(timeout=TIMEOUT)
+    assert p.returncode == 0, out[-3000:]
+    assert record.read_text().splitlines() == [f"start=3 resume={root / 'epoch_2'} attempt=2"]
+    evs = events(tmp_path)
+    started = [e.get("resumed_from") for e in evs if e.get("event") == "job_started"]
+    assert started == [None, str(root / "epoch_2")], started
+    corrupt = [e["message"] for e in evs if e.get("event") == "checkpoint_corrupt"]
+    assert len(corrupt) == 1 and f"{shard} bytes 0-{before.st_size} do not match" in corrupt[0], corrupt
+    marker = json.loads((rotten / ".quarantined").read_text())
+    assert marker["reason"].startswith(f"corrupt: {shard} bytes 0-")
+    assert shard.exists()  # the verdict alone deletes nothing
