@@ -180,22 +180,22 @@ class CheckpointsSection(RetentionRules):
     )
     retention_interval_s: float = Field(default=300, ge=0.5, le=MAX_S, description="periodic retention pass, seconds")
     integrity: bool = Field(
-        default=True, description="read a resume point's bytes against its checksums (the trainer's manifest, or "
-        "a seal the supervisor made when it first saw the checkpoint complete) before every launch, and seal those "
-        "without checksums; false: a complete checkpoint is resumed unread, as a store with checksums of its own "
+        default=True, description="check a resume point's bytes against its checksums before every launch (a seal's: "
+        "read first; the trainer library's own: its load reads them) and seal those without checksums when first seen "
+        "complete; false: a complete checkpoint is resumed unread, as a store with checksums of its own "
         "(ZFS, an object store) or a checkpoint too large to read at each relaunch may want (docs/checkpoints.md)",
     )
     scrub_interval_s: float = Field(
         default=86400, ge=0, le=MAX_S,
-        description="re-read every kept checkpoint against its checksums this often, seconds, in a housekeeping "
-        "pass at idle I/O priority and bounded bandwidth: one whose bytes fail is quarantined as "
+        description="re-read every kept checkpoint against its checksums this often, seconds, on a background thread "
+        "(not in a pass) at idle I/O priority and bounded bandwidth: one whose bytes fail is quarantined as "
         "corrupt before a crash needs it (docs/checkpoints.md, Good, not only complete); 0: off",
     )
     local_dir: DirPath | None = Field(
         default=None,
         description="node-local checkpoint tier (tmpfs, a local NVMe) for saves between durable ones: the job gets "
         "it as FSDP_SUPERVISOR_LOCAL_DIR (the reference trainer saves there every --local-save-every K steps); a "
-        "resume takes the newest complete checkpoint of either root, the local copy at equal steps. Single-node "
+        "resume takes a local checkpoint of this run only when newer than the durable root's newest. Single-node "
         "jobs only (docs/checkpoints.md, The local tier)",
     )
     local_keep: int = Field(

@@ -268,7 +268,7 @@ def load_checkpoint(path: str | os.PathLike[str], state: dict[str, Any], *,
 def resolve_resume(spec: str, root: str | os.PathLike[str], *, group: dist.ProcessGroup | None = None,
                    local: str | os.PathLike[str] | None = None) -> Path | None:
     """Collective: the checkpoint to resume from: `"none"`, `"auto"` (newest complete under `root`, or under the
-    node-local tier `local` when that one is newer or holds the same step) or a path.
+    node-local tier `local` when that one is newer and of this run's lineage) or a path.
 
     For `"auto"` only rank 0 looks at the disk and broadcasts its choice, so all ranks load the same one
     even if a save lands meanwhile. Completeness and the order across tiers are `supervisor.checkpoints`'

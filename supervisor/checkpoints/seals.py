@@ -25,6 +25,7 @@ from typing import Any
 
 from supervisor.checkpoints._files import open_capped, read_small_json
 from supervisor.checkpoints.integrity import ALGORITHM, Checksums, Hasher, Segment
+from supervisor.checkpoints.lineage import root_lineage
 from supervisor.checkpoints.manifest import read_manifest
 from supervisor.checkpoints.sidecars import open_sidecar, sidecar_path, trusted_owners
 from supervisor.errors import CheckpointError, ManifestError
@@ -70,11 +71,12 @@ def _ids(directory: Path) -> dict[str, list[int]]:
 
 
 def _read_seal(root: Path, name: str) -> dict[str, Any] | None:
-    """The seal of checkpoint `name`, None when there is none or its folder is not ours (SidecarError)."""
+    """The seal of checkpoint `name`; None: none, or one of another lineage of the root. SidecarError: not ours."""
     if not open_sidecar(sidecar_path(root, SEAL_SUFFIX), trusted_owners(root), create=False):
         return None
     doc = read_small_json(seal_path(root, name), _MAX_SEAL_BYTES)
-    return doc if isinstance(doc, dict) and isinstance(doc.get("files"), dict) else None
+    ok = isinstance(doc, dict) and isinstance(doc.get("files"), dict) and doc.get("lineage") == root_lineage(root)
+    return doc if ok else None
 
 
 def expected(root: Path, path: Path) -> tuple[str, Checksums] | None:
@@ -186,7 +188,7 @@ def seal(root: Path, path: Path, *, mb_s: float | None = SEAL_MB_S) -> bool:
         return False  # rewritten while we read it: the next pass seals what is there then
     folder = sidecar_path(root, SEAL_SUFFIX)
     open_sidecar(folder, trusted_owners(root), create=True)
-    record = {"by": "fsdp-supervisor", "time": time.time(), "algorithm": ALGORITHM, "ids": ids,
-              "files": {n: [list(s) for s in segs] for n, segs in files.items()}}
+    record = {"by": "fsdp-supervisor", "time": time.time(), "lineage": root_lineage(root), "algorithm": ALGORITHM,
+              "ids": ids, "files": {n: [list(s) for s in segs] for n, segs in files.items()}}
     write_atomic(seal_path(root, path.name), json.dumps(record).encode(), durable=False, mode=0o600)
     return True

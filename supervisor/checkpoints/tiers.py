@@ -2,9 +2,9 @@
 
 The trainer writes the local tier every `--local-save-every K` steps and the durable root every `--save-every`
 steps, at the end and on a stop (docs/checkpoints.md, "The local tier"). Both roots are judged by the same store,
-and one ordering decides across them: the newest complete checkpoint by step, and at the same step the local copy,
-which loads faster (what the tier is for). A local root that does not exist is an empty tier (a tmpfs after a
-reboot); one that exists but cannot be read is an error like the durable root's.
+and one ordering decides across them: the newest complete checkpoint by step, and at the same step the durable one
+(a local checkpoint wins only when newer, and only of the root's lineage: lineage.py). A local root that does not
+exist is an empty tier (a tmpfs after a reboot); one that exists but cannot be read is an error like the durable's.
 
 Retention runs per root, each with every guard of plan_retention (the root's newest complete, the one in use,
 pinned ones, saves that may be in flight, foreign entries): the durable root by the job's rules, the local tier
@@ -35,10 +35,10 @@ PathLike = str | os.PathLike[str]
 
 def tier_order(c: CheckpointInfo) -> tuple[bool, int, bool, bool, float]:
     """The ordering across tiers, oldest first: the store's (save ordinal, else step, then an alias before the save
-    it repeats: ranking.age_order), then local after durable at the same rank (so it comes first newest-first),
+    it repeats: ranking.age_order), then durable after local at the same rank (so it comes first newest-first),
     then mtime."""
     rank = c.ordinal if c.ordinal is not None else c.step
-    return (rank is not None, rank or 0, c.alias_of is None, c.tier == Tier.LOCAL, c.mtime)
+    return (rank is not None, rank or 0, c.alias_of is None, c.tier == Tier.DURABLE, c.mtime)
 
 
 def tagged(infos: Iterable[CheckpointInfo], tier: Tier) -> list[CheckpointInfo]:
@@ -46,7 +46,7 @@ def tagged(infos: Iterable[CheckpointInfo], tier: Tier) -> list[CheckpointInfo]:
 
 
 def merged(durable: Sequence[CheckpointInfo], local: Sequence[CheckpointInfo]) -> list[CheckpointInfo]:
-    """Both tiers' entries in one list, newest first (ties: the local copy first)."""
+    """Both tiers' entries in one list, newest first (ties: the durable one first)."""
     return sorted([*tagged(durable, Tier.DURABLE), *tagged(local, Tier.LOCAL)], key=tier_order, reverse=True)
 
 
@@ -63,7 +63,7 @@ def scan_tiers(durable: PathLike, local: PathLike | None, *, verify_all: bool = 
 
 
 def newest_across(durable: PathLike, local: PathLike | None) -> CheckpointInfo | None:
-    """The newest complete, non-quarantined checkpoint of either tier (the local copy at equal steps), or None.
+    """The newest complete, non-quarantined checkpoint of either tier (the durable one at equal steps), or None.
 
     Roots that do not exist hold nothing (a trainer's first start creates them later).
     """

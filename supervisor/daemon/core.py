@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from supervisor.checkpoints.claim import RootClaim
+from supervisor.checkpoints.completeness import CORRUPT
 from supervisor.checkpoints.tiers import TierClaims
 from supervisor.config import Config
 from supervisor.contract import ENV_SKIP_STEPS, HEARTBEAT_FILE, SKIP_STEPS_PLACEHOLDER, Beat
@@ -148,6 +149,7 @@ class Core:
         if last is not None and last.error is None:
             self.status.checkpoint_bytes = last.checkpoint_bytes
             self.status.quarantined = last.quarantined
+            self.status.corrupt = [str(c.path) for c in last.checkpoints if c.state == CORRUPT]
             self.status.best_checkpoint = self.house.best_json()
         self.status.latest_checkpoint = self.house.latest_json()
         self.status.retention_stopped = self.house.retention_stopped

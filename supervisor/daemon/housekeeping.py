@@ -44,6 +44,7 @@ from typing import Any
 from supervisor import checkpoints as store
 from supervisor.checkpoints.claim import RootClaim
 from supervisor.checkpoints.hftrainer import JIT_SENTINEL
+from supervisor.checkpoints.integrity import CORRUPT_PREFIX
 from supervisor.checkpoints.inuse import in_use_dir
 from supervisor.checkpoints.lightning import META_NAME as LIGHTNING_META
 from supervisor.checkpoints.pruning import parking_problem
@@ -77,6 +78,7 @@ class PassResult:
     retention_stopped: str | None = None  # why retention deletes nothing (no usable trash), when it cannot
     settled: bool = False  # planned with no save in flight (retention.plan_retention's `settled`)
     verified: bool = False  # its resume point's bytes were read and matched their checksums (daemon/integrity.py)
+    corrupt: list[tuple[str, str]] = field(default_factory=list)  # (path, reason) quarantined as corrupt by this pass
 
     @property
     def quarantined(self) -> list[str]:
@@ -199,11 +201,12 @@ class Housekeeper:
             on, every = self.cfg.checkpoints.integrity, self.cfg.checkpoints.scrub_interval_s
             verify, scrub = self.verify_launch and on, on and every > 0 and self.now() - self._scrubbed >= every
             self._scrubbed = self.now() if scrub else self._scrubbed
+            was = {c.path for c in found if c.quarantined}
             found, usable, findings = good_ones(found, usable, verify=verify, roots=(self.root, self.local_root),
                                                 scrub=scrub, seal_new=on)
             judged = {c.path: c for c in found}  # found corrupt just now: retention keeps it, and the newest good
             durable, local = [judged.get(c.path, c) for c in durable], [judged.get(c.path, c) for c in local]
-            newest = usable[0] if usable else None  # newest first, the local copy first at equal steps
+            newest = usable[0] if usable else None  # newest first, the durable one first at equal steps
             plan, deleted = store.RetentionPlan(), list[store.Deletion]()
             committed = newest is not None and newest.path != unless_newest
             if self.cfg.checkpoints.prune and (prune or committed or settled) and stopped is None:
@@ -218,7 +221,8 @@ class Housekeeper:
             generation, checkpoints=[c for c in found if c.path not in gone], newest=newest, deleted=deleted,
             findings=[*findings, *plan.findings], verified=verify or not on, disk_free=usage.free_bytes,
             checkpoint_bytes=sum(c.size_bytes for c in durable if c.complete and c.path not in gone),
-            root_id=root_id, retention_stopped=stopped, settled=settled,
+            root_id=root_id, retention_stopped=stopped, settled=settled, corrupt=[
+                (str(c.path), CORRUPT_PREFIX + (c.reason or "")) for c in found if c.quarantined and c.path not in was],
         )
 
     def _aged(self, found: list[store.CheckpointInfo]) -> list[store.CheckpointInfo]:

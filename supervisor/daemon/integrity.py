@@ -1,6 +1,6 @@
 """Good, not only complete, in a housekeeping pass (off the loop): seal what has no checksums, before a launch
-read the resume point's bytes against its checksums, and every `scrub_interval_s` every kept checkpoint's
-(supervisor/checkpoints/seals.py, docs/checkpoints.md).
+read the resume point's bytes against its checksums unless the job's own load will, and every `scrub_interval_s`
+every kept checkpoint's (supervisor/checkpoints/seals.py, docs/checkpoints.md).
 
 A resume point whose bytes fail is quarantined with the reason `corrupt: <file> bytes A-B ...` (never resumed, the
 marker says why, nothing deleted for it) and the next newest is read in its place, until one matches.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from supervisor import checkpoints as store
@@ -23,54 +23,81 @@ from supervisor.errors import CheckpointError, SidecarError
 __all__ = ["good_ones", "seals_idle"]
 
 
-
 Infos = list[store.CheckpointInfo]
-_sealing: set[Path] = set()  # the checkpoint a background seal is reading now (one at a time)
+_running: set[str] = set()  # the kinds of background work running now: at most one seal and one scrub
+_reading = threading.Lock()  # held by the background read in progress: one at a time, each at SEAL_MB_S at most
+_found: dict[Path, str] = {}  # what the scrub found rotten, for the next pass to quarantine (setitem and pop: atomic)
 _lock = threading.Lock()
-_idle = threading.Event()  # set while no background seal runs
+_idle = threading.Event()  # set while no background work runs
 _idle.set()
 
 
 def seals_idle(timeout: float | None = None) -> bool:
-    """Wait until no background seal runs (tests, benchmarks); False if one still does after `timeout`."""
+    """Wait until no background seal or scrub runs (tests, benchmarks); False if one still does after `timeout`."""
     return _idle.wait(timeout)
 
 
-def _seal_later(root: Path, path: Path) -> None:
-    """Seal `path` (or see that it is sealed) on a thread of its own, idle and at bounded bandwidth: a pass, and so
-    a commit's detection or a job exit's judgement, never waits while a large checkpoint is hashed (789 GB at
-    SEAL_MB_S is an hour). A daemon thread: the supervisor's exit never waits for it either; a seal cut short is
-    never written (seals.py writes it whole), and the next pass starts it again."""
+def _later(kind: str, work: Callable[[], object]) -> None:
+    """Run `work` (a seal, a scrub) on a daemon thread, idle and at bounded bandwidth, unless one of its kind runs (the
+    next pass asks again): neither a pass (a commit's detection, a job exit's judgement) nor the supervisor's exit waits
+    while a large checkpoint is hashed (789 GB at SEAL_MB_S is an hour); a seal cut short is never written."""
     with _lock:
-        if _sealing:
+        if kind in _running:
             return
-        _sealing.add(path)
+        _running.add(kind)
         _idle.clear()
 
-    def work() -> None:
+    def run() -> None:
         try:
-            seal(root, path, mb_s=SEAL_MB_S)
+            with _reading:
+                work()
         except (CheckpointError, SidecarError, OSError):
             pass  # gone (retention), or unreadable: the next pass tries again and says why
         finally:
             with _lock:
-                _sealing.discard(path)
-                _idle.set()
+                _running.discard(kind)
+                if not _running:
+                    _idle.set()
 
-    threading.Thread(target=work, name="seal", daemon=True).start()
+    threading.Thread(target=run, name=kind, daemon=True).start()
+
+
+def _background(kept: list[tuple[Path, Path]], scrub: bool) -> None:
+    """Seal each (root, checkpoint) without checksums, or re-committed since its seal; with `scrub`, read every other
+    against its checksums (what fails, the next pass quarantines, before its retention)."""
+    for root, path in kept:
+        try:
+            sums = expected(root, path)
+            fresh = (sums is None or sums[0] == "seal") and seal(root, path, mb_s=SEAL_MB_S)  # read just now: as sealed
+            problem = check(root, path, sums[1], mb_s=SEAL_MB_S) if scrub and sums and not fresh else None
+            if problem is not None and path.is_dir():
+                _found[path] = problem
+        except (CheckpointError, SidecarError, OSError):
+            continue  # gone (retention), or unreadable: the launch's check, or the next pass, says why
+
+
+def _problem(root: Path, path: Path) -> str | None:
+    """Before a launch, what is wrong with the resume point's bytes (None: nothing found), unless its job's own load
+    checks them: the trainer library's checksums (no second read). Sealed first, at full speed, when it has no seal
+    or was re-committed since."""
+    sums = expected(root, path)
+    if (sums is not None and sums[0] == "manifest") or seal(root, path, mb_s=None):
+        return None  # or sealed just now: its bytes were just read, and are what its seal says
+    return check(root, path, sums[1]) if sums is not None else None
 
 
 def good_ones(found: Infos, usable: Infos, *, verify: bool, roots: Sequence[Path | None],
               scrub: bool = False, seal_new: bool = True) -> tuple[Infos, Infos, list[store.Finding]]:
     """(found, usable, findings) after, with `verify`, reading the newest usable ones until one matches its
-    checksums (the others quarantined as corrupt; one without checksums is sealed first, at full speed) and, with
-    `seal_new`, starting a background seal of one that has none yet; `scrub`: reading every usable one, idle and at
-    bounded bandwidth. A local checkpoint of another lineage is set aside whatever the flags."""
+    checksums (`_problem`; the others quarantined as corrupt) and, with `seal_new`, starting a background seal of
+    those that have none yet; `scrub`: also a background read of every usable one, idle and at bounded bandwidth
+    (what it finds, the next pass quarantines). A local checkpoint of another lineage is set aside whatever the flags."""
     findings: list[store.Finding] = []
     bad: dict[Path, str] = {}
     aside: dict[Path, str] = {}
     good: list[store.CheckpointInfo] = []
-    hashed = False  # one background seal (or look for a re-commit) started per pass
+    kept: list[tuple[Path, Path]] = []  # (root, checkpoint) of the good ones, for the scrub
+    scrubbed = {p: _found.pop(p) for p in list(_found)}  # what the scrub found since the last pass
     for c in usable:
         root = roots[0] if c.tier is Tier.DURABLE else roots[1]
         if c.tier is Tier.LOCAL and roots[0] is not None and (why := foreign(roots[0], c.path)) is not None:
@@ -80,24 +107,15 @@ def good_ones(found: Infos, usable: Infos, *, verify: bool, roots: Sequence[Path
         if root is None or c.path.is_symlink():  # a link (Lightning's last.ckpt "link") is its target's save
             good.append(c)
             continue
+        launch = verify and all(g.path.is_symlink() for g in good)  # the resume point: full speed, a launch waits
         try:
-            sums = expected(root, c.path)
-            launch = verify and all(g.path.is_symlink() for g in good)  # the resume point: full speed, a launch waits
-            # New, or its files rewritten since: sealed now if it is the resume point, else on a thread (idle).
-            fresh = False  # sealed just now: the bytes were just read, and are what the seal says
-            if (sums is None or sums[0] == "seal") and launch:
-                if fresh := seal(root, c.path):
-                    sums = expected(root, c.path)
-            elif (sums is None or sums[0] == "seal") and seal_new and not hashed:
-                hashed = True
-                _seal_later(root, c.path)
-            problem = (check(root, c.path, sums[1], mb_s=None if launch else SEAL_MB_S)
-                       if sums is not None and (launch or scrub) and not fresh else None)
+            problem = scrubbed.get(c.path) or (_problem(root, c.path) if launch else None)
         except (CheckpointError, SidecarError, OSError) as exc:
             findings.append(store.Finding("seal_failed", f"{c.path}: {exc}"))
             problem = None
         if problem is None:
             good.append(c)
+            kept.append((root, c.path))
             continue
         reason = f"{CORRUPT_PREFIX}{problem}"
         try:
@@ -106,6 +124,8 @@ def good_ones(found: Infos, usable: Infos, *, verify: bool, roots: Sequence[Path
             reason += f" (the quarantine marker could not be written: {exc})"
         bad[c.path] = reason
         findings.append(store.Finding("checkpoint_corrupt", f"{c.path} is never resumed: {reason}"))
+    if kept and (seal_new or scrub):
+        _later("scrub" if scrub else "seal", lambda: _background(kept, scrub))
     for c in usable:  # a link (Lightning's last.ckpt) is as corrupt as its target
         if c.path.is_symlink() and (why := bad.get(c.path.resolve())) is not None:
             bad[c.path], good = why, [g for g in good if g.path != c.path]

@@ -333,6 +333,8 @@ class HistoryRecorder:
                                                      "step": new.step, "size_bytes": new.size_bytes})
             for d in ev.result.deleted:
                 self._write("retention_deleted", {"path": str(d.path), "reason": d.reason, "size_bytes": d.size_bytes})
+            for path, reason in ev.result.corrupt:  # `corrupt: ...`: its bytes failed their checksums
+                self._write("quarantined", {"path": path, "reason": reason}, durable=True)
         elif isinstance(ev, Quarantined):
             self._write("quarantined", {"path": ev.path, "reason": ev.reason}, durable=True)
         elif isinstance(ev, Finished):

@@ -49,6 +49,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
+from supervisor.checkpoints.integrity import CORRUPT_PREFIX
 from supervisor.history.losses import LOSS_PARTS, Ledger, Loss
 from supervisor.history.records import is_failure
 from supervisor.history.views import (
@@ -95,7 +96,7 @@ class Fold:
         self.restart_s = 0.0  # a failed attempt's end to the next launch, within one supervisor run
         self._failed_at: float | None = None  # the end of the last attempt, when it failed and nothing launched since
         self.commits = 0
-        self.quarantines = 0
+        self.quarantines = self.corrupt = 0  # corrupt: quarantined because its bytes failed their checksums
         self.last_step: int | None = None
         self.recent_loss: deque[float] = deque(maxlen=RECENT_LOSSES)
         self._recent_step: int | None = None  # the step of the newest loss in recent_loss
@@ -270,6 +271,8 @@ class Fold:
         kind = rec["kind"]
         if kind == "checkpoint_committed":
             self.commits += 1
+        elif kind == "quarantined" and (read_str(rec, "reason") or "").startswith(CORRUPT_PREFIX):
+            self.corrupt += 1  # its bytes failed their checksums: not counted among `quarantines`
         elif kind == "quarantined":
             self.quarantines += 1
         if self.keep:
@@ -364,6 +367,7 @@ class Fold:
             exit_reasons=dict(self.exit_reasons),
             checkpoints_committed=self.commits,
             quarantines=self.quarantines,
+            corrupt=self.corrupt,
             sessions=len(self.sessions),
             last_step=self.last_step,
             losses=[x.copy() for x in self.losses],

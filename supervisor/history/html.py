@@ -249,6 +249,7 @@ def _summary_table(s: Summary, on_disk: int | None, saved: int | None = None) ->
         ("restart latency", lat), ("steps lost", lost),
         ("time lost", "unknown" if s.last_step is None else _time_lost(s.time_lost_s)),
         ("checkpoints", f"{s.checkpoints_committed} committed{kept}"), ("quarantined", str(s.quarantines)),
+        ("corrupt", str(s.corrupt)),
         ("exits", ", ".join(f"{k} {v}" for k, v in sorted(s.exit_reasons.items())) or "none"),
         ("last step", str(s.last_step) if s.last_step is not None else "unknown" if saved is None
          else f"{saved} (the newest checkpoint's)"),

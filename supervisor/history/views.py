@@ -115,6 +115,7 @@ class Summary:
     last_step: int | None
     losses: list[Loss] = field(default_factory=list)
     time_lost_s: dict[str, float] = field(default_factory=dict)
+    corrupt: int = 0  # checkpoints quarantined because their bytes failed their checksums (not in `quarantines`)
 
     def to_json(self) -> dict[str, Any]:
         """Times that only beats measure are null for a job without them (the HTML page's `unknown`), never 0."""
@@ -135,6 +136,7 @@ class Summary:
             "exit_reasons": dict(sorted(self.exit_reasons.items())),
             "checkpoints_committed": self.checkpoints_committed,
             "quarantines": self.quarantines,
+            "corrupt": self.corrupt,
             "sessions": self.sessions,
             "last_step": self.last_step,
             "losses": [loss.to_json() for loss in self.losses],

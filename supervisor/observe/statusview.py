@@ -184,8 +184,9 @@ def render_status(st: Status, *, running: bool, now: float, spark: bool = False)
         rows += [("last output" if i == 0 else "", line) for i, line in enumerate(output_beyond(ex.detail, ex.last_output))]
     if st.next_launch_at and st.state is State.BACKOFF:
         rows.append(("next launch", f"in {human_age(st.next_launch_at - now)}"))
-    if st.quarantined:
-        rows.append(("quarantined", ", ".join(st.quarantined)))
+    if quarantined := [p for p in st.quarantined if p not in st.corrupt]:
+        rows.append(("quarantined", ", ".join(quarantined)))
+    rows += [("corrupt", f"{len(st.corrupt)}: {', '.join(st.corrupt)}")] if st.corrupt else []  # quarantined too
     if (dv := st.divergence) is not None:
         seen = f"{dv.get('why')} at step {dv.get('onset_step')} (seen at step {dv.get('step')})"
         rows.append(("DIVERGED", f"{seen}, rollbacks {dv.get('rollbacks')}, last good: {dv.get('last_good') or 'none'}"))

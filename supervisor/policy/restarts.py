@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from supervisor.checkpoints.integrity import CORRUPT_PREFIX
 from supervisor.config import RestartSection
 from supervisor.contract import Phase
 from supervisor.policy.state import ExitReason
@@ -152,7 +153,7 @@ def corrupt_quarantine(a: Attempt, detail: str | None) -> Quarantine | None:
     path = _loading(a)
     if not _corrupt_load(a) or path is None:
         return None
-    return Quarantine(path, f"its bytes fail their checksums: {detail or 'CheckpointCorruptError'}")
+    return Quarantine(path, f"{CORRUPT_PREFIX}its bytes fail their checksums: {detail or 'CheckpointCorruptError'}")
 
 
 def quarantine_candidate(history: Sequence[Attempt], quarantine_after: int) -> Quarantine | None:

@@ -113,6 +113,7 @@ class Status:
     disk_free_bytes: int | None = None
     checkpoint_bytes: int | None = None  # bytes in complete checkpoints under the root
     quarantined: list[str] = field(default_factory=list)
+    corrupt: list[str] = field(default_factory=list)  # those of `quarantined` whose bytes failed their checksums
     retention_stopped: str | None = None  # why retention deletes nothing (no usable trash next to the root)
     root_idle: str | None = None  # the job saves, but nothing reaches the root (daemon/elsewhere.py)
     local_tier: str | None = None  # "degraded: why" when the node-local tier cannot be written

@@ -205,10 +205,12 @@ class TestQuarantine:
         out, _ = p.communicate(timeout=TIMEOUT)
         assert p.returncode == 0, out[-3000:]
         st = state(tmp_path)
-        assert st["quarantined"] == [str(newest.path)]
-        # The pass before the launch reads it against its checksums: quarantined before any attempt loads it.
+        assert st["quarantined"] == st["corrupt"] == [str(newest.path)]
+        # The trainer library's load reads it against its checksums (the supervisor does not read it first: one read):
+        # the exit is `corrupt`, the checkpoint quarantined at once and the one before used (a relaunch without a
+        # backoff, not counted against max_restarts).
         assert (st["resumed_from"] == str(tmp_path / "ckpts" / "step_00000005")
-                and st["attempt"] == 2 and st["restarts"] == 0)  # 1 + 1 (numbering continues)
+                and st["attempt"] == 3 and st["restarts"] == 1)  # 1, then 2 (corrupt) and 3: numbering continues
         infos = {c.name: c for c in scan(tmp_path / "ckpts")}
         assert infos[newest.path.name].state == "corrupt" and infos["step_00000015"].complete
         listed = cli("checkpoints", "list", "-c", str(cfg2)).stdout
@@ -221,10 +223,11 @@ class TestQuarantine:
             request: pytest.FixtureRequest) -> None:
         """One bit flipped in the newest checkpoint's tensor data, with size, mtime and ctime unchanged (`device`:
         on the loop device below an ext4 root, caches dropped, as media rot does; `write`: through the file with
-        its times put back): the pass before the relaunch reads it against its manifest's checksums, quarantines
-        it (`checkpoint_corrupt` names the file and range) and the job goes on from the one before, ending
-        bit-identical to an uninterrupted run. (The job's own load catches what rots after that pass:
-        tests/unit/test_seals.py, TestCorruptExit; tests/integration/test_checksums.py.)"""
+        its times put back): the supervisor does not read it before the relaunch (the trainer library's load checks
+        what it reads: one read, not two); that load fails (`corrupt`), the supervisor quarantines it at once (the
+        `quarantined` event names the file and range) and the job goes on from the one before without a backoff,
+        ending bit-identical to an uninterrupted run. (A sealed checkpoint, which no load checks, is read by the pass
+        before the launch: tests/unit/test_seals.py.)"""
         if rot == "device":
             where, device = request.getfixturevalue("loop_ext4")
             (where / "ckpts").mkdir()
@@ -256,16 +259,19 @@ class TestQuarantine:
         wait_for(lambda: job_workers(tmp_path), 30, "workers")[-1].kill()
         go.with_name(f"go.{held}").touch()
         finish_and_compare(tmp_path, p, reference)
-        assert state(tmp_path)["attempt"] == 2
+        assert state(tmp_path)["attempt"] == 3
         events = [json.loads(line) for line in (tmp_path / ".fsdp-supervisor" / "supervisor.log").read_text().splitlines()]
         exits = [e for e in events if e.get("event") == "job_exited"]
-        assert [e["reason"] for e in exits] == ["signal", "completed"], exits
+        assert [e["reason"] for e in exits] == ["signal", "corrupt", "completed"], exits
+        assert [e["delay_s"] for e in events if e.get("event") == "backoff"][1:] == [0], "the corrupt load: at once"
         assert [e["resumed_from"] for e in events if e.get("event") == "job_started"][1:] == [
-            str(rotten.with_name(f"step_{held - 5:08d}"))]
-        corrupt = [e for e in events if e.get("event") == "checkpoint_corrupt"]
-        assert len(corrupt) == 1 and f"{shard} bytes {off}-{off + size} do not match" in corrupt[0]["message"], corrupt
+            str(rotten), str(rotten.with_name(f"step_{held - 5:08d}"))]
+        assert not [e for e in events if e.get("event") == "checkpoint_corrupt"]  # not read before the launch
+        corrupt = [e for e in events if e.get("event") == "quarantined"]
+        assert len(corrupt) == 1 and f"{shard} bytes {off}-{off + size} do not match" in corrupt[0]["reason"], corrupt
         marker = json.loads((rotten / ".quarantined").read_text()) if (rotten / ".quarantined").exists() else None
-        assert marker is None or marker["reason"].startswith(f"corrupt: {shard} bytes {off}-")  # retention may prune it
+        assert marker is None or (marker["reason"].startswith("corrupt: ")  # retention may have pruned it
+                                  and f"{shard} bytes {off}-{off + size} do not match" in marker["reason"])
 
 
 class TestUserScript:

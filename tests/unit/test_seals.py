@@ -217,17 +217,19 @@ class TestBeforeLaunch:
         fake.advance(10, core)
         assert fake.spawned[-1].argv[-1] == str(ck / "step_10") and seal_path(ck, "step_10").exists()
 
-    def test_retention_in_the_pass_that_finds_rot_keeps_the_rotten_one(
-            self, tmp_path: Path, make_checkpoint: Callable[[Path, str], Path], launched: Launch) -> None:
-        """A kept checkpoint rots; a newer save pushes it out of keep_last in the very pass whose scrub finds it:
-        that pass's retention must see it as corrupt (left for a human), not as a complete one no rule keeps."""
+    def test_retention_in_the_pass_that_takes_the_scrubs_finding_keeps_the_rotten_one(
+            self, make_checkpoint: Callable[[Path, str], Path], launched: Launch) -> None:
+        """A kept checkpoint rots and the background scrub finds it; a newer save pushes it out of keep_last before
+        the next pass: that pass quarantines it first, so its retention sees it corrupt (left for a human), not as
+        a complete one no rule keeps."""
         core, fake, log, ck = launched(10, 20, checkpoints="keep_last = 2\nscrub_interval_s = 30\nretention_interval_s = 30")
         _flip(next(p for p in (ck / "step_10").iterdir() if p.suffix == ".distcp"), 3)
+        fake.advance(31, core)  # the scrub starts, in the background
+        core.house.wait_idle(30)
+        assert seals_idle(30) and not (ck / "step_10" / ".quarantined").exists()  # found, not yet quarantined
         make_checkpoint(ck, "step_30")
-        for _ in range(3):
-            fake.advance(31, core)
-            core.house.wait_idle(30)
-        assert seals_idle(30)
+        fake.advance(31, core)
+        core.house.wait_idle(30)
         assert [f for e, f in log.events if e == "checkpoint_corrupt"], log.events
         assert (ck / "step_10" / ".quarantined").exists(), [f for e, f in log.events if e == "retention_deleted"]
 
@@ -343,3 +345,157 @@ def test_integrity_off_seals_nothing_and_reads_nothing_before_a_launch(
     """`[checkpoints] integrity = false`: a complete checkpoint is resumed unread and nothing is sealed."""
     core, fake, log, ck = launched(10, checkpoints="keep_last = 0\nintegrity = false")
     assert fake.spawned[-1].argv[-1] == str(ck / "step_10") and not seal_path(ck, "step_10").parent.exists()
+
+
+def _with_checksums(ck: Path) -> Path:
+    """What the trainer library writes: its manifest's `checksums` (here one range per file, right digests)."""
+    from supervisor.checkpoints.integrity import digest
+
+    raw = json.loads((ck / "manifest.json").read_text())
+    files = {p.name: [[0, p.stat().st_size, digest(p.read_bytes())]] for p in ck.iterdir() if p.name != "manifest.json"}
+    (ck / "manifest.json").write_text(json.dumps({**raw, "checksums": {"algorithm": "xxh3_64", "files": files}}))
+    return ck
+
+
+@pytest.mark.parametrize(("checksums", "reads"), [("manifest", 0), ("seal", 1)])
+def test_the_launch_reads_the_resume_point_only_when_its_job_does_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, checksums: str, reads: int) -> None:
+    """A checkpoint of the trainer library is checked by its own load as it reads it (no second read: recovery
+    time): the pass before the launch does not read it. A sealed one (a third-party layout) is read there."""
+    from supervisor.checkpoints import scan
+
+    root = tmp_path / "ckpts"
+    ck = write_checkpoint(root, 10, shards=1, manifest=checksums == "manifest")
+    assert _with_checksums(ck) if checksums == "manifest" else seal(root, ck)
+    assert (expected(root, ck) or ("",))[0] == checksums
+    read: list[Path] = []
+    monkeypatch.setattr(integrity, "check", lambda root, path, sums, **kw: read.append(path))
+    found = scan(root)
+    _, good, findings = good_ones(found, list(found), verify=True, roots=(root, None))
+    assert read == [ck] * reads and [c.path for c in good] == [ck] and findings == []
+
+
+def test_the_scrub_reads_nothing_in_the_pass(plain: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """`scrub_interval_s`: the pass that starts the scrub returns without reading a checkpoint's bytes (a daily read
+    of a large root would hold up every commit's notice and relaunch behind it); the background reads, idle and at
+    bounded bandwidth, and the next pass quarantines what it found."""
+    import threading
+
+    from supervisor.checkpoints import scan, seals
+
+    root, ck = plain
+    assert seal(root, ck)
+    _flip(next(p for p in ck.iterdir() if p.suffix == ".distcp"), 3)
+    real, release = seals._hash_file, threading.Event()
+    readers: list[tuple[threading.Thread, float | None]] = []
+
+    def reader(path: Path, segments: list[tuple[int, int, str]] | None, mb_s: float | None) -> object:
+        readers.append((threading.current_thread(), mb_s))
+        release.wait(30)
+        return real(path, segments, mb_s)
+
+    monkeypatch.setattr(seals, "_hash_file", reader)
+    found = scan(root)
+    returned: list[tuple[object, ...]] = []
+    pass_ = threading.Thread(target=lambda: returned.append(
+        good_ones(found, list(found), verify=False, roots=(root, None), scrub=True)))
+    pass_.start()
+    pass_.join(10)
+    try:
+        assert returned and returned[0][2] == [], "the pass waited for the scrub"
+        assert all(t is not pass_ for t, _ in readers)
+    finally:
+        release.set()
+    assert seals_idle(30) and readers and {mb_s for _, mb_s in readers} == {seals.SEAL_MB_S}
+    assert not (ck / ".quarantined").exists()  # found, quarantined by the next pass (before its retention)
+    found = scan(root)
+    judged, good, findings = good_ones(found, list(found), verify=False, roots=(root, None))
+    assert good == [] and [f.kind for f in findings] == ["checkpoint_corrupt"] and judged[0].state == "corrupt"
+    assert json.loads((ck / ".quarantined").read_text())["reason"].startswith("corrupt: ")
+
+
+def test_a_seal_made_under_another_lineage_of_the_root_is_not_trusted(tmp_path: Path) -> None:
+    """A seal records the root's lineage (checkpoints/lineage.py). The root removed and made anew (a new lineage) with
+    a checkpoint of the same name: the seal left next to it is the other run's, describes other bytes, and is no
+    seal; the checkpoint is sealed anew, never judged (quarantined) by it."""
+    from supervisor.checkpoints.lineage import root_lineage
+
+    root = tmp_path / "ckpts"
+    root.mkdir()
+    first = root_lineage(root, create=True)
+    ck = write_checkpoint(root, 10, shards=1, manifest=False)
+    assert seal(root, ck) and json.loads(seal_path(root, ck.name).read_text())["lineage"] == first
+    old = seal_path(root, ck.name).read_bytes()
+    shutil.rmtree(root)  # started over: the seals' folder next to the root survives
+    root.mkdir()
+    second = root_lineage(root, create=True)
+    ck = write_checkpoint(root, 10, shards=1, manifest=False, tensors={"other": 8})
+    doc = json.loads(old)
+    doc["ids"] = {n: [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+                  for n, st in ((p.name, p.stat()) for p in ck.iterdir())}  # as if it described these very files
+    seal_path(root, ck.name).write_text(json.dumps(doc))
+    assert expected(root, ck) is None
+    assert seal(root, ck) and json.loads(seal_path(root, ck.name).read_text())["lineage"] == second
+    source, sums = expected(root, ck)  # type: ignore[misc]
+    assert source == "seal" and check(root, ck, sums) is None
+
+
+def test_corrupt_is_counted_apart_in_status_and_the_history(
+        tmp_path: Path, make_checkpoint: Callable[[Path, str], Path]) -> None:
+    """A checkpoint found corrupt by the check before a launch, and one by the job's own load: each is a `quarantined`
+    record with the reason `corrupt: ...` in the history, counted as `corrupt` (not among `quarantines`) by the
+    report, listed as `corrupt` by `status` (text and state.json) and `corrupt` in `checkpoints list`."""
+    from supervisor.checkpoints import scan
+    from supervisor.daemon.core import Core
+    from supervisor.daemon.recorder import HistoryRecorder
+    from supervisor.history.fold import summarize
+    from supervisor.history.records import HISTORY_FILE, read_history
+    from supervisor.observe.statusview import render_status
+    from supervisor.policy.state import Status
+
+    core, fake, log = make_core(tmp_path)
+    core = Core(core.cfg, fake, log, history=HistoryRecorder.for_run_dir(core.cfg.run_dir, now=fake.now, log=log))
+    ck = core.cfg.checkpoints.dir
+    for name in ("step_10", "step_20", "step_30"):
+        make_checkpoint(ck, name)
+    core.begin(None)
+    core.house.wait_idle(30)
+    assert seals_idle(30) and fake.spawned[-1].argv[-1] == str(ck / "step_30")
+    _flip(ck / "step_30" / "__0_0.distcp", 3)  # found by the pass before the next launch
+    exit_job(core, fake, 1)
+    fake.advance(10, core)
+    core.house.wait_idle(30)
+    assert fake.spawned[-1].argv[-1] == str(ck / "step_20")
+    (core.run_dir / "logs" / "attempt-0002.log").write_text(  # found by the job's own load
+        "[rank0]: Traceback (most recent call last):\n[rank0]:   File \"x.py\", line 1, in <module>\n"
+        f"[rank0]: supervisor.errors.CheckpointCorruptError: checkpoint corrupt: {ck}/step_20/__0_0.distcp bytes "
+        "5-9 do not match their xxh3_64 checksum recorded at save\n")
+    exit_job(core, fake, 1)
+    for _ in range(3):
+        fake.advance(0.5, core)
+        core.house.wait_idle(30)
+    assert fake.spawned[-1].argv[-1] == str(ck / "step_10")
+    bad = [str(ck / "step_30"), str(ck / "step_20")]
+    assert sorted(core.status.corrupt) == sorted(bad) and sorted(core.status.quarantined) == sorted(bad)
+    assert sorted(Status.from_json(json.dumps(core.status.to_json())).corrupt) == sorted(bad)
+    text = render_status(core.status, running=True, now=fake.now())
+    assert "corrupt: 2: " in text and "quarantined:" not in text, text
+    assert {c.name: c.state for c in scan(ck)} == {"step_10": "complete", "step_20": "corrupt", "step_30": "corrupt"}
+    recs = read_history(core.run_dir / HISTORY_FILE)[0]
+    assert sorted(r["path"] for r in recs if r["kind"] == "quarantined" and r["reason"].startswith("corrupt: ")) == \
+        sorted(bad), [r for r in recs if r["kind"] == "quarantined"]
+    summary = summarize(recs).to_json()
+    assert (summary["corrupt"], summary["quarantines"]) == (2, 0), summary
+
+
+def test_one_pass_seals_every_checkpoint_without_a_seal(tmp_path: Path) -> None:
+    """A root found with several unsealed checkpoints (a first `run` over an existing root): the background seals each
+    of them, not only the newest (which, sealed, would otherwise take every later pass's turn)."""
+    from supervisor.checkpoints import scan
+
+    root = tmp_path / "ckpts"
+    cks = [write_checkpoint(root, step, shards=1, manifest=False) for step in (10, 20, 30)]
+    assert seal(root, cks[-1])
+    found = scan(root)
+    good_ones(found, list(found), verify=False, roots=(root, None))
+    assert seals_idle(30) and all(seal_path(root, ck.name).exists() for ck in cks)

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.checkpoints import (
+    COMPLETE,
+    CheckpointInfo,
     DiskUsage,
     RetentionRules,
     Tier,
@@ -77,15 +79,42 @@ class TestOneOrder:
                              allow_fresh_start=False)
         assert isinstance(launch, Launch) and launch.checkpoint is not None and launch.checkpoint.step == 20
 
-    def test_at_the_same_step_the_local_copy_comes_first(self, tiers: tuple[Path, Path]) -> None:
-        """Both tiers hold step 30 (the faster one loads): the local copy ranks first, the durable one second."""
+    @pytest.mark.parametrize(("durable_steps", "local_steps", "first"), [
+        ([10, 20], [25], (Tier.LOCAL, 25)),  # newer than the newest durable: the local one
+        ([30], [30], (Tier.DURABLE, 30)),  # the same step: the durable one, whatever the mtimes
+        ([30], [25, 30], (Tier.DURABLE, 30)),
+        ([30], [25], (Tier.DURABLE, 30)),  # older: the durable one
+        ([], [5], (Tier.LOCAL, 5)),
+        ([10], [], (Tier.DURABLE, 10)),
+    ])
+    def test_the_order_across_tiers(self, durable_steps: list[int], local_steps: list[int],
+                                    first: tuple[Tier, int]) -> None:
+        """The one order (tiers.tier_order, pure): by step; a local checkpoint wins only when it is newer than the
+        newest durable one, at equal steps the durable one wins (even when the local copy was written later)."""
+        def info(tier: Tier, step: int) -> CheckpointInfo:
+            return CheckpointInfo(f"step_{step}", Path(f"/{tier.value}/step_{step}"), step, COMPLETE, None, 1,
+                                  mtime=float(step) + (0.5 if tier is Tier.LOCAL else 0.0), tier=tier)
+
+        ranked = merged([info(Tier.DURABLE, s) for s in durable_steps], [info(Tier.LOCAL, s) for s in local_steps])
+        assert (ranked[0].tier, ranked[0].step) == first
+
+    @pytest.mark.parametrize(("local_step", "lineage", "chosen"), [
+        (25, "same", (Tier.LOCAL, 25)),  # this run's, newer: resumed
+        (20, "same", (Tier.DURABLE, 20)),  # this run's, the same step: the durable one
+        (25, "other", (Tier.DURABLE, 20)),  # another run's (local_tier_foreign): never, however new
+        (25, None, (Tier.DURABLE, 20)),  # none recorded: never
+    ])
+    def test_the_resume_across_tiers(self, tiers: tuple[Path, Path], local_step: int, lineage: str | None,
+                                     chosen: tuple[Tier, int]) -> None:
+        """newest_across (the trainer's `--resume auto`, the same order as the supervisor's pass) on real roots."""
         durable, local = tiers
-        write_checkpoint(durable, 30)
-        _ours(durable, local, 30)
-        os.utime(local / "step_00000030" / ".metadata", (1, 1))  # older on disk: the tier decides, not the mtime
-        first, second = scan_tiers(durable, local)[:2]
-        assert (first.tier, second.tier) == (Tier.LOCAL, Tier.DURABLE)
-        assert newest_across(durable, local).tier == Tier.LOCAL  # type: ignore[union-attr]
+        write_checkpoint(durable, 20)
+        ck = _ours(durable, local, local_step)
+        if lineage != "same":
+            raw = json.loads((ck / "manifest.json").read_text())
+            (ck / "manifest.json").write_text(json.dumps({**raw, "lineage": lineage and "0123456789abcdef"}))
+        best = newest_across(durable, local)
+        assert best is not None and (best.tier, best.step) == chosen
 
     def test_a_missing_local_root_is_an_empty_tier(self, tiers: tuple[Path, Path]) -> None:
         """A tmpfs after a reboot: nothing local, the durable newest is the resume."""
