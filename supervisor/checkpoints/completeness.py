@@ -6,8 +6,11 @@ complete: `.metadata` parses safely and every storage file it references is a re
           when every DCP dir in it is; whether it also has all the members its siblings have is for the
           caller to check with `against_reference` (verify looks at one folder only).
 partial:  no `.metadata` yet, a temporary `.tmp-` name, or a checkpoint-named folder with nothing in it
-          yet: a save in flight or abandoned; for a nested folder also a member its newest sibling has.
-torn:     `.metadata` is fine but a shard is missing or short (or fails its checksum with --deep).
+          yet: a save in flight or abandoned; for a nested folder also a member its newest sibling has; for a
+          client's save (clients.py) also the file that client writes last, missing or cut (Lightning's
+          `meta.pt`, transformers' `trainer_state.json`).
+torn:     `.metadata` is fine but a shard is missing or short (or fails its checksum with --deep); a save of plain
+          files whose commit file is whole but a weight file is cut short.
 invalid:  unparseable or unsafe metadata or manifest, a storage path escaping the dir, a symlink (a
           nested folder's member too), or only
           rank-local `__<rank>.metadata` files (a save without rank coordination: nobody knows if all finished).
@@ -24,12 +27,12 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from supervisor.checkpoints import hftrainer, lightning
+from supervisor.checkpoints import clients
 from supervisor.checkpoints._files import sha256_file
 from supervisor.checkpoints.manifest import Manifest, read_manifest
 from supervisor.checkpoints.metadata.reader import DcpMetadata, read_metadata
 from supervisor.checkpoints.naming import name_step
-from supervisor.checkpoints.shapes import DCP, DIRECTORY, NESTED, TEMPORARY, UNSTARTED, Shape, identify
+from supervisor.checkpoints.shapes import DCP, DIRECTORY, FILES, NESTED, TEMPORARY, UNSTARTED, Shape, identify
 from supervisor.errors import (
     CheckpointError,
     ManifestError,
@@ -74,7 +77,6 @@ class Verdict:
     metadata: DcpMetadata | None = None
     checksummed: bool = False  # True only when --deep compared every sha256 the manifest carries
     members: frozenset[str] = frozenset()  # a nested folder's DCP dirs (relative paths); empty for a flat one
-    markers: frozenset[str] = frozenset()  # plain files its layout writes last (transformers: trainer_state.json)
     kind: MetadataKind | None = None  # for verdicts decided by .metadata
 
     @property
@@ -226,9 +228,9 @@ def _verify_dcp(directory: Path, deep: bool, root: Path) -> Verdict:
         bad = check_files(directory, manifest.checksums) if manifest and manifest.checksums and not problems.torn else None
         problems.torn += [bad] if bad else []  # the xxh3_64 ranges written while it was saved (seals.py)
     verdict = problems.verdict(manifest=manifest, metadata=meta, checksummed=checksummed)
-    meta_pt = lightning.meta_problem(directory) if verdict.complete else None
-    if meta_pt is not None:  # Lightning's `meta.pt`, written after the DCP files
-        return Verdict(INVALID if meta_pt[0] else PARTIAL, meta_pt[1], manifest=manifest, metadata=meta)
+    wanting = clients.commit_problem(directory, DCP) if verdict.complete else None
+    if wanting is not None:  # the file its client writes after the DCP files
+        return Verdict(INVALID if wanting[0] else PARTIAL, wanting[1], manifest=manifest, metadata=meta)
     return verdict
 
 
@@ -237,11 +239,10 @@ def _verify_nested(directory: Path, members: frozenset[str], deep: bool) -> Verd
     found = {m: _verify_dcp(directory / m, deep, directory.parent) for m in sorted(members)}
     bad = [(m, v) for m, v in found.items() if not v.complete]
     if not bad:
-        wanting = hftrainer.state_problem(directory) if hftrainer.is_trainer_name(directory.name) else None
-        if wanting is not None:  # transformers' trainer_state.json, written after everything else
+        wanting = clients.commit_problem(directory, NESTED)
+        if wanting is not None:  # the file its client writes after everything else
             return Verdict(INVALID if wanting[0] else PARTIAL, wanting[1], members=members)
-        return Verdict(COMPLETE, members=members, markers=hftrainer.markers(directory),
-                       checksummed=deep and all(v.checksummed for v in found.values()))
+        return Verdict(COMPLETE, members=members, checksummed=deep and all(v.checksummed for v in found.values()))
     state = max((v.state for _, v in bad), key=_SEVERITY.__getitem__)
     reason = "; ".join(f"{m}: {v.reason}" for m, v in bad[:_MAX_REASONS])
     if len(bad) > _MAX_REASONS:
@@ -250,12 +251,19 @@ def _verify_nested(directory: Path, members: frozenset[str], deep: bool) -> Verd
     return Verdict(state, reason, members=members, kind=kind)
 
 
-def against_reference(verdict: Verdict, reference: frozenset[str], sibling: str,
-                      markers: frozenset[str] = frozenset()) -> Verdict:
-    """A complete nested folder that lacks a member (or a commit marker) its reference sibling has is partial
-    (a save cut between members, or before its last file); extra members are fine (a save that added a
-    model). Pure: the caller picks the sibling."""
-    missing = sorted((reference - verdict.members) | (markers - verdict.markers))
+def _verify_files(directory: Path) -> Verdict:
+    """A client's save of plain files: partial until its commit file is whole, torn when a weight file is not."""
+    wanting = clients.commit_problem(directory, FILES)
+    if wanting is not None:
+        return Verdict(INVALID if wanting[0] else PARTIAL, wanting[1])
+    torn = clients.files_problem(directory)
+    return Verdict(TORN, torn) if torn else Verdict(COMPLETE)
+
+
+def against_reference(verdict: Verdict, reference: frozenset[str], sibling: str) -> Verdict:
+    """A complete nested folder that lacks a member its reference sibling has is partial (a save cut between
+    members); extra members are fine (a save that added a model). Pure: the caller picks the sibling."""
+    missing = sorted(reference - verdict.members)
     if not verdict.complete or not verdict.members or not missing:
         return verdict
     shown = ", ".join(missing[:_MAX_REASONS])
@@ -289,6 +297,8 @@ def verify(path: str | os.PathLike[str], *, deep: bool = False, shape: Shape | N
             return Verdict(INVALID, f"{', '.join(shape.links[:_MAX_REASONS])} is a symlink to a directory "
                            "(a member borrowed from elsewhere?): left for a human", members=shape.members)
         return _verify_nested(directory, shape.members, deep)
+    if shape.kind == FILES:
+        return _verify_files(directory)
     if shape.kind == DIRECTORY:
         return Verdict(FOREIGN, f"a directory of checkpoints ({', '.join(shape.series[:_MAX_REASONS])}), not one")
     return Verdict(FOREIGN, shape.reason)

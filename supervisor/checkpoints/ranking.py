@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
-from supervisor.checkpoints import lightning
+from supervisor.checkpoints.clients import inner_step, is_alias, json_step, layout_of, link_target, with_holds
 from supervisor.checkpoints.completeness import (
     COMPLETE,
     CORRUPT,
@@ -43,8 +43,6 @@ from supervisor.checkpoints.completeness import (
     verify,
 )
 from supervisor.checkpoints.integrity import CORRUPT_PREFIX
-from supervisor.checkpoints.jsonstep import json_step
-from supervisor.checkpoints.keeps import with_holds
 from supervisor.checkpoints.manifest import Manifest, read_manifest
 from supervisor.checkpoints.markers import is_pinned, is_quarantined, quarantine_reason
 from supervisor.checkpoints.naming import embedded_steps, is_temporary, name_ordinal, name_step
@@ -150,14 +148,7 @@ def _step_without_name(directory: Path) -> int | None:
         manifest = read_manifest(directory)
     except ManifestError:
         return None
-    if manifest:
-        return manifest.step
-    # Lightning's: a copied last.ckpt, a name without `step=` (`ckpt-30.ckpt`), a user's `epoch=0-step=30.ckpt.bak`
-    if lightning.is_lightning_name(directory.name) or os.path.lexists(directory / lightning.META_NAME):
-        step = lightning.meta_step(directory)
-        if step is not None or lightning.is_lightning_name(directory.name):
-            return step
-    return json_step(directory)
+    return manifest.step if manifest else inner_step(directory)
 
 
 def checkpoint_step(directory: Path, manifest: Manifest | None) -> int | None:
@@ -187,7 +178,7 @@ def _list_root(root: str | os.PathLike[str]) -> tuple[Path, list[_Candidate]]:
             child = path / entry.name
             step, ordinal = name_step(entry.name), name_ordinal(entry.name)
             named = step is not None
-            target = lightning.link_target(child) if is_link and lightning.is_last_name(entry.name) else None
+            target = link_target(child) if is_link and is_alias(entry.name) else None
             if target is not None:
                 step = name_step(target)
             elif step is None and ordinal is None and not is_link:
@@ -200,17 +191,17 @@ def _list_root(root: str | os.PathLike[str]) -> tuple[Path, list[_Candidate]]:
 
 
 def _with_aliases(found: list[_Candidate]) -> list[_Candidate]:
-    """Mark Lightning's `last*.ckpt` as an alias of the sibling holding the same save: the one a link names, or
+    """Mark an alias (Lightning's `last*.ckpt`) as one of the sibling holding the same save: the one a link names, or
     for a copy the named checkpoint of the same step (so it is never selected over it, nor counted twice)."""
     names = {c.name for c in found}
     by_step = {c.step: c.name for c in sorted(found, key=lambda c: c.name)
-               if c.step is not None and not c.is_link and not lightning.is_last_name(c.name)}
+               if c.step is not None and not c.is_link and not is_alias(c.name)}
     out = []
     for c in found:
         if c.target is not None:  # a name without `step=` (`ckpt-30.ckpt`): the step its target has
             step = c.step if c.step is not None else next((o.step for o in found if o.name == c.target), None)
             c = replace(c, alias_of=c.target if c.target in names else None, step=step)
-        elif lightning.is_last_name(c.name) and not c.is_link and c.step is not None:
+        elif is_alias(c.name) and not c.is_link and c.step is not None:
             c = replace(c, alias_of=by_step.get(c.step))
         out.append(c)
     return out
@@ -258,8 +249,8 @@ def _foreign(c: _Candidate, reason: str | None) -> CheckpointInfo:
 
 
 def _info(c: _Candidate, verdict: Verdict | None) -> CheckpointInfo:
-    if c.is_link and c.alias_of is not None and verdict is not None:  # Lightning's save_last="link"
-        why = f'a link to {c.alias_of} (Lightning\'s save_last="link")'
+    if c.is_link and c.alias_of is not None and verdict is not None:  # an alias link (clients.py)
+        why = f"a link to {c.alias_of} (its client's resume pointer)"
         return CheckpointInfo(c.name, c.path, c.step, verdict.state, why if verdict.complete else
                               f"{why}, which is {verdict.state}: {verdict.reason}", 0, c.mtime, alias_of=c.alias_of)
     if c.is_link:
@@ -338,9 +329,9 @@ class _Judge:
         if twin is not None and self._identify(twin).ours:
             return Shape(FOREIGN_SHAPE, reason=f"a copy of {twin.name} (its step {c.step}, under a name without "
                                                "it): never touched")
-        # The trainer's set-aside is its own; Lightning's names carry what its `filename` template says
-        # (`ckpt-{step}` gives `ckpt-30.ckpt`), and a hand copy does not end in `.ckpt` (`...ckpt.bak`).
-        if c.step in embedded_steps(c.name) and not (is_temporary(c.name) or lightning.is_lightning_name(c.name)):
+        # The trainer's set-aside is its own; a client's names carry what its template says (Lightning's
+        # `ckpt-{step}` gives `ckpt-30.ckpt`), and a hand copy has none of them (`...ckpt.bak`).
+        if c.step in embedded_steps(c.name) and not (is_temporary(c.name) or layout_of(c.name)):
             return Shape(FOREIGN_SHAPE, reason=f"a copy of a checkpoint of step {c.step} (its name says so): "
                                                "never touched")
         return None
@@ -363,16 +354,16 @@ class _Judge:
         v = self.own(c)
         return v if v is not None and v.complete else None
 
-    def reference(self, name: str) -> tuple[frozenset[str], frozenset[str], str] | None:
-        """The members and commit markers of the nearest older nested sibling whose DCP dirs are all complete
-        (else the nearest newer one), and its name."""
+    def reference(self, name: str) -> tuple[frozenset[str], str] | None:
+        """The members of the nearest older nested sibling whose DCP dirs are all complete (else the nearest newer
+        one), and its name."""
         at = self._index.get(name)
         if at is None:
             return None
         for other in (*self.candidates[at + 1:], *reversed(self.candidates[:at])):
             v = self._settled(other)
             if v is not None:
-                return v.members, v.markers, other.name
+                return v.members, other.name
         return None
 
     def _confirmed(self, name: str, members: frozenset[str]) -> bool:
@@ -394,12 +385,9 @@ class _Judge:
         if v is None or not (v.complete and v.members):
             return v
         ref = self.reference(c.name)
-        if ref is None or (ref[0] <= v.members and ref[1] <= v.markers):
+        if ref is None or ref[0] <= v.members or self._confirmed(c.name, v.members):
             return v
-        if ref[1] <= v.markers and self._confirmed(c.name, v.members):
-            return v
-        members, markers, sibling = ref
-        return against_reference(v, members, sibling, markers)
+        return against_reference(v, *ref)
 
 
 def scan(root: str | os.PathLike[str], *, verify_all: bool = True) -> list[CheckpointInfo]:

@@ -32,8 +32,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from supervisor.checkpoints.clients import is_alias
 from supervisor.checkpoints.completeness import COMPLETE, FOREIGN, PARTIAL, TORN
-from supervisor.checkpoints.lightning import is_last_name
 from supervisor.checkpoints.ranking import CheckpointInfo, age_order
 
 __all__ = [
@@ -207,7 +207,7 @@ def _unfinished_pointer(cps: Sequence[CheckpointInfo], settled: bool) -> list[Fi
     """With `settled`: a warning when the last*.ckpt Lightning's `ckpt_path="last"` loads (the most recently
     modified) is not complete. `save_last=True` rewrites it in place after each named save, so a kill then tears
     it; it is kept (without it Lightning starts from scratch), and the job will fail to load it."""
-    pointers = [c for c in cps if is_last_name(c.name)]
+    pointers = [c for c in cps if is_alias(c.name)]
     picked = max(pointers, key=lambda c: c.mtime) if settled and pointers else None
     if picked is None or picked.complete:
         return []

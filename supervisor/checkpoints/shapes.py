@@ -10,6 +10,9 @@ nested:     a folder named like a checkpoint with no DCP files of its own but DC
             relative paths are its members. Symlinks to directories at those levels are noted, never followed
             (verify makes such a folder invalid: a member borrowed from another save is not "missing"). Any
             other name holding DCP dirs (`exports/`) is foreign.
+files:      a folder a client names as its checkpoint holding that client's plain files and no DCP dir
+            (transformers' default full state dict: `checkpoint-N/` with `model.safetensors`, `optimizer.pt`,
+            `trainer_state.json`; clients.py says which clients write one).
 temporary:  the reference trainer's `.tmp-step_<N>-<nonce>` save in flight (any other `.tmp-` dir is foreign).
 unstarted:  a checkpoint name (`step-10`, `checkpoint_3`) with no file in it yet: a save that has only
             created its folders.
@@ -31,14 +34,15 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from supervisor.checkpoints.clients import owns_files
 from supervisor.checkpoints.naming import is_checkpoint_name, is_temporary
 from supervisor.errors import CheckpointError
 from supervisor.layout import METADATA_NAME, TMP_PREFIX
 
-__all__ = ["DCP", "NESTED", "TEMPORARY", "UNSTARTED", "FOREIGN", "DIRECTORY", "MAX_ENTRIES", "Shape",
+__all__ = ["DCP", "NESTED", "FILES", "TEMPORARY", "UNSTARTED", "FOREIGN", "DIRECTORY", "MAX_ENTRIES", "Shape",
            "CheckpointDirectoryError", "identify", "EXPORT_REASON"]
 
-DCP, NESTED, TEMPORARY, UNSTARTED = "dcp", "nested", "temporary", "unstarted"
+DCP, NESTED, FILES, TEMPORARY, UNSTARTED = "dcp", "nested", "files", "temporary", "unstarted"
 FOREIGN, DIRECTORY = "foreign", "directory"
 MAX_ENTRIES = 4096  # directory entries read per child of the root, at most
 SHARD_SUFFIX = ".distcp"  # DCP's FileSystemWriter storage files: `__<rank>_<n>.distcp`
@@ -78,7 +82,7 @@ class Shape:
     @property
     def ours(self) -> bool:
         """A checkpoint or an unfinished one: something retention may judge (and delete)."""
-        return self.kind in (DCP, NESTED, TEMPORARY, UNSTARTED)
+        return self.kind in (DCP, NESTED, FILES, TEMPORARY, UNSTARTED)
 
 
 class _Budget:
@@ -206,7 +210,7 @@ def identify(path: Path) -> Shape:
         return Shape(FOREIGN, reason=f"holds the checkpoint {inner} inside it (a copy or a checkpoint "
                                      "directory): not looked into")
     if members and not is_checkpoint_name(name):
-        # Only Accelerate writes nested checkpoints, into `checkpoint_<N>` (or a name the script picks, like
+        # Nested checkpoints are written into `checkpoint_<N>`, `checkpoint-<N>` (or a name the script picks, like
         # `step_<N>`). A folder called `exports/` or `tmp/` with DCP dirs inside is someone's copy: not ours.
         return Shape(FOREIGN, reason=f"holds DCP dirs ({_shown(sorted(members))}) but is not named like a "
                                      "checkpoint (checkpoint_N, step_N, ...): not looked into")
@@ -214,6 +218,8 @@ def identify(path: Path) -> Shape:
         return Shape(NESTED, members=frozenset(members), links=tuple(links))
     if is_checkpoint_name(name) and not files:
         return Shape(UNSTARTED)
+    if owns_files(path):
+        return Shape(FILES)
     if all(os.path.isfile(path / f) for f in _EXPORT_FILES):
         return Shape(FOREIGN, reason=EXPORT_REASON)
     return Shape(FOREIGN, reason="not a checkpoint: no DCP dir (.metadata or *.distcp) in it or two levels down")

@@ -77,7 +77,7 @@ def good_ones(found: Infos, usable: Infos, *, verify: bool, roots: Sequence[Path
             findings.append(store.Finding("local_tier_foreign", why))
             aside[c.path] = why  # never the resume point, never deleted: the launch plans from `found`
             continue
-        if root is None or c.path.is_symlink():  # a link (Lightning's last.ckpt "link") is its target's save
+        if root is None or c.path.is_symlink():  # a link (an alias: clients.py) is its target's save
             good.append(c)
             continue
         try:
@@ -106,7 +106,7 @@ def good_ones(found: Infos, usable: Infos, *, verify: bool, roots: Sequence[Path
             reason += f" (the quarantine marker could not be written: {exc})"
         bad[c.path] = reason
         findings.append(store.Finding("checkpoint_corrupt", f"{c.path} is never resumed: {reason}"))
-    for c in usable:  # a link (Lightning's last.ckpt) is as corrupt as its target
+    for c in usable:  # an alias link is as corrupt as its target
         if c.path.is_symlink() and (why := bad.get(c.path.resolve())) is not None:
             bad[c.path], good = why, [g for g in good if g.path != c.path]
     found = [dataclasses.replace(c, quarantined=True, state=CORRUPT, reason=bad[c.path].removeprefix(CORRUPT_PREFIX))
