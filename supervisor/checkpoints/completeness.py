@@ -1,24 +1,11 @@
 """Decide whether one checkpoint dir is complete, and if not, say why in words a user can act on.
 
-complete: `.metadata` parses safely and every storage file it references is a regular file directly
-          inside the dir with at least max(offset + length) bytes (and, with a manifest, every file it
-          lists has exactly the recorded size). A nested folder (Accelerate's `checkpoint_N/`) is complete
-          when every DCP dir in it is; whether it also has all the members its siblings have is for the
-          caller to check with `against_reference` (verify looks at one folder only).
-partial:  no `.metadata` yet, a temporary `.tmp-` name, or a checkpoint-named folder with nothing in it
-          yet: a save in flight or abandoned; for a nested folder also a member its newest sibling has; for a
-          client's save (clients.py) also the file that client writes last, missing or cut (Lightning's
-          `meta.pt`, transformers' `trainer_state.json`).
-torn:     `.metadata` is fine but a shard is missing or short (or fails its checksum with --deep); a save of plain
-          files whose commit file is whole but a weight file is cut short.
-invalid:  unparseable or unsafe metadata or manifest, a storage path escaping the dir, a symlink (a
-          nested folder's member too), or only
-          rank-local `__<rank>.metadata` files (a save without rank coordination: nobody knows if all finished).
-foreign:  not a checkpoint at all (shapes.py): never counted, deleted or selected.
-
-A verdict decided by `.metadata` also carries a `kind` the daemon can act on: "unsafe" (it names a
-global that could run code: treat as hostile, log loudly), "unknown_class" (a torch class this
-version does not know: most likely written by a newer torch) or "bad_metadata" (unparseable).
+The states (docs/checkpoints.md, "States"): complete (`.metadata` parses safely, every storage file it names is a
+regular file at least as long as it says, a manifest's sizes match, and its client's commit file is whole: clients.py;
+a nested folder when every DCP dir in it is, its siblings being the caller's `against_reference`), partial (a save in
+flight or abandoned), torn (a file missing or short under a whole commit), invalid (unsafe or unparseable metadata,
+an escaping path, a symlink, only rank-local `__<rank>.metadata`), foreign (shapes.py). A verdict decided by
+`.metadata` carries a `kind`: "unsafe" (hostile: log loudly), "unknown_class" (a newer torch), "bad_metadata".
 """
 from __future__ import annotations
 
@@ -183,7 +170,8 @@ def _check_checksums(directory: Path, manifest: Manifest, problems: _Problems) -
             problems.torn.append(f"{rel} fails its sha256 checksum")
 
 
-def _lstat_dir(path: Path) -> os.stat_result:
+def lstat_dir(path: Path) -> os.stat_result:
+    """The lstat of a checkpoint dir; CheckpointError, naming it, when it is missing or cannot be read."""
     try:
         return os.lstat(path)
     except FileNotFoundError:
@@ -280,7 +268,7 @@ def verify(path: str | os.PathLike[str], *, deep: bool = False, shape: Shape | N
     what identify() already said about the dir (a scan passes it on rather than look twice).
     """
     directory = Path(os.path.abspath(path))
-    st = _lstat_dir(directory)
+    st = lstat_dir(directory)
     if stat.S_ISLNK(st.st_mode):
         return Verdict(INVALID, "the checkpoint dir is a symlink")
     if not stat.S_ISDIR(st.st_mode):

@@ -20,7 +20,7 @@ from supervisor.checkpoints import torchzip
 if TYPE_CHECKING:
     from supervisor.checkpoints.ranking import CheckpointInfo
 
-__all__ = ["META_NAME", "NAMES", "STEP", "LAST", "POINTER_HOLD", "meta_whole", "meta_problem", "meta_step",
+__all__ = ["META_NAME", "NAMES", "STEP", "LAST", "POINTER_HOLD", "meta_whole", "meta_step",
            "held_by_lightning", "keeps"]
 
 META_NAME = "meta.pt"  # lightning.fabric.strategies.fsdp._METADATA_FILENAME
@@ -36,13 +36,6 @@ def meta_whole(path: Path, size: int) -> tuple[bool, str] | None:
     """torch.save writes the zip's directory last: a `meta.pt` without one was cut while being written."""
     why = torchzip.zip_problem(path)
     return None if why is None else (False, f"{META_NAME} is not whole ({why}): the save did not finish")
-
-
-def meta_problem(directory: Path) -> tuple[bool, str] | None:
-    """(invalid?, why) when a complete DCP dir's `meta.pt` is wanting, else None (clients.commit_problem)."""
-    from supervisor.checkpoints.clients import commit_problem
-
-    return commit_problem(directory, "dcp")
 
 
 def _meta(directory: Path) -> tuple[dict[str, Any] | None, str | None]:

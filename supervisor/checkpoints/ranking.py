@@ -1,27 +1,10 @@
 """List the children of a checkpoint root, newest first, judge them, and find the newest complete one fast.
 
-Only immediate children are considered. Entries named like the supervisor's sidecars are left out;
-a symlinked child is listed as `invalid` and never followed; temporary `.tmp-` dirs are listed as
-`partial` (retention needs them); a child that is not a checkpoint is listed as `foreign` with a reason
-and is never walked, sized, counted or selected (shapes.py says what is what). A child that is a whole
-directory of checkpoints is a copy (`backup/step_10`, `backup/step_20`, made by hand) when the root holds
-checkpoints of its own: foreign, like any copy. Only in a root holding nothing else is it the sign of a
-root set one level too high: then scan() and newest_complete() raise CheckpointDirectoryError. A copy made
-beside the original (`cp -r step_00000030 step_00000030.bak`) is foreign too: a dir whose name carries no
-step while its manifest's step is the very one another checkpoint's name carries. It would otherwise tie
-with the original (same step, same mtime after `cp -a`), outrank it, and be deleted as the run went on.
-
-Order: Accelerate's `checkpoint_<N>` folders by their save ordinal N, every other dir by its step (from
-the name, else the trainer's manifest, else a JSON sidecar); ties and dirs with neither by mtime (of
-`.metadata`, else of the newest file). Step-less dirs come after stepped ones, so a stray `best/` copy
-never outranks the run's own `step_<N>` dirs.
-
-A nested folder (several DCP dirs in one checkpoint) is complete only when every DCP dir in it is and it
-has every member of its reference: the nearest older nested sibling whose DCP dirs are all complete (for
-the oldest folder, the nearest newer one). So a save cut between two members (model written, optimizer
-not) is `partial`, while the folders around it stay complete; extra members are fine; a folder with no
-such sibling is judged on its own. One exception keeps a deliberate change of layout from making every
-later save partial: a folder missing members is complete when a newer sibling has exactly its members.
+Only immediate children count; the supervisor's sidecars are left out, a symlink is `invalid` and never followed,
+a foreign child (shapes.py) is never walked, sized, counted or selected; a copy (a series of checkpoints beside
+the root's own, `step_30.bak`, a dir whose manifest repeats a sibling's named step) is foreign. The order, the
+nested folders' reference sibling, and a root set one level too high (CheckpointDirectoryError): docs/checkpoints.md,
+"Layouts" and "A root set one level too high".
 """
 from __future__ import annotations
 
@@ -29,7 +12,6 @@ import os
 import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
 
 from supervisor.checkpoints.clients import inner_step, is_alias, json_step, layout_of, link_target, with_holds
 from supervisor.checkpoints.completeness import (
@@ -65,18 +47,7 @@ class Tier(Vocabulary):
     LOCAL = "local"
 
 
-class _Dated(Protocol):  # read-only members: CheckpointInfo is a frozen dataclass
-    @property
-    def step(self) -> int | None: ...
-    @property
-    def ordinal(self) -> int | None: ...
-    @property
-    def mtime(self) -> float: ...
-    @property
-    def alias_of(self) -> str | None: ...
-
-
-def age_order(c: _Dated) -> tuple[bool, int, bool, float]:
+def age_order(c: CheckpointInfo | _Candidate) -> tuple[bool, int, bool, float]:
     """The one ordering of checkpoints, oldest first: unranked dirs before ranked ones, then the rank (save
     ordinal, else step), then an alias before the checkpoint it repeats (Lightning's `last.ckpt`: the named
     save of the same step is the one to pick), then mtime."""
@@ -347,6 +318,13 @@ class _Judge:
                 self._own[c.name] = None
         return self._own[c.name]
 
+    def shaped(self) -> _Judge:
+        """Every child's shape, before anything is verified: a root set too high raises here."""
+        for c in self.candidates:
+            if not c.is_link:
+                self.shape(c)
+        return self
+
     def _settled(self, c: _Candidate) -> Verdict | None:
         """The verdict of a nested sibling whose DCP dirs are all complete, else None."""
         if c.is_link or self.shape(c).kind != NESTED:
@@ -398,10 +376,7 @@ def scan(root: str | os.PathLike[str], *, verify_all: bool = True) -> list[Check
     Raises CheckpointDirectoryError, before verifying anything, when the root is one level too high.
     """
     path, candidates = _list_root(root)
-    judge = _Judge(path, candidates)
-    for c in candidates:
-        if not c.is_link:
-            judge.shape(c)
+    judge = _Judge(path, candidates).shaped()
     infos: list[CheckpointInfo] = []
     found_newest = False
     for c in candidates:
@@ -455,8 +430,4 @@ def judge(path: str | os.PathLike[str], *, deep: bool = False) -> Verdict:
 def check_root(root: str | os.PathLike[str]) -> None:
     """Raise CheckpointDirectoryError when `root` holds a directory of checkpoints (it is one level too high),
     CheckpointError when it cannot be read; verifies nothing (cheap enough to run before every launch)."""
-    path, candidates = _list_root(root)
-    judge = _Judge(path, candidates)
-    for c in candidates:
-        if not c.is_link:
-            judge.shape(c)
+    _Judge(*_list_root(root)).shaped()

@@ -1,26 +1,10 @@
 """Retention: a pure function from (checkpoints, disk, rules) to deletions with reasons, plus findings.
 
-How the rules interact:
-0. Foreign entries (not checkpoints: TensorBoard logs, exported models, anything the store cannot identify
-   as a checkpoint of a known layout) are not ours: never deleted and not counted in any total.
-1. Guards: never deleted, whatever else says so: the newest complete non-quarantined checkpoint, every
-   path in `protect` (the one a running job resumed from: the caller passes its own and the live in-use
-   markers of other processes), pinned dirs, what the training program itself still needs (`hold`:
-   Lightning's `last*.ckpt` and its top-k, ranking.py), partial/torn dirs younger than `partial_max_age_s`
-   (a save may still be in flight), invalid dirs and symlinks (we may not own them: a torch upgrade could
-   make new metadata look invalid, and deleting through a symlink is never OK), and unverified dirs.
-2. Keep rules: `keep_last`, `keep_every`, `keep_best` each *keep* complete checkpoints (quarantined ones
-   included: they are evidence). An alias (Lightning's `last.ckpt` holding the same save as a named
-   sibling) is not counted: one save, one place in `keep_last`. When at least one keep rule is on, a complete
-   checkpoint kept by none of them is deleted (when the program's own keep list could not be read, with a
-   `client_keeps_unknown` finding). When all are off, complete checkpoints are kept.
-3. Debris: partial and torn dirs idle longer than `partial_max_age_s` are deleted. With `settled` (no save
-   can be in flight: the job is down, and it picks its own checkpoint, as transformers' Trainer with
-   `resume_from_checkpoint=True` or Accelerate's `load_state()` do), those that rank above the newest
-   complete checkpoint are deleted at once: the job would load one of them and fail at every start.
-4. Disk: then, while free space is below `min_free_gb` or the checkpoints' total is above
-   `max_total_gb`, the oldest remaining deletable checkpoint goes (rule-kept ones included, guarded ones
-   never). A floor that cannot be met this way yields a `disk_pressure` finding.
+In order (docs/checkpoints.md, "Retention"): foreign entries are never deleted nor counted; guards are never
+deleted (the newest complete, `protect`, pinned, `hold`, unfinished saves younger than `partial_max_age_s`,
+invalid, unverified); the keep rules keep complete checkpoints (an alias is not counted) and, when one is on,
+the rest go; unfinished saves idle past the limit go (with `settled`, those above the newest complete at once:
+a job that picks its own checkpoint would load them); then the disk floors take the oldest deletable.
 """
 from __future__ import annotations
 

@@ -1,31 +1,12 @@
 """The shape of each entry of the checkpoint root, told before judging it: a checkpoint of a known layout, or not ours.
 
-Retention may only delete what it can identify as a checkpoint or an unfinished one, so every child of the
-root gets one of these shapes (docs/checkpoints.md, "Layouts"):
-
-dcp:        a DCP dir: `.metadata` or `*.distcp` files directly inside (the reference trainer's `step_N`,
-            torchtitan's `step-N`, Lightning's `epoch=E-step=S.ckpt`, a user script's `epoch_N`, any name).
-nested:     a folder named like a checkpoint with no DCP files of its own but DCP dirs one or two levels
-            down (Accelerate's `checkpoint_N/` holding `pytorch_model_fsdp_0/` and `optimizer_0/`); their
-            relative paths are its members. Symlinks to directories at those levels are noted, never followed
-            (verify makes such a folder invalid: a member borrowed from another save is not "missing"). Any
-            other name holding DCP dirs (`exports/`) is foreign.
-files:      a folder a client names as its checkpoint holding that client's plain files and no DCP dir
-            (transformers' default full state dict: `checkpoint-N/` with `model.safetensors`, `optimizer.pt`,
-            `trainer_state.json`; clients.py says which clients write one).
-temporary:  the reference trainer's `.tmp-step_<N>-<nonce>` save in flight (any other `.tmp-` dir is foreign).
-unstarted:  a checkpoint name (`step-10`, `checkpoint_3`) with no file in it yet: a save that has only
-            created its folders.
-foreign:    anything else (TensorBoard logs, an exported model, code, a copy of a checkpoint inside
-            another folder): never counted, deleted or selected, and never walked further.
-directory:  a folder whose DCP dirs are themselves named like checkpoints (`checkpoint/step-10`,
-            `checkpoint/step-20`): the root was set one level too high (or two: `project/checkpoint/step-10`).
-            The store refuses such a root (CheckpointDirectoryError) rather than treat the whole series as
-            one checkpoint.
-
-Looking is bounded: `.metadata` is checked first (one lstat: the common case), and at most
-`MAX_ENTRIES` directory entries are read per child, so a foreign tree of any size costs little.
-Standard library only (the trainer imports completeness, which imports this).
+Retention may only delete what it can identify as a checkpoint or an unfinished one (docs/checkpoints.md, "Layouts"):
+dcp (`.metadata` or `*.distcp` directly inside, any name), nested (a checkpoint-named folder with DCP dirs one or two
+levels down: its members; symlinks to directories there are noted, never followed), files (a client's plain-file
+save under its name: clients.py), temporary (the reference trainer's `.tmp-step_<N>-<nonce>`), unstarted (a
+checkpoint name with nothing in it yet), directory (a series of checkpoint-named DCP dirs: the root is set one or
+two levels too high, CheckpointDirectoryError), foreign (anything else: never counted, deleted, selected or walked).
+Looking is bounded (`.metadata` first, at most MAX_ENTRIES entries per child). Standard library only.
 """
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ import pytest
 
 from supervisor.checkpoints import DiskUsage, RetentionRules, newest_complete, plan_retention, scan, verify
 from supervisor.checkpoints.clients import LAYOUTS, WATCHED, layout_of, name_ordinal
+from supervisor.checkpoints.markers import checkpoint_in_root
 from supervisor.checkpoints.naming import name_step
 from supervisor.checkpoints.retention import GIB
 from supervisor.checkpoints.shapes import FILES, identify
@@ -179,6 +180,12 @@ class TestFullStateDict:
         directory = write_full_trainer_checkpoint(tmp_path / "out", 10)
         shutil.move(directory, tmp_path / "out" / "export")
         assert rows(tmp_path / "out") == [("export", "foreign", None)]
+
+    def test_it_can_be_pinned(self, tmp_path):
+        """pin, unpin and unquarantine act on this layout's saves as on any checkpoint of the root."""
+        root = tmp_path / "out"
+        directory = write_full_trainer_checkpoint(root, 10)
+        assert checkpoint_in_root(directory, root) == directory
 
     def test_a_safetensors_file_is_whole_by_its_header(self, tmp_path):
         """The size the header's largest data_offsets end gives, plus the header: a longer file is whole too."""
