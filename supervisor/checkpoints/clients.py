@@ -1,11 +1,7 @@
 """The clients' checkpoint layouts as data: one `Layout` record per training program, in `LAYOUTS`.
 
-The store's modules iterate the table instead of naming a client (docs/clients.md states each rule): naming.py reads
-a name's step or save ordinal from it, shapes.py a save of plain files, completeness.py the file a client writes last
-(and a save's sentinel), ranking.py the step recorded inside a folder and the aliases of a save, retention the
-checkpoints a client keeps itself (`with_holds`), seals.py and the daemon's file events the commit files. What each
-client's files mean is in its own module (lightning.py, hftrainer.py); what is common to every DCP dir
-(`.metadata`, the reference trainer's manifest and `.tmp-` names) is the store's own.
+The store iterates the table instead of naming a client (the rules: docs/clients.md, docs/checkpoints.md); what a
+client's files mean is in its own module (lightning.py, hftrainer.py).
 """
 from __future__ import annotations
 

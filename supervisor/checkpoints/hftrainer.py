@@ -1,15 +1,8 @@
-"""transformers' `Trainer` checkpoints: `checkpoint-<global_step>/`, finished by `trainer_state.json`.
+"""transformers' `Trainer` checkpoints (clients.TRANSFORMERS): `checkpoint-<global_step>/`, finished by `trainer_state.json`.
 
-`Trainer._save_checkpoint` (transformers 5.17) writes the model (`save_model`: `model.safetensors` or
-`pytorch_model.bin` with the default full state dict; nothing with FSDP's `SHARDED_STATE_DICT`), the optimizer and
-scheduler (`optimizer.pt`, FSDP's `optimizer.bin`, or the DCP dirs `pytorch_model_fsdp_0/` and `optimizer_0/`),
-`rng_state*.pth`, and last, on rank 0, `trainer_state.json` (written in place, `indent=2`, `global_step` inside);
-resuming reads it first and fails without it. So that file is the commit (clients.TRANSFORMERS), and a save with
-plain weight files is complete only when each is whole (`files_problem`).
-
-`trainer_state.json` grows with `log_history`: up to MAX_PARSED bytes it is parsed, beyond that only its ends are
-read (`{` first, the closing `}` last: a cut file ends inside). With `load_best_model_at_end` its own rotation
-always keeps `best_model_checkpoint`; `keeps` says which folder that is, so the supervisor's retention keeps it too.
+`Trainer._save_checkpoint` writes the model, optimizer, scheduler and RNG files (or the DCP dirs
+`pytorch_model_fsdp_0/`, `optimizer_0/`), and last, on rank 0, `trainer_state.json`, which its resume reads first
+(docs/clients.md has the order). Past MAX_PARSED bytes (it grows with `log_history`) only its ends are read.
 """
 from __future__ import annotations
 

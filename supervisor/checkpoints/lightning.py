@@ -1,11 +1,7 @@
-"""PyTorch Lightning's sharded checkpoints beyond DCP: `meta.pt`, `last*.ckpt`, ModelCheckpoint's top-k.
+"""PyTorch Lightning's sharded checkpoints beyond DCP (clients.LIGHTNING): `meta.pt`, `last*.ckpt`, its top-k.
 
-Lightning 2.6 (`FSDPStrategy(state_dict_type="sharded")`) saves `<dirpath>/epoch=E-step=S.ckpt/` as a DCP dir and then,
-on rank 0, `meta.pt` (`torch.save`: `global_step`, loops, callbacks' state); its loader refuses a dir without one.
-`last*.ckpt` (`save_last`) is a copy of the newest save or a link to it, what `ckpt_path="last"` loads.
-ModelCheckpoint deletes what leaves its top k and keeps the rest: `keeps` reads which names from the newest `meta.pt`
-through torchzip.py's code-free pickle walk. The record that uses these facts: clients.LIGHTNING; the rules:
-docs/clients.md.
+`epoch=E-step=S.ckpt/` is a DCP dir, then `meta.pt` (`torch.save` on rank 0: `global_step`, callbacks' state), read
+through torchzip.py's code-free pickle walk; `last*.ckpt` is a copy of or a link to the newest save (docs/clients.md).
 """
 from __future__ import annotations
 

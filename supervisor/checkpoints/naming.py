@@ -18,16 +18,14 @@ __all__ = ["name_step", "name_ordinal", "is_temporary", "is_checkpoint_name", "e
 # The step is a trailing integer that follows a checkpoint word (optionally after a prefix: `run1_step_120`), or
 # the whole name (`1500/`). Any other trailing number (`backup-20241203`, `llama2-7b-v2`) is no step: a dated
 # copy would otherwise outrank the whole run, be resumed from, and make keep_last delete the real newest.
-_TRAILING_STEP = re.compile(
-    r"(?:^|.*[-_.])?(?:step|epoch|ckpt|checkpoint|global_step|iter|iteration)[-_]?(\d+)|(\d+)", re.IGNORECASE)
+_WORD = r"(?:step|epoch|ckpt|checkpoint|global_step|iter|iteration)"  # what names a checkpoint
+_TRAILING_STEP = re.compile(rf"(?:^|.*[-_.])?{_WORD}[-_]?(\d+)|(\d+)", re.IGNORECASE)
 # Names a training program gives a checkpoint dir; a folder holding dirs named like this is a checkpoint
 # *directory*, not one checkpoint (see shapes.py). Deliberately narrow: Accelerate's members
 # (`pytorch_model_fsdp_0`, `optimizer_0`) end in digits too and must not match.
-_CHECKPOINT_NAME = re.compile(
-    r"(?:step|epoch|ckpt|checkpoint|global_step|iter|iteration)[-_]?\d+|.*(?:^|[-_.])step=\d+.*", re.IGNORECASE)
+_CHECKPOINT_NAME = re.compile(rf"{_WORD}[-_]?\d+|.*(?:^|[-_.])step=\d+.*", re.IGNORECASE)
 # A checkpoint name inside a longer one (`step_00000030.bak`, `step_30_backup`, `old-step-30`): how users name a copy.
-_EMBEDDED_STEP = re.compile(r"(?<![a-z])(?:step|epoch|ckpt|checkpoint|global_step|iter|iteration)[-_=]?(\d+)(?!\d)",
-                            re.IGNORECASE)
+_EMBEDDED_STEP = re.compile(rf"(?<![a-z]){_WORD}[-_=]?(\d+)(?!\d)", re.IGNORECASE)
 
 
 def is_temporary(name: str) -> bool:

@@ -8,6 +8,7 @@ nested folders' reference sibling, and a root set one level too high (Checkpoint
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from dataclasses import dataclass, field, replace
@@ -114,21 +115,14 @@ def _lmtime(path: Path) -> float | None:
         return None
 
 
-def _step_without_name(directory: Path) -> int | None:
-    try:
-        manifest = read_manifest(directory)
-    except ManifestError:
-        return None
-    return manifest.step if manifest else inner_step(directory)
-
-
-def checkpoint_step(directory: Path, manifest: Manifest | None) -> int | None:
-    """The training step `list` shows for a checkpoint dir: the manifest's, else the name's, else a JSON
-    sidecar's (Accelerate's `checkpoint_<N>` names a save ordinal, not a step), else None."""
-    if manifest is not None:
-        return manifest.step
-    step = name_step(directory.name)
-    return step if step is not None else json_step(directory)
+def checkpoint_step(directory: Path, manifest: Manifest | None = None) -> int | None:
+    """The training step of a checkpoint dir: its manifest's, else its name's, else what its files record
+    (clients.inner_step), else None."""
+    if manifest is None:
+        with contextlib.suppress(ManifestError):
+            manifest = read_manifest(directory)
+    step = manifest.step if manifest is not None else name_step(directory.name)
+    return step if step is not None else inner_step(directory)
 
 
 def _list_root(root: str | os.PathLike[str]) -> tuple[Path, list[_Candidate]]:
@@ -153,7 +147,7 @@ def _list_root(root: str | os.PathLike[str]) -> tuple[Path, list[_Candidate]]:
             if target is not None:
                 step = name_step(target)
             elif step is None and ordinal is None and not is_link:
-                step = _step_without_name(child)
+                step = checkpoint_step(child)
             mtime = st.st_mtime if is_link else (_lmtime(child / METADATA_NAME) or st.st_mtime)
             found.append(_Candidate(entry.name, child, is_link, step, mtime, ordinal, st.st_ino, named, target=target))
     found = _with_aliases(found)
@@ -242,21 +236,10 @@ def _info(c: _Candidate, verdict: Verdict | None) -> CheckpointInfo:
     step = manifest.step if manifest else c.step
     if step is None and c.ordinal is not None:
         step = json_step(c.path)
-    return CheckpointInfo(
-        name=c.name,
-        path=c.path,
-        step=step,
-        state=state,
-        reason=reason,
-        size_bytes=size,
-        mtime=_settled_mtime(c, verdict, newest),
-        pinned=is_pinned(c.path),
-        quarantined=is_quarantined(c.path),
-        metrics=dict(manifest.metrics) if manifest else {},
-        ordinal=c.ordinal,
-        inode=c.inode,
-        alias_of=c.alias_of,
-    )
+    return CheckpointInfo(c.name, c.path, step, state, reason, size, _settled_mtime(c, verdict, newest),
+                          pinned=is_pinned(c.path), quarantined=is_quarantined(c.path),
+                          metrics=dict(manifest.metrics) if manifest else {}, ordinal=c.ordinal, inode=c.inode,
+                          alias_of=c.alias_of)
 
 
 class _Judge:
@@ -290,10 +273,8 @@ class _Judge:
         raise CheckpointDirectoryError(self.root, c.path / shape.within, shape.series)
 
     def _copy_beside(self, c: _Candidate, shape: Shape) -> Shape | None:
-        """Foreign when `c` is a copy of a checkpoint under a name without its step: the step its manifest says
-        is the one a sibling's name carries (`cp -a step_30 latest`), or its own name holds that step with
-        something after it (`step_30.bak`, `step_00000030-old`), which still says so once retention pruned the
-        original."""
+        """Foreign when `c` is a copy under a name without its step: its manifest's step is a sibling's named step
+        (`cp -a step_30 latest`), or its name holds that step with something after it (`step_30.bak`)."""
         if not shape.ours or c.named or c.is_link or c.step is None or c.ordinal is not None or c.alias_of:
             return None  # Lightning's last.ckpt is a copy by design: an alias (_with_aliases), not a stray one
         twin = self._named.get(c.step)

@@ -175,8 +175,7 @@ def _disk_message(free: int, total: int, rules: RetentionRules) -> tuple[str, in
 
 
 def _unknown_keeps(cps: Sequence[CheckpointInfo], deletions: list[Deletion], rules: RetentionRules) -> list[Finding]:
-    """A warning when the keep rules delete a checkpoint the program may still count as one of its own (its
-    keep list, e.g. Lightning's top-k, could not be read): the user should know what to set."""
+    """A warning when the keep rules delete a checkpoint whose client's own keep list could not be read."""
     gone = {d.path for d in deletions}
     unsure = [c for c in cps if c.path in gone and c.keeps_unknown]
     if not unsure:
@@ -188,9 +187,7 @@ def _unknown_keeps(cps: Sequence[CheckpointInfo], deletions: list[Deletion], rul
 
 
 def _unfinished_pointer(cps: Sequence[CheckpointInfo], settled: bool) -> list[Finding]:
-    """With `settled`: a warning when the last*.ckpt Lightning's `ckpt_path="last"` loads (the most recently
-    modified) is not complete. `save_last=True` rewrites it in place after each named save, so a kill then tears
-    it; it is kept (without it Lightning starts from scratch), and the job will fail to load it."""
+    """With `settled`: a warning when the alias the client loads itself (the newest last*.ckpt) is not complete."""
     pointers = [c for c in cps if is_alias(c.name)]
     picked = max(pointers, key=lambda c: c.mtime) if settled and pointers else None
     if picked is None or picked.complete:

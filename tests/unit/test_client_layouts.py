@@ -83,13 +83,11 @@ class TestShardedFirstSave:
         [info] = scan(root)
         assert (info.state, info.reason.split(":")[0]) == ("partial", "no trainer_state.json")
 
-    def test_a_partial_first_save_goes_before_a_launch_whose_job_picks_its_own(self, tmp_path):
+    def test_a_save_cut_after_the_model_goes_before_a_launch_whose_job_picks_its_own(self, tmp_path):
         """resume_args = [] (resume_from_checkpoint=True would load it and fail): settled retention clears it."""
         root = tmp_path / "out"
-        write_trainer_checkpoint(root, 10, upto="optimizer_0")
-        plan = plan_retention(scan(root), rules=RetentionRules(), disk=DISK, now=0, settled=True)
-        assert plan.deletions == []  # no complete checkpoint: nothing ranks below it, and a fresh start rewrites it
         write_trainer_checkpoint(root, 5)
+        write_trainer_checkpoint(root, 10, upto="pytorch_model_fsdp_0")
         plan = plan_retention(scan(root), rules=RetentionRules(), disk=DISK, now=0, settled=True)
         assert [d.name for d in plan.deletions] == ["checkpoint-10"]
 
