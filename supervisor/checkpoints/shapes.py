@@ -181,7 +181,7 @@ def identify(path: Path) -> Shape:
         # A checkpoint we may not read is judged (and shown invalid) by verify(); anything else is not ours.
         return Shape(DCP) if is_checkpoint_name(name) else Shape(FOREIGN, reason="cannot be read: not looked into")
     members, files, links = _members(path, top, budget)
-    series = _series(members)
+    series = _series(members) or _series([d for d in top.dirs if owns_files(path / d)])  # plain-file saves too
     if series is not None:
         return Shape(DIRECTORY, series=series[1], within=series[0])
     if budget.left < 0:  # members seen so far may not be all of them: not a layout we can judge

@@ -16,7 +16,7 @@ from supervisor.checkpoints.clients import LAYOUTS, WATCHED, layout_of, name_ord
 from supervisor.checkpoints.markers import checkpoint_in_root
 from supervisor.checkpoints.naming import name_step
 from supervisor.checkpoints.retention import GIB
-from supervisor.checkpoints.shapes import FILES, identify
+from supervisor.checkpoints.shapes import FILES, CheckpointDirectoryError, identify
 from tests.jobs.dcp_files import (
     FULL_TRAINER_ORDER,
     safetensors_bytes,
@@ -178,6 +178,13 @@ class TestFullStateDict:
         directory = write_full_trainer_checkpoint(tmp_path / "out", 10)
         shutil.move(directory, tmp_path / "out" / "export")
         assert rows(tmp_path / "out") == [("export", "foreign", None)]
+
+    def test_a_root_one_level_too_high_is_refused(self, tmp_path):
+        """The run dir instead of output_dir: its checkpoint-N saves are a series, as DCP ones are (exit 2, naming it)."""
+        for step in (10, 20):
+            write_full_trainer_checkpoint(tmp_path / "run" / "out", step)
+        with pytest.raises(CheckpointDirectoryError, match="out"):
+            scan(tmp_path / "run")
 
     def test_it_can_be_pinned(self, tmp_path):
         """pin, unpin and unquarantine act on this layout's saves as on any checkpoint of the root."""
