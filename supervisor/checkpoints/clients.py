@@ -46,6 +46,8 @@ class Layout:
     alias: re.Pattern[str] | None = None  # names of a copy of, or a link to, another save (its resume pointer)
     alias_hold: str = ""  # why retention keeps an alias
     keeps: Keeps | None = None  # (names it keeps itself with why; why that could not be read, per save)
+    keeps_advice: str = ""  # retention's warning when its rules delete a save of one whose state was unknown ({why})
+    alias_unfinished: tuple[str, str, str] = ("", "", "")  # (finding, message, fallback) for an unfinished alias
 
 
 _MAX_BYTES = 64 * 1024  # a JSON sidecar is a few hundred bytes; a larger JSON file is not one
@@ -82,7 +84,8 @@ ACCELERATE = Layout("Accelerate", re.compile(r"checkpoint_(\d+)"), frozenset({"n
 LIGHTNING = Layout(
     "Lightning", lightning.NAMES, frozenset({"dcp"}), step=lightning.STEP, commit=lightning.META_NAME,
     commit_anywhere=True, order="rank 0, after the DCP files", whole=lightning.meta_whole,
-    step_inside=lightning.meta_step, alias=lightning.LAST, alias_hold=lightning.POINTER_HOLD, keeps=lightning.keeps)
+    step_inside=lightning.meta_step, alias=lightning.LAST, alias_hold=lightning.POINTER_HOLD, keeps=lightning.keeps,
+    keeps_advice=lightning.KEEPS_ADVICE, alias_unfinished=lightning.UNFINISHED_ALIAS)
 TRANSFORMERS = Layout(
     "transformers' Trainer", hftrainer.NAMES, frozenset({"nested", "files"}), commit=hftrainer.TRAINER_STATE,
     order="after the model, the optimizer, scheduler.pt and rng_state_*.pth", whole=hftrainer.state_whole,

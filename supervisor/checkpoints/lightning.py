@@ -16,14 +16,24 @@ from supervisor.checkpoints import torchzip
 if TYPE_CHECKING:
     from supervisor.checkpoints.ranking import CheckpointInfo
 
-__all__ = ["META_NAME", "NAMES", "STEP", "LAST", "POINTER_HOLD", "meta_whole", "meta_step",
-           "held_by_lightning", "keeps"]
+__all__ = ["META_NAME", "NAMES", "STEP", "LAST", "POINTER_HOLD", "KEEPS_ADVICE", "UNFINISHED_ALIAS", "meta_whole",
+           "meta_step", "held_by_lightning", "keeps"]
 
 META_NAME = "meta.pt"  # lightning.fabric.strategies.fsdp._METADATA_FILENAME
 NAMES = re.compile(r".*\.ckpt", re.DOTALL)  # ModelCheckpoint.FILE_EXTENSION: `epoch=0-step=10.ckpt`, `last.ckpt`
 STEP = re.compile(r"(?:^|[-_.])step=(\d+)")  # the `{step}` of its default `{epoch}-{step}` name (not the epoch)
 LAST = re.compile(r"last.*\.ckpt", re.DOTALL)  # ModelCheckpoint._find_last_checkpoints: ^last(-\d+)? ... .ckpt
 _STATE_KEYS = ("best_k_models", "best_model_path", "last_model_path")
+# What retention says when its keep rules delete a save whose top-k state could not be read, and before a launch
+# whose job loads the newest last*.ckpt itself when that one is not complete (clients.LIGHTNING).
+KEEPS_ADVICE = ("which Lightning's ModelCheckpoint may still count in its top-k: its state could not be read ({why}). "
+                "Set keep_last = 0 to leave the rotation to save_top_k, or keep_last above save_top_k")
+UNFINISHED_ALIAS = ("lightning_last_unfinished",
+                    ('{name} is {state} ({reason}): Lightning\'s ckpt_path="last" loads it and will fail at every start '
+                     "(with save_last=True it is rewritten in place after each save; a kill then tears it); {fallback}; "
+                     'save_last="link" leaves no such window'),
+                    ("the newest complete save is {newest}: replace {name} by a copy of it (cp -r), or resume with "
+                     'resume_args = ["--ckpt-path", "{{checkpoint}}"]'))
 POINTER_HOLD = ('Lightning\'s resume pointer: trainer.fit(ckpt_path="last") loads the newest last*.ckpt '
                 "(ModelCheckpoint rewrites it at every save)")
 

@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from supervisor.checkpoints.clients import is_alias
+from supervisor.checkpoints.clients import is_alias, layout_of
 from supervisor.checkpoints.completeness import COMPLETE, FOREIGN, PARTIAL, TORN
 from supervisor.checkpoints.ranking import CheckpointInfo, age_order
 
@@ -180,10 +180,10 @@ def _unknown_keeps(cps: Sequence[CheckpointInfo], deletions: list[Deletion], rul
     unsure = [c for c in cps if c.path in gone and c.keeps_unknown]
     if not unsure:
         return []
-    return [Finding("client_keeps_unknown", (
-        f"keep_last={rules.keep_last} deletes {unsure[0].name}, which Lightning's ModelCheckpoint may still count "
-        f"in its top-k: its state could not be read ({unsure[0].keeps_unknown}). Set keep_last = 0 to leave the "
-        "rotation to save_top_k, or keep_last above save_top_k"))]
+    layout, c = layout_of(unsure[0].name), unsure[0]
+    advice = (layout.keeps_advice if layout else "") or "whose client's own keep list could not be read ({why})"
+    return [Finding("client_keeps_unknown", f"keep_last={rules.keep_last} deletes {c.name}, "
+                    + advice.format(why=c.keeps_unknown))]
 
 
 def _unfinished_pointer(cps: Sequence[CheckpointInfo], settled: bool) -> list[Finding]:
@@ -192,13 +192,12 @@ def _unfinished_pointer(cps: Sequence[CheckpointInfo], settled: bool) -> list[Fi
     picked = max(pointers, key=lambda c: c.mtime) if settled and pointers else None
     if picked is None or picked.complete:
         return []
-    newest = _newest(cps)
-    fallback = (f"the newest complete save is {newest.name}: replace {picked.name} by a copy of it (cp -r), or resume "
-                'with resume_args = ["--ckpt-path", "{checkpoint}"]' if newest else "no complete save to go back to")
-    return [Finding("lightning_last_unfinished", (
-        f'{picked.name} is {picked.state} ({picked.reason}): Lightning\'s ckpt_path="last" loads it and will fail at '
-        f"every start (with save_last=True it is rewritten in place after each save; a kill then tears it); {fallback}"
-        "; save_last=\"link\" leaves no such window"))]
+    newest, layout = _newest(cps), layout_of(picked.name)
+    kind, message, fallback = layout.alias_unfinished if layout else ("", "", "")
+    if not kind:
+        return []
+    back = fallback.format(newest=newest.name, name=picked.name) if newest else "no complete save to go back to"
+    return [Finding(kind, message.format(name=picked.name, state=picked.state, reason=picked.reason, fallback=back))]
 
 
 def plan_retention(
