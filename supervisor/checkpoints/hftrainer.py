@@ -89,7 +89,7 @@ def _weight_problem(path: Path) -> str | None:
         want, size = _safetensors_end(path)
     except FileNotFoundError:
         return f"{path.name} is missing"
-    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as exc:
         return f"{path.name} is not whole ({exc})"
     return None if size >= want else f"{path.name} is short: {size} of {want} bytes"
 

@@ -136,7 +136,8 @@ class TestFullStateDict:
         assert verdict.state == "torn" and "model-00002-of-00002.safetensors is missing" in verdict.reason
 
     @pytest.mark.parametrize("header", [b"\xff" * 8, (16).to_bytes(8, "little") + b"[1, 2, 3]" + b" " * 7,
-                                        (16).to_bytes(8, "little") + b'{"w": 1}' + b" " * 8])
+                                        (16).to_bytes(8, "little") + b'{"w": 1}' + b" " * 8,
+                                        (200_000).to_bytes(8, "little") + b"[" * 200_000])
     def test_a_bad_safetensors_header_is_a_reason_not_a_crash(self, tmp_path, header):
         """A header length past the file, a header that is not an object of tensors: torn, with one line."""
         directory = write_full_trainer_checkpoint(tmp_path / "out", 10)
