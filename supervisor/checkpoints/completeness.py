@@ -1,21 +1,11 @@
 """Decide whether one checkpoint dir is complete, and if not, say why in words a user can act on.
 
-complete: `.metadata` parses safely and every storage file it references is a regular file directly
-          inside the dir with at least max(offset + length) bytes (and, with a manifest, every file it
-          lists has exactly the recorded size). A nested folder (Accelerate's `checkpoint_N/`) is complete
-          when every DCP dir in it is; whether it also has all the members its siblings have is for the
-          caller to check with `against_reference` (verify looks at one folder only).
-partial:  no `.metadata` yet, a temporary `.tmp-` name, or a checkpoint-named folder with nothing in it
-          yet: a save in flight or abandoned; for a nested folder also a member its newest sibling has.
-torn:     `.metadata` is fine but a shard is missing or short (or fails its checksum with --deep).
-invalid:  unparseable or unsafe metadata or manifest, a storage path escaping the dir, a symlink (a
-          nested folder's member too), or only
-          rank-local `__<rank>.metadata` files (a save without rank coordination: nobody knows if all finished).
-foreign:  not a checkpoint at all (shapes.py): never counted, deleted or selected.
-
-A verdict decided by `.metadata` also carries a `kind` the daemon can act on: "unsafe" (it names a
-global that could run code: treat as hostile, log loudly), "unknown_class" (a torch class this
-version does not know: most likely written by a newer torch) or "bad_metadata" (unparseable).
+The states (docs/checkpoints.md, "States"): complete (`.metadata` parses safely, every storage file it names is a
+regular file at least as long as it says, a manifest's sizes match, and its client's commit file is whole: clients.py;
+a nested folder when every DCP dir in it is, its siblings being the caller's `against_reference`), partial (a save in
+flight or abandoned), torn (a file missing or short under a whole commit), invalid (unsafe or unparseable metadata,
+an escaping path, a symlink, only rank-local `__<rank>.metadata`), foreign (shapes.py). A verdict decided by
+`.metadata` carries a `kind`: "unsafe" (hostile: log loudly), "unknown_class" (a newer torch), "bad_metadata".
 """
 from __future__ import annotations
 
@@ -24,12 +14,12 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from supervisor.checkpoints import hftrainer, lightning
+from supervisor.checkpoints import clients
 from supervisor.checkpoints._files import sha256_file
 from supervisor.checkpoints.manifest import Manifest, read_manifest
 from supervisor.checkpoints.metadata.reader import DcpMetadata, read_metadata
 from supervisor.checkpoints.naming import name_step
-from supervisor.checkpoints.shapes import DCP, DIRECTORY, NESTED, TEMPORARY, UNSTARTED, Shape, identify
+from supervisor.checkpoints.shapes import DCP, DIRECTORY, FILES, NESTED, TEMPORARY, UNSTARTED, Shape, identify
 from supervisor.errors import (
     CheckpointError,
     ManifestError,
@@ -74,7 +64,6 @@ class Verdict:
     metadata: DcpMetadata | None = None
     checksummed: bool = False  # True only when --deep compared every sha256 the manifest carries
     members: frozenset[str] = frozenset()  # a nested folder's DCP dirs (relative paths); empty for a flat one
-    markers: frozenset[str] = frozenset()  # plain files its layout writes last (transformers: trainer_state.json)
     kind: MetadataKind | None = None  # for verdicts decided by .metadata
 
     @property
@@ -181,7 +170,8 @@ def _check_checksums(directory: Path, manifest: Manifest, problems: _Problems) -
             problems.torn.append(f"{rel} fails its sha256 checksum")
 
 
-def _lstat_dir(path: Path) -> os.stat_result:
+def lstat_dir(path: Path) -> os.stat_result:
+    """The lstat of a checkpoint dir; CheckpointError, naming it, when it is missing or cannot be read."""
     try:
         return os.lstat(path)
     except FileNotFoundError:
@@ -226,9 +216,9 @@ def _verify_dcp(directory: Path, deep: bool, root: Path) -> Verdict:
         bad = check_files(directory, manifest.checksums) if manifest and manifest.checksums and not problems.torn else None
         problems.torn += [bad] if bad else []  # the xxh3_64 ranges written while it was saved (seals.py)
     verdict = problems.verdict(manifest=manifest, metadata=meta, checksummed=checksummed)
-    meta_pt = lightning.meta_problem(directory) if verdict.complete else None
-    if meta_pt is not None:  # Lightning's `meta.pt`, written after the DCP files
-        return Verdict(INVALID if meta_pt[0] else PARTIAL, meta_pt[1], manifest=manifest, metadata=meta)
+    wanting = clients.commit_problem(directory, DCP) if verdict.complete else None
+    if wanting is not None:  # the file its client writes after the DCP files
+        return Verdict(INVALID if wanting[0] else PARTIAL, wanting[1], manifest=manifest, metadata=meta)
     return verdict
 
 
@@ -237,11 +227,10 @@ def _verify_nested(directory: Path, members: frozenset[str], deep: bool) -> Verd
     found = {m: _verify_dcp(directory / m, deep, directory.parent) for m in sorted(members)}
     bad = [(m, v) for m, v in found.items() if not v.complete]
     if not bad:
-        wanting = hftrainer.state_problem(directory) if hftrainer.is_trainer_name(directory.name) else None
-        if wanting is not None:  # transformers' trainer_state.json, written after everything else
+        wanting = clients.commit_problem(directory, NESTED)
+        if wanting is not None:  # the file its client writes after everything else
             return Verdict(INVALID if wanting[0] else PARTIAL, wanting[1], members=members)
-        return Verdict(COMPLETE, members=members, markers=hftrainer.markers(directory),
-                       checksummed=deep and all(v.checksummed for v in found.values()))
+        return Verdict(COMPLETE, members=members, checksummed=deep and all(v.checksummed for v in found.values()))
     state = max((v.state for _, v in bad), key=_SEVERITY.__getitem__)
     reason = "; ".join(f"{m}: {v.reason}" for m, v in bad[:_MAX_REASONS])
     if len(bad) > _MAX_REASONS:
@@ -250,12 +239,19 @@ def _verify_nested(directory: Path, members: frozenset[str], deep: bool) -> Verd
     return Verdict(state, reason, members=members, kind=kind)
 
 
-def against_reference(verdict: Verdict, reference: frozenset[str], sibling: str,
-                      markers: frozenset[str] = frozenset()) -> Verdict:
-    """A complete nested folder that lacks a member (or a commit marker) its reference sibling has is partial
-    (a save cut between members, or before its last file); extra members are fine (a save that added a
-    model). Pure: the caller picks the sibling."""
-    missing = sorted((reference - verdict.members) | (markers - verdict.markers))
+def _verify_files(directory: Path) -> Verdict:
+    """A client's save of plain files: partial until its commit file is whole, torn when a weight file is not."""
+    wanting = clients.commit_problem(directory, FILES)
+    if wanting is not None:
+        return Verdict(INVALID if wanting[0] else PARTIAL, wanting[1])
+    torn = clients.files_problem(directory)
+    return Verdict(TORN, torn) if torn else Verdict(COMPLETE)
+
+
+def against_reference(verdict: Verdict, reference: frozenset[str], sibling: str) -> Verdict:
+    """A complete nested folder that lacks a member its reference sibling has is partial (a save cut between
+    members); extra members are fine (a save that added a model). Pure: the caller picks the sibling."""
+    missing = sorted(reference - verdict.members)
     if not verdict.complete or not verdict.members or not missing:
         return verdict
     shown = ", ".join(missing[:_MAX_REASONS])
@@ -272,7 +268,7 @@ def verify(path: str | os.PathLike[str], *, deep: bool = False, shape: Shape | N
     what identify() already said about the dir (a scan passes it on rather than look twice).
     """
     directory = Path(os.path.abspath(path))
-    st = _lstat_dir(directory)
+    st = lstat_dir(directory)
     if stat.S_ISLNK(st.st_mode):
         return Verdict(INVALID, "the checkpoint dir is a symlink")
     if not stat.S_ISDIR(st.st_mode):
@@ -289,6 +285,8 @@ def verify(path: str | os.PathLike[str], *, deep: bool = False, shape: Shape | N
             return Verdict(INVALID, f"{', '.join(shape.links[:_MAX_REASONS])} is a symlink to a directory "
                            "(a member borrowed from elsewhere?): left for a human", members=shape.members)
         return _verify_nested(directory, shape.members, deep)
+    if shape.kind == FILES:
+        return _verify_files(directory)
     if shape.kind == DIRECTORY:
         return Verdict(FOREIGN, f"a directory of checkpoints ({', '.join(shape.series[:_MAX_REASONS])}), not one")
     return Verdict(FOREIGN, shape.reason)

@@ -1,55 +1,39 @@
-"""transformers' `Trainer` checkpoints: `checkpoint-<global_step>/`, finished by `trainer_state.json`.
+"""transformers' `Trainer` checkpoints (clients.TRANSFORMERS): `checkpoint-<global_step>/`, finished by `trainer_state.json`.
 
-transformers 5.17 (`Trainer._save_checkpoint`) with torch FSDP and `SHARDED_STATE_DICT` writes, in order:
-`pytorch_model_fsdp_0/` and `optimizer_0/` (DCP dirs, Accelerate's `save_fsdp_model`/`save_fsdp_optimizer`),
-`scheduler.pt` (rank 0), `scaler.pt` (fp16 only), `rng_state_<rank>.pth` (every rank), and last, on rank 0,
-`trainer_state.json` (`TrainerState.save_to_json`, written in place, `global_step` inside), then its own
-rotation (`save_total_limit`). Resuming (`Trainer.train(resume_from_checkpoint=...)`) reads
-`trainer_state.json` unconditionally and fails without it. So a `checkpoint-N` folder of the Trainer is
-complete only when its DCP dirs are and its `trainer_state.json` is whole (`state_problem`); a folder without
-one is partial when it holds the Trainer's own files (the save was cut after them), or when its reference
-sibling has one (ranking.py compares `markers`).
-
-`trainer_state.json` grows with `log_history`: up to MAX_PARSED bytes it is parsed, beyond that only its
-ends are read (`{` first, the closing `}` last: `save_to_json` writes `indent=2`, so a cut file ends inside).
-
-On SIGTERM with `TrainingArguments(enable_jit_checkpoint=True)` the Trainer saves `checkpoint-<step>/` at once
-(trainer_jit_checkpoint.py), with a `checkpoint-is-incomplete.txt` inside until the save is done: a folder
-that still has it is partial. With `load_best_model_at_end` its own rotation always keeps
-`best_model_checkpoint` (in trainer_state.json); `held_by_trainer` says which folder that is, so the
-supervisor's retention keeps it too.
+`Trainer._save_checkpoint` writes the model, optimizer, scheduler and RNG files (or the DCP dirs
+`pytorch_model_fsdp_0/`, `optimizer_0/`), and last, on rank 0, `trainer_state.json`, which its resume reads first
+(docs/clients.md has the order). Past MAX_PARSED bytes (it grows with `log_history`) only its ends are read.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
-import stat
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from supervisor.checkpoints import torchzip
 from supervisor.checkpoints._files import open_capped, read_small_json
 
-__all__ = ["TRAINER_STATE", "JIT_SENTINEL", "is_trainer_name", "state_problem", "markers", "held_by_trainer"]
+if TYPE_CHECKING:
+    from supervisor.checkpoints.ranking import CheckpointInfo
+
+__all__ = ["TRAINER_STATE", "JIT_SENTINEL", "NAMES", "OWN_FILES", "state_whole", "files_problem", "keeps"]
 
 TRAINER_STATE = "trainer_state.json"  # transformers.trainer.TRAINER_STATE_NAME
 JIT_SENTINEL = "checkpoint-is-incomplete.txt"  # transformers.trainer_jit_checkpoint.CheckpointManager
+NAMES = re.compile(r"checkpoint-(\d+)")  # transformers.trainer_utils._re_checkpoint (PREFIX_CHECKPOINT_DIR-step)
+# The files of a save without DCP dirs (the default full state dict): weights, optimizer, scheduler, RNG, state.
+OWN_FILES = re.compile(r".*\.(safetensors|bin|pth)|(optimizer|scheduler|scaler)\.pt|trainer_state\.json|"
+                       + re.escape(JIT_SENTINEL), re.DOTALL)
+_WEIGHTS = re.compile(r".*\.(safetensors|bin|pt|pth)", re.DOTALL)  # torch.save zips, or safetensors
+_INDEX = re.compile(r".*\.(safetensors|bin)\.index\.json", re.DOTALL)  # a model sharded into several files
 MAX_PARSED = 4 << 20
-_NAME = re.compile(r"checkpoint-(\d+)")  # transformers.trainer_utils._re_checkpoint (PREFIX_CHECKPOINT_DIR-step)
-_OWN_FILES = re.compile(r"scheduler\.pt|scaler\.pt|training_args\.bin|rng_state(_\d+)?\.pth")
+_MAX_HEADER = 100 << 20  # safetensors refuses a larger header
+_MAX_ENTRIES = 1024
 _HEAD_STEP = re.compile(rb'"global_step":\s*(\d+)')
 _ENDS = 4096  # bytes read from each end of a large file
-
-
-def is_trainer_name(name: str) -> bool:
-    """`checkpoint-500`: the name transformers' Trainer gives a checkpoint (and picks with resume=True)."""
-    return _NAME.fullmatch(name) is not None
-
-
-def _has_own_files(directory: Path) -> bool:
-    try:
-        with os.scandir(directory) as it:
-            return any(_OWN_FILES.fullmatch(e.name) for e in it)
-    except OSError:
-        return False
 
 
 def _whole_step(path: Path, size: int) -> tuple[int | None, bool]:
@@ -73,46 +57,71 @@ def _whole_step(path: Path, size: int) -> tuple[int | None, bool]:
     return (int(found.group(1)) if found else None), whole
 
 
-def state_problem(directory: Path) -> tuple[bool, str] | None:
-    """For a complete nested `checkpoint-N` folder: (invalid?, why) when its trainer_state.json is wanting."""
-    if os.path.lexists(directory / JIT_SENTINEL):
-        return False, (f"{JIT_SENTINEL} is still there: transformers' JIT checkpoint (on SIGTERM) did not finish")
-    path = directory / TRAINER_STATE
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        if _has_own_files(directory):
-            return False, (f"no {TRAINER_STATE}: transformers' Trainer writes it last (after scheduler.pt and "
-                           "rng_state_*.pth), so the save did not finish")
-        return None
-    except OSError as exc:
-        return True, f"{TRAINER_STATE} cannot be read: {exc.strerror}"
-    if not stat.S_ISREG(st.st_mode):
-        return True, f"{TRAINER_STATE} is a symlink or not a regular file"
-    step, whole = _whole_step(path, st.st_size)
+def state_whole(path: Path, size: int) -> tuple[bool, str] | None:
+    """(invalid?, why) when a `checkpoint-N`'s trainer_state.json is cut short, or names another step than N."""
+    step, whole = _whole_step(path, size)
     if not whole:
         return False, f"{TRAINER_STATE} is cut short or not JSON: the save did not finish"
-    match = _NAME.fullmatch(directory.name)
+    match = NAMES.fullmatch(path.parent.name)
     if match and step is not None and step != int(match.group(1)):
         return True, f"{TRAINER_STATE} says global_step {step}, the name says {match.group(1)}"
     return None
 
 
-def markers(directory: Path) -> frozenset[str]:
-    """The commit files this folder has: {trainer_state.json} for a Trainer checkpoint that has it."""
-    if not is_trainer_name(directory.name):
-        return frozenset()
-    return frozenset({TRAINER_STATE}) if os.path.isfile(directory / TRAINER_STATE) else frozenset()
+def _safetensors_end(path: Path) -> tuple[int, int]:
+    """(the size a safetensors file must have, its size): 8 bytes of header length, the JSON header, then the
+    tensors, the last one ending at the largest `data_offsets` end."""
+    f, st = open_capped(path, 1 << 62, OSError)
+    with f:
+        length = int.from_bytes(f.read(8), "little")
+        if not 0 < length <= min(_MAX_HEADER, st.st_size - 8):
+            return 8 + max(length, 1), st.st_size
+        header = json.loads(f.read(length))
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+    return 8 + length + max([0, *ends]), st.st_size
 
 
-def held_by_trainer(root: Path, newest: Path) -> str | None:
-    """The folder in `root` that the newest save's trainer_state.json names `best_model_checkpoint`, or None."""
-    doc = read_small_json(newest / TRAINER_STATE, MAX_PARSED)
+def _weight_problem(path: Path) -> str | None:
+    if not path.name.endswith(".safetensors"):
+        why = torchzip.zip_problem(path)  # torch.save writes the zip's directory last
+        return None if why is None else f"{path.name} is not whole ({why})"
+    try:
+        want, size = _safetensors_end(path)
+    except FileNotFoundError:
+        return f"{path.name} is missing"
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as exc:
+        return f"{path.name} is not whole ({exc})"
+    return None if size >= want else f"{path.name} is short: {size} of {want} bytes"
+
+
+def files_problem(directory: Path) -> str | None:
+    """Why a save of plain files is torn (a weight file cut short, a shard its index names missing), or None."""
+    try:
+        with os.scandir(directory) as it:
+            names = sorted(e.name for _, e in zip(range(_MAX_ENTRIES), it))
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror}"
+    wanted = {n for n in names if _WEIGHTS.fullmatch(n)}
+    for index in filter(_INDEX.fullmatch, names):
+        doc = read_small_json(directory / index, MAX_PARSED)
+        shards = doc.get("weight_map") if isinstance(doc, dict) else None
+        wanted |= {s for s in shards.values() if type(s) is str and "/" not in s} if isinstance(shards, dict) else set()
+    problems = [why for n in sorted(wanted) if (why := _weight_problem(directory / n)) is not None]
+    return "; ".join(problems[:3]) or None
+
+
+def keeps(root: Path, infos: Sequence[CheckpointInfo]) -> tuple[dict[str, str], dict[str, str]]:
+    """The folder the newest save's trainer_state.json names `best_model_checkpoint`: its own rotation keeps it."""
+    trainer = [c for c in infos if c.complete and NAMES.fullmatch(c.name)]
+    if not trainer:
+        return {}, {}
+    doc = read_small_json(max(trainer, key=lambda c: c.step or 0).path / TRAINER_STATE, MAX_PARSED)
     best = doc.get("best_model_checkpoint") if isinstance(doc, dict) else None
     if type(best) is not str or not best:
-        return None
+        return {}, {}
     path = os.path.normpath(best)
     # A relative output_dir is relative to the job's cwd, which the store does not know: the name alone then
     # decides (keeping one folder too many is the safe mistake).
     in_root = not os.path.isabs(path) or os.path.dirname(path) in {os.path.abspath(root), os.path.realpath(root)}
-    return os.path.basename(path) if in_root else None
+    why = "transformers' best_model_checkpoint (trainer_state.json): its own rotation keeps it too"
+    return ({os.path.basename(path): why} if in_root else {}), {}

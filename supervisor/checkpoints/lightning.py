@@ -1,72 +1,45 @@
-"""What PyTorch Lightning's sharded checkpoints need beyond DCP: `meta.pt`, `last*.ckpt`, ModelCheckpoint's top-k.
+"""PyTorch Lightning's sharded checkpoints beyond DCP (clients.LIGHTNING): `meta.pt`, `last*.ckpt`, its top-k.
 
-Lightning 2.6 (`FSDPStrategy(state_dict_type="sharded")`, `FSDPStrategy.save_checkpoint`) saves
-`<dirpath>/epoch=E-step=S.ckpt/` as a DCP dir (model and optimizers) and then, on rank 0, `meta.pt`:
-everything else (`global_step`, `epoch`, loops, callbacks' state) by `torch.save`. Its loader refuses a dir
-without `meta.pt` ("does not point to a valid checkpoint"), so:
-
-- **complete** means the DCP files are complete *and* `meta.pt` is a regular, whole torch.save zip
-  (`meta_problem`; torchzip.py checks the structure without unpickling). A `.ckpt` dir without it is a save
-  cut short; any other DCP dir (a Fabric save, a user's name) is checked only when it has one.
-- **`last*.ckpt`** is `ModelCheckpoint(save_last=...)`'s resume pointer: `trainer.fit(ckpt_path="last")` loads
-  the most recently modified `last*.ckpt` (`ModelCheckpoint._find_last_checkpoints`), and starts from
-  scratch, with a warning only, when there is none. With `save_last=True` it is a full copy of the newest
-  save, rewritten in place at every save; with `save_last="link"` a symlink to it (`os.path.relpath`, so a
-  plain name). Its step is `global_step` in its `meta.pt` (`meta_step`), or its link target's name.
-- **top-k**: `ModelCheckpoint(save_top_k=k, monitor=...)` deletes what falls out of its top k itself, and
-  keeps the rest. `held_by_lightning` reads which names it keeps (`best_k_models`, `best_model_path`,
-  `last_model_path`) from the newest `meta.pt`, through the same code-free pickle walk.
+`epoch=E-step=S.ckpt/` is a DCP dir, then `meta.pt` (`torch.save` on rank 0: `global_step`, callbacks' state), read
+through torchzip.py's code-free pickle walk; `last*.ckpt` is a copy of or a link to the newest save (docs/clients.md).
 """
 from __future__ import annotations
 
 import os
 import re
-import stat
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from supervisor.checkpoints import torchzip
 
-__all__ = ["META_NAME", "is_lightning_name", "is_last_name", "meta_problem", "meta_step", "link_target",
-           "held_by_lightning", "POINTER_HOLD"]
+if TYPE_CHECKING:
+    from supervisor.checkpoints.ranking import CheckpointInfo
+
+__all__ = ["META_NAME", "NAMES", "STEP", "LAST", "POINTER_HOLD", "KEEPS_ADVICE", "UNFINISHED_ALIAS", "meta_whole",
+           "meta_step", "held_by_lightning", "keeps"]
 
 META_NAME = "meta.pt"  # lightning.fabric.strategies.fsdp._METADATA_FILENAME
-_LAST = re.compile(r"last.*\.ckpt", re.DOTALL)  # ModelCheckpoint._find_last_checkpoints: ^last(-\d+)? ... .ckpt
+NAMES = re.compile(r".*\.ckpt", re.DOTALL)  # ModelCheckpoint.FILE_EXTENSION: `epoch=0-step=10.ckpt`, `last.ckpt`
+STEP = re.compile(r"(?:^|[-_.])step=(\d+)")  # the `{step}` of its default `{epoch}-{step}` name (not the epoch)
+LAST = re.compile(r"last.*\.ckpt", re.DOTALL)  # ModelCheckpoint._find_last_checkpoints: ^last(-\d+)? ... .ckpt
 _STATE_KEYS = ("best_k_models", "best_model_path", "last_model_path")
+# What retention says when its keep rules delete a save whose top-k state could not be read, and before a launch
+# whose job loads the newest last*.ckpt itself when that one is not complete (clients.LIGHTNING).
+KEEPS_ADVICE = ("which Lightning's ModelCheckpoint may still count in its top-k: its state could not be read ({why}). "
+                "Set keep_last = 0 to leave the rotation to save_top_k, or keep_last above save_top_k")
+UNFINISHED_ALIAS = ("lightning_last_unfinished",
+                    ('{name} is {state} ({reason}): Lightning\'s ckpt_path="last" loads it and will fail at every start '
+                     "(with save_last=True it is rewritten in place after each save; a kill then tears it); {fallback}; "
+                     'save_last="link" leaves no such window'),
+                    ("the newest complete save is {newest}: replace {name} by a copy of it (cp -r), or resume with "
+                     'resume_args = ["--ckpt-path", "{{checkpoint}}"]'))
 POINTER_HOLD = ('Lightning\'s resume pointer: trainer.fit(ckpt_path="last") loads the newest last*.ckpt '
                 "(ModelCheckpoint rewrites it at every save)")
 
 
-def is_lightning_name(name: str) -> bool:
-    """A name ModelCheckpoint gives (`epoch=0-step=10.ckpt`, `last.ckpt`): its checkpoints end in `.ckpt`."""
-    return name.endswith(".ckpt")
-
-
-def is_last_name(name: str) -> bool:
-    """`last.ckpt`, `last-v1.ckpt`: what `ckpt_path="last"` looks for."""
-    return _LAST.fullmatch(name) is not None
-
-
-def meta_problem(directory: Path) -> tuple[bool, str] | None:
-    """For a complete DCP dir: (invalid?, why) when Lightning's `meta.pt` is wanting, else None.
-
-    A `.ckpt` dir without `meta.pt` was cut between its DCP files and `meta.pt` (partial); a `meta.pt` that is
-    not a whole zip was cut while being written (partial); a symlink or a special file is invalid.
-    """
-    path = directory / META_NAME
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        if not is_lightning_name(directory.name):
-            return None
-        return False, (f"no {META_NAME}: Lightning writes it last (rank 0, after the DCP files), so the save did "
-                       "not finish")
-    except OSError as exc:
-        return True, f"{META_NAME} cannot be read: {exc.strerror}"
-    if stat.S_ISLNK(st.st_mode):
-        return True, f"{META_NAME} is a symlink"
-    if not stat.S_ISREG(st.st_mode):
-        return True, f"{META_NAME} is not a regular file"
+def meta_whole(path: Path, size: int) -> tuple[bool, str] | None:
+    """torch.save writes the zip's directory last: a `meta.pt` without one was cut while being written."""
     why = torchzip.zip_problem(path)
     return None if why is None else (False, f"{META_NAME} is not whole ({why}): the save did not finish")
 
@@ -85,19 +58,6 @@ def meta_step(directory: Path) -> int | None:
     meta, _ = _meta(directory)
     step = meta.get("global_step") if meta else None
     return step if type(step) is int and step >= 0 else None
-
-
-def link_target(link: Path) -> str | None:
-    """The sibling a `last*.ckpt` symlink names (Lightning writes a relative plain name), or None when it points
-    anywhere else: outside the root, through other folders, or at itself."""
-    try:
-        target = os.readlink(link)
-    except OSError:
-        return None
-    name = os.path.basename(target)
-    if target not in (name, str(link.parent / name)) or name in ("", ".", "..", link.name):
-        return None
-    return name
 
 
 def _names_in(state: dict[str, Any], root: Path) -> set[str]:
@@ -124,3 +84,22 @@ def held_by_lightning(root: Path, newest_meta: Path) -> tuple[set[str], str | No
         if type(state) is dict and "best_k_models" in state:
             held |= _names_in(state, root)
     return held, None
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return os.lstat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def keeps(root: Path, infos: Sequence[CheckpointInfo]) -> tuple[dict[str, str], dict[str, str]]:
+    """(what its ModelCheckpoint keeps in its top-k, read from the newest `meta.pt`; why that could not be read, for
+    each complete save of Lightning's that the keep rules may then delete)."""
+    saves = [c for c in infos if c.complete and NAMES.fullmatch(c.name) and not c.path.is_symlink()]
+    if not saves:
+        return {}, {}
+    newest = max(saves, key=lambda c: _mtime(c.path / META_NAME))
+    held, unknown = held_by_lightning(root, newest.path)
+    why = f"kept by Lightning's ModelCheckpoint (its top-k, as {newest.name}/meta.pt says)"
+    return dict.fromkeys(held, why), ({c.name: unknown for c in saves} if unknown else {})

@@ -22,7 +22,8 @@ from typing import Any
 import structlog
 
 from supervisor.checkpoints._files import load_capped_json
-from supervisor.checkpoints.shapes import DCP, DIRECTORY, NESTED, TEMPORARY, UNSTARTED, identify
+from supervisor.checkpoints.completeness import lstat_dir
+from supervisor.checkpoints.shapes import DCP, DIRECTORY, FILES, NESTED, TEMPORARY, UNSTARTED, identify
 from supervisor.errors import CheckpointError
 from supervisor.host.atomic import write_atomic
 from supervisor.layout import PIN_MARKER, QUARANTINE_MARKER
@@ -39,13 +40,7 @@ _NOT_MARKABLE = {TEMPORARY: "a save in flight (a .tmp- name)", DIRECTORY: "a fol
 
 def _checkpoint_dir(path: str | os.PathLike[str]) -> Path:
     directory = Path(os.path.abspath(path))
-    try:
-        st = os.lstat(directory)
-    except FileNotFoundError:
-        raise CheckpointError(f"{directory}: no such checkpoint dir") from None
-    except OSError as exc:
-        raise CheckpointError(f"{directory}: cannot read: {exc.strerror}") from None
-    if not stat.S_ISDIR(st.st_mode):  # a symlink is refused too: markers go into real dirs only
+    if not stat.S_ISDIR(lstat_dir(directory).st_mode):  # a symlink is refused too: markers go into real dirs only
         raise CheckpointError(f"{directory}: not a checkpoint directory")
     return directory
 
@@ -69,7 +64,7 @@ def checkpoint_in_root(path: str | os.PathLike[str], root: str | os.PathLike[str
     if os.path.realpath(directory.parent) != os.path.realpath(root):
         raise CheckpointError(f"{directory}: not in the checkpoint root {root}: only its own checkpoints are marked")
     shape = identify(directory)
-    if shape.kind not in (DCP, NESTED, UNSTARTED):
+    if shape.kind not in (DCP, NESTED, FILES, UNSTARTED):
         why = _NOT_MARKABLE.get(shape.kind) or shape.reason or "not a checkpoint"
         raise CheckpointError(f"{directory}: not a checkpoint of {root} ({why})")
     return directory
@@ -124,7 +119,7 @@ def _remove_marker(directory: Path, name: str) -> bool:
 
 
 def _nested_owner(directory: Path) -> Path | None:
-    """The nested checkpoint (Accelerate's `checkpoint_N/`) that holds `directory` as a member, if any."""
+    """The nested checkpoint (`checkpoint_N/`) that holds `directory` as a member, if any."""
     for owner in (directory.parent, directory.parent.parent):
         try:
             relative = directory.relative_to(owner).as_posix()

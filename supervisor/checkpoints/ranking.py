@@ -1,37 +1,20 @@
 """List the children of a checkpoint root, newest first, judge them, and find the newest complete one fast.
 
-Only immediate children are considered. Entries named like the supervisor's sidecars are left out;
-a symlinked child is listed as `invalid` and never followed; temporary `.tmp-` dirs are listed as
-`partial` (retention needs them); a child that is not a checkpoint is listed as `foreign` with a reason
-and is never walked, sized, counted or selected (shapes.py says what is what). A child that is a whole
-directory of checkpoints is a copy (`backup/step_10`, `backup/step_20`, made by hand) when the root holds
-checkpoints of its own: foreign, like any copy. Only in a root holding nothing else is it the sign of a
-root set one level too high: then scan() and newest_complete() raise CheckpointDirectoryError. A copy made
-beside the original (`cp -r step_00000030 step_00000030.bak`) is foreign too: a dir whose name carries no
-step while its manifest's step is the very one another checkpoint's name carries. It would otherwise tie
-with the original (same step, same mtime after `cp -a`), outrank it, and be deleted as the run went on.
-
-Order: Accelerate's `checkpoint_<N>` folders by their save ordinal N, every other dir by its step (from
-the name, else the trainer's manifest, else a JSON sidecar); ties and dirs with neither by mtime (of
-`.metadata`, else of the newest file). Step-less dirs come after stepped ones, so a stray `best/` copy
-never outranks the run's own `step_<N>` dirs.
-
-A nested folder (several DCP dirs in one checkpoint) is complete only when every DCP dir in it is and it
-has every member of its reference: the nearest older nested sibling whose DCP dirs are all complete (for
-the oldest folder, the nearest newer one). So a save cut between two members (model written, optimizer
-not) is `partial`, while the folders around it stay complete; extra members are fine; a folder with no
-such sibling is judged on its own. One exception keeps a deliberate change of layout from making every
-later save partial: a folder missing members is complete when a newer sibling has exactly its members.
+Only immediate children count; the supervisor's sidecars are left out, a symlink is `invalid` and never followed,
+a foreign child (shapes.py) is never walked, sized, counted or selected; a copy (a series of checkpoints beside
+the root's own, `step_30.bak`, a dir whose manifest repeats a sibling's named step) is foreign. The order, the
+nested folders' reference sibling, and a root set one level too high (CheckpointDirectoryError): docs/checkpoints.md,
+"Layouts" and "A root set one level too high".
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
 
-from supervisor.checkpoints import lightning
+from supervisor.checkpoints.clients import inner_step, is_alias, json_step, layout_of, link_target, with_holds
 from supervisor.checkpoints.completeness import (
     COMPLETE,
     CORRUPT,
@@ -43,8 +26,6 @@ from supervisor.checkpoints.completeness import (
     verify,
 )
 from supervisor.checkpoints.integrity import CORRUPT_PREFIX
-from supervisor.checkpoints.jsonstep import json_step
-from supervisor.checkpoints.keeps import with_holds
 from supervisor.checkpoints.manifest import Manifest, read_manifest
 from supervisor.checkpoints.markers import is_pinned, is_quarantined, quarantine_reason
 from supervisor.checkpoints.naming import embedded_steps, is_temporary, name_ordinal, name_step
@@ -67,18 +48,7 @@ class Tier(Vocabulary):
     LOCAL = "local"
 
 
-class _Dated(Protocol):  # read-only members: CheckpointInfo is a frozen dataclass
-    @property
-    def step(self) -> int | None: ...
-    @property
-    def ordinal(self) -> int | None: ...
-    @property
-    def mtime(self) -> float: ...
-    @property
-    def alias_of(self) -> str | None: ...
-
-
-def age_order(c: _Dated) -> tuple[bool, int, bool, float]:
+def age_order(c: CheckpointInfo | _Candidate) -> tuple[bool, int, bool, float]:
     """The one ordering of checkpoints, oldest first: unranked dirs before ranked ones, then the rank (save
     ordinal, else step), then an alias before the checkpoint it repeats (Lightning's `last.ckpt`: the named
     save of the same step is the one to pick), then mtime."""
@@ -145,28 +115,14 @@ def _lmtime(path: Path) -> float | None:
         return None
 
 
-def _step_without_name(directory: Path) -> int | None:
-    try:
-        manifest = read_manifest(directory)
-    except ManifestError:
-        return None
-    if manifest:
-        return manifest.step
-    # Lightning's: a copied last.ckpt, a name without `step=` (`ckpt-30.ckpt`), a user's `epoch=0-step=30.ckpt.bak`
-    if lightning.is_lightning_name(directory.name) or os.path.lexists(directory / lightning.META_NAME):
-        step = lightning.meta_step(directory)
-        if step is not None or lightning.is_lightning_name(directory.name):
-            return step
-    return json_step(directory)
-
-
-def checkpoint_step(directory: Path, manifest: Manifest | None) -> int | None:
-    """The training step `list` shows for a checkpoint dir: the manifest's, else the name's, else a JSON
-    sidecar's (Accelerate's `checkpoint_<N>` names a save ordinal, not a step), else None."""
-    if manifest is not None:
-        return manifest.step
-    step = name_step(directory.name)
-    return step if step is not None else json_step(directory)
+def checkpoint_step(directory: Path, manifest: Manifest | None = None) -> int | None:
+    """The training step of a checkpoint dir: its manifest's, else its name's, else what its files record
+    (clients.inner_step), else None."""
+    if manifest is None:
+        with contextlib.suppress(ManifestError):
+            manifest = read_manifest(directory)
+    step = manifest.step if manifest is not None else name_step(directory.name)
+    return step if step is not None else inner_step(directory)
 
 
 def _list_root(root: str | os.PathLike[str]) -> tuple[Path, list[_Candidate]]:
@@ -187,11 +143,11 @@ def _list_root(root: str | os.PathLike[str]) -> tuple[Path, list[_Candidate]]:
             child = path / entry.name
             step, ordinal = name_step(entry.name), name_ordinal(entry.name)
             named = step is not None
-            target = lightning.link_target(child) if is_link and lightning.is_last_name(entry.name) else None
+            target = link_target(child) if is_link and is_alias(entry.name) else None
             if target is not None:
                 step = name_step(target)
             elif step is None and ordinal is None and not is_link:
-                step = _step_without_name(child)
+                step = checkpoint_step(child)
             mtime = st.st_mtime if is_link else (_lmtime(child / METADATA_NAME) or st.st_mtime)
             found.append(_Candidate(entry.name, child, is_link, step, mtime, ordinal, st.st_ino, named, target=target))
     found = _with_aliases(found)
@@ -200,17 +156,17 @@ def _list_root(root: str | os.PathLike[str]) -> tuple[Path, list[_Candidate]]:
 
 
 def _with_aliases(found: list[_Candidate]) -> list[_Candidate]:
-    """Mark Lightning's `last*.ckpt` as an alias of the sibling holding the same save: the one a link names, or
+    """Mark an alias (Lightning's `last*.ckpt`) as one of the sibling holding the same save: the one a link names, or
     for a copy the named checkpoint of the same step (so it is never selected over it, nor counted twice)."""
     names = {c.name for c in found}
     by_step = {c.step: c.name for c in sorted(found, key=lambda c: c.name)
-               if c.step is not None and not c.is_link and not lightning.is_last_name(c.name)}
+               if c.step is not None and not c.is_link and not is_alias(c.name)}
     out = []
     for c in found:
         if c.target is not None:  # a name without `step=` (`ckpt-30.ckpt`): the step its target has
             step = c.step if c.step is not None else next((o.step for o in found if o.name == c.target), None)
             c = replace(c, alias_of=c.target if c.target in names else None, step=step)
-        elif lightning.is_last_name(c.name) and not c.is_link and c.step is not None:
+        elif is_alias(c.name) and not c.is_link and c.step is not None:
             c = replace(c, alias_of=by_step.get(c.step))
         out.append(c)
     return out
@@ -258,8 +214,8 @@ def _foreign(c: _Candidate, reason: str | None) -> CheckpointInfo:
 
 
 def _info(c: _Candidate, verdict: Verdict | None) -> CheckpointInfo:
-    if c.is_link and c.alias_of is not None and verdict is not None:  # Lightning's save_last="link"
-        why = f'a link to {c.alias_of} (Lightning\'s save_last="link")'
+    if c.is_link and c.alias_of is not None and verdict is not None:  # an alias link (clients.py)
+        why = f"a link to {c.alias_of} (its client's resume pointer)"
         return CheckpointInfo(c.name, c.path, c.step, verdict.state, why if verdict.complete else
                               f"{why}, which is {verdict.state}: {verdict.reason}", 0, c.mtime, alias_of=c.alias_of)
     if c.is_link:
@@ -280,21 +236,10 @@ def _info(c: _Candidate, verdict: Verdict | None) -> CheckpointInfo:
     step = manifest.step if manifest else c.step
     if step is None and c.ordinal is not None:
         step = json_step(c.path)
-    return CheckpointInfo(
-        name=c.name,
-        path=c.path,
-        step=step,
-        state=state,
-        reason=reason,
-        size_bytes=size,
-        mtime=_settled_mtime(c, verdict, newest),
-        pinned=is_pinned(c.path),
-        quarantined=is_quarantined(c.path),
-        metrics=dict(manifest.metrics) if manifest else {},
-        ordinal=c.ordinal,
-        inode=c.inode,
-        alias_of=c.alias_of,
-    )
+    return CheckpointInfo(c.name, c.path, step, state, reason, size, _settled_mtime(c, verdict, newest),
+                          pinned=is_pinned(c.path), quarantined=is_quarantined(c.path),
+                          metrics=dict(manifest.metrics) if manifest else {}, ordinal=c.ordinal, inode=c.inode,
+                          alias_of=c.alias_of)
 
 
 class _Judge:
@@ -328,19 +273,17 @@ class _Judge:
         raise CheckpointDirectoryError(self.root, c.path / shape.within, shape.series)
 
     def _copy_beside(self, c: _Candidate, shape: Shape) -> Shape | None:
-        """Foreign when `c` is a copy of a checkpoint under a name without its step: the step its manifest says
-        is the one a sibling's name carries (`cp -a step_30 latest`), or its own name holds that step with
-        something after it (`step_30.bak`, `step_00000030-old`), which still says so once retention pruned the
-        original."""
+        """Foreign when `c` is a copy under a name without its step: its manifest's step is a sibling's named step
+        (`cp -a step_30 latest`), or its name holds that step with something after it (`step_30.bak`)."""
         if not shape.ours or c.named or c.is_link or c.step is None or c.ordinal is not None or c.alias_of:
             return None  # Lightning's last.ckpt is a copy by design: an alias (_with_aliases), not a stray one
         twin = self._named.get(c.step)
         if twin is not None and self._identify(twin).ours:
             return Shape(FOREIGN_SHAPE, reason=f"a copy of {twin.name} (its step {c.step}, under a name without "
                                                "it): never touched")
-        # The trainer's set-aside is its own; Lightning's names carry what its `filename` template says
-        # (`ckpt-{step}` gives `ckpt-30.ckpt`), and a hand copy does not end in `.ckpt` (`...ckpt.bak`).
-        if c.step in embedded_steps(c.name) and not (is_temporary(c.name) or lightning.is_lightning_name(c.name)):
+        # The trainer's set-aside is its own; a client's names carry what its template says (Lightning's
+        # `ckpt-{step}` gives `ckpt-30.ckpt`), and a hand copy has none of them (`...ckpt.bak`).
+        if c.step in embedded_steps(c.name) and not (is_temporary(c.name) or layout_of(c.name)):
             return Shape(FOREIGN_SHAPE, reason=f"a copy of a checkpoint of step {c.step} (its name says so): "
                                                "never touched")
         return None
@@ -356,6 +299,13 @@ class _Judge:
                 self._own[c.name] = None
         return self._own[c.name]
 
+    def shaped(self) -> _Judge:
+        """Every child's shape, before anything is verified: a root set too high raises here."""
+        for c in self.candidates:
+            if not c.is_link:
+                self.shape(c)
+        return self
+
     def _settled(self, c: _Candidate) -> Verdict | None:
         """The verdict of a nested sibling whose DCP dirs are all complete, else None."""
         if c.is_link or self.shape(c).kind != NESTED:
@@ -363,16 +313,16 @@ class _Judge:
         v = self.own(c)
         return v if v is not None and v.complete else None
 
-    def reference(self, name: str) -> tuple[frozenset[str], frozenset[str], str] | None:
-        """The members and commit markers of the nearest older nested sibling whose DCP dirs are all complete
-        (else the nearest newer one), and its name."""
+    def reference(self, name: str) -> tuple[frozenset[str], str] | None:
+        """The members of the nearest older nested sibling whose DCP dirs are all complete (else the nearest newer
+        one), and its name."""
         at = self._index.get(name)
         if at is None:
             return None
         for other in (*self.candidates[at + 1:], *reversed(self.candidates[:at])):
             v = self._settled(other)
             if v is not None:
-                return v.members, v.markers, other.name
+                return v.members, other.name
         return None
 
     def _confirmed(self, name: str, members: frozenset[str]) -> bool:
@@ -394,12 +344,9 @@ class _Judge:
         if v is None or not (v.complete and v.members):
             return v
         ref = self.reference(c.name)
-        if ref is None or (ref[0] <= v.members and ref[1] <= v.markers):
+        if ref is None or ref[0] <= v.members or self._confirmed(c.name, v.members):
             return v
-        if ref[1] <= v.markers and self._confirmed(c.name, v.members):
-            return v
-        members, markers, sibling = ref
-        return against_reference(v, members, sibling, markers)
+        return against_reference(v, *ref)
 
 
 def scan(root: str | os.PathLike[str], *, verify_all: bool = True) -> list[CheckpointInfo]:
@@ -410,10 +357,7 @@ def scan(root: str | os.PathLike[str], *, verify_all: bool = True) -> list[Check
     Raises CheckpointDirectoryError, before verifying anything, when the root is one level too high.
     """
     path, candidates = _list_root(root)
-    judge = _Judge(path, candidates)
-    for c in candidates:
-        if not c.is_link:
-            judge.shape(c)
+    judge = _Judge(path, candidates).shaped()
     infos: list[CheckpointInfo] = []
     found_newest = False
     for c in candidates:
@@ -467,8 +411,4 @@ def judge(path: str | os.PathLike[str], *, deep: bool = False) -> Verdict:
 def check_root(root: str | os.PathLike[str]) -> None:
     """Raise CheckpointDirectoryError when `root` holds a directory of checkpoints (it is one level too high),
     CheckpointError when it cannot be read; verifies nothing (cheap enough to run before every launch)."""
-    path, candidates = _list_root(root)
-    judge = _Judge(path, candidates)
-    for c in candidates:
-        if not c.is_link:
-            judge.shape(c)
+    _Judge(*_list_root(root)).shaped()

@@ -1,26 +1,10 @@
 """Retention: a pure function from (checkpoints, disk, rules) to deletions with reasons, plus findings.
 
-How the rules interact:
-0. Foreign entries (not checkpoints: TensorBoard logs, exported models, anything the store cannot identify
-   as a checkpoint of a known layout) are not ours: never deleted and not counted in any total.
-1. Guards: never deleted, whatever else says so: the newest complete non-quarantined checkpoint, every
-   path in `protect` (the one a running job resumed from: the caller passes its own and the live in-use
-   markers of other processes), pinned dirs, what the training program itself still needs (`hold`:
-   Lightning's `last*.ckpt` and its top-k, ranking.py), partial/torn dirs younger than `partial_max_age_s`
-   (a save may still be in flight), invalid dirs and symlinks (we may not own them: a torch upgrade could
-   make new metadata look invalid, and deleting through a symlink is never OK), and unverified dirs.
-2. Keep rules: `keep_last`, `keep_every`, `keep_best` each *keep* complete checkpoints (quarantined ones
-   included: they are evidence). An alias (Lightning's `last.ckpt` holding the same save as a named
-   sibling) is not counted: one save, one place in `keep_last`. When at least one keep rule is on, a complete
-   checkpoint kept by none of them is deleted (when the program's own keep list could not be read, with a
-   `client_keeps_unknown` finding). When all are off, complete checkpoints are kept.
-3. Debris: partial and torn dirs idle longer than `partial_max_age_s` are deleted. With `settled` (no save
-   can be in flight: the job is down, and it picks its own checkpoint, as transformers' Trainer with
-   `resume_from_checkpoint=True` or Accelerate's `load_state()` do), those that rank above the newest
-   complete checkpoint are deleted at once: the job would load one of them and fail at every start.
-4. Disk: then, while free space is below `min_free_gb` or the checkpoints' total is above
-   `max_total_gb`, the oldest remaining deletable checkpoint goes (rule-kept ones included, guarded ones
-   never). A floor that cannot be met this way yields a `disk_pressure` finding.
+In order (docs/checkpoints.md, "Retention"): foreign entries are never deleted nor counted; guards are never
+deleted (the newest complete, `protect`, pinned, `hold`, unfinished saves younger than `partial_max_age_s`,
+invalid, unverified); the keep rules keep complete checkpoints (an alias is not counted) and, when one is on,
+the rest go; unfinished saves idle past the limit go (with `settled`, those above the newest complete at once:
+a job that picks its own checkpoint would load them); then the disk floors take the oldest deletable.
 """
 from __future__ import annotations
 
@@ -32,8 +16,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from supervisor.checkpoints.clients import is_alias, layout_of
 from supervisor.checkpoints.completeness import COMPLETE, FOREIGN, PARTIAL, TORN
-from supervisor.checkpoints.lightning import is_last_name
 from supervisor.checkpoints.ranking import CheckpointInfo, age_order
 
 __all__ = [
@@ -191,33 +175,29 @@ def _disk_message(free: int, total: int, rules: RetentionRules) -> tuple[str, in
 
 
 def _unknown_keeps(cps: Sequence[CheckpointInfo], deletions: list[Deletion], rules: RetentionRules) -> list[Finding]:
-    """A warning when the keep rules delete a checkpoint the program may still count as one of its own (its
-    keep list, e.g. Lightning's top-k, could not be read): the user should know what to set."""
+    """A warning when the keep rules delete a checkpoint whose client's own keep list could not be read."""
     gone = {d.path for d in deletions}
     unsure = [c for c in cps if c.path in gone and c.keeps_unknown]
     if not unsure:
         return []
-    return [Finding("client_keeps_unknown", (
-        f"keep_last={rules.keep_last} deletes {unsure[0].name}, which Lightning's ModelCheckpoint may still count "
-        f"in its top-k: its state could not be read ({unsure[0].keeps_unknown}). Set keep_last = 0 to leave the "
-        "rotation to save_top_k, or keep_last above save_top_k"))]
+    layout, c = layout_of(unsure[0].name), unsure[0]
+    advice = (layout.keeps_advice if layout else "") or "whose client's own keep list could not be read ({why})"
+    return [Finding("client_keeps_unknown", f"keep_last={rules.keep_last} deletes {c.name}, "
+                    + advice.format(why=c.keeps_unknown))]
 
 
 def _unfinished_pointer(cps: Sequence[CheckpointInfo], settled: bool) -> list[Finding]:
-    """With `settled`: a warning when the last*.ckpt Lightning's `ckpt_path="last"` loads (the most recently
-    modified) is not complete. `save_last=True` rewrites it in place after each named save, so a kill then tears
-    it; it is kept (without it Lightning starts from scratch), and the job will fail to load it."""
-    pointers = [c for c in cps if is_last_name(c.name)]
+    """With `settled`: a warning when the alias the client loads itself (the newest last*.ckpt) is not complete."""
+    pointers = [c for c in cps if is_alias(c.name)]
     picked = max(pointers, key=lambda c: c.mtime) if settled and pointers else None
     if picked is None or picked.complete:
         return []
-    newest = _newest(cps)
-    fallback = (f"the newest complete save is {newest.name}: replace {picked.name} by a copy of it (cp -r), or resume "
-                'with resume_args = ["--ckpt-path", "{checkpoint}"]' if newest else "no complete save to go back to")
-    return [Finding("lightning_last_unfinished", (
-        f'{picked.name} is {picked.state} ({picked.reason}): Lightning\'s ckpt_path="last" loads it and will fail at '
-        f"every start (with save_last=True it is rewritten in place after each save; a kill then tears it); {fallback}"
-        "; save_last=\"link\" leaves no such window"))]
+    newest, layout = _newest(cps), layout_of(picked.name)
+    kind, message, fallback = layout.alias_unfinished if layout else ("", "", "")
+    if not kind:
+        return []
+    back = fallback.format(newest=newest.name, name=picked.name) if newest else "no complete save to go back to"
+    return [Finding(kind, message.format(name=picked.name, state=picked.state, reason=picked.reason, fallback=back))]
 
 
 def plan_retention(

@@ -24,13 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.checkpoints._files import open_capped, read_small_json
+from supervisor.checkpoints.clients import COMMIT_FILES
 from supervisor.checkpoints.integrity import ALGORITHM, Checksums, Hasher, Segment
 from supervisor.checkpoints.lineage import root_lineage
 from supervisor.checkpoints.manifest import read_manifest
 from supervisor.checkpoints.sidecars import open_sidecar, sidecar_path, trusted_owners
 from supervisor.errors import CheckpointError, ManifestError
 from supervisor.host.atomic import write_atomic
-from supervisor.layout import PIN_MARKER, QUARANTINE_MARKER, SEAL_SUFFIX
+from supervisor.layout import METADATA_NAME, PIN_MARKER, QUARANTINE_MARKER, SEAL_SUFFIX
 
 __all__ = ["expected", "seal", "check", "seal_path", "SEAL_MB_S"]
 
@@ -38,7 +39,7 @@ SEAL_MB_S = 200.0  # a seal reads at most this fast (training keeps the disk); a
 _CHUNK = 8 << 20
 _MAX_SEAL_BYTES = 64 << 20
 _OURS = (PIN_MARKER, QUARANTINE_MARKER)
-_LAST_FILES = (".metadata", "meta.pt", "trainer_state.json")  # what a layout writes last (docs/checkpoints.md)
+_LAST_FILES = (METADATA_NAME, *COMMIT_FILES)  # what a layout writes last (clients.py)
 _IOPRIO_SET = {"x86_64": 251, "aarch64": 30}.get(platform.machine())
 
 
@@ -158,7 +159,7 @@ def check_files(path: Path, checksums: Checksums, *, threads: int = 4, mb_s: flo
 
 def _recommitted(old: Any, new: dict[str, list[int]]) -> bool:
     """Were the files rewritten and committed again since the seal? Only when every file was rewritten and the
-    layout's last file (Lightning's `meta.pt`, transformers' `trainer_state.json`, else `.metadata`) after all
+    layout's last file (its client's commit file, else `.metadata`) after all
     the others: a file left as it was (a rewrite cut before `meta.pt`, a `.metadata` copied in) or a change after
     the last file (a job writing after its commit) keeps the old seal."""
     if old == new:

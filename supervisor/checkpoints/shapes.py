@@ -1,28 +1,12 @@
 """The shape of each entry of the checkpoint root, told before judging it: a checkpoint of a known layout, or not ours.
 
-Retention may only delete what it can identify as a checkpoint or an unfinished one, so every child of the
-root gets one of these shapes (docs/checkpoints.md, "Layouts"):
-
-dcp:        a DCP dir: `.metadata` or `*.distcp` files directly inside (the reference trainer's `step_N`,
-            torchtitan's `step-N`, Lightning's `epoch=E-step=S.ckpt`, a user script's `epoch_N`, any name).
-nested:     a folder named like a checkpoint with no DCP files of its own but DCP dirs one or two levels
-            down (Accelerate's `checkpoint_N/` holding `pytorch_model_fsdp_0/` and `optimizer_0/`); their
-            relative paths are its members. Symlinks to directories at those levels are noted, never followed
-            (verify makes such a folder invalid: a member borrowed from another save is not "missing"). Any
-            other name holding DCP dirs (`exports/`) is foreign.
-temporary:  the reference trainer's `.tmp-step_<N>-<nonce>` save in flight (any other `.tmp-` dir is foreign).
-unstarted:  a checkpoint name (`step-10`, `checkpoint_3`) with no file in it yet: a save that has only
-            created its folders.
-foreign:    anything else (TensorBoard logs, an exported model, code, a copy of a checkpoint inside
-            another folder): never counted, deleted or selected, and never walked further.
-directory:  a folder whose DCP dirs are themselves named like checkpoints (`checkpoint/step-10`,
-            `checkpoint/step-20`): the root was set one level too high (or two: `project/checkpoint/step-10`).
-            The store refuses such a root (CheckpointDirectoryError) rather than treat the whole series as
-            one checkpoint.
-
-Looking is bounded: `.metadata` is checked first (one lstat: the common case), and at most
-`MAX_ENTRIES` directory entries are read per child, so a foreign tree of any size costs little.
-Standard library only (the trainer imports completeness, which imports this).
+Retention may only delete what it can identify as a checkpoint or an unfinished one (docs/checkpoints.md, "Layouts"):
+dcp (`.metadata` or `*.distcp` directly inside, any name), nested (a checkpoint-named folder with DCP dirs one or two
+levels down: its members; symlinks to directories there are noted, never followed), files (a client's plain-file
+save under its name: clients.py), temporary (the reference trainer's `.tmp-step_<N>-<nonce>`), unstarted (a
+checkpoint name with nothing in it yet), directory (a series of checkpoint-named DCP dirs: the root is set one or
+two levels too high, CheckpointDirectoryError), foreign (anything else: never counted, deleted, selected or walked).
+Looking is bounded (`.metadata` first, at most MAX_ENTRIES entries per child). Standard library only.
 """
 from __future__ import annotations
 
@@ -31,14 +15,15 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from supervisor.checkpoints.clients import owns_files
 from supervisor.checkpoints.naming import is_checkpoint_name, is_temporary
 from supervisor.errors import CheckpointError
 from supervisor.layout import METADATA_NAME, TMP_PREFIX
 
-__all__ = ["DCP", "NESTED", "TEMPORARY", "UNSTARTED", "FOREIGN", "DIRECTORY", "MAX_ENTRIES", "Shape",
+__all__ = ["DCP", "NESTED", "FILES", "TEMPORARY", "UNSTARTED", "FOREIGN", "DIRECTORY", "MAX_ENTRIES", "Shape",
            "CheckpointDirectoryError", "identify", "EXPORT_REASON"]
 
-DCP, NESTED, TEMPORARY, UNSTARTED = "dcp", "nested", "temporary", "unstarted"
+DCP, NESTED, FILES, TEMPORARY, UNSTARTED = "dcp", "nested", "files", "temporary", "unstarted"
 FOREIGN, DIRECTORY = "foreign", "directory"
 MAX_ENTRIES = 4096  # directory entries read per child of the root, at most
 SHARD_SUFFIX = ".distcp"  # DCP's FileSystemWriter storage files: `__<rank>_<n>.distcp`
@@ -78,7 +63,7 @@ class Shape:
     @property
     def ours(self) -> bool:
         """A checkpoint or an unfinished one: something retention may judge (and delete)."""
-        return self.kind in (DCP, NESTED, TEMPORARY, UNSTARTED)
+        return self.kind in (DCP, NESTED, FILES, TEMPORARY, UNSTARTED)
 
 
 class _Budget:
@@ -196,7 +181,7 @@ def identify(path: Path) -> Shape:
         # A checkpoint we may not read is judged (and shown invalid) by verify(); anything else is not ours.
         return Shape(DCP) if is_checkpoint_name(name) else Shape(FOREIGN, reason="cannot be read: not looked into")
     members, files, links = _members(path, top, budget)
-    series = _series(members)
+    series = _series(members) or _series([d for d in top.dirs if owns_files(path / d)])  # plain-file saves too
     if series is not None:
         return Shape(DIRECTORY, series=series[1], within=series[0])
     if budget.left < 0:  # members seen so far may not be all of them: not a layout we can judge
@@ -206,7 +191,7 @@ def identify(path: Path) -> Shape:
         return Shape(FOREIGN, reason=f"holds the checkpoint {inner} inside it (a copy or a checkpoint "
                                      "directory): not looked into")
     if members and not is_checkpoint_name(name):
-        # Only Accelerate writes nested checkpoints, into `checkpoint_<N>` (or a name the script picks, like
+        # Nested checkpoints are written into `checkpoint_<N>`, `checkpoint-<N>` (or a name the script picks, like
         # `step_<N>`). A folder called `exports/` or `tmp/` with DCP dirs inside is someone's copy: not ours.
         return Shape(FOREIGN, reason=f"holds DCP dirs ({_shown(sorted(members))}) but is not named like a "
                                      "checkpoint (checkpoint_N, step_N, ...): not looked into")
@@ -214,6 +199,8 @@ def identify(path: Path) -> Shape:
         return Shape(NESTED, members=frozenset(members), links=tuple(links))
     if is_checkpoint_name(name) and not files:
         return Shape(UNSTARTED)
+    if owns_files(path):
+        return Shape(FILES)
     if all(os.path.isfile(path / f) for f in _EXPORT_FILES):
         return Shape(FOREIGN, reason=EXPORT_REASON)
     return Shape(FOREIGN, reason="not a checkpoint: no DCP dir (.metadata or *.distcp) in it or two levels down")

@@ -43,10 +43,9 @@ from typing import Any
 
 from supervisor import checkpoints as store
 from supervisor.checkpoints.claim import RootClaim
-from supervisor.checkpoints.hftrainer import JIT_SENTINEL
+from supervisor.checkpoints.clients import WATCHED
 from supervisor.checkpoints.integrity import CORRUPT_PREFIX
 from supervisor.checkpoints.inuse import in_use_dir
-from supervisor.checkpoints.lightning import META_NAME as LIGHTNING_META
 from supervisor.checkpoints.pruning import parking_problem
 from supervisor.checkpoints.sidecars import open_sidecar, resolved, trusted_owners
 from supervisor.checkpoints.tiers import TierClaims
@@ -159,7 +158,7 @@ class Housekeeper:
 
     def concerns(self, path: Path) -> bool:
         """Is this file event a possible checkpoint commit (a top-level rename/create, DCP's .metadata, or a
-        client's last file: Lightning's meta.pt, transformers' trainer_state.json or its JIT sentinel going)?"""
+        client's commit file or sentinel: clients.WATCHED)?"""
         for root in filter(None, (self.root, self.local_root)):
             try:
                 rel = path.relative_to(root)
@@ -168,8 +167,8 @@ class Housekeeper:
                 continue
         else:
             return False
-        # A JSON file in a checkpoint folder may be the sidecar that says an Accelerate checkpoint's step.
-        return len(rel.parts) == 1 or rel.name in (METADATA_NAME, MANIFEST_NAME, LIGHTNING_META, JIT_SENTINEL) or (
+        # A JSON file in a checkpoint folder may be the sidecar that says a nested checkpoint's step.
+        return len(rel.parts) == 1 or rel.name in (METADATA_NAME, MANIFEST_NAME, *WATCHED) or (
             len(rel.parts) == 2 and rel.suffix == ".json")
 
     # ---- off the loop ------------------------------------------------------------------------------------
@@ -434,7 +433,7 @@ def best_checkpoint(checkpoints: Sequence[store.CheckpointInfo], rule: store.Kee
 def _newer(cur: store.CheckpointInfo, old: store.CheckpointInfo | None) -> bool:
     """Is `cur` a later save than `old` (a fallback to an older one after quarantine is not)?
 
-    Compared by the store's one ordering (save ordinal for Accelerate's `checkpoint_<N>`, else step), so
+    Compared by the store's one ordering (a name's save ordinal, else step), so
     a nested-layout commit whose step is not known yet still counts as new.
     """
     if old is None:

@@ -104,7 +104,7 @@ def good_ones(found: Infos, usable: Infos, *, verify: bool, roots: Sequence[Path
             findings.append(store.Finding("local_tier_foreign", why))
             aside[c.path] = why  # never the resume point, never deleted: the launch plans from `found`
             continue
-        if root is None or c.path.is_symlink():  # a link (Lightning's last.ckpt "link") is its target's save
+        if root is None or c.path.is_symlink():  # a link (an alias: clients.py) is its target's save
             good.append(c)
             continue
         launch = verify and all(g.path.is_symlink() for g in good)  # the resume point: full speed, a launch waits
@@ -126,7 +126,7 @@ def good_ones(found: Infos, usable: Infos, *, verify: bool, roots: Sequence[Path
         findings.append(store.Finding("checkpoint_corrupt", f"{c.path} is never resumed: {reason}"))
     if kept and (seal_new or scrub):
         _later("scrub" if scrub else "seal", lambda: _background(kept, scrub))
-    for c in usable:  # a link (Lightning's last.ckpt) is as corrupt as its target
+    for c in usable:  # an alias link is as corrupt as its target
         if c.path.is_symlink() and (why := bad.get(c.path.resolve())) is not None:
             bad[c.path], good = why, [g for g in good if g.path != c.path]
     found = [dataclasses.replace(c, quarantined=True, state=CORRUPT, reason=bad[c.path].removeprefix(CORRUPT_PREFIX))

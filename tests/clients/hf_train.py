@@ -7,7 +7,11 @@ checkpoints in `<output-dir>/checkpoint-<global_step>/`. Resume either way trans
 `--resume_from_checkpoint PATH` (the supervisor's pick, `resume_args = ["--resume_from_checkpoint",
 "{checkpoint}"]`) or `--resume-auto` (`trainer.train(resume_from_checkpoint=True)`: transformers picks the
 highest-numbered `checkpoint-N` itself). `--jit-checkpoint`: transformers' own emergency save on SIGTERM
-(`enable_jit_checkpoint=True`: `checkpoint-<step>/` at the step it reached).
+(`enable_jit_checkpoint=True`: `checkpoint-<step>/` at the step it reached). `--no-fsdp`: the Trainer's defaults
+(DDP, the full state dict: `model.safetensors`, `optimizer.pt`, ... in each `checkpoint-N/`). On CPU ranks the
+Trainer's resume then loads `optimizer.pt` with `map_location=args.device`, `cpu:0`, which torch 2.13 cannot restore
+("don't know how to restore data location ... cpu:0"; on GPUs it is `cuda:N`): `cpu_locations()` lets torch read
+`cpu:N` as `cpu`, a CPU-only shim like tests/clients/shims/accelerate_cpu.py.
 
 Rank 0 prints `step=N loss=<repr>` per step (a TrainerCallback's `on_log`, logging every step) and, after a
 resume, `resumed step=N from=<folder>`. `--step-s` sleeps in every step (every rank): a stand-in for a model
@@ -76,6 +80,12 @@ class NaNAt(Trainer):
         return (out[0] * float("nan"), *out[1:]) if isinstance(out, tuple) else out * float("nan")
 
 
+def cpu_locations() -> None:
+    """torch.load restores a storage tagged `cpu:N` as a CPU storage (see the module docstring)."""
+    torch.serialization.register_package(
+        11, lambda obj: None, lambda obj, location: obj if str(location).startswith("cpu:") else None)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--output-dir", required=True)
@@ -88,12 +98,16 @@ def main() -> None:
     p.add_argument("--step-s", type=float, default=0.0)
     p.add_argument("--hold-at", type=int, action="append", default=[], help="wait after this step (and its save)")
     p.add_argument("--hold-dir", default=None, help="where the test puts release-<step> to end a --hold-at")
+    p.add_argument("--no-fsdp", action="store_true", help="no FSDP: the default full state dict layout")
     a = p.parse_args()
+    if a.no_fsdp:
+        cpu_locations()
+    sharded = {} if a.no_fsdp else {"fsdp": "full_shard", "fsdp_config": {"state_dict_type": "SHARDED_STATE_DICT"}}
     args = TrainingArguments(
         output_dir=a.output_dir, max_steps=a.steps, per_device_train_batch_size=4, learning_rate=1e-3,
         logging_steps=1, save_strategy="steps", save_steps=a.save_every, save_total_limit=a.total_limit,
-        fsdp="full_shard", fsdp_config={"state_dict_type": "SHARDED_STATE_DICT"}, use_cpu=True, seed=0,
-        report_to=[], disable_tqdm=True, dataloader_num_workers=0, enable_jit_checkpoint=a.jit_checkpoint)
+        use_cpu=True, seed=0, report_to=[], disable_tqdm=True, dataloader_num_workers=0,
+        enable_jit_checkpoint=a.jit_checkpoint, **sharded)  # type: ignore[arg-type]
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=SEQ)

@@ -172,6 +172,27 @@ def test_hf_picks_its_own_and_stops_gracefully(supervisors: Supervisors, tmp_pat
     assert "checkpoint-5" in vanished, job.events("checkpoints_vanished")
 
 
+def test_hf_default_full_state_dict_resumes_from_checkpoint_20(supervisors: Supervisors, tmp_path: Path) -> None:
+    """The Trainer's defaults (no FSDP: model.safetensors, optimizer.pt, ..., trainer_state.json in checkpoint-N): each
+    save is judged, not foreign, so a kill after checkpoint-20 resumes from it (before: a silent fresh start)."""
+    out = tmp_path / "out"
+    job = SupervisedClient(supervisors, tmp_path, command=hf_command(out, "--no-fsdp", "--save-every", "10"),
+                           checkpoint_dir=out, resume_args=["--resume_from_checkpoint", "{checkpoint}"],
+                           extra_toml="keep_last = 3\n" + RESTART_FAST)
+    job.start()
+    job.wait_for(lambda: complete(out / "checkpoint-20"), RUN_TIMEOUT, "checkpoint-20")
+    assert (out / "checkpoint-20" / "model.safetensors").is_file(), sorted(p.name for p in out.iterdir())
+    job.kill_rank(1)
+    assert job.wait_exit(RUN_TIMEOUT) == 0, job.tails()
+    pick = str(out / "checkpoint-20")
+    started = job.events("job_started")
+    assert [(e.get("resumed_from"), e.get("resumed_step")) for e in started] == [(None, None), (pick, 20)], job.tails()
+    second = job.attempt_logs()[1]
+    assert min(steps_printed(second)) == 21 and max(steps_printed(second)) == STEPS, job.tails()
+    listing = [(c["name"], c["complete"], c["step"]) for c in job.checkpoints_list()]
+    assert listing == [("checkpoint-10", True, 10), ("checkpoint-20", True, 20), ("checkpoint-30", True, 30)], listing
+
+
 def test_hf_nan_is_rolled_back_to_the_save_before_it(supervisors: Supervisors, tmp_path: Path,
                                                     reference: dict[int, str]) -> None:
     """hf_callback() beats the logged loss (its NaN filter off); the loss turns NaN at step 13 (attempt 1 only) ->

@@ -29,6 +29,7 @@ pytest.importorskip("lightning", reason="real-client tier: run `make test-client
 import torch
 
 from supervisor.checkpoints import lightning
+from supervisor.checkpoints.clients import commit_problem
 from tests.clients.harness import (
     CLIENTS,
     NAN_AT,
@@ -73,7 +74,7 @@ def steps_printed(log: str) -> dict[int, str]:
 
 def saved_step(ckpt: Path) -> int | None:
     """The step in a save's meta.pt once it is whole (Lightning writes it last), else None."""
-    if not (ckpt / "meta.pt").is_file() or lightning.meta_problem(ckpt) is not None:
+    if not (ckpt / "meta.pt").is_file() or commit_problem(ckpt, "dcp") is not None:
         return None
     return lightning.meta_step(ckpt)
 

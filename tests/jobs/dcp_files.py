@@ -292,3 +292,47 @@ def write_trainer_checkpoint(root: str | os.PathLike[str], step: int, *, upto: s
             (directory / part).write_text(json.dumps({"global_step": step, "log_history": []}, indent=2,
                                                      sort_keys=True) + "\n")
     return directory
+
+
+def safetensors_bytes(tensors: Mapping[str, int]) -> bytes:
+    """A safetensors file of float32 tensors `name -> element count`: header length, JSON header, data."""
+    header, offset = {}, 0
+    for name, count in tensors.items():
+        header[name] = {"dtype": "F32", "shape": [count], "data_offsets": [offset, offset + 4 * count]}
+        offset += 4 * count
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + bytes(offset)
+
+
+FULL_TRAINER_ORDER = ("model", "optimizer.pt", "scheduler.pt", "rng_state", "trainer_state.json")
+
+
+def write_full_trainer_checkpoint(root: str | os.PathLike[str], step: int, *, upto: str = "trainer_state.json",
+                                  weights: str = "model.safetensors", ranks: int = 2) -> Path:
+    """transformers' Trainer `checkpoint-<step>/` with its default full state dict (no FSDP sharding), written in
+    `_save_checkpoint`'s order and stopped after `upto` (one of FULL_TRAINER_ORDER). `weights`: model.safetensors,
+    pytorch_model.bin, or a sharded model.safetensors.index.json with two shards."""
+    directory = Path(root) / f"checkpoint-{step}"
+    directory.mkdir(parents=True, exist_ok=True)
+    for part in FULL_TRAINER_ORDER[: FULL_TRAINER_ORDER.index(upto) + 1]:
+        if part == "model" and weights == "pytorch_model.bin":
+            write_torch_file(directory / weights, {"w": step}, archive="pytorch_model")
+        elif part == "model" and weights.endswith(".index.json"):
+            shards = [f"model-0000{i}-of-00002.safetensors" for i in (1, 2)]
+            for i, shard in enumerate(shards):
+                (directory / shard).write_bytes(safetensors_bytes({f"w{i}": 4 + step}))
+            (directory / weights).write_text(json.dumps({"weight_map": {"w0": shards[0], "w1": shards[1]}}))
+        elif part == "model":
+            (directory / weights).write_bytes(safetensors_bytes({"w": 4 + step, "b": 2}))
+        if part == "model":
+            (directory / "config.json").write_text(json.dumps({"model_type": "llama"}))
+            write_torch_file(directory / "training_args.bin", {"output_dir": str(root)}, archive="training_args")
+        elif part in ("optimizer.pt", "scheduler.pt"):
+            write_torch_file(directory / part, {"state": step}, archive=part.split(".")[0])
+        elif part == "rng_state":
+            for r in range(ranks):
+                write_torch_file(directory / f"rng_state_{r}.pth", {"python": None}, archive=f"rng_state_{r}")
+        elif part == "trainer_state.json":
+            (directory / part).write_text(json.dumps({"global_step": step, "log_history": []}, indent=2) + "\n")
+    return directory
