@@ -2,6 +2,7 @@
 anything that is not exactly a cold start (a per-rank environment, CUDA touched by an import) starts cold."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -253,10 +254,8 @@ class TestHandoffChannel:
             try:
                 wait_for(lambda a=attempt: _attempt(tmp_path) == a + 1, 120, f"attempt {attempt + 1} after the hang")
             finally:
-                try:
+                with contextlib.suppress(psutil.Error):
                     victim.resume()
-                except psutil.Error:
-                    pass
             assert p.poll() is None, supervisors.print_logs()
             hang = json.loads((_run_dir(tmp_path) / "state.json").read_text())["last_hang"]
             assert hang["ranks"] == [{"rank": 1, "why": "stopped (SIGSTOP or SIGTSTP)"}], (attempt, hang)

@@ -18,6 +18,16 @@ def _no_torch_in_process() -> Iterator[None]:
         pytest.fail("this test imported torch: tests/unit runs without it, move the test to tests/integration/")
 
 
+@pytest.fixture(autouse=True)
+def _background_reads_end_with_their_test() -> Iterator[None]:
+    """A seal or scrub a test's Core started on a daemon thread ends before the next test: left running, it would call
+    the next test's monkeypatched `integrity.seal` on this test's root (seen: a flaky test_seals)."""
+    yield
+    from supervisor.daemon.integrity import seals_idle
+
+    assert seals_idle(60), "a background seal or scrub still runs 60 s after its test"
+
+
 @pytest.fixture
 def dcp_template() -> None:
     """tests/conftest.py's template is written by torch in a subprocess: never in this tier (make pythons runs it
