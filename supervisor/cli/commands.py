@@ -8,6 +8,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -181,7 +182,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         return _follow(f, end, path, cfg.run_dir, args.job, render)
 
 
-def _follow(f: BinaryIO, offset: int, path: Path, run_dir: Path, job: bool, render) -> int:  # type: ignore[no-untyped-def]
+def _follow(f: BinaryIO, offset: int, path: Path, run_dir: Path, job: bool, render: Callable[[str], str]) -> int:
     """Print lines appended to `path` (open as `f`) from `offset`; reopen on rotation or a new attempt (--job).
 
     Read in bounded chunks through a LineSplitter, so a job writing megabytes without a newline costs
@@ -232,8 +233,6 @@ def cmd_stop(args: argparse.Namespace) -> int:
     if pid is None:
         print(f"no supervisor is running on {cfg.run_dir}")
         return EXIT_OK
-    if args.timeout is not None and not (args.timeout >= 0 and args.timeout != float("inf")):
-        raise UsageError(f"--timeout must be a finite number of seconds >= 0, got {args.timeout:g}")
     status = read_status(run_dir)
     try:
         if args.force:
@@ -252,14 +251,12 @@ def cmd_stop(args: argparse.Namespace) -> int:
         print(f"supervisor {pid} stopped")
         return EXIT_OK
     deadline = time.monotonic() + timeout
-    while True:
-        if _running(cfg, say=False)[0] != pid:
-            print(f"supervisor {pid} stopped")
-            return EXIT_OK
+    while _running(cfg, say=False)[0] == pid:
         if time.monotonic() >= deadline:
-            break
+            print(f"supervisor {pid} is still stopping after {timeout:g}s: the stop is in progress and nothing was cut "
+                  f"short (the job may still be writing its emergency checkpoint); run `stop` again to keep waiting, or "
+                  f"`stop --force` to kill the job now", file=sys.stderr)
+            return EXIT_NOT_OK
         time.sleep(0.2)
-    print(f"supervisor {pid} is still stopping after {timeout:g}s: the stop is in progress and nothing was cut short "
-          f"(the job may still be writing its emergency checkpoint); run `stop` again to keep waiting, or "
-          f"`stop --force` to kill the job now", file=sys.stderr)
-    return EXIT_NOT_OK
+    print(f"supervisor {pid} stopped")
+    return EXIT_OK
