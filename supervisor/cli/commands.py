@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -207,7 +208,7 @@ def _follow(f: BinaryIO, offset: int, path: Path, run_dir: Path, job: bool, rend
                 continue
             time.sleep(0.25)
             nxt = _current_job_log(run_dir) if job else path
-            try:
+            with contextlib.suppress(OSError):
                 if nxt is not None and (nxt != path or os.stat(nxt).st_ino != ino):
                     new = open(open_regular(nxt), "rb")  # noqa: SIM115 - replaces f, closed with it
                     while data := f.read(_FOLLOW_CHUNK):  # the rest of the old file first
@@ -216,8 +217,6 @@ def _follow(f: BinaryIO, offset: int, path: Path, run_dir: Path, job: bool, rend
                     f.close()
                     path, f, lines = nxt, new, LineSplitter()
                     ino = os.fstat(f.fileno()).st_ino
-            except OSError:
-                pass
     except KeyboardInterrupt:
         return EXIT_OK
     finally:
