@@ -17,6 +17,7 @@ from supervisor.cli.argtypes import add_config_arg, non_negative_float, non_nega
 from supervisor.config import Config, load_config
 from supervisor.daemon.statefile import read_status
 from supervisor.errors import EXIT_NOT_OK, EXIT_NOT_RUNNING, EXIT_OK, UsageError
+from supervisor.host.joblog import attempt_number
 from supervisor.host.regularfile import open_regular
 from supervisor.host.runlock import LOCK_FILE, RunLock
 from supervisor.observe.eventlog import LOG_FILE, render_line
@@ -147,8 +148,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _current_job_log(run_dir: Path) -> Path | None:
     """The newest attempt's log: by number, since attempt-10000.log sorts before attempt-9999.log as text."""
-    logs = (run_dir / "logs").glob("attempt-*.log")
-    numbered = [(int(p.name[8:-4]), p) for p in logs if p.name[8:-4].isdecimal()]
+    numbered = [(n, p) for p in (run_dir / "logs").glob("attempt-*.log") if (n := attempt_number(p.name)) is not None]
     return max(numbered)[1] if numbered else None
 
 
