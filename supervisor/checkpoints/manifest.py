@@ -26,12 +26,9 @@ __all__ = ["MAX_MANIFEST_BYTES", "ManifestError", "Manifest", "parse_manifest", 
 
 def _listed_files(directory: Path) -> list[str]:
     """Names of the regular files directly inside `directory`, except the manifest, sorted."""
-    names = []
     with os.scandir(directory) as it:
-        for entry in it:
-            if entry.name != MANIFEST_NAME and stat.S_ISREG(entry.stat(follow_symlinks=False).st_mode):
-                names.append(entry.name)
-    return sorted(names)
+        return sorted(e.name for e in it
+                      if e.name != MANIFEST_NAME and stat.S_ISREG(e.stat(follow_symlinks=False).st_mode))
 
 
 def build_manifest(directory: Path, *, step: int, world_size: int, torch_version: str,

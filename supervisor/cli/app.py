@@ -8,6 +8,7 @@ sees the same as with any other tool, and the code cannot be mistaken for one of
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -76,9 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _discard_stdout() -> None:
     """Point stdout at /dev/null so that the interpreter's final flush does not fail on the closed pipe again."""
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # not a real file (a test's StringIO): no flush
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
-    except (OSError, ValueError, AttributeError):  # not a real file (a test's StringIO): nothing will flush
-        pass

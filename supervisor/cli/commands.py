@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -15,6 +17,7 @@ from supervisor.cli.argtypes import add_config_arg, non_negative_float, non_nega
 from supervisor.config import Config, load_config
 from supervisor.daemon.statefile import read_status
 from supervisor.errors import EXIT_NOT_OK, EXIT_NOT_RUNNING, EXIT_OK, UsageError
+from supervisor.host.joblog import attempt_number
 from supervisor.host.regularfile import open_regular
 from supervisor.host.runlock import LOCK_FILE, RunLock
 from supervisor.observe.eventlog import LOG_FILE, render_line
@@ -145,8 +148,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _current_job_log(run_dir: Path) -> Path | None:
     """The newest attempt's log: by number, since attempt-10000.log sorts before attempt-9999.log as text."""
-    logs = (run_dir / "logs").glob("attempt-*.log")
-    numbered = [(int(p.name[8:-4]), p) for p in logs if p.name[8:-4].isdecimal()]
+    numbered = [(n, p) for p in (run_dir / "logs").glob("attempt-*.log") if (n := attempt_number(p.name)) is not None]
     return max(numbered)[1] if numbered else None
 
 
@@ -181,7 +183,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         return _follow(f, end, path, cfg.run_dir, args.job, render)
 
 
-def _follow(f: BinaryIO, offset: int, path: Path, run_dir: Path, job: bool, render) -> int:  # type: ignore[no-untyped-def]
+def _follow(f: BinaryIO, offset: int, path: Path, run_dir: Path, job: bool, render: Callable[[str], str]) -> int:
     """Print lines appended to `path` (open as `f`) from `offset`; reopen on rotation or a new attempt (--job).
 
     Read in bounded chunks through a LineSplitter, so a job writing megabytes without a newline costs
@@ -206,7 +208,7 @@ def _follow(f: BinaryIO, offset: int, path: Path, run_dir: Path, job: bool, rend
                 continue
             time.sleep(0.25)
             nxt = _current_job_log(run_dir) if job else path
-            try:
+            with contextlib.suppress(OSError):
                 if nxt is not None and (nxt != path or os.stat(nxt).st_ino != ino):
                     new = open(open_regular(nxt), "rb")  # noqa: SIM115 - replaces f, closed with it
                     while data := f.read(_FOLLOW_CHUNK):  # the rest of the old file first
@@ -215,8 +217,6 @@ def _follow(f: BinaryIO, offset: int, path: Path, run_dir: Path, job: bool, rend
                     f.close()
                     path, f, lines = nxt, new, LineSplitter()
                     ino = os.fstat(f.fileno()).st_ino
-            except OSError:
-                pass
     except KeyboardInterrupt:
         return EXIT_OK
     finally:
@@ -232,8 +232,6 @@ def cmd_stop(args: argparse.Namespace) -> int:
     if pid is None:
         print(f"no supervisor is running on {cfg.run_dir}")
         return EXIT_OK
-    if args.timeout is not None and not (args.timeout >= 0 and args.timeout != float("inf")):
-        raise UsageError(f"--timeout must be a finite number of seconds >= 0, got {args.timeout:g}")
     status = read_status(run_dir)
     try:
         if args.force:
@@ -252,14 +250,12 @@ def cmd_stop(args: argparse.Namespace) -> int:
         print(f"supervisor {pid} stopped")
         return EXIT_OK
     deadline = time.monotonic() + timeout
-    while True:
-        if _running(cfg, say=False)[0] != pid:
-            print(f"supervisor {pid} stopped")
-            return EXIT_OK
+    while _running(cfg, say=False)[0] == pid:
         if time.monotonic() >= deadline:
-            break
+            print(f"supervisor {pid} is still stopping after {timeout:g}s: the stop is in progress and nothing was cut "
+                  f"short (the job may still be writing its emergency checkpoint); run `stop` again to keep waiting, or "
+                  f"`stop --force` to kill the job now", file=sys.stderr)
+            return EXIT_NOT_OK
         time.sleep(0.2)
-    print(f"supervisor {pid} is still stopping after {timeout:g}s: the stop is in progress and nothing was cut short "
-          f"(the job may still be writing its emergency checkpoint); run `stop` again to keep waiting, or "
-          f"`stop --force` to kill the job now", file=sys.stderr)
-    return EXIT_NOT_OK
+    print(f"supervisor {pid} stopped")
+    return EXIT_OK

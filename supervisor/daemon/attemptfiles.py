@@ -36,24 +36,23 @@ class AttemptFiles:
     def __init__(self, cfg: Config, system: System, log: Log) -> None:
         self.cfg, self.sys, self.log = cfg, system, log
 
-    def _try(self, what: str, action: Callable[[], object]) -> bool:
-        return try_write(self.log, what, action)
-
     def prepare(self, error_file: Path, log_path: Path, heartbeats: list[tuple[str, Callable[[], object]]]) -> Path | None:
         """Clear the error file and the heartbeats (`heartbeats`: what to clear, how), prune old logs, create the
         attempt's log; the log, or None when it cannot be made (the job's output then goes to the supervisor's)."""
-        self._try("errors dir", lambda: error_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True))
-        self._try("error file", lambda: error_file.unlink(missing_ok=True))
+        try_write(self.log, "errors dir", lambda: error_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True))
+        try_write(self.log, "error file", lambda: error_file.unlink(missing_ok=True))
         for what, clear in heartbeats:
-            self._try(what, clear)
+            try_write(self.log, what, clear)
         kept = self.cfg.supervisor.job_logs_kept - 1  # this attempt's files are about to be the newest
-        self._try("old attempt logs", lambda: joblog.prune([log_path.parent, error_file.parent], max(kept, 0), None))
+        try_write(self.log, "old attempt logs",
+                  lambda: joblog.prune([log_path.parent, error_file.parent], max(kept, 0), None))
 
         def create_log() -> None:
             log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.close(joblog.open_log(log_path))
 
-        return log_path if self._try("attempt log (the job's output goes to the supervisor's)", create_log) else None
+        made = try_write(self.log, "attempt log (the job's output goes to the supervisor's)", create_log)
+        return log_path if made else None
 
     def bound(self, job: Job | None) -> None:
         """Keep the running attempt's log under `job_log_max_bytes`; called every tick.

@@ -9,6 +9,7 @@ succeeds - the last successful one describes the root as it was before whatever 
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -46,11 +47,8 @@ class PassScheduler:
         self.running, self._wanted, self._prune = True, False, False
         generation, protect = self.generation, list(protect)
         known = self.house.latest.path if self.house.latest else None
-
-        def work() -> PassResult:
-            return self.house.run_pass(generation=generation, protect=protect, prune=prune, unless_newest=known,
-                                       settled=settled)
-
+        work = functools.partial(self.house.run_pass, generation=generation, protect=protect, prune=prune,
+                                 unless_newest=known, settled=settled)
         self.sys.run_off_loop(work, self._on_done)
 
     def finished(self, outcome: PassResult | BaseException) -> PassResult:

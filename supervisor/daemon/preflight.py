@@ -299,12 +299,10 @@ def _missing(path: Path) -> list[Path]:
 
 def _owner_only(d: Path) -> None:
     """Take group and other access off a run-dir folder of ours made wider (the user's `mkdir` under umask 022)."""
-    try:
+    with contextlib.suppress(OSError):  # missing (errors/ before the first attempt), or not ours to change
         st = os.lstat(d)
         if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o077:
             os.chmod(d, stat.S_IMODE(st.st_mode) & 0o700)
-    except OSError:
-        pass  # missing (errors/ before the first attempt), or not ours to change: nothing to tighten
 
 
 def make_dirs(cfg: Config) -> None:

@@ -104,13 +104,10 @@ def run(cfg: Config) -> int:
         ticks = [*(notifier.ticks(lambda: not core.done) if notifier else []), (TICK_S, progress.tick),
                  (TICK_S, core.bound_output), (TICK_S, keep_run_dir)]
         loop = EventLoop(core, system, watch, echo=echo, ticks=ticks)
-
-        def begin() -> None:
-            core.begin(previous)  # READY=1 follows from the first publish after the launch (Notifier.status)
-
         metrics = start_metrics(cfg, lambda: core.status, log)  # reads the live Status from its own thread
         try:
-            rc = loop.run(begin)
+            # READY=1 follows from the first publish after the launch (Notifier.status)
+            rc = loop.run(lambda: core.begin(previous))
         except Exception as exc:  # noqa: BLE001 - a bug, or an error nothing caught: stop the job, exit 1, never 2
             rc = core.abandon(exc)
         finally:

@@ -86,12 +86,11 @@ class RealSystem:
     def __init__(self, prewarm: bool = False, *, warm_workers: bool = False, warm_modules: Sequence[str] = ()) -> None:
         self.timers = Timers()
         self._popen: dict[int, subprocess.Popen[bytes]] = {}
+        self.prewarmer: Prewarmer | None = None
         if prewarm:
             from supervisor.observe.eventlog import get_logger  # here: importing this module stays cheap
 
-            self.prewarmer: Prewarmer | None = Prewarmer(get_logger(), workers=warm_workers, modules=warm_modules)
-        else:
-            self.prewarmer = None
+            self.prewarmer = Prewarmer(get_logger(), workers=warm_workers, modules=warm_modules)
         self._job_log: Path | None = None
         self.waker: Callable[[], None] = lambda: None  # set by the event loop: wakes its select()
         self._finished: queue.SimpleQueue[tuple[Callable[[Any], None], Any]] = queue.SimpleQueue()
@@ -111,11 +110,9 @@ class RealSystem:
     def finished_work(self) -> list[tuple[Callable[[Any], None], Any]]:
         """Completions of `run_off_loop` work, for the event loop to deliver on its own thread."""
         out = []
-        while True:
-            try:
-                out.append(self._finished.get_nowait())
-            except queue.Empty:
-                return out
+        while not self._finished.empty():  # only the loop thread takes from it
+            out.append(self._finished.get_nowait())
+        return out
 
     def now(self) -> float:
         return time.time()
@@ -159,12 +156,10 @@ class RealSystem:
         return _Kept(set(spares) | metadata_child.running_pids())
 
     def send_signal(self, pid: int, sig: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
             if sig in STOP_SIGNALS:  # a stopped agent (kill -STOP, a debugger) acts on it only once continued
                 os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
 
     def signal_workers(self, pid: int, sig: int) -> list[int]:
         return procs.signal_catchers(pid, sig)

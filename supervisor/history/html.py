@@ -116,11 +116,9 @@ def _timeline(fold: Fold, t0: float, t1: float) -> str:
             why = f": {m.detail}" if m.detail else ""
             body.append(tag("rect", "quarantine", f"quarantined {m.path}{why}", x=mx - 4, y=54.0,
                             width=8.0, height=8.0, transform=f"rotate(45 {mx:.1f} 58)"))
-        elif m.kind == "hang":
-            body.append(tag("rect", "hang", f"hang at step {m.step}: {m.detail or 'no rank named'}"
-                            + (f"; stacks: {m.path}" if m.path else ""), x=mx - 3, y=50.0, width=6.0, height=6.0))
-        elif m.kind in ("diverged", "rolled_back"):  # a divergence (its why), and the rollback to `path`
-            what = f"{m.kind.replace('_', ' ')} at step {m.step}: {m.detail or m.path}"
+        elif m.kind in ("hang", "diverged", "rolled_back"):  # a divergence (its why), and the rollback to `path`
+            what = (f"hang at step {m.step}: {m.detail or 'no rank named'}" + (f"; stacks: {m.path}" if m.path else "")
+                    if m.kind == "hang" else f"{m.kind.replace('_', ' ')} at step {m.step}: {m.detail or m.path}")
             body.append(tag("rect", "hang", what, x=mx - 3, y=50.0, width=6.0, height=6.0))
         elif m.kind == "retention_deleted":
             why = f" ({m.detail})" if m.detail else ""
@@ -254,9 +252,8 @@ def _summary_table(s: Summary, on_disk: int | None, saved: int | None = None) ->
         ("last step", str(s.last_step) if s.last_step is not None else "unknown" if saved is None
          else f"{saved} (the newest checkpoint's)"),
     ]
-    rows = []
-    for i in range(0, len(cells), 4):
-        rows.append("<tr>" + "".join(f"<th>{esc(k)}</th><td>{esc(v)}</td>" for k, v in cells[i:i + 4]) + "</tr>")
+    rows = ("<tr>" + "".join(f"<th>{esc(k)}</th><td>{esc(v)}</td>" for k, v in cells[i:i + 4]) + "</tr>"
+            for i in range(0, len(cells), 4))
     return '<table class="summary">' + "".join(rows) + "</table>"
 
 

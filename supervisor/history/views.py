@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from supervisor.history.losses import Loss
@@ -118,27 +118,14 @@ class Summary:
     corrupt: int = 0  # checkpoints quarantined because their bytes failed their checksums (not in `quarantines`)
 
     def to_json(self) -> dict[str, Any]:
-        """Times that only beats measure are null for a job without them (the HTML page's `unknown`), never 0."""
+        """Every field in order, rounded; times that only beats measure are null for a job without them (the HTML
+        page's `unknown`), never 0."""
         t: Callable[[float], float | None] = (lambda v: None) if self.last_step is None else (lambda v: round(v, 3))
-        return {
-            "attempts": self.attempts,
-            "failures": self.failures,
-            "wall_s": round(self.wall_s, 3),
-            "productive_s": t(self.productive_s),
-            "goodput": None if self.goodput is None else round(self.goodput, 4),
-            "restart_latency_s": [round(x, 3) for x in self.restart_latency_s],
-            "steps_lost": list(self.steps_lost),
-            "checkpoint_overhead_s": t(self.checkpoint_overhead_s),
-            "startup_s": t(self.startup_s),
-            "restart_s": t(self.restart_s),
-            "lost_s": t(self.lost_s),
-            "other_s": t(self.other_s),
-            "exit_reasons": dict(sorted(self.exit_reasons.items())),
-            "checkpoints_committed": self.checkpoints_committed,
-            "quarantines": self.quarantines,
-            "corrupt": self.corrupt,
-            "sessions": self.sessions,
-            "last_step": self.last_step,
-            "losses": [loss.to_json() for loss in self.losses],
-            "time_lost_s": {k: t(v) for k, v in self.time_lost_s.items()},
-        }
+        doc: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        doc.update({k: t(doc[k]) for k in ("productive_s", "checkpoint_overhead_s", "startup_s", "restart_s", "lost_s",
+                                           "other_s")})
+        doc.update(wall_s=round(self.wall_s, 3), goodput=None if self.goodput is None else round(self.goodput, 4),
+                   restart_latency_s=[round(x, 3) for x in self.restart_latency_s], steps_lost=list(self.steps_lost),
+                   exit_reasons=dict(sorted(self.exit_reasons.items())), losses=[loss.to_json() for loss in self.losses],
+                   time_lost_s={k: t(v) for k, v in self.time_lost_s.items()})
+        return doc

@@ -35,11 +35,7 @@ def replacing(path: str | os.PathLike[str], *, durable: bool = True, mode: int |
     try:
         yield tmp
         if durable:
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _fsync(tmp)
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -65,7 +61,11 @@ def temporaries(path: str | os.PathLike[str]) -> list[Path]:
 
 def fsync_dir(directory: str | os.PathLike[str]) -> None:
     """fsync a directory so that the names in it (creates, renames) are durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    _fsync(directory, os.O_DIRECTORY)
+
+
+def _fsync(path: str | os.PathLike[str], flags: int = 0) -> None:
+    fd = os.open(path, os.O_RDONLY | flags)
     try:
         os.fsync(fd)
     finally:

@@ -111,13 +111,10 @@ def kill_descendants(sig: int = signal.SIGKILL, exclude: Collection[int] = ()) -
 
 def catches(pid: int, sig: int) -> bool:
     """Whether process `pid` has a handler for `sig` (the SigCgt mask in /proc/PID/status)."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f.read(16384).splitlines():
-                if line.startswith(b"SigCgt:"):
-                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
-    except (OSError, ValueError, IndexError):
-        pass
+    with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/status", "rb") as f:
+        for line in f.read(16384).splitlines():
+            if line.startswith(b"SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
     return False
 
 
@@ -251,11 +248,9 @@ def stop_processes(found: Sequence[psutil.Process], timeout: float) -> list[int]
         except psutil.Error:
             continue
     for p in roots:
-        try:
+        with contextlib.suppress(psutil.Error):
             p.terminate()
             p.resume()  # a stopped job (kill -STOP, a debugger) acts on SIGTERM only once continued
-        except psutil.Error:
-            pass
     psutil.wait_procs(roots, timeout=timeout)
     tree = {p.pid: p for p in found}
     for p in found:
@@ -266,10 +261,8 @@ def stop_processes(found: Sequence[psutil.Process], timeout: float) -> list[int]
         with contextlib.suppress(psutil.Error):
             p.kill()
     for p in roots:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             if os.getpgid(p.pid) == p.pid != own_group:
                 os.killpg(p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
     psutil.wait_procs(list(tree.values()), timeout=5)
     return [p.pid for p in found]

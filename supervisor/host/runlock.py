@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from supervisor.errors import LockedError
+from supervisor.host.mounts import identity
 from supervisor.host.regularfile import open_regular
 
 __all__ = ["RunLock", "LOCK_FILE"]
@@ -55,15 +56,7 @@ class RunLock:
         Cheap when nothing happened (one stat); a failure (the dir cannot be made, another `run` holds the new
         file for the moment it takes to be refused) is tried again on the next call.
         """
-        if self.fd is None:
-            return False
-        try:
-            st = os.stat(self.path)
-            if (st.st_dev, st.st_ino) == self._file:
-                return False
-        except FileNotFoundError:
-            pass
-        except OSError:
+        if self.fd is None or identity(self.path) == self._file:  # else gone, replaced, or unreadable (retaking fails)
             return False
         try:
             os.makedirs(self.path.parent, mode=0o700, exist_ok=True)

@@ -231,19 +231,16 @@ class Console:
 
 def _same_file_fds(fd: int) -> list[int]:
     """Which of stdin/stdout/stderr are the same terminal or pipe as `fd` (they die with it)."""
+    ref = _identity(fd)
+    return [] if ref is None else [std for std in (0, 1, 2) if _identity(std) == ref]
+
+
+def _identity(fd: int) -> tuple[int, int, int] | None:
     try:
-        ref = os.fstat(fd)
+        st = os.fstat(fd)
     except OSError:
-        return []
-    same = []
-    for std in (0, 1, 2):
-        try:
-            st = os.fstat(std)
-        except OSError:
-            continue
-        if (st.st_dev, st.st_ino, st.st_rdev) == (ref.st_dev, ref.st_ino, ref.st_rdev):
-            same.append(std)
-    return same
+        return None
+    return st.st_dev, st.st_ino, st.st_rdev
 
 
 def _columns(fd: int) -> int:

@@ -18,6 +18,7 @@ afterwards: the child shares its offset, and a parse here after a child that die
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -97,12 +98,10 @@ def parse_in_child(f: BinaryIO, size: int) -> dict[str, Any] | None:
 
 def _die_with(parent: int) -> bool:
     """Be killed when the thread that started us ends (the supervisor exited mid-pass); False: it is gone."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL (Linux)
-    except (OSError, AttributeError):
-        pass
     if os.getppid() == parent:
         return True
     try:  # a wrapper for sys.executable that forks sits in between: is the supervisor still there?

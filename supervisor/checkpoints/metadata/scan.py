@@ -108,17 +108,12 @@ def _build_storage_info(info: StorageInfo, state: Any) -> None:
     info.relative_path, info.end = rel, off + length
 
 
-def _build_metadata(meta: Scanned, state: Any) -> None:
-    names = ("state_dict_metadata", "storage_data", "version")
-    meta.state_dict_metadata, meta.storage_data, meta.version = _fields(state, names, "Metadata")
-
-
 def _build(inst: Any, state: Any) -> None:
     """BUILD on something other than INERT: only DCP's two records take state."""
     if type(inst) is StorageInfo:
         _build_storage_info(inst, state)
-    elif type(inst) is Scanned:
-        _build_metadata(inst, state)
+    elif type(inst) is Scanned:  # its slots are Metadata's field names
+        inst.state_dict_metadata, inst.storage_data, inst.version = _fields(state, Scanned.__slots__, "Metadata")
     else:
         raise MetadataError(f"BUILD on {_describe(inst)}")
 
