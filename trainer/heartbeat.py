@@ -75,8 +75,8 @@ class RankBeat:
         self._last: tuple[int, str] | None = None
         self._last_write = -math.inf
         self._last_bad = False
-        # A step held back: (record, (step, phase), its beat's time, bad loss, when due on the monotonic clock)
-        self._pending: tuple[bytes, tuple[int, str], float, bool, float] | None = None
+        # A step held back: (step, phase, its beat's time, loss, bad, when due on the monotonic clock)
+        self._pending: tuple[int, str, float, float | None, bool, float] | None = None
         self._sum_s, self._n_s = 0.0, 0  # the step times since the last write
         self._bad_loss: float | None = None  # a NaN/inf loss since the last write
         self._lock = threading.Condition()
@@ -99,14 +99,14 @@ class RankBeat:
             if (step, phase) == self._last and now - self._last_write < self.min_interval_s:
                 return False
             due = self._due(phase, bad)
-            record = self._record(step, phase, now, loss)
             if now >= due:
-                return self._write(record, (step, phase), now, bad)
-            self._pending = (record, (step, phase), now, bad, time.monotonic() + due - now)
+                return self._write(step, phase, now, loss, bad)
+            idle, self._pending = self._pending is None, (step, phase, now, loss, bad, time.monotonic() + due - now)
             if self._flush and self._flusher is None:
                 self._flusher = threading.Thread(target=self._flush_loop, name="heartbeat-flush", daemon=True)
                 self._flusher.start()
-            self._lock.notify()
+            elif idle:  # the flusher waits for a step held back (a later one only replaces it: same due time)
+                self._lock.notify()
             return False
 
     def _due(self, phase: str, bad: bool) -> float:
@@ -116,6 +116,7 @@ class RankBeat:
         return self._last_write + (BAD_HOLD_S if self._last_bad and not bad else self.step_interval_s)
 
     def _record(self, step: int, phase: str, now: float, loss: float | None) -> bytes:
+        """The fixed-size record, with the mean step time of the steps since the last write."""
         text = f'{{"step":{int(step)},"time":{now:.3f},"phase":"{phase}"'
         if self._n_s:
             text += f',"step_s":{self._sum_s / self._n_s:.6g}'
@@ -123,7 +124,8 @@ class RankBeat:
             text += f',"loss":{loss:.6g}' if math.isfinite(loss) else f',"loss":"{"nan" if math.isnan(loss) else "inf"}"'
         return (text + "}").ljust(self.SIZE - 1).encode() + b"\n"
 
-    def _write(self, data: bytes, key: tuple[int, str], now: float, bad: bool) -> bool:
+    def _write(self, step: int, phase: str, now: float, loss: float | None, bad: bool) -> bool:
+        data = self._record(step, phase, now, loss)
         try:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
@@ -134,7 +136,7 @@ class RankBeat:
             self.last_error = exc
             self._close_fd()
             return False
-        self._last, self._last_write, self._last_bad = key, now, bad
+        self._last, self._last_write, self._last_bad = (step, phase), now, bad
         self._pending, self._sum_s, self._n_s, self._bad_loss = None, 0.0, 0, None
         return True
 
@@ -146,18 +148,18 @@ class RankBeat:
                 if self._pending is None:
                     self._lock.wait()
                     continue
-                record, key, at, bad, due = self._pending
+                step, phase, at, loss, bad, due = self._pending
                 if (wait := due - time.monotonic()) > 0:
                     self._lock.wait(wait)
                 else:
-                    self._write(record, key, at, bad)
+                    self._write(step, phase, at, loss, bad)
 
     def close(self) -> None:
         """Write a step still held back, then release the file (the process exiting releases it too)."""
         with self._lock:
             if self._pending is not None and self.last_error is None:
-                record, key, at, bad, _ = self._pending
-                self._write(record, key, at, bad)
+                step, phase, at, loss, bad, _ = self._pending
+                self._write(step, phase, at, loss, bad)
             self._closed = True
             self._lock.notify()
             self._close_fd()
