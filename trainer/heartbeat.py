@@ -55,8 +55,9 @@ class RankBeat:
     - a new step at most every `step_interval_s` (4 a second: the supervisor looks at the folder once a second, so
       every look still finds a newer step and the gaps "auto" hang detection scales from stay the look's own),
       and the same step again every `min_interval_s` (a long evaluation or save stays visibly alive);
-    - what a held-back step carries: its own step, time and loss, the mean `step_s` of every step since the last
-      write (stragglers), and a NaN/inf loss if any step since then had one: throttling never hides a NaN. A
+    - what a write carries: its own step and time, the latest loss reported since the last write (a later beat
+      without one does not drop it), the mean `step_s` of every step since then (stragglers), and a NaN/inf loss
+      if any step since then had one: throttling never hides a NaN. A
       non-finite loss, once written, stays `BAD_HOLD_S` before a finite one replaces it (the supervisor reads the
       folder once a second), and a step held back is written by a flusher thread at its due time when no later
       beat comes (a rank blocked in a collective after its last step): the last step each rank reached stays
@@ -79,6 +80,7 @@ class RankBeat:
         self._pending: tuple[int, str, float, float | None, bool, float] | None = None
         self._sum_s, self._n_s = 0.0, 0  # the step times since the last write
         self._bad_loss: float | None = None  # a NaN/inf loss since the last write
+        self._loss: float | None = None  # the latest loss since the last write (a later beat may carry none)
         self._lock = threading.Condition()
         self._flush = flush  # False: a held-back step waits for the next beat or `close` (tests)
         self._flusher: threading.Thread | None = None
@@ -92,6 +94,10 @@ class RankBeat:
             if step_s is not None and math.isfinite(step_s) and step_s >= 0:
                 self._sum_s, self._n_s = self._sum_s + step_s, self._n_s + 1
             bad = loss is not None and not math.isfinite(loss)
+            if loss is None:  # HF's on_step_end after on_log's loss of a held-back step: that loss is not dropped
+                loss = self._loss
+            else:
+                self._loss = loss
             if bad:
                 self._bad_loss = loss
             elif self._bad_loss is not None:  # a NaN since the last write is what this record says
@@ -137,7 +143,7 @@ class RankBeat:
             self._close_fd()
             return False
         self._last, self._last_write, self._last_bad = (step, phase), now, bad
-        self._pending, self._sum_s, self._n_s, self._bad_loss = None, 0.0, 0, None
+        self._pending, self._sum_s, self._n_s, self._bad_loss, self._loss = None, 0.0, 0, None, None
         return True
 
     def _flush_loop(self) -> None:

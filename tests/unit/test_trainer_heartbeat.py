@@ -136,6 +136,9 @@ class TestRankBeat:
         # stats carried: the mean step time since the last write, and a NaN among the steps held back
         ([(0, 1, "train", 2.0, 0.1), (0.1, 2, "train", 2.0, 0.1), (0.2, 3, "train", 2.0, 0.3),
           (T, 4, "train", 2.0, 0.2)], (True, 4, 2.0, 0.2)),
+        # a loss held back is not dropped by a later beat without one (HF: on_log's loss, then on_step_end's beat)
+        ([(0, 1, "train", 2.0, None), (0.1, 2, "train", 3.0, None), (T, 3, "train", None, None)], (True, 3, 3.0, None)),
+        ([(0, 1, "train", 2.0, None), (T, 2, "train", None, None)], (True, 2, None, None)),
         # a NaN held back is never hidden: the next write says it, though its own step's loss is finite
         ([(0, 1, "train", NAN, 0.1), (T, 2, "train", NAN, 0.1), (T + 0.1, 3, "train", NAN, 0.1),
           (2 * T, 4, "train", 2.0, 0.1)], (True, 4, "nan", 0.1)),
