@@ -86,7 +86,7 @@ INFO = [
     "local_tier.k", "local_tier.cpu_per_step_ratio", "local_tier.recovery_s", "local_tier.load_s.durable",
     "local_tier.load_s.local", "divergence.rollback_s", "divergence.steps_checked",
     "throughput.round_ratios", "throughput.ratio_spread.min", "throughput.ratio_spread.max", "throughput.ratio_spread.iqr",
-    "supervisor.loop_wakeups_per_s", "supervisor.wakeups_per_s", "hang_recovery_s.auto_threshold_s",
+    "supervisor.loop_switches_per_s", "supervisor.switches_per_s", "hang_recovery_s.auto_threshold_s",
     "hang_recovery_s.auto_beyond_threshold_all", "hang.runs_checked", "notify.latency_s_max", "notify.alerts",
 ]
 

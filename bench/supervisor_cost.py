@@ -27,8 +27,9 @@ __all__ = ["Sampler", "wakeups", "import_seconds", "idle_spare", "idle_spare_rea
 
 def wakeups(pid: int) -> tuple[int, int]:
     """(the main thread's, all threads') voluntary context switches so far: each is one time the thread slept and was
-    woken. The supervisor's main thread is its event loop, which sleeps only in `select`: its count is the loop's
-    wake-ups; the others' add the file watcher's thread (inotify) and off-loop work."""
+    woken. The supervisor's main thread is its event loop: its count is its waits in `select` and for the GIL (the
+    exact wake-ups of the loop need `strace`: docs/operations.md, Heartbeats); the others' add the file watcher's
+    threads (inotify) and off-loop work."""
     main = total = 0
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
@@ -42,7 +43,7 @@ def wakeups(pid: int) -> tuple[int, int]:
 
 
 class Sampler:
-    """CPU time, peak RSS (sampled every 0.5 s) and wake-ups of one process between `start()` and `stop()`."""
+    """CPU time, peak RSS (sampled every 0.5 s) and context switches of one process between `start()` and `stop()`."""
 
     def __init__(self, pid: int) -> None:
         self.proc = psutil.Process(pid)
@@ -66,15 +67,15 @@ class Sampler:
         return self
 
     def stop(self) -> dict[str, float]:
-        """{"cpu_s", "wall_s", "peak_rss_mb", "loop_wakeups_per_s", "wakeups_per_s"} for the sampled window."""
+        """{"cpu_s", "wall_s", "peak_rss_mb", "loop_switches_per_s", "switches_per_s"} for the sampled window."""
         times = self.proc.cpu_times()
         (loop0, all0), (loop1, all1) = self._wakeups0, wakeups(self.proc.pid)
         wall = time.monotonic() - self._t0
         self._stop.set()
         self._thread.join()
         return {"cpu_s": times.user + times.system - self._cpu0, "wall_s": wall,
-                "peak_rss_mb": self.peak_rss / 2**20, "loop_wakeups_per_s": (loop1 - loop0) / wall,
-                "wakeups_per_s": (all1 - all0) / wall}
+                "peak_rss_mb": self.peak_rss / 2**20, "loop_switches_per_s": (loop1 - loop0) / wall,
+                "switches_per_s": (all1 - all0) / wall}
 
 
 def idle_spare(supervisor_pid: int, run_dir: Path) -> psutil.Process | None:

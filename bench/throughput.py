@@ -8,7 +8,7 @@ interval. A run's throughput is all tokens of the intervals logged inside its wi
 slow intervals weigh what they cost). The window opens `warmup_s` after steady state: the first progress
 line, and under the supervisor also its idle spare agent ready (it imports torch once, at nice 19, when
 the job starts training; that one-off cost per launch is not steady-state throughput). During supervised
-runs `supervisor_cost.Sampler` records the supervisor's CPU time, peak RSS and wake-ups over the same window.
+runs `supervisor_cost.Sampler` records the supervisor's CPU time, peak RSS and context switches over the same window.
 
     python -m bench.throughput        # prints the result of run() as JSON
 """
@@ -129,8 +129,8 @@ def run(repeats: int = 5, window_s: float = 12.0, warmup_s: float = 4.0, model: 
         "hang_false_positives": [x["hang_false_positives"] for x in sampled],  # healthy runs: any hang is false
         "supervisor": {"rss_mb": round(max(x["peak_rss_mb"] for x in sampled), 1),
                        "idle_cpu_pct": round(100 * cpu / wall, 3) if wall else None,
-                       "loop_wakeups_per_s": median(x["loop_wakeups_per_s"] for x in sampled),
-                       "wakeups_per_s": median(x["wakeups_per_s"] for x in sampled),
+                       "loop_switches_per_s": median(x["loop_switches_per_s"] for x in sampled),
+                       "switches_per_s": median(x["switches_per_s"] for x in sampled),
                        "sampled_s": round(wall, 1),
                        "spare_rss_mb": median(x["spare_rss_mb"] for x in sampled)},
         "runs": runs, "repeats": repeats, "window_s": window_s,

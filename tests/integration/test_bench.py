@@ -95,7 +95,7 @@ class TestBenchmarksRun:
         r = run(repeats=1, window_s=2, warmup_s=1, model=TINY)
         assert _positive(r["throughput_ratio"])
         assert _positive(r["supervisor"]["rss_mb"]) and r["supervisor"]["idle_cpu_pct"] >= 0
-        assert _positive(r["supervisor"]["loop_wakeups_per_s"]) and r["hang_false_positives"] == [0]
+        assert _positive(r["supervisor"]["loop_switches_per_s"]) and r["hang_false_positives"] == [0]
         assert r["ratio_spread"]["min"] == r["ratio_spread"]["max"] == r["throughput_ratio"]
 
     def test_notify_latency(self) -> None:
