@@ -76,8 +76,8 @@ class RankBeat:
         self._last: tuple[int, str] | None = None
         self._last_write = -math.inf
         self._last_bad = False
-        # A step held back: (step, phase, its beat's time, loss, bad, when due on the monotonic clock)
-        self._pending: tuple[int, str, float, float | None, bool, float] | None = None
+        # A step held back: (step, phase, its beat's time, loss, bad, when due: on the beats' clock, on the monotonic)
+        self._pending: tuple[int, str, float, float | None, bool, float, float] | None = None
         self._sum_s, self._n_s = 0.0, 0  # the step times since the last write
         self._bad_loss: float | None = None  # a NaN/inf loss since the last write
         self._loss: float | None = None  # the latest loss since the last write (a later beat may carry none)
@@ -107,7 +107,7 @@ class RankBeat:
             due = self._due(phase, bad)
             if now >= due:
                 return self._write(step, phase, now, loss, bad)
-            idle, self._pending = self._pending is None, (step, phase, now, loss, bad, time.monotonic() + due - now)
+            idle, self._pending = self._pending is None, (step, phase, now, loss, bad, due, time.monotonic() + due - now)
             if self._flush and self._flusher is None:
                 self._flusher = threading.Thread(target=self._flush_loop, name="heartbeat-flush", daemon=True)
                 self._flusher.start()
@@ -130,7 +130,9 @@ class RankBeat:
             text += f',"loss":{loss:.6g}' if math.isfinite(loss) else f',"loss":"{"nan" if math.isnan(loss) else "inf"}"'
         return (text + "}").ljust(self.SIZE - 1).encode() + b"\n"
 
-    def _write(self, step: int, phase: str, now: float, loss: float | None, bad: bool) -> bool:
+    def _write(self, step: int, phase: str, now: float, loss: float | None, bad: bool, at: float | None = None) -> bool:
+        """Write the record of the beat made at `now`; the next one counts its interval from `at` (a held-back
+        step is written at its due time, not its own: at most 4 writes a second)."""
         data = self._record(step, phase, now, loss)
         try:
             if self._fd is None:
@@ -142,7 +144,7 @@ class RankBeat:
             self.last_error = exc
             self._close_fd()
             return False
-        self._last, self._last_write, self._last_bad = (step, phase), now, bad
+        self._last, self._last_write, self._last_bad = (step, phase), max(now, at or now), bad
         self._pending, self._sum_s, self._n_s, self._bad_loss, self._loss = None, 0.0, 0, None, None
         return True
 
@@ -154,18 +156,18 @@ class RankBeat:
                 if self._pending is None:
                     self._lock.wait()
                     continue
-                step, phase, at, loss, bad, due = self._pending
-                if (wait := due - time.monotonic()) > 0:
+                step, phase, made, loss, bad, due, due_mono = self._pending
+                if (wait := due_mono - time.monotonic()) > 0:
                     self._lock.wait(wait)
                 else:
-                    self._write(step, phase, at, loss, bad)
+                    self._write(step, phase, made, loss, bad, at=due)
 
     def close(self) -> None:
         """Write a step still held back, then release the file (the process exiting releases it too)."""
         with self._lock:
             if self._pending is not None and self.last_error is None:
-                step, phase, at, loss, bad, _ = self._pending
-                self._write(step, phase, at, loss, bad)
+                step, phase, made, loss, bad, due, _ = self._pending
+                self._write(step, phase, made, loss, bad, at=due)
             self._closed = True
             self._lock.notify()
             self._close_fd()

@@ -162,6 +162,20 @@ class TestRankBeat:
         loss = beat.loss_bad or beat.loss
         assert (written, beat.step, loss, beat.step_s) == expected
 
+    def test_a_flushed_step_counts_its_interval_from_its_due_time(self, tmp_path, clock) -> None:
+        """The flusher writes a held-back step at its due time; the next step waits a whole interval from then, not
+        from the held step's own time (else 5 writes could land in a second)."""
+        path = tmp_path / "rank-0.json"
+        rb = RankBeat(path)
+        assert rb.beat(1, "train", clock.now)
+        assert not rb.beat(2, "train", clock.now + 0.1)
+        deadline = time.monotonic() + 30
+        while parse_heartbeat(path.read_bytes())[0].step != 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert parse_heartbeat(path.read_bytes())[0].time == pytest.approx(clock.now + 0.1)  # the step's own time
+        assert not rb.beat(3, "train", clock.now + STEP_INTERVAL_S + 0.1)
+        rb.close()
+
     def test_close_writes_the_step_held_back(self, tmp_path, clock) -> None:
         """A clean exit leaves the last step in the file (the flusher covers a rank that stops beating)."""
         rb = RankBeat(tmp_path / "rank-0.json", flush=False)
