@@ -7,6 +7,7 @@ workers in sessions of their own; the supervisor's jobs lead their own sessions 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import re
@@ -26,7 +27,7 @@ import psutil
 
 __all__ = [
     "REPO", "PY", "TAG_ENV", "BENCH_DIR_ENV", "median", "machine", "scratch", "Tagged", "torchrun_argv",
-    "trainer_argv", "wait_until", "train_lines", "job_env",
+    "trainer_argv", "wait_until", "train_lines", "job_env", "count_events",
 ]
 
 REPO = Path(__file__).resolve().parent.parent
@@ -129,6 +130,21 @@ def trainer_argv(ckpt_dir: Path, **flags: Any) -> list[str]:
         elif value is not False and value is not None:
             argv += [opt, str(value)]
     return argv
+
+
+def count_events(run_dir: Path, name: str) -> int:
+    """How many `name` events a supervisor logged in `run_dir` (its supervisor.log)."""
+    try:
+        lines = (run_dir / "supervisor.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return 0
+    found = 0
+    for line in lines:
+        try:
+            found += json.loads(line).get("event") == name
+        except (ValueError, AttributeError):
+            continue  # a line cut short by a kill
+    return found
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:

@@ -20,7 +20,7 @@ from typing import Any
 from bench.common import median
 from bench.recovery import HANG_PHASES, measure_once, steps_lost_errors
 
-__all__ = ["run", "HANG_TIMEOUT_S", "PG_TIMEOUT_S"]
+__all__ = ["run", "run_auto", "HANG_TIMEOUT_S", "PG_TIMEOUT_S"]
 
 HANG_TIMEOUT_S = 10.0  # as in the issue's side-by-side measurement
 PG_TIMEOUT_S = 30  # the job's collective timeout, for both variants (the issue's setup)
@@ -53,7 +53,27 @@ def run(repeats: int = 3, torchrun_repeats: int = 1, *, hang_timeout_s: float = 
         "repeats": repeats,
         "torchrun_repeats": torchrun_repeats,
     }
-    return {"hang_recovery_s": out, "steps_lost_errors": steps_lost_errors(runs["supervisor"])}
+    return {"hang_recovery_s": out, "steps_lost_errors": steps_lost_errors(runs["supervisor"]),
+            "hang_false_positives": [x["hang_false_positives"] for x in runs["supervisor"]]}
+
+
+def run_auto(repeats: int = 3, *, kill_step: int = 12, model: dict[str, Any] | None = None,
+             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """`hang_recovery_s.auto_beyond_threshold`: no [health] section (hang_timeout_s = "auto", hang_min_s and
+    hang_factor at their defaults), rank 1 SIGSTOPped once status says the allowance; from the moment the threshold
+    was reached (the job's last step by its own clock + that allowance) to the first step of the relaunched attempt.
+    The job's collective timeout stays the trainer's default (120 s), beyond the allowance (60 s)."""
+    runs = []
+    for r in range(repeats):
+        runs.append(measure_once("supervisor", kill_step=kill_step, model=model, fault="stop"))
+        if progress:
+            progress(f"hang recovery auto #{r + 1}: {runs[-1].get('beyond_threshold')} s beyond the "
+                     f"{runs[-1].get('threshold_s')} s threshold")
+    beyond = [x["beyond_threshold"] for x in runs if "beyond_threshold" in x]
+    out = {"auto_beyond_threshold": median(beyond), "auto_threshold_s": median(x.get("threshold_s") for x in runs),
+           "auto_beyond_threshold_all": beyond, "auto_runs": runs}
+    return {"hang_recovery_s": out, "steps_lost_errors": steps_lost_errors(runs),
+            "hang_false_positives": [x["hang_false_positives"] for x in runs]}
 
 
 if __name__ == "__main__":

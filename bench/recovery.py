@@ -36,9 +36,9 @@ from typing import Any
 
 import psutil
 
-from bench.common import PY, REPO, Tagged, job_env, median, scratch, torchrun_argv, trainer_argv, wait_until
+from bench.common import PY, REPO, Tagged, count_events, job_env, median, scratch, torchrun_argv, trainer_argv, wait_until
 from bench.supervisor_cost import idle_spare_ready, warm_workers_memory
-from supervisor.contract import ENV_HEARTBEAT, HEARTBEAT_FILE
+from supervisor.contract import ENV_HEARTBEAT, HEARTBEAT_FILE, RANK_HEARTBEAT_DIR, parse_heartbeat
 
 __all__ = ["run", "measure_once", "steps_lost_errors", "warm_workers", "VARIANTS", "PHASES", "HANG_PHASES"]
 
@@ -142,6 +142,29 @@ def _alive(procs: list[psutil.Process]) -> bool:
 _EVENTS = ("hang_detected", "hang_stopping", "job_killed", "job_exited", "backoff", "prewarm_handoff", "job_started")
 
 
+def _allowance(run: _Run) -> float | None:
+    """The hang allowance the supervisor says it applies now (`status`'s hang detection: "auto: after 60 s ...")."""
+    try:
+        said = json.loads((run.run_dir / "state.json").read_text()).get("hang_detection") or ""
+    except (OSError, ValueError):
+        return None
+    found = re.search(r"after ([0-9.]+) s", said)
+    return float(found[1]) if found else None
+
+
+def _last_step_time(run: _Run) -> float | None:
+    """The job's own time (wall clock) of the newest step any rank's heartbeat file holds."""
+    times = []
+    for path in (run.run_dir / RANK_HEARTBEAT_DIR).glob("rank-*.json"):
+        try:
+            beat, _ = parse_heartbeat(path.read_bytes())
+        except OSError:
+            continue
+        if beat is not None and beat.time is not None:
+            times.append(beat.time)
+    return max(times, default=None)
+
+
 def _supervisor_events(run: _Run, since_wall: float) -> dict[str, float]:
     """Seconds after the fault of the supervisor's own events (hang_detected ... job_started) for attempt 2."""
     out: dict[str, float] = {}
@@ -183,9 +206,12 @@ def measure_once(variant: str, *, kill_step: int = 12, model: dict[str, Any] | N
     try:
         run = _Run(variant, root, tagged, kill_step, model or {}, health, flags, local)
         wait_until(run.steady, TIMEOUT, f"{variant}: steady state", interval=0.1)
+        if variant == "supervisor" and fault == "stop":  # "auto": armed once enough steps were seen (status says)
+            wait_until(lambda: _allowance(run), TIMEOUT, f"{variant}: hang detection armed", interval=0.2)
         warm = warm_workers_memory(run.proc.pid, run.run_dir) if variant == "supervisor" else None
         if fault == "stop":  # a rank stopped inside a save gets save_timeout_s (30 min): stop it while training
             wait_until(run.between_saves, TIMEOUT, f"{variant}: a step between two saves", interval=0.01)
+        allowance = _allowance(run) if variant == "supervisor" and fault == "stop" else None
         old = run.workers()
         victim = next(p for p in old if p.environ().get("RANK") == "1")
         run.heartbeat.unlink(missing_ok=True)
@@ -194,9 +220,12 @@ def measure_once(variant: str, *, kill_step: int = 12, model: dict[str, Any] | N
         t0, t0_wall = time.monotonic(), time.time()
         victim.kill() if fault == "kill" else victim.suspend()
         marks: dict[str, float] = {}
+        last_step: list[float] = []  # the job's last step before the hang, by its own clock (its ranks' beats)
 
         def poll() -> bool:
             t = time.monotonic() - t0
+            if allowance is not None and "detection" not in marks and "teardown" not in marks:
+                last_step[:] = [x for x in (_last_step_time(run),) if x is not None] or last_step
             if "teardown" not in marks and not _alive(old):
                 marks["teardown"] = t
             if "relaunch" not in marks and any(p.pid not in {o.pid for o in old} for p in run.workers()):
@@ -221,7 +250,14 @@ def measure_once(variant: str, *, kill_step: int = 12, model: dict[str, Any] | N
             phases[name] = round(max(0.0, at - prev), 3)
             prev = max(prev, at)
         result: dict[str, Any] = {"total": round(marks["first_step"], 3), "phases": phases}
+        if allowance is not None and last_step:
+            # auto hang detection: from the moment its threshold was reached (the job's last step + the allowance
+            # status named) to the first step of the relaunched attempt
+            result["threshold_s"] = allowance
+            result["beyond_threshold"] = round(t0_wall + marks["first_step"] - last_step[0] - allowance, 3)
         if variant == "supervisor":
+            # hang_detected where no hang was made is a false positive (a hang round's own is its first one)
+            result["hang_false_positives"] = max(0, count_events(run.run_dir, "hang_detected") - (fault == "stop"))
             result["supervisor_events"] = events
             result["steps_lost"] = _steps_lost(run)
             result["warm_workers"] = warm
@@ -253,6 +289,7 @@ def run(repeats: int = 4, kill_step: int = 12, model: dict[str, Any] | None = No
                                   for s, t in zip(runs["supervisor"], runs["torchrun_restart"])]
     result["breakdown"] = {v: {ph: median(x["phases"][ph] for x in runs[v]) for ph in PHASES} for v in variants}
     result["steps_lost_errors"] = steps_lost_errors(runs.get("supervisor", []))
+    result["hang_false_positives"] = [x["hang_false_positives"] for x in runs.get("supervisor", [])]
     result["runs"] = runs
     result["repeats"] = repeats
     return result

@@ -1,9 +1,10 @@
 """What "auto" hang detection sees on the reference trainer (issue 37): the gaps between training beats as the
 daemon reads them (the node's file on every change, here polled every 20 ms; the rank files once a second), their
-p99, the ranks' own step times, and the longest silence of any source in each phase. docs/operations.md chose
-`hang_min_s` and `hang_factor` from it.
+p99, the ranks' own step times, the first training gap (a first step's compile or warm-up), and the longest silence
+of any source in each phase. docs/operations.md chose `hang_min_s` and `hang_factor` from it.
 
-    python -m bench.stepgaps [STEPS] [DIR]      # prints JSON
+    python -m bench.stepgaps [STEPS] [DIR]                  # the reference trainer; prints JSON
+    python -m bench.stepgaps 0 DIR -- torchrun ... script   # any job that beats through the trainer library
 """
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ from pathlib import Path
 from supervisor.daemon.evidence import read_beat, read_rank_beats
 from supervisor.policy.ranks import RankWatch
 
-steps = int(sys.argv[1]) if len(sys.argv) > 1 else 300
-d = Path(sys.argv[2] if len(sys.argv) > 2 else tempfile.mkdtemp(prefix="stepgaps-"))
+own = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else None
+args = sys.argv[1:sys.argv.index("--")] if own is not None else sys.argv[1:]
+steps = int(args[0]) if args else 300
+d = Path(args[1] if len(args) > 1 else tempfile.mkdtemp(prefix="stepgaps-"))
 hb, hbdir = d / "heartbeat.json", d / "heartbeats"
 hbdir.mkdir(parents=True, exist_ok=True)
 env = {**os.environ, "FSDP_SUPERVISOR_HEARTBEAT": str(hb), "FSDP_SUPERVISOR_HEARTBEAT_DIR": str(hbdir),
@@ -27,7 +30,7 @@ env = {**os.environ, "FSDP_SUPERVISOR_HEARTBEAT": str(hb), "FSDP_SUPERVISOR_HEAR
 cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "trainer",
        "--checkpoint-dir", str(d / "ckpts"), "--steps", str(steps), "--save-every", "100", "--eval-every", "100",
        "--resume", "none", "--log-every", "1000"]
-p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+p = subprocess.Popen(own or cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                      cwd=Path(__file__).resolve().parents[1])
 w = RankWatch()
 t0 = next_rank = time.monotonic()
@@ -56,6 +59,7 @@ def q(xs: list[float], f: float) -> float | None:
 
 
 print(json.dumps({"wall_s": round(time.monotonic() - t0, 1), "rc": p.returncode, "gaps_n": len(g),
+                  "first_gap": w.gaps[0] if w.gaps else None,
                   "gap_p50": q(g, .5), "gap_p99": q(g, .99), "gap_max": g[-1] if g else None,
                   "step_s_p50": q(ss, .5), "step_s_p99": q(ss, .99), "step_s_max": ss[-1] if ss else None,
                   "worst_silence_by_phase": {k: round(v, 2) for k, v in worst.items()}}, indent=1))

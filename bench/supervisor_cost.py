@@ -21,12 +21,29 @@ import psutil
 from bench.common import PY, REPO, median
 from supervisor.host.spares import is_spare_cmdline
 
-__all__ = ["Sampler", "import_seconds", "idle_spare", "idle_spare_ready", "spare_rss_mb", "warm_workers_memory",
+__all__ = ["Sampler", "wakeups", "import_seconds", "idle_spare", "idle_spare_ready", "spare_rss_mb", "warm_workers_memory",
            "RUN_IMPORTS"]
 
 
+def wakeups(pid: int) -> tuple[int, int]:
+    """(the main thread's, all threads') voluntary context switches so far: each is one time the thread slept and was
+    woken. The supervisor's main thread is its event loop: its count is its waits in `select` and for the GIL (the
+    exact wake-ups of the loop need `strace`: docs/operations.md, Heartbeats); the others' add the file watcher's
+    threads (inotify) and off-loop work."""
+    main = total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            text = (task / "status").read_text()
+        except OSError:
+            continue  # a thread that ended meanwhile
+        n = int(text.split("voluntary_ctxt_switches:", 1)[1].split()[0])
+        total += n
+        main += n if task.name == str(pid) else 0
+    return main, total
+
+
 class Sampler:
-    """CPU time and peak RSS of one process between `start()` and `stop()` (RSS sampled every 0.5 s)."""
+    """CPU time, peak RSS (sampled every 0.5 s) and context switches of one process between `start()` and `stop()`."""
 
     def __init__(self, pid: int) -> None:
         self.proc = psutil.Process(pid)
@@ -44,18 +61,21 @@ class Sampler:
     def start(self) -> Sampler:
         times = self.proc.cpu_times()
         self._cpu0, self._t0 = times.user + times.system, time.monotonic()
+        self._wakeups0 = wakeups(self.proc.pid)
         self.peak_rss = self.proc.memory_info().rss
         self._thread.start()
         return self
 
     def stop(self) -> dict[str, float]:
-        """{"cpu_s", "wall_s", "peak_rss_mb"} for the sampled window."""
+        """{"cpu_s", "wall_s", "peak_rss_mb", "loop_switches_per_s", "switches_per_s"} for the sampled window."""
         times = self.proc.cpu_times()
+        (loop0, all0), (loop1, all1) = self._wakeups0, wakeups(self.proc.pid)
         wall = time.monotonic() - self._t0
         self._stop.set()
         self._thread.join()
         return {"cpu_s": times.user + times.system - self._cpu0, "wall_s": wall,
-                "peak_rss_mb": self.peak_rss / 2**20}
+                "peak_rss_mb": self.peak_rss / 2**20, "loop_switches_per_s": (loop1 - loop0) / wall,
+                "switches_per_s": (all1 - all0) / wall}
 
 
 def idle_spare(supervisor_pid: int, run_dir: Path) -> psutil.Process | None:

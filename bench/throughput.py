@@ -1,12 +1,14 @@
 """Training throughput under the supervisor vs under bare torchrun (interleaved), and the supervisor's own cost.
 
-Each run starts the reference trainer (2 ranks, a model with ~0.1 s steps) and reads its rank-0 progress
-lines, which carry tokens/s measured by the trainer itself over each `--log-every` interval. A run's
-throughput is all tokens of the intervals logged inside its window divided by their summed durations (so
+Runs come in pairs, one of each, back to back, the order alternating; `throughput_ratio` is the median of the
+pairs' ratios (a pair shares the machine's load of its minute, which on a shared machine moves by several percent
+between minutes), with their spread. Each run starts the reference trainer (2 ranks, a model with ~0.1 s steps)
+and reads its rank-0 progress lines, which carry tokens/s measured by the trainer itself over each `--log-every`
+interval. A run's throughput is all tokens of the intervals logged inside its window divided by their summed durations (so
 slow intervals weigh what they cost). The window opens `warmup_s` after steady state: the first progress
 line, and under the supervisor also its idle spare agent ready (it imports torch once, at nice 19, when
 the job starts training; that one-off cost per launch is not steady-state throughput). During supervised
-runs `supervisor_cost.Sampler` records the supervisor's CPU time and peak RSS over the same window.
+runs `supervisor_cost.Sampler` records the supervisor's CPU time, peak RSS and context switches over the same window.
 
     python -m bench.throughput        # prints the result of run() as JSON
 """
@@ -15,15 +17,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench.common import PY, REPO, Tagged, job_env, median, scratch, torchrun_argv, train_lines, trainer_argv, wait_until
+from bench.recovery import count_events
 from bench.supervisor_cost import Sampler, idle_spare_ready, spare_rss_mb
 
-__all__ = ["run", "measure_once", "MODEL"]
+__all__ = ["run", "measure_once", "spread", "MODEL"]
 
 MODEL = {"d_model": 128, "n_layers": 4, "n_heads": 4, "seq_len": 64, "batch_size": 4}
 LOG_EVERY = 2  # many short intervals per window
@@ -42,6 +46,14 @@ def _tokens_per_s(lines: list[tuple[int, int]], tokens_per_step: int) -> float |
             tokens, seconds = tokens + t, seconds + t / rate
         prev = step
     return tokens / seconds if seconds else None
+
+
+def spread(ratios: list[float]) -> dict[str, float] | None:
+    """How far the pairs' ratios lie apart: min, max, and the interquartile range (what resolving 1% needs small)."""
+    if not ratios:
+        return None
+    q = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else [ratios[0]] * 3
+    return {"min": round(min(ratios), 4), "max": round(max(ratios), 4), "iqr": round(q[2] - q[0], 4)}
 
 
 def _config(root: Path, command: list[str]) -> Path:
@@ -84,16 +96,18 @@ def measure_once(variant: str, *, window_s: float = 12.0, warmup_s: float = 4.0,
         tokens_per_step = 2 * model["batch_size"] * model["seq_len"]
         result: dict[str, Any] = {"tokens_per_s": _tokens_per_s(lines, tokens_per_step), "intervals": len(lines) - 1}
         if cost is not None:
-            result.update(cost, spare_rss_mb=spare_rss_mb(sup.pid, root / ".fsdp-supervisor"))
+            result.update(cost, spare_rss_mb=spare_rss_mb(sup.pid, root / ".fsdp-supervisor"),
+                          hang_false_positives=count_events(root / ".fsdp-supervisor", "hang_detected"))
         return result
     finally:
         tagged.close()
         shutil.rmtree(root, ignore_errors=True)
 
 
-def run(repeats: int = 3, window_s: float = 12.0, warmup_s: float = 4.0, model: dict[str, Any] | None = None,
+def run(repeats: int = 5, window_s: float = 12.0, warmup_s: float = 4.0, model: dict[str, Any] | None = None,
         progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """`throughput_ratio` (medians, runs interleaved) and the `supervisor` cost sampled in the same runs."""
+    """`throughput_ratio` (the median of `repeats` interleaved pairs' ratios, and their spread) and the `supervisor`
+    cost sampled in the same runs."""
     runs: dict[str, list[dict[str, Any]]] = {"supervisor": [], "bare": []}
     for r in range(repeats):
         for v in (("supervisor", "bare") if r % 2 == 0 else ("bare", "supervisor")):
@@ -104,14 +118,19 @@ def run(repeats: int = 3, window_s: float = 12.0, warmup_s: float = 4.0, model: 
     sampled = runs["supervisor"]
     cpu = sum(x["cpu_s"] for x in sampled)
     wall = sum(x["wall_s"] for x in sampled)
+    # Each pair's supervised/bare ratio (its two runs were back to back, under the same minute's load).
+    ratios = [s["tokens_per_s"] / b["tokens_per_s"]
+              for s, b in zip(runs["supervisor"], runs["bare"]) if s["tokens_per_s"] and b["tokens_per_s"]]
     return {
-        "throughput_ratio": round(sup / bare, 4) if sup and bare else None,
+        "throughput_ratio": median(ratios, 4) if ratios else None,
         "tokens_per_s": {"supervisor": sup, "bare": bare},
-        # Context for the noise: each round's supervised/bare ratio (its two runs were back to back).
-        "round_ratios": [round(s["tokens_per_s"] / b["tokens_per_s"], 3)
-                         for s, b in zip(runs["supervisor"], runs["bare"]) if s["tokens_per_s"] and b["tokens_per_s"]],
+        "round_ratios": [round(r, 4) for r in ratios],
+        "ratio_spread": spread(ratios),
+        "hang_false_positives": [x["hang_false_positives"] for x in sampled],  # healthy runs: any hang is false
         "supervisor": {"rss_mb": round(max(x["peak_rss_mb"] for x in sampled), 1),
                        "idle_cpu_pct": round(100 * cpu / wall, 3) if wall else None,
+                       "loop_switches_per_s": median(x["loop_switches_per_s"] for x in sampled),
+                       "switches_per_s": median(x["switches_per_s"] for x in sampled),
                        "sampled_s": round(wall, 1),
                        "spare_rss_mb": median(x["spare_rss_mb"] for x in sampled)},
         "runs": runs, "repeats": repeats, "window_s": window_s,

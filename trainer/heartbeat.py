@@ -4,8 +4,9 @@ The supervisor judges liveness by them (docs/design.md, the job contract); the r
 validation live in `supervisor.contract`. Local rank 0 of every node rewrites `FSDP_SUPERVISOR_HEARTBEAT`
 atomically (every node runs its own supervisor), at most once a second and on every phase change. When the
 supervisor names a per-rank folder (`FSDP_SUPERVISOR_HEARTBEAT_DIR`), every rank also keeps `rank-<RANK>.json`
-there, rewritten in place on every step (one `pwrite` of a fixed-size record, a few microseconds): the
-supervisor then knows the step each rank reached, names the rank that hung and sees a straggler. Use it from
+there, rewritten in place (one `pwrite` of a fixed-size record, a few microseconds) at once on a phase change
+or a NaN loss and at most 4 times a second for new steps (`RankBeat`): the supervisor then knows the step each
+rank reached, names the rank that hung and sees a straggler. Use it from
 your own loop::
 
     from trainer.heartbeat import Heartbeat
@@ -28,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,35 +42,98 @@ __all__ = ["Heartbeat", "RankBeat", "HEARTBEAT_ENV", "PHASES"]
 HEARTBEAT_ENV = ENV_HEARTBEAT  # kept for scripts that import it from here
 
 
+STEP_INTERVAL_S = 0.25  # a rank's new steps: at most 4 writes a second (docs/operations.md, Heartbeats)
+BAD_HOLD_S = 2.0  # a non-finite loss stays in a rank's file this long: two of the supervisor's looks (1 s apart)
+
+
 class RankBeat:
-    """One rank's own heartbeat file, rewritten in place: one `pwrite` of a fixed-size record per new step.
+    """One rank's own heartbeat file, rewritten in place: one `pwrite` of a fixed-size record, throttled.
 
     No temporary file and no rename (those cost ~50 us and an inotify event each): the record is padded to
-    `SIZE` bytes so a shorter one never leaves a tail, and JSON readers ignore the padding. A step or phase
-    change is written at once; the same step again at most every `min_interval_s` (a long evaluation or save
-    stays visibly alive). A write that fails turns the file off: a heartbeat must never cost a training run.
+    `SIZE` bytes so a shorter one never leaves a tail, and JSON readers ignore the padding. What is written when:
+    - a phase change, and the first non-finite loss, at once;
+    - a new step at most every `step_interval_s` (4 a second: the supervisor looks at the folder once a second, so
+      every look still finds a newer step and the gaps "auto" hang detection scales from stay the look's own),
+      and the same step again every `min_interval_s` (a long evaluation or save stays visibly alive);
+    - what a write carries: its own step and time, the latest loss reported since the last write (a later beat
+      without one does not drop it), the mean `step_s` of every step since then (stragglers), and a NaN/inf loss
+      if any step since then had one: throttling never hides a NaN. A
+      non-finite loss, once written, stays `BAD_HOLD_S` before a finite one replaces it (the supervisor reads the
+      folder once a second), and a step held back is written by a flusher thread at its due time when no later
+      beat comes (a rank blocked in a collective after its last step): the last step each rank reached stays
+      exact, for the steps a failure lost. A write that fails turns the file off: a heartbeat must never cost a
+      training run.
     """
 
     SIZE = 128
 
-    def __init__(self, path: str | os.PathLike[str], *, min_interval_s: float = 1.0) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, min_interval_s: float = 1.0,
+                 step_interval_s: float = STEP_INTERVAL_S, flush: bool = True) -> None:
         self.path = Path(path)
-        self.min_interval_s = min_interval_s
+        self.min_interval_s, self.step_interval_s = min_interval_s, step_interval_s
         self.last_error: OSError | None = None
         self._fd: int | None = None
         self._last: tuple[int, str] | None = None
         self._last_write = -math.inf
+        self._last_bad = False
+        # A step held back: (step, phase, its beat's time, loss, bad, when due: on the beats' clock, on the monotonic)
+        self._pending: tuple[int, str, float, float | None, bool, float, float] | None = None
+        self._sum_s, self._n_s = 0.0, 0  # the step times since the last write
+        self._bad_loss: float | None = None  # a NaN/inf loss since the last write
+        self._loss: float | None = None  # the latest loss since the last write (a later beat may carry none)
+        self._lock = threading.Condition()
+        self._flush = flush  # False: a held-back step waits for the next beat or `close` (tests)
+        self._flusher: threading.Thread | None = None
+        self._closed = False
 
     def beat(self, step: int, phase: str, now: float, step_s: float | None = None, loss: float | None = None) -> bool:
         """Record `step` (and this step's loss: the divergence guard reads it); returns whether the file was rewritten."""
-        if self.last_error is not None or ((step, phase) == self._last and now - self._last_write < self.min_interval_s):
+        with self._lock:
+            if self.last_error is not None or self._closed:
+                return False
+            if step_s is not None and math.isfinite(step_s) and step_s >= 0:
+                self._sum_s, self._n_s = self._sum_s + step_s, self._n_s + 1
+            bad = loss is not None and not math.isfinite(loss)
+            if loss is None:  # HF's on_step_end after on_log's loss of a held-back step: that loss is not dropped
+                loss = self._loss
+            else:
+                self._loss = loss
+            if bad:
+                self._bad_loss = loss
+            elif self._bad_loss is not None:  # a NaN since the last write is what this record says
+                loss, bad = self._bad_loss, True
+            if (step, phase) == self._last and now - self._last_write < self.min_interval_s:
+                return False
+            due = self._due(phase, bad)
+            if now >= due:
+                return self._write(step, phase, now, loss, bad)
+            idle, self._pending = self._pending is None, (step, phase, now, loss, bad, due, time.monotonic() + due - now)
+            if self._flush and self._flusher is None:
+                self._flusher = threading.Thread(target=self._flush_loop, name="heartbeat-flush", daemon=True)
+                self._flusher.start()
+            elif idle:  # the flusher waits for a step held back (a later one only replaces it: same due time)
+                self._lock.notify()
             return False
+
+    def _due(self, phase: str, bad: bool) -> float:
+        """When a record of `phase` may be written (the beat's clock)."""
+        if self._last is None or phase != self._last[1] or (bad and not self._last_bad):
+            return -math.inf
+        return self._last_write + (BAD_HOLD_S if self._last_bad and not bad else self.step_interval_s)
+
+    def _record(self, step: int, phase: str, now: float, loss: float | None) -> bytes:
+        """The fixed-size record, with the mean step time of the steps since the last write."""
         text = f'{{"step":{int(step)},"time":{now:.3f},"phase":"{phase}"'
-        if step_s is not None and math.isfinite(step_s) and step_s >= 0:
-            text += f',"step_s":{step_s:.6g}'
+        if self._n_s:
+            text += f',"step_s":{self._sum_s / self._n_s:.6g}'
         if loss is not None:  # a diverged loss as the contract's word ("nan", "inf"): JSON has no NaN
             text += f',"loss":{loss:.6g}' if math.isfinite(loss) else f',"loss":"{"nan" if math.isnan(loss) else "inf"}"'
-        data = (text + "}").ljust(self.SIZE - 1).encode() + b"\n"
+        return (text + "}").ljust(self.SIZE - 1).encode() + b"\n"
+
+    def _write(self, step: int, phase: str, now: float, loss: float | None, bad: bool, at: float | None = None) -> bool:
+        """Write the record of the beat made at `now`; the next one counts its interval from `at` (a held-back
+        step is written at its due time, not its own: at most 4 writes a second)."""
+        data = self._record(step, phase, now, loss)
         try:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
@@ -77,12 +142,37 @@ class RankBeat:
                 os.ftruncate(self._fd, len(data))
         except OSError as exc:
             self.last_error = exc
-            self.close()
+            self._close_fd()
             return False
-        self._last, self._last_write = (step, phase), now
+        self._last, self._last_write, self._last_bad = (step, phase), max(now, at or now), bad
+        self._pending, self._sum_s, self._n_s, self._bad_loss, self._loss = None, 0.0, 0, None, None
         return True
 
+    def _flush_loop(self) -> None:
+        """Write a held-back step at its due time when no later beat wrote it (real time: the beat's clock is wall
+        time, and the step was recorded with its own)."""
+        with self._lock:
+            while not self._closed and self.last_error is None:
+                if self._pending is None:
+                    self._lock.wait()
+                    continue
+                step, phase, made, loss, bad, due, due_mono = self._pending
+                if (wait := due_mono - time.monotonic()) > 0:
+                    self._lock.wait(wait)
+                else:
+                    self._write(step, phase, made, loss, bad, at=due)
+
     def close(self) -> None:
+        """Write a step still held back, then release the file (the process exiting releases it too)."""
+        with self._lock:
+            if self._pending is not None and self.last_error is None:
+                step, phase, made, loss, bad, due, _ = self._pending
+                self._write(step, phase, made, loss, bad, at=due)
+            self._closed = True
+            self._lock.notify()
+            self._close_fd()
+
+    def _close_fd(self) -> None:
         if self._fd is not None:
             fd, self._fd = self._fd, None
             os.close(fd)
@@ -90,7 +180,7 @@ class RankBeat:
 
 class Heartbeat:
     """The node's heartbeat file (atomically, on every phase change and at most every `min_interval_s`) and,
-    when `rank_path` is given, this rank's own file (every step)."""
+    when `rank_path` is given, this rank's own file (`RankBeat`: up to 4 times a second)."""
 
     def __init__(
         self,

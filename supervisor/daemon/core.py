@@ -525,6 +525,10 @@ class Core:
         self.sys.timers.set(Timer.RETENTION, self.sys.monotonic() + self.cfg.checkpoints.retention_interval_s)
 
     # ---- files -----------------------------------------------------------------------------------------------
+    def cares(self, path: Path) -> bool:
+        """Whether a file event at `path` is one `on_file_event` acts on (asked on the file watcher's thread)."""
+        return path == self.heartbeat_path or self.house.concerns(path)
+
     def on_file_event(self, path: Path) -> None:
         if path == self.heartbeat_path:
             self._on_heartbeat()

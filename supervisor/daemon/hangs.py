@@ -69,7 +69,7 @@ class Hangs:
         self._startup_from = job.started_mono
         self.status.ranks, self.status.stragglers = [], []
         self._arm(job)
-        self.sys.timers.set(Timer.RANKS, self.sys.monotonic() + RANK_POLL_S)
+        self.sys.timers.every(Timer.RANKS, RANK_POLL_S, self.sys.monotonic())
 
     def ended(self, job: Job) -> None:
         """The attempt's process ended: a last look at its ranks (the step each reached), then nothing is due."""
@@ -115,7 +115,7 @@ class Hangs:
             self._show()
             self.publish()
         if not job.hang:
-            self.sys.timers.set(Timer.RANKS, self.sys.monotonic() + RANK_POLL_S)
+            self.sys.timers.every(Timer.RANKS, RANK_POLL_S, self.sys.monotonic())
 
     def _read(self, job: Job) -> bool:
         got = read_rank_beats(self.folder)

@@ -58,20 +58,25 @@ _FROZEN_S = 1.0  # a select this much later than asked: the daemon did not run m
 
 
 class _Forward(FileSystemEventHandler):
+    """On the watcher's thread: wakes the loop only for what it acts on (not the supervisor's own writes to the run
+    dir: state.json, the history, its log, each of which would wake it several times)."""
+
     def __init__(self, sink: queue.SimpleQueue[Path], wake: Callable[[], None], lost: queue.SimpleQueue[Path],
-                 watched: set[Path]) -> None:
-        self.sink, self.wake, self.lost, self.watched = sink, wake, lost, watched
+                 watched: set[Path], wanted: Callable[[Path], bool]) -> None:
+        self.sink, self.wake, self.lost, self.watched, self.wanted = sink, wake, lost, watched, wanted
 
     def on_any_event(self, event: FileSystemEvent) -> None:
         if event.event_type in ("opened", "closed_no_write"):
             return
-        src = Path(os.fsdecode(event.src_path))
-        if event.event_type in ("deleted", "moved") and src in self.watched:
-            self.lost.put(src)  # a watched dir itself went away: its inotify watch is gone with it
-        for p in (event.src_path, getattr(event, "dest_path", "")):
-            if p:
-                self.sink.put(Path(os.fsdecode(p)))
-        self.wake()
+        paths = [Path(os.fsdecode(p)) for p in (event.src_path, getattr(event, "dest_path", "")) if p]
+        gone = event.event_type in ("deleted", "moved") and paths[0] in self.watched
+        if gone:
+            self.lost.put(paths[0])  # a watched dir itself went away: its inotify watch is gone with it
+        wanted = [p for p in paths if self.wanted(p)]
+        for p in wanted:
+            self.sink.put(p)
+        if wanted or gone:
+            self.wake()
 
 
 class Echo:
@@ -179,7 +184,8 @@ class EventLoop:
         # checkpoint commit does (`.tmp-step_N` -> `step_N`); nothing is wrong and the callback stays the same.
         warnings.filterwarnings("ignore", message="Callback with id .* already exists for watch", category=RuntimeWarning)
         observer = self._observer = Observer()
-        self._handler = _Forward(self.files, self._wake, self._lost_events, {p for p, _ in self.watch})
+        self._handler = _Forward(self.files, self._wake, self._lost_events, {p for p, _ in self.watch},
+                                 lambda p: self.core.cares(p) or (self.echo is not None and p.parent.name == "logs"))
         for path, recursive in self.watch:
             self._ids[path] = identity(path)
             self._watches[path] = (observer.schedule(self._handler, str(path), recursive=recursive), recursive)
@@ -187,7 +193,7 @@ class EventLoop:
         sel = selectors.DefaultSelector()
         sel.register(rfd, selectors.EVENT_READ)
         for i, (interval, _) in enumerate(self.ticks):
-            self.sys.timers.set(Tick(i), self.sys.monotonic() + interval)
+            self.sys.timers.every(Tick(i), interval, self.sys.monotonic())
         try:
             begin()
             began, cpu = self.sys.monotonic(), time.thread_time()
@@ -297,7 +303,7 @@ class EventLoop:
             if isinstance(key, Tick):
                 interval, fn = self.ticks[key.index]
                 fn()
-                self.sys.timers.set(key, self.sys.monotonic() + interval)
+                self.sys.timers.every(key, interval, self.sys.monotonic())
             else:
                 self.core.on_timer(key)
 

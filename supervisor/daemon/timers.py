@@ -45,6 +45,10 @@ class Timers:
     def set(self, key: TimerKey, at: float) -> None:
         self._deadlines[key] = at
 
+    def every(self, key: TimerKey, interval: float, now: float) -> None:
+        """`key` at the next multiple of `interval` on the clock: periodic work of one interval shares one wake-up."""
+        self._deadlines[key] = (now // interval + 1) * interval
+
     def cancel(self, key: TimerKey) -> None:
         self._deadlines.pop(key, None)
 

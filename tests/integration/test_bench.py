@@ -53,6 +53,8 @@ class TestBenchmarksRun:
         h = r["hang_recovery_s"]
         assert _positive(h["median"]) and h["beyond_timeout"] == pytest.approx(h["median"] - 3, abs=1e-3)
         assert _positive(h["breakdown"]["supervisor"]["detection"]) and r["steps_lost_errors"] == [0]
+        run = h["runs"]["supervisor"][0]  # measured from the threshold status named, the job's last step by its clock
+        assert run["threshold_s"] == 3 and run["beyond_threshold"] > 0 and r["hang_false_positives"] == [0]
         hb = heartbeat.run(rounds=2, block=2, model=TINY)["heartbeat"]
         assert _positive(hb["per_rank_overhead"]) and _positive(hb["per_beat_us"])
 
@@ -109,6 +111,15 @@ class TestBenchmarksRun:
         r = run(repeats=1, window_s=2, warmup_s=1, model=TINY)
         assert _positive(r["throughput_ratio"])
         assert _positive(r["supervisor"]["rss_mb"]) and r["supervisor"]["idle_cpu_pct"] >= 0
+        assert _positive(r["supervisor"]["loop_switches_per_s"]) and r["hang_false_positives"] == [0]
+        assert r["ratio_spread"]["min"] == r["ratio_spread"]["max"] == r["throughput_ratio"]
+
+    def test_notify_latency(self) -> None:
+        """A crash loop's two default alerts reach a loopback webhook, each timed from its event's `at`."""
+        from bench.notify import run
+
+        r = run(repeats=1)
+        assert r["events"] == ["crash_loop", "gave_up"] and r["alerts"] == 2 and _positive(r["latency_s"])
 
     def test_import_times(self) -> None:
         """Fresh-interpreter import timings are measured for the CLI and the run path."""

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import psutil
 
+from supervisor.contract import RANK_HEARTBEAT_DIR, parse_heartbeat
 from supervisor.history.records import HISTORY_FILE, read_history
 from tests.helpers import HOOKED_ENTRY, suspended
 from tests.jobs.hooked_trainer import SLOW_RANK_ENV, SLOW_S_ENV
 from tests.supervise import FAKEJOB, Supervisors, cli, launches, stop, supervisors, wait_for, write_config  # noqa: F401
+from trainer.heartbeat import STEP_INTERVAL_S
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=0"]
 TIMEOUT = 300
@@ -46,15 +48,50 @@ def trainer(steps: int, *extra: str) -> list[str]:
     return ["--checkpoint-dir", "ckpts", "--steps", str(steps), "--seed", "3", *extra]
 
 
+TINY = ("--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--seq-len", "16", "--batch-size", "2")
+
+
+def rank_writes(path: Path, seconds: float) -> tuple[int, int, float]:
+    """(rewrites of a rank's heartbeat file seen by inotify, steps it advanced, seconds watched)."""
+    from watchdog.events import FileSystemEvent, FileSystemEventHandler
+    from watchdog.observers import Observer
+
+    seen: list[str] = []
+
+    class Count(FileSystemEventHandler):
+        def on_modified(self, event: FileSystemEvent) -> None:
+            if str(event.src_path) == str(path):
+                seen.append(str(event.src_path))
+
+    def step() -> int:
+        beat, _ = parse_heartbeat(path.read_bytes())
+        return beat.step if beat is not None else 0
+
+    observer = Observer()
+    observer.schedule(Count(), str(path.parent))
+    observer.start()
+    try:
+        first, began = step(), time.monotonic()
+        time.sleep(seconds)
+        last, watched = step(), time.monotonic() - began
+    finally:
+        observer.stop()
+        observer.join()
+    return len(seen), last - first, watched
+
+
 class TestAutoHangDetection:
     def test_no_health_section_still_catches_a_stopped_rank(self, tmp_path: Path, supervisors: Supervisors) -> None:
         """No [health] section (hang_timeout_s = "auto"): once the job has stepped a while, SIGSTOP of rank 1 is a
         hang after max(hang_min_s, hang_factor x p99 step time), rank 1 named, the job relaunched. Before, `status`
-        says what the allowance is (no saves, so the stop cannot land in a save's allowance)."""
-        cmd = [*TORCHRUN, "-m", "trainer", *trainer(10**6, "--save-every", str(10**6))]
+        says what the allowance is (no saves, so the stop cannot land in a save's allowance), and each rank's
+        heartbeat is rewritten at most 4 times a second however fast it steps (trainer/heartbeat.py)."""
+        cmd = [*TORCHRUN, "-m", "trainer", *trainer(10**6, "--save-every", str(10**6), *TINY)]
         p = supervisors.start(write_config(tmp_path, cmd, "[restart]\nbackoff_initial_s = 0.2\n"))
         wait_for(lambda: (state(tmp_path).get("hang_detection") or "").startswith("auto: after"), TIMEOUT,
                  "auto hang detection armed from the recent step times")
+        writes, steps, window = rank_writes(run_dir(tmp_path) / RANK_HEARTBEAT_DIR / "rank-0.json", 5.0)
+        assert 0 < writes <= window / STEP_INTERVAL_S + 2, (writes, steps, window)  # steps: context (~100/s idle)
         assert "hangs" in cli("status", "-c", str(tmp_path / "job.toml")).stdout
         victim = wait_for(lambda: [w for w in psutil.Process(state(tmp_path)["job_pid"]).children(recursive=True)
                                    if w.environ().get("RANK") == "1"], 30, "rank 1")[0]

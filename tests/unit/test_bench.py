@@ -18,8 +18,9 @@ from bench.save_stall import reduce
 class TestGoals:
     def test_every_issue_key_is_gated(self) -> None:
         """The table gates the nine goals of issue 7, the three of the metadata reader, four of issue 12, three of
-        issue 25, five of issue 26 (recovery at half of torchrun's restart, and the node-local tier) and four of
-        issue 34 (what checksums cost; the corruption campaign: every fault caught, none resumed)."""
+        issue 25, five of issue 26 (recovery at half of torchrun's restart, and the node-local tier), four of
+        issue 34 (what checksums cost; the corruption campaign: every fault caught, none resumed) and three of issue 37
+        (hang detection on by default, alerts)."""
         assert {k for k, _, _ in GOALS} == {
             "recovery_s.ratio", "save_stall_s.async_over_sync", "save_stall_s.async_over_memcpy", "write_gbps.ratio",
             "supervisor.rss_mb", "supervisor.idle_cpu_pct", "supervisor.import_s", "discovery_ms.n1000",
@@ -29,7 +30,9 @@ class TestGoals:
             "recovery_s.breakdown.supervisor.worker_init", "local_tier.throughput_ratio",
             "local_tier.steps_lost_median", "local_tier.load_speedup", "integrity.write_overhead",
             "integrity.verify_ratio", "integrity.campaign.caught_pct", "integrity.campaign.resumed",
-            "divergence.false_positives"}
+            "divergence.false_positives", "hang_recovery_s.auto_beyond_threshold", "hang.false_positives",
+            "notify.latency_s"}
+        assert ("throughput_ratio", ">=", 0.99) in GOALS
         assert ("recovery_s.ratio", "<=", 0.5) in GOALS and ("local_tier.steps_lost_median", "<=", LOCAL_K) in GOALS
 
     def test_met_missed_and_missing(self) -> None:
@@ -49,6 +52,23 @@ class TestGoals:
         _merge(results, {"hang_recovery_s": {"median": 9.0}, "steps_lost_errors": [-2, None]})
         assert results["steps_lost"] == {"errors": [0, 0, -2, None], "error": 2}
         assert evaluate(results)["steps_lost.error"]["met"] is False
+
+    def test_hang_false_positives_of_every_section_add_up(self) -> None:
+        """Each section's supervised runs report their hang_detected where no hang was made; the gate is the sum."""
+        from bench.__main__ import _merge
+
+        results: dict = {}
+        _merge(results, {"throughput_ratio": 1.0, "hang_false_positives": [0, 0, 0, 0, 0]})
+        _merge(results, {"hang_recovery_s": {"auto_beyond_threshold": 2.0}, "hang_false_positives": [0, 1]})
+        assert results["hang"] == {"false_positives": 1, "runs_checked": 7, "per_run": [0, 0, 0, 0, 0, 0, 1]}
+        assert evaluate(results)["hang.false_positives"]["met"] is False
+
+    def test_throughput_spread(self) -> None:
+        """The pairs' ratios: min, max and interquartile range."""
+        from bench.throughput import spread
+
+        assert spread([0.98, 1.0, 0.99, 1.02, 0.97]) == {"min": 0.97, "max": 1.02, "iqr": 0.02}
+        assert spread([]) is None
 
     def test_unknown_section_is_a_usage_error(self, capsys: pytest.CaptureFixture[str]) -> None:
         """--only with a name that is no benchmark exits 2 naming it, before running anything."""

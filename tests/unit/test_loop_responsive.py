@@ -62,3 +62,50 @@ class TestWatchdogShutdownNoise:
 
         assert not log.filter(record("InotifyEmitter.queue_events() called when the thread is inactive"))
         assert log.filter(record("inotify watch limit reached"))
+
+
+class TestWakeUps:
+    """The loop wakes for what it acts on, and its periodic work of one interval shares one wake-up."""
+
+    def test_the_supervisor_s_own_writes_to_the_run_dir_wake_nothing(self, tmp_path: Path) -> None:
+        """state.json, the history and the log (each write several inotify events) are dropped on the watcher's
+        thread; the heartbeat's arrival (rename or in place), a commit under the root and a lost dir are not."""
+        import queue
+
+        from watchdog.events import DirDeletedEvent, DirModifiedEvent, FileCreatedEvent, FileModifiedEvent, FileMovedEvent
+
+        from supervisor.daemon.loop import _Forward
+
+        core, _, _ = make_core(tmp_path)
+        run, root = core.run_dir, core.house.root
+        sink: queue.SimpleQueue[Path] = queue.SimpleQueue()
+        lost: queue.SimpleQueue[Path] = queue.SimpleQueue()
+        wakes: list[int] = []
+        fwd = _Forward(sink, lambda: wakes.append(1), lost, {run, root}, core.cares)
+        quiet = [FileCreatedEvent(str(run / ".state.json.1a2b.tmp")), FileModifiedEvent(str(run / "history.jsonl")),
+                 FileMovedEvent(str(run / ".state.json.1a2b.tmp"), str(run / "state.json")),
+                 FileModifiedEvent(str(run / "supervisor.log")), DirModifiedEvent(str(run)),
+                 FileCreatedEvent(str(run / ".heartbeat.json.9f.tmp"))]
+        for event in quiet:
+            fwd.on_any_event(event)
+        assert wakes == [] and sink.empty()
+        heard = [FileMovedEvent(str(run / ".heartbeat.json.9f.tmp"), str(run / "heartbeat.json")),
+                 FileModifiedEvent(str(run / "heartbeat.json")), FileMovedEvent(str(root / ".tmp-step_5"),
+                                                                              str(root / "step_5"))]
+        for event in heard:
+            fwd.on_any_event(event)
+        assert len(wakes) == 3
+        got = [sink.get_nowait() for _ in range(4)]
+        assert got == [run / "heartbeat.json"] * 2 + [root / ".tmp-step_5", root / "step_5"] and sink.empty()
+        fwd.on_any_event(DirDeletedEvent(str(run)))
+        assert len(wakes) == 4 and lost.get_nowait() == run
+
+    def test_periodic_timers_of_one_interval_share_a_wake_up(self) -> None:
+        """`every` puts a timer on the interval's grid: armed at different moments, due at the same one."""
+        from supervisor.daemon.timers import Tick, Timers
+
+        timers = Timers()
+        timers.every(Tick(0), 1.0, 100.2)
+        timers.every(Timer.RANKS, 1.0, 100.7)
+        timers.every(Tick(1), 0.5, 100.7)
+        assert timers.pop_due(101.0) == [Timer.RANKS, Tick(0), Tick(1)]

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 
 from supervisor.contract import ENV_HEARTBEAT_DIR, parse_heartbeat
-from trainer.heartbeat import HEARTBEAT_ENV, Heartbeat, RankBeat
+from trainer.heartbeat import BAD_HOLD_S, HEARTBEAT_ENV, STEP_INTERVAL_S, Heartbeat, RankBeat
 
 
 class FakeClock:
@@ -55,7 +56,10 @@ class TestHeartbeat:
         assert json.loads((tmp_path / "hb.json").read_text())["loss"] == "nan"
         assert json.loads((tmp_path / "rank-0.json").read_text()) == {"step": 2, "time": 1000.0, "phase": "train",
                                                                        "loss": "nan"}
-        hb.beat(3, "train", 2.5)
+        hb.beat(3, "train", 2.5)  # the rank's file keeps saying it for BAD_HOLD_S (looked at once a second)
+        assert json.loads((tmp_path / "rank-0.json").read_text())["loss"] == "nan"
+        clock.now += BAD_HOLD_S
+        hb.beat(4, "train", 2.5)
         assert json.loads((tmp_path / "rank-0.json").read_text())["loss"] == 2.5
 
     def test_no_temporary_file_is_left(self, tmp_path, clock) -> None:
@@ -121,7 +125,7 @@ class TestRankBeat:
         assert rb.beat(1, "train", clock.now, step_s=0.25)
         inode = os.stat(path).st_ino
         for step in range(2, 50):
-            assert rb.beat(step, "train", clock.now)
+            assert rb.beat(step, "train", clock.now + step * STEP_INTERVAL_S)
         assert os.stat(path).st_ino == inode and os.stat(path).st_size == RankBeat.SIZE
         beat, problems = parse_heartbeat(path.read_bytes())
         assert beat is not None and beat.step == 49 and beat.phase == "train" and problems == []
@@ -133,6 +137,66 @@ class TestRankBeat:
         assert not rb.beat(5, "eval", clock.now + 0.5)
         assert rb.beat(5, "eval", clock.now + 1.0)
         assert rb.beat(5, "save", clock.now + 1.1)
+
+    NAN, T = float("nan"), STEP_INTERVAL_S
+    # (seconds since the first beat, step, phase, loss, step_s) -> (written, the file's step, loss, step_s)
+    THROTTLE = [
+        ([(0, 1, "train", 2.0, 0.1)], (True, 1, 2.0, 0.1)),
+        ([(0, 1, "train", 2.0, 0.1), (0.1, 2, "train", 2.1, 0.1)], (False, 1, 2.0, 0.1)),  # a step: rate-limited
+        ([(0, 1, "train", 2.0, 0.1), (T, 2, "train", 2.1, 0.1)], (True, 2, 2.1, 0.1)),  # ... until its interval
+        ([(0, 1, "train", 2.0, 0.1), (0.1, 1, "save", 2.0, None)], (True, 1, 2.0, None)),  # a phase change: at once
+        ([(0, 1, "train", 2.0, 0.1), (0.1, 2, "train", NAN, 0.1)], (True, 2, "nan", 0.1)),  # a NaN: at once
+        ([(0, 1, "train", 2.0, None), (0.1, 2, "train", float("inf"), None)], (True, 2, "inf", None)),
+        # stats carried: the mean step time since the last write, and a NaN among the steps held back
+        ([(0, 1, "train", 2.0, 0.1), (0.1, 2, "train", 2.0, 0.1), (0.2, 3, "train", 2.0, 0.3),
+          (T, 4, "train", 2.0, 0.2)], (True, 4, 2.0, 0.2)),
+        # a loss held back is not dropped by a later beat without one (HF: on_log's loss, then on_step_end's beat)
+        ([(0, 1, "train", 2.0, None), (0.1, 2, "train", 3.0, None), (T, 3, "train", None, None)], (True, 3, 3.0, None)),
+        ([(0, 1, "train", 2.0, None), (T, 2, "train", None, None)], (True, 2, None, None)),
+        # a NaN held back is never hidden: the next write says it, though its own step's loss is finite
+        ([(0, 1, "train", NAN, 0.1), (T, 2, "train", NAN, 0.1), (T + 0.1, 3, "train", NAN, 0.1),
+          (2 * T, 4, "train", 2.0, 0.1)], (True, 4, "nan", 0.1)),
+        ([(0, 1, "train", NAN, None), (0.1, 2, "train", 2.0, None), (0.2, 3, "train", NAN, None),
+          (T, 4, "train", 2.0, None)], (True, 4, "nan", None)),
+        # a NaN written stays BAD_HOLD_S before a finite loss replaces it
+        ([(0, 1, "train", NAN, None), (BAD_HOLD_S - 0.1, 2, "train", 2.0, None)], (False, 1, "nan", None)),
+        ([(0, 1, "train", NAN, None), (BAD_HOLD_S, 2, "train", 2.0, None)], (True, 2, 2.0, None)),
+    ]
+
+    @pytest.mark.parametrize(("beats", "expected"), THROTTLE)
+    def test_throttle(self, tmp_path, clock, beats, expected) -> None:
+        """Phase changes and a first NaN at once, new steps at most every STEP_INTERVAL_S, the held-back steps'
+        mean step time and any NaN carried by the next write."""
+        path = tmp_path / "rank-0.json"
+        rb = RankBeat(path, flush=False)
+        for at, step, phase, loss, step_s in beats:
+            written = rb.beat(step, phase, clock.now + at, step_s=step_s, loss=loss)
+        beat, problems = parse_heartbeat(path.read_bytes())
+        assert problems == [] and beat is not None
+        loss = beat.loss_bad or beat.loss
+        assert (written, beat.step, loss, beat.step_s) == expected
+
+    def test_a_flushed_step_counts_its_interval_from_its_due_time(self, tmp_path, clock) -> None:
+        """The flusher writes a held-back step at its due time; the next step waits a whole interval from then, not
+        from the held step's own time (else 5 writes could land in a second)."""
+        path = tmp_path / "rank-0.json"
+        rb = RankBeat(path)
+        assert rb.beat(1, "train", clock.now)
+        assert not rb.beat(2, "train", clock.now + 0.1)
+        deadline = time.monotonic() + 30
+        while parse_heartbeat(path.read_bytes())[0].step != 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert parse_heartbeat(path.read_bytes())[0].time == pytest.approx(clock.now + 0.1)  # the step's own time
+        assert not rb.beat(3, "train", clock.now + STEP_INTERVAL_S + 0.1)
+        rb.close()
+
+    def test_close_writes_the_step_held_back(self, tmp_path, clock) -> None:
+        """A clean exit leaves the last step in the file (the flusher covers a rank that stops beating)."""
+        rb = RankBeat(tmp_path / "rank-0.json", flush=False)
+        rb.beat(1, "train", clock.now)
+        assert not rb.beat(2, "train", clock.now + 0.1)
+        rb.close()
+        assert parse_heartbeat((tmp_path / "rank-0.json").read_bytes())[0].step == 2
 
     def test_a_failed_write_turns_it_off(self, tmp_path, clock) -> None:
         rb = RankBeat(tmp_path / "missing" / "rank-0.json")
@@ -153,8 +217,9 @@ class TestEveryRank:
         assert beat is not None and beat.step == 4 and beat.step_s == 0.5
         assert not (tmp_path / "hb.json").exists()
 
-    def test_rank_beats_are_not_throttled(self, tmp_path, monkeypatch, clock) -> None:
-        """The node's file is written once a second; the rank's file on every step (the step reached, exactly)."""
+    def test_rank_beats_are_throttled_and_the_last_step_lands(self, tmp_path, monkeypatch, clock) -> None:
+        """The node's file is written once a second, the rank's 4 times a second; the last step held back is written
+        by the flusher when no later beat comes (a rank blocked in a collective): the step reached stays exact."""
         monkeypatch.setenv(HEARTBEAT_ENV, str(tmp_path / "hb.json"))
         monkeypatch.setenv(ENV_HEARTBEAT_DIR, str(tmp_path))
         monkeypatch.setenv("RANK", "0")
@@ -163,4 +228,10 @@ class TestEveryRank:
             hb.beat(step, "train", 1.0)
             clock.now += 0.05
         assert json.loads((tmp_path / "hb.json").read_text())["step"] == 1
-        assert parse_heartbeat((tmp_path / "rank-0.json").read_bytes())[0].step == 10
+        assert parse_heartbeat((tmp_path / "rank-0.json").read_bytes())[0].step < 10
+        deadline = time.monotonic() + 30
+        while parse_heartbeat((tmp_path / "rank-0.json").read_bytes())[0].step != 10 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        beat = parse_heartbeat((tmp_path / "rank-0.json").read_bytes())[0]
+        assert beat.step == 10 and beat.time == pytest.approx(1000.45)  # its own step's time, not the flush's
+        hb.close()
