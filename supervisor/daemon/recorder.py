@@ -61,6 +61,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HistoryRecorder"]
 
+RECENT_ATTEMPTS = 100  # attempts, recoveries and losses the daemon's fold keeps (status shows the latest of each)
 _MAX_DETAIL = 1000  # characters of an exit's detail kept (the root cause's message is already cut to 300)
 
 
@@ -112,7 +113,7 @@ class HistoryRecorder:
     def __init__(self, path: Path, *, now: Callable[[], float], log: Log, compact_bytes: int = COMPACT_BYTES) -> None:
         self.path, self.now, self.log = path, now, log
         self.compact_bytes = compact_bytes
-        self.fold = Fold()
+        self.fold = Fold(recent=RECENT_ATTEMPTS)
         self.compactions = 0
         self._fd: int | None = None
         self._size = 0
@@ -153,8 +154,7 @@ class HistoryRecorder:
                 self._broken = True
                 self.log.error("history_failed", hook="load", error=f"{type(exc).__name__}: {exc}")
             self._size = self._cut_torn_tail(f)
-        if self.fold.attempts:
-            self._last_attempt = max(a.number for a in self.fold.attempts)
+        self._last_attempt = self.fold.last_number or None
 
     def _cut_torn_tail(self, f: BinaryIO) -> int:
         """The file's size once a torn last line is cut off; a tail longer than any record is not ours to cut:
