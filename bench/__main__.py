@@ -28,7 +28,7 @@ from bench.local_tier import K as LOCAL_K
 __all__ = ["main", "GOALS", "evaluate", "render"]
 
 SECTIONS = ("imports", "discovery", "metadata", "recovery", "hangs", "heartbeat", "save_stall", "checkpoint_io",
-            "loop_stall", "throughput", "local_tier", "integrity", "divergence")
+            "loop_stall", "throughput", "local_tier", "integrity", "divergence", "soak")
 # (dotted key in bench-results.json, comparison, goal) from issues 7, 12, 25 and 26.
 GOALS: list[tuple[str, str, float]] = [
     ("recovery_s.ratio", "<=", 0.5),  # issue 26: every rank back (world size unchanged), through warm workers
@@ -61,6 +61,7 @@ GOALS: list[tuple[str, str, float]] = [
     ("integrity.write_overhead", "<=", 0.03),
     ("integrity.verify_ratio", ">=", 0.8),
     ("divergence.false_positives", "<=", 0.0),  # issue 33: diverged events over the benchmark's healthy training
+    ("soak.rss_growth_kb_per_100_attempts", "<=", 50.0),  # issue 37: flat over a month of quick crashes (bench/soak.py)
 ]
 # Context rows printed under the goals (not gated).
 INFO = [
@@ -80,6 +81,8 @@ INFO = [
     "warm_workers.idle_rss_mb", "warm_workers.idle_uss_mb", "warm_workers.workers",
     "local_tier.k", "local_tier.cpu_per_step_ratio", "local_tier.recovery_s", "local_tier.load_s.durable",
     "local_tier.load_s.local", "divergence.rollback_s", "divergence.steps_checked",
+    "soak.attempts", "soak.start.fds", "soak.end.fds", "soak.start.threads", "soak.end.threads", "soak.start.status_s",
+    "soak.end.status_s", "soak.start.metrics_s", "soak.end.metrics_s",
 ]
 
 
@@ -220,7 +223,12 @@ def _sections(quick: bool, repeats: int | None, say: Callable[[str], None]) -> d
 
         return {"divergence": dv.run(repeats=1 if quick else (repeats or 2), steps=60 if quick else 200)}
 
-    return {"divergence": divergence,
+    def soak() -> dict[str, Any]:
+        from bench import soak as sk
+
+        return {"soak": sk.run(attempts=20 if quick else 200, warmup=5 if quick else sk.WARMUP)}
+
+    return {"divergence": divergence, "soak": soak,
             "imports": imports, "discovery": discovery, "metadata": metadata, "recovery": recovery, "hangs": hangs,
             "heartbeat": heartbeat, "save_stall": save_stall, "checkpoint_io": checkpoint_io, "loop_stall": loop_stall,
             "throughput": throughput, "local_tier": local_tier, "integrity": integrity}

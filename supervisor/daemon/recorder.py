@@ -411,6 +411,6 @@ class HistoryRecorder:
         status.goodput_parts = parts if goodput is not None else {k: v for k, v in parts.items() if k == "wall_s"}
         status.loss_recent = list(fold.recent_loss)
         status.restart_latency_s = [round(x, 3) for x in fold.restart_latency_s]
-        status.steps_lost = list(fold.steps_lost)
+        status.steps_lost, status.steps_lost_total = list(fold.steps_lost), fold.ledger.steps_lost_total
         status.time_lost_s = fold.time_lost_totals() if fold.last_step is not None else {}  # unknown: left out
         status.last_failure = fold.losses[-1].to_json() if fold.losses else None

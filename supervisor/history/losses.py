@@ -57,6 +57,7 @@ class Ledger:
     def __init__(self, seconds_per_step: Callable[[AttemptView], float], recent: int | None = None) -> None:
         self.seconds_per_step, self.recent = seconds_per_step, recent  # recent: losses kept (Fold's)
         self._dropped = dict.fromkeys(LOSS_PARTS, 0.0)  # the seconds of the losses no longer kept
+        self.steps_lost_total = 0
         self.steps_lost: list[int] = []
         self.losses: list[Loss] = []
         self.lost_s = 0.0  # training time whose work was redone (productive_s leaves it out)
@@ -110,6 +111,7 @@ class Ledger:
             return
         if behind is not None:
             self.steps_lost.append(behind)
+            self.steps_lost_total += behind
         seen = prev.detected_at if prev.detected_at is not None else prev.ended
         loss = Loss(prev.number, prev.reason or "unknown", prev.max_step, resumed if known else None, behind,
                     list(prev.hung_ranks), {

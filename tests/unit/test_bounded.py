@@ -79,6 +79,7 @@ def test_a_thousand_attempts_cost_no_more_than_a_hundred(tmp_path: Path, monkeyp
     at_100, counts_100 = deep_size(core), (len(core.attempts), len(fold.attempts), len(fold.losses))
     attempts(850)
     assert core.status.attempt == 1001 and fold.count == 1001
+    assert core.status.steps_lost_total == fold.ledger.steps_lost_total > sum(core.status.steps_lost)  # the counter
     assert (len(core.attempts), len(fold.attempts), len(fold.losses)) == counts_100
     assert len(fold.restart_latency_s) <= 100 and len(fold.steps_lost) <= 100 and len(fold._by_number) <= 100
     assert deep_size(core) <= at_100 + 16 * 1024
