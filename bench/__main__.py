@@ -29,7 +29,8 @@ from bench.local_tier import K as LOCAL_K
 __all__ = ["main", "GOALS", "evaluate", "render"]
 
 SECTIONS = ("imports", "discovery", "metadata", "recovery", "hangs", "heartbeat", "save_stall", "checkpoint_io",
-            "loop_stall", "throughput", "local_tier", "integrity", "campaign", "divergence", "hang_auto", "notify")
+            "loop_stall", "throughput", "local_tier", "integrity", "campaign", "divergence", "hang_auto", "notify",
+            "soak")
 # (dotted key in bench-results.json, comparison, goal) from issues 7, 12, 25 and 26.
 GOALS: list[tuple[str, str, float]] = [
     ("recovery_s.ratio", "<=", 0.5),  # issue 26: every rank back (world size unchanged), through warm workers
@@ -68,6 +69,7 @@ GOALS: list[tuple[str, str, float]] = [
     ("hang_recovery_s.auto_beyond_threshold", "<=", 3.0),  # no [health]: the threshold reached -> the first step back
     ("hang.false_positives", "<=", 0.0),  # hang_detected where none was made, over the supervised runs of this bench
     ("notify.latency_s", "<=", 1.0),  # an event -> its webhook's receipt on loopback
+    ("soak.rss_growth_kb_per_100_attempts", "<=", 50.0),  # issue 37: flat over a month of quick crashes (bench/soak.py)
 ]
 # Context rows printed under the goals (not gated).
 INFO = [
@@ -92,6 +94,8 @@ INFO = [
     "throughput.round_ratios", "throughput.ratio_spread.min", "throughput.ratio_spread.max", "throughput.ratio_spread.iqr",
     "supervisor.loop_switches_per_s", "supervisor.switches_per_s", "hang_recovery_s.auto_threshold_s",
     "hang_recovery_s.auto_beyond_threshold_all", "hang.runs_checked", "notify.latency_s_max", "notify.alerts",
+    "soak.attempts", "soak.start.fds", "soak.end.fds", "soak.start.threads", "soak.end.threads", "soak.start.status_s",
+    "soak.end.status_s", "soak.start.metrics_s", "soak.end.metrics_s",
 ]
 
 
@@ -251,7 +255,12 @@ def _sections(quick: bool, repeats: int | None, say: Callable[[str], None]) -> d
 
         return {"notify": n.run(repeats=1 if quick else (repeats or 3))}
 
-    return {"divergence": divergence, "hang_auto": hang_auto, "notify": notify,
+    def soak() -> dict[str, Any]:
+        from bench import soak as sk
+
+        return {"soak": sk.run(attempts=20 if quick else 200, warmup=5 if quick else sk.WARMUP)}
+
+    return {"divergence": divergence, "hang_auto": hang_auto, "notify": notify, "soak": soak,
             "imports": imports, "discovery": discovery, "metadata": metadata, "recovery": recovery, "hangs": hangs,
             "heartbeat": heartbeat, "save_stall": save_stall, "checkpoint_io": checkpoint_io, "loop_stall": loop_stall,
             "throughput": throughput, "local_tier": local_tier, "integrity": integrity, "campaign": campaign}

@@ -65,7 +65,8 @@ class Core:
         self.run_dir = cfg.run_dir
         self.heartbeat_path = self.run_dir / HEARTBEAT_FILE
         self.status = Status(pid=os.getpid(), started_at=system.now(), config=str(cfg.path))
-        self.attempts: list[restarts.Attempt] = []
+        self.attempts: list[restarts.Attempt] = []  # those the restart policy still needs (restarts.window)
+        self.let_go = 0  # attempts dropped from that list
         self.job: Job | None = None
         self.ended: Job | None = None  # the attempt that exited, until a pass lets it be judged
         self.exit_code: int | None = None
@@ -431,7 +432,8 @@ class Core:
                              beat_checkpoint=named_by_beat(job, self.house.last.checkpoints if self.house.last else []))
         verdict = self.guard.verdict if self.guard.found and self.guard.found[0] == job.number else None
         if verdict is None:  # a rollback is no crash: no restart budget, no crash-loop count
-            self.attempts.append(attempt)
+            self.attempts, let_go = restarts.window([*self.attempts, attempt], self.cfg.restart)
+            self.let_go += let_go
         written = self.guard.written(self.house.last.checkpoints if self.house.last else [], latest)
         failed = emergency_save_failure(job, latest_step=written, disk_note=self.house.full_disk_note(job.low_free),
                                         grace_s=self.cfg.health.stop_timeout_s) if job.stopping else None
@@ -452,7 +454,7 @@ class Core:
             self.sys.timers.set(Timer.LAUNCH, self.sys.monotonic())
             return
         self._maybe_quarantine()
-        decision = restarts.decide(self.attempts, self.cfg.restart, jitter=self.sys.random())
+        decision = restarts.decide(self.attempts, self.cfg.restart, jitter=self.sys.random(), before=self.let_go)
         if isinstance(decision, restarts.Finish):
             self._finish(State.COMPLETED, decision.reason)
         elif isinstance(decision, restarts.GiveUp):

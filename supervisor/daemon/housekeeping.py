@@ -46,6 +46,7 @@ from supervisor.checkpoints.claim import RootClaim
 from supervisor.checkpoints.clients import WATCHED
 from supervisor.checkpoints.integrity import CORRUPT_PREFIX
 from supervisor.checkpoints.inuse import in_use_dir
+from supervisor.checkpoints.metadata import cache as metadata_cache
 from supervisor.checkpoints.pruning import parking_problem
 from supervisor.checkpoints.sidecars import open_sidecar, resolved, trusted_owners
 from supervisor.checkpoints.tiers import TierClaims
@@ -216,6 +217,7 @@ class Housekeeper:
         except (CheckpointError, OSError) as exc:
             return PassResult(generation, error=str(exc), root_id=root_id)
         gone = {d.path for d in deleted}
+        metadata_cache.MEMORY.forget_gone()  # retention's deletions, and any other: their parsed `.metadata` too
         return PassResult(
             generation, checkpoints=[c for c in found if c.path not in gone], newest=newest, deleted=deleted,
             findings=[*findings, *plan.findings], verified=verify or not on, disk_free=usage.free_bytes,

@@ -62,6 +62,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HistoryRecorder"]
 
+RECENT_ATTEMPTS = 100  # attempts, recoveries and losses the daemon's fold keeps (status shows the latest of each)
 _MAX_DETAIL = 1000  # characters of an exit's detail kept (the root cause's message is already cut to 300)
 
 
@@ -113,7 +114,7 @@ class HistoryRecorder:
     def __init__(self, path: Path, *, now: Callable[[], float], log: Log, compact_bytes: int = COMPACT_BYTES) -> None:
         self.path, self.now, self.log = path, now, log
         self.compact_bytes = compact_bytes
-        self.fold = Fold()
+        self.fold = Fold(recent=RECENT_ATTEMPTS)
         self.compactions = 0
         self._fd: int | None = None
         self._size = 0
@@ -154,8 +155,7 @@ class HistoryRecorder:
                 self._broken = True
                 self.log.error("history_failed", hook="load", error=f"{type(exc).__name__}: {exc}")
             self._size = self._cut_torn_tail(f)
-        if self.fold.attempts:
-            self._last_attempt = max(a.number for a in self.fold.attempts)
+        self._last_attempt = self.fold.last_number or None
 
     def _cut_torn_tail(self, f: BinaryIO) -> int:
         """The file's size once a torn last line is cut off; a tail longer than any record is not ours to cut:
@@ -412,6 +412,6 @@ class HistoryRecorder:
         status.goodput_parts = parts if goodput is not None else {k: v for k, v in parts.items() if k == "wall_s"}
         status.loss_recent = list(fold.recent_loss)
         status.restart_latency_s = [round(x, 3) for x in fold.restart_latency_s]
-        status.steps_lost = list(fold.steps_lost)
+        status.steps_lost, status.steps_lost_total = list(fold.steps_lost), fold.ledger.steps_lost_total
         status.time_lost_s = fold.time_lost_totals() if fold.last_step is not None else {}  # unknown: left out
         status.last_failure = fold.losses[-1].to_json() if fold.losses else None

@@ -73,11 +73,18 @@ _CLOCK_STEP_S = 60.0  # records are written in time order give or take a heartbe
 
 
 class Fold:
-    """The running summary of a history; with `keep=True` it also keeps what the HTML page draws."""
+    """The running summary of a history; with `keep=True` it also keeps what the HTML page draws.
 
-    def __init__(self, *, keep: bool = False) -> None:
-        self.keep = keep
-        self.attempts: list[AttemptView] = []
+    `recent` (the daemon's): only the latest `recent` attempts, recoveries and losses are kept, the totals run on, so
+    that a month of restarts costs the daemon no memory; every record costs the same time whatever came before it.
+    """
+
+    def __init__(self, *, keep: bool = False, recent: int | None = None) -> None:
+        self.keep, self.recent = keep, recent
+        self.attempts: list[AttemptView] = []  # the latest `recent`
+        self.count = self.last_number = 0  # attempts in all, the highest number
+        self._steps = 0  # steps_trained over all attempts
+        self._startup_s = 0.0  # startup_s of the attempts no longer kept
         self._by_number: dict[int, AttemptView] = {}
         self.sessions: list[list[float]] = []  # [start, end] of each supervisor run
         self._open = False
@@ -88,7 +95,7 @@ class Fold:
         self.failures = 0
         self.exit_reasons: Counter[str] = Counter()
         self.restart_latency_s: list[float] = []
-        self.ledger = Ledger(self._seconds_per_step)  # steps and time lost per failure
+        self.ledger = Ledger(self._seconds_per_step, recent)  # steps and time lost per failure
         self.stragglers: list[Mark] = []  # straggler records, the latest _MAX_STRAGGLER_MARKS
         self.train_s = 0.0  # sum over attempts
         self.save_s = 0.0
@@ -154,14 +161,19 @@ class Fold:
         a = AttemptView(number=number, started=t, resumed_from=resumed_from, resumed_step=resumed_step, last_t=t)
         self.attempts.append(a)
         self._by_number[number] = a
+        self.count, self.last_number = self.count + 1, max(self.last_number, number)
+        if self.recent is not None and len(self.attempts) > self.recent:
+            old = self.attempts.pop(0)
+            self._startup_s += self._startup(old, None)
+            if self._by_number.get(old.number) is old:
+                del self._by_number[old.number]
         self.ledger.relaunched(prev if boundary else None, a)
         return a
 
     def _seconds_per_step(self, a: AttemptView) -> float:
         if a.steps_trained > 0:
             return a.train_s / a.steps_trained
-        steps = sum(x.steps_trained for x in self.attempts)
-        return self.train_s / steps if steps > 0 else 0.0
+        return self.train_s / self._steps if self._steps > 0 else 0.0
 
     def _on_start(self, t: float, rec: dict[str, Any]) -> None:
         number = read_int(rec, "attempt")
@@ -182,7 +194,9 @@ class Fold:
 
     def _note_step(self, a: AttemptView, step: int | None) -> None:
         if step is not None:
+            before = a.steps_trained
             a.max_step = step if a.max_step is None else max(a.max_step, step)
+            self._steps += a.steps_trained - before
             self.last_step = step
 
     def _on_beat(self, t: float, rec: dict[str, Any]) -> None:
@@ -213,6 +227,8 @@ class Fold:
         self.ledger.trained(a, read_int(rec, "from_step"))
         if self._pending_failure_at is not None:
             self.restart_latency_s.append(max(0.0, t - self._pending_failure_at))
+            if self.recent is not None:
+                del self.restart_latency_s[:-self.recent]
             self._pending_failure_at = None
 
     def _on_exit(self, t: float, rec: dict[str, Any]) -> None:
@@ -322,13 +338,13 @@ class Fold:
 
     def startup_s(self, now: float | None = None) -> float:
         """Each attempt's launch to its first new step, or to its end (or now, or its last record) without one."""
-        total = 0.0
-        for a in self.attempts:
-            end = min((x for x in (a.first_step_at, a.trained_at) if x is not None), default=a.ended)
-            if end is None:
-                end = now if now is not None and self._open and a is self.attempts[-1] else a.last_t
-            total += max(0.0, end - a.started)
-        return total
+        return self._startup_s + sum(self._startup(a, now) for a in self.attempts)
+
+    def _startup(self, a: AttemptView, now: float | None) -> float:
+        end = min((x for x in (a.first_step_at, a.trained_at) if x is not None), default=a.ended)
+        if end is None:
+            end = now if now is not None and self._open and a is self.attempts[-1] else a.last_t
+        return max(0.0, end - a.started)
 
     def parts(self, now: float | None = None) -> dict[str, float]:
         """Where the supervisor's wall time went (the module docstring has each part); they add up to `wall_s`."""
@@ -352,7 +368,7 @@ class Fold:
         """The numbers as of the last record, or as of `now` for a session still running."""
         parts = self.parts(now)
         return Summary(
-            attempts=len(self.attempts),
+            attempts=self.count,
             failures=self.failures,
             wall_s=parts["wall_s"],
             productive_s=parts["productive_s"],

@@ -54,8 +54,10 @@ def _span(a: float | None, b: float | None) -> float | None:
 
 
 class Ledger:
-    def __init__(self, seconds_per_step: Callable[[AttemptView], float]) -> None:
-        self.seconds_per_step = seconds_per_step
+    def __init__(self, seconds_per_step: Callable[[AttemptView], float], recent: int | None = None) -> None:
+        self.seconds_per_step, self.recent = seconds_per_step, recent  # recent: losses kept (Fold's)
+        self._dropped = dict.fromkeys(LOSS_PARTS, 0.0)  # the seconds of the losses no longer kept
+        self.steps_lost_total = 0
         self.steps_lost: list[int] = []
         self.losses: list[Loss] = []
         self.lost_s = 0.0  # training time whose work was redone (productive_s leaves it out)
@@ -93,7 +95,8 @@ class Ledger:
 
     def totals(self) -> dict[str, float]:
         """Seconds lost to failures in all, by LOSS_PARTS (unknown parts count 0)."""
-        return {part: round(sum(x.seconds.get(part) or 0.0 for x in self.losses), 3) for part in LOSS_PARTS}
+        return {part: round(self._dropped[part] + sum(x.seconds.get(part) or 0.0 for x in self.losses), 3)
+                for part in LOSS_PARTS}
 
     def _resolve(self, resumed: int | None, *, known: bool = True) -> None:
         """The relaunch's resume step is known (or never will be): count what the ended attempt's failure lost."""
@@ -108,6 +111,7 @@ class Ledger:
             return
         if behind is not None:
             self.steps_lost.append(behind)
+            self.steps_lost_total += behind
         seen = prev.detected_at if prev.detected_at is not None else prev.ended
         loss = Loss(prev.number, prev.reason or "unknown", prev.max_step, resumed if known else None, behind,
                     list(prev.hung_ranks), {
@@ -115,5 +119,9 @@ class Ledger:
                         "relaunch": _span(prev.ended, nxt.started), "worker_start": None, "load": None,
                         "redo": None if behind is None else behind * self.seconds_per_step(prev)}, prev.reached_by)
         self.losses.append(loss)
+        if self.recent is not None and len(self.losses) > self.recent:  # the oldest is complete: only its sums stay
+            for part, v in self.losses.pop(0).seconds.items():
+                self._dropped[part] += v or 0.0
+            del self.steps_lost[:-self.recent]
         self._filling = (nxt, loss)
         self.fill(nxt)

@@ -98,7 +98,7 @@ def render_metrics(st: Status, *, now: float) -> str:
     d.histogram("restart_latency_seconds", "Per recovery: seconds from a failure seen to the job training again.",
                 st.restart_latency_s, RESTART_LATENCY_BUCKETS)
     d.family("steps_lost_total", "counter", "Training steps redone after failures (step at failure - step resumed).",
-             [({}, sum(st.steps_lost))])
+             [({}, st.steps_lost_total)])
     d.family("time_lost_seconds_total", "counter",
              "Seconds lost to failures, by phase: detection, stop, relaunch, worker_start, load, redo.",
              [({"phase": k}, float(v)) for k, v in sorted(st.time_lost_s.items())])

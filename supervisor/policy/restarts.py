@@ -14,7 +14,9 @@ from supervisor.contract import Phase
 from supervisor.policy.state import ExitReason
 
 __all__ = ["Attempt", "Restart", "GiveUp", "Finish", "Decision", "Quarantine", "decide", "backoff_delay",
-           "quarantine_candidate", "corrupt_quarantine"]
+           "quarantine_candidate", "corrupt_quarantine", "window"]
+
+KEEP_PROGRESSED = 32  # older attempts kept for the quarantine's "it loaded and trained before" (one per checkpoint)
 
 
 @dataclass(frozen=True)
@@ -99,8 +101,8 @@ def _corrupt_load(a: Attempt) -> bool:
     return a.reason == ExitReason.CORRUPT and _loading(a) is not None
 
 
-def decide(history: Sequence[Attempt], cfg: RestartSection, *, jitter: float = 0.5) -> Decision:
-    """What to do after the last attempt in `history` ended (history is non-empty).
+def decide(history: Sequence[Attempt], cfg: RestartSection, *, jitter: float = 0.5, before: int = 0) -> Decision:
+    """What to do after the last attempt in `history` ended (history is non-empty; `before`: attempts `window` let go).
 
     An attempt whose load found a known checkpoint corrupt is relaunched at once and counts for nothing (no
     restart, no failure): that checkpoint is quarantined (`corrupt_quarantine`), so each such attempt uses one up.
@@ -109,7 +111,7 @@ def decide(history: Sequence[Attempt], cfg: RestartSection, *, jitter: float = 0
         return Restart(0.0, reason=ExitReason.CORRUPT)
     history = [a for a in history if not _corrupt_load(a)]
     last = history[-1]
-    restarts_so_far = len(history) - 1
+    restarts_so_far = before + len(history) - 1
     if last.succeeded and cfg.policy != "always":
         return Finish(ExitReason.COMPLETED)
     if not last.succeeded and cfg.policy == "never":
@@ -129,6 +131,23 @@ def crash_loop(history: Sequence[Attempt], cfg: RestartSection) -> int | None:
     """The failures in a row without progress when one more gives up (and there were at least 2): a crash loop."""
     streak = _no_progress_streak(history)
     return streak if 2 <= streak == cfg.max_no_progress_restarts else None
+
+
+def window(history: Sequence[Attempt], cfg: RestartSection) -> tuple[list[Attempt], int]:
+    """The attempts `decide` and the quarantine still need, and how many others (not corrupt loads) it let go.
+
+    The last max_no_progress_restarts + quarantine_after + 2 (no streak is longer: one more gives up), and of the older
+    ones the newest that progressed per checkpoint loaded, at most KEEP_PROGRESSED (`quarantine_candidate` asks whether
+    one trained): thousands of restarts keep a few dozen attempts, and every answer stays the same.
+    """
+    recent, cut, n = cfg.max_no_progress_restarts + cfg.quarantine_after + 2, len(history), 0
+    while cut > 0 and (n < recent or len(history) - cut < recent):  # as many, not counting corrupt loads (`decide`)
+        cut -= 1
+        n += not _corrupt_load(history[cut])
+    old, progressed = history[:cut], {(a.resumed_from, a.beat_checkpoint): a for a in history[:cut] if a.progressed}
+    keep = sorted(progressed.values(), key=old.index)[-KEEP_PROGRESSED:]  # dict order is first-seen: the newest's place
+    let_go = sum(not _corrupt_load(a) for a in old) - sum(not _corrupt_load(a) for a in keep)
+    return [*keep, *history[cut:]], let_go
 
 
 @dataclass(frozen=True)

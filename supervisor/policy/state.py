@@ -125,7 +125,8 @@ class Status:
     goodput_parts: dict[str, float] = field(default_factory=dict)
     loss_recent: list[float] = field(default_factory=list)  # the last sampled losses, oldest first
     restart_latency_s: list[float] = field(default_factory=list)  # per recovery: failure seen -> training again
-    steps_lost: list[int] = field(default_factory=list)  # per failure followed by a relaunch
+    steps_lost: list[int] = field(default_factory=list)  # per failure followed by a relaunch (the latest 100)
+    steps_lost_total: int = 0  # over every failure of the run
     # Time lost to failures, in total by phase: detection, stop, relaunch, worker_start, load, redo (seconds).
     time_lost_s: dict[str, float] = field(default_factory=dict)
     last_failure: dict[str, Any] | None = None  # the latest failure's loss: steps reached/resumed/lost, time split

@@ -231,10 +231,49 @@ class TestLocationAndBounds:
         assert "fsdp-supervisor-cache" in configured.name and not str(configured).startswith(str(Path.home() / ".cache"))
 
     def test_entries_are_bounded(self, tmp_path, cache, monkeypatch):
-        """Past MAX_ENTRIES the oldest entries are removed."""
-        monkeypatch.setattr(metadata_cache, "MAX_ENTRIES", 8)
+        """Past MAX_BYTES of entries on disk the oldest are removed until 3/4 remain."""
+        md.read_metadata(aged(write_checkpoint(tmp_path / "root", 1, manifest=False)))
+        size = entries(cache)[0].stat().st_size
+        monkeypatch.setattr(metadata_cache, "MAX_BYTES", 8 * size)
         monkeypatch.setattr(metadata_cache, "_EVICT_EVERY", 1)
-        for step in range(1, 21):
+        for step in range(2, 21):
             md.read_metadata(aged(write_checkpoint(tmp_path / "root", step, manifest=False)))
-        assert 0 < len(entries(cache)) <= 8
+        assert 0 < sum(p.stat().st_size for p in entries(cache)) <= 8 * size
         assert all(p.stat().st_mode & 0o777 == 0o600 for p in entries(cache))
+
+
+class TestMemory:
+    def test_bounded_by_bytes_oldest_first(self):
+        """The process's results are kept up to the cap in (estimated) bytes: past it the oldest go, 3/4 remain."""
+        mem = metadata_cache.Memory(1000)
+        for i in range(30):
+            mem.put(("/r/step_%d/.metadata" % i,), i, 100)
+        assert sum(n for _, n in mem.values()) <= 1000 and [v for v, _ in mem.values()][-1] == 29
+        assert metadata_cache.oldest_over([("a", 600), ("b", 300), ("c", 200)], 1000) == ["a"]
+        assert metadata_cache.oldest_over([("a", 600), ("b", 300)], 1000) == []
+
+    def test_results_of_deleted_checkpoints_are_forgotten(self, tmp_path, cache):
+        """A checkpoint deleted (by retention or by hand): its parsed `.metadata` leaves the process at the next pass."""
+        kept, doomed = (write_checkpoint(tmp_path / "root", s, manifest=False) for s in (1, 2))
+        for d in (kept, doomed):
+            md.read_metadata(aged(d))
+        assert {k[0] for k in md._cache} >= {str(kept / ".metadata"), str(doomed / ".metadata")}
+        import shutil
+        shutil.rmtree(doomed)
+        metadata_cache.MEMORY.forget_gone()
+        known = {k[0] for k in md._cache}
+        assert str(kept / ".metadata") in known and str(doomed / ".metadata") not in known
+
+    def test_the_estimate_holds(self):
+        """PARSED_FACTOR x a summary's JSON bytes is at least what the parsed result holds (256 ranks' shards)."""
+        import sys
+        import tracemalloc
+        refs = [["__%d_0.distcp" % r, 10_000_000 + r, 40] for r in range(256)]
+        entry = {"summary": {"version": "2.4", "entries": 2000, "storage": refs}}
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        parsed = md._summary(json.loads(json.dumps(entry))["summary"])
+        held = tracemalloc.get_traced_memory()[0] - before
+        tracemalloc.stop()
+        assert held <= metadata_cache.PARSED_FACTOR * len(str(entry)), (held, len(str(entry)))
+        assert len(parsed.storage) == 256 and sys.getsizeof(parsed) > 0

@@ -86,6 +86,7 @@ class TestRenderMetrics:
         """Goodput, the restart latency histogram, the steps-lost counter and the last val_loss come from Status."""
         st = running_status()
         st.goodput, st.restart_latency_s, st.steps_lost, st.val_loss = 0.75, [0.5, 4.0, 45.0], [3, 9], 1.25
+        st.steps_lost_total = 12
         m = parse(render_metrics(st, now=2000.0))
         assert m["fsdp_supervisor_goodput"] == [("", 0.75)] and m["fsdp_supervisor_job_val_loss"] == [("", 1.25)]
         assert m["fsdp_supervisor_steps_lost_total"] == [("", 12.0)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from supervisor.config import RestartSection
@@ -225,3 +225,37 @@ class TestQuarantine:
             streak += 1
         d = decide(h, RestartSection(max_no_progress_restarts=n, max_restarts=1000))
         assert isinstance(d, GiveUp) == (streak > n)
+
+
+_PATHS = st.sampled_from([None, "/c/step_1", "/c/step_2", "/c/step_3"])
+_ATTEMPT = st.tuples(st.sampled_from([True, True, False]), st.booleans(), _PATHS, _PATHS,
+                     st.sampled_from(["crash", "corrupt", "signal"]),
+                     st.sampled_from([None, "load", "train"]), st.floats(1, 2000))
+
+
+class TestWindow:
+    @settings(max_examples=300)
+    @example([(True, True, "/c/step_1", None, "crash", "train", 5.0)] * 40, 3, 2, 30)  # the budget, past the window
+    @given(st.lists(_ATTEMPT, min_size=1, max_size=60), st.integers(0, 4), st.integers(0, 3), st.integers(0, 40))
+    def test_the_window_answers_as_the_whole_history(self, specs: list[tuple[object, ...]], streak: int,
+                                                     quarantine_after: int, max_restarts: int) -> None:
+        """Every decision, backoff, quarantine and crash-loop count is the same from the attempts `window` keeps
+        (kept step by step, as the daemon does) as from the whole history; and the kept list stays short."""
+        from supervisor.policy.restarts import KEEP_PROGRESSED, crash_loop, window
+        cfg = RestartSection(backoff_jitter=0, max_no_progress_restarts=streak, quarantine_after=quarantine_after,
+                             max_restarts=max_restarts)
+        whole: list[Attempt] = []
+        kept: list[Attempt] = []
+        let_go = 0
+        for i, (progressed, beat, resumed, named, reason, phase, dur) in enumerate(specs):
+            a = replace(fail(i, dur=dur, progressed=bool(progressed), resumed=resumed, reason=str(reason),  # type: ignore[arg-type]
+                             beat_checkpoint=named), beat=bool(beat), last_phase=phase)  # type: ignore[arg-type]
+            whole.append(a)
+            kept, n = window([*kept, a], cfg)
+            let_go += n
+            assert decide(kept, cfg, before=let_go) == decide(whole, cfg)
+            assert quarantine_candidate(kept, quarantine_after) == quarantine_candidate(whole, quarantine_after)
+            assert crash_loop(kept, cfg) == crash_loop(whole, cfg)
+            assert len([a for a in kept if a.reason != "corrupt"]) <= streak + quarantine_after + 2 + KEEP_PROGRESSED
+            if not isinstance(decide(whole, cfg), Restart):  # the run ends here: no later attempt
+                break

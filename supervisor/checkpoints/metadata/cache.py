@@ -10,12 +10,16 @@ ctime back. The reader: an upgrade that learns a new class must not keep the "un
 reader before it (nor one that parses differently its summaries). An entry only ever replaces parsing: the
 caller still checks every shard on disk. Anything wrong with the cache (unset HOME, unwritable, not ours,
 malformed or foreign entries) is a miss, never an error; at most a debug log line. Entries of an older key
-are never matched again; they go with the oldest quarter once the cache is full.
+are never matched again; they go with the oldest once the cache is full.
 
 Where: $FSDP_SUPERVISOR_CACHE_DIR, else $XDG_CACHE_HOME/fsdp-supervisor, else
 ~/.cache/fsdp-supervisor; entries go in its `metadata-v1/`. The dir must be owned by this user and
-not writable by others, and is never used when it lies inside the checkpoint's root. At most
-MAX_ENTRIES entries are kept: past that the oldest quarter is removed.
+not writable by others, and is never used when it lies inside the checkpoint's root. At most MAX_BYTES of
+entries are kept: past that the oldest are removed until 3/4 remain.
+
+In each process, `MEMORY` keeps the parsed results by the same rule, up to MEMORY_BYTES by an estimate: PARSED_FACTOR x
+their JSON's bytes (256 shards: 8.6 KB of JSON, 55 KB parsed, counted 69 KB); the daemon's passes `forget_gone` the
+results of files no longer there (checkpoints retention deleted).
 """
 from __future__ import annotations
 
@@ -33,10 +37,13 @@ from supervisor import __version__
 from supervisor.checkpoints._files import load_capped_json
 from supervisor.host.atomic import write_atomic
 
-__all__ = ["CACHE_ENV", "MAX_ENTRIES", "cache_dir", "load", "store", "reader_version", "valid_result"]
+__all__ = ["CACHE_ENV", "MAX_BYTES", "MEMORY", "MEMORY_BYTES", "PARSED_FACTOR", "Memory", "cache_dir", "load", "store",
+           "reader_version", "valid_result"]
 
 CACHE_ENV = "FSDP_SUPERVISOR_CACHE_DIR"
-MAX_ENTRIES = 4096
+MAX_BYTES = 256 << 20  # entries on disk
+MEMORY_BYTES = 64 << 20  # parsed results in a process, estimated
+PARSED_FACTOR = 8  # a parsed result's bytes per byte of its JSON (measured 6.3: tuples of StorageRef, strings, ints)
 _SUBDIR = "metadata-v1"
 _FORMAT = 1
 _MAX_ENTRY_BYTES = 16 << 20
@@ -189,23 +196,55 @@ def store(metadata_path: Path, st: os.stat_result, result: dict[str, Any], root:
         _evict(entries)
 
 
+def oldest_over(sized: list[tuple[Any, int]], cap: int) -> list[Any]:
+    """Past `cap` bytes in all, the oldest keys of `sized` ((key, bytes), oldest first) to drop for 3/4 of it to remain
+    (the one rule of both caches)."""
+    total, i = sum(n for _, n in sized), 0
+    while total > cap * 3 // 4 and (i or total > cap):
+        total, i = total - sized[i][1], i + 1
+    return [key for key, _ in sized[:i]]
+
+
+class Memory(dict[tuple[Any, ...], tuple[Any, int]]):
+    """This process's results by key (the file's path first), oldest first, each with its estimated bytes.
+    Thread-safe enough: the passes' threads only add and drop (list() of a dict is atomic)."""
+
+    def __init__(self, cap: int) -> None:
+        super().__init__()
+        self.cap = cap
+
+    def put(self, key: tuple[Any, ...], value: Any, nbytes: int) -> None:
+        self.pop(key, None)
+        self[key] = value, nbytes
+        for old in oldest_over([(k, n) for k, (_, n) in list(self.items())], self.cap):
+            self.pop(old, None)
+
+    def forget_gone(self) -> None:
+        """Drop the results of files no longer there (a checkpoint deleted, by retention or by hand)."""
+        for key in [k for k in list(self) if not os.path.exists(k[0])]:
+            self.pop(key, None)
+
+
+MEMORY = Memory(MEMORY_BYTES)
+
+
 def _evict(entries: Path) -> None:
-    """Keep at most MAX_ENTRIES: remove the oldest quarter past that, and temp files older than an hour."""
-    found: list[tuple[int, str]] = []
+    """Keep at most MAX_BYTES of entries (`oldest_over`), and no temp file older than an hour."""
+    found: list[tuple[int, str, int]] = []
     try:
         with os.scandir(entries) as it:
             for e in it:
                 try:
-                    found.append((e.stat(follow_symlinks=False).st_mtime_ns, e.name))
+                    st = e.stat(follow_symlinks=False)
                 except OSError:
                     continue
+                found.append((st.st_mtime_ns, e.name, st.st_size))
     except OSError:
         return
     found.sort()
     hour_ago = time.time_ns() - 3600 * 10**9
-    stale = [n for t, n in found if n.endswith(".tmp") and t < hour_ago]
-    doomed = [n for _, n in found[: len(found) - MAX_ENTRIES * 3 // 4]] if len(found) > MAX_ENTRIES else []
-    for name in {*stale, *doomed}:
+    stale = [n for t, n, _ in found if n.endswith(".tmp") and t < hour_ago]
+    for name in {*stale, *oldest_over([(n, size) for _, n, size in found], MAX_BYTES)}:
         try:
             os.unlink(entries / name)
         except OSError:

@@ -18,7 +18,8 @@ with the bytes each must hold (from `storage_data`), the entry count and the ver
   `bench.synthetic`) writes a 621 MB `.metadata`; a bigger file is refused before it is read.
 - Once per file (`metadata_cache`): results (and parse errors) are kept per (path, st_dev, st_ino,
   st_size, st_mtime_ns, st_ctime_ns) in this process, and in a per-user cache dir shared by the daemon,
-  the CLI and the trainer's `--resume auto` (there also per reader version). A file modified or changed
+  the CLI and the trainer's `--resume auto` (there also per reader version), both bounded by bytes (cache.py).
+  A file modified or changed
   (mtime or ctime) in the last RACY_NS is not remembered yet. Within `fresh()` (`checkpoints verify
   --no-cache`) nothing remembered is used: every file is parsed again and its entries are replaced.
 """
@@ -65,7 +66,6 @@ MAX_METADATA_BYTES = 1 << 30
 # clock tick (or into a reused inode number) could keep size, mtime and ctime, so its identity is not yet
 # trustworthy.
 RACY_NS = 2 * 10**9
-_CACHE_MAX = 4096  # results kept in this process; a root of 1,000+ checkpoints must not thrash
 # How often each source answered read_metadata in this process: "parsed", "memory", "disk" (for tests).
 COUNTS: Counter[str] = Counter()
 
@@ -150,7 +150,7 @@ def parse_metadata(data: bytes) -> DcpMetadata:
 
 # ---- once per file ----------------------------------------------------------------------------------
 
-_cache: dict[tuple[str, int, int, int, int, int], DcpMetadata | dict[str, Any]] = {}
+_cache = metadata_cache.MEMORY  # results kept in this process
 _fresh: ContextVar[bool] = ContextVar("metadata_fresh", default=False)
 
 
@@ -189,10 +189,10 @@ def _lookup(path: Path, f: BinaryIO, st: os.stat_result, root: Path | None) -> D
     """This file's result: from this process, from the disk cache, or parsed now (then remembered)."""
     key = (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     bypass = _fresh.get()
-    found = None if bypass else _cache.get(key)
-    if found is not None:
+    remembered = None if bypass else _cache.get(key)
+    if remembered is not None:
         COUNTS["memory"] += 1
-        return found
+        return remembered[0]  # type: ignore[no-any-return]
     entry = None if bypass else metadata_cache.load(path, st, root)
     racy = False
     if entry is not None:
@@ -211,12 +211,7 @@ def _lookup(path: Path, f: BinaryIO, st: os.stat_result, root: Path | None) -> D
     found = _summary(entry["summary"]) if "summary" in entry else entry["error"]
     if racy:
         return found
-    if len(_cache) >= _CACHE_MAX:
-        try:
-            _cache.pop(next(iter(_cache)))
-        except (StopIteration, RuntimeError, KeyError):  # another thread got there first
-            pass
-    _cache[key] = found
+    _cache.put(key, found, metadata_cache.PARSED_FACTOR * len(str(entry)))
     return found
 
 
