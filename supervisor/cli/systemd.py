@@ -1,14 +1,8 @@
 """`fsdp-supervisor systemd-unit`: render a systemd service unit for one job.toml.
 
-The unit is `Type=notify` (supervisor/observe/notify.py sends READY, STATUS, WATCHDOG, STOPPING) with
-`KillMode=mixed`, so `systemctl stop` sends SIGTERM to the supervisor alone: it stops the job gracefully
-(the emergency checkpoint) and systemd only SIGKILLs what is left after `TimeoutStopSec=`.
-
-systemd starts the service with an almost empty environment: the job's program (`torchrun`, the first word
-of `[job] command`) is found here as the user's shell finds it now, and its directory goes first in the
-unit's `PATH`; a program that cannot be found is exit 2. What would still stop the unit from starting (a
-`ReadWritePaths=` dir not created yet, an unknown `--user`) is written into the unit as `# warning:`
-comments, so that `systemd-unit ... | sudo tee` installs the whole message with the unit.
+What the unit says and why (`Type=notify`, `KillMode=mixed`, `PATH`, the `# warning:` comments):
+docs/operations.md, 'As a systemd service'. A program that cannot be found is exit 2; it is found here as the
+user's shell finds it now, since systemd starts the service with an almost empty environment.
 """
 from __future__ import annotations
 
