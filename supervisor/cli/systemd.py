@@ -140,12 +140,8 @@ def write_paths(cfg: Config, root: Path | None = None, local_root: Path | None =
     """What the service may write (ReadWritePaths=; pure): the folder holding the checkpoint root (and the one
     holding the node-local tier, if any), the run dir, and /tmp and /var/tmp when the unit says PrivateTmp=no.
 
-    The folder and not just the root: the supervisor keeps its trash, in-use markers and claim next to the
-    root (`.<root>.fsdp-trash/`, ...; `root` is the root as resolved here, since they go next to a symlink's
-    target). With only the root writable they cannot be made, and the fallback trash in the run dir is another
-    bind mount of the sandbox, across which rename() fails (EXDEV): retention would delete nothing and the
-    disk would fill. /tmp: ProtectSystem=strict leaves it read-only unless PrivateTmp=yes gives the service its
-    own, and torchrun and Python's tempfile need one (`No usable temporary directory found`).
+    Why the folder and not the root, and why /tmp: docs/operations.md, 'As a systemd service' (the hardening row).
+    `root` is the root as resolved here, since the sidecars go next to a symlink's target.
     """
     root = cfg.checkpoints.dir if root is None else root
     local = cfg.checkpoints.local_dir if local_root is None else local_root
