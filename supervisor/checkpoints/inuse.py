@@ -61,11 +61,8 @@ def in_use(root: PathLike, *, now: float | None = None) -> set[Path]:
     """The checkpoints of `root` that a live process has marked in use (stale markers are removed).
 
     SidecarError when the marker folder is not ours (sidecars.py): what it says cannot be trusted, and a
-    prune that ignored it could delete a checkpoint a job is loading.
-
-    Paths are `root` as spelled here joined with the marked checkpoint's name: the writer may have spelled
-    the same root another way (through a symlink, or another node's mount point), and the marker folder
-    already says which root it is about.
+    prune that ignored it could delete a checkpoint a job is loading. Paths are `root` as spelled here joined
+    with the marked checkpoint's name (the module docstring says why).
     """
     base = Path(os.path.abspath(root))
     folder = in_use_dir(root)

@@ -89,13 +89,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def info_json(c: CheckpointInfo) -> dict[str, Any]:
-    """The fixed `list --json` object (plus `state`, `metrics`, `ordinal`, `alias_of` and `kept_by`).
-
-    `step` is the training step when known; `ordinal` is the save number of an Accelerate `checkpoint_<N>`
-    (null otherwise). A `foreign` entry (not a checkpoint) has `size_bytes` 0: it is never walked. `alias_of`
-    names the sibling holding the same save (Lightning's `last.ckpt`); `kept_by` says why the training program
-    itself still needs the entry (retention never deletes it).
-    """
+    """The fixed `list --json` object; its fields: docs/checkpoints.md, 'States' (`list --json`)."""
     return {
         "name": c.name, "path": str(c.path), "step": c.step, "complete": c.complete,
         "reason": None if c.complete else (c.reason or c.state), "size_bytes": c.size_bytes, "mtime": c.mtime,

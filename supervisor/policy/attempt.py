@@ -1,10 +1,7 @@
 """One attempt of the job: what the core remembers about it, and the decisions that need only that.
 
-`Core` (supervisor/daemon/core.py) owns the events and the side effects; this module holds the attempt's record
-(`Job`, one record from the launch to the judgement, which builds the restart policy's frozen `Attempt`) and
-the small pure decisions taken from it: the environment it
-is launched with (the job contract, supervisor/contract.py), how its heartbeat moves `status`, how long it
-may stay silent before it counts as hung, and which checkpoint a job that picks its own was loading.
+`Core` owns the events and the side effects; this module holds the attempt's record (`Job`, from the launch to
+the judgement, which builds the restart policy's frozen `Attempt`) and the small pure decisions taken from it.
 """
 from __future__ import annotations
 
