@@ -1,14 +1,10 @@
 """The job contract: everything the supervisor and a supervised job tell each other (stdlib only).
 
-Supervisor -> job: the environment variables below (the heartbeat file to rewrite, the per-rank heartbeat
-folder, the attempt number, the run dir, torchrun's error file, the run dir's token). Job -> supervisor: the
-heartbeat file and one file per rank, the checkpoint manifest, the exit code and torchrun's error file. Both
-sides import the names and the validation from here (the supervisor, the reference trainer, the benchmarks
-and the tests), so a key or a phase can never be spelled two ways. Next to `layout.py`, which names what lies on disk.
-
-The heartbeat comes from code we did not write (a user's own script), so it is untrusted input: every
-field is validated and a bad one is dropped with a note, never passed on (a NaN loss once made state.json
-invalid JSON; a `1e999` step crashed the daemon).
+What crosses the process boundary, each way: docs/design.md, 'The job contract'. Both sides import the names and
+the validation from here (the supervisor, the reference trainer, the benchmarks and the tests), so a key or a
+phase can never be spelled two ways; `layout.py` names what lies on disk. The heartbeat is untrusted input: every
+field is validated and a bad one is dropped with a note, never passed on (a NaN loss once made state.json invalid
+JSON; a `1e999` step crashed the daemon).
 """
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
 """Names on disk shared by the supervisor, the reference trainer and the CLI (torch-free).
 
-The trainer writes `step_<N>` under a temporary sibling name and renames it into place; the store
-treats anything with the temporary prefix as `partial`, whatever it contains.
-
-Nothing the supervisor keeps for itself lives inside the checkpoint root: programs such as Accelerate
-sort every entry of that folder and crash on names they did not write. Its trash and its in-use markers
-sit next to the root, as hidden siblings named after it (`<parent>/.<root-name>.fsdp-trash/`,
-`<parent>/.<root-name>.fsdp-inuse/`, `<parent>/.<root-name>.fsdp-claim/`). Only the pin and quarantine
-markers are files inside a checkpoint dir, where loaders do not look (DCP reads `.metadata` and the files it
-names).
+The trainer writes `step_<N>` under a temporary sibling name and renames it into place; the store treats
+anything with the temporary prefix as `partial`, whatever it contains. Nothing of the supervisor's lives
+inside the checkpoint root (docs/checkpoints.md, 'What the supervisor keeps next to the root' says why and
+where); only the pin and quarantine markers are files inside a checkpoint dir, where loaders do not look.
 """
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """torchrun's command line read without torch: is a command torchrun, its own arguments, a flag's value, its nodes.
 
-Used where the supervisor must know what torchrun will do before it runs (pure, stdlib only): the config refuses
-the node-local tier for a multi-node job, and the supervisors of one multi-node job share the root's claim
-(daemon/preflight.rendezvous_key). torchrun parses with argparse, so a flag may be abbreviated (`--nnode 2`), the
-last one given wins, and an absent flag takes its `PET_<NAME>` environment variable (torchrun's `env` action).
+Pure, stdlib only: the config refuses the node-local tier for a multi-node job, and the supervisors of one
+multi-node job share the root's claim (daemon/preflight.rendezvous_key). torchrun parses with argparse, so a flag
+may be abbreviated (`--nnode 2`), the last one given wins, and an absent flag takes its `PET_<NAME>` variable.
 """
 from __future__ import annotations
 

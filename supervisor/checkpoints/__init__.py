@@ -1,10 +1,6 @@
 """The checkpoint store: the one place that knows what a complete DCP checkpoint is (never imports torch).
 
-identify() tells a checkpoint of a known layout from a foreign folder, verify() classifies one dir,
-scan()/newest_complete() rank a root (check_root() refuses a root one level too high; tiers.py ranks a durable
-root and a node-local tier together), markers pin and
-quarantine, in-use markers protect a running job's resume point from every prune, retention plans (pure)
-and executes deletions into a trash next to the root. See each module, and docs/checkpoints.md.
+Its modules: docs/design.md, 'Module map'; what it decides: docs/checkpoints.md.
 """
 from __future__ import annotations
 

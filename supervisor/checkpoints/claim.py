@@ -1,46 +1,12 @@
 """One job per checkpoint root: a claim next to the resolved root, taken at start and held while the job runs.
 
-The run-dir lock keeps two supervisors off one run dir, but two run dirs can name one root (two configs
-with the same `[checkpoints] dir`, a `run_dir` edited in a running job's config, a run dir deleted under a
-running supervisor), and two jobs on one root prune each other's checkpoints and resume from each
-other's saves. So every supervisor also claims the root it resolved:
-
-    <parent>/.<root-name>.fsdp-claim/<host>-<pid>-<pid namespace>.json
-        a lease (lease.py) on the supervisor's own process, holding {job, config, run_dir, refresh_s, root, slurm}
-
-an owner-only sidecar (sidecars.py), next to the root like the in-use markers, so that it survives the
-root's deletion and every spelling of the root meets it.
-Where that folder cannot be ours (the root is a mount point under a read-only parent, or someone else's
-folder sits there), the claim goes to the user's cache dir instead (`<cache>/claims/<hash of the resolved
-root>/`, metadata/cache.cache_dir), with a warning: it still keeps two jobs of this user on this host off
-the root, but supervisors on other hosts cannot see it. A copy of the claim always goes to the cache dir's
-**identity home** too (`<cache>/claims/id-<hash of the root's st_dev and st_ino>/`, identity_home): a
-bind mount (or a second mount of one share) gives one directory two paths, hence two folders next to it,
-and on this host the two meet there. A record in it counts only while the `root` it names is still that
-directory (not one deleted since, whose inode number another directory got). Every reader looks in all
-three places.
-
-- **Who may share.** The supervisors of one multi-node job (one per node) share the root: their `job` is
-  the same rendezvous (daemon/preflight.rendezvous_key). A single-node job has `job = null` and shares
-  with nobody.
-- **Live or stale** (`holder_state`, pure): the lease's rule (lease.py), where "another host" (or another pid
-  namespace) is live until `max(CLAIM_MAX_AGE_S, 3 * refresh_s)` after its last write (its supervisor
-  refreshes it at every housekeeping pass, at least every `retention_interval_s`). A stale claim is taken over with a
-  warning; a live one of another job refuses the start (ClaimedError, exit 2) naming its holder. A claim of
-  this host whose supervisor is gone (SIGKILL, OOM) still holds the root while its job runs on (in its own
-  session, found by its run dir in its environment: procs.job_of): only that run dir's next `run` takes over.
-- **A Slurm job's earlier run** (`slurm`: the cluster, job id and SLURM_RESTART_COUNT of the supervisor's
-  job) is stale from another host at once: Slurm runs a job once at a time and starts a requeued one only
-  after every process of its previous run has ended. Without this, a job requeued after its supervisors
-  were SIGKILLed (KillWait, the OOM killer, a lost node) onto other nodes met their claims, live for 15
-  minutes, and exited 2: failed, not requeued. On this host the process check still decides.
-- **Checked before every launch** (`RootClaim.check`): a claim file removed meanwhile is written again,
-  and a live claim of another job that appeared meanwhile stops the launch. Every pass (`refresh`) writes
-  it again too when it was removed (`rm -rf` of the folder), so a second job does not find the root free
-  until our next launch - only until our next pass.
-
-Taking the claim is serialized by an flock on `.lock` in the folder (the identity home's first, then the one
-next to the root), so two supervisors starting at the same moment cannot both win, whatever path each used.
+Where the claim lives (next to the root, the cache dir, the identity home), who may share it, when it is live
+or stale (a Slurm job's earlier run included) and when it is checked: docs/checkpoints.md, 'What the supervisor
+keeps next to the root' ("The root claim"). Invariants while editing: every reader looks in all three places; a
+record in the identity home counts only while the `root` it names is still that directory (not one deleted
+since, whose inode number another directory got); taking the claim is serialized by an flock on `.lock` in the
+folder (the identity home's first, then the one next to the root), so two supervisors starting at the same
+moment cannot both win, whatever path each used.
 """
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """Decide whether one checkpoint dir is complete, and if not, say why in words a user can act on.
 
-The states (docs/checkpoints.md, "States"): complete (`.metadata` parses safely, every storage file it names is a
-regular file at least as long as it says, a manifest's sizes match, and its client's commit file is whole: clients.py;
-a nested folder when every DCP dir in it is, its siblings being the caller's `against_reference`), partial (a save in
-flight or abandoned), torn (a file missing or short under a whole commit), invalid (unsafe or unparseable metadata,
-an escaping path, a symlink, only rank-local `__<rank>.metadata`), foreign (shapes.py). A verdict decided by
-`.metadata` carries a `kind`: "unsafe" (hostile: log loudly), "unknown_class" (a newer torch), "bad_metadata".
+The states and what makes each: docs/checkpoints.md, 'States' (a nested folder's siblings are the caller's
+`against_reference`; a client's commit file: clients.py). A verdict decided by `.metadata` carries a `kind`:
+"unsafe" (hostile: log loudly), "unknown_class" (a newer torch), "bad_metadata".
 """
 from __future__ import annotations
 

@@ -1,17 +1,11 @@
 """In-use markers: the checkpoint a running job resumed from, visible to every prune of the root.
 
-The daemon already keeps its own job's resume point out of its retention (`protect`); a `checkpoints prune
---dir` run by hand, or another node's supervisor, must see it too. So the daemon writes a marker when it
-launches a job from a checkpoint and removes it when the attempt ends or commits a newer checkpoint:
-
-    <parent>/.<root-name>.fsdp-inuse/<host>-<pid>-<pid namespace>.json   a lease (lease.py) holding {path}
-
-next to the root (symlinks resolved), never inside it (layout.py says why), in an owner-only folder that must
-be ours (sidecars.py: another user's or a group-writable folder is refused with SidecarError); a reader matches
-the checkpoint by its name, whatever path spelled the root. The lease is on the job's (torchrun's) process. A
-reader counts a marker while its lease is live (lease.py: from another host, or a container sharing our host
-name, until IN_USE_MAX_AGE_S after its last refresh; the daemon refreshes it at every housekeeping pass).
-Stale markers are ignored and removed by whoever reads them; unreadable ones are ignored.
+The daemon keeps its own job's resume point out of its retention (`protect`); a `checkpoints prune --dir` by
+hand, or another node's supervisor, sees it through the marker: a lease (lease.py) on the job's (torchrun's)
+process, holding {path}, in the `.fsdp-inuse` sidecar. Where, when written, refreshed and removed, and how long
+it is live: docs/checkpoints.md, 'What the supervisor keeps next to the root' ("In-use markers"). A reader
+matches the checkpoint by its name, whatever path spelled the root; stale markers are ignored and removed by
+whoever reads them; unreadable ones are ignored.
 """
 from __future__ import annotations
 
@@ -67,11 +61,8 @@ def in_use(root: PathLike, *, now: float | None = None) -> set[Path]:
     """The checkpoints of `root` that a live process has marked in use (stale markers are removed).
 
     SidecarError when the marker folder is not ours (sidecars.py): what it says cannot be trusted, and a
-    prune that ignored it could delete a checkpoint a job is loading.
-
-    Paths are `root` as spelled here joined with the marked checkpoint's name: the writer may have spelled
-    the same root another way (through a symlink, or another node's mount point), and the marker folder
-    already says which root it is about.
+    prune that ignored it could delete a checkpoint a job is loading. Paths are `root` as spelled here joined
+    with the marked checkpoint's name (the module docstring says why).
     """
     base = Path(os.path.abspath(root))
     folder = in_use_dir(root)

@@ -3,14 +3,10 @@
     <sidecar folder>/<host>-<pid>-<pid namespace>.json   {host, pidns, boot, pid, start, time, ...what it holds}
 
 written atomically, owner-only, into a sidecar folder that must be ours (sidecars.py; the caller opens it).
-`pid`/`start`/`boot` name one process for good (host/boot.py: start ticks since boot, never the wall clock).
-**Live or stale** (`lease_state`, pure), the one rule for claims and markers:
-- on this host (same host name and pid namespace: a container sharing our host name does not share our pids):
-  stale once the host rebooted since, or process `pid` is gone or another one (other start ticks);
-- from another host or another pid namespace: live until `max_age` after its last write, the later of its
-  `time` and its mtime (its writer refreshes it at every housekeeping pass); a time further ahead of ours than
-  sidecars.CLOCK_SKEW_S is not trusted, and with no usable time it is stale.
-Whoever finds a stale lease may remove it; a lease it cannot judge as stale is never removed.
+`lease_state` (pure) is the one live-or-stale rule for claims and markers: docs/checkpoints.md, 'What the
+supervisor keeps next to the root' ("Leases"). `pid`/`start`/`boot` name one process for good (host/boot.py:
+start ticks since boot, never the wall clock). Whoever finds a stale lease may remove it; a lease it cannot
+judge as stale is never removed.
 """
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """A run's identity (its lineage), so that a node-local checkpoint is resumed only by the run that wrote it.
 
-The trainer library keeps the durable root's lineage in the root, `<root>/.fsdp-lineage.json` (a plain file: the
-store lists and deletes only directories): a root removed and made again (`rm -rf` to start over) gets a new one,
-restarts and requeues of the same run keep it. (Next to the root it would outlive an `rm -rf` of the root, and
-the root's inode, which it could carry, is reused at once by a root made again.) The trainer library writes it into
-every manifest, local saves included; a local checkpoint of another lineage (or of none) is `local_tier_foreign`:
-reported, never resumed.
+What it is and where: docs/checkpoints.md, 'The local tier' ("Only this run's"). Why in the root, not next to
+it: next to the root it would outlive an `rm -rf` of the root, and the root's inode, which it could carry, is
+reused at once by a root made again.
 """
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
 """Pin and quarantine markers: small files inside a checkpoint dir that the store honours.
 
-A pinned dir is never deleted by retention. A quarantined dir is never selected for resume (the
-supervisor quarantines a checkpoint the job keeps crashing right after loading). Any entry under the
-marker name counts, even an unreadable one: when in doubt, keep and do not select.
-
-Only ours are written or removed: a marker we write is a small JSON object (`{"by": "fsdp-supervisor",
-"time"}`, plus `"reason"` for quarantine). An entry under a marker
-name that is not one (a user's own `.pinned`, a symlink, a folder) is never replaced nor removed: unpin and
-unquarantine refuse it, naming it. The commands act only on a checkpoint directly under the configured root
-(`checkpoint_in_root`): `pin /etc` or `unpin ~/notes` is refused before anything is written.
+A pinned dir is never deleted by retention; a quarantined dir is never selected for resume. Any entry under the
+marker name counts, even an unreadable one: when in doubt, keep and do not select. Only ours are written or
+removed; what the commands accept and refuse: docs/checkpoints.md, 'pin, unpin, unquarantine'.
 """
 from __future__ import annotations
 

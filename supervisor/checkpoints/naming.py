@@ -1,10 +1,7 @@
 """What a checkpoint dir's name says: its step or save ordinal, whether it is a temporary, a checkpoint name.
 
-A trailing integer after a checkpoint word is the step (`step_120`, `step-120`, `epoch_12`, `ckpt_000120`,
-`global_step120`, `iter_0000120`, `checkpoint-500`, also after a prefix: `run1_step_120`), and so is a bare `1500`;
-a number after any other word (`backup-20241203`) is not. A client's own names say otherwise where its record
-(clients.py) does: Lightning's `epoch=1-step=500.ckpt` carries the number after `step=`, Accelerate's
-`checkpoint_3` a save ordinal, no step (docs/checkpoints.md, "Layouts").
+The naming rules (which trailing numbers are steps, a client's own names): docs/checkpoints.md, 'Layouts'; a
+client's record (clients.py) overrides the generic rule.
 """
 from __future__ import annotations
 

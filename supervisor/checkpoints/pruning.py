@@ -2,16 +2,10 @@
 
 Each target is re-checked (a direct, non-symlink child dir of the root that is still a checkpoint, not a
 foreign folder, and still the dir that was judged, not one renamed into its place since), renamed into the
-trash in one atomic step, then removed. A crash mid-delete leaves only
-trash contents, which scans never see and the next run clears, so a half-deleted dir can never look complete.
-
-The trash is never inside the root (programs such as Accelerate sort every entry of their checkpoint
-folder and crash on ours): it is `<parent>/.<root-name>.fsdp-trash/` of the *resolved* root, created 0700,
-on the root's file system so the rename stays atomic, and used only while it is ours (sidecars.py). When
-the parent is not writable (or is another file system: the root is a mount point), the caller's
-`fallback` dir is used instead (the daemon passes its run dir) if it is on the root's file system;
-otherwise nothing is deleted and SidecarError says so in one line (`parking_problem` tells beforehand,
-creating nothing).
+trash in one atomic step, then removed: a crash mid-delete leaves only trash, so a half-deleted dir never looks
+complete. Where the trash is and when deleting stops: docs/checkpoints.md, 'What the supervisor keeps next to
+the root' ("Trash"); the caller's `fallback` is the daemon's run dir, and `parking_problem` tells beforehand,
+creating nothing.
 """
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """List the children of a checkpoint root, newest first, judge them, and find the newest complete one fast.
 
 Only immediate children count; the supervisor's sidecars are left out, a symlink is `invalid` and never followed,
-a foreign child (shapes.py) is never walked, sized, counted or selected; a copy (a series of checkpoints beside
-the root's own, `step_30.bak`, a dir whose manifest repeats a sibling's named step) is foreign. The order, the
-nested folders' reference sibling, and a root set one level too high (CheckpointDirectoryError): docs/checkpoints.md,
-"Layouts" and "A root set one level too high".
+a foreign child (shapes.py) or a copy is never walked, sized, counted or selected. The order, copies, the nested
+folders' reference sibling and a root set one level too high: docs/checkpoints.md, 'States', 'Layouts' and
+'A root set one level too high'.
 """
 from __future__ import annotations
 

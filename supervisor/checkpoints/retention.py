@@ -1,10 +1,7 @@
 """Retention: a pure function from (checkpoints, disk, rules) to deletions with reasons, plus findings.
 
-In order (docs/checkpoints.md, "Retention"): foreign entries are never deleted nor counted; guards are never
-deleted (the newest complete, `protect`, pinned, `hold`, unfinished saves younger than `partial_max_age_s`,
-invalid, unverified); the keep rules keep complete checkpoints (an alias is not counted) and, when one is on,
-the rest go; unfinished saves idle past the limit go (with `settled`, those above the newest complete at once:
-a job that picks its own checkpoint would load them); then the disk floors take the oldest deletable.
+The rules, in order: docs/checkpoints.md, 'Retention'. Foreign entries are never deleted nor counted, and the
+guards (the newest complete, `protect`, pinned, `hold`, young unfinished saves, invalid, unverified) never go.
 """
 from __future__ import annotations
 

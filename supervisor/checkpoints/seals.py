@@ -1,15 +1,10 @@
-"""Good, not only complete: the checksums a checkpoint is checked against, and the check (docs/checkpoints.md).
+"""Good, not only complete: the checksums a checkpoint is checked against, and the check.
 
-A checkpoint of the trainer library carries its own (the manifest's `checksums`, hashed while it was written).
-Any other (plain DCP, torchtitan, Lightning, Accelerate, transformers) is **sealed** by the supervisor when a
-pass first sees it complete: every file hashed (xxh3_64), read at low I/O priority and bounded bandwidth, the
-seal kept outside the root under the sidecars' rules (`<parent>/.<root>.fsdp-seals/<name>.json`, owner-only,
-refused when not ours). A seal records when it was made: a checkpoint changed between its commit and its seal
-cannot be told apart from one written that way. A checkpoint whose files were rewritten by a process since (a
-new inode, size or mtime, a chmod's new ctime is none: Lightning's `last.ckpt` re-committed in place) is sealed
-again; media rot changes none of those, and the check never looks at them: it reads every byte. A rewrite
-counts only when every file was rewritten and the layout's last file after the others (`_recommitted`): a cut
-rewrite, or a job writing into a checkpoint after its commit, keeps the old seal, fails it, and is never resumed.
+The trainer library's checkpoints carry their own (the manifest's `checksums`); any other is **sealed** by the
+supervisor when a pass first sees it complete. How, where the seal lives, and when a checkpoint is sealed
+again: docs/checkpoints.md, 'Good, not only complete'. Invariants: the check never looks at inode, size or
+mtime, it reads every byte; a rewrite counts only when every file was rewritten and the layout's last file
+after the others (`_recommitted`): a cut rewrite, or a job writing after its commit, keeps the old seal and fails.
 """
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
 """The shape of each entry of the checkpoint root, told before judging it: a checkpoint of a known layout, or not ours.
 
-Retention may only delete what it can identify as a checkpoint or an unfinished one (docs/checkpoints.md, "Layouts"):
-dcp (`.metadata` or `*.distcp` directly inside, any name), nested (a checkpoint-named folder with DCP dirs one or two
-levels down: its members; symlinks to directories there are noted, never followed), files (a client's plain-file
-save under its name: clients.py), temporary (the reference trainer's `.tmp-step_<N>-<nonce>`), unstarted (a
-checkpoint name with nothing in it yet), directory (a series of checkpoint-named DCP dirs: the root is set one or
-two levels too high, CheckpointDirectoryError), foreign (anything else: never counted, deleted, selected or walked).
-Looking is bounded (`.metadata` first, at most MAX_ENTRIES entries per child). Standard library only.
+Retention may only delete what it can identify as a checkpoint or an unfinished one: the shapes are
+docs/checkpoints.md, 'Layouts' and 'A root set one level too high' (CheckpointDirectoryError). A foreign entry is
+never counted, deleted, selected or walked; symlinks to directories inside a nested folder are noted, never
+followed. Looking is bounded (`.metadata` first, at most MAX_ENTRIES entries per child). Standard library only.
 """
 from __future__ import annotations
 

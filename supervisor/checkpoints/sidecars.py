@@ -1,17 +1,12 @@
 """The folders we keep next to a checkpoint root (trash, in-use markers, the root claim): where they are, and whose.
 
-A root is known by its **resolved** path (symlinks followed): a supervisor whose `dir` is `ckpts ->
-/scratch/u/ckpts` and a `prune --dir /scratch/u/ckpts` meet at the same sidecars, on the target's file
-system. Each sidecar is `<parent>/.<name><suffix>` of the resolved root (layout.sidecar_name).
-
-A sidecar decides what is deleted (the trash), what is protected (in-use markers) and who may run on the
-root (the claim), so it must be ours: a plain directory (never a symlink), owned by us or by the owner of
-the root itself (who can delete its checkpoints anyway), and writable by nobody else. We create them 0700.
-Anything else - another user's folder pre-created in a shared `/tmp`, a group- or world-writable one - is
-refused with `SidecarError` naming it, and nothing is read from, written to or deleted through it.
-
-Times written by other hosts (in-use markers, claims) count only up to a day of clock skew into the
-future (`written_at`): a marker dated next year must not protect a checkpoint, or hold a root, forever.
+Each sidecar is `<parent>/.<name><suffix>` of the **resolved** root (layout.sidecar_name), so every spelling
+of the root meets the same ones (docs/checkpoints.md, 'What the supervisor keeps next to the root'). A sidecar
+decides what is deleted, what is protected and who may run on the root, so it must be ours: a plain directory
+(never a symlink), owned by us or by the root's owner (who can delete its checkpoints anyway), writable by
+nobody else; anything else is refused with `SidecarError` and nothing is read from, written to or deleted
+through it. Times written by other hosts count only up to a day of clock skew into the future (`written_at`):
+a marker dated next year must not protect a checkpoint, or hold a root, forever.
 """
 from __future__ import annotations
 

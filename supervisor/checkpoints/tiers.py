@@ -1,16 +1,9 @@
 """Two roots, one job: the durable checkpoint root and an optional node-local tier (tmpfs, a local NVMe).
 
-The trainer writes the local tier every `--local-save-every K` steps and the durable root every `--save-every`
-steps, at the end and on a stop (docs/checkpoints.md, "The local tier"). Both roots are judged by the same store,
-and one ordering decides across them: the newest complete checkpoint by step, and at the same step the durable one
-(a local checkpoint wins only when newer, and only of the root's lineage: lineage.py). A local root that does not
-exist is an empty tier (a tmpfs after a reboot); one that exists but cannot be read is an error like the durable's.
-
-Retention runs per root, each with every guard of plan_retention (the root's newest complete, the one in use,
-pinned ones, saves that may be in flight, foreign entries): the durable root by the job's rules, the local tier
-by `local_rules`, which keeps its `keep` newest complete checkpoints and nothing else (no disk rules: a tier of
-`keep` checkpoints is its own bound). The two are never mixed: a durable step is never deleted because the local
-tier holds a newer one, and a local checkpoint is never kept for the durable root's sake.
+Both roots are judged by the same store, and one ordering decides across them: the newest complete
+checkpoint by step, at the same step the durable one (a local one wins only when newer, and only of the
+root's lineage: lineage.py). Retention runs per root, each with every guard of plan_retention; the two are
+never mixed. The rules as users see them: docs/checkpoints.md, 'The local tier'.
 """
 from __future__ import annotations
 

@@ -1,23 +1,11 @@
 """Files written by `torch.save` (a zip holding `<archive>/data.pkl` and the storages), read without torch.
 
-Lightning's sharded checkpoint ends with `meta.pt` (everything but the model and the optimizer), written
-by `torch.save` on rank 0 after the DCP files. The store needs two things from such a file:
-
-- `zip_problem`: is it whole? torch's zip writer (PyTorchFileWriter) writes the members first and the
-  central directory last, on close, so a save killed in the middle leaves no end-of-central-directory
-  record. Checked from the zip's structure only: the end record, every member stored uncompressed (torch
-  never compresses) with its local header where the directory says and its data inside the file, and a
-  `data.pkl`. Nothing is unpickled; the cost is one read of the directory and one small read per member.
-- `read_pickle`: a few plain values from `data.pkl` (Lightning's `global_step`, its ModelCheckpoint state).
-  The pickle is walked by the `.metadata` walker (metadata/scan.py: the same opcodes, bounds and value model)
-  with a policy under which nothing it names is imported or called: every global, every persistent id (a
-  tensor's storage), every object built by REDUCE/NEWOBJ/BUILD is the inert `OPAQUE` (except
-  `collections.OrderedDict`, which stays a dict). dicts (str and int keys, MAX_DEPTH deep), str, int, bool
-  and None stay what they are; lists, sets and tuples of plain numbers are OPAQUE. Bounded: `data.pkl` at
-  most MAX_PICKLE_BYTES. Anything else is a reason string, never an exception.
-
-Torch-free (standard library and our errors): completeness imports this, and the trainer's `--resume auto`
-imports completeness.
+Lightning's `meta.pt` (docs/checkpoints.md, 'Clients' last files'). `zip_problem` says whether it is whole from
+the zip's structure only (torch writes the central directory last, on close; nothing is unpickled);
+`read_pickle` walks `data.pkl` with metadata/scan.py's walker under a policy that imports and calls nothing
+(every global, persistent id and built object is the inert `OPAQUE`, except `collections.OrderedDict`).
+Anything wrong is a reason string, never an exception. Torch-free: completeness imports this, and the
+trainer's `--resume auto` imports completeness.
 """
 from __future__ import annotations
 

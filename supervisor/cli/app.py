@@ -1,9 +1,8 @@
 """`fsdp-supervisor` entry point: one argparse tree, each command group registered by its own module.
 
-Every failure a user can cause is one line on stderr and an exit code (supervisor.errors), never a
-traceback. A closed stdout (`status | head`) ends a command quietly with 141, the status a shell reports
-for a command killed by SIGPIPE, as `cat` or `git log` would end: a pipeline under `set -o pipefail`
-sees the same as with any other tool, and the code cannot be mistaken for one of ours (0-3).
+Every failure a user can cause is one line on stderr and an exit code (supervisor.errors), never a traceback;
+a closed stdout ends a command quietly with 141 (docs/operations.md, 'Exit codes'): the status a shell reports
+for SIGPIPE, as `cat` would, so `set -o pipefail` sees what it sees with any tool and it is none of ours (0-3).
 """
 from __future__ import annotations
 

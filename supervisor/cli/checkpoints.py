@@ -1,16 +1,10 @@
 """`fsdp-supervisor checkpoints list|verify|prune|pin|unpin|unquarantine`.
 
-Exit codes: 0 ok; 1 `verify` found the dir not complete; 2 bad usage, a missing or unreadable root
-or path, a root one level too high (it holds a directory of checkpoints: nothing is listed or deleted),
-nowhere to put the trash, or a trash or in-use folder next to the root that is not ours (another user's, a
-symlink, group- or world-writable: SidecarError; nothing is deleted) - one line on stderr, raised as
-SupervisorError and printed by supervisor.cli.app.
-
-`pin`, `unpin` and `unquarantine` act only on a checkpoint directly under the root (`-c`'s `[checkpoints] dir`,
-defaulting like every `-c`, or `--dir`): PATH, or the NAME `list` shows. Anything else is exit 2, nothing written.
-
-`prune` protects the checkpoints that running jobs resumed from: those named by live in-use markers
-(whatever started the job, so with `--dir` too) and, with `-c`, the one in the run dir's state.json.
+Exit codes: docs/operations.md, 'Exit codes' (0 ok, 1 `verify` found the dir not complete, 2 anything else:
+one line on stderr, raised as SupervisorError and printed by supervisor.cli.app, nothing deleted). What `pin`,
+`unpin` and `unquarantine` accept: docs/checkpoints.md, 'pin, unpin, unquarantine'. `prune` protects the
+checkpoints that running jobs resumed from: those named by live in-use markers (so with `--dir` too) and,
+with `-c`, the one in the run dir's state.json.
 """
 from __future__ import annotations
 
@@ -95,13 +89,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def info_json(c: CheckpointInfo) -> dict[str, Any]:
-    """The fixed `list --json` object (plus `state`, `metrics`, `ordinal`, `alias_of` and `kept_by`).
-
-    `step` is the training step when known; `ordinal` is the save number of an Accelerate `checkpoint_<N>`
-    (null otherwise). A `foreign` entry (not a checkpoint) has `size_bytes` 0: it is never walked. `alias_of`
-    names the sibling holding the same save (Lightning's `last.ckpt`); `kept_by` says why the training program
-    itself still needs the entry (retention never deletes it).
-    """
+    """The fixed `list --json` object; its fields: docs/checkpoints.md, 'States' (`list --json`)."""
     return {
         "name": c.name, "path": str(c.path), "step": c.step, "complete": c.complete,
         "reason": None if c.complete else (c.reason or c.state), "size_bytes": c.size_bytes, "mtime": c.mtime,

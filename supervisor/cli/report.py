@@ -1,11 +1,7 @@
 """`report`: the run's history (run_dir/history.jsonl) as a summary (--json) or one self-contained HTML page.
 
-Exit codes: 0 done; 1 no history yet (or none of it readable): nothing to report; 2 usage or config error
-(including an output path that cannot be written, or one naming a file of the run dir other than an .html page:
-`-o` onto history.jsonl would replace the history with its own report).
-
-`-o -` writes the page to stdout. An existing output that is not a regular file (a device, a FIFO) is written
-to in place, never replaced, and a symlink is written through to its target.
+Exit codes and `-o`'s rules: docs/history.md (the top). An output naming a file of the run dir other than an
+.html page is refused because `-o` onto history.jsonl would replace the history with its own report.
 """
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
 """`fsdp-supervisor systemd-unit`: render a systemd service unit for one job.toml.
 
-The unit is `Type=notify` (supervisor/observe/notify.py sends READY, STATUS, WATCHDOG, STOPPING) with
-`KillMode=mixed`, so `systemctl stop` sends SIGTERM to the supervisor alone: it stops the job gracefully
-(the emergency checkpoint) and systemd only SIGKILLs what is left after `TimeoutStopSec=`.
-
-systemd starts the service with an almost empty environment: the job's program (`torchrun`, the first word
-of `[job] command`) is found here as the user's shell finds it now, and its directory goes first in the
-unit's `PATH`; a program that cannot be found is exit 2. What would still stop the unit from starting (a
-`ReadWritePaths=` dir not created yet, an unknown `--user`) is written into the unit as `# warning:`
-comments, so that `systemd-unit ... | sudo tee` installs the whole message with the unit.
+What the unit says and why (`Type=notify`, `KillMode=mixed`, `PATH`, the `# warning:` comments):
+docs/operations.md, 'As a systemd service'. A program that cannot be found is exit 2; it is found here as the
+user's shell finds it now, since systemd starts the service with an almost empty environment.
 """
 from __future__ import annotations
 
@@ -146,12 +140,8 @@ def write_paths(cfg: Config, root: Path | None = None, local_root: Path | None =
     """What the service may write (ReadWritePaths=; pure): the folder holding the checkpoint root (and the one
     holding the node-local tier, if any), the run dir, and /tmp and /var/tmp when the unit says PrivateTmp=no.
 
-    The folder and not just the root: the supervisor keeps its trash, in-use markers and claim next to the
-    root (`.<root>.fsdp-trash/`, ...; `root` is the root as resolved here, since they go next to a symlink's
-    target). With only the root writable they cannot be made, and the fallback trash in the run dir is another
-    bind mount of the sandbox, across which rename() fails (EXDEV): retention would delete nothing and the
-    disk would fill. /tmp: ProtectSystem=strict leaves it read-only unless PrivateTmp=yes gives the service its
-    own, and torchrun and Python's tempfile need one (`No usable temporary directory found`).
+    Why the folder and not the root, and why /tmp: docs/operations.md, 'As a systemd service' (the hardening row).
+    `root` is the root as resolved here, since the sidecars go next to a symlink's target.
     """
     root = cfg.checkpoints.dir if root is None else root
     local = cfg.checkpoints.local_dir if local_root is None else local_root

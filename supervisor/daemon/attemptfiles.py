@@ -1,10 +1,9 @@
 """An attempt's files in the run dir: made ready before the launch, its output log bounded while it runs.
 
 Before a launch the attempt's error file and the stale heartbeats are cleared (a stale beat is no progress), old
-attempts' logs are pruned to `job_logs_kept`, and the attempt's log is created (the job's output is appended to it
-directly: supervisor/host/joblog.py). While it runs, the log is kept under `job_log_max_bytes` by a copy into its
-`.1` segment, off the loop. Every write here can fail on a full, read-only or vanishing file system: each failure
-is logged and survived (the job matters more).
+attempts' logs are pruned and the attempt's log is created; while it runs, the log is bounded off the loop
+(supervisor/host/joblog.py). Every write here can fail on a full, read-only or vanishing file system: each
+failure is logged and survived (the job matters more).
 """
 from __future__ import annotations
 

@@ -1,19 +1,12 @@
 """The supervisor's brain: reacts to events (job exit, signal, file change, timer) through the `System` seam.
 
 The event loop (supervisor/daemon/loop.py) turns the OS into calls on `Core`; tests call the same methods with a
-fake `System` and replay histories. Decisions are the pure policy modules' (`restarts`, `resume`, `stopping`,
-`exits`; the attempt's record and its own rules: `attempt`); Core's small parts own their state: when passes run
-(`passes`), the events it publishes and their subscribers (`events`: log, history, state.json), every rank's heartbeat
-and the hang kill (`hangs`), a requested stop and its grace (`stops`), the attempt's files (`attemptfiles`).
-Checkpoint housekeeping is one pass (housekeeping.run_pass: scan, verify, prune) that runs off the loop
-through `System.run_off_loop`; its result comes back as an event (`_on_pass`). Whatever needs the
-checkpoint root's state waits for a pass: a launch (which checkpoint to resume, or whether to refuse a
-fresh start: supervisor/policy/resume.py), a job exit (did the attempt commit anything), a file event, the
-periodic retention timer. Requests made while a pass runs are coalesced into one more pass.
-
-Every write the supervisor makes (state.json, the attempt's log and error file, the heartbeat's removal,
-a quarantine marker, the job token) can fail on a full, read-only or vanishing file system: each failure is
-logged and survived, and `close()` makes sure state.json never claims a live supervisor after it exited.
+fake `System` and replay histories. Decisions are the pure policy modules'; Core's small parts own their state:
+`passes`, `events` (log, history, state.json as subscribers), `hangs`, `stops`, `attemptfiles`. How passes run off
+the loop and what waits for them: docs/design.md, 'The picture'. Every write the supervisor makes (state.json,
+the attempt's log and error file, the heartbeat's removal, a quarantine marker, the job token) can fail on a full,
+read-only or vanishing file system: each failure is logged and survived, and `close()` makes sure state.json never
+claims a live supervisor after it exited.
 """
 from __future__ import annotations
 

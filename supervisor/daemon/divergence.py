@@ -1,14 +1,9 @@
 """The divergence guard, Core's part: watch the loss of every beat, mark the saves after the onset, roll back.
 
-1. Every new beat of the attempt (the node's and each rank's) goes through its `Detector` (policy/divergence.py). A
-   divergence is said (`diverged`), kept open in `run_dir/divergence.json` (a restarted supervisor keeps it), and
-   with `action` rollback or stop the job is stopped gracefully.
-2. Until the next launch, the complete saves from `since` on (its emergency save too) are quarantined, the reason
-   beginning "diverged": never resumed, shown by `checkpoints list`, status and the history. While it is open the
-   last good checkpoint and the `keep_last` good ones before it are protected from retention.
-3. Its end is no crash (no restart budget, no crash-loop count): the relaunch resumes from the last good checkpoint
-   with `FSDP_SUPERVISOR_SKIP_STEPS` / `{skip_steps}` (`rolled_back`); after `max_rollbacks` for one region: exit 3.
-4. It is closed once a later attempt reports a finite loss `skip_after_onset` steps past the onset.
+The detector is policy/divergence.py; what follows a divergence (the `divergence.json` record, quarantine of
+the saves from `since` on, protection of the last good ones, the rollback with `{skip_steps}`, `max_rollbacks`,
+when it closes): docs/operations.md, 'What happens when things go wrong'. Its end is no crash: no restart
+budget, no crash-loop count.
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
-"""A job that saves somewhere else (issue 35 item 1): never a silent fresh start, and a root that stays empty.
+"""A job that saves somewhere else: never a silent fresh start, and a root that stays empty.
 
-Before a relaunch without resume after a failure, the job's working directory and the directories its argv names
-are searched (off the loop; bounded: depth, entries, time) for complete DCP checkpoints (the store's judge) written
-since this run started outside the roots: any is exit 3 naming the directory (`checkpoints_elsewhere`). While a
-job runs, a root that receives nothing for three of its saves (its beats' `save` phases), or for 30 minutes from a
-job without a heartbeat, gets one warning (`checkpoint_root_idle`, and `status`).
+The rules (`checkpoints_elsewhere`, exit 3; `checkpoint_root_idle`): docs/configuration.md, 'Notes' ("Never a
+silent fresh start"). The search runs off the loop and is bounded (depth, entries, time); the store's judge
+decides what a complete checkpoint is.
 """
 from __future__ import annotations
 

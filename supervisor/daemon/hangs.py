@@ -1,18 +1,12 @@
 """Every rank watched, and the hang path: when an attempt counts as hung, what is kept, and the fast kill.
 
-`Core` owns the attempt; this part owns its heartbeat sources (the node's file, which Core reads on every
-file event, and the per-rank folder, looked at every `RANK_POLL_S`), the hang timers and the evidence:
-
-1. The HANG timer is set for when the slowest source overstays its allowance (supervisor/policy/ranks.py).
-   When it fires nothing is judged from what was read before: the node's file and the per-rank folder are
-   read again first, so beats queued behind the timer (a busy loop, a supervisor that was suspended) count.
-   Time the supervisor did not run is nobody's: the loop (daemon/loop.py `_thawed`) postpones the timers and,
-   through `postpone`, every source's allowance.
-2. Hung: the culprit ranks are named (workers that cannot run, else the ranks behind the others), SIGUSR1
-   asks every worker for its stacks, and the wait ends as soon as every worker that can run has dumped (at
-   most `stack_dump_wait_s`). The dumps are copied to `errors/attempt-NNNN.stacks.txt`.
-3. SIGTERM to the agent, then SIGKILL of the whole job `hang_kill_grace_s` later: a rank stuck in a collective
-   cannot write an emergency checkpoint, so `stop_timeout_s` (a requested stop's grace) is not waited.
+`Core` owns the attempt; this part owns its heartbeat sources (the node's file, read on every file event, and
+the per-rank folder, looked at every `RANK_POLL_S`), the hang timers and the evidence. The path as users see it
+(culprits named, stack dumps, SIGTERM then SIGKILL after `hang_kill_grace_s`, never `stop_timeout_s`):
+docs/operations.md, 'Hangs and stragglers'. Invariant: when the HANG timer fires nothing is judged from what was
+read before: the node's file and the per-rank folder are read again first, so beats queued behind the timer (a
+busy loop, a supervisor that was suspended) count. Time the supervisor did not run is nobody's: the loop
+(daemon/loop.py `_thawed`) postpones the timers and, through `postpone`, every source's allowance.
 """
 from __future__ import annotations
 

@@ -1,32 +1,13 @@
 """One housekeeping pass over the checkpoint root: scan once, prune, and report what was found.
 
-`run_pass` does the store work (listing, verifying, planning and executing retention) and touches no
-supervisor state, so the event loop runs it on a worker thread: a large `.metadata` being verified never
-delays a signal or a job exit (the loop never blocks on store work: docs/design.md). The loop hands the
-`PassResult` back to `Housekeeper.absorb`, which remembers the newest complete checkpoint and says whether a new one was
-committed since the last pass. All judgement lives in `supervisor.checkpoints` (complete, ranking,
-retention plan).
-
-The Housekeeper also keeps the in-use marker of the running attempt (`mark_in_use`/`clear_in_use`, called
-by the core where it sets and clears its resume point): a file next to the checkpoint root that every
-prune honours, the daemon's own passes included, and that each pass refreshes (so is the root claim). The
-trash goes next to the root, or into the run dir when the root's parent cannot hold it.
-
-The root is the config's `dir` resolved once, at start (docs/design.md, invariant 3): scanned, watched and
-given its sidecars by that path. Each pass first looks at the root itself (`look_at_root`): a root that is
-missing, now resolves elsewhere (a re-pointed symlink) or sits on another file system than at start (an
-unmounted share showing its empty mount point) fails the pass - never an empty result that would start the
-job from scratch. A root re-created in place (same path, new inode) is a success with a new `root_id`, which
-the core notices (and re-watches).
-
-Retention that cannot delete (no usable trash: a mount-point root, a read-only parent, another user's
-sidecar) is not a failed pass: the pass lists and ranks as always, deletes nothing, and says why in
-`retention_stopped`; `absorb` logs it once when it starts and once when it ends.
-
-With `[checkpoints] local_dir` a pass also looks at the node-local tier (supervisor/checkpoints/tiers.py), also
-resolved once: the checkpoints it reports, and the newest, are both roots' in one order; retention runs on each
-root by its own rules; the in-use marker goes next to the root that holds the resume point. A local root that does
-not exist is an empty tier (a tmpfs after a reboot): the durable root alone decides then.
+`run_pass` does the store work and touches no supervisor state, so the event loop runs it on a worker thread
+(the loop never blocks on store work: docs/design.md); `Housekeeper.absorb` takes its `PassResult` back on the
+loop. All judgement lives in `supervisor.checkpoints`. The Housekeeper also keeps the running attempt's in-use
+marker (refreshed each pass, like the root claim). A root that is missing, re-pointed or on another file system
+than at start fails the pass (`look_at_root`) - never an empty result that would start the job from scratch
+(docs/design.md, 'The picture'; docs/operations.md, 'What happens when things go wrong'). Retention that cannot
+delete is not a failed pass (docs/checkpoints.md, 'What the supervisor keeps next to the root', "Trash"); the
+local tier: docs/checkpoints.md, 'The local tier'.
 """
 from __future__ import annotations
 

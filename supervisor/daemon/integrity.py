@@ -1,9 +1,6 @@
-"""Good, not only complete, in a housekeeping pass (off the loop): seal what has no checksums, before a launch
-read the resume point's bytes against its checksums unless the job's own load will, and every `scrub_interval_s`
-every kept checkpoint's (supervisor/checkpoints/seals.py, docs/checkpoints.md).
+"""Good, not only complete, in a housekeeping pass (off the loop): seal, check before a launch, scrub.
 
-A resume point whose bytes fail is quarantined with the reason `corrupt: <file> bytes A-B ...` (never resumed, the
-marker says why, nothing deleted for it) and the next newest is read in its place, until one matches.
+What is read when, and what a checkpoint that fails becomes: docs/checkpoints.md, 'Good, not only complete'.
 """
 from __future__ import annotations
 

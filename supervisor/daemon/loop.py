@@ -1,14 +1,10 @@
-"""The event loop: one thread, one `select`, no busy polling.
+"""The event loop: one thread, one `select`, no busy polling (docs/design.md, 'The picture').
 
 Wake-ups come from a single pipe: signal handlers write to it (signal.set_wakeup_fd), and so does the
 watchdog observer thread for file events. Timers set the select timeout. Child exits are collected with
-waitpid(-1) after every wake-up (SIGCHLD wakes us; as a subreaper we also reap adopted orphans).
-
-SIGHUP (the terminal closed, an ssh session dropped) is a graceful stop, like SIGTERM: the job writes its
-emergency checkpoint, the supervisor exits 0, and the next `run` resumes from that step, so a job is never
-left running without its supervisor. A hangup never forces a stop already under way (only a second
-Ctrl+C or SIGTERM does), and a SIGHUP ignored by whoever started us (`nohup`) stays ignored: then the
-supervisor keeps going with its console silenced (see supervisor/observe/console.py).
+waitpid(-1) after every wake-up (SIGCHLD wakes us; as a subreaper we also reap adopted orphans). SIGHUP is a
+graceful stop (docs/operations.md, 'What happens when things go wrong'); a hangup never forces a stop already
+under way, and one ignored by whoever started us (`nohup`) stays ignored (the console goes quiet instead).
 """
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """Before `run` creates or launches anything: can the directories and the program a config names be used?
 
-`load_config` checks what a config says; this module checks it against the filesystem. A run dir or
-checkpoint root that is a file, under a missing or unwritable parent, or on a read-only filesystem; a job
-directory that does not exist; a program that is missing, a directory or not executable, or a script
-whose `#!` interpreter is; a `-m trainer` job whose Python resolves `trainer` to another distribution's
-package (Coqui's); a checkpoint root that holds a whole checkpoint directory (set one level too high) —
-each is a ConfigError line naming the key, raised before the first directory is created, so a mistyped
-path leaves no trace behind. The directories are then created by `make_dirs`, whose failures (a race, a
-full or read-only disk seen only now) are config errors too.
+`load_config` checks what a config says; this module checks it against the filesystem (the directories, the
+program and its `#!` interpreter, a `-m trainer` that resolves to another distribution's package, a root set one
+level too high). Each problem is a ConfigError line naming the key, raised before the first directory is
+created, so a mistyped path leaves no trace behind; `make_dirs`'s failures are config errors too.
 """
 from __future__ import annotations
 

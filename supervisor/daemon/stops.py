@@ -1,11 +1,9 @@
 """The stop controller: a requested stop (Ctrl+C, `stop`, systemd, Slurm) carried out on the running attempt.
 
 `policy/stopping.py` decides what a signal does from the state alone; this part carries the decision out and
-owns what a stop needs to remember: why the run stopped (`reason`), a killed predecessor's job still being
-stopped before the first launch (`orphans`), and the workers an agent left saving when it exited first. It
-signals the job and sets the STOP_KILL timer; what follows for the whole run (finish it, end the attempt) it asks
-of `Core` through the callbacks it was given, because only Core ends attempts and runs. A hang's kill is not a
-stop: it has its own short grace (daemon/hangs.py), and a requested stop never cuts an emergency save short by accident.
+owns what a stop needs to remember (`reason`, `orphans`, the workers an agent left saving when it exited first).
+What follows for the whole run it asks of `Core` through callbacks, because only Core ends attempts and runs. A
+hang's kill is not a stop: it has its own short grace (daemon/hangs.py).
 """
 from __future__ import annotations
 

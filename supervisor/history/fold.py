@@ -1,47 +1,9 @@
 """What a run's history adds up to: goodput, restart latency, steps lost (a pure fold over history records).
 
-`Fold` reads records one at a time (the schema is in supervisor.history.records); `summarize(records)` is the fold of a
-whole file. The daemon keeps one `Fold` up to date as it writes (status and metrics show its numbers) and
-`report` folds the file, so both say the same. Records that do not fit the schema (a hand edit, a newer
-version) are skipped field by field, never trusted.
-
-Definitions (docs/history.md has them with an example):
-
-- `attempts`: attempt_start records.
-- `failures`: attempt_exit records whose reason is neither `completed` nor `stopped`.
-- `wall_s`: time the supervisor ran: the sum over its sessions (supervisor_start to supervisor_end; a
-  supervisor killed without one ends at its last record; the running one at `now` when given). A record more
-  than a minute older than the session's newest is a clock stepped back (NTP): the session goes on from there.
-- `productive_s`: training time whose work was kept: the sum of the attempts' `train_s`, less, wherever an
-  attempt resumed behind the previous attempt's highest step, the time those steps took (steps behind times
-  the previous attempt's seconds per step, or the run's average when it trained none). Never negative.
-- `goodput`: productive_s / wall_s (null while wall_s is 0, and for a job that never reported a step: its training
-  time is unknown, not zero).
-- Where the rest of `wall_s` went: `startup_s`, each attempt's launch to its first new step (or to its end when it
-  never got there); `restart_s`, a failed attempt's end to the next launch in the same supervisor run (teardown,
-  backoff); `lost_s`, training time whose steps were redone after a failure (part of the attempts' `train_s`:
-  productive_s + lost_s is all of it); `checkpoint_overhead_s`; and `other_s`, what is left (evaluation, the
-  supervisor's own start, a backoff still under way).
-- `restart_latency_s`: one entry per recovery: from the detection (attempt_exit `at`) of the first failure
-  since the job last trained a new step, to the next first_step (the relaunched job training again). A crash
-  loop that ends in a recovery is one entry, counted from its first failure; a recovery cut short by the end
-  of supervision (supervisor_end, or the next supervisor_start after a supervisor was killed) is none.
-- `steps_lost`: one entry per failure followed by a relaunch: the step the failed attempt reached (its
-  attempt_exit `max_step`: the job's own record, every rank's step by its per-rank heartbeat) minus the step the
-  relaunch resumed from (its attempt_start `resumed_step`; for a job that picks its own checkpoint, its
-  first_step's `from_step`, the step of its `load` heartbeat), 0 when it resumed at or beyond it; none when
-  the attempt never reported a step or the relaunch's resume point never became known.
-- `losses`: one entry per failure followed by a relaunch: the steps above, the hung ranks, and the time it
-  cost split into `detection` (the step last advancing -> the failure seen: its exit, or its hang detected),
-  `stop` (hang detected -> the job gone), `relaunch` (-> the next attempt started), `worker_start` (-> its
-  first heartbeat), `load` (-> its first step beyond the resume point) and `redo` (the steps lost times the
-  failed attempt's seconds per step). A part that cannot be known is null. `time_lost_s`: their sums.
-- `checkpoint_overhead_s`: the sum of the attempts' `save_s`: time the job said it was saving.
-- `exit_reasons`: attempt_exit reasons and how often each occurred.
-
-An attempt_start whose number is already taken (a run dir whose state.json was lost, two histories
-concatenated) begins a new attempt; records naming that number go to the newest. Integers beyond 2**63 and times
-outside 0..MAX_T (supervisor.history.records) count as missing.
+`Fold` reads records one at a time; `summarize(records)` is the fold of a whole file. The daemon keeps one
+`Fold` up to date as it writes and `report` folds the file, so status, metrics and report say the same. A
+record that does not fit the schema (a hand edit, a newer version) is skipped field by field, never trusted.
+Every number's definition: docs/history.md, 'What the numbers mean'.
 """
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """The report page: one self-contained HTML file (inline SVG and CSS, no script, nothing fetched).
 
-It draws what a person babysitting a run asks first: a timeline of attempts coloured by how each ended, with
-checkpoint commits, quarantines and failures marked; the loss against step with every restart marked (a
-smooth resume is visibly smooth, the work a failure threw away is drawn dashed); the step rate over time; the
-summary numbers; a table of attempts. The page forbids scripts and remote content (a Content-Security-Policy
+What it draws: docs/history.md (the top). The page forbids scripts and remote content (a Content-Security-Policy
 meta tag), and every string from the history is escaped: it is meant to be attached to a bug report.
 """
 from __future__ import annotations

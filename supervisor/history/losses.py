@@ -1,7 +1,7 @@
 """What each failure cost: steps lost and time lost by phase, as a history's records come in (pure).
 
 `Fold` (supervisor/history/fold.py) feeds the `Ledger` at each attempt boundary and start-up record; the
-definitions are fold's (`steps_lost`, `losses`). A failure's steps lost need the relaunch's resume step: at
+definitions are docs/history.md's (`steps_lost`, `losses`). A failure's steps lost need the relaunch's resume step: at
 its attempt_start when the supervisor chose the checkpoint, at its first_step (`from_step`) when the job picks
 its own; a relaunch that never trained leaves it unknown.
 """

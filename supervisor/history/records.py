@@ -1,57 +1,9 @@
 """The run's durable record, `run_dir/history.jsonl`: its schema, its reader and its thinning rule (stdlib only).
 
-`status` shows where a run is; the history says how it got there: when each attempt started and from which
-checkpoint, how it ended, what was committed, quarantined and deleted, and a sample of the heartbeat (step,
-loss) over time. `report` turns it into goodput, restart latency, steps lost and an HTML page. The daemon's
-write side is `supervisor.daemon.recorder`; this module only defines and reads the format.
-
-Format (schema version 1). One JSON object per line, appended; every record has
-
-    v      1                  schema version (a reader skips records of kinds it does not know)
-    t      unix seconds       when the supervisor wrote it (its own clock, 3 decimals)
-    kind   one of the kinds below
-
-and, by kind:
-
-    supervisor_start      pid, version                        a `run` began (attempt numbers continue)
-    attempt_start         attempt, resumed_from, resumed_step launched; the checkpoint passed in resume_args
-    beat                  attempt, step, phase, loss,         a heartbeat sample; `val_loss` only when the beat
-                          train_s, save_s [, val_loss]        carries a new evaluation result; train_s/save_s:
-                                                              cumulative seconds of the attempt so far (below)
-    first_beat            attempt, step, phase                the attempt's first heartbeat (its workers are up)
-    first_step            attempt, step, from_step            the attempt's first step beyond its resume point
-                                                              (`from_step`: that point; the job's `load` beat's
-                                                              step when it picks its own checkpoint)
-    hang                  attempt, at, step, idle_s, ranks,   the attempt was found hung at `at`; ranks: [{rank,
-                          stacks                              why}] named; stacks: its stack dumps' file or null
-    straggler             attempt, rank, flagged, step_s,     a rank became (flagged true) or stopped being a
-                          others_s                            straggler; others_s: the others' median step time
-    attempt_exit          attempt, at, reason, code, signal,  the job ended; `at`: when the supervisor saw it;
-                          detail, max_step, progressed,       reason: completed | stopped | crash | signal |
-                          new_checkpoint, train_s, save_s,    oom | hang; max_step: the step it reached (its
-                          progress_at, detected_at,           heartbeats, every rank's); progress_at: its step
-                          hung_ranks, reached_by              last advanced; detected_at: its hang was seen;
-                                                              reached_by: ranks | heartbeat (max_step's source)
-    checkpoint_committed  attempt, path, step, size_bytes     a new newest complete checkpoint
-    quarantined           path, reason                        never resumed from again
-    retention_deleted     path, reason, size_bytes            removed by retention
-    supervisor_end        state, reason                       completed | stopped | failed (gave up)
-
-`train_s` counts the time between two consecutive heartbeats of an attempt when the earlier one says phase
-`train` (or no phase) and the step advanced; `save_s` the time after a heartbeat with phase `save` until the
-next one. Both are computed from every heartbeat the supervisor read, not just the sampled ones, so thinning
-the samples never changes a total (see supervisor.history.fold for what they add up to).
-
-Durability and size. Lines are appended with one write each; the file is fsynced at attempt boundaries and at
-the end. A line torn by a SIGKILL is skipped by `read_history` (and cut off by the next `run`). Readers trust
-nothing: only a regular file is opened (a FIFO or /dev/zero in its place is refused), at most `MAX_READ_BYTES`
-are read, a line longer than any record is skipped without being held, and a `t` outside 0..`MAX_T` is invalid.
-
-Heartbeats are sampled at most once a second (plus every new evaluation, an attempt's first beat in phase train,
-its first new step and its last beat); when the file passes `COMPACT_BYTES` it is rewritten atomically by
-`thin`: every event is kept, and samples are kept at a resolution that halves each time their age doubles
-(about `SAMPLES_PER_DOUBLING` samples per doubling of age, per attempt), so a month of one beat per second
-stays around 1-2 MB (docs/history.md).
+The daemon's write side is `supervisor.daemon.recorder`; this module only defines and reads the format. The
+schema, the durability rules and the thinning rule are in docs/history.md, 'The file'. Readers trust nothing:
+only a regular file is opened, at most `MAX_READ_BYTES` are read, an over-long line is skipped without being
+held, and a `t` outside 0..`MAX_T` is invalid.
 """
 from __future__ import annotations
 

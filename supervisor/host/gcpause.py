@@ -1,14 +1,9 @@
 """Pause Python's cyclic garbage collector around work that builds large acyclic object graphs.
 
-A full collection rescans every tracked object while holding the GIL: in a process that imported torch
-(~300k objects) one takes 0.2-0.35 s on 2 cores. Measured here, one struck during a checkpoint parse
-(202 collections in a 70B x 64 `.metadata` parse, the longest 90 ms; 395 ms at 70B x 256), and one in
-about one cold 1.2 GB load in three (0.22 s and 0.34 s of a 0.7 s load). Reference counting still frees
-everything while the collector waits; cycles made meanwhile are collected once it is back (a load
-through DCP's own path leaves ~3 KB per `torch.load`ed record, a class `torch.load` makes per call: +38 MB
-for 12,800 records; tensors are never in them). A child forked while another thread holds the pause gets
+A full collection rescans every tracked object while holding the GIL (0.2-0.35 s in a process that imported
+torch; figures and what the pause costs: docs/performance-scale.md, 'Loads' ("The collector") and 'The loop').
+Cycles made meanwhile are collected once it is back. A child forked while another thread holds the pause gets
 the collector back (that thread does not exist there).
-Figures: docs/performance-scale.md.
 """
 from __future__ import annotations
 

@@ -1,13 +1,10 @@
 """How a supervisor recognises the jobs of its run dir, whatever argv the kernel shows for them.
 
-argv identifies nothing: for a `#!` script (`./train.sh`, a torchrun shim, `accelerate launch`)
-/proc/PID/cmdline reads `[interpreter, script, ...]`, a prewarmed job keeps its spare's argv, and torchrun's
-workers have argv of their own. So the run dir holds a random token (`job.token`, owner-only, created by
-the first `run` and kept; state.json carries a copy), and every job gets it in its environment
-(contract.ENV_RUN_TOKEN) next to the run dir (ENV_RUN_DIR); everything the job starts inherits both. A new
-`run` stops every live process carrying that token and that run dir before it launches (procs.find_orphans)
-- also when state.json is missing or unreadable. The run dir is compared too so that a copied run dir
-(same token, another directory) never stops the original's job.
+argv identifies nothing (a `#!` script's /proc/PID/cmdline is `[interpreter, script, ...]`, a prewarmed job keeps
+its spare's argv, torchrun's workers have their own), so every job gets the run dir's random token
+(`job.token`) and the run dir in its environment, inherited by all it starts; a new `run` stops every live process
+carrying both before it launches (docs/operations.md, 'What happens when things go wrong'). The run dir is
+compared too so that a copied run dir (same token, another directory) never stops the original's job.
 """
 from __future__ import annotations
 

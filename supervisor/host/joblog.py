@@ -1,12 +1,9 @@
 """Attempt logs in bounded space: a capped live log, one older segment, the last attempts only.
 
-The job writes its output straight into `logs/attempt-NNNN.log` (opened with O_APPEND and inherited, so it never
-blocks on a pipe of ours and survives a killed supervisor). The supervisor bounds it from outside, the way
-logrotate's `copytruncate` does: once the live log passes half of `[supervisor] job_log_max_bytes`, its last
-half-cap bytes are copied to `attempt-NNNN.log.1` (replacing the previous segment) and the live log is truncated
-to zero; the job's next write lands at the new end because of O_APPEND. What the job writes during the copy
-itself can be lost, and between two checks (one a second) a job can write past the cap. Logs and error files of
-attempts older than the last `[supervisor] job_logs_kept` are deleted.
+The rules: docs/operations.md, 'Files the supervisor keeps' ("Attempt logs are bounded"). The job writes its
+output straight into the log, opened with O_APPEND and inherited (it never blocks on a pipe of ours and
+survives a killed supervisor), so the supervisor bounds it from outside, as logrotate's `copytruncate` does:
+after the truncation the job's next write lands at the new end because of O_APPEND.
 """
 from __future__ import annotations
 

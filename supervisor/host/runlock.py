@@ -1,10 +1,8 @@
 """One supervisor per run dir: an flock held for the supervisor's lifetime, with its pid inside.
 
-A run dir deleted under a running supervisor (`rm -rf .fsdp-supervisor`) takes the lock file with it: a
-second `run` would find no lock, and `status` no supervisor. So the supervisor looks at its lock file every
-tick (`restore`) and, when it is gone or replaced, makes the run dir again (owner-only) and locks the new
-file. Whatever a second `run` does in between, the claim on the checkpoint root refuses it
-(supervisor/checkpoints/claim.py).
+A run dir deleted under a running supervisor takes the lock file with it, so the supervisor looks at its lock
+file every tick (`restore`) and makes the run dir again (docs/operations.md, 'What happens when things go
+wrong'). Whatever a second `run` does in between, the claim on the checkpoint root refuses it (claim.py).
 """
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """The signals a running supervisor answers, named once for the event loop, the core and `stop`.
 
-A graceful stop lets the job write its emergency checkpoint, which can take minutes; nothing that merely
-asks again (a retried `stop`, systemd or Slurm repeating SIGTERM, a script's `kill` loop) may cut it short.
-So SIGTERM and SIGINT start a graceful stop, and a repeat of either only says that the stop is still in
-progress. Two things kill the job at once: `stop --force`, which sends a signal used for nothing else
-(FORCE_STOP_SIGNAL), and a second Ctrl+C typed in the supervisor's own terminal (a SIGINT arriving while the
-supervisor is the foreground process group of its controlling terminal: someone is at the keyboard).
+What each does: docs/operations.md, 'What happens when things go wrong' (Ctrl+C, `stop`). The invariant: a
+graceful stop (the emergency checkpoint, possibly minutes) is never cut short by anything that merely asks
+again; only FORCE_STOP_SIGNAL (`stop --force`, used for nothing else) or a second Ctrl+C typed in the
+supervisor's own terminal (SIGINT while it is the foreground process group: someone is at the keyboard) is.
 """
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
 """Keep one spare torchrun agent warm and hand the next launch to it (the supervisor side; torch-free).
 
-A relaunch by the supervisor costs a fresh interpreter plus `import torch` before torchrun even starts its
-workers, and the failed agent's exit costs another second of interpreter teardown; torchrun's own
-in-agent restart pays neither. So when `[job] prewarm` is on and the command is `torchrun ...` or
-`python -m torch.distributed.run ...`, every launch is handed to a spare process (trainer/spare.py,
-run by the job's own interpreter) that imports torch and waits on a pipe: the idle one kept since the
-previous launch, or a fresh one. A new idle spare is started right after. Anything we cannot reproduce
-exactly (another interpreter, a changed environment, a wrapper script) takes the ordinary cold path.
-
-With `[job] prewarm_workers` the spare also keeps one warm worker per local rank (trainer/warm.py: torch and
-`[job] prewarm_modules` imported, nothing else) and torchrun's first round of ranks runs in them; the spare
-decides rank by rank whether a worker's command is exactly what a cold start would run (trainer/warm_pool.py).
-The warm workers are the spare's children: they count as the spare here (`spare_pids`).
+Why and how: docs/design.md, 'Warm workers' (`[job] prewarm`, `prewarm_workers`). Anything we cannot reproduce
+exactly (another interpreter, a changed environment, a wrapper script) takes the ordinary cold path. The warm
+workers are the spare's children: they count as the spare here (`spare_pids`).
 """
 from __future__ import annotations
 

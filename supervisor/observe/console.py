@@ -1,16 +1,11 @@
 """What `run` prints to its terminal (or to nohup.out, a pipe, CI): short event lines and a progress line.
 
-The full events go to the JSON log (run_dir/supervisor.log); the console shows time, event and the few
-fields that matter. On a terminal, live rows (the job's unfinished `\\r` frame, then the progress line) sit
-below the printed lines and are redrawn in place (`\\r` + cursor up + erase below); anything printed first
-erases them and draws them again after itself, so output never interleaves with a half-drawn row.
-Elsewhere there are no live rows and no echo of the job's output (`NOT_ECHOED` says so once): `Progress` prints
-a summary line every `SUMMARY_EVERY_S`, and a failed attempt's `job_exited` line is followed by the job's last
-output lines (on a terminal the echo has shown them already). A reason or a root cause is never cut.
-
-A console whose terminal vanished (EIO after a hangup, EPIPE from a closed pipe) goes quiet for good: the
-write error is swallowed and our stdin/stdout/stderr are pointed at /dev/null so that nothing else can
-trip on them (Python's own flush at exit included). Supervision goes on; the JSON log has everything.
+What is shown where: docs/operations.md, 'What happens when things go wrong' ("What `run` prints"). On a
+terminal, live rows (the job's unfinished `\\r` frame, then the progress line) sit below the printed lines and
+are redrawn in place; anything printed first erases them and draws them again after itself, so output never
+interleaves with a half-drawn row. A console whose terminal vanished (EIO after a hangup, EPIPE) goes quiet for
+good: the write error is swallowed and our stdin/stdout/stderr are pointed at /dev/null so that nothing else can
+trip on them (Python's own flush at exit included).
 """
 from __future__ import annotations
 

@@ -1,15 +1,10 @@
 """structlog set-up: JSON lines in run_dir/supervisor.log (size-rotated), short lines on the console.
 
 Events have names and fields (`log.info("job_exited", code=1, reason="crash")`); `fsdp-supervisor logs`
-pretty-prints the JSON file with `render_line`. The console gets `console.render_event`'s short form
-(time, event, the fields that matter), written through a `Console` so that it never breaks the progress
-line and never raises when the terminal is gone. The store logs under its module names
-(`supervisor.checkpoints.*`), children of the supervisor's logger, so a quarantine or a failed deletion during
-`run` lands in supervisor.log.
-
-The other commands (`status`, `checkpoints prune`, ...) print what they did themselves, one plain line per
-fact; `configure_cli` keeps the store's info events off their console (they would repeat each line) and
-shows only its warnings, one line each on stderr.
+pretty-prints the JSON file with `render_line`; the console gets `console.render_event`'s short form through a
+`Console`. The store logs under its module names (`supervisor.checkpoints.*`), children of the supervisor's
+logger, so its events during `run` land in supervisor.log; `configure_cli` keeps the store's info events off the
+other commands' console (they print each fact themselves) and shows only its warnings.
 """
 from __future__ import annotations
 

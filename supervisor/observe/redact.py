@@ -1,9 +1,7 @@
 """Keep secrets out of logs and status: values whose names look secret are masked.
 
-Environment: `HF_TOKEN=...` is masked by its name. Command lines: `--hf-token=...`, `--api-key ...` and
-`WANDB_API_KEY=...` (an `env`-style assignment) are masked too, since argv is logged at every launch.
-state.json keeps the exact argv (it identifies an orphaned job); it is readable by its owner only, and
-the same argv is visible in /proc to every local user while the job runs: pass secrets in `[job] env`.
+What is masked, and why secrets belong in `[job] env` rather than argv: docs/operations.md, 'Files the
+supervisor keeps' ("Secrets").
 """
 from __future__ import annotations
 

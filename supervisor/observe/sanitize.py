@@ -1,12 +1,10 @@
 """Job output made safe to print: control sequences are shown, never executed (`logs --job`, the tty echo).
 
-A job's output is untrusted: printed raw it can set the terminal's title (OSC 0), write the clipboard (OSC 52),
-clear the screen (CSI 2J), move the cursor over the supervisor's own lines or ring the bell. `visible` renders
-every control character in caret notation (`ESC` as `^[`, `BEL` as `^G`, `DEL` as `^?`), C1 controls and
-Unicode direction overrides as `\\x9b` / `\\u202e`, so `\\x1b]0;x\\x07` prints as `^[]0;x^G`. Only SGR color
-sequences (`ESC [ digits ; m`) are kept, and only for a terminal (`colors=True`, then the line ends with a reset
-so a color never bleeds into the next line); elsewhere they are dropped. A line's `\\r` frames are reduced to
-the last one, as a terminal would leave it. The raw bytes stay untouched in the log file.
+A job's output is untrusted: printed raw it can set the terminal's title, write the clipboard, clear the screen or
+move the cursor over the supervisor's own lines. What `visible` shows instead: docs/operations.md, 'Files the
+supervisor keeps' (the control-sequence paragraph). Only SGR colors are kept, and only for a terminal
+(`colors=True`, each line then ends with a reset so a color never bleeds into the next); the raw bytes stay
+untouched in the log file.
 """
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """One attempt of the job: what the core remembers about it, and the decisions that need only that.
 
-`Core` (supervisor/daemon/core.py) owns the events and the side effects; this module holds the attempt's record
-(`Job`, one record from the launch to the judgement, which builds the restart policy's frozen `Attempt`) and
-the small pure decisions taken from it: the environment it
-is launched with (the job contract, supervisor/contract.py), how its heartbeat moves `status`, how long it
-may stay silent before it counts as hung, and which checkpoint a job that picks its own was loading.
+`Core` owns the events and the side effects; this module holds the attempt's record (`Job`, from the launch to
+the judgement, which builds the restart policy's frozen `Attempt`) and the small pure decisions taken from it.
 """
 from __future__ import annotations
 
@@ -171,10 +168,8 @@ def apply_beat(status: Status, beat: Beat, now: float, rate: StepRate) -> None:
 def hang_timeout(health: HealthSection, beat: Beat | None, *, startup: bool, p99: float | None = None) -> float | None:
     """Seconds of silence before the attempt counts as hung, or None when hang detection is off.
 
-    Until its first beat the job gets startup_timeout_s; a load or save gets save_timeout_s; otherwise
-    hang_timeout_s. hang_timeout_s = 0 turns off all but the startup allowance. "auto": an eval gets save_timeout_s
-    too, and a step max(hang_min_s, hang_factor x `p99`, the recent p99 step time), save_timeout_s while there is
-    none yet (`p99` None: too few steps seen, e.g. a slow first step after a load or a compile).
+    The allowances (startup, load/save/eval, "auto" from `p99`, None while too few steps were seen):
+    docs/operations.md, 'Hangs and stragglers' ("On by default").
     """
     auto = health.hang_timeout_s == "auto"
     if startup:

@@ -1,20 +1,12 @@
 """The divergence guard's decisions (pure): is the loss in the beats diverging, where did it begin, what next.
 
-`Detector` is fed every new beat of an attempt (the node's and each rank's) in the order they were read:
-- a NaN or infinite `loss` on any source is a divergence at once;
-- a *spike* is a finite loss above `spike_factor` x the running level for `spike_patience` beats in a row (distinct
-  steps). The level is the median of the last `WINDOW` normal losses, one per step: a median ignores the
-  occasional noisy batch that a mean (or an EMA) would follow, and abnormal losses never enter it, so the level
-  does not climb with the spike. The early fall of a run only lowers losses below the level (never a spike). Until
-  `MIN_HISTORY` losses came the level is `spike_factor` x the highest of them (a spike must then be factor² over
-  it: a run that spikes at its second step is caught, and a noisy first batch is not taken for a level). A loss
-  that is negative, or mostly exactly 0, is measured by `limit` on its own scale (a multiple of it means nothing);
-- `val_loss` is never watched: an evaluation going up slowly is overfitting, not divergence, and a NaN val_loss
-  alone is not one either.
-The onset is the first beat of the abnormal stretch (a NaN after a spike began: the spike's first beat). Beats are
-read about once a second, so the stretch may have begun unseen after the last normal beat: the saves from the step
-after it on (`since`) count as diverged, and the last good checkpoint is the newest before it.
-What follows (`same_region`, `skip_steps`, `last_good`) is decided here too; daemon/divergence.py carries it out.
+`Detector` is fed every new beat of an attempt (the node's and each rank's) in the order they were read. The
+rules (NaN/inf at once; a spike over `spike_factor` x the median of the last `WINDOW` normal losses for
+`spike_patience` beats; factor² over the highest until `MIN_HISTORY`; `limit` for a negative or mostly-0 loss;
+`val_loss` never watched) and why a median: docs/reliability.md, 'The divergence guard'; the onset, `since`
+and what follows: docs/operations.md, 'What happens when things go wrong'. Abnormal losses never enter the
+level, so it does not climb with the spike. What follows (`same_region`, `skip_steps`, `last_good`) is
+decided here; daemon/divergence.py carries it out.
 """
 from __future__ import annotations
 

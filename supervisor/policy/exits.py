@@ -1,20 +1,12 @@
 """Why did an attempt end? Exit code, signal, OOM, and the failing worker's rank and exception, in one `ExitInfo`.
 
-torchrun's agent (wrapped in `record`) copies the root-cause worker's error to TORCHELASTIC_ERROR_FILE, but
-that JSON has no rank; the rank and the worker's exit code come from the "Root Cause" block torchrun prints
-at the end of its output, so both are read. Most trainers (torchtitan, plain user scripts) never write the
-error file: then the exception is the worker's last Python traceback in the attempt log. torchrun prefixes
-worker lines with `[default1]:` (or `[<role>1]:`) when it tees them, torch prints a worker's uncaught
-exception as `[rank1]: ...`, and torchrun ends its own output with a traceback of `ChildFailedError`,
-which is the agent's and is skipped.
-
-Many failures print no traceback at all (`python: can't open file 'x.py'`, a shell error, NCCL's own lines, a
-segfault): the job's last output lines, torchrun's own lines and its failure report left out, are kept too
-(`RootCause.last_output`), and without an exception the last of them that reads like an error is the message.
-
-Job output is untrusted and can be huge: only the last `_TAIL_BYTES` are read, line by line, in one pass
-with no backtracking pattern (`supervisor.daemon.evidence` reads the files: only the tail of the output, and
-the error file only when it is a regular file of bounded size).
+Both sources are read: torchrun's TORCHELASTIC_ERROR_FILE has the root-cause worker's error but no rank; the rank
+and exit code come from the "Root Cause" block torchrun prints last. Most trainers never write the error file:
+then the exception is the worker's last Python traceback in the attempt log (lines prefixed `[default1]:`/
+`[<role>1]:` by torchrun's tee, `[rank1]:` by torch; torchrun's own `ChildFailedError` traceback is skipped).
+Without any traceback (a missing script, a shell error, NCCL, a segfault) the last job output line that reads
+like an error is the message (`RootCause.last_output`). Job output is untrusted and can be huge: only the last
+`_TAIL_BYTES` are read, line by line, in one pass with no backtracking pattern (`supervisor.daemon.evidence`).
 """
 from __future__ import annotations
 

@@ -1,20 +1,10 @@
 """Every rank watched: what the heartbeats say about progress, a hang's culprit and stragglers (pure).
 
 A job's progress comes from several sources: the node's heartbeat file (key `None`) and, when the job writes
-them, one file per rank (key: its global rank; supervisor/contract.py). `Core` reads them and hands each beat
-in with the monotonic time it was read; `RankWatch` remembers when each source last changed and decides:
-
-- **when the attempt counts as hung**: the slowest source decides. Each source gets the allowance of its
-  own phase (`hang_timeout_s`, or `save_timeout_s` while it says load or save) from when it last changed;
-  the attempt is hung when any source overstays (`deadline`). A source counts from its first beat on. While a
-  source loads, saves or evaluates, the quiet ones may be waiting for it at a barrier (a user's loop that saves
-  a full state dict on rank 0 alone, or evaluates there): then only the busy sources are judged, each by its
-  own allowance, as the node's file alone was judged before every rank had one.
-- **who hung** (`culprits`): a worker process that cannot run (stopped by SIGSTOP or a debugger, in
-  uninterruptible sleep, a zombie) is named first, whatever the beats say; otherwise the ranks whose step is
-  behind the others'. Ranks in lockstep that all stopped at one step name nobody: the beats cannot tell.
-- **stragglers** (`look`): a rank whose own step time (its beat's `step_s`, else its step rate between two
-  looks) stays above `factor` times the median of the other ranks' for `STRAGGLER_LOOKS` looks in a row.
+them, one file per rank (key: its global rank; supervisor/contract.py). `Core` hands each beat in with the
+monotonic time it was read; `RankWatch` decides when the attempt counts as hung (`deadline`: the slowest
+source, each by its own phase's allowance, only the busy ones while some load, save or evaluate), who hung
+(`culprits`) and who straggles (`look`); the rules: docs/operations.md, 'Hangs and stragglers'.
 """
 from __future__ import annotations
 

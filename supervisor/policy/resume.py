@@ -1,18 +1,11 @@
 """What the next attempt is told to load, and whether it may start from scratch (pure: no I/O).
 
-`resume_args` is the user's template: `{checkpoint}` becomes the chosen checkpoint's absolute path and `{step}`
-its step (torchtitan's `--checkpoint.load_step {step}`). The choice is the newest complete checkpoint that is
-not quarantined (nor one the supervisor failed to mark as quarantined).
-
-Never a silent fresh start (`allow_fresh_start`, docs/configuration.md): when there is nothing to resume from but
-the root holds something that was once a checkpoint - a complete one that is quarantined, a torn one, one whose `.metadata`
-exists but cannot be used (unsafe, unreadable, an unknown class from a newer torch) - the job is not launched
-without `resume_args`: it could overwrite or outlive the only copy of weeks of training. The supervisor gives
-up instead (exit 3) naming the dirs, unless `[checkpoints] allow_fresh_start = true`. A root that is empty or
-holds only partial saves (no `.metadata`: a save that never finished) starts fresh.
-
-With no placeholder in `resume_args` (typically `resume_args = []`) the job picks its own checkpoint: the
-supervisor then cannot know what it loads, so it records no resume point and quarantines nothing on its behalf.
+`{checkpoint}` in `resume_args` becomes the chosen checkpoint's absolute path and `{step}` its step; the choice
+is the newest complete checkpoint that is not quarantined (nor one the supervisor failed to mark as quarantined).
+Never a silent fresh start: a root that holds something that was once a checkpoint gives up (exit 3) unless
+`allow_fresh_start` (docs/operations.md, 'What happens when things go wrong'): the job could overwrite or
+outlive the only copy of weeks of training. With no placeholder the job picks its own checkpoint: the
+supervisor records no resume point and quarantines nothing on its behalf.
 """
 from __future__ import annotations
 

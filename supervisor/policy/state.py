@@ -1,7 +1,7 @@
 """The supervisor's state machine; `supervisor.daemon.statefile` renders it on disk as `run_dir/state.json`.
 
-`status`, sd_notify's STATUS= line, metrics and the logs are all rendered from `Status`, never from ad-hoc
-strings. Allowed transitions (anything else is a bug and raises):
+Everything shown is rendered from `Status` (docs/design.md, 'The picture'). Allowed transitions (anything else
+is a bug and raises):
 
     starting ──> running ──> backoff ──> starting
        │  │         │  └───> completed | failed

@@ -1,9 +1,7 @@
-"""Did a graceful stop's emergency checkpoint land? (pure; issue 35 item 9)
+"""Did a graceful stop's emergency checkpoint land? (pure)
 
-A job that saves on a stop says so by its heartbeat: the last beat before it exited is `save` at step S. If no
-complete checkpoint of step S (or later) is in the root once the attempt's last pass has looked, the stop's
-save failed, whatever the exit says: torchrun ends a stop it relayed with exit 1 and `SignalException` whether
-or not its workers' save worked. A job without a heartbeat, or one that did not save on the stop, is not judged.
+The rule and why `run` still exits 0: docs/operations.md, 'Exit codes'. The heartbeat decides, not the exit:
+torchrun ends a stop it relayed with exit 1 and `SignalException` whether or not its workers' save worked.
 """
 from __future__ import annotations
 

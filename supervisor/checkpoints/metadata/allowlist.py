@@ -1,19 +1,11 @@
 """Which pickle globals DCP's `.metadata` may name, the inert stand-in each becomes, and why others are refused.
 
-A `.metadata` pickle names globals (classes and functions) that `pickle.load` would import and call.
-The reader never imports anything: each allowed (module, name) resolves to a stand-in the scanner
-knows (`metadata_scan.py`), and every other name is refused with an error that says what it is:
-
-- `UnsafeMetadataError`: the name could run code (`os.system`, `builtins.eval`, `subprocess.Popen`,
-  `builtins.getattr` on anything but an allowlisted enum member, ...) or is not a DCP name at all;
-- `UnknownClassError`: a `torch.*` name the allowlist does not know, most likely a class a newer torch
-  started to pickle; the store treats the checkpoint as invalid but the message says to upgrade.
-
-How the allowlist was derived: `tests/checkpoints_dcp_writer.py` records every `find_class` call the
-real unpickler makes on `.metadata` written by the installed torch (single-process, async, FSDP2 and
-FSDP1 saves), and `tests/fixtures/metadata/` holds `.metadata` written under CPython 3.10-3.13
-(3.11.2 pickles enum members as `getattr(EnumClass, "NAME")`, 3.13 pickles paths as
-`pathlib._local.PosixPath`). Dtypes are the one open set: every canonical dtype name of torch 2.13.
+Nothing is imported: each allowed (module, name) resolves to a stand-in the scanner knows (metadata/scan.py).
+`UnsafeMetadataError`: the name could run code or is not a DCP name; `UnknownClassError`: a `torch.*` name the
+allowlist does not know (most likely a newer torch's class: the message says to upgrade). Derived from the
+`find_class` calls the real unpickler makes (`tests/checkpoints_dcp_writer.py`: single-process, async, FSDP2 and
+FSDP1 saves) and from `tests/fixtures/metadata/` written under CPython 3.10-3.13 (3.11.2 pickles enum members as
+`getattr(EnumClass, "NAME")`, 3.13 paths as `pathlib._local.PosixPath`). Dtypes: every canonical name of torch 2.13.
 """
 from __future__ import annotations
 

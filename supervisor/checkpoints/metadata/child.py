@@ -1,20 +1,11 @@
 """Parse a large `.metadata` in a child process, so that the daemon's event loop never waits for the GIL.
 
-The parse is pure Python. On a worker thread of the supervisor it holds the GIL for seconds, and every
-system call of the loop thread then gives it back for a switch interval: reaping a killed job's survivors
-(a few hundred /proc reads) took 250-350 ms instead of ~15 ms while a 70B x 256 checkpoint verified
-(docs/performance-scale.md, The loop). A child shares no GIL, and its memory is its own.
-
-Only `fsdp-supervisor run` turns this on (`isolate`); the CLI and the trainer parse in-process. The child
-gets the already-open file as its stdin (nothing can swap the file in between) and writes one JSON line:
-the summary or the error, in the disk cache's format. Any other outcome (killed, crashed, timed out,
-garbage) is None, and the caller parses in-process: isolation may be lost, a verdict never.
-
-The child runs in isolated mode (-I: no PYTHON* variables, no cwd or user site on sys.path) with our own
-package root first on sys.path, so a `supervisor` package in the daemon's cwd or PYTHONPATH, or a
-PYTHONSTARTUP/PYTHONINSPECT from the user's shell, can never answer for it. It parses exactly the `size`
-bytes the caller stated (the file may have grown since), and the caller's file is back at its start
-afterwards: the child shares its offset, and a parse here after a child that died mid-read must start at 0.
+Why: docs/performance-scale.md, 'The loop'. Only `fsdp-supervisor run` turns this on (`isolate`). Any outcome
+but one JSON line (the summary or the error, in the disk cache's format) is None and the caller parses
+in-process: isolation may be lost, a verdict never. Invariants: the child gets the already-open file as its
+stdin (nothing can swap the file in between); it runs with -I and our own package root first on sys.path, so
+no `supervisor` in the cwd or PYTHONPATH, nor a PYTHONSTARTUP, can answer for it; it parses exactly the `size`
+bytes the caller stated; the caller's file is back at its start afterwards (the child shares its offset).
 """
 from __future__ import annotations
 

@@ -1,17 +1,12 @@
 """Whole DCP records in one regex match: the scanner's fast path for the two shapes that fill `.metadata`.
 
-Why: a 70B x 64-rank `.metadata` holds 140,000 `ChunkStorageMetadata` and as many `MetadataIndex` ->
-`_StorageInfo` pairs, about 65 opcodes each; one Python iteration per opcode is slower than torch's own
-`pickle.load`. The C regex engine recognizes such a record in one call and Python then does a few
-checks: the whole parse gets 2.5-3.5x faster than the opcode loop alone.
-
-Exactness: a record is taken here only when its effect is provably what the opcode loop
-(`metadata_scan.scan`) would do with the same bytes: every memo reference points below the memo's
-current length, classes and torch.Size resolve to the right stand-ins, the `_StorageInfo` keys are
-exactly relative_path/offset/length, and the memo receives the same entries in the same order
-(INERT for everything the loop turns into INERT, the real `str` and `StorageInfo` otherwise).
-Anything else (first occurrences of keys, a 4-d size, transform descriptors, a record split by a
-read block, hostile bytes) is left to the loop, which runs its opcodes one by one.
+Why: docs/performance-scale.md, 'The loop'. Exactness: a record is taken here only when its effect is provably
+what the opcode loop (`metadata_scan.scan`) would do with the same bytes: every memo reference points below the
+memo's current length, classes and torch.Size resolve to the right stand-ins, the `_StorageInfo` keys are
+exactly relative_path/offset/length, and the memo receives the same entries in the same order (INERT for
+everything the loop turns into INERT, the real `str` and `StorageInfo` otherwise). Anything else (first
+occurrences of keys, a 4-d size, transform descriptors, a record split by a read block, hostile bytes) is left
+to the loop, which runs its opcodes one by one.
 """
 from __future__ import annotations
 

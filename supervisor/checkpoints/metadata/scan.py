@@ -1,33 +1,20 @@
 """Run a pickle's opcodes without running code, keeping only what the store needs: the one safe-pickle walker.
 
-What a pickle names (globals, the objects REDUCE/NEWOBJ/BUILD make of them, persistent ids) goes through a
-`Policy`: the default is DCP `.metadata`'s allowlist (below); torchzip.py's keeps every global an inert name
-(Lightning's `meta.pt`). The rest of the value model and every bound are the same for both.
+What a pickle names (globals, what REDUCE/NEWOBJ/BUILD make of them, persistent ids) goes through a `Policy`:
+the default is DCP `.metadata`'s allowlist; torchzip.py's keeps every global an inert name (Lightning's `meta.pt`).
 
-Why not `pickle`: the C unpickler is fast but pre-sizes its memo from a LONG_BINPUT index (an 8-byte
-file makes it allocate and zero 16 GiB) and builds every object; the pure-Python `pickle._Unpickler`
-is slower than torch's own load and its stand-ins amplified tiny hostile files (path doubling, repr
-of self-nested containers). This scanner is one loop over the opcodes CPython's pickler writes at
-protocols 2-5, with its own value model:
+Why not `pickle`: the C unpickler pre-sizes its memo from a LONG_BINPUT index (an 8-byte file makes it allocate
+and zero 16 GiB) and builds every object; the pure-Python `pickle._Unpickler` is slower than torch's own load and
+its stand-ins amplified tiny hostile files (path doubling, repr of self-nested containers). Invariants of the
+value model: hostile dict keys are never hashed (`ScannedDict`); everything the store never reads collapses into
+one shared `INERT`; BUILD empties a dataclass's state dict and drops it from the memo; stand-ins are never called
+(REDUCE checks the argument shape and yields INERT: no string joining, no getattr except on an allowlisted enum's
+member name); `metadata_records` runs a whole record per regex match with exactly the loop's effect.
 
-- str, int, None, bool stay themselves; a dict becomes a `ScannedDict` (alternating keys and values:
-  hostile keys are never hashed), and `_StorageInfo` / `Metadata` instances keep their few fields;
-- everything the store never reads (tuples of ints, sizes, dtypes, lists, sets, floats, bytes, the
-  other DCP dataclasses) collapses into one shared `INERT`, so it costs nothing to keep;
-- BUILD consumes a dataclass's state dict: emptied, and dropped from the memo (a torch pickle never
-  refers to it again; a hostile one that does finds INERT and fails);
-- globals resolve only through the policy (`metadata_allowlist.find_global`), and stand-ins are never called:
-  REDUCE checks the argument shape and yields INERT, so nothing can grow (no string joining, no
-  getattr except on an allowlisted enum's member name);
-- `metadata_records` runs the two record shapes that fill large files (ChunkStorageMetadata and
-  MetadataIndex -> _StorageInfo) a whole record per regex match, with exactly the loop's effect.
-
-Bounded cost on any input: each opcode does O(1) work (TUPLE/SETITEMS/APPENDS consume what earlier
-opcodes pushed), nothing recurses, no error message formats untrusted data (`printable` names only),
-the input is read in 256 KiB blocks (never whole), MARK nesting and the stack are capped, and every
-object that can outlive its opcode is charged to a budget of MEMORY_FACTOR x the file size plus
-MEMORY_SLACK, checked at each block and at STOP. A file that needs more is refused as hostile:
-legitimate files charge 2.8x (4.6x without the fast path) and peak at about 2x their size in RSS.
+Bounded cost on any input: each opcode does O(1) work, nothing recurses, no error message formats untrusted data
+(`printable` names only), the input is read in 256 KiB blocks, MARK nesting and the stack are capped, and every
+object that can outlive its opcode is charged to a budget of MEMORY_FACTOR x the file size plus MEMORY_SLACK,
+checked at each block and at STOP (legitimate files charge 2.8x, 4.6x without the fast path).
 """
 from __future__ import annotations
 
