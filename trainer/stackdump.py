@@ -61,7 +61,7 @@ class _Dumper:
     def _run(self) -> None:
         while True:
             try:
-                select.select([self.read_fd], [], [])  # the GIL is released here, not while waiting for it
+                _readable(self.read_fd, None)  # the GIL is released here, not while waiting for it
                 with self.lock:  # the GIL is had: faulthandler's fallback is not needed (armed before, or never)
                     self.busy = True
                     faulthandler.cancel_dump_traceback_later()
@@ -91,6 +91,14 @@ class _Dumper:
         _write(self.out_fd, f'Current thread 0x{me:016x} "{THREAD_NAME}" (wrote this dump)\n\n'.encode())
 
 
+def _readable(fd: int, timeout_ms: int | None) -> bool:
+    """poll, not select: select raises ValueError for an fd above 1023 (a job with many files open), from the
+    handler into the training itself. A poll object of its own per call: one is not for two threads at once."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(timeout_ms))
+
+
 def _write(fd: int, data: bytes) -> None:
     try:
         while data:
@@ -110,7 +118,7 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     if d is None:
         return
     with d.lock:
-        if not d.busy and select.select([d.read_fd], [], [], 0)[0]:
+        if not d.busy and _readable(d.read_fd, 0):
             faulthandler.dump_traceback_later(FALLBACK_S, repeat=False, file=d.out_fd)
 
 

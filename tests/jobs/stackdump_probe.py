@@ -4,6 +4,7 @@
 prints `ready` on stdout and then:
 - `blocked`: a thread named `worker-sleeping` sleeps; the main thread blocks in `os.read` (a C call that releases
   the GIL, as a rank in a collective does) until stdin closes.
+- `fds`: as `blocked`, with 1100 more fds open first: the dump pipe's fds are above select()'s 1023.
 - `churn`: threads are started and end all the time, and one thread named `busy-recursing` recurses and returns
   (frames pushed and popped), until stdin closes.
 - `fork`: forks once (as a DataLoader worker is forked); the child prints its pid; both wait for stdin to close.
@@ -14,6 +15,7 @@ prints `ready` on stdout and then:
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import sys
 import threading
@@ -27,6 +29,9 @@ def recurse(n: int) -> int:
 
 
 def main(mode: str, spin_s: float = 3.0) -> None:
+    if mode == "fds":
+        resource.setrlimit(resource.RLIMIT_NOFILE, (4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        held, mode = [os.dup(0) for _ in range(1100)], "blocked"
     stackdump.install()
     if mode == "blocked":
         threading.Thread(target=time.sleep, args=(600,), name="worker-sleeping", daemon=True).start()

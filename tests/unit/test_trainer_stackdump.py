@@ -85,6 +85,16 @@ class TestStackDump:
         assert "Timeout" not in p.text() and p.dumps() == sent  # one dump per signal, each one whole
         assert p.finish() == 0
 
+    def test_a_process_with_over_1023_fds_open_dumps_and_lives(self, probe) -> None:  # type: ignore[no-untyped-def]
+        """The dump pipe's fds above 1023 (a rank with many files open): select() raised ValueError from the
+        handler into the training and killed the dump thread; poll() has no such limit."""
+        p = probe("fds")
+        for n in (1, 2):
+            os.kill(p.proc.pid, signal.SIGUSR1)
+            wait_for(lambda: p.dumps() == n or p.proc.poll() is not None, 30, "a dump")  # noqa: B023
+            assert p.proc.poll() is None and p.dumps() == n, p.text()[-3000:]
+        assert "ValueError" not in p.text() and p.finish() == 0, p.text()[-3000:]
+
     def test_many_dumps_while_threads_start_end_and_recurse_never_crash(self, probe) -> None:  # type: ignore[no-untyped-def]
         """SIGUSR1 every few milliseconds while frames are pushed and popped and threads come and go."""
         p = probe("churn")
