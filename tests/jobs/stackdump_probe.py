@@ -31,7 +31,7 @@ def recurse(n: int) -> int:
 def main(mode: str, spin_s: float = 3.0) -> None:
     if mode == "fds":
         resource.setrlimit(resource.RLIMIT_NOFILE, (4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-        held, mode = [os.dup(0) for _ in range(1100)], "blocked"
+        _held, mode = [os.dup(0) for _ in range(1100)], "blocked"
     stackdump.install()
     if mode == "blocked":
         threading.Thread(target=time.sleep, args=(600,), name="worker-sleeping", daemon=True).start()
