@@ -19,6 +19,8 @@ thread's stack (`sys._current_frames()`, formatted by `traceback`) to stderr wit
 - Forked children (DataLoader workers) inherit the handler; `os.register_at_fork` gives each its own pipe and
   dump thread. The signal mask is never touched.
 - A wakeup fd set before `install` (asyncio's) still gets every signal number: the dump thread forwards them.
+  One set after it (an asyncio loop's signal handler) keeps them; the handler then wakes the dump thread itself,
+  and takes the wakeup fd back once unset (the loop closed).
 """
 from __future__ import annotations
 
@@ -44,6 +46,8 @@ class _Dumper:
         self.previous_handler = previous_handler
         self.previous_wakeup = previous_wakeup  # forwarded every byte; -1: none
         self.busy = False  # from the thread's taking the GIL after a wake-up to its dump written
+        self.armed = False  # faulthandler's timer is ours: only then cancelled (a user's own dump_traceback_later
+        # is replaced by an armed fallback, never cancelled by another signal's wake-up)
         self.lock = threading.RLock()  # the handler's look-then-arm against the thread's take-then-cancel (re-entrant:
         # a second signal's handler may run inside the first's, in the same thread)
         self.read_fd, self.write_fd = os.pipe()  # not inherited by exec'd children (PEP 446)
@@ -64,7 +68,9 @@ class _Dumper:
                 _readable(self.read_fd, None)  # the GIL is released here, not while waiting for it
                 with self.lock:  # the GIL is had: faulthandler's fallback is not needed (armed before, or never)
                     self.busy = True
-                    faulthandler.cancel_dump_traceback_later()
+                    if self.armed:
+                        faulthandler.cancel_dump_traceback_later()
+                        self.armed = False
                 data = os.read(self.read_fd, 4096)
             except OSError:
                 return
@@ -118,8 +124,14 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     if d is None:
         return
     with d.lock:
+        if not d.busy and not _readable(d.read_fd, 0):  # its byte went elsewhere, or the thread already dumped
+            theirs = signal.set_wakeup_fd(-1)  # a wakeup fd set after install (asyncio's add_signal_handler) or
+            signal.set_wakeup_fd(d.write_fd if theirs < 0 else theirs, warn_on_full_buffer=False)  # unset (its
+            if theirs != d.write_fd:  # remove_signal_handler): taken back when unset; the thread woken from here
+                _write(d.write_fd, bytes([signum]))
         if not d.busy and _readable(d.read_fd, 0):
             faulthandler.dump_traceback_later(FALLBACK_S, repeat=False, file=d.out_fd)
+            d.armed = True
 
 
 def install(out: Any = None) -> None:
@@ -148,7 +160,8 @@ def uninstall() -> None:
     dumper, _dumper = _dumper, None
     signal.signal(signal.SIGUSR1, dumper.previous_handler if dumper.previous_handler is not None else signal.SIG_DFL)
     signal.set_wakeup_fd(dumper.previous_wakeup)
-    faulthandler.cancel_dump_traceback_later()
+    if dumper.armed:
+        faulthandler.cancel_dump_traceback_later()
     dumper.close()
 
 

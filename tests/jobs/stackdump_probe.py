@@ -5,6 +5,8 @@ prints `ready` on stdout and then:
 - `blocked`: a thread named `worker-sleeping` sleeps; the main thread blocks in `os.read` (a C call that releases
   the GIL, as a rank in a collective does) until stdin closes.
 - `fds`: as `blocked`, with 1100 more fds open first: the dump pipe's fds are above select()'s 1023.
+- `aio`: SIGUSR1 while an asyncio loop's signal handler has its own wakeup fd, again once the loop closed (it
+  unset the fd); then a user's own faulthandler.dump_traceback_later(1) and another signal (SIGALRM); `done`.
 - `churn`: threads are started and end all the time, and one thread named `busy-recursing` recurses and returns
   (frames pushed and popped), until stdin closes.
 - `fork`: forks once (as a DataLoader worker is forked); the child prints its pid; both wait for stdin to close.
@@ -14,6 +16,8 @@ prints `ready` on stdout and then:
 """
 from __future__ import annotations
 
+import asyncio
+import faulthandler
 import os
 import resource
 import signal
@@ -65,6 +69,23 @@ def main(mode: str, spin_s: float = 3.0) -> None:
             pass
         if pid:
             os.waitpid(pid, 0)
+    elif mode == "aio":
+        async def helper() -> None:
+            loop = asyncio.get_running_loop()
+            loop.add_signal_handler(signal.SIGHUP, lambda: None)
+            os.kill(os.getpid(), signal.SIGUSR1)
+            await asyncio.sleep(0.5)
+            loop.remove_signal_handler(signal.SIGHUP)
+
+        print("ready", flush=True)
+        asyncio.run(helper())
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.5)  # its dump written (an armed fallback would replace the watchdog below)
+        signal.signal(signal.SIGALRM, lambda *_: None)
+        faulthandler.dump_traceback_later(1.0)
+        os.kill(os.getpid(), signal.SIGALRM)
+        time.sleep(2)
+        print("done", flush=True)
     elif mode == "gil":
         sys.setswitchinterval(10)
         print("ready", flush=True)

@@ -95,6 +95,15 @@ class TestStackDump:
             assert p.proc.poll() is None and p.dumps() == n, p.text()[-3000:]
         assert "ValueError" not in p.text() and p.finish() == 0, p.text()[-3000:]
 
+    def test_a_wakeup_fd_of_the_script_s_own_and_its_watchdog_keep_working(self, probe) -> None:  # type: ignore[no-untyped-def]
+        """An asyncio loop's signal handler set its wakeup fd after install, then unset it: each SIGUSR1 still
+        dumps (none did); a user's faulthandler.dump_traceback_later is not cancelled by another signal."""
+        p = probe("aio")
+        assert p.proc.stdout is not None and p.proc.stdout.readline() == "done\n", p.text()
+        wait_for(lambda: p.text().count("Stack dump of process") == 2, 30, "two dumps")
+        assert "Timeout (0:00:01)!" in p.text(), p.text()
+        assert p.finish() == 0
+
     def test_many_dumps_while_threads_start_end_and_recurse_never_crash(self, probe) -> None:  # type: ignore[no-untyped-def]
         """SIGUSR1 every few milliseconds while frames are pushed and popped and threads come and go."""
         p = probe("churn")
