@@ -24,6 +24,7 @@ thread's stack (`sys._current_frames()`, formatted by `traceback`) to stderr wit
 """
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import os
 import select
@@ -149,6 +150,7 @@ def install(out: Any = None) -> None:
     signal.signal(signal.SIGUSR1, _on_signal)
     if not _fork_hook:
         os.register_at_fork(after_in_child=_after_fork_in_child)
+        atexit.register(_ignore_at_exit)
         _fork_hook = True
 
 
@@ -163,6 +165,13 @@ def uninstall() -> None:
     if dumper.armed:
         faulthandler.cancel_dump_traceback_later()
     dumper.close()
+
+
+def _ignore_at_exit() -> None:
+    """An ending interpreter resets Python-level handlers to SIG_DFL: a SIGUSR1 then killed a process that was
+    exiting 0. Ignored from here on (and no longer caught: the supervisor signals only processes that catch it)."""
+    if _dumper is not None and signal.getsignal(signal.SIGUSR1) is _on_signal:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
 def _after_fork_in_child() -> None:

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -103,6 +104,27 @@ class TestStackDump:
         wait_for(lambda: p.text().count("Stack dump of process") == 2, 30, "two dumps")
         assert "Timeout (0:00:01)!" in p.text(), p.text()
         assert p.finish() == 0
+
+    def test_a_process_ending_under_a_storm_of_signals_exits_0(self, probe) -> None:  # type: ignore[no-untyped-def]
+        """SIGUSR1 every millisecond while the process exits normally: the interpreter's finalization reset the
+        handler to SIG_DFL and the signal killed it (-SIGUSR1 in 60 runs of 60); ignored from atexit on."""
+        p = probe("blocked")
+        stop = threading.Event()
+
+        def storm() -> None:
+            while not stop.is_set() and p.proc.returncode is None:
+                p.proc.send_signal(signal.SIGUSR1)  # never to a reused pid: Popen knows once it has reaped
+                time.sleep(0.001)
+
+        sender = threading.Thread(target=storm)
+        sender.start()
+        time.sleep(0.3)
+        try:
+            rc = p.finish()
+        finally:
+            stop.set()
+            sender.join()
+        assert rc == 0, p.text()[-2000:]
 
     def test_many_dumps_while_threads_start_end_and_recurse_never_crash(self, probe) -> None:  # type: ignore[no-untyped-def]
         """SIGUSR1 every few milliseconds while frames are pushed and popped and threads come and go."""
