@@ -66,3 +66,17 @@ def test_a_node_that_does_not_prune_says_nothing_of_another_node_s_retention(tmp
     other.absorb(other.run_pass(generation=0, protect=()))
     assert [c.step for c in store.scan(root) if c.complete] == [30]
     assert vanished(h, log, 1) == []
+
+
+def test_a_root_moved_aside_or_removed_and_made_again_is_said(tmp_path: Path) -> None:
+    """`mv ckpts ckpts.old && mkdir ckpts` (or `rm -rf ckpts && mkdir ckpts`) between two passes: every checkpoint
+    the job could resume from is gone from the root; a checkpoint copied into the new root is not."""
+    root = tmp_path / "ckpts"
+    for step in (10, 20):
+        write_checkpoint(root, step)
+    h, log = house(tmp_path, "keep_last = 0\n")
+    assert vanished(h, log, 0) == []
+    root.rename(tmp_path / "ckpts.old")
+    root.mkdir()
+    shutil.copytree(tmp_path / "ckpts.old" / "step_00000020", root / "step_00000020")
+    assert [e["steps"] for e in vanished(h, log, 1)] == [[10]]
