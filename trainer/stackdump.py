@@ -46,6 +46,8 @@ class _Dumper:
         self.out_fd = out_fd
         self.previous_handler = previous_handler
         self.previous_wakeup = previous_wakeup  # forwarded every byte; -1: none
+        self.previous_id = _file_id(previous_wakeup)  # while still this file: its owner may close it, and the number
+        # be reused by a file of the job's that the bytes would go into
         self.busy = False  # from the thread's taking the GIL after a wake-up to its dump written
         self.armed = False  # faulthandler's timer is ours: only then cancelled (a user's own dump_traceback_later
         # is replaced by an armed fallback, never cancelled by another signal's wake-up)
@@ -77,7 +79,7 @@ class _Dumper:
                 return
             if not data:
                 return  # closed: uninstalled
-            if self.previous_wakeup >= 0:
+            if self.previous_wakeup >= 0 and _file_id(self.previous_wakeup) == self.previous_id:
                 _write(self.previous_wakeup, data)
             if signal.SIGUSR1 in data:
                 self._dump()
@@ -96,6 +98,14 @@ class _Dumper:
             _write(self.out_fd, (head + "".join(traceback.format_stack(frame)) + "\n").encode(errors="replace"))
         del frames
         _write(self.out_fd, f'Current thread 0x{me:016x} "{THREAD_NAME}" (wrote this dump)\n\n'.encode())
+
+
+def _file_id(fd: int) -> tuple[int, int] | None:
+    try:
+        st = os.fstat(fd) if fd >= 0 else None
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if st else None
 
 
 def _readable(fd: int, timeout_ms: int | None) -> bool:
@@ -147,6 +157,7 @@ def install(out: Any = None) -> None:
     previous = signal.getsignal(signal.SIGUSR1)
     _dumper = _Dumper(out_fd, previous, -1)
     _dumper.previous_wakeup = signal.set_wakeup_fd(_dumper.write_fd, warn_on_full_buffer=False)
+    _dumper.previous_id = _file_id(_dumper.previous_wakeup)
     signal.signal(signal.SIGUSR1, _on_signal)
     if not _fork_hook:
         os.register_at_fork(after_in_child=_after_fork_in_child)

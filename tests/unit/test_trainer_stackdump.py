@@ -126,6 +126,13 @@ class TestStackDump:
             sender.join()
         assert rc == 0, p.text()[-2000:]
 
+    def test_a_closed_wakeup_fd_of_before_gets_no_byte_once_its_number_is_reused(self, probe, tmp_path) -> None:  # type: ignore[no-untyped-def]
+        """An asyncio loop's wakeup fd, set before install, gets its signals; once the loop closed it, a file the job
+        opened on that number got every signal's byte (b'\\n' per SIGUSR1) written into it."""
+        p = probe("reuse", str(tmp_path / "precious.bin"))
+        assert p.proc.stdout is not None and p.proc.stdout.readline() == "forwarded=True b'DATA'\n", p.text()
+        assert p.finish() == 0
+
     def test_many_dumps_while_threads_start_end_and_recurse_never_crash(self, probe) -> None:  # type: ignore[no-untyped-def]
         """SIGUSR1 every few milliseconds while frames are pushed and popped and threads come and go."""
         p = probe("churn")
