@@ -19,9 +19,12 @@ thread's stack (`sys._current_frames()`, formatted by `traceback`) to stderr wit
 - Forked children (DataLoader workers) inherit the handler; `os.register_at_fork` gives each its own pipe and
   dump thread. The signal mask is never touched.
 - A wakeup fd set before `install` (asyncio's) still gets every signal number: the dump thread forwards them.
+  One set after it (an asyncio loop's signal handler) keeps them; the handler then wakes the dump thread itself,
+  and takes the wakeup fd back once unset (the loop closed).
 """
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import os
 import select
@@ -43,7 +46,11 @@ class _Dumper:
         self.out_fd = out_fd
         self.previous_handler = previous_handler
         self.previous_wakeup = previous_wakeup  # forwarded every byte; -1: none
+        self.previous_id = _file_id(previous_wakeup)  # while still this file: its owner may close it, and the number
+        # be reused by a file of the job's that the bytes would go into
         self.busy = False  # from the thread's taking the GIL after a wake-up to its dump written
+        self.armed = False  # faulthandler's timer is ours: only then cancelled (a user's own dump_traceback_later
+        # is replaced by an armed fallback, never cancelled by another signal's wake-up)
         self.lock = threading.RLock()  # the handler's look-then-arm against the thread's take-then-cancel (re-entrant:
         # a second signal's handler may run inside the first's, in the same thread)
         self.read_fd, self.write_fd = os.pipe()  # not inherited by exec'd children (PEP 446)
@@ -61,16 +68,18 @@ class _Dumper:
     def _run(self) -> None:
         while True:
             try:
-                select.select([self.read_fd], [], [])  # the GIL is released here, not while waiting for it
+                _readable(self.read_fd, None)  # the GIL is released here, not while waiting for it
                 with self.lock:  # the GIL is had: faulthandler's fallback is not needed (armed before, or never)
                     self.busy = True
-                    faulthandler.cancel_dump_traceback_later()
+                    if self.armed:
+                        faulthandler.cancel_dump_traceback_later()
+                        self.armed = False
                 data = os.read(self.read_fd, 4096)
             except OSError:
                 return
             if not data:
                 return  # closed: uninstalled
-            if self.previous_wakeup >= 0:
+            if self.previous_wakeup >= 0 and _file_id(self.previous_wakeup) == self.previous_id:
                 _write(self.previous_wakeup, data)
             if signal.SIGUSR1 in data:
                 self._dump()
@@ -89,6 +98,22 @@ class _Dumper:
             _write(self.out_fd, (head + "".join(traceback.format_stack(frame)) + "\n").encode(errors="replace"))
         del frames
         _write(self.out_fd, f'Current thread 0x{me:016x} "{THREAD_NAME}" (wrote this dump)\n\n'.encode())
+
+
+def _file_id(fd: int) -> tuple[int, int] | None:
+    try:
+        st = os.fstat(fd) if fd >= 0 else None
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if st else None
+
+
+def _readable(fd: int, timeout_ms: int | None) -> bool:
+    """poll, not select: select raises ValueError for an fd above 1023 (a job with many files open), from the
+    handler into the training itself. A poll object of its own per call: one is not for two threads at once."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(timeout_ms))
 
 
 def _write(fd: int, data: bytes) -> None:
@@ -110,8 +135,14 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     if d is None:
         return
     with d.lock:
-        if not d.busy and select.select([d.read_fd], [], [], 0)[0]:
+        if not d.busy and not _readable(d.read_fd, 0):  # its byte went elsewhere, or the thread already dumped
+            theirs = signal.set_wakeup_fd(-1)  # a wakeup fd set after install (asyncio's add_signal_handler) or
+            signal.set_wakeup_fd(d.write_fd if theirs < 0 else theirs, warn_on_full_buffer=False)  # unset (its
+            if theirs != d.write_fd:  # remove_signal_handler): taken back when unset; the thread woken from here
+                _write(d.write_fd, bytes([signum]))
+        if not d.busy and _readable(d.read_fd, 0):
             faulthandler.dump_traceback_later(FALLBACK_S, repeat=False, file=d.out_fd)
+            d.armed = True
 
 
 def install(out: Any = None) -> None:
@@ -126,9 +157,11 @@ def install(out: Any = None) -> None:
     previous = signal.getsignal(signal.SIGUSR1)
     _dumper = _Dumper(out_fd, previous, -1)
     _dumper.previous_wakeup = signal.set_wakeup_fd(_dumper.write_fd, warn_on_full_buffer=False)
+    _dumper.previous_id = _file_id(_dumper.previous_wakeup)
     signal.signal(signal.SIGUSR1, _on_signal)
     if not _fork_hook:
         os.register_at_fork(after_in_child=_after_fork_in_child)
+        atexit.register(_ignore_at_exit)
         _fork_hook = True
 
 
@@ -140,8 +173,16 @@ def uninstall() -> None:
     dumper, _dumper = _dumper, None
     signal.signal(signal.SIGUSR1, dumper.previous_handler if dumper.previous_handler is not None else signal.SIG_DFL)
     signal.set_wakeup_fd(dumper.previous_wakeup)
-    faulthandler.cancel_dump_traceback_later()
+    if dumper.armed:
+        faulthandler.cancel_dump_traceback_later()
     dumper.close()
+
+
+def _ignore_at_exit() -> None:
+    """An ending interpreter resets Python-level handlers to SIG_DFL: a SIGUSR1 then killed a process that was
+    exiting 0. Ignored from here on (and no longer caught: the supervisor signals only processes that catch it)."""
+    if _dumper is not None and signal.getsignal(signal.SIGUSR1) is _on_signal:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
 def _after_fork_in_child() -> None:

@@ -335,9 +335,12 @@ class Housekeeper:
 
     def _say_vanished(self, before: PassResult | None, now: PassResult) -> None:
         """A complete or pinned checkpoint of the last pass gone though retention did not delete it (a client's own
-        rotation, pins included, or a person's `rm`: docs/checkpoints.md); a replaced root is not such a loss."""
+        rotation, pins included, a person's `rm`, a root moved aside: docs/checkpoints.md); not said on a node that
+        does not prune (another node's retention deletes from the shared root)."""
+        if not self.cfg.checkpoints.prune:
+            return
         kept = {c.path for c in now.checkpoints} | {d.path for d in now.deleted}
-        gone = [c for c in (before.checkpoints if before and before.root_id == now.root_id else [])
+        gone = [c for c in (before.checkpoints if before else [])
                 if (c.complete or c.pinned) and c.path not in kept]
         if gone:
             self.log.warning("checkpoints_vanished", count=len(gone), paths=[str(c.path) for c in gone[:20]],

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -83,6 +84,53 @@ class TestStackDump:
         assert p.proc.poll() is None  # the process goes on
         time.sleep(1.5)  # past the fallback's delay: it was cancelled, faulthandler wrote nothing
         assert "Timeout" not in p.text() and p.dumps() == sent  # one dump per signal, each one whole
+        assert p.finish() == 0
+
+    def test_a_process_with_over_1023_fds_open_dumps_and_lives(self, probe) -> None:  # type: ignore[no-untyped-def]
+        """The dump pipe's fds above 1023 (a rank with many files open): select() raised ValueError from the
+        handler into the training and killed the dump thread; poll() has no such limit."""
+        p = probe("fds")
+        for n in (1, 2):
+            os.kill(p.proc.pid, signal.SIGUSR1)
+            wait_for(lambda: p.dumps() == n or p.proc.poll() is not None, 30, "a dump")  # noqa: B023
+            assert p.proc.poll() is None and p.dumps() == n, p.text()[-3000:]
+        assert "ValueError" not in p.text() and p.finish() == 0, p.text()[-3000:]
+
+    def test_a_wakeup_fd_of_the_script_s_own_and_its_watchdog_keep_working(self, probe) -> None:  # type: ignore[no-untyped-def]
+        """An asyncio loop's signal handler set its wakeup fd after install, then unset it: each SIGUSR1 still
+        dumps (none did); a user's faulthandler.dump_traceback_later is not cancelled by another signal."""
+        p = probe("aio")
+        assert p.proc.stdout is not None and p.proc.stdout.readline() == "done\n", p.text()
+        wait_for(lambda: p.text().count("Stack dump of process") == 2, 30, "two dumps")
+        assert "Timeout (0:00:01)!" in p.text(), p.text()
+        assert p.finish() == 0
+
+    def test_a_process_ending_under_a_storm_of_signals_exits_0(self, probe) -> None:  # type: ignore[no-untyped-def]
+        """SIGUSR1 every millisecond while the process exits normally: the interpreter's finalization reset the
+        handler to SIG_DFL and the signal killed it (-SIGUSR1 in 60 runs of 60); ignored from atexit on."""
+        p = probe("blocked")
+        stop = threading.Event()
+
+        def storm() -> None:
+            while not stop.is_set() and p.proc.returncode is None:
+                p.proc.send_signal(signal.SIGUSR1)  # never to a reused pid: Popen knows once it has reaped
+                time.sleep(0.001)
+
+        sender = threading.Thread(target=storm)
+        sender.start()
+        time.sleep(0.3)
+        try:
+            rc = p.finish()
+        finally:
+            stop.set()
+            sender.join()
+        assert rc == 0, p.text()[-2000:]
+
+    def test_a_closed_wakeup_fd_of_before_gets_no_byte_once_its_number_is_reused(self, probe, tmp_path) -> None:  # type: ignore[no-untyped-def]
+        """An asyncio loop's wakeup fd, set before install, gets its signals; once the loop closed it, a file the job
+        opened on that number got every signal's byte (b'\\n' per SIGUSR1) written into it."""
+        p = probe("reuse", str(tmp_path / "precious.bin"))
+        assert p.proc.stdout is not None and p.proc.stdout.readline() == "forwarded=True b'DATA'\n", p.text()
         assert p.finish() == 0
 
     def test_many_dumps_while_threads_start_end_and_recurse_never_crash(self, probe) -> None:  # type: ignore[no-untyped-def]

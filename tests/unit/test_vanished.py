@@ -52,3 +52,31 @@ def test_retention_s_own_deletions_and_unfinished_saves_are_not(tmp_path: Path) 
     write_checkpoint(root, 40, name="checkpoint-40")
     shutil.rmtree(root / "checkpoint-30")
     assert vanished(h, log, 1) == [] and not (root / "checkpoint-20").exists()  # retention deleted 20 (and 10)
+
+
+def test_a_node_that_does_not_prune_says_nothing_of_another_node_s_retention(tmp_path: Path) -> None:
+    """prune = false on all but one node of a multi-node job: what the pruning node's retention deletes from the
+    shared root is not a vanished checkpoint on every other node."""
+    root = tmp_path / "ckpts"
+    for step in (10, 20, 30):
+        write_checkpoint(root, step)
+    h, log = house(tmp_path, "prune = false\nkeep_last = 1\n")
+    assert vanished(h, log, 0) == []
+    other, _ = house(tmp_path, "keep_last = 1\n")  # node 0's supervisor on the same root
+    other.absorb(other.run_pass(generation=0, protect=()))
+    assert [c.step for c in store.scan(root) if c.complete] == [30]
+    assert vanished(h, log, 1) == []
+
+
+def test_a_root_moved_aside_or_removed_and_made_again_is_said(tmp_path: Path) -> None:
+    """`mv ckpts ckpts.old && mkdir ckpts` (or `rm -rf ckpts && mkdir ckpts`) between two passes: every checkpoint
+    the job could resume from is gone from the root; a checkpoint copied into the new root is not."""
+    root = tmp_path / "ckpts"
+    for step in (10, 20):
+        write_checkpoint(root, step)
+    h, log = house(tmp_path, "keep_last = 0\n")
+    assert vanished(h, log, 0) == []
+    root.rename(tmp_path / "ckpts.old")
+    root.mkdir()
+    shutil.copytree(tmp_path / "ckpts.old" / "step_00000020", root / "step_00000020")
+    assert [e["steps"] for e in vanished(h, log, 1)] == [[10]]
