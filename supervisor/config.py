@@ -519,6 +519,7 @@ def _error_line(path: Path, exc: ValidationError) -> str:
     elif err["type"] in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         msg = f"= {err['input']:.15g} is out of range {_range(err['loc'])}"
     more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    loc = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in loc)  # a key `"\n"` must not break the one line
     return f"{path}: [{loc}] {msg}{more}"
 
 

@@ -78,6 +78,7 @@ class TestErrors:
             (MINIMAL + "[restart]\nmax_restartz = 3\n", "[restart.max_restartz] unknown key"),
             ("bogus = 1\n" + MINIMAL, "[bogus] unknown key"),
             (MINIMAL + "bogus = 1\n", "[checkpoints.bogus] unknown key"),
+            (MINIMAL + '"a\\nb" = 1\n', "[checkpoints.a\\nb] unknown key"),  # escaped: the error stays one line
             (MINIMAL.replace('dir = "ckpts"', ""), "[checkpoints.dir] required key is missing"),
             ("[checkpoints]\ndir='x'\n", "[job] section is missing"),
             (MINIMAL + "[health]\nstop_timeout_s = -1\n", "[health.stop_timeout_s]"),
