@@ -1,4 +1,4 @@
-"""`run`, `status`, `logs`, `stop`: the supervisor's own commands (the checkpoint commands: checkpoint_commands.py)."""
+"""`run`, `status`, `logs`, `stop`: the supervisor's own commands (the checkpoint commands: cli/checkpoints.py)."""
 from __future__ import annotations
 
 import argparse

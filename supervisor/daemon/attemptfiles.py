@@ -15,7 +15,7 @@ from supervisor.config import Config
 from supervisor.daemon.system import System
 from supervisor.host import joblog
 from supervisor.host.log import Log
-from supervisor.policy.attempt import Job
+from supervisor.policy.attempt import RunningAttempt
 
 __all__ = ["AttemptFiles", "try_write"]
 
@@ -53,7 +53,7 @@ class AttemptFiles:
         made = try_write(self.log, "attempt log (the job's output goes to the supervisor's)", create_log)
         return log_path if made else None
 
-    def bound(self, job: Job | None) -> None:
+    def bound(self, job: RunningAttempt | None) -> None:
         """Keep the running attempt's log under `job_log_max_bytes`; called every tick.
 
         The copy into the `.1` segment runs off the loop (it is up to half the cap of file I/O), one at a time.
@@ -69,7 +69,7 @@ class AttemptFiles:
             job.rotating = True
             self.sys.run_off_loop(lambda: joblog.rotate(job.log_path, cap), lambda out: self._on_rotated(job, out))
 
-    def _on_rotated(self, job: Job, outcome: OSError | BaseException | None) -> None:
+    def _on_rotated(self, job: RunningAttempt, outcome: OSError | BaseException | None) -> None:
         """A rotation finished: a failure to write the segment (a full disk) is said once per attempt."""
         job.rotating = False
         if outcome is not None and not job.log_warned:

@@ -38,7 +38,7 @@ from supervisor.host.identity import run_token
 from supervisor.host.log import Log
 from supervisor.observe.redact import redact_argv, scrub, secret_values
 from supervisor.policy import restarts, resume
-from supervisor.policy.attempt import Job, apply_beat, job_env, named_by_beat
+from supervisor.policy.attempt import RunningAttempt, apply_beat, job_env, named_by_beat
 from supervisor.policy.exits import classify_exit
 from supervisor.policy.state import ExitReason, State, Status
 from supervisor.policy.stopsave import emergency_save_failure
@@ -60,8 +60,8 @@ class Core:
         self.status = Status(pid=os.getpid(), started_at=system.now(), config=str(cfg.path))
         self.attempts: list[restarts.Attempt] = []  # those the restart policy still needs (restarts.window)
         self.let_go = 0  # attempts dropped from that list
-        self.job: Job | None = None
-        self.ended: Job | None = None  # the attempt that exited, until a pass lets it be judged
+        self.job: RunningAttempt | None = None
+        self.ended: RunningAttempt | None = None  # the attempt that exited, until a pass lets it be judged
         self.exit_code: int | None = None
         self.high_water_step: int | None = None
         self.house = Housekeeper(cfg, log, now=system.file_now, monotonic=system.monotonic)
@@ -195,8 +195,8 @@ class Core:
                 self.log.warning("state_removed", path=str(path), reason="it could not be updated")
 
     # ---- housekeeping passes ---------------------------------------------------------------------------------
-    def _request_pass(self, *, prune: bool = True) -> None:
-        self.passes.request(self._protected(), prune=prune, settled=self._settled())
+    def _request_pass(self, *, may_delete: bool = True) -> None:
+        self.passes.request(self._protected(), may_delete=may_delete, settled=self._settled())
 
     def _settled(self) -> bool:
         """A launch waits, no save can be in flight (no job, no orphan of a predecessor) and the job picks its own
@@ -267,7 +267,7 @@ class Core:
         self.log.warning("watch_restored", path=str(path))
         if path == self.house.root:
             self.passes.changed()
-            self._request_pass(prune=False)
+            self._request_pass(may_delete=False)
 
     # ---- launching -------------------------------------------------------------------------------------------
     def _request_launch(self) -> None:
@@ -282,7 +282,7 @@ class Core:
     def _plan(self, scan: PassResult) -> resume.Launch | resume.Refuse | None:
         """What to launch with, a refusal, or None to look at the root again (it could not be read)."""
         job, ck = self.cfg.job, self.cfg.checkpoints
-        # A failed look is never a result (invariant 11): whatever the root holds decides the launch, unless the
+        # A failed look is never a result (docs/design.md): whatever the root holds decides the launch, unless the
         # job picks its own checkpoint. allow_fresh_start is about checkpoints seen to be unusable, not unseen ones.
         if scan.error is not None and not resume.chooses_itself(job.resume_args):
             self._scan_failures += 1
@@ -343,7 +343,7 @@ class Core:
             return
         now_m = self.sys.monotonic()
         self.elsewhere.started(now_m)
-        self.job = Job(
+        self.job = RunningAttempt(
             number=number, pid=pid, started_mono=now_m, resumed_from=str(ckpt.path) if ckpt else None,
             resumed_step=ckpt.step if ckpt else None, error_file=error_file, log_path=log_path, oom_before=oom_before,
         )
@@ -383,7 +383,7 @@ class Core:
         if not self.stops.agent_exited(job, returncode):
             self._end_attempt(job, returncode)
 
-    def _end_attempt(self, job: Job, returncode: int) -> None:
+    def _end_attempt(self, job: RunningAttempt, returncode: int) -> None:
         """The attempt is over (its agent exited, and any worker it left has exited or was killed)."""
         self.hangs.ended(job)  # every rank's last beat (the step it reached); no hang timer is due any more
         self.job, self.in_use = None, None  # its resume point is no longer in use
@@ -512,7 +512,7 @@ class Core:
             job_handlers[key](self.job)
 
     def _on_scan(self) -> None:
-        self._request_pass(prune=False)
+        self._request_pass(may_delete=False)
 
     def _on_retention(self) -> None:
         """Periodic pass: also catches commits inotify cannot see (network filesystems, other nodes)."""
@@ -573,13 +573,13 @@ class Core:
             self.status.root_idle = idle
             self.log.warning("checkpoint_root_idle", root=str(self.house.root), detail=idle)
 
-    def _on_loss(self, job: Job, rank: int | None, beat: Beat) -> None:
+    def _on_loss(self, job: RunningAttempt, rank: int | None, beat: Beat) -> None:
         """A new beat (the node's or a rank's) for the divergence guard, which may ask for a graceful stop."""
         if self.guard.feed(job.number, rank, beat) is None:
             return
         if self.guard.stopping and self.guard.alive and not job.stopping and self.status.state is State.RUNNING:
             self.stops.terminate(job)
-        self._request_pass(prune=False)
+        self._request_pass(may_delete=False)
         self._publish()
 
     def _publish_beat(self) -> None:

@@ -18,7 +18,7 @@ from supervisor.policy.state import ExitInfo, State, Status
 if TYPE_CHECKING:
     from supervisor.checkpoints import CheckpointInfo
     from supervisor.daemon.housekeeping import PassResult
-    from supervisor.policy.attempt import Job
+    from supervisor.policy.attempt import RunningAttempt
     from supervisor.policy.ranks import StragglerChange
     from supervisor.policy.restarts import Attempt
 
@@ -31,7 +31,7 @@ class SupervisorStarted(NamedTuple):  # a `run` began (the run dir locked, befor
 
 
 class AttemptStarted(NamedTuple):
-    job: Job
+    job: RunningAttempt
     argv: Sequence[str]
     env: Mapping[str, str]
     skipped: Sequence[str] = ()  # newer dirs the resume passed over, and why
@@ -43,19 +43,19 @@ class BeatRead(NamedTuple):  # a new heartbeat of the running attempt (the node'
 
 
 class AttemptExited(NamedTuple):  # an attempt's exit judged (a pass looked at what it committed)
-    job: Job
+    job: RunningAttempt
     attempt: Attempt
     info: ExitInfo
     latest_step: int | None
 
 
 class HangRecorded(NamedTuple):  # a hung attempt is being stopped: job.hung_ranks named, job.stacks kept
-    job: Job
+    job: RunningAttempt
     idle_s: float | None
 
 
 class StragglerChanged(NamedTuple):
-    job: Job
+    job: RunningAttempt
     change: StragglerChange
 
 

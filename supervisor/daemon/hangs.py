@@ -22,7 +22,7 @@ from supervisor.daemon.system import System
 from supervisor.daemon.timers import Timer
 from supervisor.host.atomic import write_atomic
 from supervisor.host.log import Log
-from supervisor.policy.attempt import REACHED_BY_HEARTBEAT, REACHED_BY_RANKS, Job, apply_beat, hang_timeout
+from supervisor.policy.attempt import REACHED_BY_HEARTBEAT, REACHED_BY_RANKS, RunningAttempt, apply_beat, hang_timeout
 from supervisor.policy.ranks import STUCK_STATES, RankWatch
 from supervisor.policy.state import Status
 
@@ -37,7 +37,7 @@ _TIMERS = (Timer.HANG, Timer.HANG_DUMPS, Timer.HANG_TERM, Timer.HANG_KILL, Timer
 class Hangs:
     def __init__(self, cfg: Config, system: System, log: Log, bus: Bus, status: Status, *,
                  refresh: Callable[[], None], publish: Callable[[], None],
-                 loss: Callable[[Job, int | None, Beat], None] = lambda job, rank, beat: None) -> None:
+                 loss: Callable[[RunningAttempt, int | None, Beat], None] = lambda job, rank, beat: None) -> None:
         self.cfg, self.sys, self.log, self.bus, self.status = cfg, system, log, bus, status
         self.loss = loss  # every new beat, for the divergence guard (daemon/divergence.py)
         self.refresh = refresh  # Core reads the node's heartbeat file (and tells us through `seen`)
@@ -57,7 +57,7 @@ class Hangs:
         for path in stale:
             os.unlink(path)
 
-    def started(self, job: Job) -> None:
+    def started(self, job: RunningAttempt) -> None:
         """A new attempt runs: fresh sources, the startup allowance, the first look at the ranks in a second."""
         self.watch, self._dump = RankWatch(), None
         self._startup_from = job.started_mono
@@ -65,7 +65,7 @@ class Hangs:
         self._arm(job)
         self.sys.timers.every(Timer.RANKS, RANK_POLL_S, self.sys.monotonic())
 
-    def ended(self, job: Job) -> None:
+    def ended(self, job: RunningAttempt) -> None:
         """The attempt's process ended: a last look at its ranks (the step each reached), then nothing is due."""
         self._read(job)
         self.cancel()
@@ -76,7 +76,7 @@ class Hangs:
             self.sys.timers.cancel(t)
 
     # ---- heartbeats --------------------------------------------------------------------------------------
-    def seen(self, job: Job, rank: int | None, beat: Beat) -> bool:
+    def seen(self, job: RunningAttempt, rank: int | None, beat: Beat) -> bool:
         """A beat of `rank`'s source (None: the node's file); True when it is progress."""
         if not self.watch.see(rank, beat, self.sys.monotonic()):
             return False
@@ -89,7 +89,7 @@ class Hangs:
         self._arm(job)
         return True
 
-    def _stepped_at(self, job: Job, beat: Beat) -> float:
+    def _stepped_at(self, job: RunningAttempt, beat: Beat) -> float:
         """When the job made `beat`'s step: its own clock when that lies between the last progress seen (or the
         launch) and now, so a hang that began while nobody read the files (a suspended supervisor, a look a second
         apart) is timed from the job's last step; otherwise when we read it."""
@@ -97,7 +97,7 @@ class Hangs:
         since = job.progress_at if job.progress_at is not None else now - (self.sys.monotonic() - job.started_mono)
         return beat.time if beat.time is not None and since <= beat.time <= now else now
 
-    def on_ranks_timer(self, job: Job) -> None:
+    def on_ranks_timer(self, job: RunningAttempt) -> None:
         """Every RANK_POLL_S: read the ranks' beats, look for stragglers, show both."""
         changed = self._read(job)
         factor = self.cfg.health.straggler_factor
@@ -111,7 +111,7 @@ class Hangs:
         if not job.hang:
             self.sys.timers.every(Timer.RANKS, RANK_POLL_S, self.sys.monotonic())
 
-    def _read(self, job: Job) -> bool:
+    def _read(self, job: RunningAttempt) -> bool:
         got = read_rank_beats(self.folder)
         if (got.problems or got.dropped) and not job.ranks_warned:
             job.ranks_warned = True  # once per attempt: a bad writer beats every step
@@ -139,7 +139,7 @@ class Hangs:
         allowance = hang_timeout(self.cfg.health, None, startup=True)
         return None if allowance is None else self._startup_from + allowance
 
-    def _arm(self, job: Job) -> None:
+    def _arm(self, job: RunningAttempt) -> None:
         if job.hang or job.stopping:
             return
         due = self._due()
@@ -149,7 +149,7 @@ class Hangs:
         else:
             self.sys.timers.set(Timer.HANG, due)
 
-    def on_hang(self, job: Job) -> None:
+    def on_hang(self, job: RunningAttempt) -> None:
         """The HANG timer fired: read every source again, then judge the attempt hung unless it progressed."""
         now = self.sys.monotonic()
         self.refresh()
@@ -168,7 +168,7 @@ class Hangs:
         self.watch.postpone(by)
         self._startup_from += by
 
-    def _hung(self, job: Job, now: float) -> None:
+    def _hung(self, job: RunningAttempt, now: float) -> None:
         job.hang = True
         self.sys.timers.cancel(Timer.RANKS)
         states = self.sys.worker_states(job.pid)
@@ -197,7 +197,7 @@ class Hangs:
         self.sys.timers.set(Timer.HANG_TERM, now + self.cfg.health.stack_dump_wait_s)
         self.sys.timers.set(Timer.HANG_DUMPS, now + DUMP_POLL_S)
 
-    def on_dumps(self, job: Job) -> None:
+    def on_dumps(self, job: RunningAttempt) -> None:
         """Have the stack dumps landed? Then stop now rather than at the end of stack_dump_wait_s."""
         if self._dump is None:
             return
@@ -207,7 +207,7 @@ class Hangs:
         else:
             self.sys.timers.set(Timer.HANG_DUMPS, self.sys.monotonic() + DUMP_POLL_S)
 
-    def on_term(self, job: Job) -> None:
+    def on_term(self, job: RunningAttempt) -> None:
         """Keep the dumps, SIGTERM the agent, and SIGKILL everything hang_kill_grace_s later."""
         if self._dump is None or not job.hang:
             return
@@ -226,12 +226,12 @@ class Hangs:
         self.log.warning("hang_stopping", attempt=job.number, kill_after_s=grace, stacks=job.stacks)
         self.publish()
 
-    def on_kill(self, job: Job) -> None:
+    def on_kill(self, job: RunningAttempt) -> None:
         killed = self.sys.kill_job_tree(job.pid)
         self.log.warning("job_killed", attempt=job.number, after_s=self.cfg.health.hang_kill_grace_s,
                          processes=len(killed), reason="hang")
 
-    def _keep_stacks(self, job: Job, offset: int) -> str | None:
+    def _keep_stacks(self, job: RunningAttempt, offset: int) -> str | None:
         """What the job wrote since SIGUSR1 (its stack dumps), as `errors/attempt-NNNN.stacks.txt`; its path."""
         data = read_span(job.log_path, offset, STACKS_MAX_BYTES)
         if not data:

@@ -154,11 +154,11 @@ class Housekeeper:
             len(rel.parts) == 2 and rel.suffix == ".json")
 
     # ---- off the loop ------------------------------------------------------------------------------------
-    def run_pass(self, *, generation: int, protect: Collection[Path], prune: bool = True,
+    def run_pass(self, *, generation: int, protect: Collection[Path], may_delete: bool = True,
                  unless_newest: Path | None = None, settled: bool = False) -> PassResult:
         """Scan the root once and prune it (if this node prunes), protecting `protect`; thread-safe, no state.
 
-        With `prune=False` retention runs only when the newest complete checkpoint is no longer
+        With `may_delete=False` retention runs only when the newest complete checkpoint is no longer
         `unless_newest`, i.e. on a new commit (a file event in the root that committed nothing is no
         reason to delete anything). `settled`: no save can be in flight (the core says when), so the
         unfinished saves a job that picks its own checkpoint would load go now (retention.py, rule 3).
@@ -190,10 +190,10 @@ class Housekeeper:
             newest = usable[0] if usable else None  # newest first, the durable one first at equal steps
             plan, deleted = store.RetentionPlan(), list[store.Deletion]()
             committed = newest is not None and newest.path != unless_newest
-            if self.cfg.checkpoints.prune and (prune or committed or settled) and stopped is None:
+            if self.cfg.checkpoints.prune and (may_delete or committed or settled) and stopped is None:
                 plan, deleted, stopped = self._retention(self.root, self._aged(durable), self.cfg.checkpoints, usage,
                                                          protect, settled)
-            if self.cfg.checkpoints.prune and (prune or committed or settled) and local:
+            if self.cfg.checkpoints.prune and (may_delete or committed or settled) and local:
                 deleted += self._local_retention(local, protect, settled)
         except (CheckpointError, OSError) as exc:
             return PassResult(generation, error=str(exc), root_id=root_id)

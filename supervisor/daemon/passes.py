@@ -2,9 +2,9 @@
 
 A pass (scan, verify, retention) runs off the loop; whatever needs the root's state waits for one. The
 scheduler owns the bookkeeping that makes that safe: the root's *generation* (file events and our own
-changes so far), whether a pass is running and whether another is wanted after it (and whether that one must
-prune), and when the last one finished, so that a launch may reuse a pass that still tells the truth.
-A failed pass is never a result (docs/design.md, invariant 11): after one, nothing is fresh until a pass
+changes so far), whether a pass is running and whether another is wanted after it (and whether that one may
+delete), and when the last one finished, so that a launch may reuse a pass that still tells the truth.
+A failed pass is never a result (docs/design.md, 'The picture'): after one, nothing is fresh until a pass
 succeeds - the last successful one describes the root as it was before whatever made the look fail.
 """
 from __future__ import annotations
@@ -27,27 +27,27 @@ class PassScheduler:
         self.generation = 0  # file events under the checkpoint root so far (and changes we made there)
         self.running = False
         self._wanted = False
-        self._prune = False  # whether the coalesced follow-up pass must prune
+        self._may_delete = False  # whether the coalesced follow-up pass may run retention
         self._done_mono: float | None = None
 
     def changed(self) -> None:
         """The root changed (a file event, a quarantine): the last pass no longer describes it."""
         self.generation += 1
 
-    def request(self, protect: Sequence[Path], *, prune: bool = True, settled: bool = False) -> None:
+    def request(self, protect: Sequence[Path], *, may_delete: bool = True, settled: bool = False) -> None:
         """Run a pass off the loop, or one more after the running one.
 
-        `prune=False` (file events): retention runs only if the pass finds a new commit. `settled`: no save
+        `may_delete=False` (file events): retention runs only if the pass finds a new commit. `settled`: no save
         can be in flight (Housekeeper.run_pass).
         """
         if self.running:
             self._wanted = True
-            self._prune = self._prune or prune
+            self._may_delete = self._may_delete or may_delete
             return
-        self.running, self._wanted, self._prune = True, False, False
+        self.running, self._wanted, self._may_delete = True, False, False
         generation, protect = self.generation, list(protect)
         known = self.house.latest.path if self.house.latest else None
-        work = functools.partial(self.house.run_pass, generation=generation, protect=protect, prune=prune,
+        work = functools.partial(self.house.run_pass, generation=generation, protect=protect, may_delete=may_delete,
                                  unless_newest=known, settled=settled)
         self.sys.run_off_loop(work, self._on_done)
 
@@ -63,7 +63,7 @@ class PassScheduler:
     def follow_up(self, protect: Sequence[Path], *, settled: bool = False) -> None:
         """Run the pass that was asked for while the last one ran, if any (`settled`: as of now)."""
         if self._wanted:
-            self.request(protect, prune=self._prune, settled=settled)
+            self.request(protect, may_delete=self._may_delete, settled=settled)
 
     def fresh(self) -> PassResult | None:
         """The last pass, if it still tells the truth: finished within FRESH_PASS_S, no change since it began."""

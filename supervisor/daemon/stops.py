@@ -15,7 +15,7 @@ from supervisor.config import Config
 from supervisor.daemon.system import System
 from supervisor.daemon.timers import Timer
 from supervisor.host.log import Log
-from supervisor.policy.attempt import Job
+from supervisor.policy.attempt import RunningAttempt
 from supervisor.policy.exits import signal_name
 from supervisor.policy.state import State, Status
 from supervisor.policy.stopping import STOPPED_BY_SIGNAL, StopAction, on_stop_signal
@@ -25,7 +25,8 @@ __all__ = ["Stops"]
 
 class Stops:
     def __init__(self, cfg: Config, system: System, log: Log, status: Status, *, cancel_hang: Callable[[], None],
-                 publish: Callable[[], None], finish: Callable[[], None], end_attempt: Callable[[Job, int], None]) -> None:
+                 publish: Callable[[], None], finish: Callable[[], None],
+                 end_attempt: Callable[[RunningAttempt, int], None]) -> None:
         self.cfg, self.sys, self.log, self.status = cfg, system, log, status
         self.cancel_hang = cancel_hang  # a hang's own timers: a forced stop supersedes them
         # Core's: the status changed; the run is over (stopped, with `reason`); the attempt whose agent exited is over
@@ -48,7 +49,7 @@ class Stops:
             self.log.warning("orphan_job_stopped", job_pid=outcome[0], pids=outcome)
 
     # ---- a stop signal (SIGHUP too: policy/stopping.py decides) --------------------------------------------------------
-    def on_signal(self, signum: int, job: Job | None, *, exit_pending: bool) -> None:
+    def on_signal(self, signum: int, job: RunningAttempt | None, *, exit_pending: bool) -> None:
         """Carry out what policy/stopping.py decides for this signal."""
         decision = on_stop_signal(signum, state=self.status.state, job_running=job is not None,
                                   exit_pending=exit_pending, on_terminal=self.sys.on_terminal)
@@ -69,7 +70,7 @@ class Stops:
                 self._terminate(job)
             (self.finish if action is StopAction.FINISH else self.publish)()
 
-    def _force(self, signum: int, cause: str, job: Job | None, *, exit_pending: bool) -> None:
+    def _force(self, signum: int, cause: str, job: RunningAttempt | None, *, exit_pending: bool) -> None:
         """Kill the job now (an emergency save in progress is lost), then exit 0 without a restart."""
         if self.status.state is not State.STOPPING:
             self.status.transition(State.STOPPING)
@@ -92,12 +93,12 @@ class Stops:
                 self.log.warning("orphan_job_killed", pids=killed)
             self.finish()
 
-    def terminate(self, job: Job) -> None:
+    def terminate(self, job: RunningAttempt) -> None:
         """Stop the job gracefully without stopping the run (a divergence's rollback): as on a stop signal."""
         self.log.info("job_stopping", attempt=job.number, grace_s=self.cfg.health.stop_timeout_s)
         self._terminate(job)
 
-    def _terminate(self, job: Job) -> None:
+    def _terminate(self, job: RunningAttempt) -> None:
         """SIGTERM the torchrun agent only (it forwards to workers once); SIGKILL after stop_timeout_s."""
         job.stopping = True
         self.sys.timers.cancel(Timer.HANG)
@@ -105,7 +106,7 @@ class Stops:
         self.sys.timers.set(Timer.STOP_KILL, self.sys.monotonic() + self.cfg.health.stop_timeout_s)
 
     # ---- the stop's end ----------------------------------------------------------------------------------------
-    def agent_exited(self, job: Job, returncode: int) -> bool:
+    def agent_exited(self, job: RunningAttempt, returncode: int) -> bool:
         """The agent exited: during a graceful stop, whether to wait for the workers it left still saving.
 
         Slurm signals every process of a step, and torchrun, signalled two or three times, stops waiting for its
@@ -119,7 +120,7 @@ class Stops:
                              processes=[f"{p}:{n}" for p, n in left])
         return bool(left)
 
-    def on_kill_timer(self, job: Job | None) -> None:
+    def on_kill_timer(self, job: RunningAttempt | None) -> None:
         """stop_timeout_s is over: kill what is left of the job."""
         if job is None:
             return

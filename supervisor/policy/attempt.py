@@ -1,6 +1,6 @@
 """One attempt of the job: what the core remembers about it, and the decisions that need only that.
 
-`Core` owns the events and the side effects; this module holds the attempt's record (`Job`, from the launch to
+`Core` owns the events and the side effects; this module holds the attempt's record (`RunningAttempt`, from the launch to
 the judgement, which builds the restart policy's frozen `Attempt`) and the small pure decisions taken from it.
 """
 from __future__ import annotations
@@ -30,12 +30,12 @@ from supervisor.contract import (
 from supervisor.policy.restarts import Attempt
 from supervisor.policy.state import ExitInfo, ExitReason, Status
 
-__all__ = ["Job", "StepRate", "job_env", "apply_beat", "hang_timeout", "named_by_beat", "RATE_WINDOW_S",
+__all__ = ["RunningAttempt", "StepRate", "job_env", "apply_beat", "hang_timeout", "named_by_beat", "RATE_WINDOW_S",
            "REACHED_BY_RANKS", "REACHED_BY_HEARTBEAT"]
 
 _TORCHRUN_GRACE_EXTRA_S = 86400  # torchrun's own stop grace: stop_timeout_s and this (see job_env)
 
-# Job.reached_by (attempt_exit's `reached_by`): whose beat max_step is. The ranks' own files are written every step
+# RunningAttempt.reached_by (attempt_exit's `reached_by`): whose beat max_step is. The ranks' files are written every step
 # (exact); the node's file alone may lag the job (the trainer writes it once a second): steps lost are a lower bound.
 REACHED_BY_RANKS = "ranks"
 REACHED_BY_HEARTBEAT = "heartbeat"
@@ -71,7 +71,7 @@ class StepRate:
 
 
 @dataclass
-class Job:
+class RunningAttempt:
     """One attempt's record, from its launch to its judgement (then `judged()` is what the policy keeps)."""
 
     number: int
@@ -183,7 +183,7 @@ def hang_timeout(health: HealthSection, beat: Beat | None, *, startup: bool, p99
     return timeout if timeout > 0 and (startup or auto or health.hang_timeout_s) else None
 
 
-def named_by_beat(job: Job, checkpoints: Sequence[CheckpointInfo]) -> str | None:
+def named_by_beat(job: RunningAttempt, checkpoints: Sequence[CheckpointInfo]) -> str | None:
     """The checkpoint a job that picks its own was loading when it ended: its `load` beat's step, if one matches."""
     beat = job.beat
     if job.resumed_from is not None or beat is None or beat.phase != Phase.LOAD or beat.step <= 0:

@@ -8,12 +8,13 @@ from __future__ import annotations
 import signal
 
 from supervisor.contract import Phase
-from supervisor.policy.attempt import Job
+from supervisor.policy.attempt import RunningAttempt
 
 __all__ = ["emergency_save_failure"]
 
 
-def emergency_save_failure(job: Job, *, latest_step: int | None, disk_note: str | None, grace_s: float) -> str | None:
+def emergency_save_failure(job: RunningAttempt, *, latest_step: int | None, disk_note: str | None,
+                           grace_s: float) -> str | None:
     """Why the stopped `job`'s emergency checkpoint was not written, or None (written, or nothing to judge)."""
     beat = job.beat
     if job.hang or beat is None or beat.phase != Phase.SAVE or (latest_step is not None and latest_step >= beat.step):

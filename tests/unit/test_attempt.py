@@ -9,7 +9,7 @@ from supervisor.checkpoints import CheckpointInfo
 from supervisor.config import Config, HealthSection, load_config
 from supervisor.contract import ENV_ATTEMPT, ENV_HEARTBEAT, ENV_RUN_TOKEN, Beat
 from supervisor.daemon.evidence import read_beat
-from supervisor.policy.attempt import Job, StepRate, apply_beat, hang_timeout, job_env, named_by_beat
+from supervisor.policy.attempt import RunningAttempt, StepRate, apply_beat, hang_timeout, job_env, named_by_beat
 from supervisor.policy.state import Status
 from tests.helpers import returns_despite_fifo
 
@@ -128,8 +128,8 @@ class TestNamedByBeat:
             return CheckpointInfo(name=name, path=tmp_path / name, step=step, state="complete", reason=None,
                                   size_bytes=0, mtime=0.0)
 
-        def job(beat: Beat | None, resumed: str | None = None) -> Job:
-            return Job(1, 1, 0.0, resumed, None, tmp_path / "e", tmp_path / "l", None, beat=beat)
+        def job(beat: Beat | None, resumed: str | None = None) -> RunningAttempt:
+            return RunningAttempt(1, 1, 0.0, resumed, None, tmp_path / "e", tmp_path / "l", None, beat=beat)
 
         cks = [info("step_10", 10), info("step_20", 20)]
         assert named_by_beat(job(Beat(step=20, phase="load")), cks) == str(tmp_path / "step_20")

@@ -11,7 +11,7 @@ from supervisor.config import load_config
 from supervisor.daemon.stops import Stops
 from supervisor.daemon.timers import Timer
 from supervisor.host.signals import FORCE_STOP_SIGNAL
-from supervisor.policy.attempt import Job
+from supervisor.policy.attempt import RunningAttempt
 from supervisor.policy.state import State, Status
 from tests.fakes import FakeSystem, RecordingLog
 
@@ -33,8 +33,8 @@ def make(tmp_path: Path, state: State = State.RUNNING) -> tuple[Stops, FakeSyste
     return stops, fake, log, asked
 
 
-def job(pid: int = 500) -> Job:
-    return Job(number=1, pid=pid, started_mono=0.0, resumed_from=None, resumed_step=None, error_file=Path("e"),
+def job(pid: int = 500) -> RunningAttempt:
+    return RunningAttempt(number=1, pid=pid, started_mono=0.0, resumed_from=None, resumed_step=None, error_file=Path("e"),
                log_path=Path("l"), oom_before=None)
 
 

@@ -7,15 +7,16 @@ from pathlib import Path
 import pytest
 
 from supervisor.contract import Beat, Phase
-from supervisor.policy.attempt import Job
+from supervisor.policy.attempt import RunningAttempt
 from supervisor.policy.state import ExitInfo, ExitReason
 from supervisor.policy.stopsave import emergency_save_failure
 
 FULL = "checkpoint disk full: 10 bytes free, a checkpoint takes 2000"
 
 
-def job(phase: Phase | None, step: int = 8, *, code: int = 1, detail: str | None = None, hang: bool = False) -> Job:
-    j = Job(number=1, pid=1, started_mono=0, resumed_from=None, resumed_step=None, error_file=Path("e"),
+def job(phase: Phase | None, step: int = 8, *, code: int = 1, detail: str | None = None,
+        hang: bool = False) -> RunningAttempt:
+    j = RunningAttempt(number=1, pid=1, started_mono=0, resumed_from=None, resumed_step=None, error_file=Path("e"),
             log_path=Path("l"), oom_before=None, stopping=True, hang=hang)
     j.beat = None if phase is None else Beat(step=step, phase=phase)
     j.end(code, ExitInfo(code=None, signal=None, reason=ExitReason.STOPPED, at=0, detail=detail), 1.0)
@@ -33,6 +34,6 @@ def job(phase: Phase | None, step: int = 8, *, code: int = 1, detail: str | None
     (job(None), None, FULL, None),  # no heartbeat: not known, not claimed
     (job(Phase.SAVE, hang=True), 5, FULL, None),  # a hang's kill is no graceful stop
 ])
-def test_judged(j: Job, latest: int | None, note: str | None, expected: str | None) -> None:
+def test_judged(j: RunningAttempt, latest: int | None, note: str | None, expected: str | None) -> None:
     got = emergency_save_failure(j, latest_step=latest, disk_note=note, grace_s=120)
     assert (got is None) if expected is None else (got is not None and expected in got), got
