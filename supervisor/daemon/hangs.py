@@ -11,8 +11,9 @@ file event, and the per-rank folder, looked at every `RANK_POLL_S`), the hang ti
 2. Hung: the culprit ranks are named (workers that cannot run, else the ranks behind the others), SIGUSR1
    asks every worker for its stacks, and the wait ends as soon as every worker that can run has dumped (at
    most `stack_dump_wait_s`). The dumps are copied to `errors/attempt-NNNN.stacks.txt`.
-3. SIGTERM to the agent, then SIGKILL of the whole job `hang_kill_grace_s` later: a rank stuck in a collective
-   cannot write an emergency checkpoint, so `stop_timeout_s` (a requested stop's grace) is not waited.
+3. SIGTERM to the agent, then SIGKILL of the whole job `hang_kill_grace_s` later, or at once when every worker
+   that can run has dumped (its stacks are kept; a stopped one never will): a rank stuck in a collective cannot
+   write an emergency checkpoint, so `stop_timeout_s` (a requested stop's grace) is not waited.
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ class Hangs:
         self.watch = RankWatch()
         self._startup_from = 0.0  # the startup allowance counts from here (the launch; later after a freeze)
         self._dump: tuple[int, int] | None = None  # (output offset at SIGUSR1, processes expected to dump)
+        self._grace = cfg.health.hang_kill_grace_s  # SIGTERM -> SIGKILL of the hang being stopped
 
     # ---- an attempt's lifetime ---------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -198,7 +200,7 @@ class Hangs:
                                  "ranks": [{"rank": r, "why": why} for r, why in job.hung_ranks], "stacks": None}
         self.publish()
         if expected == 0:
-            self.on_term(job)
+            self.on_term(job, dumped=True)
             return
         self.sys.timers.set(Timer.HANG_TERM, now + self.cfg.health.stack_dump_wait_s)
         self.sys.timers.set(Timer.HANG_DUMPS, now + DUMP_POLL_S)
@@ -209,12 +211,13 @@ class Hangs:
             return
         offset, expected = self._dump
         if count_dumps(job.log_path, offset) >= expected:
-            self.on_term(job)
+            self.on_term(job, dumped=True)
         else:
             self.sys.timers.set(Timer.HANG_DUMPS, self.sys.monotonic() + DUMP_POLL_S)
 
-    def on_term(self, job: Job) -> None:
-        """Keep the dumps, SIGTERM the agent, and SIGKILL everything hang_kill_grace_s later."""
+    def on_term(self, job: Job, dumped: bool = False) -> None:
+        """Keep the dumps, SIGTERM the agent, and SIGKILL everything hang_kill_grace_s later: at once when every
+        worker that can run has `dumped` (nothing more will come from a rank stuck in a collective)."""
         if self._dump is None or not job.hang:
             return
         offset, _ = self._dump
@@ -224,7 +227,7 @@ class Hangs:
         job.stacks = self._keep_stacks(job, offset)
         job.stopping = True
         self.sys.send_signal(job.pid, signal.SIGTERM)
-        grace = self.cfg.health.hang_kill_grace_s
+        grace = self._grace = 0.0 if dumped else self.cfg.health.hang_kill_grace_s
         self.sys.timers.set(Timer.HANG_KILL, self.sys.monotonic() + grace)
         self.bus.publish(HangRecorded(job, (self.status.last_hang or {}).get("idle_s")))
         if self.status.last_hang is not None:
@@ -234,7 +237,7 @@ class Hangs:
 
     def on_kill(self, job: Job) -> None:
         killed = self.sys.kill_job_tree(job.pid)
-        self.log.warning("job_killed", attempt=job.number, after_s=self.cfg.health.hang_kill_grace_s,
+        self.log.warning("job_killed", attempt=job.number, after_s=self._grace,
                          processes=len(killed), reason="hang")
 
     def _keep_stacks(self, job: Job, offset: int) -> str | None:
