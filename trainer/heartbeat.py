@@ -45,6 +45,7 @@ HEARTBEAT_ENV = ENV_HEARTBEAT  # kept for scripts that import it from here
 
 
 STEP_INTERVAL_S = 0.25  # a rank's new steps: at most 4 writes a second (docs/operations.md, Heartbeats)
+FLUSHER_IDLE_S = 5.0  # the flusher thread ends after this long with nothing held back (a later held step starts one)
 BAD_HOLD_S = 2.0  # a non-finite loss stays in a rank's file this long: two of the supervisor's looks (1 s apart)
 
 
@@ -168,13 +169,15 @@ class RankBeat:
         with self._lock:
             while not self._closed and self.last_error is None:
                 if self._pending is None:
-                    self._lock.wait()
+                    if not self._lock.wait(FLUSHER_IDLE_S) and self._pending is None:
+                        break  # idle: a heartbeat dropped without `close` is then collected, thread and file
                     continue
                 step, phase, made, loss, bad, due, due_mono = self._pending
                 if (wait := due_mono - time.monotonic()) > 0:
                     self._lock.wait(wait)
                 else:
                     self._write(step, phase, made, loss, bad, at=due)
+            self._flusher = None
 
     def close(self) -> None:
         """Write a step still held back, then release the file (the process exiting releases it too)."""
@@ -184,6 +187,10 @@ class RankBeat:
                 self._write(step, phase, made, loss, bad)
             self._closed = True
             self._lock.notify()
+            self._close_fd()
+
+    def __del__(self) -> None:  # a heartbeat dropped without `close` (made anew each epoch) leaks no descriptor
+        if getattr(self, "_fd", None) is not None:
             self._close_fd()
 
     def _close_fd(self) -> None:

@@ -232,6 +232,31 @@ class TestRankBeat:
         rb.close()
         assert parse_heartbeat(path.read_bytes())[0].step == 2
 
+    def test_heartbeats_dropped_without_close_leak_no_thread_or_descriptor(self, tmp_path, monkeypatch) -> None:
+        """A loop that makes a new heartbeat each epoch and never closes it: each one's flusher ends once idle, and
+        the file is released when the heartbeat is collected (20 epochs left 20 threads and 20 descriptors)."""
+        import gc
+        import threading
+
+        import trainer.heartbeat as hb
+
+        monkeypatch.setattr(hb, "FLUSHER_IDLE_S", 0.05)
+        def flushers() -> set[threading.Thread]:
+            return {t for t in threading.enumerate() if t.name == "heartbeat-flush"}
+
+        before, fds = flushers(), len(os.listdir("/proc/self/fd"))
+        for _ in range(20):
+            rb = RankBeat(tmp_path / "rank-0.json")
+            rb.beat(1, "train", time.time())
+            rb.beat(2, "train", time.time())
+        del rb
+        deadline = time.monotonic() + 30
+        while flushers() - before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gc.collect()
+        assert not flushers() - before and len(os.listdir("/proc/self/fd")) <= fds
+        assert parse_heartbeat((tmp_path / "rank-0.json").read_bytes())[0].step == 2  # the held steps still landed
+
     def test_a_failed_write_turns_it_off(self, tmp_path, clock) -> None:
         rb = RankBeat(tmp_path / "missing" / "rank-0.json")
         assert not rb.beat(1, "train", clock.now) and isinstance(rb.last_error, OSError)
