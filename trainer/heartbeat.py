@@ -26,11 +26,13 @@ rank does alone while the others wait at a barrier (rank 0 saving a full state d
 """
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -43,6 +45,7 @@ HEARTBEAT_ENV = ENV_HEARTBEAT  # kept for scripts that import it from here
 
 
 STEP_INTERVAL_S = 0.25  # a rank's new steps: at most 4 writes a second (docs/operations.md, Heartbeats)
+FLUSHER_IDLE_S = 5.0  # the flusher thread ends after this long with nothing held back (a later held step starts one)
 BAD_HOLD_S = 2.0  # a non-finite loss stays in a rank's file this long: two of the supervisor's looks (1 s apart)
 
 
@@ -58,11 +61,12 @@ class RankBeat:
     - what a write carries: its own step and time, the latest loss reported since the last write (a later beat
       without one does not drop it), the mean `step_s` of every step since then (stragglers), and a NaN/inf loss
       if any step since then had one: throttling never hides a NaN. A
-      non-finite loss, once written, stays `BAD_HOLD_S` before a finite one replaces it (the supervisor reads the
-      folder once a second), and a step held back is written by a flusher thread at its due time when no later
-      beat comes (a rank blocked in a collective after its last step): the last step each rank reached stays
-      exact, for the steps a failure lost. A write that fails turns the file off: a heartbeat must never cost a
-      training run.
+      non-finite loss, once written, stays `BAD_HOLD_S` (the supervisor reads the folder once a second): a finite
+      one waits, and a record written meanwhile (a phase change, `close`) carries it. A step held back is written
+      by a flusher thread at its due time when no later beat comes (a rank blocked in a collective after its last
+      step), and at the process's exit (an exception, a loop without `close`): the last step each rank reached
+      stays exact, for the steps a failure lost. A write that fails turns the file off: a heartbeat must never cost
+      a training run.
     """
 
     SIZE = 128
@@ -76,6 +80,7 @@ class RankBeat:
         self._last: tuple[int, str] | None = None
         self._last_write = -math.inf
         self._last_bad = False
+        self._bad_at, self._bad_loss_written = -math.inf, math.nan  # the last NaN/inf written (its hold counts from it)
         # A step held back: (step, phase, its beat's time, loss, bad, when due: on the beats' clock, on the monotonic)
         self._pending: tuple[int, str, float, float | None, bool, float, float] | None = None
         self._sum_s, self._n_s = 0.0, 0  # the step times since the last write
@@ -85,6 +90,8 @@ class RankBeat:
         self._flush = flush  # False: a held-back step waits for the next beat or `close` (tests)
         self._flusher: threading.Thread | None = None
         self._closed = False
+        self._pid = os.getpid()  # a forked child (a DataLoader worker) never writes its parent's file
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     def beat(self, step: int, phase: str, now: float, step_s: float | None = None, loss: float | None = None) -> bool:
         """Record `step` (and this step's loss: the divergence guard reads it); returns whether the file was rewritten."""
@@ -102,7 +109,8 @@ class RankBeat:
                 self._bad_loss = loss
             elif self._bad_loss is not None:  # a NaN since the last write is what this record says
                 loss, bad = self._bad_loss, True
-            if (step, phase) == self._last and now - self._last_write < self.min_interval_s:
+            if (step, phase) == self._last and now - self._last_write < self.min_interval_s \
+                    and not (bad and not self._last_bad):  # a step's NaN after its own beat: still at once
                 return False
             due = self._due(phase, bad)
             if now >= due:
@@ -119,7 +127,7 @@ class RankBeat:
         """When a record of `phase` may be written (the beat's clock)."""
         if self._last is None or phase != self._last[1] or (bad and not self._last_bad):
             return -math.inf
-        return self._last_write + (BAD_HOLD_S if self._last_bad and not bad else self.step_interval_s)
+        return self._bad_at + BAD_HOLD_S if self._last_bad and not bad else self._last_write + self.step_interval_s
 
     def _record(self, step: int, phase: str, now: float, loss: float | None) -> bytes:
         """The fixed-size record, with the mean step time of the steps since the last write."""
@@ -132,7 +140,12 @@ class RankBeat:
 
     def _write(self, step: int, phase: str, now: float, loss: float | None, bad: bool, at: float | None = None) -> bool:
         """Write the record of the beat made at `now`; the next one counts its interval from `at` (a held-back
-        step is written at its due time, not its own: at most 4 writes a second)."""
+        step is written at its due time, not its own: at most 4 writes a second). Within a written NaN's hold the
+        record carries it."""
+        when = max(now, at or now)
+        carried = not bad and self._last_bad and when < self._bad_at + BAD_HOLD_S
+        if carried:
+            loss, bad = self._bad_loss_written, True
         data = self._record(step, phase, now, loss)
         try:
             if self._fd is None:
@@ -144,7 +157,9 @@ class RankBeat:
             self.last_error = exc
             self._close_fd()
             return False
-        self._last, self._last_write, self._last_bad = (step, phase), max(now, at or now), bad
+        self._last, self._last_write, self._last_bad = (step, phase), when, bad
+        if bad and not carried:
+            self._bad_at, self._bad_loss_written = when, loss if loss is not None else math.nan
         self._pending, self._sum_s, self._n_s, self._bad_loss, self._loss = None, 0.0, 0, None, None
         return True
 
@@ -154,28 +169,41 @@ class RankBeat:
         with self._lock:
             while not self._closed and self.last_error is None:
                 if self._pending is None:
-                    self._lock.wait()
+                    if not self._lock.wait(FLUSHER_IDLE_S) and self._pending is None:
+                        break  # idle: a heartbeat dropped without `close` is then collected, thread and file
                     continue
                 step, phase, made, loss, bad, due, due_mono = self._pending
                 if (wait := due_mono - time.monotonic()) > 0:
                     self._lock.wait(wait)
                 else:
                     self._write(step, phase, made, loss, bad, at=due)
+            self._flusher = None
 
     def close(self) -> None:
         """Write a step still held back, then release the file (the process exiting releases it too)."""
         with self._lock:
-            if self._pending is not None and self.last_error is None:
-                step, phase, made, loss, bad, due, _ = self._pending
-                self._write(step, phase, made, loss, bad, at=due)
+            if self._pending is not None and self.last_error is None and not self._closed and os.getpid() == self._pid:
+                step, phase, made, loss, bad, _, _ = self._pending
+                self._write(step, phase, made, loss, bad)
             self._closed = True
             self._lock.notify()
+            self._close_fd()
+
+    def __del__(self) -> None:  # a heartbeat dropped without `close` (made anew each epoch) leaks no descriptor
+        if getattr(self, "_fd", None) is not None:
             self._close_fd()
 
     def _close_fd(self) -> None:
         if self._fd is not None:
             fd, self._fd = self._fd, None
             os.close(fd)
+
+
+def _close_at_exit(ref: weakref.ref[RankBeat]) -> None:
+    """At the interpreter's exit: write a step still held back (the flusher, a daemon thread, stops unwritten)."""
+    beat = ref()
+    if beat is not None and beat._pid == os.getpid():  # a forked child: its copy of the lock may be held forever
+        beat.close()
 
 
 class Heartbeat:

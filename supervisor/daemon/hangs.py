@@ -2,11 +2,12 @@
 
 `Core` owns the attempt; this part owns its heartbeat sources (the node's file, read on every file event, and
 the per-rank folder, looked at every `RANK_POLL_S`), the hang timers and the evidence. The path as users see it
-(culprits named, stack dumps, SIGTERM then SIGKILL after `hang_kill_grace_s`, never `stop_timeout_s`):
-docs/operations.md, 'Hangs and stragglers'. Invariant: when the HANG timer fires nothing is judged from what was
-read before: the node's file and the per-rank folder are read again first, so beats queued behind the timer (a
-busy loop, a supervisor that was suspended) count. Time the supervisor did not run is nobody's: the loop
-(daemon/loop.py `_thawed`) postpones the timers and, through `postpone`, every source's allowance.
+(culprits named, stack dumps, SIGTERM then SIGKILL after `hang_kill_grace_s` or once every rank that can run
+has dumped, never `stop_timeout_s`): docs/operations.md, 'Hangs and stragglers'. Invariant: when the HANG timer
+fires nothing is judged from what was read before: the node's file and the per-rank folder are read again
+first, so beats queued behind the timer (a busy loop, a supervisor that was suspended) count. Time the
+supervisor did not run is nobody's: the loop (daemon/loop.py `_thawed`) postpones the timers and, through
+`postpone`, every source's allowance.
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ class Hangs:
         self.watch = RankWatch()
         self._startup_from = 0.0  # the startup allowance counts from here (the launch; later after a freeze)
         self._dump: tuple[int, int] | None = None  # (output offset at SIGUSR1, processes expected to dump)
+        self._grace = cfg.health.hang_kill_grace_s  # SIGTERM -> SIGKILL of the hang being stopped
 
     # ---- an attempt's lifetime ---------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -192,7 +194,7 @@ class Hangs:
                                  "ranks": [{"rank": r, "why": why} for r, why in job.hung_ranks], "stacks": None}
         self.publish()
         if expected == 0:
-            self.on_term(job)
+            self.on_term(job, dumped=True)
             return
         self.sys.timers.set(Timer.HANG_TERM, now + self.cfg.health.stack_dump_wait_s)
         self.sys.timers.set(Timer.HANG_DUMPS, now + DUMP_POLL_S)
@@ -203,12 +205,13 @@ class Hangs:
             return
         offset, expected = self._dump
         if count_dumps(job.log_path, offset) >= expected:
-            self.on_term(job)
+            self.on_term(job, dumped=True)
         else:
             self.sys.timers.set(Timer.HANG_DUMPS, self.sys.monotonic() + DUMP_POLL_S)
 
-    def on_term(self, job: RunningAttempt) -> None:
-        """Keep the dumps, SIGTERM the agent, and SIGKILL everything hang_kill_grace_s later."""
+    def on_term(self, job: RunningAttempt, dumped: bool = False) -> None:
+        """Keep the dumps, SIGTERM the agent, and SIGKILL everything hang_kill_grace_s later: at once when every
+        worker that can run has `dumped` (nothing more will come from a rank stuck in a collective)."""
         if self._dump is None or not job.hang:
             return
         offset, _ = self._dump
@@ -218,7 +221,7 @@ class Hangs:
         job.stacks = self._keep_stacks(job, offset)
         job.stopping = True
         self.sys.send_signal(job.pid, signal.SIGTERM)
-        grace = self.cfg.health.hang_kill_grace_s
+        grace = self._grace = 0.0 if dumped else self.cfg.health.hang_kill_grace_s
         self.sys.timers.set(Timer.HANG_KILL, self.sys.monotonic() + grace)
         self.bus.publish(HangRecorded(job, (self.status.last_hang or {}).get("idle_s")))
         if self.status.last_hang is not None:
@@ -228,7 +231,7 @@ class Hangs:
 
     def on_kill(self, job: RunningAttempt) -> None:
         killed = self.sys.kill_job_tree(job.pid)
-        self.log.warning("job_killed", attempt=job.number, after_s=self.cfg.health.hang_kill_grace_s,
+        self.log.warning("job_killed", attempt=job.number, after_s=self._grace,
                          processes=len(killed), reason="hang")
 
     def _keep_stacks(self, job: RunningAttempt, offset: int) -> str | None:

@@ -72,6 +72,20 @@ class TestFastKill:
         stacks = Path(core.status.last_hang["stacks"])
         assert stacks.name == "attempt-0001.stacks.txt" and b"y.py" in stacks.read_bytes()
 
+    def test_the_kill_does_not_wait_the_grace_once_every_runnable_worker_dumped(self, tmp_path: Path) -> None:
+        """Rank 0 dumped, rank 1 is stopped (it never will): SIGKILL right after SIGTERM, not hang_kill_grace_s
+        later; a worker that dumped nothing keeps the whole grace (the test above)."""
+        core, fake, log, pid = started(tmp_path, HANG + "\nhang_kill_grace_s = 30")
+        fake.workers = {0: (pid + 1, "sleeping"), 1: (pid + 2, "stopped")}
+        fake.signal_workers = lambda p, s: [p + 1, p + 2]  # type: ignore[method-assign]
+        beat(core, 5)
+        fake.advance(10, core)
+        with open(core.job.log_path, "a") as f:
+            f.write("Thread 0x0003 (most recent call first):\nCurrent thread 0x0001 (most recent call first):\n")
+        assert fake.advance(0.1, core)[-1:] == ["hang_kill"]  # the dumps checked, the kill at the next turn
+        assert fake.signals == [(pid, signal.SIGTERM)] and fake.killed_trees == [pid]
+        assert dict(log.events)["job_killed"]["after_s"] == 0 and dict(log.events)["hang_stopping"]["kill_after_s"] == 0
+
     def test_exit_0_after_the_hang_kill_is_not_completion(self, tmp_path: Path) -> None:
         """A SIGTERM handler that exits 0 after our hang kill: the run goes on (relaunch), it is not `completed`."""
         core, fake, _, _ = started(tmp_path)

@@ -1,8 +1,11 @@
 """Unit tests of trainer.heartbeat: atomic JSON, phase changes at once, training beats throttled."""
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -161,6 +164,14 @@ class TestRankBeat:
         # a NaN written stays BAD_HOLD_S before a finite loss replaces it
         ([(0, 1, "train", NAN, None), (BAD_HOLD_S - 0.1, 2, "train", 2.0, None)], (False, 1, "nan", None)),
         ([(0, 1, "train", NAN, None), (BAD_HOLD_S, 2, "train", 2.0, None)], (True, 2, 2.0, None)),
+        # a step's NaN after that step's own beat (a loop that beats, then logs the loss): at once all the same
+        ([(0, 1, "train", 2.0, None), (0.01, 1, "train", NAN, None)], (True, 1, "nan", None)),
+        # a phase change within the hold (Lightning's validation right after the NaN batch) carries the NaN ...
+        ([(0, 1, "train", NAN, None), (0.01, 1, "eval", None, None)], (True, 1, "nan", None)),
+        ([(0, 1, "train", NAN, None), (0.01, 1, "eval", 2.0, None)], (True, 1, "nan", None)),
+        # ... and the hold still counts from the NaN's own write
+        ([(0, 1, "train", NAN, None), (1.0, 1, "eval", None, None), (BAD_HOLD_S, 2, "eval", 2.0, None)],
+         (True, 2, 2.0, None)),
     ]
 
     @pytest.mark.parametrize(("beats", "expected"), THROTTLE)
@@ -197,6 +208,68 @@ class TestRankBeat:
         assert not rb.beat(2, "train", clock.now + 0.1)
         rb.close()
         assert parse_heartbeat((tmp_path / "rank-0.json").read_bytes())[0].step == 2
+
+    def test_close_within_a_nan_s_hold_keeps_the_nan(self, tmp_path, clock) -> None:
+        """The loop stops right after a NaN (a step held back with a finite loss): the last record still says NaN."""
+        rb = RankBeat(tmp_path / "rank-0.json", flush=False)
+        rb.beat(1, "train", clock.now, loss=float("nan"))
+        assert not rb.beat(2, "train", clock.now + 0.3, loss=2.0)
+        rb.close()
+        beat = parse_heartbeat((tmp_path / "rank-0.json").read_bytes())[0]
+        assert (beat.step, beat.loss_bad) == (2, "nan")
+
+    def test_the_step_held_back_lands_when_the_process_ends_without_close(self, tmp_path) -> None:
+        """A user's loop that raises (or just returns) right after a throttled step: the file still says the last
+        step (the flusher is a daemon thread, stopped at exit before its due time)."""
+        script = ("import sys, time\nfrom trainer.heartbeat import RankBeat\n"
+                  f"rb = RankBeat({str(tmp_path / 'rank-0.json')!r})\n"
+                  "for step in range(1, 8):\n    rb.beat(step, 'train', time.time(), loss=1.0)\n"
+                  "raise RuntimeError('the loop failed')\n")
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+        assert b"the loop failed" in done.stderr
+        assert parse_heartbeat((tmp_path / "rank-0.json").read_bytes())[0].step == 7
+
+    def test_a_forked_child_never_writes_its_parent_s_file(self, tmp_path, clock) -> None:
+        """A DataLoader-style fork: the child's exit does not write the parent's held-back step (nor any)."""
+        path = tmp_path / "rank-0.json"
+        rb = RankBeat(path, flush=False)
+        rb.beat(1, "train", clock.now)
+        assert not rb.beat(2, "train", clock.now + 0.1)
+        child = os.fork()
+        if child == 0:  # the atexit hooks run as at any interpreter's exit (sys.exit would go on inside pytest)
+            try:
+                atexit._run_exitfuncs()
+            finally:
+                os._exit(0)
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0 and parse_heartbeat(path.read_bytes())[0].step == 1
+        rb.close()
+        assert parse_heartbeat(path.read_bytes())[0].step == 2
+
+    def test_heartbeats_dropped_without_close_leak_no_thread_or_descriptor(self, tmp_path, monkeypatch) -> None:
+        """A loop that makes a new heartbeat each epoch and never closes it: each one's flusher ends once idle, and
+        the file is released when the heartbeat is collected (20 epochs left 20 threads and 20 descriptors)."""
+        import gc
+        import threading
+
+        import trainer.heartbeat as hb
+
+        monkeypatch.setattr(hb, "FLUSHER_IDLE_S", 0.05)
+        def flushers() -> set[threading.Thread]:
+            return {t for t in threading.enumerate() if t.name == "heartbeat-flush"}
+
+        before, fds = flushers(), len(os.listdir("/proc/self/fd"))
+        for _ in range(20):
+            rb = RankBeat(tmp_path / "rank-0.json")
+            rb.beat(1, "train", time.time())
+            rb.beat(2, "train", time.time())
+        del rb
+        deadline = time.monotonic() + 30
+        while flushers() - before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gc.collect()
+        assert not flushers() - before and len(os.listdir("/proc/self/fd")) <= fds
+        assert parse_heartbeat((tmp_path / "rank-0.json").read_bytes())[0].step == 2  # the held steps still landed
 
     def test_a_failed_write_turns_it_off(self, tmp_path, clock) -> None:
         rb = RankBeat(tmp_path / "missing" / "rank-0.json")
