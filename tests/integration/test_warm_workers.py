@@ -352,12 +352,13 @@ def _stale_lines(tmp_path: Path, attempt: int) -> list[tuple[int, str]]:
 
 
 class TestStaleGoesCold:
-    @pytest.mark.parametrize("change", ["module", "symlink", "pip", "agent"])
+    @pytest.mark.parametrize("change", ["module", "symlink", "pip", "agent", "shadow"])
     def test_what_changed_on_disk_is_run_cold(self, tmp_path: Path, supervisors: Supervisors, change: str) -> None:
         """Between the warm workers' imports and attempt 2, what a cold start would run changes: an edited prewarmed
         module, `ln -sfn versions/v2/train.py train.py` (the script's directory, sys.path[0]), `pip install` of
         tinypkg 2 over 1, or a file the spare agent itself loaded (sitecustomize). Attempt 2's ranks run the new code
-        (cold), and the attempt log says who went cold and which file was stale."""
+        (cold), and the attempt log says who went cold and which file was stale. Or a `tinypkg.py` added next to the
+        script, which a cold rank imports instead of the package a warm worker already has."""
         python, pkg = _stale_job(tmp_path)
         job, out = tmp_path / "job", tmp_path / "probe"
         out.mkdir()
@@ -370,10 +371,13 @@ class TestStaleGoesCold:
         wait_for(lambda: len(list(out.glob("attempt-1-*"))) == 2 and _warm_ready(tmp_path), 180,
                  "attempt 1's ranks and an idle spare's warm workers")
         key, stale = {"module": ("prewarmed", "lib/prewarmed.py"), "symlink": ("helper", "train.py"),
-                      "pip": ("tinypkg", "tinypkg/__init__.py"), "agent": ("sitecustomize", "lib/sitecustomize.py")}[change]
+                      "pip": ("tinypkg", "tinypkg/__init__.py"), "agent": ("sitecustomize", "lib/sitecustomize.py"),
+                      "shadow": ("tinypkg", "versions/v1/tinypkg.py")}[change]
         if change == "symlink":
             (job / "train.py.new").symlink_to("versions/v2/train.py")
             os.replace(job / "train.py.new", job / "train.py")
+        elif change == "shadow":  # a module added next to the script hides the one a warm worker imported
+            (job / "versions" / "v1" / "tinypkg.py").write_text("VERSION = 2\n")
         elif change == "pip":
             _bump(pkg / "tinypkg" / "__init__.py")
             (pkg / "pyproject.toml").write_text((pkg / "pyproject.toml").read_text().replace('"1"', '"2"'))
