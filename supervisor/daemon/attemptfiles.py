@@ -1,6 +1,7 @@
 """An attempt's files in the run dir: made ready before the launch, its output log bounded while it runs.
 
-Before a launch the attempt's error file and the stale heartbeats are cleared (a stale beat is no progress), old
+Before a launch the attempt's error and hand-off files and the stale heartbeats are cleared (a stale beat is no
+progress; a hand-off file planted by an earlier attempt, as a FIFO, a symlink or junk, would hide the agent's), old
 attempts' logs are pruned to `job_logs_kept`, and the attempt's log is created (the job's output is appended to it
 directly: supervisor/host/joblog.py). While it runs, the log is kept under `job_log_max_bytes` by a copy into its
 `.1` segment, off the loop. Every write here can fail on a full, read-only or vanishing file system: each failure
@@ -44,6 +45,7 @@ class AttemptFiles:
         attempt's log; the log, or None when it cannot be made (the job's output then goes to the supervisor's)."""
         self._try("errors dir", lambda: error_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True))
         self._try("error file", lambda: error_file.unlink(missing_ok=True))
+        self._try("hand-off file", lambda: log_path.with_suffix(joblog.HANDOFF_SUFFIX).unlink(missing_ok=True))
         for what, clear in heartbeats:
             self._try(what, clear)
         kept = self.cfg.supervisor.job_logs_kept - 1  # this attempt's files are about to be the newest

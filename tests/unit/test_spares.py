@@ -6,13 +6,16 @@ import os
 import stat
 import subprocess
 import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from supervisor.daemon.attemptfiles import AttemptFiles
 from supervisor.host.boot import start_ticks
 from supervisor.host.spares import SPARE_SCRIPT, VOLATILE_ENV, Plan, handed_ranks, is_spare_cmdline, plan
+from tests.fakes import RecordingLog
 from trainer.warm_pool import WarmPool, WorkerPlan
 
 
@@ -72,6 +75,19 @@ class TestHandedRanks:
         _side(tmp_path, {"pid": os.getpid(), "start": start_ticks(os.getpid()), "rank": 1},
               {"pid": sleeper.pid, "start": start, "rank": 1})
         assert handed_ranks(tmp_path / "attempt-0002.log") == {os.getpid(): 1}
+
+    @pytest.mark.parametrize("plant", ["fifo", "symlink", "junk"])
+    def test_a_side_file_planted_before_the_launch_is_cleared(self, tmp_path: Path, plant: str) -> None:
+        """An earlier attempt's job plants the next attempt's side file (a FIFO or a symlink the agent cannot write, or
+        64 KiB of junk its lines would come after): the launch clears it, so the agent's lines are the ones read."""
+        side = tmp_path / "logs" / "attempt-0002.handoff"
+        side.parent.mkdir()
+        {"fifo": lambda: os.mkfifo(side), "symlink": lambda: side.symlink_to(tmp_path / "victim"),
+         "junk": lambda: side.write_bytes(b"x" * (1 << 17))}[plant]()
+        cfg = types.SimpleNamespace(supervisor=types.SimpleNamespace(job_logs_kept=5))
+        AttemptFiles(cfg, None, RecordingLog()).prepare(  # type: ignore[arg-type]
+            tmp_path / "errors" / "attempt-0002.json", tmp_path / "logs" / "attempt-0002.log", [])
+        assert not os.path.lexists(side)
 
     def test_a_process_started_after_the_launch_is_no_warm_worker(self, tmp_path: Path,
                                                                   sleeper: subprocess.Popen[bytes]) -> None:
