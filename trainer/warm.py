@@ -39,7 +39,7 @@ import time
 import types
 from typing import Any, NoReturn
 
-__all__ = ["main", "pdeathsig", "set_title", "loaded_files", "first_change", "go_cold", "READY", "UNUSABLE",
+__all__ = ["main", "pdeathsig", "set_title", "loaded_files", "first_change", "shadowed", "go_cold", "READY", "UNUSABLE",
            "MAX_SPEC_BYTES"]
 
 _PR_SET_PDEATHSIG = 1
@@ -72,6 +72,7 @@ def set_title(title: str) -> None:
 
 
 Stamp = tuple[str, int, int, int]  # path, size, mtime_ns, inode
+_OURS = ("__main__", "_fsdp_supervisor_")  # warm.py as a script, and what spare.py loads by path
 
 
 def _stamp(path: str) -> Stamp | None:
@@ -90,8 +91,8 @@ def loaded_files() -> list[Stamp]:
     absolute paths (torch.ops is a namespace object), and our own spare/warm code, which the job never runs. Nothing
     is left out to save time: one stat per file, about 2,000 files with torch and the default prewarm_modules (5-35 ms,
     by load), against the seconds of imports a cold start would repeat."""
-    ours = ("__main__", "_fsdp_supervisor_")  # warm.py as a script, and what spare.py loads by path
-    paths = [sys.executable, *(getattr(m, "__file__", None) for n, m in list(sys.modules.items()) if not n.startswith(ours))]
+    modules = [m for n, m in list(sys.modules.items()) if not n.startswith(_OURS)]
+    paths = [sys.executable, *(getattr(m, "__file__", None) for m in modules)]
     try:
         with open("/proc/self/maps") as maps:
             mapped = [line.split(None, 5) for line in maps]
@@ -109,6 +110,27 @@ def first_change(files: list[Stamp]) -> str | None:
     """The first of `files` that is no longer what was loaded (edited, replaced, gone), or None: a cold start would
     run what is on disk now."""
     return next((f[0] for f in files if _stamp(f[0]) != f), None)
+
+
+def shadowed() -> str | None:
+    """The file a cold start would import instead of a top-level module loaded here, or None: one added since ahead of
+    it on sys.path (`tinypkg.py` next to the script shadows the site-packages `tinypkg` imported before)."""
+    importlib.invalidate_caches()  # the finders' cached directory listings
+    for name, module in list(sys.modules.items()):
+        spec = getattr(module, "__spec__", None)
+        if "." in name or spec is None or spec.name != name or not spec.has_location or name.startswith(_OURS):
+            continue
+        found = next((s for s in (_find(f, name) for f in sys.meta_path) if s is not None), None)
+        if found is not None and found.origin != spec.origin:
+            return str(found.origin)
+    return None
+
+
+def _find(finder: Any, name: str) -> Any:
+    try:
+        return finder.find_spec(name, None)
+    except Exception:  # noqa: BLE001 - a third-party finder's own trouble: as if it found nothing
+        return None
 
 
 def go_cold(argv: list[str], env: dict[str, str]) -> NoReturn:
@@ -223,7 +245,7 @@ def main() -> int:
         return 0
     spec, fds = received
     _become(spec, fds)
-    stale = first_change(loaded) or (None if safe_path else _script_moved(spec["argv"], path0))
+    stale = first_change(loaded) or shadowed() or (None if safe_path else _script_moved(spec["argv"], path0))
     if stale is not None:
         print(f"event=warm_workers_stale pid={os.getpid()} file={json.dumps(stale)}", file=sys.stderr, flush=True)
         go_cold([spec["argv0"], *spec["argv"]], spec["env"])

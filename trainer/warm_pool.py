@@ -175,6 +175,7 @@ class WarmPool:
         if w is None:
             return None
         spec = json.dumps({"argv0": args[0], "argv": list(args[1:]), "env": dict(env), "cwd": os.getcwd()}).encode()
+        self._record(w.proc.pid, env.get("RANK", ""))  # before the worker can run any of the job's code
         try:
             socket.send_fds(w.sock, [spec], list(streams))
         except OSError as exc:
@@ -184,7 +185,6 @@ class WarmPool:
         w.state = "used"
         w.sock.close()
         self.say(f"event=warm_handoff pid={w.proc.pid} local_rank={env.get('LOCAL_RANK')} rank={env.get('RANK')}")
-        self._record(w.proc.pid, env.get("RANK", ""))
         return w.proc
 
     def _record(self, pid: int, rank: str) -> None:

@@ -1,8 +1,8 @@
 """An attempt's files in the run dir: made ready before the launch, its output log bounded while it runs.
 
-Before a launch the attempt's error file and the stale heartbeats are cleared (a stale beat is no progress), old
-attempts' logs are pruned and the attempt's log is created; while it runs, the log is bounded off the loop
-(supervisor/host/joblog.py). Every write here can fail on a full, read-only or vanishing file system: each
+Before a launch the attempt's error and hand-off files and the stale heartbeats are cleared (a stale beat is no
+progress; a hand-off file planted by an earlier attempt would hide the agent's), old attempts' logs are pruned
+and the attempt's log is created; while it runs, the log is bounded off the loop (supervisor/host/joblog.py). Every write here can fail on a full, read-only or vanishing file system: each
 failure is logged and survived (the job matters more).
 """
 from __future__ import annotations
@@ -40,6 +40,7 @@ class AttemptFiles:
         attempt's log; the log, or None when it cannot be made (the job's output then goes to the supervisor's)."""
         try_write(self.log, "errors dir", lambda: error_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True))
         try_write(self.log, "error file", lambda: error_file.unlink(missing_ok=True))
+        try_write(self.log, "hand-off file", lambda: log_path.with_suffix(joblog.HANDOFF_SUFFIX).unlink(missing_ok=True))
         for what, clear in heartbeats:
             try_write(self.log, what, clear)
         kept = self.cfg.supervisor.job_logs_kept - 1  # this attempt's files are about to be the newest

@@ -92,6 +92,7 @@ class RealSystem:
 
             self.prewarmer = Prewarmer(get_logger(), workers=warm_workers, modules=warm_modules)
         self._job_log: Path | None = None
+        self._launched = 0
         self.waker: Callable[[], None] = lambda: None  # set by the event loop: wakes its select()
         self._finished: queue.SimpleQueue[tuple[Callable[[Any], None], Any]] = queue.SimpleQueue()
 
@@ -129,6 +130,7 @@ class RealSystem:
     def spawn(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_path: Path | None) -> tuple[int, float]:
         # A spare opens the attempt log itself: without one (an unwritable run dir) the launch goes cold.
         self._job_log = log_path  # where a warm agent says which worker took which rank (worker_states)
+        self._launched = int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))  # as start ticks
         warm = self.prewarmer.launch(argv, cwd=cwd, env=env, log_path=log_path) if self.prewarmer and log_path else None
         p = warm or procs.spawn(argv, cwd=cwd, env=env, log_path=log_path)
         self._popen[p.pid] = p
@@ -166,7 +168,7 @@ class RealSystem:
 
     def worker_states(self, pid: int) -> dict[int, tuple[int, str]]:
         log = self._job_log if self.prewarmer is not None else None  # read on a hang only, not on a clock
-        return procs.worker_states(pid, handed_ranks(log) if log is not None else {})
+        return procs.worker_states(pid, handed_ranks(log, self._launched) if log is not None else {})
 
     def kill_job_tree(self, pid: int) -> list[tuple[int, str]]:
         with contextlib.suppress(ProcessLookupError, PermissionError):

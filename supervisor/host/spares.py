@@ -109,13 +109,15 @@ class _Spare:
     started: float
 
 
-def handed_ranks(job_log: Path) -> dict[int, int]:
+def handed_ranks(job_log: Path, launched: float = float("inf")) -> dict[int, int]:
     """pid -> rank of the warm workers an agent handed its ranks to, from its side file `attempt-NNNN.handoff` (never
     from the job's output, which the job fills as it likes): one JSON line per rank, `{"pid", "start", "rank"}`,
-    counted only while that pid still has the start time (clock ticks since boot) the agent wrote beside it.
+    counted only while that pid still has the start time (clock ticks since boot) the agent wrote beside it, and that
+    time is before `launched` (a warm worker waited for the launch; a rank started cold, by torchrun, came after).
 
     A warm rank took its environment over in-process: /proc/PID/environ still shows the one it was started with,
-    without torchrun's RANK, so the job's workers are named by this file instead (the latest line for a pid wins)."""
+    without torchrun's RANK, so the job's workers are named by this file instead. The first line for a pid, and for a
+    rank, wins: the agent writes each before that worker runs any of the job's code, which may append to the file."""
     try:
         with open(open_regular(job_log.with_suffix(joblog.HANDOFF_SUFFIX), follow_symlinks=False, mine=True), "rb") as f:
             lines = f.read(_HANDOFF_MAX).splitlines()
@@ -128,7 +130,8 @@ def handed_ranks(job_log: Path) -> dict[int, int]:
             pid, start, rank = rec["pid"], rec["start"], rec["rank"]
         except (ValueError, KeyError, TypeError, RecursionError):  # a cut line, an int past Python's digit limit
             continue
-        if all(type(v) is int and 0 <= v < 1 << 62 for v in (pid, start, rank)) and start_ticks(pid) == start:
+        if (all(type(v) is int and 0 <= v < 1 << 62 for v in (pid, start, rank)) and pid not in out
+                and rank not in out.values() and start < launched and start_ticks(pid) == start):
             out[pid] = rank
     return out
 

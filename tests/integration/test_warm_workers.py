@@ -229,12 +229,13 @@ HANGS = "hang_timeout_s = 4\nsave_timeout_s = 8\nstack_dump_wait_s = 2\nhang_kil
 
 
 class TestHandoffChannel:
-    @pytest.mark.parametrize("forge", ["huge", "rename"])
+    @pytest.mark.parametrize("forge", ["huge", "rename", "side"])
     def test_a_forged_line_in_the_jobs_output_changes_nothing(self, tmp_path: Path, supervisors: Supervisors,
                                                              forge: str) -> None:
         """The job prints a warm agent's hand-off line (a 5,000-digit pid; or rank 1's own pid as rank 0) in every
         attempt: the SIGSTOPped rank 1 of the cold attempt 1 is still named rank 1 (no crash), and so is rank 1 of
-        the warm attempt 2, named by the agent's side file (its /proc environment has no RANK)."""
+        the warm attempt 2, named by the agent's side file (its /proc environment has no RANK). Or rank 1 appends that
+        record to the side file itself: not read for the cold attempt 1, and after the agent's own for attempt 2."""
         pids = tmp_path / "pids"
         pids.mkdir()
         cmd = [*TORCHRUN, str(FORGING), "--checkpoint-dir", str(tmp_path / "ckpts"), "--steps", str(10**6),
@@ -247,7 +248,7 @@ class TestHandoffChannel:
                      and (a == 2 or _warm_ready(tmp_path)), 180, f"attempt {attempt} training")
             if attempt == 2:
                 side = (_run_dir(tmp_path) / "logs" / "attempt-0002.handoff").read_text().splitlines()
-                assert len(side) == 2, "attempt 2 did not run in warm workers"
+                assert len(side) == 2 + (forge == "side"), "attempt 2 did not run in warm workers"
                 assert "RANK" not in psutil.Process(int((pids / "attempt-2-rank-1").read_text())).environ()
             victim = psutil.Process(int((pids / f"attempt-{attempt}-rank-1").read_text()))
             victim.suspend()
@@ -351,12 +352,13 @@ def _stale_lines(tmp_path: Path, attempt: int) -> list[tuple[int, str]]:
 
 
 class TestStaleGoesCold:
-    @pytest.mark.parametrize("change", ["module", "symlink", "pip", "agent"])
+    @pytest.mark.parametrize("change", ["module", "symlink", "pip", "agent", "shadow"])
     def test_what_changed_on_disk_is_run_cold(self, tmp_path: Path, supervisors: Supervisors, change: str) -> None:
         """Between the warm workers' imports and attempt 2, what a cold start would run changes: an edited prewarmed
         module, `ln -sfn versions/v2/train.py train.py` (the script's directory, sys.path[0]), `pip install` of
         tinypkg 2 over 1, or a file the spare agent itself loaded (sitecustomize). Attempt 2's ranks run the new code
-        (cold), and the attempt log says who went cold and which file was stale."""
+        (cold), and the attempt log says who went cold and which file was stale. Or a `tinypkg.py` added next to the
+        script, which a cold rank imports instead of the package a warm worker already has."""
         python, pkg = _stale_job(tmp_path)
         job, out = tmp_path / "job", tmp_path / "probe"
         out.mkdir()
@@ -369,10 +371,13 @@ class TestStaleGoesCold:
         wait_for(lambda: len(list(out.glob("attempt-1-*"))) == 2 and _warm_ready(tmp_path), 180,
                  "attempt 1's ranks and an idle spare's warm workers")
         key, stale = {"module": ("prewarmed", "lib/prewarmed.py"), "symlink": ("helper", "train.py"),
-                      "pip": ("tinypkg", "tinypkg/__init__.py"), "agent": ("sitecustomize", "lib/sitecustomize.py")}[change]
+                      "pip": ("tinypkg", "tinypkg/__init__.py"), "agent": ("sitecustomize", "lib/sitecustomize.py"),
+                      "shadow": ("tinypkg", "versions/v1/tinypkg.py")}[change]
         if change == "symlink":
             (job / "train.py.new").symlink_to("versions/v2/train.py")
             os.replace(job / "train.py.new", job / "train.py")
+        elif change == "shadow":  # a module added next to the script hides the one a warm worker imported
+            (job / "versions" / "v1" / "tinypkg.py").write_text("VERSION = 2\n")
         elif change == "pip":
             _bump(pkg / "tinypkg" / "__init__.py")
             (pkg / "pyproject.toml").write_text((pkg / "pyproject.toml").read_text().replace('"1"', '"2"'))

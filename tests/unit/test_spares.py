@@ -6,13 +6,16 @@ import os
 import stat
 import subprocess
 import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from supervisor.daemon.attemptfiles import AttemptFiles
 from supervisor.host.boot import start_ticks
 from supervisor.host.spares import SPARE_SCRIPT, VOLATILE_ENV, Plan, handed_ranks, is_spare_cmdline, plan
+from tests.fakes import RecordingLog
 from trainer.warm_pool import WarmPool, WorkerPlan
 
 
@@ -63,10 +66,37 @@ class TestHandedRanks:
     (the attempt log) is never read for it."""
 
     def test_the_side_file_names_live_warm_ranks(self, tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
-        """A record counts while its pid has the start time written beside it; the latest line for a pid wins."""
+        """A record counts while its pid has the start time written beside it; the first line for a pid wins, and
+        for a rank: the agent's, written before the worker runs the job's code, which may append forged lines (its
+        sibling's pid as its own rank: once the stopped sibling was reported under the forger's rank)."""
         start = start_ticks(sleeper.pid)
         _side(tmp_path, {"pid": sleeper.pid, "start": start, "rank": 0}, {"pid": sleeper.pid, "start": start, "rank": 3})
-        assert handed_ranks(tmp_path / "attempt-0002.log") == {sleeper.pid: 3}
+        assert handed_ranks(tmp_path / "attempt-0002.log") == {sleeper.pid: 0}
+        _side(tmp_path, {"pid": os.getpid(), "start": start_ticks(os.getpid()), "rank": 1},
+              {"pid": sleeper.pid, "start": start, "rank": 1})
+        assert handed_ranks(tmp_path / "attempt-0002.log") == {os.getpid(): 1}
+
+    @pytest.mark.parametrize("plant", ["fifo", "symlink", "junk"])
+    def test_a_side_file_planted_before_the_launch_is_cleared(self, tmp_path: Path, plant: str) -> None:
+        """An earlier attempt's job plants the next attempt's side file (a FIFO or a symlink the agent cannot write, or
+        64 KiB of junk its lines would come after): the launch clears it, so the agent's lines are the ones read."""
+        side = tmp_path / "logs" / "attempt-0002.handoff"
+        side.parent.mkdir()
+        {"fifo": lambda: os.mkfifo(side), "symlink": lambda: side.symlink_to(tmp_path / "victim"),
+         "junk": lambda: side.write_bytes(b"x" * (1 << 17))}[plant]()
+        cfg = types.SimpleNamespace(supervisor=types.SimpleNamespace(job_logs_kept=5))
+        AttemptFiles(cfg, None, RecordingLog()).prepare(  # type: ignore[arg-type]
+            tmp_path / "errors" / "attempt-0002.json", tmp_path / "logs" / "attempt-0002.log", [])
+        assert not os.path.lexists(side)
+
+    def test_a_process_started_after_the_launch_is_no_warm_worker(self, tmp_path: Path,
+                                                                  sleeper: subprocess.Popen[bytes]) -> None:
+        """Warm workers wait for the launch; a rank started at or after it is torchrun's cold one, named by its own
+        RANK, whatever a record the job appended to the side file claims."""
+        start = start_ticks(sleeper.pid) or 0
+        _side(tmp_path, {"pid": sleeper.pid, "start": start, "rank": 0})
+        assert handed_ranks(tmp_path / "attempt-0002.log", start + 1) == {sleeper.pid: 0}
+        assert handed_ranks(tmp_path / "attempt-0002.log", start) == {}
 
     def test_a_reused_pid_names_nothing(self, tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
         """Another start time: the pid is another process now (or the record was forged)."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.warm import _script_moved, first_change, loaded_files
+from trainer.warm import _script_moved, first_change, loaded_files, shadowed
 
 
 def _module(tmp_path: Path) -> Path:
@@ -78,6 +78,22 @@ class TestLoadedFiles:
         """Everything loaded here is recorded once and unchanged."""
         files = loaded_files()
         assert first_change(files) is None and len({f[0] for f in files}) == len(files) > 100
+
+
+class TestShadowed:
+    def test_a_module_added_ahead_on_sys_path_is_named(self, tmp_path: Path) -> None:
+        """`tinypkg.py` added next to the script (sys.path[0]) after a warm worker imported tinypkg from further down
+        the path: a cold start would import the new file, so it is named; before that, and here, nothing is."""
+        first, later = tmp_path / "first", tmp_path / "later"
+        for d in (first, later):
+            d.mkdir()
+        (later / "tinypkg.py").write_text("VERSION = 1\n")
+        code = ("import sys, tinypkg\nfrom trainer.warm import shadowed\nprint(shadowed())\n"
+                "open(sys.argv[1], 'w').write('VERSION = 2')\nprint(shadowed())")
+        out = subprocess.run([sys.executable, "-c", code, str(first / "tinypkg.py")], capture_output=True, text=True,
+                             check=True, env={**os.environ, "PYTHONPATH": f"{first}:{later}"}).stdout.split()
+        assert out == ["None", str(first / "tinypkg.py")]
+        assert shadowed() is None
 
 
 class TestScriptMoved:
