@@ -2,8 +2,9 @@
 
 Before a launch the attempt's error and hand-off files and the stale heartbeats are cleared (a stale beat is no
 progress; a hand-off file planted by an earlier attempt would hide the agent's), old attempts' logs are pruned
-and the attempt's log is created; while it runs, the log is bounded off the loop (supervisor/host/joblog.py). Every write here can fail on a full, read-only or vanishing file system: each
-failure is logged and survived (the job matters more).
+and the attempt's log is created; while it runs, the log is bounded off the loop (supervisor/host/joblog.py).
+Every write here can fail on a full, read-only or vanishing file system: each failure is logged and survived (the
+job matters more).
 """
 from __future__ import annotations
 
