@@ -1,12 +1,8 @@
 """job.toml: pydantic models (the single source of truth for keys, defaults and docs) and the loader.
 
-Unknown keys are errors. Relative paths resolve against the config file's directory; an empty path is an
-error, never "the current directory" (a `dir = ""` once let retention loose on a project folder). Strings
-that reach argv, the environment or the filesystem are checked here (no NUL bytes, valid variable names),
-and so is where the three directories sit relative to each other: the checkpoint root holds checkpoints
-only, never the config, the job's working directory or the supervisor's own files. Every error becomes
-one `ConfigError` line that names the file and the key. Whether the paths exist and are writable is
-checked by `supervisor.daemon.preflight` before `run` creates anything.
+Unknown keys are errors; every error is one `ConfigError` line naming the file and the key. What else is checked
+here, and why an empty path is an error: docs/design.md, 'Notes for maintainers'. Whether the paths exist and
+are writable: `supervisor.daemon.preflight`, before `run` creates anything.
 """
 from __future__ import annotations
 

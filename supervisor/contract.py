@@ -1,10 +1,8 @@
 """The job contract: everything the supervisor and a supervised job tell each other (stdlib only).
 
 What crosses the process boundary, each way: docs/design.md, 'The job contract'. Both sides import the names and
-the validation from here (the supervisor, the reference trainer, the benchmarks and the tests), so a key or a
-phase can never be spelled two ways; `layout.py` names what lies on disk. The heartbeat is untrusted input: every
-field is validated and a bad one is dropped with a note, never passed on (a NaN loss once made state.json invalid
-JSON; a `1e999` step crashed the daemon).
+the validation from here, so a key or a phase can never be spelled two ways; why every heartbeat field is
+validated: docs/design.md, 'Notes for maintainers'.
 """
 from __future__ import annotations
 

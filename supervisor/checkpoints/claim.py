@@ -1,12 +1,7 @@
 """One job per checkpoint root: a claim next to the resolved root, taken at start and held while the job runs.
 
-Where the claim lives (next to the root, the cache dir, the identity home), who may share it, when it is live
-or stale (a Slurm job's earlier run included) and when it is checked: docs/checkpoints.md, 'What the supervisor
-keeps next to the root' ("The root claim"). Invariants while editing: every reader looks in all three places; a
-record in the identity home counts only while the `root` it names is still that directory (not one deleted
-since, whose inode number another directory got); taking the claim is serialized by an flock on `.lock` in the
-folder (the identity home's first, then the one next to the root), so two supervisors starting at the same
-moment cannot both win, whatever path each used.
+Where it lives, who may share it, when it is live or stale: docs/checkpoints.md, 'What the supervisor keeps next
+to the root' ("The root claim"). Invariants while editing: docs/design.md, 'Notes for maintainers'.
 """
 from __future__ import annotations
 

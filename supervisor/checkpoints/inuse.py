@@ -1,11 +1,7 @@
 """In-use markers: the checkpoint a running job resumed from, visible to every prune of the root.
 
-The daemon keeps its own job's resume point out of its retention (`protect`); a `checkpoints prune --dir` by
-hand, or another node's supervisor, sees it through the marker: a lease (lease.py) on the job's (torchrun's)
-process, holding {path}, in the `.fsdp-inuse` sidecar. Where, when written, refreshed and removed, and how long
-it is live: docs/checkpoints.md, 'What the supervisor keeps next to the root' ("In-use markers"). A reader
-matches the checkpoint by its name, whatever path spelled the root; stale markers are ignored and removed by
-whoever reads them; unreadable ones are ignored.
+A lease (lease.py) on the job's process, holding {path}, in the `.fsdp-inuse` sidecar: docs/checkpoints.md, 'What
+the supervisor keeps next to the root' ("In-use markers"); who reads it: docs/design.md, 'Notes for maintainers'.
 """
 from __future__ import annotations
 

@@ -2,11 +2,8 @@
 
     <sidecar folder>/<host>-<pid>-<pid namespace>.json   {host, pidns, boot, pid, start, time, ...what it holds}
 
-written atomically, owner-only, into a sidecar folder that must be ours (sidecars.py; the caller opens it).
-`lease_state` (pure) is the one live-or-stale rule for claims and markers: docs/checkpoints.md, 'What the
-supervisor keeps next to the root' ("Leases"). `pid`/`start`/`boot` name one process for good (host/boot.py:
-start ticks since boot, never the wall clock). Whoever finds a stale lease may remove it; a lease it cannot
-judge as stale is never removed.
+Written atomically, owner-only, into a sidecar folder that must be ours (sidecars.py). `lease_state` (pure) is the
+one live-or-stale rule: docs/checkpoints.md, 'What the supervisor keeps next to the root' ("Leases").
 """
 from __future__ import annotations
 

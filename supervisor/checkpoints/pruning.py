@@ -1,11 +1,7 @@
 """Carry out a retention plan: the only code in the store that deletes anything.
 
-Each target is re-checked (a direct, non-symlink child dir of the root that is still a checkpoint, not a
-foreign folder, and still the dir that was judged, not one renamed into its place since), renamed into the
-trash in one atomic step, then removed: a crash mid-delete leaves only trash, so a half-deleted dir never looks
-complete. Where the trash is and when deleting stops: docs/checkpoints.md, 'What the supervisor keeps next to
-the root' ("Trash"); the caller's `fallback` is the daemon's run dir, and `parking_problem` tells beforehand,
-creating nothing.
+Each target is re-checked, renamed into the trash in one atomic step, then removed (docs/design.md, 'Notes for
+maintainers'). Where the trash is: docs/checkpoints.md, 'What the supervisor keeps next to the root' ("Trash").
 """
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """The folders we keep next to a checkpoint root (trash, in-use markers, the root claim): where they are, and whose.
 
-Each sidecar is `<parent>/.<name><suffix>` of the **resolved** root (layout.sidecar_name), so every spelling
-of the root meets the same ones (docs/checkpoints.md, 'What the supervisor keeps next to the root'). A sidecar
-decides what is deleted, what is protected and who may run on the root, so it must be ours: a plain directory
-(never a symlink), owned by us or by the root's owner (who can delete its checkpoints anyway), writable by
-nobody else; anything else is refused with `SidecarError` and nothing is read from, written to or deleted
-through it. Times written by other hosts count only up to a day of clock skew into the future (`written_at`):
-a marker dated next year must not protect a checkpoint, or hold a root, forever.
+Each is `<parent>/.<name><suffix>` of the **resolved** root (layout.sidecar_name): docs/checkpoints.md, 'What the
+supervisor keeps next to the root'. Refused with `SidecarError` unless ours; why, and the clock-skew cap of
+`written_at`: docs/design.md, 'Notes for maintainers'.
 """
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """Files written by `torch.save` (a zip holding `<archive>/data.pkl` and the storages), read without torch.
 
-Lightning's `meta.pt` (docs/checkpoints.md, 'Clients' last files'). `zip_problem` says whether it is whole from
-the zip's structure only (torch writes the central directory last, on close; nothing is unpickled);
-`read_pickle` walks `data.pkl` with metadata/scan.py's walker under a policy that imports and calls nothing
-(every global, persistent id and built object is the inert `OPAQUE`, except `collections.OrderedDict`).
-Anything wrong is a reason string, never an exception. Torch-free: completeness imports this, and the
-trainer's `--resume auto` imports completeness.
+Lightning's `meta.pt` (docs/checkpoints.md, 'Clients' last files'). How `zip_problem` and `read_pickle` judge it:
+docs/design.md, 'Notes for maintainers'. Anything wrong is a reason string, never an exception. Torch-free.
 """
 from __future__ import annotations
 

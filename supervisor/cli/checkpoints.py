@@ -1,10 +1,8 @@
 """`fsdp-supervisor checkpoints list|verify|prune|pin|unpin|unquarantine`.
 
-Exit codes: docs/operations.md, 'Exit codes' (0 ok, 1 `verify` found the dir not complete, 2 anything else:
-one line on stderr, raised as SupervisorError and printed by supervisor.cli.app, nothing deleted). What `pin`,
-`unpin` and `unquarantine` accept: docs/checkpoints.md, 'pin, unpin, unquarantine'. `prune` protects the
-checkpoints that running jobs resumed from: those named by live in-use markers (so with `--dir` too) and,
-with `-c`, the one in the run dir's state.json.
+Exit codes: docs/operations.md, 'Exit codes' (0 ok, 1 `verify` found the dir not complete, 2 anything else: one
+line on stderr, nothing deleted). What `pin`, `unpin` and `unquarantine` accept: docs/checkpoints.md, 'pin, unpin,
+unquarantine'. What `prune` protects: docs/design.md, 'Notes for maintainers'.
 """
 from __future__ import annotations
 

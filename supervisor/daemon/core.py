@@ -1,12 +1,10 @@
 """The supervisor's brain: reacts to events (job exit, signal, file change, timer) through the `System` seam.
 
-The event loop (supervisor/daemon/loop.py) turns the OS into calls on `Core`; tests call the same methods with a
-fake `System` and replay histories. Decisions are the pure policy modules'; Core's small parts own their state:
-`passes`, `events` (log, history, state.json as subscribers), `hangs`, `stops`, `attemptfiles`. How passes run off
-the loop and what waits for them: docs/design.md, 'The picture'. Every write the supervisor makes (state.json,
-the attempt's log and error file, the heartbeat's removal, a quarantine marker, the job token) can fail on a full,
-read-only or vanishing file system: each failure is logged and survived, and `close()` makes sure state.json never
-claims a live supervisor after it exited.
+The event loop (daemon/loop.py) turns the OS into calls on `Core`; tests call the same methods with a fake
+`System`. Decisions are the pure policy modules'; Core's parts (`passes`, `events`, `hangs`, `stops`,
+`attemptfiles`) own their state: docs/design.md, 'The picture'. Every write can fail: logged and survived, and
+`close()` makes sure state.json never claims a live supervisor after it exited (docs/design.md, 'Notes for
+maintainers').
 """
 from __future__ import annotations
 

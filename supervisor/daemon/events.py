@@ -1,9 +1,7 @@
 """The run's events: typed records, each published once on a `Bus`; the sinks are its subscribers.
 
-supervisord's subscribe/notify is the model: `Core` and its parts publish what happened and never call a sink.
-The subscribers, in the order `Core` subscribes them: the structured log (`to_log`), history.jsonl (`HistoryRecorder.notify`,
-supervisor.daemon.recorder), state.json (`StatusChanged`, daemon/publisher.py) and the alerts (daemon/alerts.py).
-A subscriber must not raise: each one's own failures are said and survived inside it.
+`Core` and its parts publish what happened and never call a sink; the subscribers: docs/design.md, 'From a job's
+exit to its relaunch'. A subscriber must not raise: each one's own failures are said and survived inside it.
 """
 from __future__ import annotations
 

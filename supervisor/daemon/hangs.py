@@ -1,13 +1,8 @@
 """Every rank watched, and the hang path: when an attempt counts as hung, what is kept, and the fast kill.
 
-`Core` owns the attempt; this part owns its heartbeat sources (the node's file, read on every file event, and
-the per-rank folder, looked at every `RANK_POLL_S`), the hang timers and the evidence. The path as users see it
-(culprits named, stack dumps, SIGTERM then SIGKILL after `hang_kill_grace_s` or once every rank that can run
-has dumped, never `stop_timeout_s`): docs/operations.md, 'Hangs and stragglers'. Invariant: when the HANG timer
-fires nothing is judged from what was read before: the node's file and the per-rank folder are read again
-first, so beats queued behind the timer (a busy loop, a supervisor that was suspended) count. Time the
-supervisor did not run is nobody's: the loop (daemon/loop.py `_thawed`) postpones the timers and, through
-`postpone`, every source's allowance.
+`Core` owns the attempt; this part owns its heartbeat sources, the hang timers and the evidence. The path as
+users see it: docs/operations.md, 'Hangs and stragglers'; the invariants (re-read before judging, frozen time is
+nobody's): docs/design.md, 'Notes for maintainers'.
 """
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """The event loop: one thread, one `select`, no busy polling (docs/design.md, 'The picture').
 
-Wake-ups come from a single pipe: signal handlers write to it (signal.set_wakeup_fd), and so does the
-watchdog observer thread for file events. Timers set the select timeout. Child exits are collected with
-waitpid(-1) after every wake-up (SIGCHLD wakes us; as a subreaper we also reap adopted orphans). SIGHUP is a
-graceful stop (docs/operations.md, 'What happens when things go wrong'); a hangup never forces a stop already
-under way, and one ignored by whoever started us (`nohup`) stays ignored (the console goes quiet instead).
+Wake-ups come from one pipe (signal.set_wakeup_fd, the watchdog observer thread); timers set the select timeout;
+children are reaped with waitpid(-1) after every wake-up. SIGHUP's rules: docs/design.md, 'Notes for maintainers'.
 """
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """When housekeeping passes run: one at a time, requests during one coalesced into one more, results dated.
 
-A pass (scan, verify, retention) runs off the loop; whatever needs the root's state waits for one. The
-scheduler owns the bookkeeping that makes that safe: the root's *generation* (file events and our own
-changes so far), whether a pass is running and whether another is wanted after it (and whether that one may
-delete), and when the last one finished, so that a launch may reuse a pass that still tells the truth.
-A failed pass is never a result (docs/design.md, 'The picture'): after one, nothing is fresh until a pass
-succeeds - the last successful one describes the root as it was before whatever made the look fail.
+A pass runs off the loop; whatever needs the root's state waits for one. This owns the root's *generation*, the
+running and wanted passes, and when the last one finished. A failed pass is never a result: docs/design.md,
+'The picture' and 'Notes for maintainers'.
 """
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """Publishing the supervisor's `Status`: state.json, the history's annotation and sd_notify, in one write.
 
-A job may beat on every step, hundreds of times a second; each publish rewrites state.json with an fsync
-(~5 ms on a plain disk). Beats publish at most every `BEAT_PUBLISH_S` (the latest one always lands, from a
-timer), everything else at once. A failed write (full, read-only or vanished file system) is said once, not on
-every beat, and never stops supervision; `close` makes sure state.json never claims a supervisor that exited.
+Beats publish at most every `BEAT_PUBLISH_S` (the latest one always lands, from a timer), everything else at once;
+why, and how a failed write is said: docs/design.md, 'Notes for maintainers'.
 """
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """`fsdp-supervisor run`'s composition root: builds the supervisor's parts from a config and runs the loop.
 
-Everything with a lifetime (the run lock, the claim on the checkpoint root, the log, the prewarmed agent,
-the history writer, the metrics server) is created here, in order, and closed here, in reverse, whatever the
-loop's end. The claim comes right after the lock: a second job on the same root is refused (exit 2) before
-anything is written.
+Everything with a lifetime is created here, in order, and closed here, in reverse, whatever the loop's end; the
+order's reason: docs/design.md, 'Notes for maintainers'.
 """
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """The stop controller: a requested stop (Ctrl+C, `stop`, systemd, Slurm) carried out on the running attempt.
 
-`policy/stopping.py` decides what a signal does from the state alone; this part carries the decision out and
-owns what a stop needs to remember (`reason`, `orphans`, the workers an agent left saving when it exited first).
-What follows for the whole run it asks of `Core` through callbacks, because only Core ends attempts and runs. A
-hang's kill is not a stop: it has its own short grace (daemon/hangs.py).
+`policy/stopping.py` decides; this part carries it out and owns what a stop remembers (`reason`, `orphans`, the
+workers an agent left saving). Why callbacks into `Core`, and why a hang's kill is not a stop: docs/design.md,
+'Notes for maintainers'.
 """
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """Atomic file replacement: readers see the old content or the new one, never a torn file (stdlib only).
 
-The one way this project writes a file that someone else reads while it may change: state.json, markers,
-the heartbeat, the manifest, exported weights. A temporary sibling (`.<name>.<random>.tmp`, so it shares
-the file system and never matches the final name's pattern) is written, optionally fsynced, then renamed
-over the target.
+The one way this project writes a file that someone else reads while it may change. The temporary sibling's name
+and the rename: docs/design.md, 'Notes for maintainers'.
 """
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """What the kernel says about processes and time since boot: neither libfaketime nor a wall-clock step moves it.
 
-psutil's `create_time()` is the boot time by the wall clock plus the process's start ticks, so a +1 h step of
-the clock made every live process "another one" (a claim taken over, an orphan not recognised). A process is
-known here by its start in clock ticks since boot (`/proc/PID/stat` field 22) and the boot it started in
-(`/proc/sys/kernel/random/boot_id`): a pid reused later, or after a reboot, is not it. `wall_now` is the wall
-clock as the kernel stamps files (boot time + uptime, read from /proc), for ages measured against mtimes.
+A process is known by its start ticks since boot (`/proc/PID/stat` field 22) and its boot id; `wall_now` is the
+kernel's wall clock for file ages. Why not psutil's `create_time()`: docs/design.md, 'Notes for maintainers'.
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """How a supervisor recognises the jobs of its run dir, whatever argv the kernel shows for them.
 
-argv identifies nothing (a `#!` script's /proc/PID/cmdline is `[interpreter, script, ...]`, a prewarmed job keeps
-its spare's argv, torchrun's workers have their own), so every job gets the run dir's random token
-(`job.token`) and the run dir in its environment, inherited by all it starts; a new `run` stops every live process
-carrying both before it launches (docs/operations.md, 'What happens when things go wrong'). The run dir is
-compared too so that a copied run dir (same token, another directory) never stops the original's job.
+Every job gets the run dir's random token (`job.token`) and the run dir in its environment; a new `run` stops every
+live process carrying both (docs/operations.md, 'What happens when things go wrong'). Why not argv, and why the
+run dir too: docs/design.md, 'Notes for maintainers'.
 """
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """Which mount a path is on: a rename between two mounts fails (EXDEV) even on one file system.
 
-A bind mount (`mount --bind data/ckpts view`) shows the same `st_dev` as its source and its parent, so comparing
-devices cannot tell that `view` is a mount point: parking a deletion of `view/step_10` in `view`'s parent fails
-with EXDEV, and a bind mount over a running root looks like the same file system. The mount is read from
-/proc/self/mountinfo: the entry with the longest mount point above the path (the last one for a point mounted
-twice: the one on top). None when that cannot be read (not Linux, no /proc): callers then go by `st_dev` alone.
-`identity` is a directory's (st_dev, st_ino): the same path naming another directory (re-created, moved aside
-and replaced, mounted over) has another.
+Read from /proc/self/mountinfo (the longest mount point above the path; the last, topmost, for a point mounted
+twice); None when it cannot be read: callers then go by `st_dev` alone. Why not `st_dev` (bind mounts), and what
+`identity` means: docs/design.md, 'Notes for maintainers'.
 """
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """Open a file that someone else may have replaced, without ever blocking on it (stdlib only).
 
-The job can write anything under the names the supervisor reads: the heartbeat (which it is meant to
-rewrite), its output log, torchrun's error file, and - being the same user - the run dir's own files. A
-plain `open()` of a FIFO planted under such a name blocks until a writer appears, and a read from a
-terminal or a socket blocks until input arrives: a job that did `mkfifo $FSDP_SUPERVISOR_HEARTBEAT` once
-froze the event loop for good (signals queued behind it, the job's exit never reaped). So these names are
-opened with O_NONBLOCK and accepted only when they are regular files; anything else is an OSError, which
-every caller already treats as "not there right now".
+Names the job can write are opened O_NONBLOCK and accepted only as regular files; anything else is an OSError,
+which every caller treats as "not there right now". Why (a planted FIFO froze the loop): docs/design.md,
+'Notes for maintainers'.
 """
 from __future__ import annotations
 

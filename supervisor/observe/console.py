@@ -1,11 +1,7 @@
 """What `run` prints to its terminal (or to nohup.out, a pipe, CI): short event lines and a progress line.
 
-What is shown where: docs/operations.md, 'What happens when things go wrong' ("What `run` prints"). On a
-terminal, live rows (the job's unfinished `\\r` frame, then the progress line) sit below the printed lines and
-are redrawn in place; anything printed first erases them and draws them again after itself, so output never
-interleaves with a half-drawn row. A console whose terminal vanished (EIO after a hangup, EPIPE) goes quiet for
-good: the write error is swallowed and our stdin/stdout/stderr are pointed at /dev/null so that nothing else can
-trip on them (Python's own flush at exit included).
+What is shown where: docs/operations.md, 'What happens when things go wrong' ("What `run` prints"). Live rows
+and a vanished terminal: docs/design.md, 'Notes for maintainers'.
 """
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """structlog set-up: JSON lines in run_dir/supervisor.log (size-rotated), short lines on the console.
 
-Events have names and fields (`log.info("job_exited", code=1, reason="crash")`); `fsdp-supervisor logs`
-pretty-prints the JSON file with `render_line`; the console gets `console.render_event`'s short form through a
-`Console`. The store logs under its module names (`supervisor.checkpoints.*`), children of the supervisor's
-logger, so its events during `run` land in supervisor.log; `configure_cli` keeps the store's info events off the
-other commands' console (they print each fact themselves) and shows only its warnings.
+`fsdp-supervisor logs` pretty-prints the JSON with `render_line`; the console gets `console.render_event`'s short
+form. Where the store's events go: docs/design.md, 'Notes for maintainers'.
 """
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """Job output made safe to print: control sequences are shown, never executed (`logs --job`, the tty echo).
 
-A job's output is untrusted: printed raw it can set the terminal's title, write the clipboard, clear the screen or
-move the cursor over the supervisor's own lines. What `visible` shows instead: docs/operations.md, 'Files the
-supervisor keeps' (the control-sequence paragraph). Only SGR colors are kept, and only for a terminal
-(`colors=True`, each line then ends with a reset so a color never bleeds into the next); the raw bytes stay
-untouched in the log file.
+What `visible` shows instead: docs/operations.md, 'Files the supervisor keeps'; why, and the SGR colors kept for a
+terminal: docs/design.md, 'Notes for maintainers'.
 """
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """The divergence guard's decisions (pure): is the loss in the beats diverging, where did it begin, what next.
 
-`Detector` is fed every new beat of an attempt (the node's and each rank's) in the order they were read. The
-rules (NaN/inf at once; a spike over `spike_factor` x the median of the last `WINDOW` normal losses for
-`spike_patience` beats; factor² over the highest until `MIN_HISTORY`; `limit` for a negative or mostly-0 loss;
-`val_loss` never watched) and why a median: docs/reliability.md, 'The divergence guard'; the onset, `since`
-and what follows: docs/operations.md, 'What happens when things go wrong'. Abnormal losses never enter the
-level, so it does not climb with the spike. What follows (`same_region`, `skip_steps`, `last_good`) is
-decided here; daemon/divergence.py carries it out.
+`Detector` is fed every new beat of an attempt in the order read. The rules and why a median:
+docs/reliability.md, 'The divergence guard'; the onset and what follows: docs/operations.md, 'What happens when
+things go wrong'. Abnormal losses never enter the level. daemon/divergence.py carries out what is decided here.
 """
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
 """Why did an attempt end? Exit code, signal, OOM, and the failing worker's rank and exception, in one `ExitInfo`.
 
-Both sources are read: torchrun's TORCHELASTIC_ERROR_FILE has the root-cause worker's error but no rank; the rank
-and exit code come from the "Root Cause" block torchrun prints last. Most trainers never write the error file:
-then the exception is the worker's last Python traceback in the attempt log (lines prefixed `[default1]:`/
-`[<role>1]:` by torchrun's tee, `[rank1]:` by torch; torchrun's own `ChildFailedError` traceback is skipped).
-Without any traceback (a missing script, a shell error, NCCL, a segfault) the last job output line that reads
-like an error is the message (`RootCause.last_output`). Job output is untrusted and can be huge: only the last
-`_TAIL_BYTES` are read, line by line, in one pass with no backtracking pattern (`supervisor.daemon.evidence`).
+Which source gives what (torchrun's error file, its "Root Cause" block, the worker's traceback, the last error-like
+line) and why only a bounded tail is read: docs/design.md, 'Notes for maintainers'.
 """
 from __future__ import annotations
 

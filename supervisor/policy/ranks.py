@@ -1,10 +1,7 @@
 """Every rank watched: what the heartbeats say about progress, a hang's culprit and stragglers (pure).
 
-A job's progress comes from several sources: the node's heartbeat file (key `None`) and, when the job writes
-them, one file per rank (key: its global rank; supervisor/contract.py). `Core` hands each beat in with the
-monotonic time it was read; `RankWatch` decides when the attempt counts as hung (`deadline`: the slowest
-source, each by its own phase's allowance, only the busy ones while some load, save or evaluate), who hung
-(`culprits`) and who straggles (`look`); the rules: docs/operations.md, 'Hangs and stragglers'.
+Sources: the node's heartbeat file (key `None`) and one file per rank (key: its global rank). `RankWatch` gives the
+hang `deadline`, the `culprits` and the stragglers (`look`): docs/operations.md, 'Hangs and stragglers'.
 """
 from __future__ import annotations
 

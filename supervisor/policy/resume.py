@@ -1,11 +1,7 @@
 """What the next attempt is told to load, and whether it may start from scratch (pure: no I/O).
 
-`{checkpoint}` in `resume_args` becomes the chosen checkpoint's absolute path and `{step}` its step; the choice
-is the newest complete checkpoint that is not quarantined (nor one the supervisor failed to mark as quarantined).
-Never a silent fresh start: a root that holds something that was once a checkpoint gives up (exit 3) unless
-`allow_fresh_start` (docs/operations.md, 'What happens when things go wrong'): the job could overwrite or
-outlive the only copy of weeks of training. With no placeholder the job picks its own checkpoint: the
-supervisor records no resume point and quarantines nothing on its behalf.
+The placeholders, the choice and the refusal of a silent fresh start: docs/operations.md, 'What happens when
+things go wrong'; why, and a job that picks its own checkpoint: docs/design.md, 'Notes for maintainers'.
 """
 from __future__ import annotations
 

@@ -1,18 +1,7 @@
 """The supervisor's state machine; `supervisor.daemon.statefile` renders it on disk as `run_dir/state.json`.
 
-Everything shown is rendered from `Status` (docs/design.md, 'The picture'). Allowed transitions (anything else
-is a bug and raises):
-
-    starting ──> running ──> backoff ──> starting
-       │  │         │  └───> completed | failed
-       │  │         └──────> stopping ──> stopped
-       │  └────────────────> failed  (launch error)
-       └──> stopping ─────────────────────────────> stopped
-    backoff ──> stopping | failed
-
-The supervisor leaving without a verdict (its loop failed, or it was interrupted before the loop ran) ends
-any state that is not final as `stopped` or `failed`: `Status.transition(new, abrupt=True)`, never a bare
-assignment.
+Everything shown is rendered from `Status`. The allowed transitions (anything else is a bug and raises) and the
+abrupt end: docs/design.md, 'Notes for maintainers'.
 """
 from __future__ import annotations
 

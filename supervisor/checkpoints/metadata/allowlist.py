@@ -1,11 +1,7 @@
 """Which pickle globals DCP's `.metadata` may name, the inert stand-in each becomes, and why others are refused.
 
-Nothing is imported: each allowed (module, name) resolves to a stand-in the scanner knows (metadata/scan.py).
-`UnsafeMetadataError`: the name could run code or is not a DCP name; `UnknownClassError`: a `torch.*` name the
-allowlist does not know (most likely a newer torch's class: the message says to upgrade). Derived from the
-`find_class` calls the real unpickler makes (`tests/checkpoints_dcp_writer.py`: single-process, async, FSDP2 and
-FSDP1 saves) and from `tests/fixtures/metadata/` written under CPython 3.10-3.13 (3.11.2 pickles enum members as
-`getattr(EnumClass, "NAME")`, 3.13 paths as `pathlib._local.PosixPath`). Dtypes: every canonical name of torch 2.13.
+Nothing is imported: each allowed (module, name) resolves to a stand-in the scanner knows (metadata/scan.py). The
+two errors and where the list comes from: docs/design.md, 'Notes for maintainers'.
 """
 from __future__ import annotations
 

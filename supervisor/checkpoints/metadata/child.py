@@ -1,11 +1,7 @@
 """Parse a large `.metadata` in a child process, so that the daemon's event loop never waits for the GIL.
 
-Why: docs/performance-scale.md, 'The loop'. Only `fsdp-supervisor run` turns this on (`isolate`). Any outcome
-but one JSON line (the summary or the error, in the disk cache's format) is None and the caller parses
-in-process: isolation may be lost, a verdict never. Invariants: the child gets the already-open file as its
-stdin (nothing can swap the file in between); it runs with -I and our own package root first on sys.path, so
-no `supervisor` in the cwd or PYTHONPATH, nor a PYTHONSTARTUP, can answer for it; it parses exactly the `size`
-bytes the caller stated; the caller's file is back at its start afterwards (the child shares its offset).
+Why: docs/performance-scale.md, 'The loop'. Only `run` turns this on (`isolate`). Any outcome but one JSON line is
+None and the caller parses in-process. Invariants: docs/design.md, 'Notes for maintainers'.
 """
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
 """Whole DCP records in one regex match: the scanner's fast path for the two shapes that fill `.metadata`.
 
-Why: docs/performance-scale.md, 'The loop'. Exactness: a record is taken here only when its effect is provably
-what the opcode loop (`metadata_scan.scan`) would do with the same bytes: every memo reference points below the
-memo's current length, classes and torch.Size resolve to the right stand-ins, the `_StorageInfo` keys are
-exactly relative_path/offset/length, and the memo receives the same entries in the same order (INERT for
-everything the loop turns into INERT, the real `str` and `StorageInfo` otherwise). Anything else (first
-occurrences of keys, a 4-d size, transform descriptors, a record split by a read block, hostile bytes) is left
-to the loop, which runs its opcodes one by one.
+Why: docs/performance-scale.md, 'The loop'. A record is taken here only when its effect is provably what the
+opcode loop would do with the same bytes; the exactness rules: docs/design.md, 'Notes for maintainers'.
 """
 from __future__ import annotations
 

@@ -1,20 +1,8 @@
 """Run a pickle's opcodes without running code, keeping only what the store needs: the one safe-pickle walker.
 
-What a pickle names (globals, what REDUCE/NEWOBJ/BUILD make of them, persistent ids) goes through a `Policy`:
-the default is DCP `.metadata`'s allowlist; torchzip.py's keeps every global an inert name (Lightning's `meta.pt`).
-
-Why not `pickle`: the C unpickler pre-sizes its memo from a LONG_BINPUT index (an 8-byte file makes it allocate
-and zero 16 GiB) and builds every object; the pure-Python `pickle._Unpickler` is slower than torch's own load and
-its stand-ins amplified tiny hostile files (path doubling, repr of self-nested containers). Invariants of the
-value model: hostile dict keys are never hashed (`ScannedDict`); everything the store never reads collapses into
-one shared `INERT`; BUILD empties a dataclass's state dict and drops it from the memo; stand-ins are never called
-(REDUCE checks the argument shape and yields INERT: no string joining, no getattr except on an allowlisted enum's
-member name); `metadata_records` runs a whole record per regex match with exactly the loop's effect.
-
-Bounded cost on any input: each opcode does O(1) work, nothing recurses, no error message formats untrusted data
-(`printable` names only), the input is read in 256 KiB blocks, MARK nesting and the stack are capped, and every
-object that can outlive its opcode is charged to a budget of MEMORY_FACTOR x the file size plus MEMORY_SLACK,
-checked at each block and at STOP (legitimate files charge 2.8x, 4.6x without the fast path).
+What a pickle names goes through a `Policy`: the default is DCP `.metadata`'s allowlist; torchzip.py's keeps every
+global an inert name (Lightning's `meta.pt`). Why not `pickle`, the value model's invariants and the cost bound
+(MEMORY_FACTOR, MEMORY_SLACK) that every edit here must keep: docs/design.md, 'Notes for maintainers'.
 """
 from __future__ import annotations
 
