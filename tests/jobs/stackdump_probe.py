@@ -34,7 +34,7 @@ def recurse(n: int) -> int:
     return 0 if n == 0 else 1 + recurse(n - 1)
 
 
-def main(mode: str, spin_s: float = 3.0, path: str = "") -> None:
+def main(mode: str, spin_s: float = 3.0, path: str = "") -> None:  # noqa: C901 (one probe, one branch per mode)
     if mode == "fds":
         resource.setrlimit(resource.RLIMIT_NOFILE, (4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
         _held, mode = [os.dup(0) for _ in range(1100)], "blocked"
