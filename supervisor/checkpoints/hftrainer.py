@@ -19,14 +19,14 @@ from supervisor.checkpoints._files import open_capped, read_small_json
 if TYPE_CHECKING:
     from supervisor.checkpoints.ranking import CheckpointInfo
 
-__all__ = ["TRAINER_STATE", "JIT_SENTINEL", "NAMES", "OWN_FILES", "state_whole", "files_problem", "keeps"]
+__all__ = ["TRAINER_STATE", "JIT_SENTINEL", "NAMES", "MARKS", "state_whole", "files_problem", "keeps"]
 
 TRAINER_STATE = "trainer_state.json"  # transformers.trainer.TRAINER_STATE_NAME
 JIT_SENTINEL = "checkpoint-is-incomplete.txt"  # transformers.trainer_jit_checkpoint.CheckpointManager
 NAMES = re.compile(r"checkpoint-(\d+)")  # transformers.trainer_utils._re_checkpoint (PREFIX_CHECKPOINT_DIR-step)
-# The files of a save without DCP dirs (the default full state dict): weights, optimizer, scheduler, RNG, state.
-OWN_FILES = re.compile(r".*\.(safetensors|bin|pth)|(optimizer|scheduler|scaler)\.pt|trainer_state\.json|"
-                       + re.escape(JIT_SENTINEL), re.DOTALL)
+# What only the Trainer writes, early in a save: a `checkpoint-N` is its save only with one (a script's own saves of
+# that name, DCP or `model.safetensors` + `optimizer.pt`, stay as before: never judged by trainer_state.json).
+MARKS = ("pytorch_model_fsdp_0", "training_args.bin", TRAINER_STATE, JIT_SENTINEL)  # looked up: no listing's limit
 _WEIGHTS = re.compile(r".*\.(safetensors|bin|pt|pth)", re.DOTALL)  # torch.save zips, or safetensors
 _INDEX = re.compile(r".*\.(safetensors|bin)\.index\.json", re.DOTALL)  # a model sharded into several files
 MAX_PARSED = 4 << 20
@@ -75,7 +75,7 @@ def _safetensors_end(path: Path) -> tuple[int, int]:
     with f:
         length = int.from_bytes(f.read(8), "little")
         if not 0 < length <= min(_MAX_HEADER, st.st_size - 8):
-            return 8 + max(length, 1), st.st_size
+            return 8 + max(length, st.st_size), st.st_size  # cut in its header, or no header: never whole
         header = json.loads(f.read(length))
     ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
     return 8 + length + max([0, *ends]), st.st_size
@@ -105,7 +105,8 @@ def files_problem(directory: Path) -> str | None:
     for index in filter(_INDEX.fullmatch, names):
         doc = read_small_json(directory / index, MAX_PARSED)
         shards = doc.get("weight_map") if isinstance(doc, dict) else None
-        wanted |= {s for s in shards.values() if type(s) is str and "/" not in s} if isinstance(shards, dict) else set()
+        named = shards.values() if isinstance(shards, dict) else ()
+        wanted |= {s for s in named if type(s) is str and _WEIGHTS.fullmatch(s) and "/" not in s and "\0" not in s}
     problems = [why for n in sorted(wanted) if (why := _weight_problem(directory / n)) is not None]
     return "; ".join(problems[:3]) or None
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from tests.jobs.dcp_files import (
     safetensors_bytes,
     write_checkpoint,
     write_full_trainer_checkpoint,
+    write_torch_file,
     write_trainer_checkpoint,
 )
 from tests.unit.test_checkpoints_clients import housekeeper
@@ -201,6 +203,65 @@ class TestFullStateDict:
         assert verify(directory).complete
         (directory / "model.safetensors").write_bytes(data[:-1])
         assert verify(directory).state == "torn"
+
+
+    def test_a_torch_save_file_past_a_gib_is_whole(self, tmp_path):
+        """Adam's optimizer.pt is 8 bytes a parameter: past 1 GiB for a 134M-parameter model. Its zip directory
+        decides, not its size (a cap meant for Lightning's meta.pt listed every such save torn)."""
+        directory = write_full_trainer_checkpoint(tmp_path / "out", 10)
+        optimizer = directory / "optimizer.pt"
+        with zipfile.ZipFile(optimizer) as z:
+            members = [(i.filename, z.read(i)) for i in z.infolist()]
+        with optimizer.open("wb") as f:
+            f.truncate((1 << 30) + 4096)  # sparse: the tensors' bytes, as far as the directory is concerned
+        with zipfile.ZipFile(optimizer, "a") as z:
+            for name, data in members:
+                z.writestr(name, data)
+        assert verify(directory).complete
+
+    @pytest.mark.parametrize("header", [b"", (0).to_bytes(8, "little"), (1 << 40).to_bytes(8, "little")])
+    def test_a_safetensors_file_without_a_whole_header_is_torn(self, tmp_path, header):
+        """No header length, a zero one (a file of zeros) or one past the file's end: never whole."""
+        directory = write_full_trainer_checkpoint(tmp_path / "out", 10)
+        (directory / "model.safetensors").write_bytes(header + bytes(64))
+        assert verify(directory).state == "torn"
+
+    @pytest.mark.parametrize("shard", ["a\0b.safetensors", "..", "", "../model.safetensors"])
+    def test_an_index_naming_no_shard_of_this_folder_is_no_crash(self, tmp_path, shard):
+        """A weight_map value that is no file name of this folder is not looked up (a NUL byte used to raise)."""
+        directory = write_full_trainer_checkpoint(tmp_path / "out", 10, weights="model.safetensors.index.json")
+        (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": shard}}))
+        assert verify(directory).complete
+
+
+class TestAScriptsOwnCheckpointN:
+    """`checkpoint-N` is also a name scripts give their own saves: only one holding a file or dir that the Trainer
+    alone writes (pytorch_model_fsdp_<k>/, training_args.bin, trainer_state.json) is judged as the Trainer's."""
+
+    def test_its_nested_dcp_saves_need_no_trainer_state(self, tmp_path):
+        """As before the Trainer's layout was judged: complete with their DCP dirs, and the newest is the pick."""
+        root = tmp_path / "out"
+        for step in (10, 20):
+            for part in ("model", "optim"):
+                write_checkpoint(root / f"checkpoint-{step}", step, name=part, manifest=False)
+        assert rows(root) == [("checkpoint-20", "complete", 20), ("checkpoint-10", "complete", 10)]
+        assert newest_complete(root).name == "checkpoint-20"
+
+    def test_its_plain_file_saves_are_never_deleted(self, tmp_path):
+        """model.safetensors + optimizer.pt of its own: foreign, never partial debris that retention deletes."""
+        root = tmp_path / "out"
+        for step in (10, 20):
+            (root / f"checkpoint-{step}").mkdir(parents=True)
+            (root / f"checkpoint-{step}" / "model.safetensors").write_bytes(safetensors_bytes({"w": 3}))
+            write_torch_file(root / f"checkpoint-{step}" / "optimizer.pt", {"s": step}, archive="optimizer")
+        assert sorted(rows(root)) == [("checkpoint-10", "foreign", None), ("checkpoint-20", "foreign", None)]
+        assert not plan_retention(scan(root), rules=RetentionRules(keep_last=1), disk=DISK, now=1e10).deletions
+
+    def test_the_trainers_first_sharded_save_is_known_by_its_model_dir(self, tmp_path):
+        """pytorch_model_fsdp_0/ complete, optimizer_0/ still being written: partial (issue 35, item 11)."""
+        root = tmp_path / "out"
+        write_trainer_checkpoint(root, 10, upto="pytorch_model_fsdp_0")
+        assert rows(root) == [("checkpoint-10", "partial", 10)]
 
 
 class TestNestedNotTheTrainer:
