@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Sequence
@@ -31,39 +32,36 @@ _INDEX = re.compile(r".*\.(safetensors|bin)\.index\.json", re.DOTALL)  # a model
 MAX_PARSED = 4 << 20
 _MAX_HEADER = 100 << 20  # safetensors refuses a larger header
 _MAX_ENTRIES = 1024
-_HEAD_STEP = re.compile(rb'"global_step":\s*(\d+)')
+_HEAD_KEYS = re.compile(rb'\n  "(best_model_checkpoint|global_step)": ("(?:[^"\\]|\\.)*"|\d{1,20})')  # top level
 _ENDS_AT = re.compile(rb'"data_offsets":\s*\[\s*\d{1,20}\s*,\s*(\d{1,20})\s*\]')  # a tensor's [begin, end]
 _ENDS = 4096  # bytes read from each end of a large file
 
 
-def _whole_step(path: Path, size: int) -> tuple[int | None, bool]:
-    """(global_step, whole?) of a regular trainer_state.json."""
-    if size <= MAX_PARSED:
-        doc = read_small_json(path, MAX_PARSED)
-        if not isinstance(doc, dict):
-            return None, False
-        step = doc.get("global_step")
-        return (step if type(step) is int else None), True
+def _state(path: Path) -> object:
+    """trainer_state.json's document, or None when it is cut short or not JSON. Past MAX_PARSED only its ends are
+    read: whole when `{` comes first and a `}` alone on the last line (save_to_json: indent=2), and its sorted keys put
+    best_model_checkpoint and global_step before log_history, in the head."""
+    doc = read_small_json(path, MAX_PARSED)
     try:
-        f, _ = open_capped(path, size, OSError)
+        f, st = open_capped(path, 1 << 62, OSError)
         with f:
+            if doc is not None or st.st_size <= MAX_PARSED:
+                return doc
             head = f.read(_ENDS)
-            f.seek(max(0, size - _ENDS))
-            tail = f.read(_ENDS)
-    except OSError:
-        return None, False
-    found = _HEAD_STEP.search(head)
-    whole = head.lstrip().startswith(b"{") and tail.rstrip().endswith(b"\n}")
-    return (int(found.group(1)) if found else None), whole
+            f.seek(max(0, st.st_size - _ENDS))
+            whole = head.lstrip().startswith(b"{") and f.read(_ENDS).rstrip().endswith(b"\n}")
+            return {k.decode(): json.loads(v) for k, v in _HEAD_KEYS.findall(head)} if whole else None
+    except (OSError, ValueError):
+        return None
 
 
 def state_whole(path: Path, size: int) -> tuple[bool, str] | None:
     """(invalid?, why) when a `checkpoint-N`'s trainer_state.json is cut short, or names another step than N."""
-    step, whole = _whole_step(path, size)
-    if not whole:
+    doc = _state(path)
+    if not isinstance(doc, dict):
         return False, f"{TRAINER_STATE} is cut short or not JSON: the save did not finish"
-    match = NAMES.fullmatch(path.parent.name)
-    if match and step is not None and step != int(match.group(1)):
+    step, match = doc.get("global_step"), NAMES.fullmatch(path.parent.name)
+    if match and type(step) is int and step != int(match.group(1)):
         return True, f"{TRAINER_STATE} says global_step {step}, the name says {match.group(1)}"
     return None
 
@@ -117,7 +115,7 @@ def keeps(root: Path, infos: Sequence[CheckpointInfo]) -> tuple[dict[str, str], 
     trainer = [c for c in infos if c.complete and NAMES.fullmatch(c.name)]
     if not trainer:
         return {}, {}
-    doc = read_small_json(max(trainer, key=lambda c: c.step or 0).path / TRAINER_STATE, MAX_PARSED)
+    doc = _state(max(trainer, key=lambda c: c.step or 0).path / TRAINER_STATE)
     best = doc.get("best_model_checkpoint") if isinstance(doc, dict) else None
     if type(best) is not str or not best:
         return {}, {}
