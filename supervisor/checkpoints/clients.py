@@ -41,7 +41,7 @@ class Layout:
     whole: Callable[[Path, int], Problem] | None = None  # (its commit file, size): why it is not whole
     sentinel: str | None = None  # present while a save is in flight: the save is partial
     step_inside: Callable[[Path], int | None] | None = None  # the step its files record (a name without one)
-    own_files: re.Pattern[str] | None = None  # the files of a save without DCP dirs, when it has such a layout
+    marks: tuple[str, ...] = ()  # entries only it writes: a dir of its name is its save only with one of them
     torn: Callable[[Path], str | None] | None = None  # why such a save's files are not whole
     alias: re.Pattern[str] | None = None  # names of a copy of, or a link to, another save (its resume pointer)
     alias_hold: str = ""  # why retention keeps an alias
@@ -56,19 +56,18 @@ _MAX_ENTRIES = 256  # entries of a folder looked at, at most
 _STEP_KEYS = ("global_step", "step")
 
 
-def _json_names(directory: Path) -> list[str]:
+def _names(directory: Path) -> list[str]:
     try:
         with os.scandir(directory) as it:
-            names = [e.name for _, e in zip(range(_MAX_ENTRIES), it) if e.name.endswith(".json")]
+            return [e.name for _, e in zip(range(_MAX_ENTRIES), it)]
     except OSError:
         return []
-    return sorted(names)[:_MAX_FILES]
 
 
 def json_step(directory: Path) -> int | None:
     """The step a JSON sidecar directly inside `directory` records (its own copies are pickles, never read): the
     first `*.json` file in name order holding an integer `global_step` (preferred) or `step`, or None."""
-    for name in _json_names(directory):
+    for name in sorted(n for n in _names(directory) if n.endswith(".json"))[:_MAX_FILES]:
         doc = read_small_json(directory / name, _MAX_BYTES)
         for key in _STEP_KEYS if isinstance(doc, dict) else ():
             value = doc.get(key)
@@ -89,7 +88,7 @@ LIGHTNING = Layout(
 TRANSFORMERS = Layout(
     "transformers' Trainer", hftrainer.NAMES, frozenset({"nested", "files"}), commit=hftrainer.TRAINER_STATE,
     order="after the model, the optimizer, scheduler.pt and rng_state_*.pth", whole=hftrainer.state_whole,
-    sentinel=hftrainer.JIT_SENTINEL, own_files=hftrainer.OWN_FILES, torn=hftrainer.files_problem,
+    sentinel=hftrainer.JIT_SENTINEL, marks=hftrainer.MARKS, torn=hftrainer.files_problem,
     keeps=hftrainer.keeps)
 LAYOUTS = (REFERENCE, TORCHTITAN, ACCELERATE, LIGHTNING, TRANSFORMERS)
 COMMIT_FILES = tuple(layout.commit for layout in LAYOUTS if layout.commit)
@@ -127,9 +126,11 @@ def link_target(link: Path) -> str | None:
 
 
 def _claims(layout: Layout, directory: Path) -> bool:
-    """Its name, or (for a client whose commit file marks its saves under any name) its commit file."""
-    return layout.names.fullmatch(directory.name) is not None or (
-        layout.commit_anywhere and layout.commit is not None and os.path.lexists(directory / layout.commit))
+    """Its name (and one of its marks, if it has any), or (for a client whose commit file marks its saves under any
+    name) its commit file."""
+    if layout.names.fullmatch(directory.name):
+        return not layout.marks or any(os.path.lexists(directory / mark) for mark in layout.marks)
+    return layout.commit_anywhere and layout.commit is not None and os.path.lexists(directory / layout.commit)
 
 
 def commit_problem(directory: Path, kind: str) -> Problem:
@@ -153,15 +154,9 @@ def commit_problem(directory: Path, kind: str) -> Problem:
 
 
 def owns_files(directory: Path) -> bool:
-    """Is this a save of plain files (no DCP dir) of a client that has such a layout: its name, and a file of its?"""
+    """Is this a save of plain files (no DCP dir) of a client that has such a layout: its name, and a mark of its?"""
     layout = layout_of(directory.name)
-    if layout is None or layout.own_files is None:
-        return False
-    try:
-        with os.scandir(directory) as it:
-            return any(layout.own_files.fullmatch(e.name) for _, e in zip(range(_MAX_ENTRIES), it))
-    except OSError:
-        return False
+    return layout is not None and "files" in layout.shapes and _claims(layout, directory)
 
 
 def files_problem(directory: Path) -> str | None:

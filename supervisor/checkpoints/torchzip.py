@@ -16,9 +16,8 @@ from supervisor.checkpoints.metadata.allowlist import INERT
 from supervisor.checkpoints.metadata.scan import Policy, ScannedDict, scan
 from supervisor.errors import MetadataError
 
-__all__ = ["OPAQUE", "MAX_FILE_BYTES", "MAX_PICKLE_BYTES", "zip_problem", "read_pickle"]
+__all__ = ["OPAQUE", "MAX_PICKLE_BYTES", "zip_problem", "read_pickle"]
 
-MAX_FILE_BYTES = 1 << 30  # a meta.pt is a few KB; hyperparameters can make it MBs
 MAX_PICKLE_BYTES = 16 << 20
 MAX_MEMBERS = 1 << 16
 MAX_DEPTH = 16  # dicts in dicts kept as dicts (Lightning's callback state is 3 deep); deeper ones are OPAQUE
@@ -35,7 +34,7 @@ class _Unreadable(Exception):
 
 def _open(path: Path) -> tuple[Any, int]:
     try:
-        f, st = open_capped(path, MAX_FILE_BYTES, _Unreadable)
+        f, st = open_capped(path, 1 << 62, _Unreadable)  # any size: only the directory and data.pkl are read
     except FileNotFoundError:
         raise _Unreadable("missing") from None
     return f, st.st_size

@@ -327,3 +327,14 @@ class TestTrainerExtras:
         state = root / "checkpoint-30" / "trainer_state.json"
         state.write_text(json.dumps({"global_step": 30, "best_model_checkpoint": str(root / "checkpoint-10")}))
         assert deleted_by(root, keep_last=1) == {"checkpoint-20"}
+
+    def test_best_model_checkpoint_is_kept_past_the_parsed_size(self, tmp_path):
+        """A long run's log_history makes trainer_state.json MBs (past MAX_PARSED): save_to_json sorts its keys, so
+        best_model_checkpoint is still read from its head, and the Trainer's best is not deleted."""
+        root = tmp_path / "out"
+        for s in (10, 20, 30):
+            write_trainer_checkpoint(root, s)
+        doc = {"global_step": 30, "best_model_checkpoint": str(root / "checkpoint-10"),
+               "log_history": [{"loss": 1.0, "step": i} for i in range(200_000)]}
+        (root / "checkpoint-30" / "trainer_state.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        assert deleted_by(root, keep_last=1) == {"checkpoint-20"}

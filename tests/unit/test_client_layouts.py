@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import tracemalloc
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ from tests.jobs.dcp_files import (
     safetensors_bytes,
     write_checkpoint,
     write_full_trainer_checkpoint,
+    write_torch_file,
     write_trainer_checkpoint,
 )
 from tests.unit.test_checkpoints_clients import housekeeper
@@ -136,10 +139,11 @@ class TestFullStateDict:
         assert verdict.state == "torn" and "model-00002-of-00002.safetensors is missing" in verdict.reason
 
     @pytest.mark.parametrize("header", [b"\xff" * 8, (16).to_bytes(8, "little") + b"[1, 2, 3]" + b" " * 7,
-                                        (16).to_bytes(8, "little") + b'{"w": 1}' + b" " * 8,
+                                        (32).to_bytes(8, "little") + b'{"w": {"data_offsets": [0, 99]}}',
                                         (200_000).to_bytes(8, "little") + b"[" * 200_000])
     def test_a_bad_safetensors_header_is_a_reason_not_a_crash(self, tmp_path, header):
-        """A header length past the file, a header that is not an object of tensors: torn, with one line."""
+        """A header length past the file, a header that is not an object, tensors past the file's end: torn, with one
+        line."""
         directory = write_full_trainer_checkpoint(tmp_path / "out", 10)
         (directory / "model.safetensors").write_bytes(header)
         assert verify(directory).state == "torn"
@@ -201,6 +205,83 @@ class TestFullStateDict:
         assert verify(directory).complete
         (directory / "model.safetensors").write_bytes(data[:-1])
         assert verify(directory).state == "torn"
+
+
+    def test_a_huge_safetensors_header_is_searched_not_built(self, tmp_path):
+        """A 20 MB header of 400,000 tensors (safetensors allows 100 MB): the largest data_offsets end decides. Parsed
+        as JSON it took the daemon ~12x the header's size in memory (53 MB: 635 MB, 15 s on a loaded 2-core machine)."""
+        directory = write_full_trainer_checkpoint(tmp_path / "out", 10)
+        tensors = ",".join(f'"t{i}": {{"dtype": "F32", "shape": [1], "data_offsets": [{4 * i}, {4 * i + 4}]}}'
+                           for i in range(400_000))
+        header = ("{" + tensors + "}").encode()
+        data = len(header).to_bytes(8, "little") + header + bytes(1_600_000)
+        (directory / "model.safetensors").write_bytes(data)
+        tracemalloc.start()
+        try:
+            assert verify(directory).complete
+            assert tracemalloc.get_traced_memory()[1] < 4 * len(header)
+        finally:
+            tracemalloc.stop()
+        (directory / "model.safetensors").write_bytes(data[:-1])
+        assert "short" in verify(directory).reason
+
+    def test_a_torch_save_file_past_a_gib_is_whole(self, tmp_path):
+        """Adam's optimizer.pt is 8 bytes a parameter: past 1 GiB for a 134M-parameter model. Its zip directory
+        decides, not its size (a cap meant for Lightning's meta.pt listed every such save torn)."""
+        directory = write_full_trainer_checkpoint(tmp_path / "out", 10)
+        optimizer = directory / "optimizer.pt"
+        with zipfile.ZipFile(optimizer) as z:
+            members = [(i.filename, z.read(i)) for i in z.infolist()]
+        with optimizer.open("wb") as f:
+            f.truncate((1 << 30) + 4096)  # sparse: the tensors' bytes, as far as the directory is concerned
+        with zipfile.ZipFile(optimizer, "a") as z:
+            for name, data in members:
+                z.writestr(name, data)
+        assert verify(directory).complete
+
+    @pytest.mark.parametrize("header", [b"", (0).to_bytes(8, "little"), (1 << 40).to_bytes(8, "little")])
+    def test_a_safetensors_file_without_a_whole_header_is_torn(self, tmp_path, header):
+        """No header length, a zero one (a file of zeros) or one past the file's end: never whole."""
+        directory = write_full_trainer_checkpoint(tmp_path / "out", 10)
+        (directory / "model.safetensors").write_bytes(header + bytes(64))
+        assert verify(directory).state == "torn"
+
+    @pytest.mark.parametrize("shard", ["a\0b.safetensors", "..", "", "../model.safetensors"])
+    def test_an_index_naming_no_shard_of_this_folder_is_no_crash(self, tmp_path, shard):
+        """A weight_map value that is no file name of this folder is not looked up (a NUL byte used to raise)."""
+        directory = write_full_trainer_checkpoint(tmp_path / "out", 10, weights="model.safetensors.index.json")
+        (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": shard}}))
+        assert verify(directory).complete
+
+
+class TestAScriptsOwnCheckpointN:
+    """`checkpoint-N` is also a name scripts give their own saves: only one holding a file or dir that the Trainer
+    alone writes (pytorch_model_fsdp_<k>/, training_args.bin, trainer_state.json) is judged as the Trainer's."""
+
+    def test_its_nested_dcp_saves_need_no_trainer_state(self, tmp_path):
+        """As before the Trainer's layout was judged: complete with their DCP dirs, and the newest is the pick."""
+        root = tmp_path / "out"
+        for step in (10, 20):
+            for part in ("model", "optim"):
+                write_checkpoint(root / f"checkpoint-{step}", step, name=part, manifest=False)
+        assert rows(root) == [("checkpoint-20", "complete", 20), ("checkpoint-10", "complete", 10)]
+        assert newest_complete(root).name == "checkpoint-20"
+
+    def test_its_plain_file_saves_are_never_deleted(self, tmp_path):
+        """model.safetensors + optimizer.pt of its own: foreign, never partial debris that retention deletes."""
+        root = tmp_path / "out"
+        for step in (10, 20):
+            (root / f"checkpoint-{step}").mkdir(parents=True)
+            (root / f"checkpoint-{step}" / "model.safetensors").write_bytes(safetensors_bytes({"w": 3}))
+            write_torch_file(root / f"checkpoint-{step}" / "optimizer.pt", {"s": step}, archive="optimizer")
+        assert sorted(rows(root)) == [("checkpoint-10", "foreign", None), ("checkpoint-20", "foreign", None)]
+        assert not plan_retention(scan(root), rules=RetentionRules(keep_last=1), disk=DISK, now=1e10).deletions
+
+    def test_the_trainers_first_sharded_save_is_known_by_its_model_dir(self, tmp_path):
+        """pytorch_model_fsdp_0/ complete, optimizer_0/ still being written: partial (issue 35, item 11)."""
+        root = tmp_path / "out"
+        write_trainer_checkpoint(root, 10, upto="pytorch_model_fsdp_0")
+        assert rows(root) == [("checkpoint-10", "partial", 10)]
 
 
 class TestNestedNotTheTrainer:
