@@ -124,6 +124,7 @@ class Beat:
     val_loss: float | None = None
     step_s: float | None = None  # a rank's own time for its last step (its work, not its wait for the others)
     loss_bad: str | None = None  # "nan" or "inf": the loss was not a finite number (`loss` is then None)
+    checks_loads: bool = False  # the job loads with the trainer library's checked load (daemon/integrity.py)
 
 
 def _finite(value: Any, limit: float) -> float | None:
@@ -175,7 +176,8 @@ def parse_heartbeat(data: bytes) -> tuple[Beat | None, list[str]]:
         problems.append(f"step_s {_show(raw_step_s)} dropped (not a number of seconds)")
         step_s = None
     loss_bad = _nonfinite(raw.get("loss")) if losses["loss"] is None else None
-    return Beat(step, time_, phase, losses["loss"], losses["val_loss"], step_s, loss_bad), problems
+    return Beat(step, time_, phase, losses["loss"], losses["val_loss"], step_s, loss_bad,
+                raw.get("checks_loads") is True), problems
 
 
 def _nonfinite(value: Any) -> str | None:
@@ -201,7 +203,7 @@ def _show(value: Any) -> str:
 
 
 def heartbeat_record(step: int, phase: str, *, time: float, loss: float | None = None,
-                     val_loss: float | None = None) -> dict[str, Any]:
+                     val_loss: float | None = None, checks_loads: bool = False) -> dict[str, Any]:
     """The JSON object a job writes (the writer's side of `parse_heartbeat`): a non-finite loss becomes the string
     "nan" or "inf" (a diverged run, which the supervisor watches for), a non-finite val_loss null."""
     if phase not in PHASES:
@@ -211,7 +213,7 @@ def heartbeat_record(step: int, phase: str, *, time: float, loss: float | None =
                               "loss": finite if finite is not None or loss is None else _nonfinite(float(loss))}
     if val_loss is not None:
         record["val_loss"] = _finite(val_loss, _MAX_LOSS)
-    return record
+    return {**record, "checks_loads": True} if checks_loads else record
 
 
 # ---- checkpoint manifest (the reference trainer's; optional for other jobs) ------------------------------

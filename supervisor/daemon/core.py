@@ -558,6 +558,7 @@ class Core:
         apply_beat(self.status, beat, self.sys.now(), job.rate)
         self.elsewhere.beat(job.beat, beat)
         job.beat, job.beat_mono = beat, self.sys.monotonic()
+        self.house.loads_checked |= beat.checks_loads  # from now on its load checks the trainer library's checksums
         self._check_root_idle()
         self.hangs.seen(job, None, beat)  # the step it reached, and the hang timer set again
         self.bus.publish(ev.BeatRead(job.number, beat))

@@ -67,3 +67,34 @@ def test_a_sealed_plain_dcp_checkpoint_rotten_on_the_device_is_never_resumed(
     marker = json.loads((rotten / ".quarantined").read_text())
     assert marker["reason"].startswith(f"corrupt: {shard} bytes 0-")
     assert shard.exists()  # the verdict alone deletes nothing
+
+
+def test_a_trainer_library_checkpoint_loaded_by_plain_dcp_is_read_before_its_relaunch(
+        tmp_path: Path, supervisors: Supervisors, loop_ext4: tuple[Path, str]) -> None:
+    """Saved with `trainer.checkpoint` (the manifest's checksums), loaded with plain `dcp.load` (checks nothing): the
+    job never said its load checks (the heartbeat's `checks_loads`), so the pass before its relaunch reads the resume
+    point against the manifest's checksums; a bit of step 4 rotten on the device is quarantined, step 2 resumed."""
+    where, device = loop_ext4
+    root = where / "ckpts"
+    root.mkdir()
+    go, record = tmp_path / "go", tmp_path / "record.txt"
+    cmd = [*TORCHRUN, str(SCRIPT), "--ckpt-dir", str(root), "--epochs", "7", "--save-every", "2", "--save-with-trainer",
+           "--crash-at-epoch", "5", "--hold", str(go), "--record", str(record)]
+    cfg = write_config(tmp_path, cmd, FAST)
+    cfg.write_text(cfg.read_text().replace('"--resume"', '"--resume-from"').replace('dir = "ckpts"', f'dir = "{root}"'))
+    p = supervisors.start(cfg)
+    rotten = root / "step_00000004"
+    wait_for(lambda: (rotten / "manifest.json").exists() or p.poll() is not None, TIMEOUT, "step 4's commit")
+    assert p.poll() is None, p.communicate()[0][-3000:]
+    assert json.loads((rotten / "manifest.json").read_text())["checksums"]
+    shard = max(rotten.glob("*.distcp"), key=lambda f: f.stat().st_size)
+    data = shard.read_bytes()
+    flip_on_device(device, shard, shard.stat().st_size // 2)
+    assert shard.read_bytes() != data
+    go.touch()  # the script crashes at epoch 5
+    out, _ = p.communicate(timeout=TIMEOUT)
+    assert p.returncode == 0, out[-3000:]
+    assert record.read_text().splitlines() == [f"start=3 resume={root / 'step_00000002'} attempt=2"]
+    corrupt = [e["message"] for e in events(tmp_path) if e.get("event") == "checkpoint_corrupt"]
+    assert len(corrupt) == 1 and f"{shard} bytes" in corrupt[0], corrupt
+    assert json.loads((rotten / ".quarantined").read_text())["reason"].startswith(f"corrupt: {shard} bytes")

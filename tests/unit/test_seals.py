@@ -365,11 +365,14 @@ def _with_checksums(ck: Path) -> Path:
     return ck
 
 
-@pytest.mark.parametrize(("checksums", "reads"), [("manifest", 0), ("seal", 1)])
+@pytest.mark.parametrize(("checksums", "loads_checked", "reads"), [
+    ("manifest", True, 0), ("manifest", False, 1), ("seal", True, 1), ("seal", False, 1)])
 def test_the_launch_reads_the_resume_point_only_when_its_job_does_not(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, checksums: str, reads: int) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, checksums: str, loads_checked: bool, reads: int) -> None:
     """A checkpoint of the trainer library is checked by its own load as it reads it (no second read: recovery
-    time): the pass before the launch does not read it. A sealed one (a third-party layout) is read there."""
+    time), once the job's heartbeat said its load is the library's (`checks_loads`): the pass before the launch does
+    not read it then. Before that (a script that saves with the library, loads with plain `dcp.load`), and for a
+    sealed one (a third-party layout), the pass reads it."""
     from supervisor.checkpoints import scan
 
     root = tmp_path / "ckpts"
@@ -379,7 +382,7 @@ def test_the_launch_reads_the_resume_point_only_when_its_job_does_not(
     read: list[Path] = []
     monkeypatch.setattr(integrity, "check", lambda root, path, sums, **kw: read.append(path))
     found = scan(root)
-    _, good, findings = good_ones(found, list(found), verify=True, roots=(root, None))
+    _, good, findings = good_ones(found, list(found), verify=True, roots=(root, None), loads_checked=loads_checked)
     assert read == [ck] * reads and [c.path for c in good] == [ck] and findings == []
 
 
