@@ -114,9 +114,8 @@ def good_ones(found: Infos, usable: Infos, *, verify: bool, roots: Sequence[Path
         launch = verify and all(g.path.is_symlink() for g in good)  # the resume point: full speed, a launch waits
         try:
             problem = scrubbed.get(c.path) or (_problem(root, c.path, loads_checked) if launch else None)
-        except (CheckpointError, SidecarError, OSError) as exc:
-            findings.append(store.Finding("seal_failed", f"{c.path}: {exc}"))
-            problem = None
+        except (CheckpointError, SidecarError, OSError) as exc:  # never resumed unchecked: the pass fails, the
+            raise CheckpointError(f"cannot check {c.path} before the launch: {exc}") from exc  # launch waits
         if problem is None:
             good.append(c)
             kept.append((root, c.path))

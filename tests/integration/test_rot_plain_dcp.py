@@ -98,3 +98,33 @@ def test_a_trainer_library_checkpoint_loaded_by_plain_dcp_is_read_before_its_rel
     corrupt = [e["message"] for e in events(tmp_path) if e.get("event") == "checkpoint_corrupt"]
     assert len(corrupt) == 1 and f"{shard} bytes" in corrupt[0], corrupt
     assert json.loads((rotten / ".quarantined").read_text())["reason"].startswith(f"corrupt: {shard} bytes")
+
+
+def test_a_seals_folder_planted_by_another_uid_never_lets_a_rotten_checkpoint_through(
+        tmp_path: Path, supervisors: Supervisors, loop_ext4: tuple[Path, str]) -> None:
+    """Outside attack: epoch_4 sealed, a bit of it rots on the device, and the seals' folder is handed to another uid
+    (anybody could have forged a seal in it). The supervisor cannot check the resume point: it never relaunches from
+    it unread; it gives up (exit 3) naming the folder, a person fixes the folder."""
+    import os
+
+    where, device = loop_ext4
+    root = where / "ckpts"
+    root.mkdir()
+    go = tmp_path / "go"
+    cmd = [*TORCHRUN, str(SCRIPT), "--ckpt-dir", str(root), "--epochs", "7", "--save-every", "2",
+           "--crash-at-epoch", "5", "--hold", str(go)]
+    cfg = write_config(tmp_path, cmd, FAST)
+    cfg.write_text(cfg.read_text().replace('"--resume"', '"--resume-from"').replace('dir = "ckpts"', f'dir = "{root}"'))
+    p = supervisors.start(cfg)
+    sealed = seal_path(root, "epoch_4")
+    wait_for(lambda: sealed.exists() or p.poll() is not None, TIMEOUT, "the seal of epoch_4")
+    assert p.poll() is None, p.communicate()[0][-3000:]
+    shard = max((root / "epoch_4").glob("*.distcp"), key=lambda f: f.stat().st_size)
+    flip_on_device(device, shard, shard.stat().st_size // 2)
+    os.chown(sealed.parent, 65534, 65534)
+    go.touch()  # the script crashes at epoch 5
+    out, _ = p.communicate(timeout=TIMEOUT)
+    assert p.returncode == 3, out[-3000:]
+    evs = events(tmp_path)
+    assert [e.get("resumed_from") for e in evs if e.get("event") == "job_started"] == [None]
+    assert f"cannot check {root / 'epoch_4'} before the launch" in out and str(sealed.parent) in out, out[-3000:]

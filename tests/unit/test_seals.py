@@ -510,3 +510,31 @@ def test_one_pass_seals_every_checkpoint_without_a_seal(tmp_path: Path) -> None:
     found = scan(root)
     good_ones(found, list(found), verify=False, roots=(root, None))
     assert seals_idle(30) and all(seal_path(root, ck.name).exists() for ck in cks)
+
+
+@pytest.mark.parametrize("planted", ["another uid", "a symlink"])
+def test_a_launch_never_resumes_unchecked_when_the_seals_folder_is_not_ours(tmp_path: Path, planted: str) -> None:
+    """Outside attack (issue 34): the seals' folder replaced by another uid's, or by a symlink to a copy, after a bit of
+    the sealed resume point rotted. The check cannot be made: the pass before the launch fails (the launch waits and
+    is refused in the end, naming the folder), it never hands over the rotten checkpoint unread."""
+    from supervisor.checkpoints import scan
+    from supervisor.errors import CheckpointError
+
+    root = tmp_path / "ckpts"
+    older = write_checkpoint(root, 8, name="step_8", shards=1, manifest=False)
+    newest = write_checkpoint(root, 10, name="step_10", shards=1, manifest=False)
+    assert seal(root, older) and seal(root, newest)
+    shard = max(newest.glob("*.distcp"), key=lambda p: p.stat().st_size)
+    _flip(shard, shard.stat().st_size // 2)
+    folder = seal_path(root, newest.name).parent
+    if planted == "another uid":
+        os.chown(folder, 65534, 65534)
+    else:
+        shutil.copytree(folder, tmp_path / "elsewhere")
+        shutil.rmtree(folder)
+        folder.symlink_to(tmp_path / "elsewhere")
+    found = scan(root)
+    with pytest.raises(CheckpointError, match=f"cannot check {newest} before the launch: .*fsdp-seals"):
+        good_ones(found, list(found), verify=True, roots=(root, None))
+    _, good, _ = good_ones(found, list(found), verify=False, roots=(root, None))  # a pass without a launch goes on
+    assert [c.path for c in good] == [newest, older]
