@@ -69,7 +69,8 @@ def _background(kept: list[tuple[Path, Path]], scrub: bool) -> None:
         try:
             sums = expected(root, path)
             fresh = (sums is None or sums[0] == "seal") and seal(root, path, mb_s=SEAL_MB_S)  # read just now: as sealed
-            problem = check(root, path, sums[1], mb_s=SEAL_MB_S) if scrub and sums and not fresh else None
+            problem = (check(root, path, sums[1], mb_s=SEAL_MB_S, sealed=sums[0] == "seal")
+                       if scrub and sums and not fresh else None)
             if problem is not None and path.is_dir():
                 _found[path] = problem
         except (CheckpointError, SidecarError, OSError):
@@ -86,7 +87,7 @@ def _problem(root: Path, path: Path, loads_checked: bool) -> str | None:
         return None if loads_checked else check(root, path, sums[1])
     if seal(root, path, mb_s=None):
         return None  # or sealed just now: its bytes were just read, and are what its seal says
-    return check(root, path, sums[1]) if sums is not None else None
+    return check(root, path, sums[1], sealed=True) if sums is not None else None
 
 
 def good_ones(found: Infos, usable: Infos, *, verify: bool, roots: Sequence[Path | None],

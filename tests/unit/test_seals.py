@@ -538,3 +538,26 @@ def test_a_launch_never_resumes_unchecked_when_the_seals_folder_is_not_ours(tmp_
         good_ones(found, list(found), verify=True, roots=(root, None))
     _, good, _ = good_ones(found, list(found), verify=False, roots=(root, None))  # a pass without a launch goes on
     assert [c.path for c in good] == [newest, older]
+
+
+@pytest.mark.parametrize("layout", ["transformers", "flat DCP"])
+def test_a_file_added_to_a_sealed_checkpoint_after_its_commit_fails_its_seal(tmp_path: Path, layout: str) -> None:
+    """Outside attack (issue 34): a job writes a new file into a sealed checkpoint after its commit (transformers
+    loads `rng_state_<rank>.pth` when there). The seal never covered its bytes: the checkpoint is not resumed
+    unchecked, it fails its seal and the one before is the resume point."""
+    from supervisor.checkpoints import scan
+    from tests.jobs.dcp_files import write_trainer_checkpoint
+
+    root = tmp_path / "ckpts"
+    if layout == "transformers":
+        older, newest = write_trainer_checkpoint(root, 8), write_trainer_checkpoint(root, 10)
+    else:
+        older = write_checkpoint(root, 8, name="step_8", shards=1, manifest=False)
+        newest = write_checkpoint(root, 10, name="step_10", shards=1, manifest=False)
+    assert seal(root, older) and seal(root, newest)
+    (newest / "rng_state_2.pth").write_bytes(b"written after the commit and the seal")
+    assert not seal(root, newest)  # no re-commit: the seal made at the commit stands
+    found = scan(root)
+    judged, good, _ = good_ones(found, [c for c in found if c.complete], verify=True, roots=(root, None))
+    assert [c.path for c in good] == [older]
+    assert {c.path: c.reason for c in judged}[newest] == f"{newest / 'rng_state_2.pth'} was written after its seal"
