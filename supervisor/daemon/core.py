@@ -300,7 +300,7 @@ class Core:
         self._scan_failures = 0
         plan = resume.plan_resume(scan.checkpoints, resume_args=job.resume_args,
                                   allow_fresh_start=ck.allow_fresh_start,
-                                  skip=self._unmarked | self.guard.marked)
+                                  skip=self._unmarked | self.guard.marked, checks_loads=self.house.loads_checked)
         if isinstance(plan, resume.Launch) and resume.chooses_itself(job.resume_args) and not self._choice_logged:
             self._choice_logged = True  # said once: the job, not the supervisor, decides what it loads
             self.log.info("resume_choice_left_to_job", resume_args=list(job.resume_args), root=str(ck.dir))

@@ -10,6 +10,7 @@ TestQuarantine.test_a_rotten_bit_is_caught_on_load_and_the_run_ends_bit_identica
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -105,8 +106,6 @@ def test_a_seals_folder_planted_by_another_uid_never_lets_a_rotten_checkpoint_th
     """Outside attack: epoch_4 sealed, a bit of it rots on the device, and the seals' folder is handed to another uid
     (anybody could have forged a seal in it). The supervisor cannot check the resume point: it never relaunches from
     it unread; it gives up (exit 3) naming the folder, a person fixes the folder."""
-    import os
-
     where, device = loop_ext4
     root = where / "ckpts"
     root.mkdir()
@@ -128,3 +127,36 @@ def test_a_seals_folder_planted_by_another_uid_never_lets_a_rotten_checkpoint_th
     evs = events(tmp_path)
     assert [e.get("resumed_from") for e in evs if e.get("event") == "job_started"] == [None]
     assert f"cannot check {root / 'epoch_4'} before the launch" in out and str(sealed.parent) in out, out[-3000:]
+
+
+TITAN = Path(__file__).parents[1] / "jobs" / "titan_like.py"
+
+
+def test_a_job_that_picks_its_own_checkpoint_is_not_relaunched_onto_a_rotten_one(
+        tmp_path: Path, supervisors: Supervisors) -> None:
+    """Outside attack: torchtitan's rule (`resume_args = []`: it loads the highest `step-N` with `.metadata`, and
+    knows nothing of `.quarantined`). step-10 is sealed, then a bit of it rots; the job dies at step 14. The pass
+    before the relaunch finds step-10 corrupt, but the job would load it anyway: the supervisor does not relaunch
+    it onto the rotten checkpoint; it gives up (exit 3) naming it, as it does for a divergence of such a job."""
+    dump, marker = tmp_path / "dump", tmp_path / "marks.jsonl"
+    root = dump / "checkpoint"
+    cmd = [sys.executable, str(TITAN), "--dump_folder", str(dump), "--training.steps", "20", "--step-s", "0.7",
+           "--die-at-step", "14", "--die-attempt", "1", "--marker", str(marker)]
+    cfg = write_config(tmp_path, cmd, FAST)
+    cfg.write_text(cfg.read_text().replace('resume_args = ["--resume", "{checkpoint}"]', "resume_args = []")
+                   .replace('dir = "ckpts"', f'dir = "{root}"'))
+    p = supervisors.start(cfg)
+    sealed = seal_path(root, "step-10")
+    wait_for(lambda: sealed.exists() or p.poll() is not None, TIMEOUT, "the seal of step-10")
+    assert p.poll() is None, p.communicate()[0][-3000:]
+    shard = root / "step-10" / "__0_0.distcp"
+    st = shard.stat()
+    with open(shard, "r+b") as f:
+        f.seek(st.st_size // 2)
+        f.write(b"\x01")
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    out, _ = p.communicate(timeout=TIMEOUT)
+    loaded = [json.loads(line)["loaded"] for line in marker.read_text().splitlines()]
+    assert "step-10" not in loaded[1:], (loaded, out[-3000:])
+    assert p.returncode == 3, out[-3000:]
+    assert f"{root / 'step-10'}" in out and "corrupt" in out, out[-3000:]
