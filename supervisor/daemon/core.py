@@ -288,8 +288,8 @@ class Core:
         """What to launch with, a refusal, or None to look at the root again (it could not be read)."""
         job, ck = self.cfg.job, self.cfg.checkpoints
         # A failed look is never a result (invariant 11): whatever the root holds decides the launch, unless the
-        # job picks its own checkpoint. allow_fresh_start is about checkpoints seen to be unusable, not unseen ones.
-        if scan.error is not None and not resume.chooses_itself(job.resume_args):
+        # job picks its own checkpoint and no bytes need checking. allow_fresh_start is about checkpoints seen unusable.
+        if scan.error is not None and (ck.integrity or not resume.chooses_itself(job.resume_args)):
             self._scan_failures += 1
             if self._scan_failures < _LAUNCH_SCAN_TRIES:
                 delay = max(1.0, self.cfg.restart.backoff_initial_s)
