@@ -123,6 +123,7 @@ class Beat:
     step_s: float | None = None  # a rank's own time for its last step (its work, not its wait for the others)
     loss_bad: str | None = None  # "nan" or "inf": the loss was not a finite number (`loss` is then None)
     local_tier: str | None = None  # why the job's node-local tier fails now (its last local save, or at start)
+    checks_loads: bool = False  # the job loads with the trainer library's checked load (daemon/integrity.py)
 
 
 def _finite(value: Any, limit: float) -> float | None:
@@ -175,7 +176,8 @@ def parse_heartbeat(data: bytes) -> tuple[Beat | None, list[str]]:
         step_s = None
     loss_bad = _nonfinite(raw.get("loss")) if losses["loss"] is None else None
     tier = t[:200] if isinstance(t := raw.get("local_tier"), str) and t.isprintable() and t else None  # for status
-    return Beat(step, time_, phase, losses["loss"], losses["val_loss"], step_s, loss_bad, tier), problems
+    return Beat(step, time_, phase, losses["loss"], losses["val_loss"], step_s, loss_bad, tier,
+                raw.get("checks_loads") is True), problems
 
 
 def _nonfinite(value: Any) -> str | None:
@@ -201,7 +203,8 @@ def _show(value: Any) -> str:
 
 
 def heartbeat_record(step: int, phase: str, *, time: float, loss: float | None = None,
-                     val_loss: float | None = None, local_tier: str | None = None) -> dict[str, Any]:
+                     val_loss: float | None = None, local_tier: str | None = None,
+                     checks_loads: bool = False) -> dict[str, Any]:
     """The JSON object a job writes (the writer's side of `parse_heartbeat`): a non-finite loss becomes the string
     "nan" or "inf" (a diverged run, which the supervisor watches for), a non-finite val_loss null."""
     if phase not in PHASES:
@@ -213,7 +216,7 @@ def heartbeat_record(step: int, phase: str, *, time: float, loss: float | None =
         record["val_loss"] = _finite(val_loss, _MAX_LOSS)
     if local_tier:
         record["local_tier"] = local_tier
-    return record
+    return {**record, "checks_loads": True} if checks_loads else record
 
 
 # ---- checkpoint manifest (the reference trainer's; optional for other jobs) ------------------------------

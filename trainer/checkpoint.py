@@ -47,6 +47,7 @@ from supervisor.host.gcpause import collector_paused
 from supervisor.layout import step_dir_name, tmp_dir_name
 from trainer.checksums import HashingFileSystem, checked_results, collect
 from trainer.commit import build_manifest, commit
+from trainer.heartbeat import Heartbeat
 from trainer.reader import CheckpointReader
 from trainer.staging import CachedStager
 
@@ -263,6 +264,7 @@ def load_checkpoint(path: str | os.PathLike[str], state: dict[str, Any], *,
             if found:
                 raise CheckpointCorruptError(found[0]) from exc
             raise
+    Heartbeat.checks_loads = True  # this job's loads check: said in its heartbeat (trainer/heartbeat.py)
 
 
 def resolve_resume(spec: str, root: str | os.PathLike[str], *, group: dist.ProcessGroup | None = None,

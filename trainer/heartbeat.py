@@ -210,6 +210,12 @@ class Heartbeat:
     """The node's heartbeat file (atomically, on every phase change and at most every `min_interval_s`) and,
     when `rank_path` is given, this rank's own file (`RankBeat`: up to 4 times a second)."""
 
+    # Does this process load checkpoints with `trainer.checkpoint.load_checkpoint`, which checks the manifest's
+    # checksums as it reads? Said in every beat once true (`checks_loads`): only then does the supervisor skip its own
+    # read of such a resume point before a relaunch (one read, not two). Set by the reference trainer at start and
+    # by every `load_checkpoint`; a script that saves with the library but loads with plain `dcp.load` never sets it.
+    checks_loads = False
+
     def __init__(
         self,
         path: str | os.PathLike[str] | None,
@@ -266,7 +272,8 @@ class Heartbeat:
         tier = self.local_tier != self._last_tier  # a failing (or recovered) tier is said at once
         if not (force or due or fresh_eval or tier or phase != self._last_phase or (bad and not self._last_bad)):
             return False
-        record = heartbeat_record(step, phase, time=now, loss=loss, val_loss=self.val_loss, local_tier=self.local_tier)
+        record = heartbeat_record(step, phase, time=now, loss=loss, val_loss=self.val_loss, local_tier=self.local_tier,
+                                  checks_loads=Heartbeat.checks_loads)
         try:
             # No fsync: a beat lost in a crash is replaced by the next one within a second.
             write_atomic(self.path, json.dumps(record).encode(), durable=False)

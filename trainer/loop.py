@@ -349,6 +349,7 @@ def run(args: argparse.Namespace) -> int:
     # Local rank 0 of every node writes the node's heartbeat (the step and the all-reduced loss are the same on
     # every rank), so each node's supervisor gets hang detection; every rank writes its own file besides.
     heartbeat = Heartbeat.from_env(int(os.environ.get("LOCAL_RANK", d.rank)))
+    Heartbeat.checks_loads = True  # every load below is load_checkpoint's: the supervisor need not read it first
     heartbeat.beat(0, "load")
     trainer = Trainer(args, d, stopper, heartbeat)
     log = trainer.log

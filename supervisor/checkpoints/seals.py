@@ -128,10 +128,14 @@ def _hash_file(path: Path, segments: list[Segment] | None, mb_s: float | None) -
         return out
 
 
-def check(root: Path, path: Path, checksums: Checksums, *, threads: int = 4, mb_s: float | None = None) -> str | None:
+def check(root: Path, path: Path, checksums: Checksums, *, threads: int = 4, mb_s: float | None = None,
+          sealed: bool = False) -> str | None:
     """Read every byte the checksums cover (files in parallel; at full speed, or idle and at most `mb_s` per file):
-    None when all match, else the first mismatch (`<file> bytes A-B ...`)."""
-    return check_files(path, checksums, threads=threads, mb_s=mb_s)
+    None when all match, else the first mismatch (`<file> bytes A-B ...`). `sealed`: a seal's, and a file added
+    since to a layout committed by its last file (written after its commit: a load may read it) fails too."""
+    extra = sorted(set(_ids(path)) - set(checksums)) if sealed and set(checksums) & set(_LAST_FILES) else []
+    return f"{path / extra[0]} was written after its seal" if extra else check_files(path, checksums, threads=threads,
+                                                                                     mb_s=mb_s)
 
 
 def check_files(path: Path, checksums: Checksums, *, threads: int = 4, mb_s: float | None = None) -> str | None:

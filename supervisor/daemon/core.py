@@ -281,8 +281,8 @@ class Core:
         """What to launch with, a refusal, or None to look at the root again (it could not be read)."""
         job, ck = self.cfg.job, self.cfg.checkpoints
         # A failed look is never a result (docs/design.md): whatever the root holds decides the launch, unless the
-        # job picks its own checkpoint. allow_fresh_start is about checkpoints seen to be unusable, not unseen ones.
-        if scan.error is not None and not resume.chooses_itself(job.resume_args):
+        # job picks its own checkpoint and no bytes need checking. allow_fresh_start is about checkpoints seen unusable.
+        if scan.error is not None and (ck.integrity or not resume.chooses_itself(job.resume_args)):
             self._scan_failures += 1
             if self._scan_failures < _LAUNCH_SCAN_TRIES:
                 delay = max(1.0, self.cfg.restart.backoff_initial_s)
@@ -293,7 +293,7 @@ class Core:
         self._scan_failures = 0
         plan = resume.plan_resume(scan.checkpoints, resume_args=job.resume_args,
                                   allow_fresh_start=ck.allow_fresh_start,
-                                  skip=self._unmarked | self.guard.marked)
+                                  skip=self._unmarked | self.guard.marked, checks_loads=self.house.loads_checked)
         if isinstance(plan, resume.Launch) and resume.chooses_itself(job.resume_args) and not self._choice_logged:
             self._choice_logged = True  # said once: the job, not the supervisor, decides what it loads
             self.log.info("resume_choice_left_to_job", resume_args=list(job.resume_args), root=str(ck.dir))
@@ -548,6 +548,7 @@ class Core:
         apply_beat(self.status, beat, self.sys.now(), job.rate)
         self.elsewhere.beat(job.beat, beat)
         job.beat, job.beat_mono = beat, self.sys.monotonic()
+        self.house.loads_checked |= beat.checks_loads  # from now on its load checks the trainer library's checksums
         self._check_root_idle()
         self.hangs.seen(job, None, beat)  # the step it reached, and the hang timer set again
         self.bus.publish(ev.BeatRead(job.number, beat))

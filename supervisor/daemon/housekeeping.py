@@ -136,6 +136,7 @@ class Housekeeper:
         self._marker: tuple[Path, int, Path] | None = None  # the running attempt's in-use marker, job pid, its root
         self._said: set[str] = set()  # kinds of _SAID_ONCE already warned about
         self.verify_launch = False  # a launch waits: the next pass reads its resume point's bytes (the core sets it)
+        self.loads_checked = False  # the job's heartbeat said its load checks the manifest's checksums (the core sets it)
         self._scrubbed = now()  # the last scrub (daemon/integrity.py): the first one a scrub_interval_s after start
 
     def concerns(self, path: Path) -> bool:
@@ -184,7 +185,7 @@ class Housekeeper:
             self._scrubbed = self.now() if scrub else self._scrubbed
             was = {c.path for c in found if c.quarantined}
             found, usable, findings = good_ones(found, usable, verify=verify, roots=(self.root, self.local_root),
-                                                scrub=scrub, seal_new=on)
+                                                scrub=scrub, seal_new=on, loads_checked=self.loads_checked)
             judged = {c.path: c for c in found}  # found corrupt just now: retention keeps it, and the newest good
             durable, local = [judged.get(c.path, c) for c in durable], [judged.get(c.path, c) for c in local]
             newest = usable[0] if usable else None  # newest first, the durable one first at equal steps

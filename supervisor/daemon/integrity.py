@@ -66,25 +66,30 @@ def _background(kept: list[tuple[Path, Path]], scrub: bool) -> None:
         try:
             sums = expected(root, path)
             fresh = (sums is None or sums[0] == "seal") and seal(root, path, mb_s=SEAL_MB_S)  # read just now: as sealed
-            problem = check(root, path, sums[1], mb_s=SEAL_MB_S) if scrub and sums and not fresh else None
+            problem = (check(root, path, sums[1], mb_s=SEAL_MB_S, sealed=sums[0] == "seal")
+                       if scrub and sums and not fresh else None)
             if problem is not None and path.is_dir():
                 _found[path] = problem
         except (CheckpointError, SidecarError, OSError):
             continue  # gone (retention), or unreadable: the launch's check, or the next pass, says why
 
 
-def _problem(root: Path, path: Path) -> str | None:
+def _problem(root: Path, path: Path, loads_checked: bool) -> str | None:
     """Before a launch, what is wrong with the resume point's bytes (None: nothing found), unless its job's own load
-    checks them: the trainer library's checksums (no second read). Sealed first, at full speed, when it has no seal
-    or was re-committed since."""
+    checks them: the trainer library's checksums, and a job whose heartbeat said its load checks them (no second
+    read; a job that saves with the library but loads with plain `dcp.load` never says so). Sealed first, at full
+    speed, when it has no checksums of its own and no seal, or was re-committed since."""
     sums = expected(root, path)
-    if (sums is not None and sums[0] == "manifest") or seal(root, path, mb_s=None):
+    if sums is not None and sums[0] == "manifest":
+        return None if loads_checked else check(root, path, sums[1])
+    if seal(root, path, mb_s=None):
         return None  # or sealed just now: its bytes were just read, and are what its seal says
-    return check(root, path, sums[1]) if sums is not None else None
+    return check(root, path, sums[1], sealed=True) if sums is not None else None
 
 
 def good_ones(found: Infos, usable: Infos, *, verify: bool, roots: Sequence[Path | None],
-              scrub: bool = False, seal_new: bool = True) -> tuple[Infos, Infos, list[store.Finding]]:
+              scrub: bool = False, seal_new: bool = True, loads_checked: bool = False,
+              ) -> tuple[Infos, Infos, list[store.Finding]]:
     """(found, usable, findings) after, with `verify`, reading the newest usable ones until one matches its
     checksums (`_problem`; the others quarantined as corrupt) and, with `seal_new`, starting a background seal of
     those that have none yet; `scrub`: also a background read of every usable one, idle and at bounded bandwidth
@@ -106,10 +111,9 @@ def good_ones(found: Infos, usable: Infos, *, verify: bool, roots: Sequence[Path
             continue
         launch = verify and all(g.path.is_symlink() for g in good)  # the resume point: full speed, a launch waits
         try:
-            problem = scrubbed.get(c.path) or (_problem(root, c.path) if launch else None)
-        except (CheckpointError, SidecarError, OSError) as exc:
-            findings.append(store.Finding("seal_failed", f"{c.path}: {exc}"))
-            problem = None
+            problem = scrubbed.get(c.path) or (_problem(root, c.path, loads_checked) if launch else None)
+        except (CheckpointError, SidecarError, OSError) as exc:  # never resumed unchecked: the pass fails, the
+            raise CheckpointError(f"cannot check {c.path} before the launch: {exc}") from exc  # launch waits
         if problem is None:
             good.append(c)
             kept.append((root, c.path))

@@ -53,9 +53,16 @@ def _blocking(c: CheckpointInfo, skip: Collection[str]) -> str | None:
 
 
 def plan_resume(checkpoints: Sequence[CheckpointInfo], *, resume_args: Sequence[str], allow_fresh_start: bool,
-                skip: Collection[str] = ()) -> Launch | Refuse:
-    """Launch (with what appended) or refuse, from a scan of the root (newest first)."""
+                skip: Collection[str] = (), checks_loads: bool = False) -> Launch | Refuse:
+    """Launch (with what appended) or refuse, from a scan of the root (newest first). A job that picks its own
+    checkpoint (the newest, markers unread) is refused when that is a corrupt one, unless it said `checks_loads`
+    (the trainer library's `--resume auto` skips it, its load checks)."""
     usable = [c for c in checkpoints if c.complete and not c.quarantined and str(c.path) not in skip]
+    rotten = next((c for c in checkpoints if c.state == CORRUPT), None)
+    if rotten and chooses_itself(resume_args) and not checks_loads and (
+            not usable or checkpoints.index(rotten) < checkpoints.index(usable[0])):
+        return Refuse(f"the job picks its own checkpoint and would load {rotten.path}, corrupt: {rotten.reason}; "
+                      f"move it aside (it was not deleted), or pass {CHECKPOINT_PLACEHOLDER} in resume_args")
     if usable and resume_args:
         c = usable[0]
         if chooses_itself(resume_args):

@@ -161,3 +161,32 @@ class TestDurableNeverOnlyLocal:
         assert f"path={local / 'step_00000008'}" in done.stdout + done.stderr  # resumed from the local tier
         assert sorted(complete_steps(durable)) == [8]
         assert_same_weights(durable / "step_00000008", local / "step_00000008", "durable copy of the local step")
+
+
+class TestAnotherRunsLocalTier:
+    def test_a_stale_local_checkpoint_of_a_run_started_over_is_never_resumed(
+            self, tmp_path: Path, supervisors: Supervisors) -> None:
+        """Outside attack (issue 34): run 1 (seed 7) leaves its local step 10 on the tier; the user starts over as
+        the README says (`rm -rf` of the root and the run dir) with seed 8. Run 2 is killed at step 9: the stale local
+        step 10 is newer than run 2's durable step 8, but of another lineage: reported, never resumed; step 8 is."""
+        import shutil
+
+        durable, local = tmp_path / "ckpts", tmp_path / "shm" / "ckpts"
+        args = ["--steps", 12, "--save-every", SAVE_EVERY, "--local-save-every", LOCAL_EVERY, "--log-every", 1]
+        command = [*TORCHRUN, str(HOOKED), *map(str, args), "--checkpoint-dir", str(durable)]
+        assert supervisors.start(_config(tmp_path, [*command, "--seed", "7"], {})).wait(timeout=JOB_TIMEOUT) == 0
+        stale = local / "step_00000010"
+        assert stale.is_dir(), sorted(p.name for p in local.iterdir())
+        shutil.rmtree(durable)
+        shutil.rmtree(_run_dir(tmp_path))
+        go = tmp_path / "go"
+        p = supervisors.start(_config(tmp_path, [*command, "--seed", "8"],
+                                      {HOLD_TRAIN_STEP_ENV: "9", HOLD_TRAIN_UNTIL_ENV: str(go)}))
+        _kill_rank1_holding(tmp_path, 1, 9)
+        go.with_name("go.9").touch()
+        assert p.wait(timeout=JOB_TIMEOUT) == 0, supervisors.print_logs()
+        started = _started(tmp_path)
+        assert started[1] is None and started[2] == str(durable / "step_00000008"), started
+        lines = (_run_dir(tmp_path) / "supervisor.log").read_text().splitlines()
+        assert any(e.get("event") == "local_tier_foreign" and str(stale) in json.dumps(e) for e in map(json.loads, lines))
+        assert stale.is_dir()  # another run's: never deleted by this one's retention

@@ -10,8 +10,11 @@ TestQuarantine.test_a_rotten_bit_is_caught_on_load_and_the_run_ends_bit_identica
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
+
+import pytest
 
 from supervisor.checkpoints.seals import seal_path
 from tests.mounts import flip_on_device, loop_ext4  # noqa: F401
@@ -67,3 +70,98 @@ def test_a_sealed_plain_dcp_checkpoint_rotten_on_the_device_is_never_resumed(
     marker = json.loads((rotten / ".quarantined").read_text())
     assert marker["reason"].startswith(f"corrupt: {shard} bytes 0-")
     assert shard.exists()  # the verdict alone deletes nothing
+
+
+def test_a_trainer_library_checkpoint_loaded_by_plain_dcp_is_read_before_its_relaunch(
+        tmp_path: Path, supervisors: Supervisors, loop_ext4: tuple[Path, str]) -> None:
+    """Saved with `trainer.checkpoint` (the manifest's checksums), loaded with plain `dcp.load` (checks nothing): the
+    job never said its load checks (the heartbeat's `checks_loads`), so the pass before its relaunch reads the resume
+    point against the manifest's checksums; a bit of step 4 rotten on the device is quarantined, step 2 resumed."""
+    where, device = loop_ext4
+    root = where / "ckpts"
+    root.mkdir()
+    go, record = tmp_path / "go", tmp_path / "record.txt"
+    cmd = [*TORCHRUN, str(SCRIPT), "--ckpt-dir", str(root), "--epochs", "7", "--save-every", "2", "--save-with-trainer",
+           "--crash-at-epoch", "5", "--hold", str(go), "--record", str(record)]
+    cfg = write_config(tmp_path, cmd, FAST)
+    cfg.write_text(cfg.read_text().replace('"--resume"', '"--resume-from"').replace('dir = "ckpts"', f'dir = "{root}"'))
+    p = supervisors.start(cfg)
+    rotten = root / "step_00000004"
+    wait_for(lambda: (rotten / "manifest.json").exists() or p.poll() is not None, TIMEOUT, "step 4's commit")
+    assert p.poll() is None, p.communicate()[0][-3000:]
+    assert json.loads((rotten / "manifest.json").read_text())["checksums"]
+    shard = max(rotten.glob("*.distcp"), key=lambda f: f.stat().st_size)
+    data = shard.read_bytes()
+    flip_on_device(device, shard, shard.stat().st_size // 2)
+    assert shard.read_bytes() != data
+    go.touch()  # the script crashes at epoch 5
+    out, _ = p.communicate(timeout=TIMEOUT)
+    assert p.returncode == 0, out[-3000:]
+    assert record.read_text().splitlines() == [f"start=3 resume={root / 'step_00000002'} attempt=2"]
+    corrupt = [e["message"] for e in events(tmp_path) if e.get("event") == "checkpoint_corrupt"]
+    assert len(corrupt) == 1 and f"{shard} bytes" in corrupt[0], corrupt
+    assert json.loads((rotten / ".quarantined").read_text())["reason"].startswith(f"corrupt: {shard} bytes")
+
+
+def test_a_seals_folder_planted_by_another_uid_never_lets_a_rotten_checkpoint_through(
+        tmp_path: Path, supervisors: Supervisors, loop_ext4: tuple[Path, str]) -> None:
+    """Outside attack: epoch_4 sealed, a bit of it rots on the device, and the seals' folder is handed to another uid
+    (anybody could have forged a seal in it). The supervisor cannot check the resume point: it never relaunches from
+    it unread; it gives up (exit 3) naming the folder, a person fixes the folder."""
+    where, device = loop_ext4
+    root = where / "ckpts"
+    root.mkdir()
+    go = tmp_path / "go"
+    cmd = [*TORCHRUN, str(SCRIPT), "--ckpt-dir", str(root), "--epochs", "7", "--save-every", "2",
+           "--crash-at-epoch", "5", "--hold", str(go)]
+    cfg = write_config(tmp_path, cmd, FAST)
+    cfg.write_text(cfg.read_text().replace('"--resume"', '"--resume-from"').replace('dir = "ckpts"', f'dir = "{root}"'))
+    p = supervisors.start(cfg)
+    sealed = seal_path(root, "epoch_4")
+    wait_for(lambda: sealed.exists() or p.poll() is not None, TIMEOUT, "the seal of epoch_4")
+    assert p.poll() is None, p.communicate()[0][-3000:]
+    shard = max((root / "epoch_4").glob("*.distcp"), key=lambda f: f.stat().st_size)
+    flip_on_device(device, shard, shard.stat().st_size // 2)
+    os.chown(sealed.parent, 65534, 65534)
+    go.touch()  # the script crashes at epoch 5
+    out, _ = p.communicate(timeout=TIMEOUT)
+    assert p.returncode == 3, out[-3000:]
+    evs = events(tmp_path)
+    assert [e.get("resumed_from") for e in evs if e.get("event") == "job_started"] == [None]
+    assert f"cannot check {root / 'epoch_4'} before the launch" in out and str(sealed.parent) in out, out[-3000:]
+
+
+TITAN = Path(__file__).parents[1] / "jobs" / "titan_like.py"
+
+
+@pytest.mark.parametrize("seals", ["ours", "another uid's"])
+def test_a_job_that_picks_its_own_checkpoint_is_not_relaunched_onto_a_rotten_one(
+        tmp_path: Path, supervisors: Supervisors, seals: str) -> None:
+    """Outside attack: torchtitan's rule (`resume_args = []`: it loads the highest `step-N` with `.metadata`, and
+    knows nothing of `.quarantined`). step-10 is sealed, then a bit of it rots; the job dies at step 14. The pass
+    before the relaunch finds step-10 corrupt, but the job would load it anyway: the supervisor does not relaunch
+    it onto the rotten checkpoint; it gives up (exit 3) naming it, as it does for a divergence of such a job."""
+    dump, marker = tmp_path / "dump", tmp_path / "marks.jsonl"
+    root = dump / "checkpoint"
+    cmd = [sys.executable, str(TITAN), "--dump_folder", str(dump), "--training.steps", "20", "--step-s", "0.7",
+           "--die-at-step", "14", "--die-attempt", "1", "--marker", str(marker)]
+    cfg = write_config(tmp_path, cmd, FAST)
+    cfg.write_text(cfg.read_text().replace('resume_args = ["--resume", "{checkpoint}"]', "resume_args = []")
+                   .replace('dir = "ckpts"', f'dir = "{root}"'))
+    p = supervisors.start(cfg)
+    sealed = seal_path(root, "step-10")
+    wait_for(lambda: sealed.exists() or p.poll() is not None, TIMEOUT, "the seal of step-10")
+    assert p.poll() is None, p.communicate()[0][-3000:]
+    shard = root / "step-10" / "__0_0.distcp"
+    st = shard.stat()
+    with open(shard, "r+b") as f:
+        f.seek(st.st_size // 2)
+        f.write(b"\x01")
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    if seals != "ours":  # the check cannot be made: still never launched onto it
+        os.chown(sealed.parent, 65534, 65534)
+    out, _ = p.communicate(timeout=TIMEOUT)
+    loaded = [json.loads(line)["loaded"] for line in marker.read_text().splitlines()]
+    assert "step-10" not in loaded[1:], (loaded, out[-3000:])
+    assert p.returncode == 3, out[-3000:]
+    assert f"{root / 'step-10'}" in out and ("corrupt" in out if seals == "ours" else "fsdp-seals" in out), out[-3000:]

@@ -7,7 +7,9 @@ it is. One epoch is one optimizer step on a fixed batch per rank. Rank 0 prints 
 and `resumed step=<E> from=<path>`. Used to prove such scripts are supervisable with only `command` and
 `resume_args` (tests/integration/test_supervisor_torchrun.py, and the tutorial row of tests/clients).
 `--crash-at-epoch E` makes the first attempt (no --resume-from) fail there (`--hold FILE`: once FILE exists, so
-that a test can do something to the checkpoints first); `--step-s` sleeps in every epoch.
+that a test can do something to the checkpoints first); `--step-s` sleeps in every epoch. `--save-with-trainer`:
+saves with `trainer.checkpoint.save_checkpoint` (`step_<N>/`, the manifest's checksums) but still loads with plain
+`dcp.load`, which checks nothing (issue 34's outside attack).
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ def main() -> int:
     p.add_argument("--keep", type=int, default=0, help="keep the newest K epoch dirs (0: all)")
     p.add_argument("--step-s", type=float, default=0.0)
     p.add_argument("--hold", type=Path, default=None, help="the crash waits until this file exists")
+    p.add_argument("--save-with-trainer", action="store_true")
     a = p.parse_args()
     dist.init_process_group("gloo")
     torch.manual_seed(0)
@@ -81,7 +84,11 @@ def main() -> int:
                 print(f"step={epoch} loss={loss.item()!r}", flush=True)
             if epoch % a.save_every == 0:
                 state = {"model": model.state_dict(), "optimizer": FSDP.optim_state_dict(model, opt), "epoch": epoch}
-                dcp.save(state, checkpoint_id=str(a.ckpt_dir / f"epoch_{epoch}"))
+                if a.save_with_trainer:
+                    from trainer.checkpoint import save_checkpoint
+                    save_checkpoint(a.ckpt_dir, epoch, state)
+                else:
+                    dcp.save(state, checkpoint_id=str(a.ckpt_dir / f"epoch_{epoch}"))
                 if a.keep and dist.get_rank() == 0:
                     rotate(a.ckpt_dir, a.keep)
     if a.record is not None and dist.get_rank() == 0:

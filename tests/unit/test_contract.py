@@ -97,6 +97,14 @@ class TestHeartbeatRecord:
         """What the writer writes, the reader reads back unchanged."""
         rec = heartbeat_record(5, "eval", time=10.0, loss=2.0, val_loss=1.0)
         assert parse_heartbeat(json.dumps(rec).encode()) == (Beat(5, 10.0, "eval", 2.0, 1.0), [])
+        rec = heartbeat_record(5, "load", time=10.0, checks_loads=True)
+        assert parse_heartbeat(json.dumps(rec).encode()) == (Beat(5, 10.0, "load", checks_loads=True), [])
+
+    @pytest.mark.parametrize("value", ['"true"', "1", "null", "{}"])
+    def test_only_a_json_true_says_the_job_checks_its_loads(self, value: str) -> None:
+        """The supervisor skips its read before a relaunch on this word only: anything but `true` is no word."""
+        beat, _ = parse_heartbeat(f'{{"step": 1, "checks_loads": {value}}}'.encode())
+        assert beat is not None and beat.checks_loads is False
 
     def test_non_finite_losses_are_strict_json(self) -> None:
         """The writer never produces NaN (JSON has none): a diverged loss is said as a word, a val_loss dropped."""

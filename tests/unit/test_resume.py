@@ -36,6 +36,22 @@ class TestChoice:
         plan = plan_resume([ck("final")], resume_args=["--load_step", "{step}"], allow_fresh_start=True)
         assert isinstance(plan, Refuse) and "/r/final" in plan.reason and "{step}" in plan.reason
 
+    @pytest.mark.parametrize(("scan", "args", "checks_loads", "refused"), [
+        ([ck("step-20", "corrupt", quarantined=True, reason="x bytes 0-8"), ck("step-10")], [], False, True),
+        ([ck("step-20", "corrupt", quarantined=True, reason="x bytes 0-8")], [], False, True),
+        ([ck("step-20", "corrupt", quarantined=True, reason="x bytes 0-8"), ck("step-10")], [], True, False),
+        ([ck("step-30"), ck("step-20", "corrupt", quarantined=True, reason="x bytes 0-8")], [], False, False),
+        ([ck("step-20", "corrupt", quarantined=True, reason="x bytes 0-8"), ck("step-10")], DEFAULT, False, False),
+    ])
+    def test_a_job_that_would_pick_a_corrupt_checkpoint_itself_is_refused(
+            self, scan: list[CheckpointInfo], args: list[str], checks_loads: bool, refused: bool) -> None:
+        """Outside attack (issue 34): torchtitan, transformers' `resume_from_checkpoint=True` load the newest and know
+        nothing of `.quarantined`: never launched onto a corrupt one above the newest good one. Not refused: a job
+        that said `checks_loads` (the trainer library's `--resume auto` skips it), an older corrupt one, {checkpoint}."""
+        plan = plan_resume(scan, resume_args=args, allow_fresh_start=True, checks_loads=checks_loads)
+        assert isinstance(plan, Refuse) == refused, plan
+        assert not refused or "/r/step-20, corrupt: x bytes 0-8" in plan.reason  # type: ignore[union-attr]
+
     @pytest.mark.parametrize("args", [[], ["--resume", "auto"]])
     def test_no_placeholder_leaves_the_choice_to_the_job(self, args: list[str]) -> None:
         """Without a placeholder nothing is named to the job (args are appended as they are when one exists)."""

@@ -357,11 +357,14 @@ def _with_checksums(ck: Path) -> Path:
     return ck
 
 
-@pytest.mark.parametrize(("checksums", "reads"), [("manifest", 0), ("seal", 1)])
+@pytest.mark.parametrize(("checksums", "loads_checked", "reads"), [
+    ("manifest", True, 0), ("manifest", False, 1), ("seal", True, 1), ("seal", False, 1)])
 def test_the_launch_reads_the_resume_point_only_when_its_job_does_not(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, checksums: str, reads: int) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, checksums: str, loads_checked: bool, reads: int) -> None:
     """A checkpoint of the trainer library is checked by its own load as it reads it (no second read: recovery
-    time): the pass before the launch does not read it. A sealed one (a third-party layout) is read there."""
+    time), once the job's heartbeat said its load is the library's (`checks_loads`): the pass before the launch does
+    not read it then. Before that (a script that saves with the library, loads with plain `dcp.load`), and for a
+    sealed one (a third-party layout), the pass reads it."""
     from supervisor.checkpoints import scan
 
     root = tmp_path / "ckpts"
@@ -371,7 +374,7 @@ def test_the_launch_reads_the_resume_point_only_when_its_job_does_not(
     read: list[Path] = []
     monkeypatch.setattr(integrity, "check", lambda root, path, sums, **kw: read.append(path))
     found = scan(root)
-    _, good, findings = good_ones(found, list(found), verify=True, roots=(root, None))
+    _, good, findings = good_ones(found, list(found), verify=True, roots=(root, None), loads_checked=loads_checked)
     assert read == [ck] * reads and [c.path for c in good] == [ck] and findings == []
 
 
@@ -499,3 +502,54 @@ def test_one_pass_seals_every_checkpoint_without_a_seal(tmp_path: Path) -> None:
     found = scan(root)
     good_ones(found, list(found), verify=False, roots=(root, None))
     assert seals_idle(30) and all(seal_path(root, ck.name).exists() for ck in cks)
+
+
+@pytest.mark.parametrize("planted", ["another uid", "a symlink"])
+def test_a_launch_never_resumes_unchecked_when_the_seals_folder_is_not_ours(tmp_path: Path, planted: str) -> None:
+    """Outside attack (issue 34): the seals' folder replaced by another uid's, or by a symlink to a copy, after a bit of
+    the sealed resume point rotted. The check cannot be made: the pass before the launch fails (the launch waits and
+    is refused in the end, naming the folder), it never hands over the rotten checkpoint unread."""
+    from supervisor.checkpoints import scan
+    from supervisor.errors import CheckpointError
+
+    root = tmp_path / "ckpts"
+    older = write_checkpoint(root, 8, name="step_8", shards=1, manifest=False)
+    newest = write_checkpoint(root, 10, name="step_10", shards=1, manifest=False)
+    assert seal(root, older) and seal(root, newest)
+    shard = max(newest.glob("*.distcp"), key=lambda p: p.stat().st_size)
+    _flip(shard, shard.stat().st_size // 2)
+    folder = seal_path(root, newest.name).parent
+    if planted == "another uid":
+        os.chown(folder, 65534, 65534)
+    else:
+        shutil.copytree(folder, tmp_path / "elsewhere")
+        shutil.rmtree(folder)
+        folder.symlink_to(tmp_path / "elsewhere")
+    found = scan(root)
+    with pytest.raises(CheckpointError, match=f"cannot check {newest} before the launch: .*fsdp-seals"):
+        good_ones(found, list(found), verify=True, roots=(root, None))
+    _, good, _ = good_ones(found, list(found), verify=False, roots=(root, None))  # a pass without a launch goes on
+    assert [c.path for c in good] == [newest, older]
+
+
+@pytest.mark.parametrize("layout", ["transformers", "flat DCP"])
+def test_a_file_added_to_a_sealed_checkpoint_after_its_commit_fails_its_seal(tmp_path: Path, layout: str) -> None:
+    """Outside attack (issue 34): a job writes a new file into a sealed checkpoint after its commit (transformers
+    loads `rng_state_<rank>.pth` when there). The seal never covered its bytes: the checkpoint is not resumed
+    unchecked, it fails its seal and the one before is the resume point."""
+    from supervisor.checkpoints import scan
+    from tests.jobs.dcp_files import write_trainer_checkpoint
+
+    root = tmp_path / "ckpts"
+    if layout == "transformers":
+        older, newest = write_trainer_checkpoint(root, 8), write_trainer_checkpoint(root, 10)
+    else:
+        older = write_checkpoint(root, 8, name="step_8", shards=1, manifest=False)
+        newest = write_checkpoint(root, 10, name="step_10", shards=1, manifest=False)
+    assert seal(root, older) and seal(root, newest)
+    (newest / "rng_state_2.pth").write_bytes(b"written after the commit and the seal")
+    assert not seal(root, newest)  # no re-commit: the seal made at the commit stands
+    found = scan(root)
+    judged, good, _ = good_ones(found, [c for c in found if c.complete], verify=True, roots=(root, None))
+    assert [c.path for c in good] == [older]
+    assert {c.path: c.reason for c in judged}[newest] == f"{newest / 'rng_state_2.pth'} was written after its seal"

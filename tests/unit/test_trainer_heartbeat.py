@@ -27,12 +27,26 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
+@pytest.fixture(autouse=True)
+def no_checked_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever an earlier test loaded in this process, these start as a job that has not said its loads check."""
+    monkeypatch.setattr(Heartbeat, "checks_loads", False)
+
+
 class TestHeartbeat:
     def test_writes_the_documented_fields(self, tmp_path, clock) -> None:
         """The file holds exactly step, time, phase and loss."""
         path = tmp_path / "hb.json"
         Heartbeat(path, clock=clock).beat(3, "train", 2.5)
         assert json.loads(path.read_text()) == {"step": 3, "time": 1000.0, "phase": "train", "loss": 2.5}
+
+    def test_a_job_whose_loads_check_says_so_in_every_beat(self, tmp_path, clock) -> None:
+        """Once `checks_loads` is set (the reference trainer at start, every `load_checkpoint`), every beat says it."""
+        path = tmp_path / "hb.json"
+        Heartbeat.checks_loads = True
+        Heartbeat(path, clock=clock).beat(3, "load")
+        beat, _ = parse_heartbeat(path.read_bytes())
+        assert beat is not None and beat.checks_loads
 
     def test_training_beats_are_throttled_to_the_interval(self, tmp_path, clock) -> None:
         """Within one interval a second train beat is skipped; after it, it is written."""
