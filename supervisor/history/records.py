@@ -36,6 +36,8 @@ and, by kind:
     quarantined           path, reason                        never resumed from again
     retention_deleted     path, reason, size_bytes            removed by retention
     supervisor_end        state, reason                       completed | stopped | failed (gave up)
+    folded                attempts, failures, wall_s, ...     compaction's: the totals of the attempts it cut
+                                                              (supervisor.history.fold.fold_lines)
 
 `train_s` counts the time between two consecutive heartbeats of an attempt when the earlier one says phase
 `train` (or no phase) and the step advanced; `save_s` the time after a heartbeat with phase `save` until the
@@ -49,7 +51,7 @@ are read, a line longer than any record is skipped without being held, and a `t`
 
 Heartbeats are sampled at most once a second (plus every new evaluation, an attempt's first beat in phase train,
 its first new step and its last beat); when the file passes `COMPACT_BYTES` it is rewritten atomically by
-`thin`: every event is kept, and samples are kept at a resolution that halves each time their age doubles
+`thin`: every event is kept (unless events alone outgrow it: `fold_lines`), and samples are kept at a resolution that halves each time their age doubles
 (about `SAMPLES_PER_DOUBLING` samples per doubling of age, per attempt), so a month of one beat per second
 stays around 1-2 MB (docs/history.md).
 """
@@ -93,6 +95,7 @@ VERSION = 1
 EVENT_KINDS = (
     "supervisor_start", "attempt_start", "first_beat", "first_step", "hang", "straggler", "attempt_exit",
     "checkpoint_committed", "quarantined", "retention_deleted", "supervisor_end", "alert", "diverged", "rolled_back",
+    "folded",
 )
 KINDS = (*EVENT_KINDS, "beat")
 SAMPLE_S = 1.0  # at most one heartbeat sample a second is written

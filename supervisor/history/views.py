@@ -115,6 +115,7 @@ class Summary:
     last_step: int | None
     losses: list[Loss] = field(default_factory=list)
     time_lost_s: dict[str, float] = field(default_factory=dict)
+    steps_lost_total: int = 0  # over every failure (`steps_lost` and `losses` of a compacted history: its latest)
 
     def to_json(self) -> dict[str, Any]:
         """Times that only beats measure are null for a job without them (the HTML page's `unknown`), never 0."""
@@ -127,6 +128,7 @@ class Summary:
             "goodput": None if self.goodput is None else round(self.goodput, 4),
             "restart_latency_s": [round(x, 3) for x in self.restart_latency_s],
             "steps_lost": list(self.steps_lost),
+            "steps_lost_total": self.steps_lost_total,
             "checkpoint_overhead_s": t(self.checkpoint_overhead_s),
             "startup_s": t(self.startup_s),
             "restart_s": t(self.restart_s),
