@@ -14,6 +14,7 @@ rewrite, or a job writing into a checkpoint after its commit, keeps the old seal
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
 import platform
@@ -41,11 +42,16 @@ _LAST_FILES = (".metadata", "meta.pt", "trainer_state.json")  # what a layout wr
 _IOPRIO_SET = {"x86_64": 251, "aarch64": 30}.get(platform.machine())
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)  # one handle for the process: a new one per seal is memory kept
+
+
 def _idle_io() -> None:
     """This thread's reads at idle I/O priority (Linux's ioprio_set; nothing elsewhere)."""
     if _IOPRIO_SET is not None:
         try:
-            ctypes.CDLL(None, use_errno=True).syscall(_IOPRIO_SET, 1, 0, 3 << 13)  # IOPRIO_CLASS_IDLE, this thread
+            _libc().syscall(_IOPRIO_SET, 1, 0, 3 << 13)  # IOPRIO_CLASS_IDLE, this thread
         except (OSError, AttributeError):
             pass
 

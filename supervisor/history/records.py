@@ -51,9 +51,9 @@ are read, a line longer than any record is skipped without being held, and a `t`
 
 Heartbeats are sampled at most once a second (plus every new evaluation, an attempt's first beat in phase train,
 its first new step and its last beat); when the file passes `COMPACT_BYTES` it is rewritten atomically by
-`thin`: every event is kept (unless events alone outgrow it: `fold_lines`), and samples are kept at a resolution that halves each time their age doubles
-(about `SAMPLES_PER_DOUBLING` samples per doubling of age, per attempt), so a month of one beat per second
-stays around 1-2 MB (docs/history.md).
+`thin`: every event is kept (unless events alone outgrow it: `fold_lines`), and samples are kept at a
+resolution that halves each time their age doubles (about `SAMPLES_PER_DOUBLING` samples per doubling of age,
+per attempt), so a month of one beat per second stays around 1-2 MB (docs/history.md).
 """
 from __future__ import annotations
 
