@@ -14,7 +14,6 @@ rewrite, or a job writing into a checkpoint after its commit, keeps the old seal
 from __future__ import annotations
 
 import ctypes
-import functools
 import json
 import os
 import platform
@@ -42,16 +41,14 @@ _LAST_FILES = (".metadata", "meta.pt", "trainer_state.json")  # what a layout wr
 _IOPRIO_SET = {"x86_64": 251, "aarch64": 30}.get(platform.machine())
 
 
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)  # one handle for the process: a new one per seal is memory kept
+_LIBC = ctypes.CDLL(None, use_errno=True) if _IOPRIO_SET else None  # one handle: one per hash kept ~110 bytes
 
 
 def _idle_io() -> None:
     """This thread's reads at idle I/O priority (Linux's ioprio_set; nothing elsewhere)."""
-    if _IOPRIO_SET is not None:
+    if _LIBC is not None and _IOPRIO_SET is not None:
         try:
-            _libc().syscall(_IOPRIO_SET, 1, 0, 3 << 13)  # IOPRIO_CLASS_IDLE, this thread
+            _LIBC.syscall(_IOPRIO_SET, 1, 0, 3 << 13)  # IOPRIO_CLASS_IDLE, this thread
         except (OSError, AttributeError):
             pass
 

@@ -303,21 +303,10 @@ class Fold:
         self._failed_at = None
 
     def _on_folded(self, t: float, rec: dict[str, Any]) -> None:
-        """The totals of the records compaction folded away (`fold_lines`): added to the running ones."""
-        num = {k: read_num(rec, k) or 0.0 for k in _FOLDED_NUMS}
-        self.count += int(num["attempts"])
-        self.failures += int(num["failures"])
-        self._sessions_folded += int(num["sessions"])
-        self.commits += int(num["checkpoints_committed"])
-        self.quarantines += int(num["quarantines"])
-        self._steps += int(num["steps"])
-        self.ledger.steps_lost_total += int(num["steps_lost"])
-        self._wall += num["wall_s"]
-        self.train_s += num["train_s"]
-        self.save_s += num["save_s"]
-        self._startup_s += num["startup_s"]
-        self.restart_s += num["restart_s"]
-        self.ledger.lost_s += num["lost_s"]
+        """The totals of the attempts compaction cut (`fold_lines`): the running ones go on from them."""
+        for table, obj in ((_FOLDED, self), (_FOLDED_LEDGER, self.ledger)):
+            for key, attr in table.items():
+                setattr(obj, attr, getattr(obj, attr) + type(getattr(obj, attr))(read_num(rec, key) or 0))
         reasons, parts = rec.get("exit_reasons"), rec.get("time_lost_s")
         for k, v in (reasons.items() if isinstance(reasons, dict) else ()):
             if type(v) is int and 0 < v < MAX_INT:
@@ -391,12 +380,10 @@ class Fold:
 
     def totals(self) -> dict[str, Any]:
         """What a `folded` record carries (`fold_lines`), as of the last record."""
-        return {"attempts": self.count, "failures": self.failures, "sessions": len(self.sessions) + self._sessions_folded,
-                "checkpoints_committed": self.commits, "quarantines": self.quarantines, "steps": self._steps,
-                "steps_lost": self.ledger.steps_lost_total, "wall_s": self.wall_s(), "train_s": self.train_s,
-                "save_s": self.save_s, "startup_s": self.startup_s(), "restart_s": self.restart_s,
-                "lost_s": self.ledger.lost_s, "exit_reasons": dict(self.exit_reasons),
-                "time_lost_s": self.time_lost_totals()}
+        return {**{k: getattr(self, a) for k, a in _FOLDED.items()},
+                **{k: getattr(self.ledger, a) for k, a in _FOLDED_LEDGER.items()},
+                "sessions": len(self.sessions) + self._sessions_folded, "startup_s": self.startup_s(),
+                "exit_reasons": dict(self.exit_reasons), "time_lost_s": self.time_lost_totals()}
 
     def summary(self, now: float | None = None) -> Summary:
         """The numbers as of the last record, or as of `now` for a session still running."""
@@ -425,8 +412,10 @@ class Fold:
         )
 
 
-_FOLDED_NUMS = ("attempts", "failures", "sessions", "checkpoints_committed", "quarantines", "steps", "steps_lost",
-                "wall_s", "train_s", "save_s", "startup_s", "restart_s", "lost_s")
+_FOLDED = {"attempts": "count", "failures": "failures", "sessions": "_sessions_folded", "checkpoints_committed": "commits",
+           "quarantines": "quarantines", "steps": "_steps", "wall_s": "_wall", "train_s": "train_s", "save_s": "save_s",
+           "startup_s": "_startup_s", "restart_s": "restart_s"}  # a `folded` record's keys -> Fold's attributes
+_FOLDED_LEDGER = {"steps_lost": "steps_lost_total", "lost_s": "lost_s"}
 
 
 def fold_lines(data: bytes, max_bytes: int, *, keep_attempts: int = 2) -> bytes:
