@@ -13,7 +13,6 @@ rewrite, or a job writing into a checkpoint after its commit, keeps the old seal
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import platform
@@ -29,6 +28,7 @@ from supervisor.checkpoints.manifest import read_manifest
 from supervisor.checkpoints.sidecars import open_sidecar, sidecar_path, trusted_owners
 from supervisor.errors import CheckpointError, ManifestError
 from supervisor.host.atomic import write_atomic
+from supervisor.host.procs import LIBC
 from supervisor.layout import PIN_MARKER, QUARANTINE_MARKER, SEAL_SUFFIX
 
 __all__ = ["expected", "seal", "check", "seal_path", "SEAL_MB_S"]
@@ -41,14 +41,11 @@ _LAST_FILES = (".metadata", "meta.pt", "trainer_state.json")  # what a layout wr
 _IOPRIO_SET = {"x86_64": 251, "aarch64": 30}.get(platform.machine())
 
 
-_LIBC = ctypes.CDLL(None, use_errno=True) if _IOPRIO_SET else None  # one handle: one per hash kept ~110 bytes
-
-
 def _idle_io() -> None:
     """This thread's reads at idle I/O priority (Linux's ioprio_set; nothing elsewhere)."""
-    if _LIBC is not None and _IOPRIO_SET is not None:
+    if _IOPRIO_SET is not None:
         try:
-            _LIBC.syscall(_IOPRIO_SET, 1, 0, 3 << 13)  # IOPRIO_CLASS_IDLE, this thread
+            LIBC.syscall(_IOPRIO_SET, 1, 0, 3 << 13)  # IOPRIO_CLASS_IDLE, this thread
         except (OSError, AttributeError):
             pass
 

@@ -418,13 +418,13 @@ _FOLDED = {"attempts": "count", "failures": "failures", "sessions": "_sessions_f
 _FOLDED_LEDGER = {"steps_lost": "steps_lost_total", "lost_s": "lost_s"}
 
 
-def fold_lines(data: bytes, max_bytes: int, *, keep_attempts: int = 2) -> bytes:
-    """Whole lines cut to at most `max_bytes` (whole attempts, the latest `keep_attempts` at least) behind one
+def fold_lines(data: bytes, max_bytes: int) -> bytes:
+    """Whole lines cut to at most `max_bytes` (whole attempts, the latest two at least) behind one
     `folded` record that carries the totals of what was cut, so that every total `summarize` gives stays the same."""
     lines = data.split(b"\n")[:-1]
     pos = list(accumulate((len(x) + 1 for x in lines), initial=0))
-    starts = [i for i, x in enumerate(lines) if b'"attempt_start"' in x and (_record(x) or {})["kind"] == "attempt_start"]
-    cuts = [i for i in starts[:max(0, len(starts) - keep_attempts + 1)] if i > 0]
+    cuts = [i for i, x in enumerate(lines)  # where an attempt starts (not the last one's)
+            if i and b'"attempt_start"' in x and (_record(x) or {}).get("kind") == "attempt_start"][:-1]
     if pos[-1] <= max_bytes or not cuts:
         return data
     cut = next((i for i in cuts if pos[-1] - pos[i] <= max_bytes - 1024), cuts[-1])
