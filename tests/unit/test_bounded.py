@@ -17,9 +17,9 @@ import supervisor.daemon.alerts as alerts_mod
 from supervisor.daemon.alerts import Alerts
 from supervisor.daemon.core import Core
 from supervisor.daemon.recorder import HistoryRecorder
-from supervisor.history.fold import Fold, summarize
+from supervisor.history.fold import Fold, fold_lines, summarize
 from supervisor.history.html import render_html
-from supervisor.history.records import COMPACT_BYTES, HISTORY_FILE, read_history
+from supervisor.history.records import COMPACT_BYTES, HISTORY_FILE, parse_lines, read_history
 from tests.fakes import FakeSystem, RecordingLog
 from tests.unit.test_core import beat, exit_job, make_core
 
@@ -130,6 +130,26 @@ def _history(attempts: int) -> bytes:
                     "new_checkpoint": False, "train_s": float(trains), "save_s": 0.0})
         t += 5
     return b"".join(json.dumps(r).encode() + b"\n" for r in out)
+
+
+def _totals(data: bytes) -> dict[str, object]:
+    s = summarize(parse_lines(data)[0]).to_json()
+    return {k: v for k, v in s.items() if k not in ("losses", "steps_lost", "restart_latency_s")}
+
+
+def test_folding_keeps_every_total_and_the_latest_attempts() -> None:
+    """`fold_lines`: within budget (header included), whole attempts, the same totals; folding a folded file again
+    carries the first fold's totals on; a file within budget is left as it is, the latest two attempts always stay."""
+    data = b"".join(json.dumps(json.loads(x), separators=(",", ":")).encode() + b"\n" for x in _history(3000).splitlines())
+    once = fold_lines(data, 64 * 1024)
+    assert len(once) <= 64 * 1024 and once.startswith(b'{"v":1,') and b'"kind":"folded"' in once.split(b"\n")[0]
+    assert json.loads(once.split(b"\n")[1])["kind"] == "attempt_start" and _totals(once) == _totals(data)
+    more = b"".join(x + b"\n" for x in data.split(b"\n")[-40:-1])  # the last 8 attempts written once more
+    twice = fold_lines(once + more, 16 * 1024)
+    assert len(twice) <= 16 * 1024 and _totals(twice) == _totals(once + more)
+    assert fold_lines(once, 1 << 20) == once
+    two = fold_lines(_history(2), 10)  # over budget, but the latest two attempts stay whole
+    assert two.count(b'"attempt_start"') == 2 and _totals(two) == _totals(_history(2))
 
 
 def _calls(work: Callable[[], object]) -> int:
