@@ -8,7 +8,6 @@ after the others (`_recommitted`): a cut rewrite, or a job writing after its com
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import platform
@@ -26,6 +25,7 @@ from supervisor.checkpoints.manifest import read_manifest
 from supervisor.checkpoints.sidecars import open_sidecar, sidecar_path, trusted_owners
 from supervisor.errors import CheckpointError, ManifestError
 from supervisor.host.atomic import write_atomic
+from supervisor.host.procs import LIBC
 from supervisor.layout import METADATA_NAME, PIN_MARKER, QUARANTINE_MARKER, SEAL_SUFFIX
 
 __all__ = ["expected", "seal", "check", "seal_path", "SEAL_MB_S"]
@@ -42,7 +42,7 @@ def _idle_io() -> None:
     """This thread's reads at idle I/O priority (Linux's ioprio_set; nothing elsewhere)."""
     if _IOPRIO_SET is not None:
         try:
-            ctypes.CDLL(None, use_errno=True).syscall(_IOPRIO_SET, 1, 0, 3 << 13)  # IOPRIO_CLASS_IDLE, this thread
+            LIBC.syscall(_IOPRIO_SET, 1, 0, 3 << 13)  # IOPRIO_CLASS_IDLE, this thread
         except (OSError, AttributeError):
             pass
 

@@ -41,7 +41,7 @@ from supervisor.daemon.events import (
     StragglerChanged,
     SupervisorStarted,
 )
-from supervisor.history.fold import Fold
+from supervisor.history.fold import Fold, fold_lines
 from supervisor.history.records import (
     COMPACT_BYTES,
     HISTORY_FILE,
@@ -233,7 +233,7 @@ class HistoryRecorder:
                 with open(open_regular(self.path), "rb") as f:
                     data = f.read(MAX_READ_BYTES)
                 covered = data.rfind(b"\n") + 1
-                kept = compact_lines(data, now)  # its last line, if torn, is not kept (nor covered)
+                kept = fold_lines(compact_lines(data, now), self.compact_bytes * 3 // 4)  # a torn last line: not kept
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
                 try:
                     with open(fd, "wb", closefd=False) as out:
@@ -277,7 +277,7 @@ class HistoryRecorder:
                 self.log.info("history_compacted", path=str(self.path), before_bytes=before, after_bytes=self._size)
         if isinstance(result, str):
             self.log.warning("history_compact_failed", path=str(self.path), error=result)
-        self._compact_at = max(self.compact_bytes, 2 * self._size)  # events alone may outgrow the threshold
+        self._compact_at = max(self.compact_bytes, self._size + self.compact_bytes // 4)  # 2 attempts may not fit
 
     @property
     def size(self) -> int:

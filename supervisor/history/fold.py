@@ -7,13 +7,15 @@ Every number's definition: docs/history.md, 'What the numbers mean'.
 """
 from __future__ import annotations
 
+import json
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
+from itertools import accumulate
 from typing import Any, ClassVar
 
 from supervisor.checkpoints.integrity import CORRUPT_PREFIX
 from supervisor.history.losses import LOSS_PARTS, Ledger, Loss
-from supervisor.history.records import is_failure
+from supervisor.history.records import VERSION, _record, is_failure
 from supervisor.history.views import (
     MAX_INT,
     AttemptView,
@@ -27,7 +29,8 @@ from supervisor.history.views import (
 )
 from supervisor.policy.attempt import REACHED_BY_HEARTBEAT, REACHED_BY_RANKS
 
-__all__ = ["Fold", "AttemptView", "Sample", "Mark", "Summary", "Loss", "summarize", "RECENT_LOSSES", "LOSS_PARTS"]
+__all__ = ["Fold", "AttemptView", "Sample", "Mark", "Summary", "Loss", "summarize", "fold_lines", "RECENT_LOSSES",
+           "LOSS_PARTS"]
 
 RECENT_LOSSES = 40  # samples behind `status`'s sparkline
 _MAX_STRAGGLER_MARKS = 200  # straggler records kept for the report (a flapping rank writes many)
@@ -49,6 +52,7 @@ class Fold:
         self._startup_s = 0.0  # startup_s of the attempts no longer kept
         self._by_number: dict[int, AttemptView] = {}
         self.sessions: list[list[float]] = []  # [start, end] of each supervisor run
+        self._sessions_folded = 0  # sessions of a `folded` record's attempts
         self._open = False
         self._wall = 0.0  # wall seconds up to the last record (the current session: to its last record)
         self._session_t = 0.0  # the current session's newest record time (since the clock last stepped back)
@@ -263,6 +267,18 @@ class Fold:
         self._pending_failure_at = None  # supervision ended mid-recovery: nothing was waiting to recover
         self._failed_at = None
 
+    def _on_folded(self, t: float, rec: dict[str, Any]) -> None:
+        """The totals of the attempts compaction cut (`fold_lines`): the running ones go on from them."""
+        for table, obj in ((_FOLDED, self), (_FOLDED_LEDGER, self.ledger)):
+            for key, attr in table.items():
+                setattr(obj, attr, getattr(obj, attr) + type(getattr(obj, attr))(read_num(rec, key) or 0))
+        reasons, parts = rec.get("exit_reasons"), rec.get("time_lost_s")
+        for k, v in (reasons.items() if isinstance(reasons, dict) else ()):
+            if type(v) is int and 0 < v < MAX_INT:
+                self.exit_reasons[k] += v
+        for k in LOSS_PARTS:
+            self.ledger.dropped[k] += read_num(parts, k) or 0.0 if isinstance(parts, dict) else 0.0
+
     _HANDLERS: ClassVar[dict[str, Callable[[Fold, float, dict[str, Any]], None]]] = {
         "attempt_start": _on_start,
         "beat": _on_beat,
@@ -277,6 +293,7 @@ class Fold:
         "diverged": _on_mark,
         "rolled_back": _on_mark,
         "supervisor_end": _on_end,
+        "folded": _on_folded,
     }
 
     # ---- the numbers -----------------------------------------------------------------------------------------
@@ -326,6 +343,13 @@ class Fold:
     def time_lost_totals(self) -> dict[str, float]:
         return self.ledger.totals()
 
+    def totals(self) -> dict[str, Any]:
+        """What a `folded` record carries (`fold_lines`), as of the last record."""
+        return {**{k: getattr(self, a) for k, a in _FOLDED.items()},
+                **{k: getattr(self.ledger, a) for k, a in _FOLDED_LEDGER.items()},
+                "sessions": len(self.sessions) + self._sessions_folded, "startup_s": self.startup_s(),
+                "exit_reasons": dict(self.exit_reasons), "time_lost_s": self.time_lost_totals()}
+
     def summary(self, now: float | None = None) -> Summary:
         """The numbers as of the last record, or as of `now` for a session still running."""
         parts = self.parts(now)
@@ -337,6 +361,7 @@ class Fold:
             goodput=self.goodput(now),
             restart_latency_s=list(self.restart_latency_s),
             steps_lost=list(self.steps_lost),
+            steps_lost_total=self.ledger.steps_lost_total,
             checkpoint_overhead_s=self.save_s,
             startup_s=parts["startup_s"],
             restart_s=parts["restart_s"],
@@ -346,11 +371,37 @@ class Fold:
             checkpoints_committed=self.commits,
             quarantines=self.quarantines,
             corrupt=self.corrupt,
-            sessions=len(self.sessions),
+            sessions=len(self.sessions) + self._sessions_folded,
             last_step=self.last_step,
             losses=[x.copy() for x in self.losses],
             time_lost_s=self.time_lost_totals(),
         )
+
+
+_FOLDED = {"attempts": "count", "failures": "failures", "sessions": "_sessions_folded", "checkpoints_committed": "commits",
+           "quarantines": "quarantines", "corrupt": "corrupt", "steps": "_steps", "wall_s": "_wall", "train_s": "train_s",
+           "save_s": "save_s", "startup_s": "_startup_s", "restart_s": "restart_s"}  # `folded` keys -> Fold attributes
+_FOLDED_LEDGER = {"steps_lost": "steps_lost_total", "lost_s": "lost_s"}
+
+
+def fold_lines(data: bytes, max_bytes: int) -> bytes:
+    """Whole lines cut to at most `max_bytes` (whole attempts, the latest two at least) behind one
+    `folded` record that carries the totals of what was cut, so that every total `summarize` gives stays the same."""
+    lines = data.split(b"\n")[:-1]
+    pos = list(accumulate((len(x) + 1 for x in lines), initial=0))
+    cuts = [i for i, x in enumerate(lines)  # where an attempt starts (not the last one's)
+            if i and b'"attempt_start"' in x and (_record(x) or {}).get("kind") == "attempt_start"][:-1]
+    if pos[-1] <= max_bytes or not cuts:
+        return data
+    cut = next((i for i in cuts if pos[-1] - pos[i] <= max_bytes - 1024), cuts[-1])
+    kept = [r for r in map(_record, lines[cut:]) if r is not None]
+    head: dict[str, Any] = {"v": VERSION, "t": kept[0]["t"] if kept else 0, "kind": "folded"}
+    whole = Fold().add_all(r for r in map(_record, lines) if r is not None).totals()
+    rest = Fold().add_all([head, *kept]).totals()
+    for k, v in whole.items():
+        head[k] = ({x: round(n - rest[k].get(x, 0), 3) for x, n in v.items()} if isinstance(v, dict)
+                   else round(v - rest[k], 3))
+    return json.dumps(head, separators=(",", ":")).encode() + b"\n" + b"".join(x + b"\n" for x in lines[cut:])
 
 
 def summarize(records: Iterable[dict[str, Any]], now: float | None = None) -> Summary:

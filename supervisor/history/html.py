@@ -232,7 +232,8 @@ def _summary_table(s: Summary, on_disk: int | None, saved: int | None = None) ->
     """Times that only beats measure are `unknown` for a job without them; its last step is its checkpoints'."""
     span = (lambda v: "unknown") if s.last_step is None else human_age
     lat = _values([round(v, 1) for v in s.restart_latency_s], " s")
-    lost = _values(s.steps_lost, "") + (f" ({sum(s.steps_lost)} in all)" if len(s.steps_lost) > 1 else "")
+    lost = _values(s.steps_lost, "")
+    lost += f" ({s.steps_lost_total} in all)" if len(s.steps_lost) > 1 or s.steps_lost_total > sum(s.steps_lost) else ""
     kept = "" if on_disk is None else f", {on_disk} on disk"
     cells = [
         ("goodput", "unknown (no steps reported)" if s.goodput is None else f"{s.goodput:.1%}"),

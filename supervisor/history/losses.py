@@ -56,7 +56,7 @@ def _span(a: float | None, b: float | None) -> float | None:
 class Ledger:
     def __init__(self, seconds_per_step: Callable[[AttemptView], float], recent: int | None = None) -> None:
         self.seconds_per_step, self.recent = seconds_per_step, recent  # recent: losses kept (Fold's)
-        self._dropped = dict.fromkeys(LOSS_PARTS, 0.0)  # the seconds of the losses no longer kept
+        self.dropped = dict.fromkeys(LOSS_PARTS, 0.0)  # the seconds of the losses no longer kept
         self.steps_lost_total = 0
         self.steps_lost: list[int] = []
         self.losses: list[Loss] = []
@@ -95,7 +95,7 @@ class Ledger:
 
     def totals(self) -> dict[str, float]:
         """Seconds lost to failures in all, by LOSS_PARTS (unknown parts count 0)."""
-        return {part: round(self._dropped[part] + sum(x.seconds.get(part) or 0.0 for x in self.losses), 3)
+        return {part: round(self.dropped[part] + sum(x.seconds.get(part) or 0.0 for x in self.losses), 3)
                 for part in LOSS_PARTS}
 
     def _resolve(self, resumed: int | None, *, known: bool = True) -> None:
@@ -121,7 +121,7 @@ class Ledger:
         self.losses.append(loss)
         if self.recent is not None and len(self.losses) > self.recent:  # the oldest is complete: only its sums stay
             for part, v in self.losses.pop(0).seconds.items():
-                self._dropped[part] += v or 0.0
+                self.dropped[part] += v or 0.0
             del self.steps_lost[:-self.recent]
         self._filling = (nxt, loss)
         self.fill(nxt)

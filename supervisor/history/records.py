@@ -45,6 +45,7 @@ VERSION = 1
 EVENT_KINDS = (
     "supervisor_start", "attempt_start", "first_beat", "first_step", "hang", "straggler", "attempt_exit",
     "checkpoint_committed", "quarantined", "retention_deleted", "supervisor_end", "alert", "diverged", "rolled_back",
+    "folded",
 )
 KINDS = (*EVENT_KINDS, "beat")
 SAMPLE_S = 1.0  # at most one heartbeat sample a second is written

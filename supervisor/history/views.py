@@ -116,6 +116,7 @@ class Summary:
     losses: list[Loss] = field(default_factory=list)
     time_lost_s: dict[str, float] = field(default_factory=dict)
     corrupt: int = 0  # checkpoints quarantined because their bytes failed their checksums (not in `quarantines`)
+    steps_lost_total: int = 0  # over every failure (`steps_lost` and `losses` of a compacted history: its latest)
 
     def to_json(self) -> dict[str, Any]:
         """Every field in order, rounded; times that only beats measure are null for a job without them (the HTML

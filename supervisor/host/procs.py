@@ -29,16 +29,17 @@ __all__ = [
     "job_of",
     "stop_processes",
     "reap_any",
+    "LIBC",
 ]
 
 _PR_SET_CHILD_SUBREAPER = 36
+LIBC = ctypes.CDLL(None, use_errno=True)  # one handle for the process (one per call keeps ~110 bytes each)
 
 
 def set_child_subreaper() -> bool:
     """Adopt orphaned descendants (Linux prctl) so nothing the job forks can escape our reaping."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        rc: int = libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # ctypes: an untyped foreign call
+        rc: int = LIBC.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # ctypes: an untyped foreign call
         return rc == 0
     except (OSError, AttributeError):
         return False

@@ -17,9 +17,9 @@ import supervisor.daemon.alerts as alerts_mod
 from supervisor.daemon.alerts import Alerts
 from supervisor.daemon.core import Core
 from supervisor.daemon.recorder import HistoryRecorder
-from supervisor.history.fold import Fold
+from supervisor.history.fold import Fold, fold_lines, summarize
 from supervisor.history.html import render_html
-from supervisor.history.records import HISTORY_FILE
+from supervisor.history.records import COMPACT_BYTES, HISTORY_FILE, parse_lines, read_history
 from tests.fakes import FakeSystem, RecordingLog
 from tests.unit.test_core import beat, exit_job, make_core
 
@@ -46,13 +46,15 @@ def deep_size(root: object) -> int:
     return total
 
 
-def _crash_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Core, Callable[[int], None]]:
+def _crash_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                compact_bytes: int = COMPACT_BYTES) -> tuple[Core, Callable[[int], None]]:
     """A Core with its history and alerts, and a way to run n attempts: each beats, some progress, all crash."""
     monkeypatch.setattr(alerts_mod, "deliver", lambda cfg, alert: {"command": None})
     monkeypatch.setattr(os, "fsync", lambda fd: None)  # 6,000 of them on a shared disk: minutes, and nothing to learn
     core, fake, log = make_core(tmp_path, restart="max_restarts = 100000\nmax_no_progress_restarts = 5",
                                 job='[notify]\ncommand = ["true"]\nmin_interval_s = 0')
-    core = Core(core.cfg, fake, log, history=HistoryRecorder(core.run_dir / HISTORY_FILE, now=fake.now, log=log))
+    history = HistoryRecorder(core.run_dir / HISTORY_FILE, now=fake.now, log=log, compact_bytes=compact_bytes)
+    core = Core(core.cfg, fake, log, history=history)
     core.bus.append(Alerts(core.cfg, core.status, system=fake, publish=core.bus.publish).notify)
     core.begin(None)
     step = [0]
@@ -85,6 +87,32 @@ def test_a_thousand_attempts_cost_no_more_than_a_hundred(tmp_path: Path, monkeyp
     assert deep_size(core) <= at_100 + 16 * 1024
 
 
+def test_a_crash_loop_s_history_stays_within_its_cap_and_adds_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fast crash loop writes events only (nothing to thin): compaction folds its oldest attempts into one
+    `folded` record, so the file stays within the cap however many attempts, and `report`'s totals stay the
+    daemon's own (a crash mid-compaction: tests/unit/test_history.py)."""
+    cap = 32 * 1024
+    core, attempts = _crash_loop(tmp_path, monkeypatch, compact_bytes=cap)
+    history = core.history
+    assert history is not None
+    sizes = []
+    for _ in range(8):
+        attempts(100)
+        history.close()  # a compaction in flight finishes
+        sizes.append(history.size)
+    assert history.compactions >= 8 and max(sizes) <= cap + 4096, sizes
+    records, skipped = read_history(history.path)
+    assert skipped == 0 and sum(r["kind"] == "folded" for r in records) == 1 and records[0]["kind"] == "folded"
+    assert sum(r["kind"] == "attempt_start" for r in records) < 200
+    mine, read = history.fold.summary().to_json(), summarize(records).to_json()
+    assert read["attempts"] == mine["attempts"] == 801 and read["steps_lost_total"] == mine["steps_lost_total"] > 0
+    for key in ("failures", "wall_s", "productive_s", "goodput", "startup_s", "restart_s", "lost_s", "other_s",
+                "checkpoint_overhead_s", "exit_reasons", "checkpoints_committed", "sessions", "last_step"):
+        assert read[key] == pytest.approx(mine[key], abs=0.01), key
+    assert read["time_lost_s"] == pytest.approx(mine["time_lost_s"], abs=0.01)
+    assert read["losses"] == mine["losses"][-len(read["losses"]):]  # the latest, as they were
+
+
 def _history(attempts: int) -> bytes:
     """A crash loop's history.jsonl: each attempt starts and loads; every other one trains a few steps; all crash."""
     out, t = [], 1_700_000_000.0
@@ -102,6 +130,26 @@ def _history(attempts: int) -> bytes:
                     "new_checkpoint": False, "train_s": float(trains), "save_s": 0.0})
         t += 5
     return b"".join(json.dumps(r).encode() + b"\n" for r in out)
+
+
+def _totals(data: bytes) -> dict[str, object]:
+    s = summarize(parse_lines(data)[0]).to_json()
+    return {k: v for k, v in s.items() if k not in ("losses", "steps_lost", "restart_latency_s")}
+
+
+def test_folding_keeps_every_total_and_the_latest_attempts() -> None:
+    """`fold_lines`: within budget (header included), whole attempts, the same totals; folding a folded file again
+    carries the first fold's totals on; a file within budget is left as it is, the latest two attempts always stay."""
+    data = b"".join(json.dumps(json.loads(x), separators=(",", ":")).encode() + b"\n" for x in _history(3000).splitlines())
+    once = fold_lines(data, 64 * 1024)
+    assert len(once) <= 64 * 1024 and once.startswith(b'{"v":1,') and b'"kind":"folded"' in once.split(b"\n")[0]
+    assert json.loads(once.split(b"\n")[1])["kind"] == "attempt_start" and _totals(once) == _totals(data)
+    more = b"".join(x + b"\n" for x in data.split(b"\n")[-40:-1])  # the last 8 attempts written once more
+    twice = fold_lines(once + more, 16 * 1024)
+    assert len(twice) <= 16 * 1024 and _totals(twice) == _totals(once + more)
+    assert fold_lines(once, 1 << 20) == once
+    two = fold_lines(_history(2), 10)  # over budget, but the latest two attempts stay whole
+    assert two.count(b'"attempt_start"') == 2 and _totals(two) == _totals(_history(2))
 
 
 def _calls(work: Callable[[], object]) -> int:

@@ -19,9 +19,8 @@ with the bytes each must hold (from `storage_data`), the entry count and the ver
 - Once per file (`metadata_cache`): results (and parse errors) are kept per (path, st_dev, st_ino,
   st_size, st_mtime_ns, st_ctime_ns) in this process, and in a per-user cache dir shared by the daemon,
   the CLI and the trainer's `--resume auto` (there also per reader version), both bounded by bytes (cache.py).
-  A file modified or changed
-  (mtime or ctime) in the last RACY_NS is not remembered yet. Within `fresh()` (`checkpoints verify
-  --no-cache`) nothing remembered is used: every file is parsed again and its entries are replaced.
+  A file modified or changed (mtime or ctime) in the last RACY_NS is not remembered yet. Within `fresh()`
+  (`checkpoints verify --no-cache`) nothing remembered is used: every file is parsed again and its entries are replaced.
 """
 from __future__ import annotations
 
