@@ -70,7 +70,10 @@ def test_a_sealed_save_rotten_on_the_device_is_never_resumed(
     (holds / "release-10").touch()
     assert job.wait_exit(RUN_TIMEOUT) == 0, job.tails()
     started = job.events("job_started")
-    assert [e["argv"][-2:] for e in started[1:]] == [[resume_args[0], str(save(5))]], job.tails()
+    # The relaunch comes from the save before the rotten one; the rotten one is never resumed, also not by a later
+    # attempt (the Trainer on gloo sometimes aborts at its exit, after its last step: one more relaunch, from 15).
+    assert started[1]["argv"][-2:] == [resume_args[0], str(save(5))], job.tails()
+    assert all(e["argv"][-1] != str(rotten) for e in started), job.tails()
     corrupt = [e["message"] for e in job.events("checkpoint_corrupt")]
     assert len(corrupt) == 1 and f"{shard} bytes 0-{before.st_size} do not match" in corrupt[0], corrupt
     assert json.loads((rotten / ".quarantined").read_text())["reason"].startswith(f"corrupt: {shard} bytes 0-")
