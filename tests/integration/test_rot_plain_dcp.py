@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -31,6 +32,19 @@ def events(tmp_path: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
 
 
+def start(tmp_path: Path, supervisors: Supervisors, root: Path, ready: Path, *extra: str) -> subprocess.Popen[str]:
+    """The script under the supervisor in `root` (crashing at epoch 5, held until the file `go` exists), once `ready`
+    exists: the supervisor's process."""
+    cmd = [*TORCHRUN, str(SCRIPT), "--ckpt-dir", str(root), "--epochs", "7", "--save-every", "2",
+           "--crash-at-epoch", "5", "--hold", str(tmp_path / "go"), *extra]
+    cfg = write_config(tmp_path, cmd, FAST)
+    cfg.write_text(cfg.read_text().replace('"--resume"', '"--resume-from"').replace('dir = "ckpts"', f'dir = "{root}"'))
+    p = supervisors.start(cfg)
+    wait_for(lambda: ready.exists() or p.poll() is not None, TIMEOUT, str(ready))
+    assert p.poll() is None, p.communicate()[0][-3000:]
+    return p
+
+
 def test_a_sealed_plain_dcp_checkpoint_rotten_on_the_device_is_never_resumed(
         tmp_path: Path, supervisors: Supervisors, loop_ext4: tuple[Path, str]) -> None:
     """epoch_0, 2, 4 saved and sealed; a bit of epoch_4 rots on the device; the script crashes at epoch 5. The pass
@@ -39,15 +53,8 @@ def test_a_sealed_plain_dcp_checkpoint_rotten_on_the_device_is_never_resumed(
     where, device = loop_ext4
     root = where / "ckpts"
     root.mkdir()
-    go, record = tmp_path / "go", tmp_path / "record.txt"
-    cmd = [*TORCHRUN, str(SCRIPT), "--ckpt-dir", str(root), "--epochs", "7", "--save-every", "2",
-           "--crash-at-epoch", "5", "--hold", str(go), "--record", str(record)]
-    cfg = write_config(tmp_path, cmd, FAST)
-    cfg.write_text(cfg.read_text().replace('"--resume"', '"--resume-from"').replace('dir = "ckpts"', f'dir = "{root}"'))
-    p = supervisors.start(cfg)
-    sealed = seal_path(root, "epoch_4")
-    wait_for(lambda: sealed.exists() or p.poll() is not None, TIMEOUT, "the seal of epoch_4")
-    assert p.poll() is None, p.communicate()[0][-3000:]
+    go, record, sealed = tmp_path / "go", tmp_path / "record.txt", seal_path(root, "epoch_4")
+    p = start(tmp_path, supervisors, root, sealed, "--record", str(record))
     rotten = root / "epoch_4"
     shard = max(rotten.glob("*.distcp"), key=lambda f: f.stat().st_size)
     seal = json.loads(sealed.read_text())
@@ -80,15 +87,8 @@ def test_a_trainer_library_checkpoint_loaded_by_plain_dcp_is_read_before_its_rel
     where, device = loop_ext4
     root = where / "ckpts"
     root.mkdir()
-    go, record = tmp_path / "go", tmp_path / "record.txt"
-    cmd = [*TORCHRUN, str(SCRIPT), "--ckpt-dir", str(root), "--epochs", "7", "--save-every", "2", "--save-with-trainer",
-           "--crash-at-epoch", "5", "--hold", str(go), "--record", str(record)]
-    cfg = write_config(tmp_path, cmd, FAST)
-    cfg.write_text(cfg.read_text().replace('"--resume"', '"--resume-from"').replace('dir = "ckpts"', f'dir = "{root}"'))
-    p = supervisors.start(cfg)
-    rotten = root / "step_00000004"
-    wait_for(lambda: (rotten / "manifest.json").exists() or p.poll() is not None, TIMEOUT, "step 4's commit")
-    assert p.poll() is None, p.communicate()[0][-3000:]
+    go, record, rotten = tmp_path / "go", tmp_path / "record.txt", root / "step_00000004"
+    p = start(tmp_path, supervisors, root, rotten / "manifest.json", "--save-with-trainer", "--record", str(record))
     assert json.loads((rotten / "manifest.json").read_text())["checksums"]
     shard = max(rotten.glob("*.distcp"), key=lambda f: f.stat().st_size)
     data = shard.read_bytes()
@@ -111,15 +111,8 @@ def test_a_seals_folder_planted_by_another_uid_never_lets_a_rotten_checkpoint_th
     where, device = loop_ext4
     root = where / "ckpts"
     root.mkdir()
-    go = tmp_path / "go"
-    cmd = [*TORCHRUN, str(SCRIPT), "--ckpt-dir", str(root), "--epochs", "7", "--save-every", "2",
-           "--crash-at-epoch", "5", "--hold", str(go)]
-    cfg = write_config(tmp_path, cmd, FAST)
-    cfg.write_text(cfg.read_text().replace('"--resume"', '"--resume-from"').replace('dir = "ckpts"', f'dir = "{root}"'))
-    p = supervisors.start(cfg)
-    sealed = seal_path(root, "epoch_4")
-    wait_for(lambda: sealed.exists() or p.poll() is not None, TIMEOUT, "the seal of epoch_4")
-    assert p.poll() is None, p.communicate()[0][-3000:]
+    go, sealed = tmp_path / "go", seal_path(root, "epoch_4")
+    p = start(tmp_path, supervisors, root, sealed)
     shard = max((root / "epoch_4").glob("*.distcp"), key=lambda f: f.stat().st_size)
     flip_on_device(device, shard, shard.stat().st_size // 2)
     os.chown(sealed.parent, 65534, 65534)
