@@ -125,8 +125,6 @@ def main() -> None:
         picked = resume if isinstance(resume, str) else get_last_checkpoint(a.output_dir)
         print(f"resuming from={picked}", flush=True)
     trainer.train(resume_from_checkpoint=resume)
-    if torch.distributed.is_initialized():  # the Trainer leaves it: gloo's teardown at exit sometimes aborted (SIGABRT)
-        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
