@@ -188,8 +188,8 @@ class Hangs:
         self.status.last_hang = {"attempt": job.number, "at": job.detected_at, "step": job.max_step, "idle_s": idle,
                                  "ranks": [{"rank": r, "why": why} for r, why in job.hung_ranks], "stacks": None}
         self.publish()
-        if expected == 0:
-            self.on_term(job, dumped=True)
+        if expected == 0:  # every worker asked is stopped (kill at once), or none handles SIGUSR1 (wait the grace)
+            self.on_term(job, dumped=bool(dumped))
             return
         self.sys.timers.set(Timer.HANG_TERM, now + self.cfg.health.stack_dump_wait_s)
         self.sys.timers.set(Timer.HANG_DUMPS, now + DUMP_POLL_S)

@@ -414,8 +414,9 @@ class TestHeartbeat:
         """The heartbeat file ends at the final step, in the save phase, with the checkpoint's loss."""
         beat = json.loads(reference.heartbeat.read_text())
         manifest = json.loads((reference.root / step_dir_name(STEPS) / MANIFEST_NAME).read_text())
-        assert set(beat) == {"step", "time", "phase", "loss"}
-        assert beat["step"] == STEPS and beat["phase"] == "save" and beat["loss"] == manifest["loss"]
+        assert set(beat) == {"step", "time", "phase", "loss", "checks_loads"}  # its loads check the checksums
+        assert beat["checks_loads"] is True and beat["step"] == STEPS and beat["phase"] == "save"
+        assert beat["loss"] == manifest["loss"]
         assert abs(beat["time"] - manifest["time"]) < 600
 
 

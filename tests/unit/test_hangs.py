@@ -86,6 +86,19 @@ class TestFastKill:
         assert fake.signals == [(pid, signal.SIGTERM)] and fake.killed_trees == [pid]
         assert dict(log.events)["job_killed"]["after_s"] == 0 and dict(log.events)["hang_stopping"]["kill_after_s"] == 0
 
+    def test_a_job_that_handles_no_sigusr1_keeps_the_whole_grace(self, tmp_path: Path) -> None:
+        """No worker asked for a dump (none handles SIGUSR1): nothing says the job cannot take its SIGTERM, so the
+        kill waits hang_kill_grace_s (a handler that exits 0 gets its chance); only stopped workers kill at once."""
+        core, fake, log, pid = started(tmp_path, HANG + "\nhang_kill_grace_s = 30")
+        fake.signal_workers = lambda p, s: []  # type: ignore[method-assign]
+        beat(core, 5)
+        fake.advance(10, core)
+        assert fake.signals == [(pid, signal.SIGTERM)] and fake.killed_trees == []
+        fake.advance(29.9, core)
+        assert fake.killed_trees == []
+        assert "hang_kill" in fake.advance(0.2, core) and fake.killed_trees == [pid]
+        assert dict(log.events)["hang_stopping"]["kill_after_s"] == 30
+
     def test_exit_0_after_the_hang_kill_is_not_completion(self, tmp_path: Path) -> None:
         """A SIGTERM handler that exits 0 after our hang kill: the run goes on (relaunch), it is not `completed`."""
         core, fake, _, _ = started(tmp_path)
