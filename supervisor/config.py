@@ -271,8 +271,8 @@ class HealthSection(_Section):
     hang_kill_grace_s: float = Field(
         default=2, ge=0, le=MAX_S,
         description="after a hang's stack dumps: SIGTERM, then SIGKILL of the whole job this much later, at once "
-                    "when every worker that can run has dumped (a rank stuck in a collective cannot save; "
-                    "stop_timeout_s is not waited)",
+                    "when the workers asked for dumps have dumped or are stopped (a rank stuck in a collective "
+                    "cannot save; stop_timeout_s is not waited)",
     )
     straggler_factor: float = Field(
         default=1.5, ge=0, le=1000,
