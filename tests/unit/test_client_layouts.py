@@ -9,15 +9,13 @@ import json
 import shutil
 import tracemalloc
 import zipfile
-from pathlib import Path
 
 import pytest
 
-from supervisor.checkpoints import DiskUsage, RetentionRules, newest_complete, plan_retention, scan, verify
+from supervisor.checkpoints import RetentionRules, newest_complete, plan_retention, scan, verify
 from supervisor.checkpoints.clients import LAYOUTS, WATCHED, layout_of, name_ordinal
 from supervisor.checkpoints.markers import checkpoint_in_root
 from supervisor.checkpoints.naming import name_step
-from supervisor.checkpoints.retention import GIB
 from supervisor.checkpoints.shapes import FILES, CheckpointDirectoryError, identify
 from tests.jobs.dcp_files import (
     FULL_TRAINER_ORDER,
@@ -27,13 +25,7 @@ from tests.jobs.dcp_files import (
     write_torch_file,
     write_trainer_checkpoint,
 )
-from tests.unit.test_checkpoints_clients import housekeeper
-
-DISK = DiskUsage(total_bytes=1000 * GIB, free_bytes=900 * GIB)
-
-
-def rows(root: Path) -> list[tuple[str, str, int | None]]:
-    return [(c.name, c.state, c.step) for c in scan(root)]
+from tests.unit.test_checkpoints_clients import DISK, housekeeper, rows
 
 
 class TestTable:
